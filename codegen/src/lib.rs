@@ -1,0 +1,1 @@
+//! maxc-codegen: backends that lower kernel IR to machine code.

@@ -1,0 +1,61 @@
+//! Graph builders: one per architecture family, turning an [`ImportedModel`] into a graph.
+//!
+//! The graph has two runtime inputs, `tokens: i32[seq]` and `positions: i32[seq]`,
+//! and one output, `logits: f32[seq, vocab]`. The symbolic `seq` dim lets the same
+//! graph serve prefill (the whole prompt) and decode (one token): attention appends
+//! to and reads from the per-layer KV cache, so decode costs O(1) tokens of compute.
+
+pub mod llama;
+
+use crate::error::{Error, Result};
+use crate::graph::{DType, Dim, Graph, Op, SymDim, TensorType, ValueId};
+use crate::import::{Architecture, ImportedModel};
+
+/// Builds the graph for `model`, dispatching on its architecture.
+pub fn build_graph(model: &ImportedModel) -> Result<Graph> {
+    match model.config.architecture {
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => llama::build(model),
+    }
+}
+
+/// Adds weights to a graph after checking that the checkpoint has them with the expected shape.
+pub struct WeightBinder<'a> {
+    pub model: &'a ImportedModel,
+}
+
+impl WeightBinder<'_> {
+    /// A `weight` node for `name`, which must have `shape`.
+    pub fn weight(&self, g: &mut Graph, name: &str, shape: &[usize]) -> Result<ValueId> {
+        let entry = self.model.weights.get(name).ok_or_else(|| Error::MissingWeight {
+            path: self.model.source.clone(),
+            name: name.to_string(),
+            architecture: self.model.config.architecture.hf_name().to_string(),
+        })?;
+        if entry.shape != shape {
+            return Err(Error::WeightShape {
+                path: self.model.weights.file_of(name).unwrap_or(&self.model.source).to_path_buf(),
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        Ok(g.add(Op::Weight { name: name.to_string(), ty: TensorType::fixed(DType::F32, &dims) }, &[]))
+    }
+
+    /// Like [`WeightBinder::weight`], but `None` when the weight is absent.
+    pub fn optional(&self, g: &mut Graph, name: &str, shape: &[usize]) -> Result<Option<ValueId>> {
+        if self.model.weights.get(name).is_none() {
+            return Ok(None);
+        }
+        self.weight(g, name, shape).map(Some)
+    }
+}
+
+/// The `tokens` and `positions` inputs every decoder graph starts with.
+pub fn decoder_inputs(g: &mut Graph) -> (ValueId, ValueId) {
+    let seq = || TensorType::new(DType::I32, vec![Dim::Sym(SymDim::Seq)]);
+    let tokens = g.add(Op::Input { name: "tokens".into(), ty: seq() }, &[]);
+    let positions = g.add(Op::Input { name: "positions".into(), ty: seq() }, &[]);
+    (tokens, positions)
+}

@@ -1,0 +1,192 @@
+//! Shape and dtype inference: one exhaustive `match` over [`Op`].
+//!
+//! The same function types nodes as builders add them and re-checks every node
+//! in the verifier, so a pass cannot leave a node whose stored type disagrees
+//! with what its op and inputs imply.
+
+use super::ir::*;
+
+/// Infers the result type of `op` applied to `inputs` in `graph`.
+pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType, String> {
+    if let Some(n) = op.arity() {
+        if inputs.len() != n {
+            return Err(format!("expects {n} inputs, got {}", inputs.len()));
+        }
+    }
+    for &i in inputs {
+        if i.index() >= graph.nodes.len() {
+            return Err(format!("input {i} does not exist"));
+        }
+    }
+    let t = |k: usize| graph.ty(inputs[k]);
+    match op {
+        Op::Input { ty, .. } | Op::Weight { ty, .. } => Ok(ty.clone()),
+        Op::Constant { values, ty } => {
+            let n = ty.num_elements().ok_or("constant shapes must be static")?;
+            if n as usize != values.len() {
+                return Err(format!("constant has {} values for {} elements", values.len(), n));
+            }
+            Ok(ty.clone())
+        }
+        Op::Embedding => {
+            let (table, ids) = (t(0), t(1));
+            expect_rank(table, 2, "embedding table")?;
+            if table.num_elements().is_none() {
+                return Err("the embedding table must be static".into());
+            }
+            expect_rank(ids, 1, "embedding ids")?;
+            if ids.dtype != DType::I32 {
+                return Err("embedding ids must be i32".into());
+            }
+            Ok(TensorType::new(table.dtype, vec![ids.shape[0], table.shape[1]]))
+        }
+        Op::MatMul => {
+            let (x, w) = (t(0), t(1));
+            expect_rank(x, 2, "matmul lhs")?;
+            expect_rank(w, 2, "matmul weight")?;
+            if x.last_dim().is_none() {
+                return Err("matmul inner dim must be static".into());
+            }
+            if x.shape[1] != w.shape[1] {
+                return Err(format!("matmul inner dims differ: {} vs {}", x.shape[1], w.shape[1]));
+            }
+            same_float(x, w)?;
+            Ok(TensorType::new(x.dtype, vec![x.shape[0], w.shape[0]]))
+        }
+        Op::Unary(_) => {
+            let x = t(0);
+            if !x.dtype.is_float() {
+                return Err("unary ops need a float operand".into());
+            }
+            Ok(plain(x))
+        }
+        Op::Binary(_) => {
+            let (a, b) = (t(0), t(1));
+            same_float(a, b)?;
+            let scalar = b.num_elements() == Some(1);
+            let suffix = b.shape.len() <= a.shape.len() && a.shape[a.shape.len() - b.shape.len()..] == b.shape[..];
+            if !(scalar || suffix) {
+                return Err(format!(
+                    "rhs shape {} does not broadcast to lhs shape {}",
+                    shape_str(&b.shape),
+                    shape_str(&a.shape)
+                ));
+            }
+            Ok(plain(a))
+        }
+        Op::RmsNorm { eps } => {
+            let (x, w) = (t(0), t(1));
+            expect_rank(w, 1, "rms_norm weight")?;
+            if x.shape.last() != w.shape.first() {
+                return Err("rms_norm weight length differs from the last dim".into());
+            }
+            if !(*eps >= 0.0) {
+                return Err("rms_norm eps must be >= 0".into());
+            }
+            same_float(x, w)?;
+            Ok(plain(x))
+        }
+        Op::Rope { head_dim, .. } => {
+            let (x, pos) = (t(0), t(1));
+            expect_rank(x, 2, "rope input")?;
+            expect_positions(pos, x.shape[0])?;
+            let width = x.last_dim().ok_or("rope width must be static")?;
+            if *head_dim == 0 || head_dim % 2 != 0 || width % *head_dim as u64 != 0 {
+                return Err(format!("rope head_dim {head_dim} must be even and divide the width {width}"));
+            }
+            Ok(plain(x))
+        }
+        Op::Attention { heads, kv_heads, head_dim, .. } => {
+            let (q, k, v, pos) = (t(0), t(1), t(2), t(3));
+            for (x, what) in [(q, "q"), (k, "k"), (v, "v")] {
+                expect_rank(x, 2, what)?;
+                if x.shape[0] != q.shape[0] {
+                    return Err(format!("attention {what} has a different sequence dim"));
+                }
+            }
+            expect_positions(pos, q.shape[0])?;
+            if *kv_heads == 0 || heads % kv_heads != 0 {
+                return Err(format!("heads {heads} is not a multiple of kv_heads {kv_heads}"));
+            }
+            let hd = *head_dim as u64;
+            if q.last_dim() != Some(*heads as u64 * hd) {
+                return Err(format!("q width must be heads*head_dim = {}", *heads as u64 * hd));
+            }
+            if k.last_dim() != Some(*kv_heads as u64 * hd) || v.last_dim() != k.last_dim() {
+                return Err(format!("k and v widths must be kv_heads*head_dim = {}", *kv_heads as u64 * hd));
+            }
+            same_float(q, k)?;
+            same_float(q, v)?;
+            Ok(plain(q))
+        }
+        Op::Concat { axis } => {
+            let first = inputs.first().ok_or("concat needs at least one input")?;
+            let first = graph.ty(*first);
+            let axis = *axis as usize;
+            if axis >= first.rank() {
+                return Err(format!("concat axis {axis} out of range for rank {}", first.rank()));
+            }
+            let mut total = 0u64;
+            for &i in inputs {
+                let x = graph.ty(i);
+                if x.dtype != first.dtype || x.rank() != first.rank() {
+                    return Err("concat inputs differ in dtype or rank".into());
+                }
+                for d in 0..x.rank() {
+                    if d != axis && x.shape[d] != first.shape[d] {
+                        return Err(format!("concat inputs differ in dim {d}"));
+                    }
+                }
+                total += x.shape[axis].fixed().ok_or("concat axis must be static")?;
+            }
+            let mut shape = first.shape.clone();
+            shape[axis] = Dim::Fixed(total);
+            Ok(TensorType::new(first.dtype, shape))
+        }
+        Op::Slice { axis, start, len } => {
+            let x = t(0);
+            let axis = *axis as usize;
+            if axis >= x.rank() {
+                return Err(format!("slice axis {axis} out of range for rank {}", x.rank()));
+            }
+            let dim = x.shape[axis].fixed().ok_or("slice axis must be static")?;
+            if *len == 0 || start + len > dim {
+                return Err(format!("slice {start}..{} out of range 0..{dim}", start + len));
+            }
+            let mut shape = x.shape.clone();
+            shape[axis] = Dim::Fixed(*len);
+            Ok(TensorType::new(x.dtype, shape))
+        }
+    }
+}
+
+fn plain(x: &TensorType) -> TensorType {
+    TensorType::new(x.dtype, x.shape.clone())
+}
+
+fn expect_rank(x: &TensorType, rank: usize, what: &str) -> Result<(), String> {
+    if x.rank() != rank {
+        return Err(format!("{what} must have rank {rank}, has shape {}", shape_str(&x.shape)));
+    }
+    Ok(())
+}
+
+fn expect_positions(pos: &TensorType, seq: Dim) -> Result<(), String> {
+    if pos.dtype != DType::I32 || pos.shape != [seq] {
+        return Err(format!("positions must be i32[{seq}], got {}{}", pos.dtype.name(), shape_str(&pos.shape)));
+    }
+    Ok(())
+}
+
+fn same_float(a: &TensorType, b: &TensorType) -> Result<(), String> {
+    if a.dtype != b.dtype || !a.dtype.is_float() {
+        return Err(format!("operands must share a float dtype, got {} and {}", a.dtype.name(), b.dtype.name()));
+    }
+    Ok(())
+}
+
+/// Formats a shape as `[a, b]`.
+pub fn shape_str(shape: &[Dim]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", dims.join(", "))
+}

@@ -1,0 +1,349 @@
+//! Core graph IR data structures: values, types, ops and the graph arena.
+//!
+//! Every node produces exactly one value, so a [`ValueId`] names both the node
+//! and its result. Nodes are stored in topological order: a node's inputs always
+//! have smaller ids (the verifier checks it), which makes every pass a single
+//! forward or backward sweep.
+
+use std::fmt;
+
+/// Index of a node (and of the value it produces) in [`Graph::nodes`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// Element types of graph values.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I32,
+}
+
+impl DType {
+    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        !matches!(self, DType::I32)
+    }
+}
+
+/// Symbolic dimensions: known only when the artifact runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SymDim {
+    /// The number of new tokens processed by this step (prompt length at prefill, 1 at decode).
+    Seq,
+    /// The number of positions in the KV cache after this step (past + seq).
+    Ctx,
+    /// The batch size.
+    Batch,
+}
+
+impl SymDim {
+    pub fn name(self) -> &'static str {
+        match self {
+            SymDim::Seq => "seq",
+            SymDim::Ctx => "ctx",
+            SymDim::Batch => "batch",
+        }
+    }
+}
+
+/// One dimension of a shape.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Dim {
+    Fixed(u64),
+    Sym(SymDim),
+}
+
+impl Dim {
+    pub fn fixed(self) -> Option<u64> {
+        match self {
+            Dim::Fixed(n) => Some(n),
+            Dim::Sym(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Sym(s) => f.write_str(s.name()),
+        }
+    }
+}
+
+/// How a value is distributed over the device mesh.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Placement {
+    /// Every device holds the whole value (the only placement before sharding).
+    #[default]
+    Replicated,
+    /// Each device holds a slice along `axis`.
+    Sharded { axis: u32 },
+    /// Each device holds a partial sum; the true value is the sum over devices.
+    PartialSum,
+}
+
+/// How a weight is stored (the logical dtype stays the value's `dtype`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum QuantScheme {
+    /// Stored as the value's dtype, unquantized.
+    #[default]
+    None,
+}
+
+/// The full type of a value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub shape: Vec<Dim>,
+    pub placement: Placement,
+    pub quant: QuantScheme,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, shape: Vec<Dim>) -> Self {
+        TensorType { dtype, shape, placement: Placement::Replicated, quant: QuantScheme::None }
+    }
+
+    /// A type with static dims only.
+    pub fn fixed(dtype: DType, dims: &[u64]) -> Self {
+        Self::new(dtype, dims.iter().map(|&d| Dim::Fixed(d)).collect())
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The last dim, which every op here requires to be static.
+    pub fn last_dim(&self) -> Option<u64> {
+        self.shape.last().and_then(|d| d.fixed())
+    }
+
+    /// Product of all dims when they are all static.
+    pub fn num_elements(&self) -> Option<u64> {
+        self.shape.iter().map(|d| d.fixed()).product()
+    }
+}
+
+/// Elementwise unary functions.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Silu,
+    GeluTanh,
+    Rsqrt,
+    Tanh,
+}
+
+/// Elementwise binary functions (the second operand broadcasts over leading dims).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+}
+
+/// Rotary position embedding frequency scaling.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama 3's piecewise frequency scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+    /// One divisor per frequency (GGUF `rope_freqs.weight`).
+    FreqFactors(Vec<f32>),
+}
+
+/// The operations of the graph IR. The payload holds every attribute; inputs are in [`Node::inputs`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A runtime input (token ids, positions); its type is the declared one.
+    Input { name: String, ty: TensorType },
+    /// A named weight of the checkpoint.
+    Weight { name: String, ty: TensorType },
+    /// A small literal tensor, row-major.
+    Constant { values: Vec<f32>, ty: TensorType },
+    /// `table[ids]`: inputs (table `[vocab, hidden]`, ids `[seq]`).
+    Embedding,
+    /// `x @ w^T`: inputs (x `[m, k]`, w `[n, k]`), result `[m, n]` (HF `Linear` layout).
+    MatMul,
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `x * rsqrt(mean(x^2) + eps) * w` over the last dim: inputs (x, w).
+    RmsNorm { eps: f32 },
+    /// Rotate-half RoPE on each head of x `[seq, heads * head_dim]`: inputs (x, positions).
+    Rope { head_dim: u32, theta: f32, scaling: RopeScaling },
+    /// Causal attention over this layer's KV cache after appending this step's k and v:
+    /// inputs (q `[seq, heads*hd]`, k `[seq, kv_heads*hd]`, v `[seq, kv_heads*hd]`, positions).
+    Attention { layer: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32, window: Option<u32> },
+    /// Concatenation of the inputs along `axis`.
+    Concat { axis: u32 },
+    /// `len` entries from `start` along `axis`.
+    Slice { axis: u32, start: u64, len: u64 },
+}
+
+impl Op {
+    /// The mnemonic used by the text form.
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Weight { .. } => "weight",
+            Op::Constant { .. } => "constant",
+            Op::Embedding => "embedding",
+            Op::MatMul => "matmul",
+            Op::Unary(u) => match u {
+                UnaryOp::Neg => "neg",
+                UnaryOp::Exp => "exp",
+                UnaryOp::Silu => "silu",
+                UnaryOp::GeluTanh => "gelu_tanh",
+                UnaryOp::Rsqrt => "rsqrt",
+                UnaryOp::Tanh => "tanh",
+            },
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "add",
+                BinaryOp::Sub => "sub",
+                BinaryOp::Mul => "mul",
+                BinaryOp::Div => "div",
+                BinaryOp::Max => "max",
+            },
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Rope { .. } => "rope",
+            Op::Attention { .. } => "attention",
+            Op::Concat { .. } => "concat",
+            Op::Slice { .. } => "slice",
+        }
+    }
+
+    /// Ops whose effect is more than their result (the KV-cache write of attention).
+    pub fn has_side_effects(&self) -> bool {
+        matches!(self, Op::Attention { .. })
+    }
+
+    /// The number of inputs the op takes, or `None` when variadic.
+    pub fn arity(&self) -> Option<usize> {
+        match self {
+            Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => Some(0),
+            Op::Unary(_) | Op::Slice { .. } => Some(1),
+            Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
+            Op::Attention { .. } => Some(4),
+            Op::Concat { .. } => None,
+        }
+    }
+}
+
+/// One node: an op, its inputs, and the type of the value it produces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: Vec<ValueId>,
+    pub ty: TensorType,
+}
+
+/// A graph: nodes in topological order plus named outputs.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Graph {
+    pub name: String,
+    pub nodes: Vec<Node>,
+    pub outputs: Vec<(String, ValueId)>,
+}
+
+impl Graph {
+    pub fn new(name: impl Into<String>) -> Self {
+        Graph { name: name.into(), nodes: Vec::new(), outputs: Vec::new() }
+    }
+
+    pub fn node(&self, id: ValueId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn ty(&self, id: ValueId) -> &TensorType {
+        &self.nodes[id.index()].ty
+    }
+
+    /// Appends a node, inferring its type; panics on an ill-typed node (a builder bug).
+    pub fn add(&mut self, op: Op, inputs: &[ValueId]) -> ValueId {
+        let ty = crate::graph::infer::infer_type(self, &op, inputs)
+            .unwrap_or_else(|e| panic!("ill-typed {} node: {e}", op.mnemonic()));
+        self.push_typed(op, inputs.to_vec(), ty)
+    }
+
+    /// Appends a node with a type already known (used by the parser and by passes).
+    pub fn push_typed(&mut self, op: Op, inputs: Vec<ValueId>, ty: TensorType) -> ValueId {
+        let id = ValueId(u32::try_from(self.nodes.len()).expect("graph larger than u32::MAX nodes"));
+        self.nodes.push(Node { op, inputs, ty });
+        id
+    }
+
+    pub fn output(&mut self, name: impl Into<String>, value: ValueId) {
+        self.outputs.push((name.into(), value));
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = ValueId> {
+        (0..self.nodes.len() as u32).map(ValueId)
+    }
+
+    /// Counts nodes with the given mnemonic (used by tests and `--dump-ir` summaries).
+    pub fn count(&self, mnemonic: &str) -> usize {
+        self.nodes.iter().filter(|n| n.op.mnemonic() == mnemonic).count()
+    }
+
+    /// Rebuilds the graph keeping only `keep`ed nodes (in order) and remapping inputs
+    /// through `replace` (a value id -> the value that stands for it).
+    pub fn compact(&mut self, keep: &[bool], replace: &[ValueId]) {
+        let mut new_id = vec![u32::MAX; self.nodes.len()];
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        let resolve = |mut v: ValueId| {
+            while replace[v.index()] != v {
+                v = replace[v.index()];
+            }
+            v
+        };
+        for (i, node) in std::mem::take(&mut self.nodes).into_iter().enumerate() {
+            if !keep[i] {
+                continue;
+            }
+            let mut node = node;
+            for input in &mut node.inputs {
+                let r = resolve(*input);
+                assert!(new_id[r.index()] != u32::MAX, "compact: {r} is used but was removed");
+                *input = ValueId(new_id[r.index()]);
+            }
+            new_id[i] = nodes.len() as u32;
+            nodes.push(node);
+        }
+        self.nodes = nodes;
+        for (_, v) in &mut self.outputs {
+            let r = resolve(*v);
+            assert!(new_id[r.index()] != u32::MAX, "compact: output {r} was removed");
+            *v = ValueId(new_id[r.index()]);
+        }
+    }
+}

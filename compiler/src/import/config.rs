@@ -1,0 +1,292 @@
+//! The normalized model configuration, read from config.json (both hub styles) or GGUF metadata.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::graph::RopeScaling;
+
+/// Architectures with a graph builder.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+}
+
+impl Architecture {
+    pub const ALL: [Architecture; 3] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2];
+
+    /// The Hugging Face class name.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
+
+    /// Accepts the HF class name or the GGUF `general.architecture` spelling.
+    pub fn parse(name: &str, path: &Path) -> Result<Self> {
+        let found = Self::ALL.into_iter().find(|a| a.hf_name() == name).or(match name {
+            "llama" => Some(Architecture::Llama),
+            "mistral" => Some(Architecture::Mistral),
+            "qwen2" => Some(Architecture::Qwen2),
+            _ => None,
+        });
+        found.ok_or_else(|| Error::UnsupportedArchitecture {
+            path: path.to_path_buf(),
+            architecture: name.to_string(),
+            supported: Self::ALL.map(|a| a.hf_name()).join(", "),
+        })
+    }
+}
+
+/// Everything the graph builders need to know about a decoder model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    pub tie_word_embeddings: bool,
+    /// Bias on q/k/v projections (Qwen2 always, Llama when `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on o_proj (Llama `attention_bias`).
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    pub sliding_window: Option<usize>,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// The checkpoint's declared dtype (`torch_dtype` / `dtype`), informational.
+    pub dtype: String,
+}
+
+/// Typed access to config.json fields with errors that name the field.
+struct Fields<'a> {
+    json: &'a Value,
+    path: &'a Path,
+}
+
+impl Fields<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.json.get(key).filter(|v| !v.is_null())
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        match self.get(key) {
+            None => Err(Error::invalid(self.path, key, "required field is missing; the config.json is incomplete")),
+            Some(v) => self.as_usize(key, v),
+        }
+    }
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key).map(|v| self.as_usize(key, v)).transpose()
+    }
+    fn as_usize(&self, key: &str, v: &Value) -> Result<usize> {
+        v.as_u64()
+            .filter(|&n| n > 0)
+            .map(|n| n as usize)
+            .ok_or_else(|| Error::invalid(self.path, key, format!("expected a positive integer, found {v}")))
+    }
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
+        self.get(key)
+            .map(|v| v.as_f64().ok_or_else(|| Error::invalid(self.path, key, format!("expected a number, found {v}"))))
+            .transpose()
+    }
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| Error::invalid(self.path, key, format!("expected true or false, found {v}"))),
+        }
+    }
+    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        let bad = |v: &Value| Error::invalid(self.path, key, format!("expected a token id or a list of them, found {v}"));
+        match self.get(key) {
+            None => Ok(vec![]),
+            Some(Value::Array(a)) => a.iter().map(|v| v.as_u64().map(|n| n as u32).ok_or_else(|| bad(v))).collect(),
+            Some(v) => Ok(vec![v.as_u64().ok_or_else(|| bad(v))? as u32]),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Reads a Hugging Face config.json; `architecture` overrides `architectures[0]`.
+    pub fn from_hf_json(json: &Value, path: &Path, architecture: Option<&str>) -> Result<Self> {
+        let f = Fields { json, path };
+        let arch_name = match architecture {
+            Some(a) => a.to_string(),
+            None => json
+                .get("architectures")
+                .and_then(|a| a.get(0))
+                .and_then(Value::as_str)
+                .ok_or_else(|| Error::invalid(path, "architectures", "required field is missing (or set [model] architecture in the manifest)"))?
+                .to_string(),
+        };
+        let architecture = Architecture::parse(&arch_name, path)?;
+        let hidden_size = f.usize("hidden_size")?;
+        let num_heads = f.usize("num_attention_heads")?;
+        let num_kv_heads = f.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
+        let head_dim = f.usize_opt("head_dim")?.unwrap_or(hidden_size / num_heads);
+
+        // The newer style nests rope settings in `rope_parameters`; the older one
+        // has `rope_theta` at top level and `rope_scaling` beside it.
+        let rope_params = json.get("rope_parameters").filter(|v| v.is_object());
+        let theta_field = if rope_params.is_some() { "rope_parameters.rope_theta" } else { "rope_theta" };
+        let theta = match rope_params {
+            Some(p) => Fields { json: p, path }.f64_opt("rope_theta").map_err(|_| Error::invalid(path, theta_field, "expected a number"))?,
+            None => f.f64_opt("rope_theta")?,
+        }
+        .unwrap_or(10000.0);
+        let scaling_json = rope_params.or_else(|| json.get("rope_scaling").filter(|v| v.is_object()));
+        let scaling_field = if rope_params.is_some() { "rope_parameters" } else { "rope_scaling" };
+        let rope_scaling = match scaling_json {
+            None => RopeScaling::None,
+            Some(s) => parse_rope_scaling(s, path, scaling_field)?,
+        };
+
+        let qkv_bias = match architecture {
+            Architecture::Qwen2 => true,
+            _ => f.bool_or("attention_bias", false)?,
+        };
+        let o_bias = architecture != Architecture::Qwen2 && f.bool_or("attention_bias", false)?;
+        let sliding_window = match architecture {
+            Architecture::Qwen2 if !f.bool_or("use_sliding_window", false)? => None,
+            _ => f.usize_opt("sliding_window")?,
+        };
+        let eps = f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+        let config = ModelConfig {
+            architecture,
+            hidden_size,
+            num_layers: f.usize("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size: f.usize("intermediate_size")?,
+            vocab_size: f.usize("vocab_size")?,
+            rms_norm_eps: eps,
+            rope_theta: theta as f32,
+            rope_scaling,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            qkv_bias,
+            o_bias,
+            mlp_bias: f.bool_or("mlp_bias", false)?,
+            sliding_window,
+            max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(2048),
+            bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
+            eos_token_ids: f.token_ids("eos_token_id")?,
+            dtype: json
+                .get("dtype")
+                .or_else(|| json.get("torch_dtype"))
+                .and_then(Value::as_str)
+                .unwrap_or("float32")
+                .to_string(),
+        };
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Checks the relations between fields that every builder relies on.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(Error::invalid(
+                path,
+                "num_key_value_heads",
+                format!("{} does not divide num_attention_heads = {}", self.num_kv_heads, self.num_heads),
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(Error::invalid(path, "head_dim", format!("{} must be even for rotary embeddings", self.head_dim)));
+        }
+        if !(self.rms_norm_eps >= 0.0) {
+            return Err(Error::invalid(path, "rms_norm_eps", "must be >= 0"));
+        }
+        if !(self.rope_theta > 0.0) {
+            return Err(Error::invalid(path, "rope_theta", "must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+fn parse_rope_scaling(s: &Value, path: &Path, field: &str) -> Result<RopeScaling> {
+    let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let num = |k: &str| -> Result<f32> {
+        s.get(k)
+            .and_then(Value::as_f64)
+            .map(|x| x as f32)
+            .ok_or_else(|| Error::invalid(path, format!("{field}.{k}"), format!("required for rope type `{kind}`")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: num("factor")? }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position: num("original_max_position_embeddings")? as u32,
+        }),
+        other => Err(Error::invalid(
+            path,
+            format!("{field}.rope_type"),
+            format!("rope type `{other}` is not supported; supported: default, linear, llama3"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: &str) -> Result<ModelConfig> {
+        let text = format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 128,
+                "vocab_size": 100 {extra}}}"#
+        );
+        let json: Value = serde_json::from_str(&text).unwrap();
+        ModelConfig::from_hf_json(&json, Path::new("config.json"), None)
+    }
+
+    #[test]
+    fn older_and_newer_rope_styles_agree() {
+        let old = cfg(r#", "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#).unwrap();
+        let new = cfg(r#", "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#).unwrap();
+        assert_eq!(old, new);
+        assert_eq!(old.rope_theta, 500000.0);
+        assert!(matches!(old.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        assert_eq!(old.head_dim, 16);
+    }
+
+    #[test]
+    fn missing_required_field_is_named() {
+        let json: Value = serde_json::from_str(r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}"#).unwrap();
+        let e = ModelConfig::from_hf_json(&json, Path::new("m/config.json"), None).unwrap_err().to_string();
+        assert!(e.contains("m/config.json") && e.contains("num_attention_heads") && e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn wrong_field_type_is_named() {
+        let e = cfg(r#", "rope_theta": "big""#).unwrap_err().to_string();
+        assert!(e.contains("rope_theta") && e.contains("expected a number"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_architecture_lists_supported_ones() {
+        let json: Value = serde_json::from_str(r#"{"architectures": ["MambaForCausalLM"]}"#).unwrap();
+        let e = ModelConfig::from_hf_json(&json, Path::new("config.json"), None).unwrap_err().to_string();
+        assert!(e.contains("MambaForCausalLM") && e.contains("LlamaForCausalLM") && e.contains("Qwen2ForCausalLM"), "{e}");
+    }
+
+    #[test]
+    fn kv_heads_must_divide_heads() {
+        let e = cfg(r#", "num_key_value_heads": 3"#).unwrap_err().to_string();
+        assert!(e.contains("num_key_value_heads") && e.contains('3') && e.contains('4'), "{e}");
+    }
+}

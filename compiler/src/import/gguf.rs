@@ -1,0 +1,479 @@
+//! A GGUF (v2 / v3) reader: metadata, tensor table, and the mapping of llama.cpp
+//! tensor names and hyperparameters onto the Hugging Face ones the builders use.
+//!
+//! Every length and offset read from the file is checked against the file size
+//! before it is used, so a truncated or corrupt file is an error, never a panic
+//! or a huge allocation.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use super::config::{Architecture, ModelConfig};
+use super::mmap_file;
+use super::weights::{StorageType, WeightStore};
+use crate::error::{Error, Result};
+use crate::graph::RopeScaling;
+
+const MAGIC: &[u8; 4] = b"GGUF";
+
+/// A metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaValue {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Array(Vec<MetaValue>),
+}
+
+impl MetaValue {
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            MetaValue::Int(i) if *i >= 0 => Some(*i as u64),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            MetaValue::Float(f) => Some(*f),
+            MetaValue::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            MetaValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[MetaValue]> {
+        match self {
+            MetaValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of the tensor table.
+#[derive(Clone, Debug)]
+pub struct GgufTensor {
+    pub name: String,
+    pub storage: StorageType,
+    /// ggml order: `dims[0]` is the innermost (contiguous) dimension.
+    pub dims: Vec<usize>,
+    /// Absolute offset of the data in the file.
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// A parsed GGUF file, still mapped.
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub map: Arc<Mmap>,
+    pub version: u32,
+    pub metadata: BTreeMap<String, MetaValue>,
+    pub tensors: Vec<GgufTensor>,
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if self.bytes.len() - self.pos < n {
+            return Err(Error::invalid(
+                self.path,
+                what,
+                format!(
+                    "file is truncated: needs {n} bytes at offset {} but the file has {}; re-download or re-convert it",
+                    self.pos,
+                    self.bytes.len()
+                ),
+            ));
+        }
+        let s = &self.bytes[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+    /// A count that must fit in what is left of the file at `min_size` bytes per item.
+    fn count(&mut self, what: &str, min_size: usize) -> Result<usize> {
+        let n = self.u64(what)?;
+        let left = (self.bytes.len() - self.pos) as u64;
+        if n.saturating_mul(min_size as u64) > left {
+            return Err(Error::invalid(self.path, what, format!("count {n} does not fit in the rest of the file; the file is truncated or corrupt")));
+        }
+        Ok(n as usize)
+    }
+    fn string(&mut self, what: &str) -> Result<String> {
+        let n = self.count(what, 1)?;
+        let b = self.take(n, what)?;
+        String::from_utf8(b.to_vec()).map_err(|_| Error::invalid(self.path, what, "string is not valid UTF-8"))
+    }
+    fn value(&mut self, ty: u32, what: &str) -> Result<MetaValue> {
+        Ok(match ty {
+            0 => MetaValue::Int(self.take(1, what)?[0] as i64),
+            1 => MetaValue::Int(self.take(1, what)?[0] as i8 as i64),
+            2 => MetaValue::Int(u16::from_le_bytes(self.take(2, what)?.try_into().unwrap()) as i64),
+            3 => MetaValue::Int(i16::from_le_bytes(self.take(2, what)?.try_into().unwrap()) as i64),
+            4 => MetaValue::Int(self.u32(what)? as i64),
+            5 => MetaValue::Int(self.u32(what)? as i32 as i64),
+            6 => MetaValue::Float(f32::from_le_bytes(self.take(4, what)?.try_into().unwrap()) as f64),
+            7 => MetaValue::Bool(self.take(1, what)?[0] != 0),
+            8 => MetaValue::Str(self.string(what)?),
+            9 => {
+                let item = self.u32(what)?;
+                let n = self.count(what, 1)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(self.value(item, what)?);
+                }
+                MetaValue::Array(v)
+            }
+            10 => MetaValue::Int(self.u64(what)? as i64),
+            11 => MetaValue::Int(self.u64(what)? as i64),
+            12 => MetaValue::Float(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap())),
+            other => return Err(Error::invalid(self.path, what, format!("unknown metadata value type {other}"))),
+        })
+    }
+}
+
+fn ggml_type(id: u32) -> std::result::Result<StorageType, &'static str> {
+    match id {
+        0 => Ok(StorageType::F32),
+        1 => Ok(StorageType::F16),
+        2 => Ok(StorageType::Q4_0),
+        3 => Ok(StorageType::Q4_1),
+        8 => Ok(StorageType::Q8_0),
+        30 => Ok(StorageType::BF16),
+        6 => Err("Q5_0"),
+        7 => Err("Q5_1"),
+        9 => Err("Q8_1"),
+        10 => Err("Q2_K"),
+        11 => Err("Q3_K"),
+        12 => Err("Q4_K"),
+        13 => Err("Q5_K"),
+        14 => Err("Q6_K"),
+        15 => Err("Q8_K"),
+        _ => Err("unknown"),
+    }
+}
+
+impl GgufFile {
+    /// Maps and parses a GGUF file.
+    pub fn open(path: &Path) -> Result<Self> {
+        let map = Arc::new(mmap_file(path)?);
+        let mut r = Reader { bytes: &map[..], pos: 0, path };
+        let magic = r.take(4, "magic").map_err(|_| Error::invalid(path, "magic", "file is too short to be GGUF"))?;
+        if magic != MAGIC {
+            return Err(Error::invalid(path, "magic", format!("expected \"GGUF\", found {magic:?}; this is not a GGUF file")));
+        }
+        let version = r.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(Error::invalid(path, "version", format!("GGUF version {version} is not supported; supported: 2, 3")));
+        }
+        let tensor_count = r.count("tensor_count", 24)?;
+        let kv_count = r.count("kv_count", 12)?;
+        let mut metadata = BTreeMap::new();
+        for i in 0..kv_count {
+            let key = r.string(&format!("metadata key #{i}"))?;
+            let ty = r.u32(&key)?;
+            let value = r.value(ty, &key)?;
+            metadata.insert(key, value);
+        }
+        let mut infos = Vec::with_capacity(tensor_count);
+        for i in 0..tensor_count {
+            let name = r.string(&format!("tensor #{i} name"))?;
+            let n_dims = r.u32(&name)? as usize;
+            if n_dims == 0 || n_dims > 4 {
+                return Err(Error::invalid(path, &name, format!("{n_dims} dimensions; GGUF tensors have 1 to 4")));
+            }
+            let mut dims = Vec::with_capacity(n_dims);
+            for _ in 0..n_dims {
+                dims.push(r.u64(&name)? as usize);
+            }
+            let type_id = r.u32(&name)?;
+            let offset = r.u64(&name)? as usize;
+            infos.push((name, dims, type_id, offset));
+        }
+        let alignment = metadata.get("general.alignment").and_then(MetaValue::as_u64).unwrap_or(32) as usize;
+        if alignment == 0 || !alignment.is_power_of_two() {
+            return Err(Error::invalid(path, "general.alignment", format!("{alignment} is not a power of two")));
+        }
+        let data_start = r.pos.div_ceil(alignment) * alignment;
+        let mut tensors = Vec::with_capacity(infos.len());
+        for (name, dims, type_id, rel) in infos {
+            let storage = ggml_type(type_id).map_err(|kind| {
+                Error::invalid(
+                    path,
+                    &name,
+                    format!("tensor type {type_id} ({kind}) is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"),
+                )
+            })?;
+            let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            let len = n.and_then(|n| storage.bytes_for(n)).ok_or_else(|| {
+                Error::invalid(path, &name, format!("shape {dims:?} is not a whole number of {} blocks", storage.name()))
+            })?;
+            let offset = data_start.checked_add(rel).filter(|o| o.checked_add(len).is_some_and(|end| end <= map.len()));
+            let offset = offset.ok_or_else(|| {
+                Error::invalid(
+                    path,
+                    &name,
+                    format!(
+                        "tensor data ({len} bytes at offset {}) runs past the end of the file ({} bytes); the file is truncated",
+                        data_start + rel,
+                        map.len()
+                    ),
+                )
+            })?;
+            tensors.push(GgufTensor { name, storage, dims, offset, len });
+        }
+        Ok(GgufFile { path: path.to_path_buf(), map, version, metadata, tensors })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.get(key)
+    }
+
+    fn require_u64(&self, key: &str) -> Result<u64> {
+        self.get(key)
+            .ok_or_else(|| Error::invalid(&self.path, key, "required metadata key is missing"))?
+            .as_u64()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| Error::invalid(&self.path, key, "expected a positive integer"))
+    }
+
+    /// The model configuration implied by the metadata (llama.cpp key names).
+    pub fn model_config(&self, architecture: Option<&str>) -> Result<ModelConfig> {
+        let arch_key = self
+            .get("general.architecture")
+            .and_then(MetaValue::as_str)
+            .ok_or_else(|| Error::invalid(&self.path, "general.architecture", "required metadata key is missing"))?
+            .to_string();
+        let architecture = Architecture::parse(architecture.unwrap_or(&arch_key), &self.path)?;
+        let k = |s: &str| format!("{arch_key}.{s}");
+        let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
+        let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
+        let num_kv_heads = match self.get(&k("attention.head_count_kv")) {
+            Some(v) => v.as_u64().ok_or_else(|| Error::invalid(&self.path, k("attention.head_count_kv"), "expected an integer"))? as usize,
+            None => num_heads,
+        };
+        let head_dim = match self.get(&k("attention.key_length")) {
+            Some(v) => v.as_u64().unwrap_or(0) as usize,
+            None => hidden_size / num_heads,
+        };
+        let vocab_size = match self.get(&k("vocab_size")) {
+            Some(v) => v.as_u64().unwrap_or(0) as usize,
+            None => self.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map_or(0, <[_]>::len),
+        };
+        if vocab_size == 0 {
+            return Err(Error::invalid(&self.path, k("vocab_size"), "missing, and there is no tokenizer.ggml.tokens to count"));
+        }
+        let f = |key: &str, default: f64| self.get(key).and_then(MetaValue::as_f64).unwrap_or(default);
+        let rope_scaling = match self.get(&k("rope.scaling.type")).and_then(MetaValue::as_str) {
+            None | Some("none") => match self.tensors.iter().find(|t| t.name == "rope_freqs.weight") {
+                Some(t) => RopeScaling::FreqFactors(super::weights::dequantize(
+                    t.storage,
+                    &self.map[t.offset..t.offset + t.len],
+                    t.dims.iter().product(),
+                )),
+                None => RopeScaling::None,
+            },
+            Some("linear") => RopeScaling::Linear { factor: f(&k("rope.scaling.factor"), 1.0) as f32 },
+            Some(other) => {
+                return Err(Error::invalid(&self.path, k("rope.scaling.type"), format!("`{other}` is not supported; supported: none, linear")))
+            }
+        };
+        let has_output = self.tensors.iter().any(|t| t.name == "output.weight");
+        let has_q_bias = self.tensors.iter().any(|t| t.name == "blk.0.attn_q.bias");
+        let has_o_bias = self.tensors.iter().any(|t| t.name == "blk.0.attn_output.bias");
+        let token_id = |key: &str| self.get(key).and_then(MetaValue::as_u64).map(|v| v as u32);
+        let config = ModelConfig {
+            architecture,
+            hidden_size,
+            num_layers: self.require_u64(&k("block_count"))? as usize,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size: self.require_u64(&k("feed_forward_length"))? as usize,
+            vocab_size,
+            rms_norm_eps: f(&k("attention.layer_norm_rms_epsilon"), 1e-5) as f32,
+            rope_theta: f(&k("rope.freq_base"), 10000.0) as f32,
+            rope_scaling,
+            tie_word_embeddings: !has_output,
+            qkv_bias: has_q_bias,
+            o_bias: has_o_bias,
+            mlp_bias: false,
+            sliding_window: self.get(&k("attention.sliding_window")).and_then(MetaValue::as_u64).map(|v| v as usize),
+            max_position_embeddings: self.get(&k("context_length")).and_then(MetaValue::as_u64).unwrap_or(2048) as usize,
+            bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
+            eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
+            dtype: "gguf".into(),
+        };
+        config.validate(&self.path)?;
+        Ok(config)
+    }
+
+    /// Registers every tensor under its Hugging Face name, marking the Q/K
+    /// projections whose rows llama.cpp permuted (Llama-family conversions only).
+    pub fn register_weights(&self, config: &ModelConfig, store: &mut WeightStore) -> Result<()> {
+        let file = store.add_file(&self.path, self.map.clone());
+        let permuted = matches!(config.architecture, Architecture::Llama | Architecture::Mistral);
+        for t in &self.tensors {
+            if t.name == "rope_freqs.weight" {
+                continue;
+            }
+            let Some(hf) = hf_name(&t.name) else {
+                return Err(Error::invalid(&self.path, &t.name, "tensor name is not one of llama.cpp's names for this architecture"));
+            };
+            let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
+            store.insert(hf.clone(), t.storage, shape, file, t.offset, t.len);
+            if permuted {
+                let heads = if hf.contains("self_attn.q_proj.") {
+                    Some(config.num_heads)
+                } else if hf.contains("self_attn.k_proj.") {
+                    Some(config.num_kv_heads)
+                } else {
+                    None
+                };
+                store.get_mut(&hf).expect("just inserted").unpermute_heads = heads;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Maps a llama.cpp tensor name to the Hugging Face one.
+fn hf_name(gguf: &str) -> Option<String> {
+    let fixed = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, suffix) = rest.rsplit_once('.')?;
+    let hf = match part {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Writes a minimal GGUF with one metadata string and the given tensors.
+    pub(crate) fn tiny_gguf(tensors: &[(&str, &[u64], u32, usize)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(MAGIC);
+        b.extend(3u32.to_le_bytes());
+        b.extend((tensors.len() as u64).to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        let key = "general.architecture";
+        b.extend((key.len() as u64).to_le_bytes());
+        b.extend(key.as_bytes());
+        b.extend(8u32.to_le_bytes());
+        b.extend(5u64.to_le_bytes());
+        b.extend(b"llama");
+        let mut offset = 0u64;
+        for (name, dims, ty, bytes) in tensors {
+            b.extend((name.len() as u64).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend((dims.len() as u32).to_le_bytes());
+            for d in *dims {
+                b.extend(d.to_le_bytes());
+            }
+            b.extend(ty.to_le_bytes());
+            b.extend(offset.to_le_bytes());
+            offset += (*bytes as u64).div_ceil(32) * 32;
+        }
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        b.extend(std::iter::repeat_n(0u8, offset as usize));
+        b
+    }
+
+    fn write(name: &str, bytes: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("maxc-gguf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn reads_metadata_and_tensors() {
+        let p = write("ok.gguf", &tiny_gguf(&[("token_embd.weight", &[32, 2], 8, 68), ("output_norm.weight", &[32], 0, 128)]));
+        let g = GgufFile::open(&p).unwrap();
+        assert_eq!(g.get("general.architecture").unwrap().as_str(), Some("llama"));
+        assert_eq!(g.tensors.len(), 2);
+        assert_eq!(g.tensors[0].storage, StorageType::Q8_0);
+        assert_eq!(g.tensors[0].len, 68);
+        assert_eq!(g.tensors[1].offset - g.tensors[0].offset, 96);
+    }
+
+    #[test]
+    fn bad_magic_is_an_error() {
+        let mut bytes = tiny_gguf(&[]);
+        bytes[0] = b'X';
+        let e = GgufFile::open(&write("magic.gguf", &bytes)).err().unwrap().to_string();
+        assert!(e.contains("magic.gguf") && e.contains("magic") && e.contains("not a GGUF file"), "{e}");
+    }
+
+    #[test]
+    fn unknown_tensor_type_is_named() {
+        let p = write("k.gguf", &tiny_gguf(&[("blk.0.attn_q.weight", &[256, 2], 12, 288)]));
+        let e = GgufFile::open(&p).err().unwrap().to_string();
+        assert!(e.contains("blk.0.attn_q.weight") && e.contains("Q4_K") && e.contains("not supported"), "{e}");
+    }
+
+    #[test]
+    fn truncated_data_is_an_error() {
+        let mut bytes = tiny_gguf(&[("output_norm.weight", &[64], 0, 256)]);
+        bytes.truncate(bytes.len() - 100);
+        let e = GgufFile::open(&write("t.gguf", &bytes)).err().unwrap().to_string();
+        assert!(e.contains("t.gguf") && e.contains("output_norm.weight") && e.contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn truncated_header_is_an_error() {
+        let bytes = tiny_gguf(&[("output_norm.weight", &[64], 0, 256)]);
+        let e = GgufFile::open(&write("h.gguf", &bytes[..40])).err().unwrap().to_string();
+        assert!(e.contains("h.gguf") && e.contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn maps_llama_cpp_names() {
+        assert_eq!(hf_name("blk.3.attn_q.weight").unwrap(), "model.layers.3.self_attn.q_proj.weight");
+        assert_eq!(hf_name("blk.0.ffn_down.weight").unwrap(), "model.layers.0.mlp.down_proj.weight");
+        assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
+        assert!(hf_name("blk.x.attn_q.weight").is_none());
+    }
+}

@@ -1,0 +1,117 @@
+//! Rebuilds a Hugging Face `tokenizer.json` from GGUF `tokenizer.ggml.*` metadata.
+//!
+//! Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; the
+//! pre-tokenizer is chosen from `tokenizer.ggml.pre` with the same table llama.cpp
+//! uses, so the rebuilt tokenizer encodes exactly as the model's original
+//! tokenizer.json (tests check this against the fixtures' HF tokenizer).
+
+use serde_json::{json, Value};
+
+use super::gguf::{GgufFile, MetaValue};
+use crate::error::{Error, Result};
+
+/// GPT-2's split regex, as byte-level BPE tokenizers without a custom one use it.
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `tokenizer.ggml.pre` values this importer understands.
+pub const SUPPORTED_PRE: &[&str] = &["default", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2"];
+
+fn byte_level(use_regex: bool) -> Value {
+    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
+}
+
+fn split_then_byte_level(regex: &str) -> Value {
+    json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+        byte_level(false),
+    ]})
+}
+
+/// Builds the tokenizer.json text for a GGUF file's vocabulary.
+pub fn tokenizer_json(gguf: &GgufFile) -> Result<String> {
+    let path = &gguf.path;
+    let str_key = |k: &str| gguf.get(k).and_then(MetaValue::as_str);
+    let model = str_key("tokenizer.ggml.model")
+        .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.model", "required metadata key is missing; the GGUF has no tokenizer"))?;
+    if model != "gpt2" {
+        return Err(Error::invalid(
+            path,
+            "tokenizer.ggml.model",
+            format!("tokenizer model `{model}` is not supported; supported: gpt2 (byte-level BPE)"),
+        ));
+    }
+    let pre = str_key("tokenizer.ggml.pre").unwrap_or("default");
+    let pre_tokenizer = match pre {
+        "default" | "gpt2" => byte_level(true),
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            byte_level(true),
+        ]}),
+        "llama-bpe" | "llama3" => split_then_byte_level(LLAMA3_REGEX),
+        "qwen2" => split_then_byte_level(QWEN2_REGEX),
+        other => {
+            return Err(Error::invalid(
+                path,
+                "tokenizer.ggml.pre",
+                format!("pre-tokenizer `{other}` is not supported; supported: {}", SUPPORTED_PRE.join(", ")),
+            ))
+        }
+    };
+    let array = |k: &str| -> Result<&[MetaValue]> {
+        gguf.get(k).and_then(MetaValue::as_array).ok_or_else(|| Error::invalid(path, k, "required array is missing"))
+    };
+    let tokens = array("tokenizer.ggml.tokens")?;
+    let merges = array("tokenizer.ggml.merges")?;
+    let types = gguf.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array);
+    let mut vocab = serde_json::Map::with_capacity(tokens.len());
+    let mut added = Vec::new();
+    for (id, t) in tokens.iter().enumerate() {
+        let t = t.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.tokens", format!("entry {id} is not a string")))?;
+        vocab.insert(t.to_string(), json!(id));
+        // Token types follow llama.cpp: 3 = control (special), 4 = user-defined.
+        let ty = types.and_then(|ts| ts.get(id)).and_then(MetaValue::as_u64).unwrap_or(1);
+        if ty == 3 || ty == 4 {
+            added.push(json!({
+                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": ty == 3,
+            }));
+        }
+    }
+    let merges: Vec<&str> = merges
+        .iter()
+        .enumerate()
+        .map(|(i, m)| m.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.merges", format!("entry {i} is not a string"))))
+        .collect::<Result<_>>()?;
+    let add_bos = gguf.get("tokenizer.ggml.add_bos_token").is_some_and(|v| *v == MetaValue::Bool(true));
+    let bos = gguf.get("tokenizer.ggml.bos_token_id").and_then(MetaValue::as_u64);
+    let post_processor = match (add_bos, bos) {
+        (true, Some(bos)) => {
+            let content = tokens.get(bos as usize).and_then(MetaValue::as_str).unwrap_or("<s>");
+            json!({"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": content, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": content, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {content: {"id": content, "ids": [bos], "tokens": [content]}}})
+        }
+        _ => json!({"type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {}}),
+    };
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    });
+    let text = serde_json::to_string(&tokenizer).expect("JSON values always serialize");
+    super::check_tokenizer(&text, path)?;
+    Ok(text)
+}

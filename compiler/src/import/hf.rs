@@ -1,0 +1,95 @@
+//! Import of a Hugging Face model directory: config.json, safetensors, tokenizer, chat template.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::config::ModelConfig;
+use super::weights::WeightStore;
+use super::{check_tokenizer, file_stem, safetensors, GenerationDefaults, ImportedModel};
+use crate::error::{Error, Result};
+
+fn read_required(dir: &Path, name: &str, what: &str) -> Result<String> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return Err(Error::invalid(&path, name, format!("not found; an HF model directory needs {what}")));
+    }
+    std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))
+}
+
+fn parse_json(path: &Path, text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|e| Error::invalid(path, "json", format!("not valid JSON: {e}")))
+}
+
+/// Imports an HF directory.
+pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedModel> {
+    let config_path = dir.join("config.json");
+    let config_text = read_required(dir, "config.json", "config.json, *.safetensors and tokenizer.json")?;
+    let config = ModelConfig::from_hf_json(&parse_json(&config_path, &config_text)?, &config_path, architecture)?;
+    let mut input_files = vec![config_path];
+
+    let mut weights = WeightStore::default();
+    for file in safetensors::list_files(dir)? {
+        safetensors::load_file(&file, &mut weights)?;
+        input_files.push(file);
+    }
+
+    let tokenizer_path = dir.join("tokenizer.json");
+    let tokenizer_json = read_required(dir, "tokenizer.json", "tokenizer.json to tokenize prompts")?;
+    check_tokenizer(&tokenizer_json, &tokenizer_path)?;
+    input_files.push(tokenizer_path);
+
+    let template_path = dir.join("chat_template.jinja");
+    let tokenizer_config_path = dir.join("tokenizer_config.json");
+    let chat_template = if template_path.exists() {
+        input_files.push(template_path.clone());
+        Some(std::fs::read_to_string(&template_path).map_err(|e| Error::io(&template_path, e))?)
+    } else if tokenizer_config_path.exists() {
+        let text = std::fs::read_to_string(&tokenizer_config_path).map_err(|e| Error::io(&tokenizer_config_path, e))?;
+        input_files.push(tokenizer_config_path.clone());
+        match parse_json(&tokenizer_config_path, &text)?.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            // A list of named templates: take the one called "default".
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            _ => None,
+        }
+    } else {
+        None
+    };
+
+    let generation_path = dir.join("generation_config.json");
+    let generation = if generation_path.exists() {
+        let text = std::fs::read_to_string(&generation_path).map_err(|e| Error::io(&generation_path, e))?;
+        input_files.push(generation_path.clone());
+        let g = parse_json(&generation_path, &text)?;
+        let sampling = g.get("do_sample").and_then(Value::as_bool).unwrap_or(false);
+        let f = |k: &str| g.get(k).and_then(Value::as_f64).map(|x| x as f32);
+        let u = |k: &str| g.get(k).and_then(Value::as_u64).map(|x| x as u32);
+        GenerationDefaults {
+            // Greedy unless the checkpoint asks for sampling, as transformers does.
+            temperature: if sampling { f("temperature") } else { Some(0.0) },
+            top_k: u("top_k"),
+            top_p: f("top_p"),
+            min_p: f("min_p"),
+            max_new_tokens: u("max_new_tokens"),
+        }
+    } else {
+        GenerationDefaults::default()
+    };
+
+    Ok(ImportedModel {
+        name: file_stem(dir),
+        source: dir.to_path_buf(),
+        config,
+        weights,
+        tokenizer_json,
+        chat_template,
+        generation,
+        input_files,
+    })
+}

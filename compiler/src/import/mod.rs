@@ -1,0 +1,102 @@
+//! Model import: a Hugging Face directory or a GGUF file into one [`ImportedModel`].
+
+pub mod config;
+pub mod gguf;
+pub mod gguf_tokenizer;
+pub mod hf;
+pub mod safetensors;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+pub use config::{Architecture, ModelConfig};
+pub use weights::{StorageType, WeightStore};
+
+use crate::error::{Error, Result};
+
+/// Sampling defaults from generation_config.json / the manifest.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenerationDefaults {
+    pub temperature: Option<f32>,
+    pub top_k: Option<u32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub max_new_tokens: Option<u32>,
+}
+
+/// Everything the compiler knows about a model after import.
+#[derive(Debug)]
+pub struct ImportedModel {
+    pub name: String,
+    /// The HF directory or GGUF file.
+    pub source: PathBuf,
+    pub config: ModelConfig,
+    pub weights: WeightStore,
+    /// A complete Hugging Face tokenizer.json (rebuilt for GGUF input).
+    pub tokenizer_json: String,
+    pub chat_template: Option<String>,
+    pub generation: GenerationDefaults,
+    /// Every file read (for provenance).
+    pub input_files: Vec<PathBuf>,
+}
+
+/// Imports the model at `path`: an HF directory or a `.gguf` file.
+pub fn import(path: &Path, architecture: Option<&str>) -> Result<ImportedModel> {
+    if !path.exists() {
+        return Err(Error::invalid(
+            path,
+            "model.path",
+            "does not exist; point [model] path (or --model) at an HF directory or a .gguf file",
+        ));
+    }
+    if path.is_dir() {
+        hf::import_dir(path, architecture)
+    } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        import_gguf(path, architecture)
+    } else {
+        Err(Error::invalid(path, "model.path", "is neither a directory nor a .gguf file"))
+    }
+}
+
+fn import_gguf(path: &Path, architecture: Option<&str>) -> Result<ImportedModel> {
+    let file = gguf::GgufFile::open(path)?;
+    let config = file.model_config(architecture)?;
+    let mut weights = WeightStore::default();
+    file.register_weights(&config, &mut weights)?;
+    let tokenizer_json = gguf_tokenizer::tokenizer_json(&file)?;
+    let chat_template = file.get("tokenizer.chat_template").and_then(gguf::MetaValue::as_str).map(str::to_string);
+    let name = file
+        .get("general.name")
+        .and_then(gguf::MetaValue::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| file_stem(path));
+    Ok(ImportedModel {
+        name,
+        source: path.to_path_buf(),
+        config,
+        weights,
+        tokenizer_json,
+        chat_template,
+        generation: GenerationDefaults::default(),
+        input_files: vec![path.to_path_buf()],
+    })
+}
+
+pub(crate) fn file_stem(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+}
+
+/// Maps a file read-only. The mapping stays valid while the file is not truncated
+/// under us, which maxc assumes of its inputs as every mmap-based loader does.
+pub(crate) fn mmap_file(path: &Path) -> Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: read-only mapping of an input file; see the function docs.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+}
+
+/// Checks that a tokenizer.json loads with the same library the runtime uses.
+pub(crate) fn check_tokenizer(text: &str, path: &Path) -> Result<()> {
+    text.parse::<tokenizers::Tokenizer>()
+        .map(|_| ())
+        .map_err(|e| Error::invalid(path, "tokenizer", format!("the tokenizer does not load: {e}")))
+}

@@ -1,0 +1,133 @@
+//! Reading `*.safetensors` files (single or sharded with an index) into the weight store.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::mmap_file;
+use super::weights::{StorageType, WeightStore};
+use crate::error::{Error, Result};
+
+/// The safetensors files of an HF directory: those named by `model.safetensors.index.json`
+/// when it exists, otherwise every `*.safetensors` file, in name order.
+pub fn list_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::invalid(&index, "index", format!("not valid JSON: {e}")))?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| Error::invalid(&index, "weight_map", "required object is missing"))?;
+        let mut files = BTreeSet::new();
+        for (tensor, file) in map {
+            let file = file
+                .as_str()
+                .ok_or_else(|| Error::invalid(&index, format!("weight_map.{tensor}"), "expected a file name"))?;
+            files.insert(dir.join(file));
+        }
+        return Ok(files.into_iter().collect());
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::invalid(dir, "*.safetensors", "no safetensors weight files in the model directory"));
+    }
+    Ok(files)
+}
+
+/// Maps one safetensors file and registers its tensors. The header and every tensor's
+/// byte range are validated against the file size before anything is recorded.
+pub fn load_file(path: &Path, store: &mut WeightStore) -> Result<()> {
+    let map = Arc::new(mmap_file(path)?);
+    let st = SafeTensors::deserialize(&map[..])
+        .map_err(|e| Error::invalid(path, "header", format!("not a valid safetensors file ({e}); the file may be truncated or corrupt")))?;
+    let base = map.as_ptr() as usize;
+    let mut found = Vec::new();
+    for (name, view) in st.tensors() {
+        let storage = match view.dtype() {
+            Dtype::F32 => StorageType::F32,
+            Dtype::F16 => StorageType::F16,
+            Dtype::BF16 => StorageType::BF16,
+            other => {
+                return Err(Error::invalid(
+                    path,
+                    &name,
+                    format!("tensor dtype {other:?} is not supported; supported: F32, F16, BF16"),
+                ))
+            }
+        };
+        let data = view.data();
+        let offset = data.as_ptr() as usize - base;
+        let n: usize = view.shape().iter().product();
+        if storage.bytes_for(n) != Some(data.len()) {
+            return Err(Error::invalid(path, &name, format!("{} bytes for {n} elements of {}", data.len(), storage.name())));
+        }
+        found.push((name, storage, view.shape().to_vec(), offset, data.len()));
+    }
+    drop(st);
+    let file = store.add_file(path, map);
+    for (name, storage, shape, offset, len) in found {
+        store.insert(name, storage, shape, file, offset, len);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(name: &str, bytes: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("maxc-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    fn file_with_header(header: &str, data_len: usize) -> Vec<u8> {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend(header.as_bytes());
+        v.extend(std::iter::repeat_n(0u8, data_len));
+        v
+    }
+
+    #[test]
+    fn reads_a_valid_file() {
+        let p = write("ok.safetensors", &file_with_header(r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#, 16));
+        let mut store = WeightStore::default();
+        load_file(&p, &mut store).unwrap();
+        assert_eq!(store.get("w").unwrap().shape, vec![2, 2]);
+        assert_eq!(store.to_f32("w").unwrap(), vec![0.0; 4]);
+    }
+
+    #[test]
+    fn truncated_header_is_an_error_naming_the_file() {
+        let mut bytes = file_with_header(r#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#, 16);
+        bytes.truncate(20);
+        let p = write("trunc.safetensors", &bytes);
+        let e = load_file(&p, &mut WeightStore::default()).unwrap_err().to_string();
+        assert!(e.contains("trunc.safetensors") && e.contains("header"), "{e}");
+    }
+
+    #[test]
+    fn tensor_past_end_of_file_is_an_error() {
+        let p = write("short.safetensors", &file_with_header(r#"{"w":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}"#, 16));
+        let e = load_file(&p, &mut WeightStore::default()).unwrap_err().to_string();
+        assert!(e.contains("short.safetensors") && e.contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_dtype_names_the_tensor() {
+        let p = write("i8.safetensors", &file_with_header(r#"{"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}}"#, 4));
+        let e = load_file(&p, &mut WeightStore::default()).unwrap_err().to_string();
+        assert!(e.contains("i8.safetensors") && e.contains("q:") && e.contains("I8"), "{e}");
+    }
+}

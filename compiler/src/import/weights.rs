@@ -1,0 +1,254 @@
+//! The weight store: every checkpoint tensor by name, backed by memory-mapped files.
+//!
+//! Tensors are never copied at import; [`WeightStore::to_f32`] decodes one tensor on
+//! demand (dequantizing GGUF blocks exactly, and undoing llama.cpp's Q/K row
+//! permutation), so peak memory stays at the mapped files plus one decoded tensor.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+
+/// How a tensor's bytes encode its elements.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum StorageType {
+    F32,
+    F16,
+    BF16,
+    /// GGUF Q8_0: blocks of 32 int8 with one f16 scale (34 bytes).
+    Q8_0,
+    /// GGUF Q4_0: blocks of 32 4-bit values, offset 8, one f16 scale (18 bytes).
+    Q4_0,
+    /// GGUF Q4_1: blocks of 32 4-bit values with f16 scale and f16 minimum (20 bytes).
+    Q4_1,
+}
+
+impl StorageType {
+    /// (elements per block, bytes per block).
+    pub fn block(self) -> (usize, usize) {
+        match self {
+            StorageType::F32 => (1, 4),
+            StorageType::F16 | StorageType::BF16 => (1, 2),
+            StorageType::Q8_0 => (32, 34),
+            StorageType::Q4_0 => (32, 18),
+            StorageType::Q4_1 => (32, 20),
+        }
+    }
+
+    /// Bytes needed for `n` elements, or `None` when `n` is not a whole number of blocks.
+    pub fn bytes_for(self, n: usize) -> Option<usize> {
+        let (per, bytes) = self.block();
+        (n % per == 0).then(|| n / per * bytes)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageType::F32 => "F32",
+            StorageType::F16 => "F16",
+            StorageType::BF16 => "BF16",
+            StorageType::Q8_0 => "Q8_0",
+            StorageType::Q4_0 => "Q4_0",
+            StorageType::Q4_1 => "Q4_1",
+        }
+    }
+}
+
+/// One tensor of the checkpoint.
+#[derive(Clone, Debug)]
+pub struct WeightEntry {
+    pub storage: StorageType,
+    /// Logical shape, outermost first (HF order).
+    pub shape: Vec<usize>,
+    file: usize,
+    offset: usize,
+    len: usize,
+    /// `Some(heads)` for GGUF Q/K projections whose rows llama.cpp permuted per head.
+    pub unpermute_heads: Option<usize>,
+}
+
+impl WeightEntry {
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// All tensors of a checkpoint, by name.
+#[derive(Default)]
+pub struct WeightStore {
+    files: Vec<(PathBuf, Arc<Mmap>)>,
+    entries: BTreeMap<String, WeightEntry>,
+}
+
+impl std::fmt::Debug for WeightStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightStore").field("files", &self.files.len()).field("tensors", &self.entries.len()).finish()
+    }
+}
+
+impl WeightStore {
+    /// Registers a mapped file and returns its index for [`WeightStore::insert`].
+    pub fn add_file(&mut self, path: &Path, map: Arc<Mmap>) -> usize {
+        self.files.push((path.to_path_buf(), map));
+        self.files.len() - 1
+    }
+
+    /// Adds a tensor whose bytes are `file[offset..offset+len]` (already bounds-checked by the reader).
+    pub fn insert(&mut self, name: String, storage: StorageType, shape: Vec<usize>, file: usize, offset: usize, len: usize) {
+        let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None };
+        debug_assert!(offset + len <= self.files[file].1.len());
+        self.entries.insert(name, entry);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&WeightEntry> {
+        self.entries.get(name)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut WeightEntry> {
+        self.entries.get_mut(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The files backing the store (for provenance hashes).
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|(p, _)| p.as_path())
+    }
+
+    /// The file that holds `name` (for error messages).
+    pub fn file_of(&self, name: &str) -> Option<&Path> {
+        self.entries.get(name).map(|e| self.files[e.file].0.as_path())
+    }
+
+    /// The raw bytes of a tensor, zero-copy.
+    pub fn bytes(&self, entry: &WeightEntry) -> &[u8] {
+        &self.files[entry.file].1[entry.offset..entry.offset + entry.len]
+    }
+
+    /// Decodes a tensor to f32 in logical (HF) layout.
+    pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let entry = self.entries.get(name).ok_or_else(|| Error::MissingWeight {
+            path: self.files.first().map(|f| f.0.clone()).unwrap_or_default(),
+            name: name.to_string(),
+            architecture: "this graph".into(),
+        })?;
+        let mut out = dequantize(entry.storage, self.bytes(entry), entry.num_elements());
+        if let Some(heads) = entry.unpermute_heads {
+            out = unpermute_rows(&out, &entry.shape, heads);
+        }
+        Ok(out)
+    }
+}
+
+/// Decodes `n` elements of `storage` from `bytes` (which the reader sized exactly).
+pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n);
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    match storage {
+        StorageType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        StorageType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
+        StorageType::BF16 => out.extend(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        StorageType::Q8_0 => {
+            for block in bytes.chunks_exact(34) {
+                let d = f16_at(block, 0);
+                out.extend(block[2..].iter().map(|&q| q as i8 as f32 * d));
+            }
+        }
+        StorageType::Q4_0 => {
+            for block in bytes.chunks_exact(18) {
+                let d = f16_at(block, 0);
+                let qs = &block[2..];
+                out.extend(qs.iter().map(|&q| ((q & 0x0f) as i32 - 8) as f32 * d));
+                out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+            }
+        }
+        StorageType::Q4_1 => {
+            for block in bytes.chunks_exact(20) {
+                let (d, m) = (f16_at(block, 0), f16_at(block, 2));
+                let qs = &block[4..];
+                out.extend(qs.iter().map(|&q| (q & 0x0f) as f32 * d + m));
+                out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
+            }
+        }
+    }
+    debug_assert_eq!(out.len(), n);
+    out
+}
+
+/// Undoes llama.cpp's `permute(w, n_head)` on the rows of a Q or K projection.
+///
+/// convert_hf_to_gguf reorders each head's rows from rotate-half order to
+/// interleaved pairs: GGUF row `h*hd + 2*i + t` holds HF row `h*hd + t*hd/2 + i`.
+pub fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> Vec<f32> {
+    let rows = shape[0];
+    let cols: usize = shape[1..].iter().product();
+    let hd = rows / heads;
+    let half = hd / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for t in 0..2 {
+                let src = h * hd + 2 * i + t;
+                let dst = h * hd + t * half + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_1_dequantizes_low_nibbles_first() {
+        let mut block = Vec::new();
+        block.extend(f16::from_f32(0.5).to_le_bytes());
+        block.extend(f16::from_f32(-1.0).to_le_bytes());
+        block.extend((0..16u8).map(|i| (15 - i) << 4 | i));
+        let v = dequantize(StorageType::Q4_1, &block, 32);
+        assert_eq!(v[0], -1.0);
+        assert_eq!(v[15], 15.0 * 0.5 - 1.0);
+        assert_eq!(v[16], 15.0 * 0.5 - 1.0);
+        assert_eq!(v[31], -1.0);
+    }
+
+    #[test]
+    fn q8_0_and_q4_0_apply_scale_and_offset() {
+        let mut block = Vec::new();
+        block.extend(f16::from_f32(0.25).to_le_bytes());
+        block.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let v = dequantize(StorageType::Q8_0, &block, 32);
+        assert_eq!(v[0], -4.0);
+        assert_eq!(v[31], 15.0 * 0.25);
+        let mut block = Vec::new();
+        block.extend(f16::from_f32(2.0).to_le_bytes());
+        block.extend([0x10u8; 16]);
+        let v = dequantize(StorageType::Q4_0, &block, 32);
+        assert_eq!(v[0], -16.0);
+        assert_eq!(v[16], -14.0);
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // One head of head_dim 4 with 1 column: HF rows [a0 a1 b0 b1] (rotate-half
+        // pairs (a0,b0), (a1,b1)) are stored by llama.cpp as [a0 b0 a1 b1].
+        let gguf = [10.0, 20.0, 11.0, 21.0, 30.0, 40.0, 31.0, 41.0];
+        let hf = unpermute_rows(&gguf, &[8, 1], 2);
+        assert_eq!(hf, vec![10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 40.0, 41.0]);
+    }
+}

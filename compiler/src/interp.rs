@@ -1,0 +1,375 @@
+//! The graph reference interpreter: plain f32 Rust, the oracle for every pass and backend.
+//!
+//! It favours obviously-correct code over speed, but runs matmuls over threads so
+//! that a 135M-parameter model answers in seconds in tests. Values that depend only
+//! on weights and constants (e.g. the stacked Q/K/V weight) are computed once and
+//! kept for later steps; attention keeps one KV cache per layer across calls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::graph::rope::inv_freq;
+use crate::graph::{BinaryOp, Dim, Graph, Op, UnaryOp};
+
+/// A dense row-major tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Data,
+}
+
+/// Element storage of a [`Tensor`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Arc<Vec<f32>>),
+    I32(Arc<Vec<i32>>),
+}
+
+impl Tensor {
+    pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), data.len());
+        Tensor { shape, data: Data::F32(Arc::new(data)) }
+    }
+
+    pub fn i32(shape: Vec<usize>, data: Vec<i32>) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), data.len());
+        Tensor { shape, data: Data::I32(Arc::new(data)) }
+    }
+
+    pub fn as_f32(&self) -> &[f32] {
+        match &self.data {
+            Data::F32(v) => v,
+            Data::I32(_) => panic!("expected an f32 tensor"),
+        }
+    }
+
+    pub fn as_i32(&self) -> &[i32] {
+        match &self.data {
+            Data::I32(v) => v,
+            Data::F32(_) => panic!("expected an i32 tensor"),
+        }
+    }
+}
+
+/// Where the interpreter gets weights from.
+pub trait WeightSource {
+    fn weight_f32(&self, name: &str) -> Result<Vec<f32>>;
+}
+
+impl WeightSource for crate::import::WeightStore {
+    fn weight_f32(&self, name: &str) -> Result<Vec<f32>> {
+        self.to_f32(name)
+    }
+}
+
+impl WeightSource for HashMap<String, Vec<f32>> {
+    fn weight_f32(&self, name: &str) -> Result<Vec<f32>> {
+        self.get(name).cloned().ok_or_else(|| Error::Verify(format!("no weight `{name}`")))
+    }
+}
+
+/// Runs one graph repeatedly, keeping the KV cache between calls.
+pub struct Interpreter<'a> {
+    graph: &'a Graph,
+    weights: &'a dyn WeightSource,
+    constant_cache: HashMap<usize, Tensor>,
+    is_constant: Vec<bool>,
+    kv: HashMap<u32, (Vec<f32>, Vec<f32>)>,
+}
+
+impl<'a> Interpreter<'a> {
+    pub fn new(graph: &'a Graph, weights: &'a dyn WeightSource) -> Self {
+        let mut is_constant = vec![false; graph.nodes.len()];
+        for (i, n) in graph.nodes.iter().enumerate() {
+            is_constant[i] = match n.op {
+                Op::Weight { .. } | Op::Constant { .. } => true,
+                Op::Input { .. } => false,
+                _ => !n.op.has_side_effects() && n.inputs.iter().all(|v| is_constant[v.index()]),
+            };
+        }
+        Interpreter { graph, weights, constant_cache: HashMap::new(), is_constant, kv: HashMap::new() }
+    }
+
+    /// Forgets the KV cache (a new sequence).
+    pub fn reset(&mut self) {
+        self.kv.clear();
+    }
+
+    /// Runs the graph on `inputs` (by input name) and returns the outputs by name.
+    pub fn run(&mut self, inputs: &HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
+        let g = self.graph;
+        let mut last_use = vec![0usize; g.nodes.len()];
+        for (i, n) in g.nodes.iter().enumerate() {
+            for v in &n.inputs {
+                last_use[v.index()] = i;
+            }
+        }
+        for (_, v) in &g.outputs {
+            last_use[v.index()] = usize::MAX;
+        }
+        let mut values: Vec<Option<Tensor>> = vec![None; g.nodes.len()];
+        for (i, node) in g.nodes.iter().enumerate() {
+            let result = if let Some(t) = self.constant_cache.get(&i) {
+                t.clone()
+            } else {
+                let args: Vec<&Tensor> =
+                    node.inputs.iter().map(|v| values[v.index()].as_ref().expect("input computed and alive")).collect();
+                let t = self.eval(i, args, inputs)?;
+                if self.is_constant[i] {
+                    self.constant_cache.insert(i, t.clone());
+                }
+                t
+            };
+            // Check the concrete shape against the static type: a cheap invariant check.
+            let ty = &node.ty;
+            let ok = ty.shape.len() == result.shape.len()
+                && ty.shape.iter().zip(&result.shape).all(|(d, &n)| match d {
+                    Dim::Fixed(f) => *f as usize == n,
+                    Dim::Sym(_) => true,
+                });
+            assert!(ok, "%{i} ({}) produced shape {:?} for type {:?}", node.op.mnemonic(), result.shape, ty.shape);
+            values[i] = Some(result);
+            for v in &node.inputs {
+                if last_use[v.index()] == i {
+                    values[v.index()] = None;
+                }
+            }
+        }
+        Ok(g.outputs.iter().map(|(name, v)| (name.clone(), values[v.index()].clone().expect("output alive"))).collect())
+    }
+
+    fn eval(&mut self, index: usize, args: Vec<&Tensor>, inputs: &HashMap<String, Tensor>) -> Result<Tensor> {
+        let node = &self.graph.nodes[index];
+        let f = |k: usize| args[k].as_f32();
+        Ok(match &node.op {
+            Op::Input { name, ty } => {
+                let t = inputs.get(name).ok_or_else(|| Error::Verify(format!("missing input `{name}`")))?;
+                if t.shape.len() != ty.shape.len() {
+                    return Err(Error::Verify(format!("input `{name}` has rank {}", t.shape.len())));
+                }
+                t.clone()
+            }
+            Op::Weight { name, ty } => {
+                let shape: Vec<usize> = ty.shape.iter().map(|d| d.fixed().expect("weights are static") as usize).collect();
+                Tensor::f32(shape, self.weights.weight_f32(name)?)
+            }
+            Op::Constant { values, ty } => {
+                Tensor::f32(ty.shape.iter().map(|d| d.fixed().unwrap() as usize).collect(), values.clone())
+            }
+            Op::Embedding => {
+                let (table, ids) = (args[0], args[1].as_i32());
+                let h = table.shape[1];
+                let mut out = Vec::with_capacity(ids.len() * h);
+                for &id in ids {
+                    let id = id as usize;
+                    if id >= table.shape[0] {
+                        return Err(Error::Verify(format!("token id {id} is outside the vocabulary of {}", table.shape[0])));
+                    }
+                    out.extend_from_slice(&table.as_f32()[id * h..(id + 1) * h]);
+                }
+                Tensor::f32(vec![ids.len(), h], out)
+            }
+            Op::MatMul => {
+                let (m, k, n) = (args[0].shape[0], args[0].shape[1], args[1].shape[0]);
+                Tensor::f32(vec![m, n], matmul(f(0), f(1), m, k, n))
+            }
+            Op::Unary(u) => {
+                let out = f(0).iter().map(|&x| unary(*u, x)).collect();
+                Tensor::f32(args[0].shape.clone(), out)
+            }
+            Op::Binary(b) => {
+                let (a, bb) = (f(0), f(1));
+                let out = a.iter().enumerate().map(|(i, &x)| binary(*b, x, bb[i % bb.len()])).collect();
+                Tensor::f32(args[0].shape.clone(), out)
+            }
+            Op::RmsNorm { eps } => {
+                let (x, w) = (f(0), f(1));
+                let h = w.len();
+                let mut out = Vec::with_capacity(x.len());
+                for row in x.chunks(h) {
+                    let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / h as f64;
+                    let r = (1.0 / (ms + *eps as f64).sqrt()) as f32;
+                    out.extend(row.iter().zip(w).map(|(&v, &wv)| v * r * wv));
+                }
+                Tensor::f32(args[0].shape.clone(), out)
+            }
+            Op::Rope { head_dim, theta, scaling } => {
+                let (x, pos) = (f(0), args[1].as_i32());
+                let freqs = inv_freq(*head_dim, *theta, scaling);
+                let (hd, half) = (*head_dim as usize, *head_dim as usize / 2);
+                let width = args[0].shape[1];
+                let mut out = x.to_vec();
+                for (s, &p) in pos.iter().enumerate() {
+                    let cs: Vec<(f32, f32)> = freqs.iter().map(|&fr| {
+                        let a = p as f32 * fr;
+                        (a.cos(), a.sin())
+                    }).collect();
+                    for head in 0..width / hd {
+                        let base = s * width + head * hd;
+                        for i in 0..half {
+                            let (x0, x1) = (x[base + i], x[base + half + i]);
+                            let (c, sn) = cs[i];
+                            out[base + i] = x0 * c - x1 * sn;
+                            out[base + half + i] = x1 * c + x0 * sn;
+                        }
+                    }
+                }
+                Tensor::f32(args[0].shape.clone(), out)
+            }
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window } => {
+                let (q, k, v, pos) = (f(0), f(1), f(2), args[3].as_i32());
+                let (nh, nkv, hd) = (*heads as usize, *kv_heads as usize, *head_dim as usize);
+                let kvw = nkv * hd;
+                let (kc, vc) = self.kv.entry(*layer).or_default();
+                for (s, &p) in pos.iter().enumerate() {
+                    let p = p as usize;
+                    if kc.len() < (p + 1) * kvw {
+                        kc.resize((p + 1) * kvw, 0.0);
+                        vc.resize((p + 1) * kvw, 0.0);
+                    }
+                    kc[p * kvw..(p + 1) * kvw].copy_from_slice(&k[s * kvw..(s + 1) * kvw]);
+                    vc[p * kvw..(p + 1) * kvw].copy_from_slice(&v[s * kvw..(s + 1) * kvw]);
+                }
+                let group = nh / nkv;
+                let mut out = vec![0.0f32; pos.len() * nh * hd];
+                for (s, &p) in pos.iter().enumerate() {
+                    let p = p as usize;
+                    let start = window.map_or(0, |w| (p + 1).saturating_sub(w as usize));
+                    for hh in 0..nh {
+                        let kvh = hh / group;
+                        let qv = &q[(s * nh + hh) * hd..(s * nh + hh + 1) * hd];
+                        let scores: Vec<f32> = (start..=p)
+                            .map(|j| {
+                                let kv = &kc[j * kvw + kvh * hd..j * kvw + (kvh + 1) * hd];
+                                qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                            })
+                            .collect();
+                        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let exps: Vec<f32> = scores.iter().map(|&x| (x - max).exp()).collect();
+                        let sum: f32 = exps.iter().sum();
+                        let o = &mut out[(s * nh + hh) * hd..(s * nh + hh + 1) * hd];
+                        for (j, e) in (start..=p).zip(&exps) {
+                            let vv = &vc[j * kvw + kvh * hd..j * kvw + (kvh + 1) * hd];
+                            for d in 0..hd {
+                                o[d] += e / sum * vv[d];
+                            }
+                        }
+                    }
+                }
+                Tensor::f32(vec![pos.len(), nh * hd], out)
+            }
+            Op::Concat { axis } => {
+                let axis = *axis as usize;
+                let outer: usize = args[0].shape[..axis].iter().product();
+                let mut out = Vec::new();
+                for o in 0..outer {
+                    for a in &args {
+                        let inner: usize = a.shape[axis..].iter().product();
+                        out.extend_from_slice(&a.as_f32()[o * inner..(o + 1) * inner]);
+                    }
+                }
+                let mut shape = args[0].shape.clone();
+                shape[axis] = args.iter().map(|a| a.shape[axis]).sum();
+                Tensor::f32(shape, out)
+            }
+            Op::Slice { axis, start, len } => {
+                let (axis, start, len) = (*axis as usize, *start as usize, *len as usize);
+                let x = args[0];
+                let outer: usize = x.shape[..axis].iter().product();
+                let dim = x.shape[axis];
+                let inner: usize = x.shape[axis + 1..].iter().product();
+                let mut out = Vec::with_capacity(outer * len * inner);
+                for o in 0..outer {
+                    let base = (o * dim + start) * inner;
+                    out.extend_from_slice(&x.as_f32()[base..base + len * inner]);
+                }
+                let mut shape = x.shape.clone();
+                shape[axis] = len;
+                Tensor::f32(shape, out)
+            }
+        })
+    }
+}
+
+/// `x[m,k] @ w[n,k]^T`, parallel over output columns.
+pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out_t = vec![0.0f32; n * m];
+    out_t.par_chunks_mut(m).enumerate().for_each(|(j, col)| {
+        let wr = &w[j * k..(j + 1) * k];
+        for (i, o) in col.iter_mut().enumerate() {
+            *o = dot(&x[i * k..(i + 1) * k], wr);
+        }
+    });
+    let mut out = vec![0.0f32; m * n];
+    for j in 0..n {
+        for i in 0..m {
+            out[i * n + j] = out_t[j * m + i];
+        }
+    }
+    out
+}
+
+/// A dot product with eight independent accumulators (vectorizes without fast-math).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+pub fn unary(op: UnaryOp, x: f32) -> f32 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::GeluTanh => 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Tanh => x.tanh(),
+    }
+}
+
+pub fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Max => a.max(b),
+    }
+}
+
+/// Runs a decoder graph over `ids` (positions `start..`) and returns the `[seq, vocab]` logits.
+pub fn run_tokens(interp: &mut Interpreter<'_>, ids: &[u32], start: usize) -> Result<Tensor> {
+    let n = ids.len();
+    let mut inputs = HashMap::new();
+    inputs.insert("tokens".to_string(), Tensor::i32(vec![n], ids.iter().map(|&i| i as i32).collect()));
+    inputs.insert("positions".to_string(), Tensor::i32(vec![n], (start..start + n).map(|p| p as i32).collect()));
+    let mut out = interp.run(&inputs)?;
+    Ok(out.remove("logits").expect("decoder graphs output logits"))
+}
+
+/// Greedy generation with the interpreter: prefill `prompt`, then `n` decode steps.
+pub fn greedy(interp: &mut Interpreter<'_>, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+    let argmax = |row: &[f32]| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+    let logits = run_tokens(interp, prompt, 0)?;
+    let vocab = logits.shape[1];
+    let mut next = argmax(&logits.as_f32()[(prompt.len() - 1) * vocab..]);
+    let mut out = vec![next];
+    for step in 1..n {
+        let logits = run_tokens(interp, &[next], prompt.len() + step - 1)?;
+        next = argmax(logits.as_f32());
+        out.push(next);
+    }
+    Ok(out)
+}

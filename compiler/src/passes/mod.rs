@@ -1,0 +1,101 @@
+//! The pass pipeline: a [`Pass`] trait, the ordered list of passes, and the driver
+//! that verifies after every pass and can dump the IR (`maxc compile --dump-ir`).
+
+pub mod canonicalize;
+pub mod const_fold;
+pub mod cse;
+pub mod dce;
+pub mod stack_linear;
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::graph::text::print;
+use crate::graph::verify::verify;
+use crate::graph::{Graph, Node, ValueId};
+
+/// A graph-to-graph transformation that keeps the graph's outputs (checked by tests
+/// against the reference interpreter).
+pub trait Pass {
+    /// The name used in dumps (`NN-<name>.mxir`) and `--stop-after`.
+    fn name(&self) -> &'static str;
+    /// Transforms the graph in place.
+    fn run(&self, graph: &mut Graph) -> Result<()>;
+}
+
+/// The graph passes, in order.
+pub fn pipeline() -> Vec<Box<dyn Pass>> {
+    vec![
+        Box::new(canonicalize::Canonicalize),
+        Box::new(const_fold::ConstantFold),
+        Box::new(cse::Cse),
+        Box::new(stack_linear::StackLinear),
+        Box::new(dce::Dce),
+    ]
+}
+
+/// Finds a pass by name.
+pub fn by_name(name: &str) -> Option<Box<dyn Pass>> {
+    pipeline().into_iter().find(|p| p.name() == name)
+}
+
+/// How to run the pipeline.
+#[derive(Debug, Default, Clone)]
+pub struct PipelineOptions<'a> {
+    /// Run the verifier after every pass (always on in debug builds and tests).
+    pub verify_each: bool,
+    /// Write `00-input.mxir` and `NN-<pass>.mxir` here.
+    pub dump_dir: Option<&'a Path>,
+    /// Stop after the pass of this name.
+    pub stop_after: Option<&'a str>,
+}
+
+/// Runs the pipeline over `graph`.
+pub fn run_pipeline(graph: &mut Graph, options: &PipelineOptions<'_>) -> Result<()> {
+    let verify_each = options.verify_each || cfg!(debug_assertions);
+    if let Some(dir) = options.dump_dir {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        dump(dir, "00-input", graph)?;
+    }
+    verify(graph)?;
+    for (i, pass) in pipeline().iter().enumerate() {
+        pass.run(graph)?;
+        if verify_each {
+            verify(graph).map_err(|e| Error::Verify(format!("after pass `{}`: {e}", pass.name())))?;
+        }
+        if let Some(dir) = options.dump_dir {
+            dump(dir, &format!("{:02}-{}", i + 1, pass.name()), graph)?;
+        }
+        if options.stop_after == Some(pass.name()) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn dump(dir: &Path, stem: &str, graph: &Graph) -> Result<()> {
+    let path = dir.join(format!("{stem}.mxir"));
+    std::fs::write(&path, print(graph)).map_err(|e| Error::io(&path, e))
+}
+
+/// Rebuilds a graph node by node. `f` receives the new graph, the old node and its
+/// inputs already mapped to new ids, and returns the new value that stands for the
+/// old node (it may add several nodes, or return an existing value).
+pub fn rewrite(
+    graph: &Graph,
+    mut f: impl FnMut(&mut Graph, ValueId, &Node, Vec<ValueId>) -> Result<ValueId>,
+) -> Result<Graph> {
+    let mut out = Graph::new(graph.name.clone());
+    let mut map = Vec::with_capacity(graph.nodes.len());
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let inputs = node.inputs.iter().map(|v| map[v.index()]).collect();
+        map.push(f(&mut out, ValueId(i as u32), node, inputs)?);
+    }
+    out.outputs = graph.outputs.iter().map(|(n, v)| (n.clone(), map[v.index()])).collect();
+    Ok(out)
+}
+
+/// Copies a node unchanged into the graph being rebuilt.
+pub fn copy_node(g: &mut Graph, node: &Node, inputs: Vec<ValueId>) -> ValueId {
+    g.push_typed(node.op.clone(), inputs, node.ty.clone())
+}

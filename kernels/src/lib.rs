@@ -1,0 +1,1 @@
+//! maxc-kernels: the kernel IR, the kernel library and its reference interpreter.

