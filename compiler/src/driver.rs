@@ -37,3 +37,156 @@ pub fn load_manifest(manifest: Option<&Path>, model: Option<&Path>, overrides: &
         }),
     }
 }
+
+/// Options of `maxc compile` beyond the manifest.
+#[derive(Debug, Clone, Default)]
+pub struct CompileOptions<'a> {
+    /// `--target`, overriding the manifest's `compile.target`.
+    pub target: Option<String>,
+    /// The command line, recorded in the artifact's provenance.
+    pub flags: Vec<String>,
+    pub pipeline: PipelineOptions<'a>,
+}
+
+/// What a compile produced.
+#[derive(Debug, Clone)]
+pub struct CompileReport {
+    pub artifact_bytes: u64,
+    pub kernels: usize,
+    pub prefill_launches: usize,
+    pub decode_launches: usize,
+    pub prefill_arena_bytes: u64,
+    pub decode_arena_bytes: u64,
+}
+
+/// The largest prefill step; longer prompts run in chunks of this many tokens.
+pub const PREFILL_CHUNK: u64 = 128;
+/// The default `max_length` cap when the manifest sets none.
+pub const DEFAULT_MAX_LENGTH: u64 = 4096;
+
+/// Compiles the manifest's model into an artifact at `output`.
+pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions<'_>) -> Result<CompileReport> {
+    use crate::error::Error;
+    use crate::schedule::{kv_shape, memory::plan_arena, schedule, Arg, KernelSet, Schedule, WeightTable};
+    use maxc_codegen::CpuTarget;
+    use maxc_kernels::library::SeqMode;
+    use maxrun::format as mef;
+
+    let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
+    let c = manifest.manifest.compile.clone();
+    if let Some(enc) = c.quantization_encoding.as_deref().filter(|e| *e != "float32") {
+        return Err(Error::invalid(&shown, "compile.quantization_encoding", format!("`{enc}` is not implemented yet; this maxc supports float32")));
+    }
+    if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
+        return Err(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
+    }
+    let target_spec = options.target.clone().or(c.target.clone()).unwrap_or_else(|| "cpu".into());
+    let target = CpuTarget::parse(&target_spec)?;
+    if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(Error::invalid(output, "-o", "the output directory does not exist"));
+        }
+    }
+
+    let fe = frontend(manifest, &options.pipeline)?;
+    if options.pipeline.stop_after.is_some() {
+        return Err(Error::Flag { flag: "--stop-after".into(), message: "stops before code generation; no artifact is written".into() });
+    }
+    let cfg = &fe.model.config;
+    let max_length = c.max_length.map(u64::from).unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
+    let max_seq = PREFILL_CHUNK.min(max_length);
+
+    let mut interp = crate::interp::Interpreter::new(&fe.graph, &fe.model.weights);
+    let mut weights = WeightTable::default();
+    let mut kernels = KernelSet::default();
+    let prefill = schedule(&fe.graph, &mut interp, SeqMode::Dynamic, max_seq, &mut weights, &mut kernels)?;
+    let decode = schedule(&fe.graph, &mut interp, SeqMode::Fixed(1), 1, &mut weights, &mut kernels)?;
+    let kv = kv_shape(&fe.graph)?;
+
+    let to_plan = |s: &Schedule| -> mef::Plan {
+        let (offsets, arena_bytes) = plan_arena(&s.buffers);
+        let arg = |a: &Arg| match *a {
+            Arg::Buffer(b) => mef::BufferRef::Arena { offset: offsets[b as usize] },
+            Arg::Weight(w) => mef::BufferRef::Weight(w),
+            Arg::Tokens => mef::BufferRef::Tokens,
+            Arg::Positions => mef::BufferRef::Positions,
+            Arg::KeyCache(l) => mef::BufferRef::KeyCache(l),
+            Arg::ValueCache(l) => mef::BufferRef::ValueCache(l),
+        };
+        mef::Plan {
+            max_seq: s.max_seq,
+            arena_bytes,
+            launches: s.launches.iter().map(|l| mef::Launch { kernel: l.kernel, args: l.args.iter().map(arg).collect(), tasks: l.tasks }).collect(),
+            logits: mef::BufferRef::Arena { offset: offsets[s.logits as usize] },
+        }
+    };
+    let (prefill_plan, decode_plan) = (to_plan(&prefill), to_plan(&decode));
+
+    let code = maxc_codegen::llvm::compile_shared(&kernels.kernels, &target)?;
+    let explicit: Vec<String> = target_spec.split_once('+').map(|(_, f)| f.split(',').map(|x| x.trim().trim_start_matches('+').to_string()).collect()).unwrap_or_default();
+    let required_features: Vec<String> =
+        target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
+
+    let m = &fe.manifest.manifest;
+    let g = &m.generation;
+    let d = &fe.model.generation;
+    let header = mef::Header {
+        model: mef::ModelInfo {
+            name: m.model.name.clone().unwrap_or_else(|| fe.model.name.clone()),
+            architecture: cfg.architecture.hf_name().into(),
+            vocab_size: cfg.vocab_size as u64,
+            num_layers: cfg.num_layers as u64,
+        },
+        provenance: mef::Provenance {
+            maxc_version: env!("CARGO_PKG_VERSION").into(),
+            manifest: fe.manifest.text.clone(),
+            flags: options.flags.clone(),
+            inputs: fe
+                .model
+                .input_files
+                .iter()
+                .map(|p| mef::InputFile { path: p.display().to_string(), bytes: std::fs::metadata(p).map_or(0, |m| m.len()) })
+                .collect(),
+        },
+        target: mef::TargetInfo { triple: target.triple.clone(), cpu: target.cpu.clone(), required_features, backend: "llvm".into() },
+        sections: vec![],
+        kernels: kernels
+            .kernels
+            .iter()
+            .map(|k| mef::KernelEntry { symbol: k.name.clone(), family: k.family.clone(), num_params: k.params.len() as u32 })
+            .collect(),
+        weights: vec![],
+        prefill: prefill_plan,
+        decode: decode_plan,
+        kv_cache: mef::KvCacheLayout { layers: kv.layers, row_elems: kv.row_elems },
+        tokenizer: mef::TokenizerInfo { bos_token_id: cfg.bos_token_id, eos_token_ids: cfg.eos_token_ids.clone() },
+        generation: mef::GenerationDefaults {
+            temperature: g.temperature.or(d.temperature),
+            top_k: g.top_k.or(d.top_k),
+            top_p: g.top_p.or(d.top_p),
+            min_p: g.min_p.or(d.min_p),
+            max_new_tokens: g.max_new_tokens.or(d.max_new_tokens),
+        },
+        max_length,
+    };
+    let report = CompileReport {
+        artifact_bytes: 0,
+        kernels: kernels.kernels.len(),
+        prefill_launches: header.prefill.launches.len(),
+        decode_launches: header.decode.launches.len(),
+        prefill_arena_bytes: header.prefill.arena_bytes,
+        decode_arena_bytes: header.decode.arena_bytes,
+    };
+    let bytes = crate::mef_writer::write_artifact(
+        output,
+        crate::mef_writer::ArtifactContents {
+            header,
+            code: &code.shared_object,
+            weights: &weights.slots,
+            store: &fe.model.weights,
+            tokenizer_json: &fe.model.tokenizer_json,
+            chat_template: fe.model.chat_template.as_deref(),
+        },
+    )?;
+    Ok(CompileReport { artifact_bytes: bytes, ..report })
+}

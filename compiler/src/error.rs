@@ -44,6 +44,10 @@ pub enum Error {
     #[error("IR verification failed: {0}")]
     Verify(String),
 
+    /// Code generation or linking failed (or the target is invalid).
+    #[error(transparent)]
+    Codegen(#[from] maxc_codegen::CodegenError),
+
     /// A command-line flag or override with a bad value.
     #[error("{flag}: {message}")]
     Flag { flag: String, message: String },

@@ -93,6 +93,25 @@ impl<'a> Interpreter<'a> {
         Interpreter { graph, weights, constant_cache: HashMap::new(), is_constant, kv: HashMap::new() }
     }
 
+    /// The value of a node that depends only on weights and constants (cached).
+    pub fn constant_value(&mut self, id: crate::graph::ValueId) -> Result<Tensor> {
+        let i = id.index();
+        assert!(self.is_constant[i], "%{i} is not a constant node");
+        if let Some(t) = self.constant_cache.get(&i) {
+            return Ok(t.clone());
+        }
+        let inputs = self.graph.nodes[i].inputs.clone();
+        let args: Vec<Tensor> = inputs.iter().map(|&v| self.constant_value(v)).collect::<Result<_>>()?;
+        let t = self.eval(i, args.iter().collect(), &HashMap::new())?;
+        self.constant_cache.insert(i, t.clone());
+        Ok(t)
+    }
+
+    /// Whether a node depends only on weights and constants.
+    pub fn is_constant(&self, id: crate::graph::ValueId) -> bool {
+        self.is_constant[id.index()]
+    }
+
     /// Forgets the KV cache (a new sequence).
     pub fn reset(&mut self) {
         self.kv.clear();

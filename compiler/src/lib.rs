@@ -11,6 +11,8 @@ pub mod graph;
 pub mod import;
 pub mod interp;
 pub mod manifest;
+pub mod mef_writer;
 pub mod passes;
+pub mod schedule;
 
 pub use error::{Error, Result};

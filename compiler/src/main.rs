@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 
-use maxc::driver::{frontend, load_manifest};
+use maxc::driver::{frontend, load_manifest, CompileOptions};
 use maxc::interp::{greedy, run_tokens, Interpreter};
 use maxc::passes::{by_name, PipelineOptions};
 
@@ -44,9 +44,15 @@ struct CompileArgs {
     /// Write the IR after every pass to DIR as NN-<pass>.mxir.
     #[arg(long, value_name = "DIR")]
     dump_ir: Option<PathBuf>,
-    /// Stop after the named pass.
+    /// Stop after the named pass (no artifact is written).
     #[arg(long, value_name = "PASS")]
     stop_after: Option<String>,
+    /// The artifact to write.
+    #[arg(short = 'o', long, value_name = "OUT.mef")]
+    output: Option<PathBuf>,
+    /// Code target: `cpu` (this machine), `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:NAME+feature,...`.
+    #[arg(long)]
+    target: Option<String>,
 }
 
 #[derive(Args)]
@@ -97,13 +103,26 @@ fn options<'a>(dump: Option<&'a Path>, stop: Option<&'a str>) -> anyhow::Result<
 fn compile(args: CompileArgs) -> anyhow::Result<()> {
     let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides)?;
     let opts = options(args.dump_ir.as_deref(), args.stop_after.as_deref())?;
-    let fe = frontend(manifest, &opts)?;
+    let Some(output) = args.output.filter(|_| args.stop_after.is_none()) else {
+        if args.stop_after.is_none() {
+            bail!("give -o OUT.mef (or --stop-after PASS to only run the graph pipeline)");
+        }
+        let fe = frontend(manifest, &opts)?;
+        eprintln!("graph `{}` after `{}`: {} nodes", fe.graph.name, args.stop_after.unwrap_or_default(), fe.graph.nodes.len());
+        return Ok(());
+    };
+    let start = std::time::Instant::now();
+    let flags = provenance_flags(std::env::args().skip(1));
+    let compile_options = CompileOptions { target: args.target, flags, pipeline: opts };
+    let report = maxc::driver::compile(manifest, &output, &compile_options)?;
     eprintln!(
-        "compiled graph `{}`: {} nodes, {} matmuls, {} attention layers",
-        fe.graph.name,
-        fe.graph.nodes.len(),
-        fe.graph.count("matmul"),
-        fe.graph.count("attention")
+        "wrote {} ({:.1} MiB) in {:.1}s: {} kernels, {} prefill / {} decode launches",
+        output.display(),
+        report.artifact_bytes as f64 / (1 << 20) as f64,
+        start.elapsed().as_secs_f64(),
+        report.kernels,
+        report.prefill_launches,
+        report.decode_launches
     );
     Ok(())
 }
@@ -133,4 +152,21 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
         println!("{text}");
     }
     Ok(())
+}
+
+/// The command line as recorded in the artifact: everything but the output path,
+/// which names where the artifact goes, not what it is (same inputs, same bytes).
+fn provenance_flags(args: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut skip_next = false;
+    for a in args {
+        if skip_next {
+            skip_next = false;
+        } else if a == "-o" || a == "--output" {
+            skip_next = true;
+        } else if !(a.starts_with("--output=") || (a.starts_with("-o") && a.len() > 2)) {
+            out.push(a);
+        }
+    }
+    out
 }

@@ -1,1 +1,12 @@
-//! maxc-kernels: the kernel IR, the kernel library and its reference interpreter.
+//! maxc-kernels: the kernel IR, the kernel library (one builder per kernel family)
+//! and a reference interpreter for kernel IR.
+//!
+//! A kernel is described once here and lowered by every backend in `maxc-codegen`.
+//! Shapes are compile-time constants except the sequence length, which kernels read
+//! as `dims[0]` ([`ir::Expr::Seq`]).
+
+pub mod interp;
+pub mod ir;
+pub mod library;
+
+pub use ir::*;

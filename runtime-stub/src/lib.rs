@@ -1,6 +1,15 @@
 //! maxrun: the runtime half of maxc. It owns the MEF artifact format (the contract
-//! between compiler and runtime) and everything needed to run an artifact.
+//! between compiler and runtime) and everything needed to run an artifact: the
+//! loader, the code loader, the thread pool, the executor with its KV cache, and
+//! the sampler.
 //!
 //! Architecture invariant: this crate depends on no compiler crate, LLVM or Cranelift.
 
+pub mod artifact;
+pub mod code;
+pub mod cpu;
+pub mod format;
 pub mod npy;
+pub mod pool;
+pub mod sampler;
+pub mod session;

@@ -1,6 +1,189 @@
-//! The `maxrun` command line.
+//! The `maxrun` command line: load an artifact and generate text (or dump logits).
 
-fn main() {
-    eprintln!("maxrun: artifact execution is not built yet (issue #3)");
-    std::process::exit(2);
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{anyhow, Context};
+use clap::Parser;
+
+use maxrun::artifact::Artifact;
+use maxrun::sampler::{sample, Rng, SamplingParams};
+use maxrun::session::Session;
+
+#[derive(Parser)]
+#[command(name = "maxrun", version, about = "Run a maxc artifact (.mef): generate text or dump logits")]
+struct Cli {
+    /// The artifact produced by `maxc compile`.
+    artifact: PathBuf,
+    /// Text to continue.
+    #[arg(long, conflicts_with = "token_ids")]
+    prompt: Option<String>,
+    /// Comma-separated token ids instead of a prompt.
+    #[arg(long, value_delimiter = ',')]
+    token_ids: Option<Vec<u32>>,
+    /// Run one forward pass over the prompt and write its [seq, vocab] float32 logits (.npy); no sampling.
+    #[arg(long, value_name = "FILE")]
+    dump_logits: Option<PathBuf>,
+    /// Maximum number of new tokens (default: the artifact's generation config, else 128).
+    #[arg(short = 'n', long)]
+    max_new_tokens: Option<u32>,
+    /// Sampling temperature; 0 is greedy (default: the artifact's generation config).
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_k: Option<u32>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep generating after an end-of-sequence token (for benchmarks and tests).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Worker threads (default: the number of cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Exit code for a prompt that does not fit (documented in the README).
+const EXIT_PROMPT_TOO_LONG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> anyhow::Result<()> {
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(anyhow!("--{name} {x} must be between {lo} and {hi}")),
+        _ => Ok(()),
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    check_range("temperature", cli.temperature, 0.0, f32::MAX)?;
+    check_range("top-p", cli.top_p, 0.0, 1.0)?;
+    check_range("min-p", cli.min_p, 0.0, 1.0)?;
+    if cli.threads == Some(0) {
+        return Err(anyhow!("--threads must be at least 1"));
+    }
+    let artifact = Artifact::open(&cli.artifact)?;
+    let h = &artifact.header;
+    let tokenizer: tokenizers::Tokenizer = artifact
+        .tokenizer_json()?
+        .parse()
+        .map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", cli.artifact.display()))?;
+    let ids: Vec<u32> = match (&cli.prompt, &cli.token_ids) {
+        (Some(p), _) => tokenizer.encode(p.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => return Err(anyhow!("give --prompt TEXT or --token-ids 1,2,3")),
+    };
+    if ids.is_empty() {
+        return Err(anyhow!("the prompt is empty: it has no tokens to condition on"));
+    }
+    if ids.len() as u64 > h.max_length {
+        eprintln!("prompt is too long: {} tokens exceeds the maximum context length of {} tokens", ids.len(), h.max_length);
+        return Ok(ExitCode::from(EXIT_PROMPT_TOO_LONG));
+    }
+    if let Some(&bad) = ids.iter().find(|&&i| i as u64 >= h.model.vocab_size) {
+        return Err(anyhow!("--token-ids: token id {bad} is outside the vocabulary of {} tokens", h.model.vocab_size));
+    }
+    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut session = Session::new(&artifact, threads)?;
+
+    if let Some(path) = &cli.dump_logits {
+        let logits = session.forward(&ids)?.to_vec();
+        maxrun::npy::write_f32(path, &[ids.len(), h.model.vocab_size as usize], &logits)
+            .with_context(|| format!("writing {}", path.display()))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let g = &h.generation;
+    let params = SamplingParams {
+        temperature: cli.temperature.or(g.temperature).unwrap_or(0.0),
+        top_k: cli.top_k.or(g.top_k).unwrap_or(0),
+        top_p: cli.top_p.or(g.top_p).unwrap_or(1.0),
+        min_p: cli.min_p.or(g.min_p).unwrap_or(0.0),
+    };
+    let max_new = cli.max_new_tokens.or(g.max_new_tokens).unwrap_or(128) as u64;
+    let budget = max_new.min(h.max_length - ids.len() as u64);
+    let mut rng = Rng::new(cli.seed);
+    let vocab = h.model.vocab_size as usize;
+
+    let start = Instant::now();
+    let logits = session.forward(&ids)?;
+    let mut next = sample(&logits[logits.len() - vocab..], &params, &mut rng);
+    let prefill_s = start.elapsed().as_secs_f64();
+    let mut generated = vec![next];
+    let mut printed = String::new();
+    let mut out = std::io::stdout().lock();
+    let decode_start = Instant::now();
+    loop {
+        stream(&tokenizer, &generated, &mut printed, &mut out, false)?;
+        let eos = !cli.ignore_eos && h.tokenizer.eos_token_ids.contains(&next);
+        if eos || generated.len() as u64 >= budget {
+            break;
+        }
+        let logits = session.forward(&[next])?;
+        next = sample(logits, &params, &mut rng);
+        generated.push(next);
+    }
+    stream(&tokenizer, &generated, &mut printed, &mut out, true)?;
+    if out.is_terminal() {
+        writeln!(out)?;
+    }
+    out.flush()?;
+    let decode_s = decode_start.elapsed().as_secs_f64();
+    if generated.len() as u64 == budget && budget < max_new {
+        eprintln!("note: stopped at the artifact's maximum context length of {} tokens", h.max_length);
+    }
+    let decode_tokens = generated.len() - 1;
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | threads: {} | plan runs: prefill {}, decode {}",
+        ids.len(),
+        ids.len() as f64 / prefill_s,
+        generated.len(),
+        if decode_tokens > 0 { decode_tokens as f64 / decode_s } else { 0.0 },
+        session.threads(),
+        session.counts.prefill,
+        session.counts.decode,
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the part of the decoded text not printed yet. Text ending in an
+/// incomplete UTF-8 sequence (U+FFFD) is held back until more tokens arrive.
+fn stream(
+    tokenizer: &tokenizers::Tokenizer,
+    ids: &[u32],
+    printed: &mut String,
+    out: &mut impl Write,
+    last: bool,
+) -> anyhow::Result<()> {
+    let text = tokenizer.decode(ids, false).map_err(|e| anyhow!("decoding: {e}"))?;
+    if !last && text.ends_with('\u{FFFD}') {
+        return Ok(());
+    }
+    if let Some(new) = text.strip_prefix(printed.as_str()) {
+        out.write_all(new.as_bytes())?;
+        out.flush()?;
+        *printed = text;
+    } else if last {
+        // The decoding of earlier tokens changed; print what differs at the end.
+        let common = printed.chars().zip(text.chars()).take_while(|(a, b)| a == b).count();
+        let tail: String = text.chars().skip(common).collect();
+        out.write_all(tail.as_bytes())?;
+        *printed = text;
+    }
+    Ok(())
 }

@@ -5,10 +5,19 @@ use std::path::PathBuf;
 
 use maxc_tests::*;
 
+/// Runs `maxc compile ARGS -o <fresh dir>/out.mef` and checks that a failed compile
+/// leaves no file behind.
 fn compile(args: &[&OsStr]) -> (i32, String, String) {
+    let dir = temp_dir("out");
+    let out = dir.join("out.mef");
     let mut all: Vec<&OsStr> = vec![OsStr::new("compile")];
     all.extend_from_slice(args);
-    run_bin("maxc", &all)
+    all.extend([OsStr::new("-o"), out.as_os_str()]);
+    let r = run_bin("maxc", &all);
+    if r.0 != 0 {
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "a failed compile left files behind");
+    }
+    r
 }
 
 /// A copy of tiny-llama in a temp dir (files linked), with `config.json` replaced by `config`.
@@ -186,6 +195,7 @@ fn dump_ir_writes_every_pass() {
     let out = temp_dir("dump");
     let dir = fixture("tiny-qwen2");
     let r = compile(&[OsStr::new("--model"), dir.as_os_str(), OsStr::new("--dump-ir"), out.as_os_str()]);
+    assert!(r.2.contains("wrote"), "{}", r.2);
     assert_eq!(r.0, 0, "{}", r.2);
     let mut names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();

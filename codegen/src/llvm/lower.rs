@@ -1,0 +1,305 @@
+//! Lowering of kernel IR to LLVM IR: one exhaustive `match` per IR enum.
+//!
+//! Scalars live in stack slots (`alloca`) that `mem2reg` promotes; loops become
+//! header / body / latch blocks. Float arithmetic carries the `reassoc`,
+//! `contract` and `nsz` fast-math flags (FMA formation and vectorized reductions)
+//! but not `nnan` / `ninf`: attention relies on `exp(-huge) == 0`.
+
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::{Linkage, Module};
+use inkwell::targets::TargetMachine;
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValue, BasicValueEnum, FastMathFlags, FunctionValue, InstructionValue, PointerValue};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+use maxc_kernels::ir::*;
+
+use crate::{CodegenError, CpuTarget};
+
+fn llvm_err(e: impl std::fmt::Display) -> CodegenError {
+    CodegenError::Llvm(e.to_string())
+}
+
+/// Lowers every kernel into one module and optimizes it.
+pub fn lower_module<'ctx>(
+    context: &'ctx Context,
+    kernels: &[Kernel],
+    target: &CpuTarget,
+    tm: &TargetMachine,
+) -> Result<Module<'ctx>, CodegenError> {
+    let module = context.create_module("maxc_kernels");
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    for k in kernels {
+        KernelLowering::new(context, &module, k, target)?.lower()?;
+    }
+    module.verify().map_err(|e| CodegenError::Llvm(format!("invalid module: {e}")))?;
+    super::optimize(&module, tm)?;
+    Ok(module)
+}
+
+struct KernelLowering<'a, 'ctx> {
+    context: &'ctx Context,
+    module: &'a Module<'ctx>,
+    builder: Builder<'ctx>,
+    kernel: &'a Kernel,
+    function: FunctionValue<'ctx>,
+    params: Vec<PointerValue<'ctx>>,
+    slots: Vec<PointerValue<'ctx>>,
+    seq: Option<BasicValueEnum<'ctx>>,
+}
+
+impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
+    fn new(context: &'ctx Context, module: &'a Module<'ctx>, kernel: &'a Kernel, target: &CpuTarget) -> Result<Self, CodegenError> {
+        let ptr = context.ptr_type(AddressSpace::default());
+        let i64t = context.i64_type();
+        let fn_type = context.void_type().fn_type(&[ptr.into(), ptr.into(), i64t.into(), i64t.into()], false);
+        let function = module.add_function(&kernel.name, fn_type, Some(Linkage::External));
+        let attr = |k: &str, v: &str| context.create_string_attribute(k, v);
+        use inkwell::attributes::AttributeLoc;
+        if target.has_avx512() {
+            function.add_attribute(AttributeLoc::Function, attr("prefer-vector-width", "512"));
+        }
+        let nounwind = context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0);
+        function.add_attribute(AttributeLoc::Function, nounwind);
+        Ok(KernelLowering { context, module, builder: context.create_builder(), kernel, function, params: vec![], slots: vec![], seq: None })
+    }
+
+    fn ty(&self, t: ValType) -> BasicTypeEnum<'ctx> {
+        match t {
+            ValType::F32 => self.context.f32_type().into(),
+            ValType::I64 => self.context.i64_type().into(),
+            ValType::Bool => self.context.bool_type().into(),
+        }
+    }
+
+    fn elem(&self, e: ElemType) -> BasicTypeEnum<'ctx> {
+        match e {
+            ElemType::F32 => self.context.f32_type().into(),
+            ElemType::I32 => self.context.i32_type().into(),
+        }
+    }
+
+    fn lower(mut self) -> Result<(), CodegenError> {
+        let b = &self.builder;
+        let entry = self.context.append_basic_block(self.function, "entry");
+        b.position_at_end(entry);
+        let ptr = self.context.ptr_type(AddressSpace::default());
+        let i64t = self.context.i64_type();
+        let args = self.function.get_nth_param(0).unwrap().into_pointer_value();
+        let dims = self.function.get_nth_param(1).unwrap().into_pointer_value();
+        for i in 0..self.kernel.params.len() {
+            // SAFETY: `args` holds one pointer per parameter (the ABI).
+            let slot = unsafe { b.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "argp") }.map_err(llvm_err)?;
+            let p = b.build_load(ptr, slot, &format!("{}", self.kernel.params[i].name)).map_err(llvm_err)?;
+            self.params.push(p.into_pointer_value());
+        }
+        self.seq = Some(b.build_load(i64t, dims, "seq").map_err(llvm_err)?);
+        for (i, t) in self.kernel.vars.iter().enumerate() {
+            let slot = b.build_alloca(self.ty(*t), &format!("v{i}")).map_err(llvm_err)?;
+            self.slots.push(slot);
+        }
+        let begin = self.function.get_nth_param(2).unwrap();
+        let end = self.function.get_nth_param(3).unwrap();
+        let task_loop = Stmt::For { var: self.kernel.task_var, start: Expr::I64(0), end: Expr::I64(0), hint: LoopHint::Serial, body: self.kernel.body.clone() };
+        self.lower_loop(&task_loop, Some((begin.into_int_value(), end.into_int_value())))?;
+        self.builder.build_return(None).map_err(llvm_err)?;
+        Ok(())
+    }
+
+    fn block(&mut self, stmts: &[Stmt]) -> Result<(), CodegenError> {
+        for s in stmts {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<(), CodegenError> {
+        match s {
+            Stmt::Set { var, value } => {
+                let v = self.expr(value)?;
+                self.builder.build_store(self.slots[*var as usize], v).map_err(llvm_err)?;
+            }
+            Stmt::Store { param, index, value } => {
+                let v = self.expr(value)?;
+                let v: BasicValueEnum = match self.kernel.params[*param as usize].elem {
+                    ElemType::F32 => v,
+                    ElemType::I32 => self.builder.build_int_truncate(v.into_int_value(), self.context.i32_type(), "trunc").map_err(llvm_err)?.into(),
+                };
+                let p = self.element_ptr(*param, index)?;
+                self.builder.build_store(p, v).map_err(llvm_err)?;
+            }
+            Stmt::For { .. } => self.lower_loop(s, None)?,
+            Stmt::If { cond, then } => {
+                let c = self.expr(cond)?.into_int_value();
+                let then_bb = self.context.append_basic_block(self.function, "then");
+                let done = self.context.append_basic_block(self.function, "endif");
+                self.builder.build_conditional_branch(c, then_bb, done).map_err(llvm_err)?;
+                self.builder.position_at_end(then_bb);
+                self.block(then)?;
+                self.builder.build_unconditional_branch(done).map_err(llvm_err)?;
+                self.builder.position_at_end(done);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lowers a `For` (bounds evaluated once, before the loop); `bounds` overrides them.
+    fn lower_loop(&mut self, s: &Stmt, bounds: Option<(inkwell::values::IntValue<'ctx>, inkwell::values::IntValue<'ctx>)>) -> Result<(), CodegenError> {
+        let Stmt::For { var, start, end, body, .. } = s else { unreachable!("lower_loop takes loops") };
+        let (lo, hi) = match bounds {
+            Some(b) => b,
+            None => (self.expr(start)?.into_int_value(), self.expr(end)?.into_int_value()),
+        };
+        let slot = self.slots[*var as usize];
+        let i64t = self.context.i64_type();
+        self.builder.build_store(slot, lo).map_err(llvm_err)?;
+        let header = self.context.append_basic_block(self.function, "loop");
+        let body_bb = self.context.append_basic_block(self.function, "body");
+        let exit = self.context.append_basic_block(self.function, "exit");
+        self.builder.build_unconditional_branch(header).map_err(llvm_err)?;
+        self.builder.position_at_end(header);
+        let i = self.builder.build_load(i64t, slot, "i").map_err(llvm_err)?.into_int_value();
+        let c = self.builder.build_int_compare(IntPredicate::SLT, i, hi, "cond").map_err(llvm_err)?;
+        self.builder.build_conditional_branch(c, body_bb, exit).map_err(llvm_err)?;
+        self.builder.position_at_end(body_bb);
+        self.block(body)?;
+        let i = self.builder.build_load(i64t, slot, "i").map_err(llvm_err)?.into_int_value();
+        let next = self.builder.build_int_nsw_add(i, i64t.const_int(1, false), "next").map_err(llvm_err)?;
+        self.builder.build_store(slot, next).map_err(llvm_err)?;
+        self.builder.build_unconditional_branch(header).map_err(llvm_err)?;
+        self.builder.position_at_end(exit);
+        Ok(())
+    }
+
+    fn element_ptr(&mut self, param: u32, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {
+        let idx = self.expr(index)?.into_int_value();
+        let elem = self.elem(self.kernel.params[param as usize].elem);
+        // SAFETY: kernels index within their buffers (checked by the kernel interpreter in tests).
+        unsafe { self.builder.build_in_bounds_gep(elem, self.params[param as usize], &[idx], "elem") }.map_err(llvm_err)
+    }
+
+    fn fast(&self, v: BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx> {
+        if let Some(inst) = v.as_instruction_value() {
+            set_fast(inst);
+        }
+        v
+    }
+
+    fn intrinsic(&self, name: &str, args: &[BasicValueEnum<'ctx>]) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let intr = Intrinsic::find(name).ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
+        let types: Vec<BasicTypeEnum> = vec![args[0].get_type()];
+        let f = intr.get_declaration(self.module, &types).ok_or_else(|| CodegenError::Llvm(format!("no declaration for {name}")))?;
+        let args: Vec<_> = args.iter().map(|a| (*a).into()).collect();
+        let call = self.builder.build_call(f, &args, "call").map_err(llvm_err)?;
+        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else {
+            return Err(CodegenError::Llvm(format!("{name} returns nothing")));
+        };
+        Ok(self.fast(v))
+    }
+
+    fn libm(&self, name: &str, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let f32t = self.context.f32_type();
+        let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, f32t.fn_type(&[f32t.into()], false), Some(Linkage::External)));
+        let call = self.builder.build_call(f, &[x.into()], name).map_err(llvm_err)?;
+        match call.try_as_basic_value() {
+            inkwell::values::ValueKind::Basic(v) => Ok(v),
+            inkwell::values::ValueKind::Instruction(_) => unreachable!("libm functions return f32"),
+        }
+    }
+
+    fn expr(&mut self, e: &Expr) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let b = &self.builder;
+        Ok(match e {
+            Expr::F32(x) => self.context.f32_type().const_float(*x as f64).into(),
+            Expr::I64(x) => self.context.i64_type().const_int(*x as u64, true).into(),
+            Expr::Var(v) => b.build_load(self.ty(self.kernel.vars[*v as usize]), self.slots[*v as usize], "var").map_err(llvm_err)?,
+            Expr::Seq => self.seq.expect("seq is loaded in the entry block"),
+            Expr::Load { param, index } => {
+                let p = self.element_ptr(*param, index)?;
+                let elem = self.kernel.params[*param as usize].elem;
+                let v = self.builder.build_load(self.elem(elem), p, "ld").map_err(llvm_err)?;
+                match elem {
+                    ElemType::F32 => v,
+                    ElemType::I32 => self.builder.build_int_s_extend(v.into_int_value(), self.context.i64_type(), "sext").map_err(llvm_err)?.into(),
+                }
+            }
+            Expr::Bin(op, x, y) => {
+                let (x, y) = (self.expr(x)?, self.expr(y)?);
+                let b = &self.builder;
+                if x.is_float_value() {
+                    let (x, y) = (x.into_float_value(), y.into_float_value());
+                    let v: BasicValueEnum = match op {
+                        BinOp::Add => b.build_float_add(x, y, "fadd").map_err(llvm_err)?.into(),
+                        BinOp::Sub => b.build_float_sub(x, y, "fsub").map_err(llvm_err)?.into(),
+                        BinOp::Mul => b.build_float_mul(x, y, "fmul").map_err(llvm_err)?.into(),
+                        BinOp::Div => b.build_float_div(x, y, "fdiv").map_err(llvm_err)?.into(),
+                        BinOp::Max => return self.intrinsic("llvm.maxnum", &[x.into(), y.into()]),
+                        BinOp::Min => return self.intrinsic("llvm.minnum", &[x.into(), y.into()]),
+                        BinOp::Rem => unreachable!("rem is integer-only (validated)"),
+                    };
+                    self.fast(v)
+                } else {
+                    let (x, y) = (x.into_int_value(), y.into_int_value());
+                    match op {
+                        BinOp::Add => b.build_int_nsw_add(x, y, "add").map_err(llvm_err)?.into(),
+                        BinOp::Sub => b.build_int_nsw_sub(x, y, "sub").map_err(llvm_err)?.into(),
+                        BinOp::Mul => b.build_int_nsw_mul(x, y, "mul").map_err(llvm_err)?.into(),
+                        BinOp::Div => b.build_int_signed_div(x, y, "div").map_err(llvm_err)?.into(),
+                        BinOp::Rem => b.build_int_signed_rem(x, y, "rem").map_err(llvm_err)?.into(),
+                        BinOp::Max | BinOp::Min => {
+                            let pred = if *op == BinOp::Max { IntPredicate::SGT } else { IntPredicate::SLT };
+                            let c = b.build_int_compare(pred, x, y, "cmp").map_err(llvm_err)?;
+                            b.build_select(c, x, y, "sel").map_err(llvm_err)?
+                        }
+                    }
+                }
+            }
+            Expr::Cmp(op, x, y) => {
+                let (x, y) = (self.expr(x)?, self.expr(y)?);
+                let b = &self.builder;
+                if x.is_float_value() {
+                    let pred = match op {
+                        CmpOp::Lt => FloatPredicate::OLT,
+                        CmpOp::Le => FloatPredicate::OLE,
+                        CmpOp::Eq => FloatPredicate::OEQ,
+                    };
+                    b.build_float_compare(pred, x.into_float_value(), y.into_float_value(), "fcmp").map_err(llvm_err)?.into()
+                } else {
+                    let pred = match op {
+                        CmpOp::Lt => IntPredicate::SLT,
+                        CmpOp::Le => IntPredicate::SLE,
+                        CmpOp::Eq => IntPredicate::EQ,
+                    };
+                    b.build_int_compare(pred, x.into_int_value(), y.into_int_value(), "icmp").map_err(llvm_err)?.into()
+                }
+            }
+            Expr::Un(op, x) => {
+                let x = self.expr(x)?;
+                match op {
+                    UnOp::Neg if x.is_float_value() => self.fast(self.builder.build_float_neg(x.into_float_value(), "fneg").map_err(llvm_err)?.into()),
+                    UnOp::Neg => self.builder.build_int_neg(x.into_int_value(), "neg").map_err(llvm_err)?.into(),
+                    UnOp::Exp => self.intrinsic("llvm.exp", &[x])?,
+                    UnOp::Sqrt => self.intrinsic("llvm.sqrt", &[x])?,
+                    UnOp::Cos => self.intrinsic("llvm.cos", &[x])?,
+                    UnOp::Sin => self.intrinsic("llvm.sin", &[x])?,
+                    UnOp::Tanh => self.libm("tanhf", x)?,
+                    UnOp::ToF32 => self.builder.build_signed_int_to_float(x.into_int_value(), self.context.f32_type(), "sitofp").map_err(llvm_err)?.into(),
+                }
+            }
+            Expr::Select(c, x, y) => {
+                let c = self.expr(c)?.into_int_value();
+                let (x, y) = (self.expr(x)?, self.expr(y)?);
+                self.builder.build_select(c, x, y, "select").map_err(llvm_err)?
+            }
+        })
+    }
+}
+
+fn set_fast(inst: InstructionValue<'_>) {
+    if inst.can_use_fast_math_flags() {
+        let flags = FastMathFlags::AllowReassoc | FastMathFlags::AllowContract | FastMathFlags::NoSignedZeros;
+        inst.set_fast_math_flags(flags).expect("checked can_use_fast_math_flags");
+    }
+}

@@ -1,0 +1,48 @@
+//! The LLVM backend (inkwell, LLVM 19): kernel IR -> LLVM IR -> optimized x86-64 object.
+
+pub mod lower;
+
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::OptimizationLevel;
+use maxc_kernels::Kernel;
+
+use crate::{link::link_shared, CodegenError, CompiledCode, CpuTarget};
+
+fn target_machine(target: &CpuTarget) -> Result<TargetMachine, CodegenError> {
+    Target::initialize_x86(&InitializationConfig::default());
+    let triple = TargetTriple::create(&target.triple);
+    let t = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    t.create_target_machine(&triple, &target.cpu, &target.features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
+        .ok_or_else(|| CodegenError::Llvm(format!("no target machine for {} / {}", target.triple, target.cpu)))
+}
+
+/// The optimized LLVM IR of `kernels` as text (for `--emit-llvm` and tests).
+pub fn emit_llvm_ir(kernels: &[Kernel], target: &CpuTarget) -> Result<String, CodegenError> {
+    let context = Context::create();
+    let tm = target_machine(target)?;
+    let module = lower::lower_module(&context, kernels, target, &tm)?;
+    Ok(module.print_to_string().to_string())
+}
+
+/// Compiles `kernels` into an object file for `target`.
+pub fn compile_object(kernels: &[Kernel], target: &CpuTarget) -> Result<Vec<u8>, CodegenError> {
+    let context = Context::create();
+    let tm = target_machine(target)?;
+    let module = lower::lower_module(&context, kernels, target, &tm)?;
+    let buf = tm.write_to_memory_buffer(&module, FileType::Object).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    Ok(buf.as_slice().to_vec())
+}
+
+/// Compiles and links `kernels` into a shared object.
+pub fn compile_shared(kernels: &[Kernel], target: &CpuTarget) -> Result<CompiledCode, CodegenError> {
+    let object = compile_object(kernels, target)?;
+    let shared_object = link_shared(&object)?;
+    Ok(CompiledCode { shared_object, symbols: kernels.iter().map(|k| k.name.clone()).collect() })
+}
+
+/// Runs LLVM's O3 pipeline over the module.
+pub(crate) fn optimize(module: &inkwell::module::Module<'_>, tm: &TargetMachine) -> Result<(), CodegenError> {
+    module.run_passes("default<O3>", tm, PassBuilderOptions::create()).map_err(|e| CodegenError::Llvm(e.to_string()))
+}

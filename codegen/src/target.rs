@@ -1,0 +1,122 @@
+//! CPU target descriptions: `--target cpu` (this machine), `cpu:x86-64-v3`,
+//! `cpu:x86-64-v4`, or `cpu:<llvm cpu>[+feature,...]`.
+
+use crate::CodegenError;
+
+/// A resolved CPU target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuTarget {
+    pub triple: String,
+    /// LLVM CPU name (`znver4`, `x86-64-v3`, ...).
+    pub cpu: String,
+    /// LLVM feature string (`+avx2,+fma,...`); empty means the CPU's own set.
+    pub features: String,
+    /// Every feature the generated code may use, LLVM spelling without `+`.
+    pub enabled: Vec<String>,
+}
+
+/// Features the x86-64 micro-architecture levels imply (LLVM spelling).
+const V2: &[&str] = &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cx16", "sahf"];
+const V3: &[&str] = &["avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"];
+const V4: &[&str] = &["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"];
+
+/// Host features that are advertised by CPUID on some VMs but fault when used
+/// (AMX); never enabled from CPUID alone.
+const NEVER_FROM_HOST: &[&str] = &["amx-tile", "amx-int8", "amx-bf16", "amx-fp16", "amx-complex"];
+
+impl CpuTarget {
+    /// Parses a `--target` CPU spec.
+    pub fn parse(spec: &str) -> Result<Self, CodegenError> {
+        let err = |m: &str| CodegenError::Target { spec: spec.into(), message: m.into() };
+        let triple = "x86_64-unknown-linux-gnu".to_string();
+        if spec == "cpu" {
+            return Ok(Self::host());
+        }
+        let rest = spec.strip_prefix("cpu:").ok_or_else(|| err("CPU targets are `cpu`, `cpu:x86-64-v3`, `cpu:x86-64-v4` or `cpu:NAME+feature,...`"))?;
+        let (cpu, extra) = match rest.split_once('+') {
+            Some((c, f)) => (c, Some(f)),
+            None => (rest, None),
+        };
+        if cpu.is_empty() {
+            return Err(err("missing CPU name after `cpu:`"));
+        }
+        let mut enabled: Vec<String> = match cpu {
+            "x86-64" => vec![],
+            "x86-64-v2" => V2.to_vec(),
+            "x86-64-v3" => [V2, V3].concat(),
+            "x86-64-v4" => [V2, V3, V4].concat(),
+            _ => return Err(err("known CPU names: x86-64, x86-64-v2, x86-64-v3, x86-64-v4 (or `cpu` for this machine)")),
+        }
+        .into_iter()
+        .map(String::from)
+        .collect();
+        enabled.extend(["sse", "sse2"].map(String::from));
+        let mut features = String::new();
+        if let Some(extra) = extra {
+            for f in extra.split(',').map(|f| f.trim().trim_start_matches('+')) {
+                if f.is_empty() {
+                    return Err(err("empty feature name"));
+                }
+                features.push_str(&format!("{}+{f}", if features.is_empty() { "" } else { "," }));
+                enabled.push(f.to_string());
+            }
+        }
+        enabled.sort();
+        enabled.dedup();
+        Ok(CpuTarget { triple, cpu: cpu.into(), features, enabled })
+    }
+
+    /// This machine's CPU, minus features that must never come from CPUID alone.
+    pub fn host() -> Self {
+        let cpu = inkwell::targets::TargetMachine::get_host_cpu_name().to_string();
+        let host = inkwell::targets::TargetMachine::get_host_cpu_features().to_string();
+        let mut parts = Vec::new();
+        let mut enabled = Vec::new();
+        for f in host.split(',').filter(|f| !f.is_empty()) {
+            let name = &f[1..];
+            if f.starts_with('+') && NEVER_FROM_HOST.contains(&name) {
+                parts.push(format!("-{name}"));
+            } else {
+                if f.starts_with('+') {
+                    enabled.push(name.to_string());
+                }
+                parts.push(f.to_string());
+            }
+        }
+        enabled.sort();
+        CpuTarget { triple: "x86_64-unknown-linux-gnu".into(), cpu, features: parts.join(","), enabled }
+    }
+
+    /// Whether 512-bit vectors are available (then preferred over 256-bit).
+    pub fn has_avx512(&self) -> bool {
+        self.enabled.iter().any(|f| f == "avx512f")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_imply_their_features() {
+        let v3 = CpuTarget::parse("cpu:x86-64-v3").unwrap();
+        assert!(v3.enabled.contains(&"avx2".to_string()) && v3.enabled.contains(&"fma".to_string()));
+        assert!(!v3.has_avx512());
+        assert!(CpuTarget::parse("cpu:x86-64-v4").unwrap().has_avx512());
+        let extra = CpuTarget::parse("cpu:x86-64+avx2,+fma").unwrap();
+        assert_eq!(extra.features, "+avx2,+fma");
+    }
+
+    #[test]
+    fn bad_specs_are_errors() {
+        for spec in ["gpu", "cpu:", "cpu:pentium9", "cpu:x86-64+"] {
+            assert!(CpuTarget::parse(spec).is_err(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn host_never_enables_amx() {
+        let host = CpuTarget::host();
+        assert!(!host.enabled.iter().any(|f| f.starts_with("amx")));
+    }
+}

@@ -1,0 +1,363 @@
+//! Scheduling: lower the optimized graph to a linear launch plan over kernels from
+//! the kernel library, with constants placed in the weights table and activations
+//! assigned to one arena by [`memory::plan_arena`].
+//!
+//! The same graph is scheduled twice: a prefill plan for any sequence length up to
+//! `max_seq`, and a decode plan specialized to `seq = 1`.
+
+pub mod memory;
+
+use std::collections::HashMap;
+
+use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
+use maxc_kernels::library::copy::slice_columns;
+use maxc_kernels::library::elementwise::{binary, unary, Binary, Broadcast, Unary};
+use maxc_kernels::library::embedding::embedding;
+use maxc_kernels::library::matmul::matmul;
+use maxc_kernels::library::rms_norm::rms_norm;
+use maxc_kernels::library::rope::rope;
+use maxc_kernels::library::SeqMode;
+use maxc_kernels::{Kernel, TaskCount};
+
+use crate::error::{Error, Result};
+use crate::graph::rope::inv_freq;
+use crate::graph::{BinaryOp, Dim, Graph, Op, SymDim, UnaryOp, ValueId};
+
+/// Where a constant's bytes come from when the weights section is written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WeightData {
+    /// A checkpoint tensor, decoded to f32.
+    Checkpoint(String),
+    /// Checkpoint tensors concatenated along axis 0 (stacked projections).
+    Stacked(Vec<String>),
+    /// Values computed at compile time.
+    Values(Vec<f32>),
+}
+
+/// One entry of the weights table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightSlot {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub data: WeightData,
+}
+
+/// Constants shared by both plans.
+#[derive(Debug, Default)]
+pub struct WeightTable {
+    pub slots: Vec<WeightSlot>,
+    by_name: HashMap<String, u32>,
+}
+
+impl WeightTable {
+    fn intern(&mut self, slot: WeightSlot) -> u32 {
+        if let Some(&i) = self.by_name.get(&slot.name) {
+            return i;
+        }
+        let i = self.slots.len() as u32;
+        self.by_name.insert(slot.name.clone(), i);
+        self.slots.push(slot);
+        i
+    }
+}
+
+/// A launch argument before arena offsets are known.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Arg {
+    /// An activation buffer (index into [`Schedule::buffers`]).
+    Buffer(u32),
+    Weight(u32),
+    Tokens,
+    Positions,
+    KeyCache(u32),
+    ValueCache(u32),
+}
+
+/// An activation buffer: `bytes` for `max_seq` tokens, live over launches `def..=last_use`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferInfo {
+    pub bytes: u64,
+    pub def: usize,
+    pub last_use: usize,
+}
+
+/// One launch of a kernel (index into the kernel list of the [`KernelSet`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduledLaunch {
+    pub kernel: u32,
+    pub args: Vec<Arg>,
+    pub tasks: TaskCount,
+}
+
+/// A scheduled plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    pub max_seq: u64,
+    pub launches: Vec<ScheduledLaunch>,
+    pub buffers: Vec<BufferInfo>,
+    pub logits: u32,
+}
+
+/// The kernels of an artifact, deduplicated by name.
+#[derive(Debug, Default)]
+pub struct KernelSet {
+    pub kernels: Vec<Kernel>,
+    by_name: HashMap<String, u32>,
+}
+
+impl KernelSet {
+    fn add(&mut self, k: Kernel) -> u32 {
+        if let Some(&i) = self.by_name.get(&k.name) {
+            return i;
+        }
+        let i = self.kernels.len() as u32;
+        self.by_name.insert(k.name.clone(), i);
+        self.kernels.push(k);
+        i
+    }
+}
+
+/// Facts about the KV cache that the schedule implies.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub layers: u64,
+    pub row_elems: u64,
+}
+
+fn unsupported(what: String) -> Error {
+    Error::Verify(format!("the CPU backend cannot schedule {what}"))
+}
+
+struct Scheduler<'g, 'i, 'w> {
+    graph: &'g Graph,
+    interp: &'i mut crate::interp::Interpreter<'g>,
+    weights: &'w mut WeightTable,
+    kernels: &'w mut KernelSet,
+    loc: Vec<Option<Arg>>,
+    launches: Vec<ScheduledLaunch>,
+    buffers: Vec<BufferInfo>,
+    max_seq: u64,
+}
+
+impl Scheduler<'_, '_, '_> {
+    /// The argument for value `v`, placing constants in the weights table on first use.
+    fn input(&mut self, v: ValueId) -> Result<Arg> {
+        if let Some(a) = self.loc[v.index()] {
+            return Ok(a);
+        }
+        let a = Arg::Weight(constant_slot(self.graph, self.interp, v, self.weights)?);
+        self.loc[v.index()] = Some(a);
+        Ok(a)
+    }
+
+    fn inputs(&mut self, vs: &[ValueId]) -> Result<Vec<Arg>> {
+        vs.iter().map(|&v| self.input(v)).collect()
+    }
+
+    /// Appends a launch of `kernel` on `args` plus a new output buffer of `width` f32 per token.
+    fn launch(&mut self, kernel: Kernel, mut args: Vec<Arg>, width: u64) -> Arg {
+        let b = self.buffers.len() as u32;
+        let at = self.launches.len();
+        self.buffers.push(BufferInfo { bytes: self.max_seq * width * 4, def: at, last_use: at });
+        args.push(Arg::Buffer(b));
+        let tasks = kernel.tasks;
+        self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks });
+        Arg::Buffer(b)
+    }
+}
+
+/// Schedules `graph` for `seq` with plans sized for `max_seq` tokens.
+pub fn schedule<'g>(
+    graph: &'g Graph,
+    interp: &mut crate::interp::Interpreter<'g>,
+    seq: SeqMode,
+    max_seq: u64,
+    weights: &mut WeightTable,
+    kernels: &mut KernelSet,
+) -> Result<Schedule> {
+    let mut s = Scheduler { graph, interp, weights, kernels, loc: vec![None; graph.nodes.len()], launches: vec![], buffers: vec![], max_seq };
+    let static_dim = |d: Dim| d.fixed().expect("non-leading dims are static");
+    for id in graph.ids() {
+        let node = graph.node(id);
+        if s.interp.is_constant(id) {
+            // Constants are placed in the weights table when an operation first uses them.
+            continue;
+        }
+        let out_width = || -> Result<u64> {
+            match node.ty.shape.as_slice() {
+                [Dim::Sym(SymDim::Seq), Dim::Fixed(w)] => Ok(*w),
+                other => Err(unsupported(format!("a {} result of shape {other:?}", node.op.mnemonic()))),
+            }
+        };
+        let out = match &node.op {
+            Op::Input { name, .. } => match name.as_str() {
+                "tokens" => Arg::Tokens,
+                "positions" => Arg::Positions,
+                other => return Err(unsupported(format!("graph input `{other}`"))),
+            },
+            Op::Weight { .. } | Op::Constant { .. } => unreachable!("constants are skipped above"),
+            Op::Embedding => {
+                let t = graph.ty(node.inputs[0]);
+                let (vocab, hidden) = (static_dim(t.shape[0]), static_dim(t.shape[1]));
+                let args = s.inputs(&node.inputs)?;
+                s.launch(embedding(vocab, hidden, seq), args, hidden)
+            }
+            Op::MatMul => {
+                if !s.interp.is_constant(node.inputs[1]) {
+                    return Err(unsupported("a matmul whose right operand is not a weight".into()));
+                }
+                let w = graph.ty(node.inputs[1]);
+                let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
+                let args = s.inputs(&node.inputs)?;
+                s.launch(matmul(k, n, seq), args, n)
+            }
+            Op::Unary(u) => {
+                let op = match u {
+                    UnaryOp::Neg => Unary::Neg,
+                    UnaryOp::Exp => Unary::Exp,
+                    UnaryOp::Silu => Unary::Silu,
+                    UnaryOp::GeluTanh => Unary::GeluTanh,
+                    UnaryOp::Rsqrt => Unary::Rsqrt,
+                    UnaryOp::Tanh => Unary::Tanh,
+                };
+                let w = out_width()?;
+                let args = s.inputs(&node.inputs)?;
+                s.launch(unary(op, w, seq), args, w)
+            }
+            Op::Binary(b) => {
+                let op = match b {
+                    BinaryOp::Add => Binary::Add,
+                    BinaryOp::Sub => Binary::Sub,
+                    BinaryOp::Mul => Binary::Mul,
+                    BinaryOp::Div => Binary::Div,
+                    BinaryOp::Max => Binary::Max,
+                };
+                let w = out_width()?;
+                if s.interp.is_constant(node.inputs[0]) {
+                    return Err(unsupported("a binary op whose left operand is constant".into()));
+                }
+                let rhs = graph.ty(node.inputs[1]);
+                let bc = if rhs.num_elements() == Some(1) {
+                    Broadcast::Scalar
+                } else if rhs.shape.len() == 1 {
+                    Broadcast::Row
+                } else {
+                    Broadcast::None
+                };
+                let args = s.inputs(&node.inputs)?;
+                s.launch(binary(op, w, bc, seq), args, w)
+            }
+            Op::RmsNorm { eps } => {
+                let w = out_width()?;
+                let args = s.inputs(&node.inputs)?;
+                s.launch(rms_norm(w, *eps, seq), args, w)
+            }
+            Op::Rope { head_dim, theta, scaling } => {
+                let w = out_width()?;
+                let freqs = inv_freq(*head_dim, *theta, scaling);
+                let bits: Vec<String> = freqs.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
+                let name = format!("rope.inv_freq.hd{head_dim}.{}", short_hash(&bits.concat()));
+                let table = s.weights.intern(WeightSlot { name, shape: vec![freqs.len() as u64], data: WeightData::Values(freqs) });
+                let mut args = s.inputs(&node.inputs)?;
+                args.push(Arg::Weight(table));
+                s.launch(rope(w, *head_dim as u64, seq), args, w)
+            }
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window } => {
+                let kv_width = *kv_heads as u64 * *head_dim as u64;
+                let a = s.inputs(&node.inputs)?;
+                let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
+                let (kc, vc) = (Arg::KeyCache(*layer), Arg::ValueCache(*layer));
+                let store = kv_store(kv_width, seq);
+                let tasks = store.tasks;
+                let kernel = s.kernels.add(store);
+                s.launches.push(ScheduledLaunch { kernel, args: vec![k, v, pos, kc, vc], tasks });
+                let shape = AttentionShape {
+                    heads: *heads as u64,
+                    kv_heads: *kv_heads as u64,
+                    head_dim: *head_dim as u64,
+                    scale: *scale,
+                    window: window.map(u64::from),
+                };
+                s.launch(attention(shape, seq), vec![q, pos, kc, vc], out_width()?)
+            }
+            Op::Slice { axis: 1, start, len } => {
+                let width = graph.ty(node.inputs[0]).last_dim().expect("static width");
+                let args = s.inputs(&node.inputs)?;
+                s.launch(slice_columns(width, *start, *len, seq), args, *len)
+            }
+            Op::Slice { axis, .. } => return Err(unsupported(format!("a slice along axis {axis} of activations"))),
+            Op::Concat { .. } => return Err(unsupported("a concatenation of activations".into())),
+        };
+        s.loc[id.index()] = Some(out);
+    }
+    // Liveness: a buffer lives until its last reader; the logits live to the end.
+    let Scheduler { mut buffers, launches, loc, .. } = s;
+    for (i, l) in launches.iter().enumerate() {
+        for a in &l.args {
+            if let Arg::Buffer(b) = a {
+                let info = &mut buffers[*b as usize];
+                info.last_use = info.last_use.max(i);
+            }
+        }
+    }
+    let (_, logits_value) = graph.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| unsupported("a graph without `logits`".into()))?;
+    let Some(Arg::Buffer(logits)) = loc[logits_value.index()] else {
+        return Err(unsupported("logits that are not computed by a kernel".into()));
+    };
+    buffers[logits as usize].last_use = launches.len();
+    Ok(Schedule { max_seq, launches, buffers, logits })
+}
+
+/// Places a constant node in the weights table.
+fn constant_slot(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: ValueId, weights: &mut WeightTable) -> Result<u32> {
+    let node = graph.node(v);
+    let shape: Vec<u64> = node.ty.shape.iter().map(|d| d.fixed().expect("constants are static")).collect();
+    let slot = match &node.op {
+        Op::Weight { name, .. } => WeightSlot { name: name.clone(), shape, data: WeightData::Checkpoint(name.clone()) },
+        Op::Concat { axis: 0 } if node.inputs.iter().all(|i| matches!(graph.node(*i).op, Op::Weight { .. })) => {
+            let names: Vec<String> = node
+                .inputs
+                .iter()
+                .map(|i| match &graph.node(*i).op {
+                    Op::Weight { name, .. } => name.clone(),
+                    _ => unreachable!("checked above"),
+                })
+                .collect();
+            WeightSlot { name: format!("stack({})", names.join(",")), shape, data: WeightData::Stacked(names) }
+        }
+        _ => {
+            let t = interp.constant_value(v)?;
+            let values = t.as_f32().to_vec();
+            let bits: String = values.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
+            WeightSlot { name: format!("const.{}", short_hash(&bits)), shape, data: WeightData::Values(values) }
+        }
+    };
+    Ok(weights.intern(slot))
+}
+
+/// A stable 64-bit FNV-1a hash in hex (names must not depend on hash-map order or process).
+pub fn short_hash(s: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The KV-cache shape of a graph: all attention layers must share one row width.
+pub fn kv_shape(graph: &Graph) -> Result<KvShape> {
+    let mut row = None;
+    let mut layers = 0u64;
+    for n in &graph.nodes {
+        if let Op::Attention { layer, kv_heads, head_dim, .. } = n.op {
+            let w = kv_heads as u64 * head_dim as u64;
+            if row.is_some_and(|r| r != w) {
+                return Err(unsupported("attention layers with different KV widths".into()));
+            }
+            row = Some(w);
+            layers = layers.max(layer as u64 + 1);
+        }
+    }
+    Ok(KvShape { layers, row_elems: row.unwrap_or(0) })
+}

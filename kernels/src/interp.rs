@@ -1,0 +1,180 @@
+//! The kernel-IR reference interpreter: runs a [`Kernel`] on host buffers, with
+//! bounds checks, as the oracle the compiled backends are tested against.
+
+use crate::ir::*;
+
+/// A host buffer bound to one kernel parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Buffer {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+}
+
+#[derive(Copy, Clone, Debug)]
+enum Val {
+    F(f32),
+    I(i64),
+    B(bool),
+}
+
+impl Val {
+    fn f(self) -> f32 {
+        match self {
+            Val::F(x) => x,
+            _ => unreachable!("validated kernels are well typed"),
+        }
+    }
+    fn i(self) -> i64 {
+        match self {
+            Val::I(x) => x,
+            _ => unreachable!("validated kernels are well typed"),
+        }
+    }
+}
+
+struct Machine<'a> {
+    kernel: &'a Kernel,
+    bufs: &'a mut [Buffer],
+    vars: Vec<Val>,
+    seq: i64,
+}
+
+/// Runs every task of `kernel` for a launch with sequence length `seq`.
+pub fn run(kernel: &Kernel, bufs: &mut [Buffer], seq: u64) {
+    let tasks = kernel.tasks.eval(seq);
+    run_tasks(kernel, bufs, seq, 0, tasks);
+}
+
+/// Runs tasks `begin..end` (the ABI's task range).
+pub fn run_tasks(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end: u64) {
+    assert_eq!(bufs.len(), kernel.params.len(), "kernel `{}`: buffer count", kernel.name);
+    let vars = kernel
+        .vars
+        .iter()
+        .map(|t| match t {
+            ValType::F32 => Val::F(0.0),
+            ValType::I64 => Val::I(0),
+            ValType::Bool => Val::B(false),
+        })
+        .collect();
+    let mut m = Machine { kernel, bufs, vars, seq: seq as i64 };
+    for t in begin..end {
+        m.vars[kernel.task_var as usize] = Val::I(t as i64);
+        m.block(&kernel.body);
+    }
+}
+
+impl Machine<'_> {
+    fn block(&mut self, stmts: &[Stmt]) {
+        for s in stmts {
+            match s {
+                Stmt::Set { var, value } => {
+                    let v = self.eval(value);
+                    self.vars[*var as usize] = v;
+                }
+                Stmt::Store { param, index, value } => {
+                    let idx = self.eval(index).i();
+                    let v = self.eval(value);
+                    let name = &self.kernel.params[*param as usize].name;
+                    match &mut self.bufs[*param as usize] {
+                        Buffer::F32(b) => {
+                            let len = b.len();
+                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.f()
+                        }
+                        Buffer::I32(b) => {
+                            let len = b.len();
+                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i32
+                        }
+                    }
+                }
+                Stmt::For { var, start, end, body, .. } => {
+                    let (s, e) = (self.eval(start).i(), self.eval(end).i());
+                    for x in s..e {
+                        self.vars[*var as usize] = Val::I(x);
+                        self.block(body);
+                    }
+                }
+                Stmt::If { cond, then } => {
+                    if let Val::B(true) = self.eval(cond) {
+                        self.block(then);
+                    }
+                }
+            }
+        }
+    }
+
+    fn eval(&self, e: &Expr) -> Val {
+        match e {
+            Expr::F32(x) => Val::F(*x),
+            Expr::I64(x) => Val::I(*x),
+            Expr::Var(v) => self.vars[*v as usize],
+            Expr::Seq => Val::I(self.seq),
+            Expr::Load { param, index } => {
+                let idx = self.eval(index).i();
+                let name = &self.kernel.params[*param as usize].name;
+                let oob = |len: usize| -> ! { panic!("kernel `{}`: load {name}[{idx}] out of bounds ({len})", self.kernel.name) };
+                match &self.bufs[*param as usize] {
+                    Buffer::F32(b) => Val::F(*b.get(idx as usize).unwrap_or_else(|| oob(b.len()))),
+                    Buffer::I32(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
+                }
+            }
+            Expr::Bin(op, a, b) => match (self.eval(a), self.eval(b)) {
+                (Val::F(x), Val::F(y)) => Val::F(match op {
+                    BinOp::Add => x + y,
+                    BinOp::Sub => x - y,
+                    BinOp::Mul => x * y,
+                    BinOp::Div => x / y,
+                    BinOp::Max => x.max(y),
+                    BinOp::Min => x.min(y),
+                    BinOp::Rem => unreachable!("rem is integer-only"),
+                }),
+                (Val::I(x), Val::I(y)) => Val::I(match op {
+                    BinOp::Add => x + y,
+                    BinOp::Sub => x - y,
+                    BinOp::Mul => x * y,
+                    BinOp::Div => x / y,
+                    BinOp::Rem => x % y,
+                    BinOp::Max => x.max(y),
+                    BinOp::Min => x.min(y),
+                }),
+                _ => unreachable!("validated kernels are well typed"),
+            },
+            Expr::Cmp(op, a, b) => {
+                let (x, y) = (self.eval(a), self.eval(b));
+                Val::B(match (x, y) {
+                    (Val::F(x), Val::F(y)) => match op {
+                        CmpOp::Lt => x < y,
+                        CmpOp::Le => x <= y,
+                        CmpOp::Eq => x == y,
+                    },
+                    (Val::I(x), Val::I(y)) => match op {
+                        CmpOp::Lt => x < y,
+                        CmpOp::Le => x <= y,
+                        CmpOp::Eq => x == y,
+                    },
+                    _ => unreachable!("validated kernels are well typed"),
+                })
+            }
+            Expr::Un(op, a) => {
+                let x = self.eval(a);
+                match op {
+                    UnOp::ToF32 => Val::F(x.i() as f32),
+                    UnOp::Neg => match x {
+                        Val::F(f) => Val::F(-f),
+                        Val::I(i) => Val::I(-i),
+                        Val::B(_) => unreachable!(),
+                    },
+                    UnOp::Exp => Val::F(x.f().exp()),
+                    UnOp::Sqrt => Val::F(x.f().sqrt()),
+                    UnOp::Tanh => Val::F(x.f().tanh()),
+                    UnOp::Cos => Val::F(x.f().cos()),
+                    UnOp::Sin => Val::F(x.f().sin()),
+                }
+            }
+            Expr::Select(c, a, b) => match self.eval(c) {
+                Val::B(true) => self.eval(a),
+                _ => self.eval(b),
+            },
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! The kernel IR: typed buffer parameters, scalar expressions, loops and stores.
+//!
+//! Every kernel follows one CPU ABI:
+//! `extern "C" fn(args: *const *mut u8, dims: *const i64, task_begin: u64, task_end: u64)`.
+//! `args[i]` is the base pointer of parameter `i`; `dims[0]` is the sequence length
+//! of this launch. The body runs once per task in `task_begin..task_end` with the
+//! task index bound to [`Kernel::task_var`]; tasks never write the same element,
+//! so the runtime may run task ranges on any threads.
+
+use serde::{Deserialize, Serialize};
+
+/// A scalar variable of a kernel (index into [`Kernel::vars`]).
+pub type VarId = u32;
+
+/// Element types of buffers.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ElemType {
+    F32,
+    I32,
+}
+
+/// Types of scalar values. Integer loads widen to `I64`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ValType {
+    F32,
+    I64,
+    Bool,
+}
+
+/// A buffer parameter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Param {
+    pub name: String,
+    pub elem: ElemType,
+    pub writes: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    /// Float division, or integer division rounding toward zero.
+    Div,
+    /// Integer remainder (operands are non-negative in every kernel).
+    Rem,
+    Max,
+    Min,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CmpOp {
+    Lt,
+    Le,
+    Eq,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnOp {
+    Neg,
+    Exp,
+    Sqrt,
+    Tanh,
+    Cos,
+    Sin,
+    /// i64 -> f32.
+    ToF32,
+}
+
+/// A scalar expression.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Expr {
+    F32(f32),
+    I64(i64),
+    Var(VarId),
+    /// `dims[0]`: the launch's sequence length.
+    Seq,
+    /// Element `index` of parameter `param` (I32 elements widen to I64).
+    Load { param: u32, index: Box<Expr> },
+    Bin(BinOp, Box<Expr>, Box<Expr>),
+    Cmp(CmpOp, Box<Expr>, Box<Expr>),
+    Un(UnOp, Box<Expr>),
+    Select(Box<Expr>, Box<Expr>, Box<Expr>),
+}
+
+/// How a backend should treat a loop.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LoopHint {
+    Serial,
+    /// Iterations are independent or a reduction that may be reassociated.
+    Vectorize,
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Stmt {
+    /// Assigns a scalar variable (declared in [`Kernel::vars`]).
+    Set { var: VarId, value: Expr },
+    /// Stores to element `index` of parameter `param`.
+    Store { param: u32, index: Expr, value: Expr },
+    /// `for var in start..end` (I64, step 1).
+    For { var: VarId, start: Expr, end: Expr, hint: LoopHint, body: Vec<Stmt> },
+    If { cond: Expr, then: Vec<Stmt> },
+}
+
+pub use maxrun::format::TaskCount;
+
+/// One kernel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Kernel {
+    /// The exported symbol name (unique within an artifact).
+    pub name: String,
+    /// The kernel family (`matmul`, `rms_norm`, ...), for profiles and the kernel table.
+    pub family: String,
+    pub params: Vec<Param>,
+    pub tasks: TaskCount,
+    /// The variable holding the task index.
+    pub task_var: VarId,
+    /// The type of every variable.
+    pub vars: Vec<ValType>,
+    pub body: Vec<Stmt>,
+}
+
+/// Errors found by [`Kernel::validate`] (kernel-library bugs).
+#[derive(Debug, thiserror::Error)]
+#[error("kernel `{kernel}`: {message}")]
+pub struct KernelError {
+    pub kernel: String,
+    pub message: String,
+}
+
+impl Kernel {
+    /// The type of an expression, or an error when it is ill-typed.
+    pub fn type_of(&self, e: &Expr) -> Result<ValType, String> {
+        use ValType::*;
+        Ok(match e {
+            Expr::F32(_) => F32,
+            Expr::I64(_) | Expr::Seq => I64,
+            Expr::Var(v) => *self.vars.get(*v as usize).ok_or(format!("variable {v} is not declared"))?,
+            Expr::Load { param, index } => {
+                if self.type_of(index)? != I64 {
+                    return Err("load index must be i64".into());
+                }
+                match self.params.get(*param as usize).ok_or(format!("parameter {param} does not exist"))?.elem {
+                    ElemType::F32 => F32,
+                    ElemType::I32 => I64,
+                }
+            }
+            Expr::Bin(op, a, b) => {
+                let (ta, tb) = (self.type_of(a)?, self.type_of(b)?);
+                if ta != tb || ta == Bool {
+                    return Err(format!("{op:?} operands have types {ta:?} and {tb:?}"));
+                }
+                if *op == BinOp::Rem && ta != I64 {
+                    return Err("rem is integer-only".into());
+                }
+                ta
+            }
+            Expr::Cmp(_, a, b) => {
+                let (ta, tb) = (self.type_of(a)?, self.type_of(b)?);
+                if ta != tb || ta == Bool {
+                    return Err(format!("comparison operands have types {ta:?} and {tb:?}"));
+                }
+                Bool
+            }
+            Expr::Un(op, a) => {
+                let t = self.type_of(a)?;
+                match op {
+                    UnOp::ToF32 if t == I64 => F32,
+                    UnOp::ToF32 => return Err("to_f32 takes an i64".into()),
+                    UnOp::Neg if t != Bool => t,
+                    _ if t == F32 => F32,
+                    _ => return Err(format!("{op:?} takes an f32, got {t:?}")),
+                }
+            }
+            Expr::Select(c, a, b) => {
+                if self.type_of(c)? != Bool {
+                    return Err("select condition must be bool".into());
+                }
+                let (ta, tb) = (self.type_of(a)?, self.type_of(b)?);
+                if ta != tb {
+                    return Err("select arms differ in type".into());
+                }
+                ta
+            }
+        })
+    }
+
+    /// Checks types, parameter indices and write permissions.
+    pub fn validate(&self) -> Result<(), KernelError> {
+        let err = |message: String| KernelError { kernel: self.name.clone(), message };
+        if self.vars.get(self.task_var as usize) != Some(&ValType::I64) {
+            return Err(err("the task variable must be an i64".into()));
+        }
+        self.validate_block(&self.body).map_err(err)
+    }
+
+    fn validate_block(&self, block: &[Stmt]) -> Result<(), String> {
+        for s in block {
+            match s {
+                Stmt::Set { var, value } => {
+                    let want = *self.vars.get(*var as usize).ok_or(format!("variable {var} is not declared"))?;
+                    if self.type_of(value)? != want {
+                        return Err(format!("variable {var} is {want:?}, assigned {:?}", self.type_of(value)?));
+                    }
+                }
+                Stmt::Store { param, index, value } => {
+                    let p = self.params.get(*param as usize).ok_or(format!("parameter {param} does not exist"))?;
+                    if !p.writes {
+                        return Err(format!("store to read-only parameter `{}`", p.name));
+                    }
+                    if self.type_of(index)? != ValType::I64 {
+                        return Err("store index must be i64".into());
+                    }
+                    let want = match p.elem {
+                        ElemType::F32 => ValType::F32,
+                        ElemType::I32 => ValType::I64,
+                    };
+                    if self.type_of(value)? != want {
+                        return Err(format!("store of {:?} to `{}`", self.type_of(value)?, p.name));
+                    }
+                }
+                Stmt::For { var, start, end, body, .. } => {
+                    if self.vars.get(*var as usize) != Some(&ValType::I64) {
+                        return Err(format!("loop variable {var} must be i64"));
+                    }
+                    if self.type_of(start)? != ValType::I64 || self.type_of(end)? != ValType::I64 {
+                        return Err("loop bounds must be i64".into());
+                    }
+                    self.validate_block(body)?;
+                }
+                Stmt::If { cond, then } => {
+                    if self.type_of(cond)? != ValType::Bool {
+                        return Err("if condition must be bool".into());
+                    }
+                    self.validate_block(then)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds kernels: declares variables and parameters; expression helpers below.
+#[derive(Debug, Default)]
+pub struct KernelBuilder {
+    pub params: Vec<Param>,
+    pub vars: Vec<ValType>,
+}
+
+impl KernelBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Declares a parameter and returns its index.
+    pub fn param(&mut self, name: &str, elem: ElemType, writes: bool) -> u32 {
+        self.params.push(Param { name: name.into(), elem, writes });
+        self.params.len() as u32 - 1
+    }
+
+    /// Declares a variable.
+    pub fn var(&mut self, ty: ValType) -> VarId {
+        self.vars.push(ty);
+        self.vars.len() as VarId - 1
+    }
+
+    /// Finishes the kernel and validates it (a failure is a kernel-library bug).
+    pub fn finish(self, name: String, family: &str, tasks: TaskCount, task_var: VarId, body: Vec<Stmt>) -> Kernel {
+        let k = Kernel { name, family: family.into(), params: self.params, tasks, task_var, vars: self.vars, body };
+        if let Err(e) = k.validate() {
+            panic!("{e}");
+        }
+        k
+    }
+}
+
+/// Expression helpers, so kernel builders read like the math they implement.
+pub mod dsl {
+    use super::*;
+
+    pub fn f(x: f32) -> Expr {
+        Expr::F32(x)
+    }
+    pub fn i(x: i64) -> Expr {
+        Expr::I64(x)
+    }
+    pub fn v(var: VarId) -> Expr {
+        Expr::Var(var)
+    }
+    pub fn seq() -> Expr {
+        Expr::Seq
+    }
+    pub fn ld(param: u32, index: Expr) -> Expr {
+        Expr::Load { param, index: Box::new(index) }
+    }
+    pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::Bin(op, Box::new(a), Box::new(b))
+    }
+    pub fn add(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Add, a, b)
+    }
+    pub fn sub(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Sub, a, b)
+    }
+    pub fn mul(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Mul, a, b)
+    }
+    pub fn div(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Div, a, b)
+    }
+    pub fn rem(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Rem, a, b)
+    }
+    pub fn max(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Max, a, b)
+    }
+    pub fn min(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Min, a, b)
+    }
+    pub fn lt(a: Expr, b: Expr) -> Expr {
+        Expr::Cmp(CmpOp::Lt, Box::new(a), Box::new(b))
+    }
+    pub fn un(op: UnOp, a: Expr) -> Expr {
+        Expr::Un(op, Box::new(a))
+    }
+    pub fn select(c: Expr, a: Expr, b: Expr) -> Expr {
+        Expr::Select(Box::new(c), Box::new(a), Box::new(b))
+    }
+    pub fn set(var: VarId, value: Expr) -> Stmt {
+        Stmt::Set { var, value }
+    }
+    pub fn store(param: u32, index: Expr, value: Expr) -> Stmt {
+        Stmt::Store { param, index, value }
+    }
+    pub fn for_(var: VarId, start: Expr, end: Expr, body: Vec<Stmt>) -> Stmt {
+        Stmt::For { var, start, end, hint: LoopHint::Serial, body }
+    }
+    pub fn for_vec(var: VarId, start: Expr, end: Expr, body: Vec<Stmt>) -> Stmt {
+        Stmt::For { var, start, end, hint: LoopHint::Vectorize, body }
+    }
+    pub fn if_(cond: Expr, then: Vec<Stmt>) -> Stmt {
+        Stmt::If { cond, then }
+    }
+}

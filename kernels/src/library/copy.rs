@@ -1,0 +1,34 @@
+//! Copies: a column slice of `[seq, width]` activations (the split after a stacked matmul).
+
+use super::SeqMode;
+use crate::ir::dsl::*;
+use crate::ir::*;
+
+/// `out[r, c] = x[r, start + c]` for `c < len`; `x: f32[seq, width]`.
+pub fn slice_columns(width: u64, start: u64, len: u64, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
+    let body = vec![for_vec(
+        c,
+        i(0),
+        i(len as i64),
+        vec![store(out, add(mul(v(t), i(len as i64)), v(c)), ld(x, add(mul(v(t), i(width as i64)), add(v(c), i(start as i64)))))],
+    )];
+    let name = format!("slice_w{width}_o{start}_l{len}_{}", seq.tag());
+    b.finish(name, "copy", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::{run, Buffer};
+
+    #[test]
+    fn slices_columns_of_every_row() {
+        let mut bufs = vec![Buffer::F32((0..8).map(|x| x as f32).collect()), Buffer::F32(vec![0.0; 4])];
+        run(&slice_columns(4, 1, 2, SeqMode::Dynamic), &mut bufs, 2);
+        assert_eq!(bufs[1], Buffer::F32(vec![1.0, 2.0, 5.0, 6.0]));
+    }
+}

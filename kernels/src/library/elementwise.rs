@@ -1,0 +1,123 @@
+//! Elementwise kernels: unary functions and binary ops with broadcasting, one row task per token.
+
+use super::SeqMode;
+use crate::ir::dsl::*;
+use crate::ir::*;
+
+/// Unary functions of the graph IR, in kernel form.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Unary {
+    Neg,
+    Exp,
+    Silu,
+    GeluTanh,
+    Rsqrt,
+    Tanh,
+}
+
+/// Binary ops of the graph IR.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+}
+
+/// How the second operand of a binary op is indexed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Broadcast {
+    /// Same `[seq, width]` shape as the first operand.
+    None,
+    /// One row `[width]` shared by every token (biases).
+    Row,
+    /// One scalar.
+    Scalar,
+}
+
+fn apply_unary(op: Unary, x: Expr) -> Expr {
+    match op {
+        Unary::Neg => un(UnOp::Neg, x),
+        Unary::Exp => un(UnOp::Exp, x),
+        Unary::Silu => div(x.clone(), add(f(1.0), un(UnOp::Exp, un(UnOp::Neg, x)))),
+        Unary::GeluTanh => {
+            let inner = mul(f((2.0 / std::f32::consts::PI).sqrt()), add(x.clone(), mul(f(0.044715), mul(x.clone(), mul(x.clone(), x.clone())))));
+            mul(mul(f(0.5), x), add(f(1.0), un(UnOp::Tanh, inner)))
+        }
+        Unary::Rsqrt => div(f(1.0), un(UnOp::Sqrt, x)),
+        Unary::Tanh => un(UnOp::Tanh, x),
+    }
+}
+
+/// `out = op(x)` over `f32[seq, width]`.
+pub fn unary(op: Unary, width: u64, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
+    let idx = || add(mul(v(t), i(width as i64)), v(c));
+    let body = vec![for_vec(c, i(0), i(width as i64), vec![store(out, idx(), apply_unary(op, ld(x, idx())))])];
+    let name = format!("{}_w{width}_{}", format!("{op:?}").to_lowercase(), seq.tag());
+    b.finish(name, "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
+/// `out = a op b` over `f32[seq, width]`, `b` broadcast as given.
+pub fn binary(op: Binary, width: u64, broadcast: Broadcast, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let a = b.param("a", ElemType::F32, false);
+    let bb = b.param("b", ElemType::F32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
+    let idx = || add(mul(v(t), i(width as i64)), v(c));
+    let b_idx = match broadcast {
+        Broadcast::None => idx(),
+        Broadcast::Row => v(c),
+        Broadcast::Scalar => i(0),
+    };
+    let value = match op {
+        Binary::Add => add(ld(a, idx()), ld(bb, b_idx)),
+        Binary::Sub => sub(ld(a, idx()), ld(bb, b_idx)),
+        Binary::Mul => mul(ld(a, idx()), ld(bb, b_idx)),
+        Binary::Div => div(ld(a, idx()), ld(bb, b_idx)),
+        Binary::Max => max(ld(a, idx()), ld(bb, b_idx)),
+    };
+    let body = vec![for_vec(c, i(0), i(width as i64), vec![store(out, idx(), value)])];
+    let name = format!("{}_{}_w{width}_{}", format!("{op:?}").to_lowercase(), format!("{broadcast:?}").to_lowercase(), seq.tag());
+    b.finish(name, "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::{run, Buffer};
+    use crate::library::test_util::*;
+
+    #[test]
+    fn silu_and_gelu_match_their_definitions() {
+        let x = rand(8, 9);
+        for (op, func) in [
+            (Unary::Silu, (|x: f32| x / (1.0 + (-x).exp())) as fn(f32) -> f32),
+            (Unary::GeluTanh, |x: f32| 0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x * x * x)).tanh())),
+        ] {
+            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(vec![0.0; 8])];
+            run(&unary(op, 4, SeqMode::Dynamic), &mut bufs, 2);
+            let Buffer::F32(got) = &bufs[1] else { unreachable!() };
+            close(got, &x.iter().map(|&v| func(v)).collect::<Vec<_>>(), 1e-6);
+        }
+    }
+
+    #[test]
+    fn binary_broadcasts_rows_and_scalars() {
+        let a = vec![1.0, 2.0, 3.0, 4.0];
+        for (bc, bv, want) in [
+            (Broadcast::None, vec![1.0, 1.0, 2.0, 2.0], vec![2.0, 3.0, 5.0, 6.0]),
+            (Broadcast::Row, vec![10.0, 20.0], vec![11.0, 22.0, 13.0, 24.0]),
+            (Broadcast::Scalar, vec![0.5], vec![1.5, 2.5, 3.5, 4.5]),
+        ] {
+            let mut bufs = vec![Buffer::F32(a.clone()), Buffer::F32(bv), Buffer::F32(vec![0.0; 4])];
+            run(&binary(Binary::Add, 2, bc, SeqMode::Dynamic), &mut bufs, 2);
+            assert_eq!(bufs[2], Buffer::F32(want));
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Opening an artifact: map the file, check the prelude, decode and validate the
+//! header. Nothing here executes code; see `code.rs` for that.
+
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::format::*;
+
+/// Why an artifact cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("{path}: cannot read the artifact: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not a maxc artifact (bad magic); compile one with `maxc compile`")]
+    BadMagic { path: PathBuf },
+    #[error(
+        "{path}: artifact format {found_major}.{found_minor} is not supported by this maxrun (format {FORMAT_MAJOR}.{FORMAT_MINOR}); \
+         recompile it with maxc {} or use a maxrun that reads format {found_major}.x",
+        env!("CARGO_PKG_VERSION")
+    )]
+    Version { path: PathBuf, found_major: u32, found_minor: u32 },
+    #[error("{path}: {what}: the artifact is truncated or corrupt ({detail}); recompile it")]
+    Corrupt { path: PathBuf, what: String, detail: String },
+    #[error("{path}: the artifact's code is for {triple}, but this machine is {arch}; compile with --target for this machine")]
+    WrongArch { path: PathBuf, triple: String, arch: String },
+    #[error(
+        "{path}: the artifact's code needs CPU features this machine lacks: {}; \
+         recompile with --target cpu (this machine) or a lower level such as --target cpu:x86-64-v3",
+        missing.join(", ")
+    )]
+    MissingFeatures { path: PathBuf, missing: Vec<String> },
+}
+
+/// A mapped artifact with a validated header.
+pub struct Artifact {
+    pub path: PathBuf,
+    pub header: Header,
+    map: Mmap,
+}
+
+impl std::fmt::Debug for Artifact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Artifact").field("path", &self.path).field("bytes", &self.map.len()).finish()
+    }
+}
+
+impl Artifact {
+    /// Maps and validates an artifact (prelude, header, section and weight bounds).
+    pub fn open(path: &Path) -> Result<Self, ArtifactError> {
+        let p = path.to_path_buf();
+        let io = |source| ArtifactError::Io { path: p.clone(), source };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: read-only mapping; artifacts are not modified while running.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let corrupt = |what: &str, detail: String| ArtifactError::Corrupt { path: p.clone(), what: what.into(), detail };
+        if map.len() < PRELUDE_LEN || map[..8] != MAGIC {
+            if map.len() >= 8 && map[..8] == MAGIC {
+                return Err(corrupt("prelude", format!("{} bytes", map.len())));
+            }
+            return Err(ArtifactError::BadMagic { path: p });
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().unwrap());
+        let (major, minor) = (u32_at(8), u32_at(12));
+        if major != FORMAT_MAJOR {
+            return Err(ArtifactError::Version { path: p, found_major: major, found_minor: minor });
+        }
+        let header_len = u64::from_le_bytes(map[16..24].try_into().unwrap());
+        if header_len > MAX_HEADER_LEN || PRELUDE_LEN as u64 + header_len > map.len() as u64 {
+            return Err(corrupt("header", format!("header length {header_len} exceeds the file size {}", map.len())));
+        }
+        let body = &map[PRELUDE_LEN..PRELUDE_LEN + header_len as usize];
+        let (header, used): (Header, usize) = bincode::serde::decode_from_slice(body, bincode_config())
+            .map_err(|e| corrupt("header", e.to_string()))?;
+        if used != body.len() {
+            return Err(corrupt("header", format!("{} trailing bytes", body.len() - used)));
+        }
+        let artifact = Artifact { path: p, header, map };
+        artifact.validate()?;
+        Ok(artifact)
+    }
+
+    fn validate(&self) -> Result<(), ArtifactError> {
+        let corrupt = |what: String, detail: String| ArtifactError::Corrupt { path: self.path.clone(), what, detail };
+        for s in &self.header.sections {
+            let end = s.offset.checked_add(s.len);
+            if s.offset % SECTION_ALIGN != 0 || end.is_none_or(|e| e > self.map.len() as u64) {
+                return Err(corrupt(
+                    format!("{:?} section", s.kind),
+                    format!("{} bytes at offset {} but the file has {}", s.len, s.offset, self.map.len()),
+                ));
+            }
+        }
+        for kind in [SectionKind::Code, SectionKind::Weights, SectionKind::Tokenizer] {
+            if !self.header.sections.iter().any(|s| s.kind == kind) {
+                return Err(corrupt(format!("{kind:?} section"), "missing".into()));
+            }
+        }
+        let weights_len = self.section(SectionKind::Weights).len() as u64;
+        for w in &self.header.weights {
+            if w.offset.checked_add(w.len).is_none_or(|e| e > weights_len) {
+                return Err(corrupt(format!("weight `{}`", w.name), format!("runs past the weights section ({weights_len} bytes)")));
+            }
+            let elems: u64 = w.shape.iter().product();
+            if elems * 4 != w.len {
+                return Err(corrupt(format!("weight `{}`", w.name), format!("{} bytes for shape {:?}", w.len, w.shape)));
+            }
+        }
+        for plan in [&self.header.prefill, &self.header.decode] {
+            for l in &plan.launches {
+                let k = self.header.kernels.get(l.kernel as usize);
+                if k.is_none_or(|k| k.num_params as usize != l.args.len()) {
+                    return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel or argument count", l.kernel)));
+                }
+                for a in &l.args {
+                    let ok = match *a {
+                        BufferRef::Weight(i) => (i as usize) < self.header.weights.len(),
+                        BufferRef::KeyCache(n) | BufferRef::ValueCache(n) => (n as u64) < self.header.kv_cache.layers,
+                        BufferRef::Arena { offset } => offset < plan.arena_bytes,
+                        BufferRef::Tokens | BufferRef::Positions => true,
+                    };
+                    if !ok {
+                        return Err(corrupt("launch plan".into(), format!("argument {a:?} is out of range")));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of a section (empty when absent).
+    pub fn section(&self, kind: SectionKind) -> &[u8] {
+        match self.header.sections.iter().find(|s| s.kind == kind) {
+            Some(s) => &self.map[s.offset as usize..(s.offset + s.len) as usize],
+            None => &[],
+        }
+    }
+
+    /// The bytes of weight `index`, zero-copy from the mapping.
+    pub fn weight_bytes(&self, index: usize) -> &[u8] {
+        let w = &self.header.weights[index];
+        &self.section(SectionKind::Weights)[w.offset as usize..(w.offset + w.len) as usize]
+    }
+
+    /// Checks that this machine can run the code section.
+    pub fn check_cpu(&self) -> Result<(), ArtifactError> {
+        let arch = std::env::consts::ARCH;
+        if !self.header.target.triple.starts_with(arch) {
+            return Err(ArtifactError::WrongArch { path: self.path.clone(), triple: self.header.target.triple.clone(), arch: arch.into() });
+        }
+        let missing = crate::cpu::missing_features(&self.header.target.required_features);
+        if !missing.is_empty() {
+            return Err(ArtifactError::MissingFeatures { path: self.path.clone(), missing });
+        }
+        Ok(())
+    }
+
+    /// The tokenizer.json text.
+    pub fn tokenizer_json(&self) -> Result<&str, ArtifactError> {
+        std::str::from_utf8(self.section(SectionKind::Tokenizer))
+            .map_err(|e| ArtifactError::Corrupt { path: self.path.clone(), what: "Tokenizer section".into(), detail: e.to_string() })
+    }
+}

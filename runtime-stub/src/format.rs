@@ -1,0 +1,218 @@
+//! The MEF artifact format: the contract between `maxc` (writer) and `maxrun` (reader).
+//! docs/mef.md describes every field; this file is the source of truth.
+//!
+//! Layout: a fixed 24-byte prelude (magic, format major, minor, header length),
+//! the bincode-encoded [`Header`], then sections aligned to [`SECTION_ALIGN`].
+
+use serde::{Deserialize, Serialize};
+
+/// The first 8 bytes of every artifact.
+pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
+/// Incompatible layout changes bump the major version.
+pub const FORMAT_MAJOR: u32 = 1;
+/// Compatible additions bump the minor version.
+pub const FORMAT_MINOR: u32 = 0;
+/// magic (8) + major (4) + minor (4) + header length (8).
+pub const PRELUDE_LEN: usize = 24;
+/// Sections start at multiples of this, so weights can be mapped zero-copy.
+pub const SECTION_ALIGN: u64 = 4096;
+/// Headers larger than this are refused as corrupt.
+pub const MAX_HEADER_LEN: u64 = 256 << 20;
+
+/// The bincode configuration of the header.
+pub fn bincode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_little_endian().with_fixed_int_encoding().with_limit::<{ MAX_HEADER_LEN as usize }>()
+}
+
+/// Everything but the bulk data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub model: ModelInfo,
+    pub provenance: Provenance,
+    pub target: TargetInfo,
+    pub sections: Vec<Section>,
+    pub kernels: Vec<KernelEntry>,
+    pub weights: Vec<WeightEntry>,
+    pub prefill: Plan,
+    pub decode: Plan,
+    pub kv_cache: KvCacheLayout,
+    pub tokenizer: TokenizerInfo,
+    pub generation: GenerationDefaults,
+    /// The longest sequence (prompt + generated tokens) the artifact supports.
+    pub max_length: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub architecture: String,
+    pub vocab_size: u64,
+    pub num_layers: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub maxc_version: String,
+    /// The manifest after overrides, as TOML text.
+    pub manifest: String,
+    /// The command-line flags that shaped the artifact.
+    pub flags: Vec<String>,
+    pub inputs: Vec<InputFile>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InputFile {
+    pub path: String,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TargetInfo {
+    /// LLVM target triple of the code section.
+    pub triple: String,
+    /// LLVM CPU name the code was tuned for.
+    pub cpu: String,
+    /// CPU features the code may use (LLVM spelling); checked before loading it.
+    pub required_features: Vec<String>,
+    /// Which backend produced the code.
+    pub backend: String,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SectionKind {
+    /// A shared object exporting every kernel.
+    Code,
+    /// All weights, each entry 64-byte aligned within the section.
+    Weights,
+    /// A Hugging Face tokenizer.json.
+    Tokenizer,
+    /// The chat template (Jinja text).
+    ChatTemplate,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Section {
+    pub kind: SectionKind,
+    /// Absolute file offset, a multiple of [`SECTION_ALIGN`].
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelEntry {
+    /// The exported symbol in the code section.
+    pub symbol: String,
+    pub family: String,
+    pub num_params: u32,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DType {
+    F32,
+    I32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightEntry {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Offset within the weights section (64-byte aligned).
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// How many tasks a launch has: `per_seq * seq + fixed`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskCount {
+    pub per_seq: u64,
+    pub fixed: u64,
+}
+
+impl TaskCount {
+    pub fn eval(self, seq: u64) -> u64 {
+        self.per_seq * seq + self.fixed
+    }
+}
+
+/// A buffer a launch argument refers to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BufferRef {
+    /// Bytes at `offset` in the plan's activation arena.
+    Arena { offset: u64 },
+    /// A weight (index into [`Header::weights`]).
+    Weight(u32),
+    /// The token ids of this step, `i32[seq]`.
+    Tokens,
+    /// The positions of this step, `i32[seq]`.
+    Positions,
+    /// Layer `n`'s key cache, `f32[max_length, kv_width]`.
+    KeyCache(u32),
+    /// Layer `n`'s value cache.
+    ValueCache(u32),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Launch {
+    /// Index into [`Header::kernels`].
+    pub kernel: u32,
+    pub args: Vec<BufferRef>,
+    pub tasks: TaskCount,
+}
+
+/// A linear launch plan for steps of up to `max_seq` tokens.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub max_seq: u64,
+    /// Activation arena size for `max_seq` tokens.
+    pub arena_bytes: u64,
+    pub launches: Vec<Launch>,
+    /// Where the `[seq, vocab]` f32 logits are when the plan ends.
+    pub logits: BufferRef,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KvCacheLayout {
+    pub layers: u64,
+    /// f32 elements per position per layer (kv_heads * head_dim) for keys, and again for values.
+    pub row_elems: u64,
+}
+
+impl KvCacheLayout {
+    pub fn bytes_per_token(&self) -> u64 {
+        2 * self.layers * self.row_elems * 4
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerInfo {
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerationDefaults {
+    pub temperature: Option<f32>,
+    pub top_k: Option<u32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub max_new_tokens: Option<u32>,
+}
+
+/// Encodes the prelude and header.
+pub fn encode_header(header: &Header) -> Vec<u8> {
+    let body = bincode::serde::encode_to_vec(header, bincode_config()).expect("headers always encode");
+    let mut out = Vec::with_capacity(PRELUDE_LEN + body.len());
+    out.extend(MAGIC);
+    out.extend(FORMAT_MAJOR.to_le_bytes());
+    out.extend(FORMAT_MINOR.to_le_bytes());
+    out.extend((body.len() as u64).to_le_bytes());
+    out.extend(body);
+    out
+}
+
+/// Rounds `n` up to the section alignment.
+pub fn align_section(n: u64) -> u64 {
+    n.div_ceil(SECTION_ALIGN) * SECTION_ALIGN
+}

@@ -1,0 +1,184 @@
+//! Running an artifact: the KV cache, the activation arenas, and the launch loop.
+//!
+//! A [`Session`] holds one sequence. [`Session::forward`] runs the prefill plan over
+//! chunks of up to `prefill.max_seq` tokens, or the decode plan for a single token,
+//! appending to the KV cache; nothing is allocated per step.
+
+use crate::artifact::{Artifact, ArtifactError};
+use crate::code::{CodeError, KernelFn, LoadedCode};
+use crate::format::{BufferRef, Plan, SectionKind};
+use crate::pool::ThreadPool;
+
+/// Errors while preparing or running a session.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Code(#[from] CodeError),
+    #[error("the sequence would reach {needed} tokens, beyond the artifact's maximum context length of {max} tokens")]
+    ContextFull { needed: u64, max: u64 },
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    BadToken { id: u32, vocab: u64 },
+}
+
+/// How often each plan ran (tests use it to show decode is O(1) tokens per step).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunCounts {
+    pub prefill: u64,
+    pub decode: u64,
+}
+
+/// A 64-byte aligned, zeroed byte buffer.
+struct AlignedBuf {
+    words: Vec<u128>,
+}
+
+impl AlignedBuf {
+    fn new(bytes: u64) -> Self {
+        // u128 gives 16-byte alignment; add slack so the start can be moved to 64.
+        AlignedBuf { words: vec![0u128; (bytes as usize).div_ceil(16) + 4] }
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        let p = self.words.as_mut_ptr() as *mut u8;
+        let skew = p.align_offset(64);
+        // SAFETY: the buffer has 64 bytes of slack.
+        unsafe { p.add(skew) }
+    }
+}
+
+struct PlanState {
+    kernels: Vec<KernelFn>,
+    arena: AlignedBuf,
+}
+
+/// One running sequence over an artifact.
+pub struct Session<'a> {
+    artifact: &'a Artifact,
+    _code: LoadedCode,
+    pool: ThreadPool,
+    prefill: PlanState,
+    decode: PlanState,
+    k_cache: Vec<Vec<f32>>,
+    v_cache: Vec<Vec<f32>>,
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    /// Tokens already in the KV cache.
+    pub position: u64,
+    pub counts: RunCounts,
+    logits: Vec<f32>,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("position", &self.position).finish()
+    }
+}
+
+impl<'a> Session<'a> {
+    /// Checks the CPU, loads the code, resolves kernels and allocates the caches.
+    pub fn new(artifact: &'a Artifact, threads: usize) -> Result<Self, SessionError> {
+        artifact.check_cpu()?;
+        let code = LoadedCode::load(artifact.section(SectionKind::Code))?;
+        let mut resolved = Vec::with_capacity(artifact.header.kernels.len());
+        for k in &artifact.header.kernels {
+            resolved.push(code.kernel(&k.symbol)?);
+        }
+        let state = |plan: &Plan| PlanState {
+            kernels: plan.launches.iter().map(|l| resolved[l.kernel as usize]).collect(),
+            arena: AlignedBuf::new(plan.arena_bytes),
+        };
+        let h = &artifact.header;
+        let cache_len = (h.max_length * h.kv_cache.row_elems) as usize;
+        let layers = h.kv_cache.layers as usize;
+        Ok(Session {
+            artifact,
+            pool: ThreadPool::new(threads),
+            prefill: state(&h.prefill),
+            decode: state(&h.decode),
+            _code: code,
+            k_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
+            v_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
+            tokens: Vec::with_capacity(h.prefill.max_seq as usize),
+            positions: Vec::with_capacity(h.prefill.max_seq as usize),
+            position: 0,
+            counts: RunCounts::default(),
+            logits: Vec::new(),
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Forgets the sequence (the cache is overwritten as positions are reused).
+    pub fn reset(&mut self) {
+        self.position = 0;
+    }
+
+    /// Appends `ids` to the sequence and returns their logits, `[ids.len(), vocab]`.
+    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+        let h = &self.artifact.header;
+        let vocab = h.model.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as u64 >= vocab) {
+            return Err(SessionError::BadToken { id, vocab });
+        }
+        let needed = self.position + ids.len() as u64;
+        if needed > h.max_length {
+            return Err(SessionError::ContextFull { needed, max: h.max_length });
+        }
+        self.logits.clear();
+        if ids.len() == 1 {
+            self.step(ids, false);
+        } else {
+            for chunk in ids.chunks(h.prefill.max_seq as usize) {
+                self.step(chunk, true);
+            }
+        }
+        Ok(&self.logits)
+    }
+
+    fn step(&mut self, ids: &[u32], prefill: bool) {
+        let header = &self.artifact.header;
+        let (plan, state) = if prefill { (&header.prefill, &mut self.prefill) } else { (&header.decode, &mut self.decode) };
+        let seq = ids.len() as u64;
+        debug_assert!(seq <= plan.max_seq);
+        self.tokens.clear();
+        self.tokens.extend(ids.iter().map(|&i| i as i32));
+        self.positions.clear();
+        self.positions.extend((self.position..self.position + seq).map(|p| p as i32));
+        let arena = state.arena.ptr();
+        let dims = [seq as i64];
+        let mut args: Vec<*mut u8> = Vec::with_capacity(8);
+        for (launch, kernel) in plan.launches.iter().zip(&state.kernels) {
+            args.clear();
+            for a in &launch.args {
+                args.push(match *a {
+                    // SAFETY: offsets were validated against the arena size at open.
+                    BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) },
+                    BufferRef::Weight(i) => self.artifact.weight_bytes(i as usize).as_ptr() as *mut u8,
+                    BufferRef::Tokens => self.tokens.as_mut_ptr() as *mut u8,
+                    BufferRef::Positions => self.positions.as_mut_ptr() as *mut u8,
+                    BufferRef::KeyCache(l) => self.k_cache[l as usize].as_mut_ptr() as *mut u8,
+                    BufferRef::ValueCache(l) => self.v_cache[l as usize].as_mut_ptr() as *mut u8,
+                });
+            }
+            // SAFETY: the compiler sized every buffer for `plan.max_seq` tokens and the
+            // cache for `max_length` positions; both bounds were checked above.
+            unsafe { self.pool.launch(*kernel, args.as_ptr(), dims.as_ptr(), launch.tasks.eval(seq)) };
+        }
+        let n = (seq * header.model.vocab_size) as usize;
+        let logits = match plan.logits {
+            // SAFETY: the plan's logits buffer holds seq * vocab floats.
+            BufferRef::Arena { offset } => unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, n) },
+            other => panic!("logits in {other:?}: the compiler places them in the arena"),
+        };
+        self.logits.extend_from_slice(logits);
+        self.position += seq;
+        if prefill {
+            self.counts.prefill += 1;
+        } else {
+            self.counts.decode += 1;
+        }
+    }
+}

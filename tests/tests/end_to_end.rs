@@ -1,0 +1,168 @@
+//! End to end through the real binaries: `maxc compile` -> `maxrun`, compared with
+//! the Hugging Face golden logits and greedy texts.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use maxc_tests::*;
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// Compiles `model` (an HF dir or GGUF) into a fresh artifact with extra flags.
+fn compile(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
+    let out = temp_dir(tag).join("model.mef");
+    let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str()];
+    args.extend(extra.iter().map(|s| os(s)));
+    let (code, _, err) = run_bin("maxc", &args);
+    assert_eq!(code, 0, "maxc compile failed: {err}");
+    out
+}
+
+fn artifact(fixture_name: &str) -> &'static Path {
+    static ARTIFACTS: OnceLock<std::sync::Mutex<std::collections::HashMap<String, &'static Path>>> = OnceLock::new();
+    let map = ARTIFACTS.get_or_init(Default::default);
+    let mut map = map.lock().unwrap();
+    map.entry(fixture_name.to_string())
+        .or_insert_with(|| {
+            let model = if fixture_name == "smollm2-135m" { smollm2_gguf() } else { fixture(fixture_name) };
+            Box::leak(compile(fixture_name, &model, &[]).into_boxed_path())
+        })
+}
+
+fn check_golden(fixture_name: &str) {
+    let mef = artifact(fixture_name);
+    let golden = golden(fixture_name);
+    for (i, case) in cases(&golden).iter().enumerate() {
+        let what = format!("{fixture_name} case {i}");
+        let ids: Vec<String> = maxc_tests::ids(&case["input_ids"]).iter().map(u32::to_string).collect();
+        let npy = temp_dir("logits").join("l.npy");
+        let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
+        assert_eq!(r.0, 0, "{what}: {}", r.2);
+        let (shape, ours) = maxrun::npy::read_f32(&npy).unwrap();
+        let (gshape, gold) = golden_logits(fixture_name, case);
+        assert_eq!(shape, gshape, "{what}");
+        assert_logits_close(&what, &ours, &gold);
+
+        let prompt = case["prompt"].as_str().unwrap();
+        let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(prompt), os("--temperature"), os("0"), os("-n"), os("24")]);
+        assert_eq!(r.0, 0, "{what}: {}", r.2);
+        assert_eq!(r.1, case["greedy_text"].as_str().unwrap(), "{what}: greedy text");
+    }
+}
+
+#[test]
+fn tiny_llama_matches_golden() {
+    check_golden("tiny-llama");
+}
+
+#[test]
+fn tiny_qwen2_matches_golden() {
+    check_golden("tiny-qwen2");
+}
+
+#[test]
+fn smollm2_from_gguf_matches_golden() {
+    check_golden("smollm2-135m");
+}
+
+#[test]
+fn smollm2_answers_the_chat_case() {
+    let mef = artifact("smollm2-135m");
+    let golden = golden("smollm2-135m");
+    let ids: Vec<String> = maxc_tests::ids(&golden["chat"]["input_ids"]).iter().map(u32::to_string).collect();
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--temperature"), os("0"), os("-n"), os("64")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert_eq!(r.1, golden["chat"]["greedy_text"].as_str().unwrap(), "stops at <|im_end|> with the golden answer");
+}
+
+/// Decode costs O(1) tokens: 64 generated tokens are one prefill and 63 decode steps.
+#[test]
+fn decode_runs_one_token_per_step() {
+    let mef = artifact("tiny-llama");
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("64"), os("--ignore-eos")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert!(r.2.contains("generated: 64 tokens"), "{}", r.2);
+    assert!(r.2.contains("plan runs: prefill 1, decode 63"), "{}", r.2);
+}
+
+#[test]
+fn prompt_too_long_fails_before_any_work() {
+    let mef = compile("short", &fixture("tiny-llama"), &["--model-override", "transformer.max_length=8"]);
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("1,2,3,4,5,6,7,8,9")]);
+    assert_eq!(r.0, 2, "{}", r.2);
+    assert_eq!(r.2.trim(), "prompt is too long: 9 tokens exceeds the maximum context length of 8 tokens");
+    // Generation stops at the context limit instead of overrunning the cache.
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("1,2,3,4,5,6"), os("-n"), os("10"), os("--ignore-eos")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert!(r.2.contains("generated: 2 tokens"), "{}", r.2);
+}
+
+#[test]
+fn missing_cpu_feature_is_refused_by_name() {
+    let mef = compile("feature", &fixture("tiny-llama"), &["--target", "cpu:x86-64-v3+maxc-test-feature"]);
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi")]);
+    assert_clean_error(&r, 1, &["needs CPU features this machine lacks", "maxc-test-feature", "--target"]);
+}
+
+#[test]
+fn portable_target_runs_and_matches() {
+    let mef = compile("v3", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3"]);
+    let golden = golden("tiny-qwen2");
+    let case = &cases(&golden)[1];
+    let ids: Vec<String> = maxc_tests::ids(&case["input_ids"]).iter().map(u32::to_string).collect();
+    let npy = temp_dir("v3logits").join("l.npy");
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert_logits_close("x86-64-v3", &maxrun::npy::read_f32(&npy).unwrap().1, &golden_logits("tiny-qwen2", case).1);
+}
+
+#[test]
+fn bad_artifacts_are_refused_cleanly() {
+    let dir = temp_dir("badmef");
+    let junk = dir.join("junk.mef");
+    std::fs::write(&junk, b"this is not an artifact at all").unwrap();
+    assert_clean_error(&run_bin("maxrun", &[junk.as_os_str(), os("--prompt"), os("hi")]), 1, &["junk.mef", "not a maxc artifact"]);
+
+    let good = std::fs::read(artifact("tiny-llama")).unwrap();
+    let cut = dir.join("cut.mef");
+    std::fs::write(&cut, &good[..good.len() / 2]).unwrap();
+    assert_clean_error(&run_bin("maxrun", &[cut.as_os_str(), os("--prompt"), os("hi")]), 1, &["cut.mef", "truncated or corrupt"]);
+
+    let mut newer = good.clone();
+    newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+    let v = dir.join("v99.mef");
+    std::fs::write(&v, &newer).unwrap();
+    assert_clean_error(&run_bin("maxrun", &[v.as_os_str(), os("--prompt"), os("hi")]), 1, &["v99.mef", "format 99.", "not supported"]);
+
+    let missing = dir.join("missing.mef");
+    assert_clean_error(&run_bin("maxrun", &[missing.as_os_str(), os("--prompt"), os("hi")]), 1, &["missing.mef"]);
+}
+
+#[test]
+fn bad_runtime_flags_are_errors() {
+    let mef = artifact("tiny-llama");
+    assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--top-p"), os("1.5")]), 1, &["--top-p"]);
+    assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("99999999")]), 1, &["99999999", "vocabulary"]);
+    assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("")]), 1, &["empty"]);
+}
+
+#[test]
+fn failed_compile_leaves_no_file() {
+    let dir = temp_dir("nofile");
+    let out = dir.join("x.mef");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cpu:pentium9")]);
+    assert_clean_error(&r, 1, &["pentium9"]);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the output directory must stay empty");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), os("/nonexistent/dir/x.mef")]);
+    assert_clean_error(&r, 1, &["/nonexistent/dir/x.mef", "does not exist"]);
+}
+
+#[test]
+fn same_inputs_give_identical_artifacts() {
+    let a = std::fs::read(compile("repro-a", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3"])).unwrap();
+    let b = std::fs::read(compile("repro-b", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3"])).unwrap();
+    assert!(a == b, "two compiles of the same inputs differ");
+}

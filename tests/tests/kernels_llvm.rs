@@ -1,0 +1,145 @@
+//! Differential tests of the LLVM backend: every kernel family, compiled for this
+//! machine and for x86-64-v3, against the kernel-IR reference interpreter on
+//! random inputs, with a per-family tolerance.
+
+use maxc_codegen::{llvm::compile_shared, CpuTarget};
+use maxc_kernels::interp::{run, Buffer};
+use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
+use maxc_kernels::library::copy::slice_columns;
+use maxc_kernels::library::elementwise::{binary, unary, Binary, Broadcast, Unary};
+use maxc_kernels::library::embedding::embedding;
+use maxc_kernels::library::matmul::matmul;
+use maxc_kernels::library::rms_norm::rms_norm;
+use maxc_kernels::library::rope::rope;
+use maxc_kernels::library::SeqMode;
+use maxc_kernels::{ElemType, Kernel};
+use maxrun::code::LoadedCode;
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// A kernel with buffer sizes (elements) and the range of its integer inputs.
+struct Case {
+    kernel: Kernel,
+    sizes: Vec<usize>,
+    int_max: i32,
+    seq: u64,
+    tol: f32,
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for seq in [SeqMode::Dynamic, SeqMode::Fixed(1)] {
+        let s = match seq {
+            SeqMode::Dynamic => 5usize,
+            SeqMode::Fixed(n) => n as usize,
+        };
+        v.push(Case { kernel: embedding(7, 13, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: matmul(37, 19, seq), sizes: vec![s * 37, 19 * 37, s * 19], int_max: 1, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: matmul(256, 64, seq), sizes: vec![s * 256, 64 * 256, s * 64], int_max: 1, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: rms_norm(33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: rope(24, 8, seq), sizes: vec![s * 24, s, 4, s * 24], int_max: 40, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: slice_columns(12, 3, 5, seq), sizes: vec![s * 12, s * 5], int_max: 1, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: kv_store(8, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
+        for window in [None, Some(3)] {
+            let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window };
+            // Positions are drawn below 20 and the caches hold 20 random rows.
+            v.push(Case { kernel: attention(shape, seq), sizes: vec![s * 16, s, 20 * 8, 20 * 8, s * 16], int_max: 20, seq: s as u64, tol: 1e-5 });
+        }
+        for op in [Unary::Neg, Unary::Exp, Unary::Silu, Unary::GeluTanh, Unary::Rsqrt, Unary::Tanh] {
+            v.push(Case { kernel: unary(op, 17, seq), sizes: vec![s * 17, s * 17], int_max: 1, seq: s as u64, tol: 1e-5 });
+        }
+        for op in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Max] {
+            for (bc, blen) in [(Broadcast::None, s * 9), (Broadcast::Row, 9), (Broadcast::Scalar, 1)] {
+                v.push(Case { kernel: binary(op, 9, bc, seq), sizes: vec![s * 9, blen, s * 9], int_max: 1, seq: s as u64, tol: 1e-6 });
+            }
+        }
+    }
+    v
+}
+
+fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
+    case.kernel
+        .params
+        .iter()
+        .zip(&case.sizes)
+        .map(|(p, &n)| match p.elem {
+            // Rsqrt needs positive inputs; everything else takes any sign.
+            ElemType::F32 if case.kernel.name.starts_with("rsqrt") => Buffer::F32((0..n).map(|_| rng.f().abs() + 0.1).collect()),
+            ElemType::F32 => Buffer::F32((0..n).map(|_| rng.f() * 2.0).collect()),
+            ElemType::I32 => Buffer::I32((0..n).map(|_| ((rng.f() + 1.0) / 2.0 * case.int_max as f32) as i32 % case.int_max.max(1)).collect()),
+        })
+        .collect()
+}
+
+fn check_target(spec: &str) {
+    let target = CpuTarget::parse(spec).unwrap();
+    let all = cases();
+    let kernels: Vec<Kernel> = {
+        let mut seen = std::collections::HashSet::new();
+        all.iter().filter(|c| seen.insert(c.kernel.name.clone())).map(|c| c.kernel.clone()).collect()
+    };
+    let code = compile_shared(&kernels, &target).unwrap();
+    let loaded = LoadedCode::load(&code.shared_object).unwrap();
+    let mut rng = Rng(0x1234_5678);
+    for case in &all {
+        let f = loaded.kernel(&case.kernel.name).unwrap();
+        for trial in 0..3 {
+            let mut expected = inputs(case, &mut rng);
+            let mut actual = expected.clone();
+            run(&case.kernel, &mut expected, case.seq);
+            let ptrs: Vec<*mut u8> = actual
+                .iter_mut()
+                .map(|b| match b {
+                    Buffer::F32(v) => v.as_mut_ptr() as *mut u8,
+                    Buffer::I32(v) => v.as_mut_ptr() as *mut u8,
+                })
+                .collect();
+            let dims = [case.seq as i64];
+            let tasks = case.kernel.tasks.eval(case.seq);
+            // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
+            unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, tasks) };
+            for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
+                match (e, a) {
+                    (Buffer::F32(e), Buffer::F32(a)) => {
+                        for (i, (x, y)) in e.iter().zip(a).enumerate() {
+                            assert!(
+                                (x - y).abs() <= case.tol * (1.0 + x.abs()),
+                                "{spec} {} trial {trial} param {p}[{i}]: interpreter {x}, llvm {y}",
+                                case.kernel.name
+                            );
+                        }
+                    }
+                    _ => assert_eq!(e, a, "{spec} {} param {p}", case.kernel.name),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn llvm_host_matches_interpreter() {
+    check_target("cpu");
+}
+
+#[test]
+fn llvm_x86_64_v3_matches_interpreter() {
+    check_target("cpu:x86-64-v3");
+}
+
+#[test]
+fn avx512_kernels_prefer_512_bit_vectors() {
+    let k = vec![matmul(256, 64, SeqMode::Fixed(1))];
+    let v4 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4").unwrap()).unwrap();
+    assert!(v4.contains("\"prefer-vector-width\"=\"512\""), "missing prefer-vector-width");
+    assert!(v4.contains("<16 x float>"), "the GEMV reduction is not vectorized to 512 bits");
+    let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
+    assert!(v3.contains("<8 x float>") && !v3.contains("<16 x float>"), "x86-64-v3 must use 256-bit vectors");
+}
