@@ -46,6 +46,8 @@ pub struct CompileOptions<'a> {
     /// The command line, recorded in the artifact's provenance.
     pub flags: Vec<String>,
     pub pipeline: PipelineOptions<'a>,
+    /// Write the kernels' optimized LLVM IR to this directory.
+    pub emit_llvm: Option<std::path::PathBuf>,
 }
 
 /// What a compile produced.
@@ -122,11 +124,27 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     };
     let (prefill_plan, decode_plan) = (to_plan(&prefill), to_plan(&decode));
 
+    if let Some(dir) = &options.emit_llvm {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let path = dir.join("kernels.ll");
+        let ir = maxc_codegen::llvm::emit_llvm_ir(&kernels.kernels, &target)?;
+        std::fs::write(&path, ir).map_err(|e| Error::io(&path, e))?;
+    }
     let code = maxc_codegen::llvm::compile_shared(&kernels.kernels, &target)?;
     let explicit: Vec<String> = target_spec.split_once('+').map(|(_, f)| f.split(',').map(|x| x.trim().trim_start_matches('+').to_string()).collect()).unwrap_or_default();
     let required_features: Vec<String> =
         target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
 
+    let mut provenance = mef::Provenance {
+        maxc_version: env!("CARGO_PKG_VERSION").into(),
+        maxc_git_revision: crate::provenance::GIT_REVISION.into(),
+        target_spec: target_spec.clone(),
+        build_id: String::new(),
+        manifest: fe.manifest.text.clone(),
+        flags: options.flags.clone(),
+        inputs: fe.model.input_files.iter().map(|p| crate::provenance::hash_file(p)).collect::<Result<_>>()?,
+    };
+    provenance.build_id = crate::provenance::build_id(&provenance);
     let m = &fe.manifest.manifest;
     let g = &m.generation;
     let d = &fe.model.generation;
@@ -137,17 +155,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             vocab_size: cfg.vocab_size as u64,
             num_layers: cfg.num_layers as u64,
         },
-        provenance: mef::Provenance {
-            maxc_version: env!("CARGO_PKG_VERSION").into(),
-            manifest: fe.manifest.text.clone(),
-            flags: options.flags.clone(),
-            inputs: fe
-                .model
-                .input_files
-                .iter()
-                .map(|p| mef::InputFile { path: p.display().to_string(), bytes: std::fs::metadata(p).map_or(0, |m| m.len()) })
-                .collect(),
-        },
+        provenance: provenance.clone(),
         target: mef::TargetInfo { triple: target.triple.clone(), cpu: target.cpu.clone(), required_features, backend: "llvm".into() },
         sections: vec![],
         kernels: kernels
@@ -189,4 +197,46 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         },
     )?;
     Ok(CompileReport { artifact_bytes: bytes, ..report })
+}
+
+/// Every problem that would stop `compile`, found without generating code.
+pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Error> {
+    use crate::error::Error;
+    let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
+    let c = &manifest.manifest.compile;
+    let mut problems = Vec::new();
+    if let Some(enc) = c.quantization_encoding.as_deref().filter(|e| *e != "float32") {
+        problems.push(Error::invalid(&shown, "compile.quantization_encoding", format!("`{enc}` is not implemented yet; this maxc supports float32")));
+    }
+    if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
+        problems.push(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
+    }
+    let spec = target.map(str::to_string).or(c.target.clone()).unwrap_or_else(|| "cpu".into());
+    if let Err(e) = maxc_codegen::CpuTarget::parse(&spec) {
+        problems.push(e.into());
+    }
+    let m = &manifest.manifest;
+    let model = match import(&m.model.path, m.model.architecture.as_deref()) {
+        Ok(model) => model,
+        Err(e) => {
+            problems.push(e);
+            return problems;
+        }
+    };
+    let weight_problems = crate::builders::check_weights(&model);
+    if !weight_problems.is_empty() {
+        problems.extend(weight_problems);
+        return problems;
+    }
+    let result = crate::builders::build_graph(&model).and_then(|mut g| {
+        run_pipeline(&mut g, &PipelineOptions::default())?;
+        let mut interp = crate::interp::Interpreter::new(&g, &model.weights);
+        let (mut w, mut k) = (Default::default(), Default::default());
+        crate::schedule::schedule(&g, &mut interp, maxc_kernels::library::SeqMode::Fixed(1), 1, &mut w, &mut k)?;
+        crate::schedule::kv_shape(&g).map(|_| ())
+    });
+    if let Err(e) = result {
+        problems.push(e);
+    }
+    problems
 }

@@ -13,6 +13,7 @@ pub mod interp;
 pub mod manifest;
 pub mod mef_writer;
 pub mod passes;
+pub mod provenance;
 pub mod schedule;
 
 pub use error::{Error, Result};

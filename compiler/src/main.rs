@@ -23,6 +23,17 @@ enum Command {
     Compile(CompileArgs),
     /// Run the model with the reference interpreter (slow, exact: the oracle for debugging).
     Eval(EvalArgs),
+    /// Pre-flight: report every problem that would stop a compile, without compiling.
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Code target to check for.
+    #[arg(long)]
+    target: Option<String>,
 }
 
 #[derive(Args)]
@@ -53,6 +64,15 @@ struct CompileArgs {
     /// Code target: `cpu` (this machine), `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:NAME+feature,...`.
     #[arg(long)]
     target: Option<String>,
+    /// Threads for weight conversion (default: all cores). The artifact does not depend on it.
+    #[arg(short = 'j', long)]
+    jobs: Option<usize>,
+    /// Compile a second time with a different thread count and fail unless both artifacts are byte-identical.
+    #[arg(long)]
+    check_reproducible: bool,
+    /// Write the optimized LLVM IR of the kernels to DIR/kernels.ll.
+    #[arg(long, value_name = "DIR")]
+    emit_llvm: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -87,6 +107,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Compile(args) => compile(args),
         Command::Eval(args) => eval(args),
+        Command::Check(args) => check(args),
     }
 }
 
@@ -111,10 +132,14 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         eprintln!("graph `{}` after `{}`: {} nodes", fe.graph.name, args.stop_after.unwrap_or_default(), fe.graph.nodes.len());
         return Ok(());
     };
+    if args.jobs == Some(0) {
+        bail!("--jobs must be at least 1");
+    }
     let start = std::time::Instant::now();
     let flags = provenance_flags(std::env::args().skip(1));
-    let compile_options = CompileOptions { target: args.target, flags, pipeline: opts };
-    let report = maxc::driver::compile(manifest, &output, &compile_options)?;
+    let compile_options = CompileOptions { target: args.target, flags, pipeline: opts, emit_llvm: args.emit_llvm.clone() };
+    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;
     eprintln!(
         "wrote {} ({:.1} MiB) in {:.1}s: {} kernels, {} prefill / {} decode launches",
         output.display(),
@@ -124,7 +149,56 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         report.prefill_launches,
         report.decode_launches
     );
+    if args.check_reproducible {
+        let again = output.with_file_name(format!(
+            ".{}.repro-{}",
+            output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            std::process::id()
+        ));
+        let other_jobs = if jobs == 1 { 2 } else { 1 };
+        let result = with_threads(other_jobs, || maxc::driver::compile(manifest, &again, &compile_options))
+            .map_err(anyhow::Error::from)
+            .and_then(|_| compare_artifacts(&output, &again));
+        let _ = std::fs::remove_file(&again);
+        result?;
+        eprintln!("reproducible: a second build with {other_jobs} thread(s) is byte-identical");
+    }
     Ok(())
+}
+
+/// Runs `f` on a rayon pool of `threads` threads.
+fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting the worker threads")?;
+    Ok(pool.install(f))
+}
+
+/// Fails with the first differing offset (and its section) unless the files are identical.
+fn compare_artifacts(a: &Path, b: &Path) -> anyhow::Result<()> {
+    let (x, y) = (std::fs::read(a)?, std::fs::read(b)?);
+    if x == y {
+        return Ok(());
+    }
+    let at = x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len())) as u64;
+    let header = maxrun::artifact::Artifact::open(a)?.header;
+    let section = header
+        .sections
+        .iter()
+        .find(|s| (s.offset..s.offset + s.len).contains(&at))
+        .map_or("header".to_string(), |s| format!("{:?} section", s.kind));
+    bail!("not reproducible: a second build differs first at byte {at} (in the {section}); sizes {} and {}", x.len(), y.len())
+}
+
+fn check(args: CheckArgs) -> anyhow::Result<()> {
+    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides)?;
+    let problems = maxc::driver::check(&manifest, args.target.as_deref());
+    if problems.is_empty() {
+        println!("ok: {} can be compiled", manifest.manifest.model.path.display());
+        return Ok(());
+    }
+    for p in &problems {
+        println!("problem: {p}");
+    }
+    bail!("{} problem(s) found; nothing was compiled", problems.len())
 }
 
 fn eval(args: EvalArgs) -> anyhow::Result<()> {
@@ -154,17 +228,23 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The command line as recorded in the artifact: everything but the output path,
-/// which names where the artifact goes, not what it is (same inputs, same bytes).
+/// The command line as recorded in the artifact: every flag that can change what
+/// is built. The output path, thread count and debugging outputs cannot, and are
+/// left out so that the same inputs give the same bytes wherever and however built.
 fn provenance_flags(args: impl Iterator<Item = String>) -> Vec<String> {
+    const WITH_VALUE: &[&str] = &["-o", "--output", "-j", "--jobs", "--dump-ir", "--emit-llvm"];
+    const ALONE: &[&str] = &["--check-reproducible"];
     let mut out = Vec::new();
     let mut skip_next = false;
     for a in args {
         if skip_next {
             skip_next = false;
-        } else if a == "-o" || a == "--output" {
+            continue;
+        }
+        if WITH_VALUE.contains(&a.as_str()) {
             skip_next = true;
-        } else if !(a.starts_with("--output=") || (a.starts_with("-o") && a.len() > 2)) {
+        } else if ALONE.contains(&a.as_str()) || WITH_VALUE.iter().any(|f| a.starts_with(&format!("{f}=")) || (f.len() == 2 && a.starts_with(f) && a.len() > 2)) {
+        } else {
             out.push(a);
         }
     }

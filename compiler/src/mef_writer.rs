@@ -3,6 +3,7 @@
 //! partial artifact behind. Weights are streamed one tensor at a time.
 
 use std::io::{BufWriter, Seek, Write};
+
 use std::path::{Path, PathBuf};
 
 use maxrun::format::*;
@@ -48,20 +49,19 @@ pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<
     if let Some(t) = contents.chat_template {
         lens.push((SectionKind::ChatTemplate, t.len() as u64));
     }
-    // Fixed-width integer encoding: the header length does not depend on the offsets,
-    // so encode once with placeholders, then again with the real offsets.
-    contents.header.sections = lens.iter().map(|&(kind, len)| Section { kind, offset: 0, len }).collect();
+    // Fixed-width integer encoding: the header length does not depend on the offsets
+    // or checksums, so the sections can be laid out (and written, and hashed) before
+    // the final header is encoded and written over its placeholder.
+    contents.header.sections = lens.iter().map(|&(kind, len)| Section { kind, offset: 0, len, checksum: 0 }).collect();
     let header_len = encode_header(&contents.header).len() as u64;
     let mut at = align_section(header_len);
     for s in &mut contents.header.sections {
         s.offset = at;
         at = align_section(at + s.len);
     }
-    let prelude = encode_header(&contents.header);
-    assert_eq!(prelude.len() as u64, header_len, "header length must not depend on section offsets");
 
     let tmp = temp_path(out);
-    let result = write_file(&tmp, &prelude, &contents);
+    let result = write_file(&tmp, header_len, &mut contents);
     match result {
         Ok(total) => {
             std::fs::rename(&tmp, out).map_err(|e| {
@@ -82,65 +82,95 @@ fn temp_path(out: &Path) -> PathBuf {
     out.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
-fn write_file(tmp: &Path, prelude: &[u8], c: &ArtifactContents<'_>) -> Result<u64> {
+/// A writer that tracks its position and hashes what it writes.
+struct Hashing<W> {
+    inner: W,
+    pos: u64,
+    state: ChecksumState,
+}
+
+impl<W: Write> Hashing<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(bytes)?;
+        self.state.update(bytes);
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes zeros up to absolute `offset`.
+    fn pad_to(&mut self, offset: u64) -> std::io::Result<()> {
+        assert!(self.pos <= offset, "writer is past offset {offset} (at {})", self.pos);
+        const ZEROS: [u8; 4096] = [0; 4096];
+        while self.pos < offset {
+            let n = (offset - self.pos).min(ZEROS.len() as u64) as usize;
+            self.write(&ZEROS[..n])?;
+        }
+        Ok(())
+    }
+
+    /// Starts a new checksum (at a section start) and returns the previous one.
+    fn restart(&mut self) -> u64 {
+        std::mem::replace(&mut self.state, ChecksumState::new()).digest()
+    }
+}
+
+/// Tensors decoded in parallel per batch (their order in the file never changes).
+const WEIGHT_BATCH: usize = 8;
+
+fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Result<u64> {
     let io = |e| Error::io(tmp, e);
     let file = std::fs::File::create(tmp).map_err(io)?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    w.write_all(prelude).map_err(io)?;
+    let mut w = Hashing { inner: BufWriter::with_capacity(1 << 20, file), pos: 0, state: ChecksumState::new() };
+    w.pad_to(header_len).map_err(io)?;
+    let mut checksums = Vec::with_capacity(c.header.sections.len());
     for s in &c.header.sections {
-        pad_to(&mut w, s.offset).map_err(io)?;
+        w.pad_to(s.offset).map_err(io)?;
+        w.restart();
         match s.kind {
-            SectionKind::Code => w.write_all(c.code).map_err(io)?,
-            SectionKind::Tokenizer => w.write_all(c.tokenizer_json.as_bytes()).map_err(io)?,
-            SectionKind::ChatTemplate => w.write_all(c.chat_template.unwrap_or_default().as_bytes()).map_err(io)?,
+            SectionKind::Code => w.write(c.code).map_err(io)?,
+            SectionKind::Tokenizer => w.write(c.tokenizer_json.as_bytes()).map_err(io)?,
+            SectionKind::ChatTemplate => w.write(c.chat_template.unwrap_or_default().as_bytes()).map_err(io)?,
             SectionKind::Weights => {
-                for (slot, entry) in c.weights.iter().zip(&c.header.weights) {
-                    pad_to(&mut w, s.offset + entry.offset).map_err(io)?;
-                    write_weight(&mut w, slot, c.store).map_err(|e| match e {
-                        Error::Io { source, .. } => Error::io(tmp, source),
-                        other => other,
-                    })?;
+                let entries: Vec<(&WeightSlot, &WeightEntry)> = c.weights.iter().zip(&c.header.weights).collect();
+                for batch in entries.chunks(WEIGHT_BATCH) {
+                    use rayon::prelude::*;
+                    let encoded: Vec<Result<Vec<u8>>> = batch.par_iter().map(|(slot, _)| encode_weight(slot, c.store)).collect();
+                    for ((_, entry), bytes) in batch.iter().zip(encoded) {
+                        w.pad_to(s.offset + entry.offset).map_err(io)?;
+                        w.write(&bytes?).map_err(io)?;
+                    }
                 }
             }
         }
+        assert_eq!(w.pos, s.offset + s.len, "{:?} section length", s.kind);
+        checksums.push(w.restart());
     }
     let end = c.header.sections.last().map_or(0, |s| s.offset + s.len);
-    pad_to(&mut w, end).map_err(io)?;
-    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    w.pad_to(end).map_err(io)?;
+    for (s, sum) in c.header.sections.iter_mut().zip(checksums) {
+        s.checksum = sum;
+    }
+    let prelude = encode_header(&c.header);
+    assert_eq!(prelude.len() as u64, header_len, "header length must not depend on offsets or checksums");
+    let mut file = w.inner.into_inner().map_err(|e| io(e.into_error()))?;
+    file.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+    file.write_all(&prelude).map_err(io)?;
     file.sync_all().map_err(io)?;
     Ok(end)
 }
 
-fn write_weight(w: &mut impl Write, slot: &WeightSlot, store: &WeightStore) -> Result<()> {
-    let put = |w: &mut dyn Write, values: &[f32]| -> std::io::Result<()> {
-        let mut bytes = Vec::with_capacity(values.len() * 4);
-        for v in values {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-        w.write_all(&bytes)
-    };
-    let io = |e| Error::io("<weights>", e);
+/// A weight's bytes: little-endian f32.
+fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(slot.shape.iter().product::<u64>() as usize * 4);
+    let mut put = |values: &[f32]| values.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
     match &slot.data {
-        WeightData::Checkpoint(name) => put(w, &store.to_f32(name)?).map_err(io),
+        WeightData::Checkpoint(name) => put(&store.to_f32(name)?),
         WeightData::Stacked(names) => {
             for n in names {
-                put(w, &store.to_f32(n)?).map_err(io)?;
+                put(&store.to_f32(n)?);
             }
-            Ok(())
         }
-        WeightData::Values(v) => put(w, v).map_err(io),
+        WeightData::Values(v) => put(v),
     }
-}
-
-fn pad_to<W: Write + Seek>(w: &mut W, offset: u64) -> std::io::Result<()> {
-    let pos = w.stream_position()?;
-    assert!(pos <= offset, "writer is past offset {offset} (at {pos})");
-    const ZEROS: [u8; 4096] = [0; 4096];
-    let mut left = offset - pos;
-    while left > 0 {
-        let n = left.min(ZEROS.len() as u64) as usize;
-        w.write_all(&ZEROS[..n])?;
-        left -= n as u64;
-    }
-    Ok(())
+    Ok(bytes)
 }

@@ -22,6 +22,11 @@ pub enum ArtifactError {
     Version { path: PathBuf, found_major: u32, found_minor: u32 },
     #[error("{path}: {what}: the artifact is truncated or corrupt ({detail}); recompile it")]
     Corrupt { path: PathBuf, what: String, detail: String },
+    #[error(
+        "{path}: {what} checksum mismatch: expected {expected:016x}, found {found:016x}; \
+         the artifact is corrupt: recompile it or copy it again"
+    )]
+    Checksum { path: PathBuf, what: String, expected: u64, found: u64 },
     #[error("{path}: the artifact's code is for {triple}, but this machine is {arch}; compile with --target for this machine")]
     WrongArch { path: PathBuf, triple: String, arch: String },
     #[error(
@@ -32,11 +37,29 @@ pub enum ArtifactError {
     MissingFeatures { path: PathBuf, missing: Vec<String> },
 }
 
+/// The bytes of an artifact: a read-only mapping, or memory (tests and fuzzing).
+enum Backing {
+    Map(Mmap),
+    Bytes(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Bytes(b) => b,
+        }
+    }
+}
+
 /// A mapped artifact with a validated header.
 pub struct Artifact {
     pub path: PathBuf,
     pub header: Header,
-    map: Mmap,
+    /// The format minor version of the file.
+    pub minor: u32,
+    map: Backing,
 }
 
 impl std::fmt::Debug for Artifact {
@@ -46,15 +69,25 @@ impl std::fmt::Debug for Artifact {
 }
 
 impl Artifact {
-    /// Maps and validates an artifact (prelude, header, section and weight bounds).
+    /// Maps and validates an artifact: prelude, header checksum, section and weight
+    /// bounds, and the checksums of every section but the weights (see [`Artifact::verify_weights`]).
     pub fn open(path: &Path) -> Result<Self, ArtifactError> {
         let p = path.to_path_buf();
         let io = |source| ArtifactError::Io { path: p.clone(), source };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: read-only mapping; artifacts are not modified while running.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::from_backing(p, Backing::Map(map))
+    }
+
+    /// Validates an artifact held in memory (`name` is used in messages).
+    pub fn from_bytes(name: &Path, bytes: Vec<u8>) -> Result<Self, ArtifactError> {
+        Self::from_backing(name.to_path_buf(), Backing::Bytes(bytes))
+    }
+
+    fn from_backing(p: PathBuf, map: Backing) -> Result<Self, ArtifactError> {
         let corrupt = |what: &str, detail: String| ArtifactError::Corrupt { path: p.clone(), what: what.into(), detail };
-        if map.len() < PRELUDE_LEN || map[..8] != MAGIC {
+        if map.len() < 16 || map[..8] != MAGIC {
             if map.len() >= 8 && map[..8] == MAGIC {
                 return Err(corrupt("prelude", format!("{} bytes", map.len())));
             }
@@ -62,6 +95,9 @@ impl Artifact {
         }
         let u32_at = |o: usize| u32::from_le_bytes(map[o..o + 4].try_into().unwrap());
         let (major, minor) = (u32_at(8), u32_at(12));
+        if map.len() < PRELUDE_LEN {
+            return Err(corrupt("prelude", format!("{} bytes", map.len())));
+        }
         if major != FORMAT_MAJOR {
             return Err(ArtifactError::Version { path: p, found_major: major, found_minor: minor });
         }
@@ -70,14 +106,55 @@ impl Artifact {
             return Err(corrupt("header", format!("header length {header_len} exceeds the file size {}", map.len())));
         }
         let body = &map[PRELUDE_LEN..PRELUDE_LEN + header_len as usize];
+        let expected = u64::from_le_bytes(map[24..32].try_into().unwrap());
+        let found = checksum(body);
+        if expected != found {
+            return Err(ArtifactError::Checksum { path: p, what: "header".into(), expected, found });
+        }
         let (header, used): (Header, usize) = bincode::serde::decode_from_slice(body, bincode_config())
             .map_err(|e| corrupt("header", e.to_string()))?;
         if used != body.len() {
             return Err(corrupt("header", format!("{} trailing bytes", body.len() - used)));
         }
-        let artifact = Artifact { path: p, header, map };
+        let artifact = Artifact { path: p, header, minor, map };
         artifact.validate()?;
+        for kind in [SectionKind::Code, SectionKind::Tokenizer, SectionKind::ChatTemplate] {
+            artifact.verify_section(kind)?;
+        }
         Ok(artifact)
+    }
+
+    /// Checks one section's checksum (a no-op for an absent section).
+    pub fn verify_section(&self, kind: SectionKind) -> Result<(), ArtifactError> {
+        self.verify_section_with_progress(kind, &mut |_, _| {})
+    }
+
+    /// Checks the weights section's checksum, streaming; `progress(done, total)` is
+    /// called after every chunk.
+    pub fn verify_weights(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), ArtifactError> {
+        self.verify_section_with_progress(SectionKind::Weights, progress)
+    }
+
+    fn verify_section_with_progress(&self, kind: SectionKind, progress: &mut dyn FnMut(u64, u64)) -> Result<(), ArtifactError> {
+        let Some(s) = self.header.sections.iter().find(|s| s.kind == kind) else { return Ok(()) };
+        let bytes = self.section(kind);
+        let mut state = ChecksumState::new();
+        let mut done = 0u64;
+        for chunk in bytes.chunks(8 << 20) {
+            state.update(chunk);
+            done += chunk.len() as u64;
+            progress(done, bytes.len() as u64);
+        }
+        let found = state.digest();
+        if found != s.checksum {
+            return Err(ArtifactError::Checksum { path: self.path.clone(), what: format!("{kind:?} section"), expected: s.checksum, found });
+        }
+        Ok(())
+    }
+
+    /// The whole file size.
+    pub fn file_len(&self) -> u64 {
+        self.map.len() as u64
     }
 
     fn validate(&self) -> Result<(), ArtifactError> {

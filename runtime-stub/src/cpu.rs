@@ -3,8 +3,13 @@
 /// Returns the features in `required` (LLVM spelling) that this CPU lacks, or that
 /// this runtime cannot check (those are reported as missing: a runtime must not
 /// jump into code it cannot vouch for).
+///
+/// `MAXRUN_DISABLE_CPU_FEATURES=avx512f,avx2` makes this runtime treat those features
+/// as absent: it simulates an older machine (tests use it to exercise the refusal).
 pub fn missing_features(required: &[String]) -> Vec<String> {
-    required.iter().filter(|f| has_feature(f) != Some(true)).cloned().collect()
+    let disabled = std::env::var("MAXRUN_DISABLE_CPU_FEATURES").unwrap_or_default();
+    let disabled: Vec<&str> = disabled.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    required.iter().filter(|f| has_feature(f) != Some(true) || disabled.contains(&f.as_str())).cloned().collect()
 }
 
 /// `Some(present)` for features this runtime can detect, `None` otherwise.

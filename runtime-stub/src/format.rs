@@ -1,8 +1,9 @@
 //! The MEF artifact format: the contract between `maxc` (writer) and `maxrun` (reader).
 //! docs/mef.md describes every field; this file is the source of truth.
 //!
-//! Layout: a fixed 24-byte prelude (magic, format major, minor, header length),
-//! the bincode-encoded [`Header`], then sections aligned to [`SECTION_ALIGN`].
+//! Layout: a fixed 32-byte prelude (magic, format major, minor, header length,
+//! header checksum), the bincode-encoded [`Header`], then sections aligned to
+//! [`SECTION_ALIGN`], each with an xxh3-64 checksum in the header.
 
 use serde::{Deserialize, Serialize};
 
@@ -12,8 +13,8 @@ pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 pub const FORMAT_MAJOR: u32 = 1;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
-/// magic (8) + major (4) + minor (4) + header length (8).
-pub const PRELUDE_LEN: usize = 24;
+/// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
+pub const PRELUDE_LEN: usize = 32;
 /// Sections start at multiples of this, so weights can be mapped zero-copy.
 pub const SECTION_ALIGN: u64 = 4096;
 /// Headers larger than this are refused as corrupt.
@@ -53,6 +54,13 @@ pub struct ModelInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Provenance {
     pub maxc_version: String,
+    /// The git revision maxc was built from (`unknown` outside a checkout).
+    pub maxc_git_revision: String,
+    /// The `--target` spec as given.
+    pub target_spec: String,
+    /// xxh3-128 (hex) of everything above and below: the same inputs, flags and
+    /// compiler give the same id; no time or machine state enters it.
+    pub build_id: String,
     /// The manifest after overrides, as TOML text.
     pub manifest: String,
     /// The command-line flags that shaped the artifact.
@@ -64,6 +72,8 @@ pub struct Provenance {
 pub struct InputFile {
     pub path: String,
     pub bytes: u64,
+    /// xxh3-64 of the file's contents.
+    pub xxh3: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,6 +106,8 @@ pub struct Section {
     /// Absolute file offset, a multiple of [`SECTION_ALIGN`].
     pub offset: u64,
     pub len: u64,
+    /// xxh3-64 of the section's bytes.
+    pub checksum: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -208,9 +220,18 @@ pub fn encode_header(header: &Header) -> Vec<u8> {
     out.extend(FORMAT_MAJOR.to_le_bytes());
     out.extend(FORMAT_MINOR.to_le_bytes());
     out.extend((body.len() as u64).to_le_bytes());
+    out.extend(checksum(&body).to_le_bytes());
     out.extend(body);
     out
 }
+
+/// The checksum of headers and sections: xxh3-64.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// A streaming xxh3-64 for large sections and input files.
+pub type ChecksumState = xxhash_rust::xxh3::Xxh3;
 
 /// Rounds `n` up to the section alignment.
 pub fn align_section(n: u64) -> u64 {

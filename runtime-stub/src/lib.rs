@@ -9,6 +9,7 @@ pub mod artifact;
 pub mod code;
 pub mod cpu;
 pub mod format;
+pub mod inspect;
 pub mod npy;
 pub mod pool;
 pub mod sampler;

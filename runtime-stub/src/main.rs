@@ -6,17 +6,50 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context};
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 
 use maxrun::artifact::Artifact;
 use maxrun::sampler::{sample, Rng, SamplingParams};
 use maxrun::session::Session;
 
 #[derive(Parser)]
-#[command(name = "maxrun", version, about = "Run a maxc artifact (.mef): generate text or dump logits")]
+#[command(
+    name = "maxrun",
+    version,
+    about = "Run a maxc artifact (.mef): generate text or dump logits",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
-    /// The artifact produced by `maxc compile`.
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what an artifact records: provenance, target, plans, kernels, weights, memory, checksums.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args)]
+struct InspectArgs {
     artifact: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Also verify the weights checksum (reads the whole file).
+    #[arg(long)]
+    verify: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The artifact produced by `maxc compile`.
+    artifact: Option<PathBuf>,
+    /// Verify the weights checksum before running (reads the whole file).
+    #[arg(long)]
+    verify: bool,
     /// Text to continue.
     #[arg(long, conflicts_with = "token_ids")]
     prompt: Option<String>,
@@ -54,7 +87,11 @@ const EXIT_PROMPT_TOO_LONG: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    let result = match cli.command {
+        Some(Command::Inspect(args)) => inspect(args),
+        None => run(cli.run),
+    };
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -70,19 +107,64 @@ fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> anyhow::Result<(
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Verifies the weights checksum, with a progress bar on a terminal for large files.
+fn verify_weights(artifact: &Artifact) -> anyhow::Result<()> {
+    let total = artifact.section(maxrun::format::SectionKind::Weights).len() as u64;
+    let bar = if std::io::stderr().is_terminal() && total > 64 << 20 {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(indicatif::ProgressStyle::with_template("verifying weights {bar:30} {bytes}/{total_bytes} {eta}").unwrap());
+        Some(b)
+    } else {
+        None
+    };
+    artifact.verify_weights(&mut |done, _| {
+        if let Some(b) = &bar {
+            b.set_position(done);
+        }
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(())
+}
+
+fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let artifact = Artifact::open(&args.artifact)?;
+    let mut report = maxrun::inspect::report(&artifact);
+    if args.verify {
+        verify_weights(&artifact)?;
+        report["verified"] = serde_json::json!(true);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", maxrun::inspect::render_text(&report));
+        if args.verify {
+            println!("{:<22} all section checksums match", "verified");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
+    let Some(artifact_path) = cli.artifact.clone() else {
+        return Err(anyhow!("give an artifact: maxrun OUT.mef --prompt TEXT (or `maxrun inspect OUT.mef`)"));
+    };
     check_range("temperature", cli.temperature, 0.0, f32::MAX)?;
     check_range("top-p", cli.top_p, 0.0, 1.0)?;
     check_range("min-p", cli.min_p, 0.0, 1.0)?;
     if cli.threads == Some(0) {
         return Err(anyhow!("--threads must be at least 1"));
     }
-    let artifact = Artifact::open(&cli.artifact)?;
+    let artifact = Artifact::open(&artifact_path)?;
+    if cli.verify {
+        verify_weights(&artifact)?;
+    }
     let h = &artifact.header;
     let tokenizer: tokenizers::Tokenizer = artifact
         .tokenizer_json()?
         .parse()
-        .map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", cli.artifact.display()))?;
+        .map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", artifact_path.display()))?;
     let ids: Vec<u32> = match (&cli.prompt, &cli.token_ids) {
         (Some(p), _) => tokenizer.encode(p.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
         (None, Some(ids)) => ids.clone(),

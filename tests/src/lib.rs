@@ -91,7 +91,17 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// Runs a binary and returns (exit code, stdout, stderr).
 pub fn run_bin(name: &str, args: &[&std::ffi::OsStr]) -> (i32, String, String) {
-    let out = std::process::Command::new(bin(name)).args(args).output().expect("the binary starts");
+    run_bin_env(name, args, &[])
+}
+
+/// Like [`run_bin`] with extra environment variables.
+pub fn run_bin_env(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(bin(name));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the binary starts");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

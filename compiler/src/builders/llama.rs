@@ -10,9 +10,8 @@ use crate::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
 use crate::import::ImportedModel;
 
 /// Builds the decoder graph.
-pub fn build(model: &ImportedModel) -> Result<Graph> {
+pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     let c = &model.config;
-    let w = WeightBinder { model };
     let mut g = Graph::new(c.architecture.hf_name());
     let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
     let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);

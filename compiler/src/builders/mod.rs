@@ -13,31 +13,59 @@ use crate::import::{Architecture, ImportedModel};
 
 /// Builds the graph for `model`, dispatching on its architecture.
 pub fn build_graph(model: &ImportedModel) -> Result<Graph> {
+    build_with(model, &WeightBinder::strict(model))
+}
+
+/// Builds the graph while collecting every missing or misshapen weight instead of
+/// stopping at the first (for `maxc check`). Returns the problems found.
+pub fn check_weights(model: &ImportedModel) -> Vec<Error> {
+    let binder = WeightBinder { model, problems: Some(std::cell::RefCell::new(Vec::new())) };
+    if let Err(e) = build_with(model, &binder) {
+        binder.problems.as_ref().expect("collecting").borrow_mut().push(e);
+    }
+    binder.problems.expect("collecting").into_inner()
+}
+
+fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph> {
     match model.config.architecture {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => llama::build(model),
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => llama::build(model, binder),
     }
 }
 
 /// Adds weights to a graph after checking that the checkpoint has them with the expected shape.
 pub struct WeightBinder<'a> {
     pub model: &'a ImportedModel,
+    /// When set, problems are recorded here and building goes on.
+    problems: Option<std::cell::RefCell<Vec<Error>>>,
 }
 
-impl WeightBinder<'_> {
+impl<'a> WeightBinder<'a> {
+    /// A binder that fails at the first problem.
+    pub fn strict(model: &'a ImportedModel) -> Self {
+        WeightBinder { model, problems: None }
+    }
+
     /// A `weight` node for `name`, which must have `shape`.
     pub fn weight(&self, g: &mut Graph, name: &str, shape: &[usize]) -> Result<ValueId> {
-        let entry = self.model.weights.get(name).ok_or_else(|| Error::MissingWeight {
-            path: self.model.source.clone(),
-            name: name.to_string(),
-            architecture: self.model.config.architecture.hf_name().to_string(),
-        })?;
-        if entry.shape != shape {
-            return Err(Error::WeightShape {
+        let problem = match self.model.weights.get(name) {
+            None => Some(Error::MissingWeight {
+                path: self.model.source.clone(),
+                name: name.to_string(),
+                architecture: self.model.config.architecture.hf_name().to_string(),
+            }),
+            Some(entry) if entry.shape != shape => Some(Error::WeightShape {
                 path: self.model.weights.file_of(name).unwrap_or(&self.model.source).to_path_buf(),
                 name: name.to_string(),
                 expected: shape.to_vec(),
                 found: entry.shape.clone(),
-            });
+            }),
+            Some(_) => None,
+        };
+        if let Some(e) = problem {
+            match &self.problems {
+                Some(list) => list.borrow_mut().push(e),
+                None => return Err(e),
+            }
         }
         let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
         Ok(g.add(Op::Weight { name: name.to_string(), ty: TensorType::fixed(DType::F32, &dims) }, &[]))

@@ -174,7 +174,15 @@ impl GgufFile {
     /// Maps and parses a GGUF file.
     pub fn open(path: &Path) -> Result<Self> {
         let map = Arc::new(mmap_file(path)?);
-        let mut r = Reader { bytes: &map[..], pos: 0, path };
+        let (version, metadata, tensors) = Self::parse(path, &map)?;
+        Ok(GgufFile { path: path.to_path_buf(), map, version, metadata, tensors })
+    }
+
+    /// Parses GGUF bytes (`path` names them in errors): version, metadata, tensor table,
+    /// with every tensor's data range checked against `bytes`.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<(u32, BTreeMap<String, MetaValue>, Vec<GgufTensor>)> {
+        let map = bytes;
+        let mut r = Reader { bytes: map, pos: 0, path };
         let magic = r.take(4, "magic").map_err(|_| Error::invalid(path, "magic", "file is too short to be GGUF"))?;
         if magic != MAGIC {
             return Err(Error::invalid(path, "magic", format!("expected \"GGUF\", found {magic:?}; this is not a GGUF file")));
@@ -212,15 +220,23 @@ impl GgufFile {
             return Err(Error::invalid(path, "general.alignment", format!("{alignment} is not a power of two")));
         }
         let data_start = r.pos.div_ceil(alignment) * alignment;
+        // Every tensor of an unsupported type is reported at once, not just the first.
+        let unsupported: Vec<String> = infos
+            .iter()
+            .filter_map(|(name, _, type_id, _)| ggml_type(*type_id).err().map(|kind| format!("{name} (type {type_id}, {kind})")))
+            .collect();
+        if let Some(first) = unsupported.first() {
+            let name = first.split(' ').next().unwrap_or_default().to_string();
+            let more = if unsupported.len() > 1 { format!(" {} tensors in all: {}", unsupported.len(), unsupported.join(", ")) } else { String::new() };
+            return Err(Error::invalid(
+                path,
+                name,
+                format!("{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1.{more}"),
+            ));
+        }
         let mut tensors = Vec::with_capacity(infos.len());
         for (name, dims, type_id, rel) in infos {
-            let storage = ggml_type(type_id).map_err(|kind| {
-                Error::invalid(
-                    path,
-                    &name,
-                    format!("tensor type {type_id} ({kind}) is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"),
-                )
-            })?;
+            let storage = ggml_type(type_id).expect("unsupported types were reported above");
             let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
             let len = n.and_then(|n| storage.bytes_for(n)).ok_or_else(|| {
                 Error::invalid(path, &name, format!("shape {dims:?} is not a whole number of {} blocks", storage.name()))
@@ -239,7 +255,7 @@ impl GgufFile {
             })?;
             tensors.push(GgufTensor { name, storage, dims, offset, len });
         }
-        Ok(GgufFile { path: path.to_path_buf(), map, version, metadata, tensors })
+        Ok((version, metadata, tensors))
     }
 
     pub fn get(&self, key: &str) -> Option<&MetaValue> {

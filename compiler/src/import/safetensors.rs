@@ -43,25 +43,25 @@ pub fn list_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Maps one safetensors file and registers its tensors. The header and every tensor's
-/// byte range are validated against the file size before anything is recorded.
-pub fn load_file(path: &Path, store: &mut WeightStore) -> Result<()> {
-    let map = Arc::new(mmap_file(path)?);
-    let st = SafeTensors::deserialize(&map[..])
+/// One tensor found in a safetensors file: name, storage, shape, byte offset, byte length.
+pub type TensorRecord = (String, StorageType, Vec<usize>, usize, usize);
+
+/// Parses safetensors bytes (`path` names them in errors). The header and every
+/// tensor's byte range are validated against `bytes`.
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Vec<TensorRecord>> {
+    let st = SafeTensors::deserialize(bytes)
         .map_err(|e| Error::invalid(path, "header", format!("not a valid safetensors file ({e}); the file may be truncated or corrupt")))?;
-    let base = map.as_ptr() as usize;
+    let base = bytes.as_ptr() as usize;
     let mut found = Vec::new();
+    let mut unsupported = Vec::new();
     for (name, view) in st.tensors() {
         let storage = match view.dtype() {
             Dtype::F32 => StorageType::F32,
             Dtype::F16 => StorageType::F16,
             Dtype::BF16 => StorageType::BF16,
             other => {
-                return Err(Error::invalid(
-                    path,
-                    &name,
-                    format!("tensor dtype {other:?} is not supported; supported: F32, F16, BF16"),
-                ))
+                unsupported.push(format!("{name} ({other:?})"));
+                continue;
             }
         };
         let data = view.data();
@@ -72,7 +72,23 @@ pub fn load_file(path: &Path, store: &mut WeightStore) -> Result<()> {
         }
         found.push((name, storage, view.shape().to_vec(), offset, data.len()));
     }
-    drop(st);
+    unsupported.sort();
+    if let Some(first) = unsupported.first() {
+        let name = first.split(' ').next().unwrap_or_default().to_string();
+        return Err(Error::invalid(
+            path,
+            name,
+            format!("tensor dtypes not supported (supported: F32, F16, BF16): {}", unsupported.join(", ")),
+        ));
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(found)
+}
+
+/// Maps one safetensors file and registers its tensors.
+pub fn load_file(path: &Path, store: &mut WeightStore) -> Result<()> {
+    let map = Arc::new(mmap_file(path)?);
+    let found = parse(path, &map)?;
     let file = store.add_file(path, map);
     for (name, storage, shape, offset, len) in found {
         store.insert(name, storage, shape, file, offset, len);
@@ -128,6 +144,6 @@ mod tests {
     fn unsupported_dtype_names_the_tensor() {
         let p = write("i8.safetensors", &file_with_header(r#"{"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}}"#, 4));
         let e = load_file(&p, &mut WeightStore::default()).unwrap_err().to_string();
-        assert!(e.contains("i8.safetensors") && e.contains("q:") && e.contains("I8"), "{e}");
+        assert!(e.contains("i8.safetensors") && e.contains("q (I8)") && e.contains("not supported"), "{e}");
     }
 }

@@ -1,0 +1,36 @@
+//! Provenance: input file hashes and the time-free build id recorded in every artifact.
+
+use std::io::Read;
+use std::path::Path;
+
+use maxrun::format::{ChecksumState, InputFile, Provenance};
+
+use crate::error::{Error, Result};
+
+/// The git revision maxc was built from (`-dirty` when the checkout had changes).
+pub const GIT_REVISION: &str = env!("MAXC_GIT_REVISION");
+
+/// Size and xxh3-64 of an input file, streamed.
+pub fn hash_file(path: &Path) -> Result<InputFile> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut state = ChecksumState::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        state.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok(InputFile { path: path.display().to_string(), bytes, xxh3: state.digest() })
+}
+
+/// xxh3-128 over every provenance field except the id itself.
+pub fn build_id(p: &Provenance) -> String {
+    let mut p = p.clone();
+    p.build_id.clear();
+    let bytes = bincode::serde::encode_to_vec(&p, maxrun::format::bincode_config()).expect("provenance encodes");
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
+}

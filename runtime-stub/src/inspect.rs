@@ -1,0 +1,103 @@
+//! `maxrun inspect`: a report of everything an artifact records, as text or JSON.
+
+use serde_json::{json, Value};
+
+use crate::artifact::Artifact;
+use crate::format::{DType, Plan, SectionKind, FORMAT_MAJOR};
+
+fn plan_json(plan: &Plan, vocab: u64) -> Value {
+    json!({
+        "max_seq": plan.max_seq,
+        "inputs": [
+            {"name": "tokens", "dtype": "i32", "shape": ["seq"]},
+            {"name": "positions", "dtype": "i32", "shape": ["seq"]},
+        ],
+        "outputs": [{"name": "logits", "dtype": "f32", "shape": ["seq", vocab]}],
+        "launches": plan.launches.len(),
+        "arena_bytes": plan.arena_bytes,
+    })
+}
+
+/// The inspection report as JSON (the text form is rendered from it).
+pub fn report(a: &Artifact) -> Value {
+    let h = &a.header;
+    let weights_bytes: u64 = h.weights.iter().map(|w| w.len).sum();
+    let mut per_dtype = serde_json::Map::new();
+    for w in &h.weights {
+        let key = match w.dtype {
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+        };
+        let e = per_dtype.entry(key).or_insert(json!({"count": 0, "bytes": 0}));
+        e["count"] = json!(e["count"].as_u64().unwrap() + 1);
+        e["bytes"] = json!(e["bytes"].as_u64().unwrap() + w.len);
+    }
+    let kv_per_token = h.kv_cache.bytes_per_token();
+    let arenas = h.prefill.arena_bytes + h.decode.arena_bytes;
+    json!({
+        "file": a.path.display().to_string(),
+        "file_bytes": a.file_len(),
+        "format": {"major": FORMAT_MAJOR, "minor": a.minor},
+        "model": h.model,
+        "provenance": h.provenance,
+        "target": h.target,
+        "sub_models": [{
+            "name": "main",
+            "device": "cpu",
+            "plans": {"prefill": plan_json(&h.prefill, h.model.vocab_size), "decode": plan_json(&h.decode, h.model.vocab_size)},
+        }],
+        "kernels": {
+            "count": h.kernels.len(),
+            "code_bytes": a.section(SectionKind::Code).len(),
+            "names": h.kernels.iter().map(|k| k.symbol.clone()).collect::<Vec<_>>(),
+        },
+        "weights": {"count": h.weights.len(), "bytes": weights_bytes, "by_dtype": per_dtype},
+        "memory": {
+            "weights_bytes": weights_bytes,
+            "activation_arena_bytes": arenas,
+            "kv_bytes_per_token": kv_per_token,
+            "max_length": h.max_length,
+            "total_bytes_at_max_length": weights_bytes + arenas + kv_per_token * h.max_length,
+        },
+        "sections": h.sections.iter().map(|s| json!({
+            "kind": format!("{:?}", s.kind), "offset": s.offset, "bytes": s.len, "xxh3": format!("{:016x}", s.checksum),
+        })).collect::<Vec<_>>(),
+        "generation": h.generation,
+        "tokenizer": h.tokenizer,
+    })
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// Renders the report for people.
+pub fn render_text(r: &Value) -> String {
+    let mut s = String::new();
+    let mut line = |k: &str, v: String| s.push_str(&format!("{k:<22} {v}\n"));
+    line("file", format!("{} ({})", r["file"].as_str().unwrap_or(""), mib(r["file_bytes"].as_u64().unwrap_or(0))));
+    line("format", format!("{}.{}", r["format"]["major"], r["format"]["minor"]));
+    line("model", format!("{} ({}, {} layers, vocab {})", r["model"]["name"].as_str().unwrap_or(""), r["model"]["architecture"].as_str().unwrap_or(""), r["model"]["num_layers"], r["model"]["vocab_size"]));
+    let p = &r["provenance"];
+    line("maxc", format!("{} (git {})", p["maxc_version"].as_str().unwrap_or(""), p["maxc_git_revision"].as_str().unwrap_or("")));
+    line("build id", p["build_id"].as_str().unwrap_or("").to_string());
+    line("flags", p["flags"].as_array().map(|f| f.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" ")).unwrap_or_default());
+    for i in p["inputs"].as_array().into_iter().flatten() {
+        line("input", format!("{} ({} bytes, xxh3 {:016x})", i["path"].as_str().unwrap_or(""), i["bytes"], i["xxh3"].as_u64().unwrap_or(0)));
+    }
+    let t = &r["target"];
+    line("target", format!("{} cpu={} backend={} (spec `{}`)", t["triple"].as_str().unwrap_or(""), t["cpu"].as_str().unwrap_or(""), t["backend"].as_str().unwrap_or(""), p["target_spec"].as_str().unwrap_or("")));
+    line("required features", t["required_features"].as_array().map(|f| f.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default());
+    for (name, plan) in r["sub_models"][0]["plans"].as_object().into_iter().flatten() {
+        line(&format!("plan {name}"), format!("tokens i32[seq], positions i32[seq] -> logits f32[seq, {}]; seq <= {}; {} launches; arena {}", r["model"]["vocab_size"], plan["max_seq"], plan["launches"], mib(plan["arena_bytes"].as_u64().unwrap_or(0))));
+    }
+    line("kernels", format!("{} kernels, {} bytes of code", r["kernels"]["count"], r["kernels"]["code_bytes"]));
+    line("weights", format!("{} tensors, {}", r["weights"]["count"], mib(r["weights"]["bytes"].as_u64().unwrap_or(0))));
+    let m = &r["memory"];
+    line("KV cache", format!("{} bytes per token, max length {}", m["kv_bytes_per_token"], m["max_length"]));
+    line("memory at max length", mib(m["total_bytes_at_max_length"].as_u64().unwrap_or(0)));
+    for sec in r["sections"].as_array().into_iter().flatten() {
+        line(&format!("section {}", sec["kind"].as_str().unwrap_or("")), format!("{} bytes at {}, xxh3 {}", sec["bytes"], sec["offset"], sec["xxh3"].as_str().unwrap_or("")));
+    }
+    s
+}

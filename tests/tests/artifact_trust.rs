@@ -1,0 +1,138 @@
+//! Artifact integrity: checksums on every section, truncation, versions, CPU
+//! features, `maxrun inspect`, and `maxc check`.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use maxc_tests::*;
+use maxrun::format::SectionKind;
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+fn tiny_artifact() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| {
+        let out = temp_dir("trust").join("tiny.mef");
+        let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str()]);
+        assert_eq!(r.0, 0, "{}", r.2);
+        out
+    })
+}
+
+fn write_variant(tag: &str, bytes: &[u8]) -> PathBuf {
+    let p = temp_dir(tag).join("variant.mef");
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// Runs the artifact (with --verify) and expects a clean refusal naming `what`.
+fn expect_refused(p: &Path, what: &[&str]) {
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--verify"), os("--token-ids"), os("1,2,3"), os("-n"), os("1")]);
+    assert_ne!(r.0, 0, "accepted a damaged artifact: {}", r.2);
+    assert_ne!(r.0, 101, "panicked: {}", r.2);
+    assert_clean_error(&r, r.0, what);
+}
+
+#[test]
+fn a_flipped_byte_in_any_section_is_refused_naming_it() {
+    let good = std::fs::read(tiny_artifact()).unwrap();
+    let header = maxrun::artifact::Artifact::open(tiny_artifact()).unwrap().header;
+    for s in &header.sections {
+        let mut bad = good.clone();
+        let at = (s.offset + s.len / 2) as usize;
+        bad[at] ^= 0x40;
+        let p = write_variant(&format!("flip-{:?}", s.kind), &bad);
+        let name = format!("{:?} section", s.kind);
+        expect_refused(&p, &[&name, "checksum mismatch", "expected", "found"]);
+        if s.kind == SectionKind::Weights {
+            // Without --verify the weights are not read in full; inspect --verify catches it.
+            let r = run_bin("maxrun", &[os("inspect"), p.as_os_str(), os("--verify")]);
+            assert_clean_error(&r, 1, &["Weights section", "checksum mismatch"]);
+        }
+    }
+    // The header itself.
+    let mut bad = good.clone();
+    bad[maxrun::format::PRELUDE_LEN + 40] ^= 0x01;
+    expect_refused(&write_variant("flip-header", &bad), &["header checksum mismatch"]);
+}
+
+#[test]
+fn truncation_anywhere_is_refused() {
+    let good = std::fs::read(tiny_artifact()).unwrap();
+    for i in 0..10 {
+        let cut = good.len() * i / 10 + 7;
+        let p = write_variant(&format!("cut{i}"), &good[..cut]);
+        expect_refused(&p, &["variant.mef"]);
+    }
+}
+
+#[test]
+fn higher_major_version_is_refused_naming_both_versions() {
+    let mut bad = std::fs::read(tiny_artifact()).unwrap();
+    bad[8..12].copy_from_slice(&2u32.to_le_bytes());
+    bad[12..16].copy_from_slice(&3u32.to_le_bytes());
+    let p = write_variant("major", &bad);
+    expect_refused(&p, &["format 2.3", &format!("format {}.{}", maxrun::format::FORMAT_MAJOR, maxrun::format::FORMAT_MINOR), "recompile"]);
+}
+
+#[test]
+fn avx512_artifact_on_a_machine_without_it_is_refused() {
+    let out = temp_dir("v4").join("v4.mef");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cpu:x86-64-v4")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let r = run_bin_env("maxrun", &[out.as_os_str(), os("--prompt"), os("hi")], &[("MAXRUN_DISABLE_CPU_FEATURES", "avx512f")]);
+    assert_clean_error(&r, 1, &["CPU features this machine lacks", "avx512f"]);
+}
+
+#[test]
+fn inspect_json_reports_everything() {
+    let r = run_bin("maxrun", &[os("inspect"), tiny_artifact().as_os_str(), os("--json"), os("--verify")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).expect("inspect --json prints JSON");
+    assert_eq!(v["format"]["major"], maxrun::format::FORMAT_MAJOR);
+    assert_eq!(v["model"]["architecture"], "LlamaForCausalLM");
+    assert_eq!(v["model"]["num_layers"], 2);
+    assert_eq!(v["verified"], true);
+    let p = &v["provenance"];
+    assert_eq!(p["build_id"].as_str().unwrap().len(), 32);
+    assert!(p["inputs"].as_array().unwrap().iter().any(|i| i["path"].as_str().unwrap().ends_with("model.safetensors")));
+    assert_eq!(v["memory"]["kv_bytes_per_token"], 2 * 2 * 2 * 16 * 4, "layers * (k, v) * kv_heads * head_dim * f32");
+    assert!(v["kernels"]["count"].as_u64().unwrap() > 5);
+    assert_eq!(v["sections"].as_array().unwrap().len(), 4);
+    let plans = &v["sub_models"][0]["plans"];
+    assert_eq!(plans["decode"]["max_seq"], 1);
+    assert_eq!(plans["prefill"]["outputs"][0]["shape"][1], 49152);
+}
+
+#[test]
+fn check_lists_every_problem_at_once() {
+    // A checkpoint missing two weights, asked for an unimplemented encoding.
+    let dir = temp_dir("check");
+    let src = fixture("tiny-llama");
+    for f in ["config.json", "tokenizer.json"] {
+        std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    for name in ["model.norm.weight", "model.layers.0.mlp.up_proj.weight"] {
+        let v = header.as_object_mut().unwrap().remove(name).unwrap();
+        header[format!("{name}.renamed")] = v;
+    }
+    let h = header.to_string();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h.as_bytes());
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    let r = run_bin("maxc", &[os("check"), os("--model"), dir.as_os_str(), os("--model-override"), os("transformer.quantization_encoding=q4_k")]);
+    assert_clean_error(&r, 1, &["3 problem(s)"]);
+    for needle in ["model.norm.weight", "model.layers.0.mlp.up_proj.weight", "quantization_encoding"] {
+        assert!(r.1.contains(needle), "check output lacks {needle}: {}", r.1);
+    }
+    let r = run_bin("maxc", &[os("check"), os("--model"), fixture("tiny-qwen2").as_os_str()]);
+    assert_eq!(r.0, 0, "{}{}", r.1, r.2);
+    assert!(r.1.starts_with("ok"));
+}
