@@ -123,6 +123,11 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         }
     };
     let (prefill_plan, decode_plan) = (to_plan(&prefill), to_plan(&decode));
+    if let Some(dir) = options.pipeline.dump_dir {
+        let path = dir.join("launches.txt");
+        let text = format!("{}{}", launch_summary("prefill", &prefill, &kernels), launch_summary("decode", &decode, &kernels));
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+    }
 
     if let Some(dir) = &options.emit_llvm {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -239,4 +244,18 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
         problems.push(e);
     }
     problems
+}
+
+/// "`plan`: N launches, P per layer + R" and a histogram by kernel family, for `--dump-ir`.
+fn launch_summary(plan: &str, s: &crate::schedule::Schedule, kernels: &crate::schedule::KernelSet) -> String {
+    let family = |i: usize| kernels.kernels[s.launches[i].kernel as usize].family.as_str();
+    let attention: Vec<usize> = (0..s.launches.len()).filter(|&i| family(i) == "attention").collect();
+    let per_layer = attention.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let rest = s.launches.len() - per_layer * attention.len();
+    let mut families = std::collections::BTreeMap::new();
+    for i in 0..s.launches.len() {
+        *families.entry(family(i)).or_insert(0) += 1;
+    }
+    let hist: Vec<String> = families.iter().map(|(f, n)| format!("{f} {n}")).collect();
+    format!("{plan}: {} launches, {per_layer} per layer + {rest} ({})\n", s.launches.len(), hist.join(", "))
 }

@@ -195,6 +195,24 @@ impl<'a> Interpreter<'a> {
                 let (m, k, n) = (args[0].shape[0], args[0].shape[1], args[1].shape[0]);
                 Tensor::f32(vec![m, n], matmul(f(0), f(1), m, k, n))
             }
+            Op::MatMulAdd => {
+                let (m, k, n) = (args[0].shape[0], args[0].shape[1], args[1].shape[0]);
+                let mut y = matmul(f(0), f(1), m, k, n);
+                let r = f(2);
+                y.iter_mut().enumerate().for_each(|(i, v)| *v += r[i % r.len()]);
+                Tensor::f32(vec![m, n], y)
+            }
+            Op::SwiGlu => {
+                let (rows, w) = (args[0].shape[0], args[0].shape[1]);
+                let h = w / 2;
+                let x = f(0);
+                let mut out = Vec::with_capacity(rows * h);
+                for r in 0..rows {
+                    let row = &x[r * w..(r + 1) * w];
+                    out.extend((0..h).map(|c| unary(UnaryOp::Silu, row[c]) * row[h + c]));
+                }
+                Tensor::f32(vec![rows, h], out)
+            }
             Op::Unary(u) => {
                 let out = f(0).iter().map(|&x| unary(*u, x)).collect();
                 Tensor::f32(args[0].shape.clone(), out)

@@ -6,6 +6,7 @@
 //! Architecture invariant: this crate depends on no compiler crate, LLVM or Cranelift.
 
 pub mod artifact;
+pub mod bench;
 pub mod code;
 pub mod cpu;
 pub mod format;

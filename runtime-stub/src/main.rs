@@ -30,6 +30,27 @@ struct Cli {
 enum Command {
     /// Show what an artifact records: provenance, target, plans, kernels, weights, memory, checksums.
     Inspect(InspectArgs),
+    /// Measure prefill (pp) and decode (tg) tokens/s, like llama-bench.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    artifact: PathBuf,
+    /// Prompt tokens of the prefill test (0 skips it).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    prompt_tokens: u64,
+    /// Tokens of the decode test (0 skips it).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    generated_tokens: u64,
+    /// Worker threads (default: the number of cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: u32,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -89,6 +110,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Inspect(args)) => inspect(args),
+        Some(Command::Bench(args)) => bench(args),
         None => run(cli.run),
     };
     match result {
@@ -126,6 +148,33 @@ fn verify_weights(artifact: &Artifact) -> anyhow::Result<()> {
         b.finish_and_clear();
     }
     Ok(())
+}
+
+fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.repetitions == 0 || args.threads == Some(0) {
+        return Err(anyhow!("--repetitions and --threads must be at least 1"));
+    }
+    let artifact = Artifact::open(&args.artifact)?;
+    let h = &artifact.header;
+    let needed = args.prompt_tokens.max(args.generated_tokens);
+    if needed > h.max_length {
+        return Err(anyhow!(
+            "the benchmark needs {needed} positions but {} supports {}; compile with --model-override transformer.max_length={needed}",
+            args.artifact.display(),
+            h.max_length
+        ));
+    }
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut session = Session::new(&artifact, threads)?;
+    let weight_bytes = h.weights.iter().map(|w| w.len).sum();
+    let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions };
+    let report = maxrun::bench::run(&mut session, cfg, &h.model.name, weight_bytes, h.model.vocab_size)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", maxrun::bench::render(&report));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {

@@ -199,8 +199,25 @@ fn dump_ir_writes_every_pass() {
     assert_eq!(r.0, 0, "{}", r.2);
     let mut names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
-    assert_eq!(names, ["00-input.mxir", "01-canonicalize.mxir", "02-constant-fold.mxir", "03-cse.mxir", "04-stack-linear.mxir", "05-dce.mxir"]);
-    for n in names {
+    assert_eq!(
+        names,
+        [
+            "00-input.mxir",
+            "01-canonicalize.mxir",
+            "02-constant-fold.mxir",
+            "03-cse.mxir",
+            "04-stack-linear.mxir",
+            "05-fuse-swiglu.mxir",
+            "06-fuse-matmul-add.mxir",
+            "07-dce.mxir",
+            "launches.txt",
+        ]
+    );
+    let launches = std::fs::read_to_string(out.join("launches.txt")).unwrap();
+    // Per layer: rms_norm, QKV matmul, 3 slices, 2 rope, kv_store, attention, 3 bias
+    // adds (Qwen2), o matmul_add, rms_norm, gate/up matmul, swiglu, down matmul_add.
+    assert!(launches.contains("decode: 54 launches, 17 per layer + 3"), "{launches}");
+    for n in names.iter().filter(|n| n.ends_with(".mxir")) {
         let text = std::fs::read_to_string(out.join(&n)).unwrap();
         maxc::graph::verify::verify(&maxc::graph::text::parse(&text).unwrap()).unwrap();
     }

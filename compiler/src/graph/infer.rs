@@ -40,6 +40,25 @@ pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorTy
             }
             Ok(TensorType::new(table.dtype, vec![ids.shape[0], table.shape[1]]))
         }
+        Op::SwiGlu => {
+            let x = t(0);
+            expect_rank(x, 2, "swiglu input")?;
+            let w = x.last_dim().ok_or("swiglu width must be static")?;
+            if w % 2 != 0 || !x.dtype.is_float() {
+                return Err(format!("swiglu needs an even float width, got {w}"));
+            }
+            Ok(TensorType::new(x.dtype, vec![x.shape[0], Dim::Fixed(w / 2)]))
+        }
+        Op::MatMulAdd => {
+            let mm = infer_type(graph, &Op::MatMul, &inputs[..2])?;
+            let r = t(2);
+            same_float(&mm, r)?;
+            let row = r.shape.len() == 1 && r.shape[0] == mm.shape[1];
+            if !(r.shape == mm.shape || row) {
+                return Err(format!("matmul_add addend {} must be {} or [{}]", shape_str(&r.shape), shape_str(&mm.shape), mm.shape[1]));
+            }
+            Ok(mm)
+        }
         Op::MatMul => {
             let (x, w) = (t(0), t(1));
             expect_rank(x, 2, "matmul lhs")?;

@@ -206,6 +206,11 @@ pub enum Op {
     Attention { layer: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32, window: Option<u32> },
     /// Concatenation of the inputs along `axis`.
     Concat { axis: u32 },
+    /// `silu(x[:, :h]) * x[:, h:]` for x `[seq, 2h]` (gate and up stacked): the SwiGLU MLP activation.
+    SwiGlu,
+    /// `x @ w^T + r`: inputs (x `[m, k]`, w `[n, k]`, r `[m, n]` or `[n]`); a matmul with
+    /// the residual (or bias) add as its epilogue.
+    MatMulAdd,
     /// `len` entries from `start` along `axis`.
     Slice { axis: u32, start: u64, len: u64 },
 }
@@ -239,6 +244,8 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::Concat { .. } => "concat",
             Op::Slice { .. } => "slice",
+            Op::SwiGlu => "swiglu",
+            Op::MatMulAdd => "matmul_add",
         }
     }
 
@@ -251,7 +258,8 @@ impl Op {
     pub fn arity(&self) -> Option<usize> {
         match self {
             Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => Some(0),
-            Op::Unary(_) | Op::Slice { .. } => Some(1),
+            Op::Unary(_) | Op::Slice { .. } | Op::SwiGlu => Some(1),
+            Op::MatMulAdd => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
             Op::Attention { .. } => Some(4),
             Op::Concat { .. } => None,

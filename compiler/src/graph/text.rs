@@ -72,7 +72,9 @@ fn attributes(op: &Op) -> Vec<String> {
         | Op::Embedding
         | Op::MatMul
         | Op::Unary(_)
-        | Op::Binary(_) => vec![],
+        | Op::Binary(_)
+        | Op::SwiGlu
+        | Op::MatMulAdd => vec![],
         Op::RmsNorm { eps } => vec![format!("eps = {}", float(*eps))],
         Op::Rope { head_dim, theta, scaling } => {
             let scaling = match scaling {
@@ -467,6 +469,8 @@ pub fn parse(text: &str) -> Result<Graph> {
                     "constant" => Op::Constant { values: payload_values.unwrap(), ty: ty.clone() },
                     "embedding" => Op::Embedding,
                     "matmul" => Op::MatMul,
+                    "matmul_add" => Op::MatMulAdd,
+                    "swiglu" => Op::SwiGlu,
                     "neg" => Op::Unary(UnaryOp::Neg),
                     "exp" => Op::Unary(UnaryOp::Exp),
                     "silu" => Op::Unary(UnaryOp::Silu),
@@ -556,6 +560,8 @@ mod tests {
   %24 = rsqrt %23 : f32[seq, 3]
   %25 = tanh %24 : f32[seq, 3]
   %26 = matmul %11, %2 : f32[seq, 10] @sharded(1)
+  %27 = swiglu %13 : f32[seq, 10]
+  %28 = matmul_add %11, %2, %27 : f32[seq, 10]
   output "out" = %25
   output "other" = %10
 }

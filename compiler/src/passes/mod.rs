@@ -5,6 +5,8 @@ pub mod canonicalize;
 pub mod const_fold;
 pub mod cse;
 pub mod dce;
+pub mod fuse_matmul_add;
+pub mod fuse_swiglu;
 pub mod stack_linear;
 
 use std::path::Path;
@@ -30,6 +32,8 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(const_fold::ConstantFold),
         Box::new(cse::Cse),
         Box::new(stack_linear::StackLinear),
+        Box::new(fuse_swiglu::FuseSwiGlu),
+        Box::new(fuse_matmul_add::FuseMatMulAdd),
         Box::new(dce::Dce),
     ]
 }
@@ -98,4 +102,18 @@ pub fn rewrite(
 /// Copies a node unchanged into the graph being rebuilt.
 pub fn copy_node(g: &mut Graph, node: &Node, inputs: Vec<ValueId>) -> ValueId {
     g.push_typed(node.op.clone(), inputs, node.ty.clone())
+}
+
+/// How many times each value is used (graph outputs count as uses).
+pub fn use_counts(graph: &Graph) -> Vec<usize> {
+    let mut uses = vec![0; graph.nodes.len()];
+    for n in &graph.nodes {
+        for v in &n.inputs {
+            uses[v.index()] += 1;
+        }
+    }
+    for (_, v) in &graph.outputs {
+        uses[v.index()] += 1;
+    }
+    uses
 }

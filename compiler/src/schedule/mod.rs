@@ -11,9 +11,9 @@ use std::collections::HashMap;
 
 use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
 use maxc_kernels::library::copy::slice_columns;
-use maxc_kernels::library::elementwise::{binary, unary, Binary, Broadcast, Unary};
+use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
-use maxc_kernels::library::matmul::matmul;
+use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::rms_norm::rms_norm;
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
@@ -210,6 +210,21 @@ pub fn schedule<'g>(
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let args = s.inputs(&node.inputs)?;
                 s.launch(matmul(k, n, seq), args, n)
+            }
+            Op::MatMulAdd => {
+                if !s.interp.is_constant(node.inputs[1]) {
+                    return Err(unsupported("a matmul whose right operand is not a weight".into()));
+                }
+                let w = graph.ty(node.inputs[1]);
+                let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
+                let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
+                let args = s.inputs(&node.inputs)?;
+                s.launch(matmul_add(k, n, bc, seq), args, n)
+            }
+            Op::SwiGlu => {
+                let w = out_width()?;
+                let args = s.inputs(&node.inputs)?;
+                s.launch(swiglu(w, seq), args, w)
             }
             Op::Unary(u) => {
                 let op = match u {

@@ -87,6 +87,18 @@ pub fn binary(op: Binary, width: u64, broadcast: Broadcast, seq: SeqMode) -> Ker
     b.finish(name, "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
+/// SwiGLU: `out[r, c] = silu(x[r, c]) * x[r, h + c]` for `x: f32[seq, 2h]`.
+pub fn swiglu(h: u64, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
+    let gate = ld(x, add(mul(v(t), i(2 * h as i64)), v(c)));
+    let up = ld(x, add(add(mul(v(t), i(2 * h as i64)), i(h as i64)), v(c)));
+    let body = vec![for_vec(c, i(0), i(h as i64), vec![store(out, add(mul(v(t), i(h as i64)), v(c)), mul(apply_unary(Unary::Silu, gate), up))])];
+    b.finish(format!("swiglu_h{h}_{}", seq.tag()), "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +117,16 @@ mod tests {
             let Buffer::F32(got) = &bufs[1] else { unreachable!() };
             close(got, &x.iter().map(|&v| func(v)).collect::<Vec<_>>(), 1e-6);
         }
+    }
+
+    #[test]
+    fn swiglu_multiplies_silu_of_gate_by_up() {
+        let x = vec![1.0, -2.0, 3.0, 4.0];
+        let mut bufs = vec![Buffer::F32(x), Buffer::F32(vec![0.0; 2])];
+        run(&swiglu(2, SeqMode::Fixed(1)), &mut bufs, 1);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        let Buffer::F32(got) = &bufs[1] else { unreachable!() };
+        close(got, &[silu(1.0) * 3.0, silu(-2.0) * 4.0], 1e-6);
     }
 
     #[test]

@@ -1,48 +1,144 @@
 //! Matmul / GEMV: `out[m, n] = x[m, k] @ w[n, k]^T` (Hugging Face `Linear` layout).
 //!
-//! One task computes a block of [`COLS_PER_TASK`] output columns for every row, so
-//! each weight row is streamed from memory once per launch and reused from cache
-//! for all rows of a prefill; at decode (`seq = 1`) it is a GEMV.
+//! One task computes a block of [`COLS_PER_TASK`] output columns for every row.
+//! Inside a task the work is register-tiled: [`ROW_TILE`] rows by [`COL_TILE`]
+//! columns accumulate together, so each vector of x and of w loaded in the
+//! reduction loop feeds several FMAs (x reused across columns, w across rows).
+//! At decode (`seq = 1`) the row tile is 1 and the kernel is a GEMV that streams
+//! [`COL_TILE`] weight rows at a time against one activation row.
 
+use super::elementwise::Broadcast;
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
 
 /// Output columns (weight rows) per task.
 pub const COLS_PER_TASK: u64 = 8;
+/// Columns of the register tile.
+pub const COL_TILE: u64 = 4;
+/// Rows of the register tile for multi-row (prefill) kernels.
+pub const ROW_TILE: u64 = 4;
+
+/// Emits the tile `rows x COL_TILE` at row `r0` (an expression) and column `j0`:
+/// zero the accumulators, run the k loop, store.
+/// The epilogue: the accumulated dot product at (row, col), plus the addend if any.
+fn result(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
+    match addend {
+        None => acc,
+        Some((r, Broadcast::None)) => add(acc, ld(r, add(mul(row, i(n)), col))),
+        Some((r, Broadcast::Row)) => add(acc, ld(r, col)),
+        Some((r, Broadcast::Scalar)) => add(acc, ld(r, i(0))),
+    }
+}
+
+fn tile(
+    b: &mut KernelBuilder,
+    rows: u64,
+    r0: VarId,
+    j0: VarId,
+    (x, w, out): (u32, u32, u32),
+    (k, n): (i64, i64),
+    addend: Option<(u32, Broadcast)>,
+) -> Vec<Stmt> {
+    let kk = b.var(ValType::I64);
+    let acc: Vec<Vec<VarId>> = (0..rows).map(|_| (0..COL_TILE).map(|_| b.var(ValType::F32)).collect()).collect();
+    let mut body = Vec::new();
+    for row in &acc {
+        for &a in row {
+            body.push(set(a, f(0.0)));
+        }
+    }
+    let mut inner = Vec::new();
+    for (ri, row) in acc.iter().enumerate() {
+        for (ci, &a) in row.iter().enumerate() {
+            let xv = ld(x, add(mul(add(v(r0), i(ri as i64)), i(k)), v(kk)));
+            let wv = ld(w, add(mul(add(v(j0), i(ci as i64)), i(k)), v(kk)));
+            inner.push(set(a, add(v(a), mul(xv, wv))));
+        }
+    }
+    body.push(for_vec(kk, i(0), i(k), inner));
+    for (ri, row) in acc.iter().enumerate() {
+        for (ci, &a) in row.iter().enumerate() {
+            let (row, col) = (add(v(r0), i(ri as i64)), add(v(j0), i(ci as i64)));
+            body.push(store(out, add(mul(row.clone(), i(n)), col.clone()), result(v(a), row, col, n, addend)));
+        }
+    }
+    body
+}
 
 /// `x: f32[seq, k]`, `w: f32[n, k]` -> `out: f32[seq, n]`.
 pub fn matmul(k: u64, n: u64, seq: SeqMode) -> Kernel {
+    matmul_impl(k, n, seq, None)
+}
+
+/// `x @ w^T + r` with `r` broadcast as given (`[seq, n]` residual or `[n]` bias):
+/// params `x, w, r, out`.
+pub fn matmul_add(k: u64, n: u64, addend: Broadcast, seq: SeqMode) -> Kernel {
+    matmul_impl(k, n, seq, Some(addend))
+}
+
+fn matmul_impl(k: u64, n: u64, seq: SeqMode, addend: Option<Broadcast>) -> Kernel {
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
     let w = b.param("w", ElemType::F32, false);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
-    let (t, jj, j, r, kk) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let (t, jb, j0, j, rb, r0, kk) =
+        (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let acc = b.var(ValType::F32);
     let (ki, ni) = (k as i64, n as i64);
+    let bufs = (x, w, out);
+    let row_tile = match seq {
+        SeqMode::Fixed(1) => 1,
+        _ => ROW_TILE,
+    };
+    // Full tiles: row blocks of `row_tile`, then the leftover rows one at a time.
+    let full_rows = tile(&mut b, row_tile, r0, j0, bufs, (ki, ni), addend);
+    let tail_row = tile(&mut b, 1, r0, j0, bufs, (ki, ni), addend);
+    let full_blocks = div(seq.expr(), i(row_tile as i64));
+    let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
+        let mut v_ = vec![set(r0, mul(v(rb), i(row_tile as i64)))];
+        v_.extend(full_rows);
+        v_
+    })];
+    if row_tile > 1 {
+        tiled.push(for_(r0, mul(full_blocks, i(row_tile as i64)), seq.expr(), tail_row));
+    }
+    // Ragged last columns (n not a multiple of the tile): one dot product each.
+    let ragged = vec![for_(
+        j,
+        v(j0),
+        min(add(v(j0), i(COL_TILE as i64)), i(ni)),
+        vec![for_(
+            r0,
+            i(0),
+            seq.expr(),
+            vec![
+                set(acc, f(0.0)),
+                for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(mul(v(r0), i(ki)), v(kk))), ld(w, add(mul(v(j), i(ki)), v(kk))))))]),
+                store(out, add(mul(v(r0), i(ni)), v(j)), result(v(acc), v(r0), v(j), ni, addend)),
+            ],
+        )],
+    )];
     let body = vec![for_(
-        jj,
+        jb,
         i(0),
-        i(COLS_PER_TASK as i64),
+        i((COLS_PER_TASK / COL_TILE) as i64),
         vec![
-            set(j, add(mul(v(t), i(COLS_PER_TASK as i64)), v(jj))),
+            set(j0, add(mul(v(t), i(COLS_PER_TASK as i64)), mul(v(jb), i(COL_TILE as i64)))),
+            if_(lt(add(v(j0), i(COL_TILE as i64 - 1)), i(ni)), tiled),
             if_(
-                lt(v(j), i(ni)),
-                vec![for_(
-                    r,
-                    i(0),
-                    seq.expr(),
-                    vec![
-                        set(acc, f(0.0)),
-                        for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(mul(v(r), i(ki)), v(kk))), ld(w, add(mul(v(j), i(ki)), v(kk))))))]),
-                        store(out, add(mul(v(r), i(ni)), v(j)), v(acc)),
-                    ],
-                )],
+                Expr::Cmp(CmpOp::Lt, Box::new(v(j0)), Box::new(i(ni))),
+                vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(COL_TILE as i64 - 1)))), ragged)],
             ),
         ],
     )];
     let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
-    b.finish(format!("matmul_k{k}_n{n}_{}", seq.tag()), "matmul", tasks, t, body)
+    let name = match addend {
+        None => format!("matmul_k{k}_n{n}_{}", seq.tag()),
+        Some((_, bc)) => format!("matmul_add_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
+    };
+    b.finish(name, "matmul", tasks, t, body)
 }
 
 #[cfg(test)]
@@ -52,18 +148,40 @@ mod tests {
     use crate::library::test_util::*;
 
     #[test]
-    fn matches_naive_matmul_with_ragged_column_blocks() {
-        let (m, k, n) = (3usize, 5usize, 11usize);
-        let (x, w) = (rand(m * k, 1), rand(n * k, 2));
-        let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(w.clone()), Buffer::F32(vec![0.0; m * n])];
-        run(&matmul(k as u64, n as u64, SeqMode::Dynamic), &mut bufs, m as u64);
-        let mut want = vec![0.0; m * n];
-        for r in 0..m {
-            for j in 0..n {
-                want[r * n + j] = (0..k).map(|q| x[r * k + q] * w[j * k + q]).sum();
+    fn matches_naive_matmul_with_ragged_rows_and_columns() {
+        // 6 rows = one full row tile plus 2 leftover rows; 11 columns = 2 full
+        // column tiles plus 3 ragged columns.
+        for (m, seq) in [(6usize, SeqMode::Dynamic), (1, SeqMode::Fixed(1)), (3, SeqMode::Dynamic)] {
+            let (k, n) = (5usize, 11usize);
+            let (x, w) = (rand(m * k, 1), rand(n * k, 2));
+            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(w.clone()), Buffer::F32(vec![f32::NAN; m * n])];
+            run(&matmul(k as u64, n as u64, seq), &mut bufs, m as u64);
+            let mut want = vec![0.0; m * n];
+            for r in 0..m {
+                for j in 0..n {
+                    want[r * n + j] = (0..k).map(|q| x[r * k + q] * w[j * k + q]).sum();
+                }
+            }
+            let Buffer::F32(got) = &bufs[2] else { unreachable!() };
+            close(got, &want, 1e-6);
+        }
+    }
+
+    #[test]
+    fn epilogue_adds_residual_or_bias() {
+        let (m, k, n) = (5usize, 4usize, 9usize);
+        let (x, w) = (rand(m * k, 3), rand(n * k, 4));
+        for (bc, r) in [(Broadcast::None, rand(m * n, 5)), (Broadcast::Row, rand(n, 6))] {
+            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(w.clone()), Buffer::F32(r.clone()), Buffer::F32(vec![0.0; m * n])];
+            run(&matmul_add(k as u64, n as u64, bc, SeqMode::Dynamic), &mut bufs, m as u64);
+            let Buffer::F32(got) = &bufs[3] else { unreachable!() };
+            for row in 0..m {
+                for j in 0..n {
+                    let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
+                    let want = dot + if bc == Broadcast::Row { r[j] } else { r[row * n + j] };
+                    assert!((got[row * n + j] - want).abs() < 1e-5);
+                }
             }
         }
-        let Buffer::F32(got) = &bufs[2] else { unreachable!() };
-        close(got, &want, 1e-6);
     }
 }

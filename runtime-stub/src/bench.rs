@@ -1,0 +1,112 @@
+//! `maxrun bench`: prefill (pp) and decode (tg) throughput in the style of llama-bench.
+//!
+//! pp: one forward pass over `prompt_tokens` tokens from an empty cache.
+//! tg: `generated_tokens` single-token decode steps from an empty cache.
+//! Each is repeated; the report gives mean and sample standard deviation of tokens/s.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::session::{Session, SessionError};
+
+/// Bench settings.
+#[derive(Copy, Clone, Debug)]
+pub struct BenchConfig {
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub repetitions: u32,
+}
+
+/// Bench results (the `--json` object).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub model: String,
+    pub threads: usize,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub repetitions: u32,
+    pub prefill_tokens_per_s: f64,
+    pub prefill_tokens_per_s_stddev: f64,
+    pub decode_tokens_per_s: f64,
+    pub decode_tokens_per_s_stddev: f64,
+    /// Bytes of weights read per decode step (every weight once).
+    pub weight_bytes: u64,
+}
+
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// Runs the benchmark. Token ids are a fixed, valid sequence (content does not change the work).
+pub fn run(session: &mut Session<'_>, cfg: BenchConfig, model: &str, weight_bytes: u64, vocab: u64) -> Result<BenchReport, SessionError> {
+    let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    // One untimed warm-up of each kind pages the weights in and spins the threads up.
+    session.reset();
+    session.forward(&ids[..ids.len().min(16)])?;
+    session.reset();
+    session.forward(&[1])?;
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    for _ in 0..cfg.repetitions {
+        if cfg.prompt_tokens > 0 {
+            session.reset();
+            let t = Instant::now();
+            session.forward(&ids)?;
+            pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        }
+        if cfg.generated_tokens > 0 {
+            session.reset();
+            let t = Instant::now();
+            for i in 0..cfg.generated_tokens {
+                session.forward(&[((i * 31 + 7) % vocab) as u32])?;
+            }
+            tg.push(cfg.generated_tokens as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let (pm, ps) = if pp.is_empty() { (0.0, 0.0) } else { mean_std(&pp) };
+    let (dm, ds) = if tg.is_empty() { (0.0, 0.0) } else { mean_std(&tg) };
+    Ok(BenchReport {
+        model: model.to_string(),
+        threads: session.threads(),
+        prompt_tokens: cfg.prompt_tokens,
+        generated_tokens: cfg.generated_tokens,
+        repetitions: cfg.repetitions,
+        prefill_tokens_per_s: pm,
+        prefill_tokens_per_s_stddev: ps,
+        decode_tokens_per_s: dm,
+        decode_tokens_per_s_stddev: ds,
+        weight_bytes,
+    })
+}
+
+/// The llama-bench style table.
+pub fn render(r: &BenchReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", "model", "threads", "test", "t/s"));
+    s.push_str(&format!("| {:-<28} | {:->7} | {:->8} | {:->20} |\n", "", "", "", ""));
+    if r.prompt_tokens > 0 {
+        let t = format!("{:.2} ± {:.2}", r.prefill_tokens_per_s, r.prefill_tokens_per_s_stddev);
+        s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", r.model, r.threads, format!("pp{}", r.prompt_tokens), t));
+    }
+    if r.generated_tokens > 0 {
+        let t = format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev);
+        s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", r.model, r.threads, format!("tg{}", r.generated_tokens), t));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_standard_deviation() {
+        let (m, s) = mean_std(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        assert_eq!(m, 5.0);
+        assert!((s - 2.138).abs() < 1e-3);
+    }
+}
