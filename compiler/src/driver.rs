@@ -101,8 +101,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let mut interp = crate::interp::Interpreter::new(&fe.graph, &fe.model.weights);
     let mut weights = WeightTable::default();
     let mut kernels = KernelSet::default();
-    let prefill = schedule(&fe.graph, &mut interp, SeqMode::Dynamic, max_seq, &mut weights, &mut kernels)?;
-    let decode = schedule(&fe.graph, &mut interp, SeqMode::Fixed(1), 1, &mut weights, &mut kernels)?;
+    let prefill = schedule(&fe.graph, &mut interp, SeqMode::Dynamic, max_seq, max_length, &mut weights, &mut kernels)?;
+    let decode = schedule(&fe.graph, &mut interp, SeqMode::Fixed(1), 1, max_length, &mut weights, &mut kernels)?;
     let kv = kv_shape(&fe.graph)?;
 
     let to_plan = |s: &Schedule| -> mef::Plan {
@@ -237,7 +237,7 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
         run_pipeline(&mut g, &PipelineOptions::default())?;
         let mut interp = crate::interp::Interpreter::new(&g, &model.weights);
         let (mut w, mut k) = (Default::default(), Default::default());
-        crate::schedule::schedule(&g, &mut interp, maxc_kernels::library::SeqMode::Fixed(1), 1, &mut w, &mut k)?;
+        crate::schedule::schedule(&g, &mut interp, maxc_kernels::library::SeqMode::Fixed(1), 1, 1, &mut w, &mut k)?;
         crate::schedule::kv_shape(&g).map(|_| ())
     });
     if let Err(e) = result {

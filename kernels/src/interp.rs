@@ -126,7 +126,7 @@ impl Machine<'_> {
                     BinOp::Div => x / y,
                     BinOp::Max => x.max(y),
                     BinOp::Min => x.min(y),
-                    BinOp::Rem => unreachable!("rem is integer-only"),
+                    BinOp::Rem | BinOp::Shl => unreachable!("integer-only (validated)"),
                 }),
                 (Val::I(x), Val::I(y)) => Val::I(match op {
                     BinOp::Add => x + y,
@@ -134,6 +134,7 @@ impl Machine<'_> {
                     BinOp::Mul => x * y,
                     BinOp::Div => x / y,
                     BinOp::Rem => x % y,
+                    BinOp::Shl => x << y,
                     BinOp::Max => x.max(y),
                     BinOp::Min => x.min(y),
                 }),
@@ -159,6 +160,9 @@ impl Machine<'_> {
                 let x = self.eval(a);
                 match op {
                     UnOp::ToF32 => Val::F(x.i() as f32),
+                    UnOp::Floor => Val::F(x.f().floor()),
+                    UnOp::ToI64 => Val::I(x.f() as i64),
+                    UnOp::BitsToF32 => Val::F(f32::from_bits(x.i() as u32)),
                     UnOp::Neg => match x {
                         Val::F(f) => Val::F(-f),
                         Val::I(i) => Val::I(-i),

@@ -46,6 +46,8 @@ pub enum BinOp {
     Rem,
     Max,
     Min,
+    /// Integer shift left.
+    Shl,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -65,6 +67,12 @@ pub enum UnOp {
     Sin,
     /// i64 -> f32.
     ToF32,
+    /// Round toward negative infinity (f32 -> f32).
+    Floor,
+    /// f32 -> i64, truncating toward zero.
+    ToI64,
+    /// The f32 whose bits are the low 32 bits of an i64 (builds powers of two).
+    BitsToF32,
 }
 
 /// A scalar expression.
@@ -151,8 +159,8 @@ impl Kernel {
                 if ta != tb || ta == Bool {
                     return Err(format!("{op:?} operands have types {ta:?} and {tb:?}"));
                 }
-                if *op == BinOp::Rem && ta != I64 {
-                    return Err("rem is integer-only".into());
+                if matches!(op, BinOp::Rem | BinOp::Shl) && ta != I64 {
+                    return Err(format!("{op:?} is integer-only"));
                 }
                 ta
             }
@@ -166,8 +174,10 @@ impl Kernel {
             Expr::Un(op, a) => {
                 let t = self.type_of(a)?;
                 match op {
-                    UnOp::ToF32 if t == I64 => F32,
-                    UnOp::ToF32 => return Err("to_f32 takes an i64".into()),
+                    UnOp::ToF32 | UnOp::BitsToF32 if t == I64 => F32,
+                    UnOp::ToF32 | UnOp::BitsToF32 => return Err(format!("{op:?} takes an i64")),
+                    UnOp::ToI64 if t == F32 => I64,
+                    UnOp::ToI64 => return Err("to_i64 takes an f32".into()),
                     UnOp::Neg if t != Bool => t,
                     _ if t == F32 => F32,
                     _ => return Err(format!("{op:?} takes an f32, got {t:?}")),
@@ -324,6 +334,25 @@ pub mod dsl {
     pub fn un(op: UnOp, a: Expr) -> Expr {
         Expr::Un(op, Box::new(a))
     }
+    pub fn shl(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Shl, a, b)
+    }
+
+    /// `exp(x)` as inline, vectorizable arithmetic (no libm call): range reduction
+    /// `x = n ln2 + r` with a two-part ln2, a degree-6 polynomial for `e^r` on
+    /// `|r| <= ln2/2` (relative error below 2e-7), and `2^n` built from exponent bits.
+    /// Inputs are clamped to [-87.3, 88.7], so very negative inputs give ~1e-38, not 0.
+    pub fn fast_exp(x: Expr) -> Expr {
+        let x = min(max(x, f(-87.3)), f(88.7));
+        let n = un(UnOp::Floor, add(mul(x.clone(), f(std::f32::consts::LOG2_E)), f(0.5)));
+        let r = sub(sub(x, mul(n.clone(), f(0.693_145_75))), mul(n.clone(), f(1.428_606_8e-6)));
+        let mut p = f(1.0 / 720.0);
+        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = add(mul(p, r.clone()), f(c));
+        }
+        let two_n = un(UnOp::BitsToF32, shl(add(un(UnOp::ToI64, n), i(127)), i(23)));
+        mul(p, two_n)
+    }
     pub fn select(c: Expr, a: Expr, b: Expr) -> Expr {
         Expr::Select(Box::new(c), Box::new(a), Box::new(b))
     }
@@ -341,5 +370,29 @@ pub mod dsl {
     }
     pub fn if_(cond: Expr, then: Vec<Stmt>) -> Stmt {
         Stmt::If { cond, then }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dsl::*;
+    use super::*;
+
+    /// fast_exp against std's exp over the whole useful range.
+    #[test]
+    fn fast_exp_is_accurate_to_float_rounding() {
+        let mut b = KernelBuilder::new();
+        let x = b.param("x", ElemType::F32, false);
+        let out = b.param("out", ElemType::F32, true);
+        let t = b.var(ValType::I64);
+        let k = b.finish("exp".into(), "test", TaskCount { per_seq: 1, fixed: 0 }, t, vec![store(out, v(t), fast_exp(ld(x, v(t))))]);
+        let xs: Vec<f32> = (0..4001).map(|i| -87.0 + i as f32 * 0.04375).collect();
+        let mut bufs = vec![crate::interp::Buffer::F32(xs.clone()), crate::interp::Buffer::F32(vec![0.0; xs.len()])];
+        crate::interp::run(&k, &mut bufs, xs.len() as u64);
+        let crate::interp::Buffer::F32(got) = &bufs[1] else { unreachable!() };
+        for (x, y) in xs.iter().zip(got) {
+            let want = (*x as f64).exp();
+            assert!(((*y as f64 - want) / want).abs() < 3e-7, "exp({x}) = {y}, want {want}");
+        }
     }
 }

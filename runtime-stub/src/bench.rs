@@ -32,6 +32,43 @@ pub struct BenchReport {
     pub decode_tokens_per_s_stddev: f64,
     /// Bytes of weights read per decode step (every weight once).
     pub weight_bytes: u64,
+    /// Read bandwidth measured by streaming the mapped weights with `threads` threads (GB/s).
+    pub read_bandwidth_gb_s: f64,
+    /// Decode tokens/s if every step only streamed the weights and the KV cache at that bandwidth.
+    pub decode_roofline_tokens_per_s: f64,
+    /// `decode_tokens_per_s / decode_roofline_tokens_per_s`.
+    pub decode_roofline_fraction: f64,
+}
+
+/// Streams `bytes` with `threads` threads (summing 64-bit words so nothing is
+/// optimized away) and returns the best of three passes in GB/s.
+pub fn read_bandwidth(bytes: &[u8], threads: usize) -> f64 {
+    let words = bytes.len() / 8;
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|k| {
+                    let (b, e) = (words * k / threads * 8, words * (k + 1) / threads * 8);
+                    let part = &bytes[b..e];
+                    s.spawn(move || {
+                        let mut acc = [0u64; 8];
+                        for chunk in part.chunks_exact(64) {
+                            for (l, w) in chunk.chunks_exact(8).enumerate() {
+                                acc[l] = acc[l].wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max(bytes.len() as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }
 
 fn mean_std(xs: &[f64]) -> (f64, f64) {
@@ -42,7 +79,15 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 }
 
 /// Runs the benchmark. Token ids are a fixed, valid sequence (content does not change the work).
-pub fn run(session: &mut Session<'_>, cfg: BenchConfig, model: &str, weight_bytes: u64, vocab: u64) -> Result<BenchReport, SessionError> {
+pub fn run(
+    session: &mut Session<'_>,
+    cfg: BenchConfig,
+    model: &str,
+    weights: &[u8],
+    kv_bytes_per_token: u64,
+    vocab: u64,
+) -> Result<BenchReport, SessionError> {
+    let weight_bytes = weights.len() as u64;
     let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
     // One untimed warm-up of each kind pages the weights in and spins the threads up.
     session.reset();
@@ -69,6 +114,10 @@ pub fn run(session: &mut Session<'_>, cfg: BenchConfig, model: &str, weight_byte
     }
     let (pm, ps) = if pp.is_empty() { (0.0, 0.0) } else { mean_std(&pp) };
     let (dm, ds) = if tg.is_empty() { (0.0, 0.0) } else { mean_std(&tg) };
+    let bw = read_bandwidth(weights, session.threads());
+    // Bytes per decode step: all weights plus the KV cache up to the average position.
+    let per_step = weight_bytes as f64 + kv_bytes_per_token as f64 * cfg.generated_tokens as f64 / 2.0;
+    let roofline = bw * 1e9 / per_step;
     Ok(BenchReport {
         model: model.to_string(),
         threads: session.threads(),
@@ -80,6 +129,9 @@ pub fn run(session: &mut Session<'_>, cfg: BenchConfig, model: &str, weight_byte
         decode_tokens_per_s: dm,
         decode_tokens_per_s_stddev: ds,
         weight_bytes,
+        read_bandwidth_gb_s: bw,
+        decode_roofline_tokens_per_s: roofline,
+        decode_roofline_fraction: if roofline > 0.0 { dm / roofline } else { 0.0 },
     })
 }
 
@@ -95,6 +147,13 @@ pub fn render(r: &BenchReport) -> String {
     if r.generated_tokens > 0 {
         let t = format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev);
         s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", r.model, r.threads, format!("tg{}", r.generated_tokens), t));
+        s.push_str(&format!(
+            "\nread bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
+            r.read_bandwidth_gb_s,
+            r.threads,
+            r.decode_roofline_tokens_per_s,
+            100.0 * r.decode_roofline_fraction
+        ));
     }
     s
 }

@@ -51,6 +51,9 @@ struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also print a table of kernels ranked by total time.
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Args)]
@@ -166,13 +169,19 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut session = Session::new(&artifact, threads)?;
-    let weight_bytes = h.weights.iter().map(|w| w.len).sum();
     let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions };
-    let report = maxrun::bench::run(&mut session, cfg, &h.model.name, weight_bytes, h.model.vocab_size)?;
+    if args.profile {
+        session.enable_profile();
+    }
+    let weights = artifact.section(maxrun::format::SectionKind::Weights);
+    let report = maxrun::bench::run(&mut session, cfg, &h.model.name, weights, h.kv_cache.bytes_per_token(), h.model.vocab_size)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print!("{}", maxrun::bench::render(&report));
+    }
+    if args.profile {
+        eprint!("{}", render_profile(&session.profile()));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -317,4 +326,28 @@ fn stream(
         *printed = text;
     }
     Ok(())
+}
+
+/// The `--profile` table: kernels ranked by total time, per plan.
+fn render_profile(rows: &[maxrun::session::ProfileRow]) -> String {
+    let mut out = String::new();
+    for plan in ["prefill", "decode"] {
+        let total: f64 = rows.iter().filter(|r| r.plan == plan).map(|r| r.seconds).sum();
+        if total == 0.0 {
+            continue;
+        }
+        out.push_str(&format!("\n{plan}: {:.1} ms in kernels\n", total * 1e3));
+        out.push_str(&format!("  {:<44} {:<12} {:>7} {:>10} {:>6}\n", "kernel", "family", "calls", "total ms", "%"));
+        for r in rows.iter().filter(|r| r.plan == plan) {
+            out.push_str(&format!(
+                "  {:<44} {:<12} {:>7} {:>10.2} {:>5.1}%\n",
+                r.kernel,
+                r.family,
+                r.calls,
+                r.seconds * 1e3,
+                100.0 * r.seconds / total
+            ));
+        }
+    }
+    out
 }

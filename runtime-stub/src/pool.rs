@@ -1,5 +1,6 @@
 //! A persistent thread pool for kernel launches: workers spin briefly, then park;
-//! each launch splits its task range into one contiguous slice per thread and
+//! each launch hands out its task range in chunks from a shared counter (so threads
+//! that finish early take more work: causal attention rows grow with position) and
 //! ends with one barrier. Launches with a single task run on the calling thread.
 
 use std::cell::UnsafeCell;
@@ -19,6 +20,10 @@ struct Job {
 
 struct Shared {
     job: UnsafeCell<Job>,
+    /// The next task not yet handed out.
+    next: AtomicU64,
+    /// Tasks per hand-out.
+    chunk: AtomicU64,
     generation: AtomicU64,
     remaining: AtomicUsize,
     shutdown: AtomicBool,
@@ -46,10 +51,25 @@ impl std::fmt::Debug for ThreadPool {
 
 const SPINS: u32 = 20_000;
 
-fn slice(tasks: u64, threads: usize, index: usize) -> (u64, u64) {
-    let t = threads as u64;
-    let i = index as u64;
-    (tasks * i / t, tasks * (i + 1) / t)
+/// Chunks per thread: small enough to balance uneven tasks, large enough that
+/// the shared counter is touched rarely.
+const CHUNKS_PER_THREAD: u64 = 8;
+
+/// Runs chunks of the current job until none are left.
+///
+/// # Safety
+/// The job's pointers must satisfy the kernel's ABI for every task.
+unsafe fn drain(s: &Shared, job: &Job) {
+    let kernel = job.kernel.expect("a published job has a kernel");
+    let chunk = s.chunk.load(Ordering::Relaxed);
+    loop {
+        let b = s.next.fetch_add(chunk, Ordering::Relaxed);
+        if b >= job.tasks {
+            break;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { kernel(job.args, job.dims, b, (b + chunk).min(job.tasks)) };
+    }
 }
 
 impl ThreadPool {
@@ -57,6 +77,8 @@ impl ThreadPool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(Job { kernel: None, args: std::ptr::null(), dims: std::ptr::null(), tasks: 0 }),
+            next: AtomicU64::new(0),
+            chunk: AtomicU64::new(1),
             generation: AtomicU64::new(0),
             remaining: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
@@ -90,15 +112,16 @@ impl ThreadPool {
         }
         // SAFETY: all workers finished the previous job (barrier below), so none reads `job`.
         unsafe { *s.job.get() = Job { kernel: Some(kernel), args, dims, tasks } };
+        s.next.store(0, Ordering::Relaxed);
+        s.chunk.store((tasks / (s.threads as u64 * CHUNKS_PER_THREAD)).max(1), Ordering::Relaxed);
         s.remaining.store(s.threads - 1, Ordering::Release);
         {
             let _g = s.lock.lock().unwrap();
             s.generation.fetch_add(1, Ordering::AcqRel);
             s.wake.notify_all();
         }
-        let (b, e) = slice(tasks, s.threads, 0);
         // SAFETY: forwarded from the caller.
-        unsafe { kernel(args, dims, b, e) };
+        unsafe { drain(s, &*s.job.get()) };
         let mut spins = 0u32;
         while s.remaining.load(Ordering::Acquire) != 0 {
             spins += 1;
@@ -111,7 +134,7 @@ impl ThreadPool {
     }
 }
 
-fn worker(s: Arc<Shared>, index: usize) {
+fn worker(s: Arc<Shared>, _index: usize) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
@@ -138,12 +161,11 @@ fn worker(s: Arc<Shared>, index: usize) {
         if s.shutdown.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: the generation bump published this job; the launcher waits for us.
-        let job = unsafe { *s.job.get() };
-        let (b, e) = slice(job.tasks, s.threads, index);
-        if b < e {
-            // SAFETY: the launcher guarantees the ABI for every task.
-            unsafe { (job.kernel.expect("a published job has a kernel"))(job.args, job.dims, b, e) };
+        // SAFETY: the generation bump published this job; the launcher waits for us,
+        // and the launcher guarantees the ABI for every task.
+        unsafe {
+            let job = *s.job.get();
+            drain(&s, &job);
         }
         s.remaining.fetch_sub(1, Ordering::AcqRel);
     }

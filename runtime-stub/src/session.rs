@@ -50,6 +50,18 @@ impl AlignedBuf {
 struct PlanState {
     kernels: Vec<KernelFn>,
     arena: AlignedBuf,
+    /// Per launch: (calls, total seconds), when profiling.
+    profile: Option<Vec<(u64, f64)>>,
+}
+
+/// One row of a kernel profile: a kernel's launches within one plan, summed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileRow {
+    pub plan: &'static str,
+    pub kernel: String,
+    pub family: String,
+    pub calls: u64,
+    pub seconds: f64,
 }
 
 /// One running sequence over an artifact.
@@ -87,6 +99,7 @@ impl<'a> Session<'a> {
         let state = |plan: &Plan| PlanState {
             kernels: plan.launches.iter().map(|l| resolved[l.kernel as usize]).collect(),
             arena: AlignedBuf::new(plan.arena_bytes),
+            profile: None,
         };
         let h = &artifact.header;
         let cache_len = (h.max_length * h.kv_cache.row_elems) as usize;
@@ -109,6 +122,34 @@ impl<'a> Session<'a> {
 
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// Starts timing every launch (adds a clock read per launch).
+    pub fn enable_profile(&mut self) {
+        self.prefill.profile = Some(vec![(0, 0.0); self.artifact.header.prefill.launches.len()]);
+        self.decode.profile = Some(vec![(0, 0.0); self.artifact.header.decode.launches.len()]);
+    }
+
+    /// The profile so far, one row per kernel and plan, slowest first.
+    pub fn profile(&self) -> Vec<ProfileRow> {
+        let h = &self.artifact.header;
+        let mut rows: Vec<ProfileRow> = Vec::new();
+        for (name, plan, state) in [("prefill", &h.prefill, &self.prefill), ("decode", &h.decode, &self.decode)] {
+            let Some(times) = &state.profile else { continue };
+            for (launch, &(calls, secs)) in plan.launches.iter().zip(times) {
+                let k = &h.kernels[launch.kernel as usize];
+                match rows.iter_mut().find(|r| r.plan == name && r.kernel == k.symbol) {
+                    Some(r) => {
+                        r.calls += calls;
+                        r.seconds += secs;
+                    }
+                    None => rows.push(ProfileRow { plan: name, kernel: k.symbol.clone(), family: k.family.clone(), calls, seconds: secs }),
+                }
+            }
+        }
+        rows.retain(|r| r.calls > 0);
+        rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        rows
     }
 
     /// Forgets the sequence (the cache is overwritten as positions are reused).
@@ -150,7 +191,7 @@ impl<'a> Session<'a> {
         let arena = state.arena.ptr();
         let dims = [seq as i64];
         let mut args: Vec<*mut u8> = Vec::with_capacity(8);
-        for (launch, kernel) in plan.launches.iter().zip(&state.kernels) {
+        for (index, (launch, kernel)) in plan.launches.iter().zip(&state.kernels).enumerate() {
             args.clear();
             for a in &launch.args {
                 args.push(match *a {
@@ -165,7 +206,12 @@ impl<'a> Session<'a> {
             }
             // SAFETY: the compiler sized every buffer for `plan.max_seq` tokens and the
             // cache for `max_length` positions; both bounds were checked above.
+            let started = state.profile.as_ref().map(|_| std::time::Instant::now());
             unsafe { self.pool.launch(*kernel, args.as_ptr(), dims.as_ptr(), launch.tasks.eval(seq)) };
+            if let (Some(t), Some(p)) = (started, state.profile.as_mut()) {
+                p[index].0 += 1;
+                p[index].1 += t.elapsed().as_secs_f64();
+            }
         }
         let n = (seq * header.model.vocab_size) as usize;
         let logits = match plan.logits {

@@ -168,3 +168,26 @@ fn same_inputs_give_identical_artifacts() {
     // The built-in check agrees.
     compile("repro-c", &fixture("tiny-llama"), &["--check-reproducible"]);
 }
+
+/// `maxrun bench --json` reports every field CI reads (values are not judged here:
+/// performance lives in benchmarks, not tests).
+#[test]
+fn bench_json_has_the_documented_fields() {
+    let mef = artifact("tiny-llama");
+    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("16"), os("-n"), os("8"), os("-r"), os("2"), os("--json"), os("--profile")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).expect("one JSON object");
+    for key in ["prefill_tokens_per_s", "prefill_tokens_per_s_stddev", "decode_tokens_per_s", "decode_tokens_per_s_stddev", "read_bandwidth_gb_s"] {
+        assert!(v[key].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0), "{key}: {}", v[key]);
+    }
+    assert_eq!(v["prompt_tokens"], 16);
+    assert_eq!(v["generated_tokens"], 8);
+    assert!(v["threads"].as_u64().unwrap() >= 1);
+    // The profile ranks kernels of both plans; every decode kernel family appears.
+    for family in ["matmul", "attention", "kv_store", "rms_norm", "rope", "embedding", "elementwise", "copy"] {
+        assert!(r.2.contains(family), "profile lacks {family}: {}", r.2);
+    }
+    // A benchmark longer than the compiled context is refused up front.
+    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("100000")]);
+    assert_clean_error(&r, 1, &["max_length"]);
+}

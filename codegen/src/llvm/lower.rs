@@ -237,7 +237,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         BinOp::Div => b.build_float_div(x, y, "fdiv").map_err(llvm_err)?.into(),
                         BinOp::Max => return self.intrinsic("llvm.maxnum", &[x.into(), y.into()]),
                         BinOp::Min => return self.intrinsic("llvm.minnum", &[x.into(), y.into()]),
-                        BinOp::Rem => unreachable!("rem is integer-only (validated)"),
+                        BinOp::Rem | BinOp::Shl => unreachable!("integer-only (validated)"),
                     };
                     self.fast(v)
                 } else {
@@ -248,6 +248,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         BinOp::Mul => b.build_int_nsw_mul(x, y, "mul").map_err(llvm_err)?.into(),
                         BinOp::Div => b.build_int_signed_div(x, y, "div").map_err(llvm_err)?.into(),
                         BinOp::Rem => b.build_int_signed_rem(x, y, "rem").map_err(llvm_err)?.into(),
+                        BinOp::Shl => b.build_left_shift(x, y, "shl").map_err(llvm_err)?.into(),
                         BinOp::Max | BinOp::Min => {
                             let pred = if *op == BinOp::Max { IntPredicate::SGT } else { IntPredicate::SLT };
                             let c = b.build_int_compare(pred, x, y, "cmp").map_err(llvm_err)?;
@@ -286,6 +287,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     UnOp::Sin => self.intrinsic("llvm.sin", &[x])?,
                     UnOp::Tanh => self.libm("tanhf", x)?,
                     UnOp::ToF32 => self.builder.build_signed_int_to_float(x.into_int_value(), self.context.f32_type(), "sitofp").map_err(llvm_err)?.into(),
+                    UnOp::Floor => self.intrinsic("llvm.floor", &[x])?,
+                    UnOp::ToI64 => self.builder.build_float_to_signed_int(x.into_float_value(), self.context.i64_type(), "fptosi").map_err(llvm_err)?.into(),
+                    UnOp::BitsToF32 => {
+                        let low = self.builder.build_int_truncate(x.into_int_value(), self.context.i32_type(), "low").map_err(llvm_err)?;
+                        self.builder.build_bit_cast(low, self.context.f32_type(), "bits").map_err(llvm_err)?
+                    }
                 }
             }
             Expr::Select(c, x, y) => {

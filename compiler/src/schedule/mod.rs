@@ -139,6 +139,11 @@ struct Scheduler<'g, 'i, 'w> {
     max_seq: u64,
 }
 
+/// Arena bytes of a scratch buffer with `per_token` f32 per token of the step.
+fn scratch_bytes(max_seq: u64, per_token: u64) -> u64 {
+    max_seq * per_token * 4
+}
+
 impl Scheduler<'_, '_, '_> {
     /// The argument for value `v`, placing constants in the weights table on first use.
     fn input(&mut self, v: ValueId) -> Result<Arg> {
@@ -154,6 +159,14 @@ impl Scheduler<'_, '_, '_> {
         vs.iter().map(|&v| self.input(v)).collect()
     }
 
+    /// A scratch buffer for the next launch only, `per_token` f32 per token.
+    fn scratch(&mut self, per_token: u64) -> Arg {
+        let b = self.buffers.len() as u32;
+        let at = self.launches.len();
+        self.buffers.push(BufferInfo { bytes: scratch_bytes(self.max_seq, per_token), def: at, last_use: at });
+        Arg::Buffer(b)
+    }
+
     /// Appends a launch of `kernel` on `args` plus a new output buffer of `width` f32 per token.
     fn launch(&mut self, kernel: Kernel, mut args: Vec<Arg>, width: u64) -> Arg {
         let b = self.buffers.len() as u32;
@@ -166,12 +179,14 @@ impl Scheduler<'_, '_, '_> {
     }
 }
 
-/// Schedules `graph` for `seq` with plans sized for `max_seq` tokens.
+/// Schedules `graph` for `seq` with plans sized for `max_seq` tokens per step and a
+/// KV cache of `max_len` positions.
 pub fn schedule<'g>(
     graph: &'g Graph,
     interp: &mut crate::interp::Interpreter<'g>,
     seq: SeqMode,
     max_seq: u64,
+    max_len: u64,
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
@@ -282,7 +297,7 @@ pub fn schedule<'g>(
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
                 let (kc, vc) = (Arg::KeyCache(*layer), Arg::ValueCache(*layer));
-                let store = kv_store(kv_width, seq);
+                let store = kv_store(kv_width, max_len, seq);
                 let tasks = store.tasks;
                 let kernel = s.kernels.add(store);
                 s.launches.push(ScheduledLaunch { kernel, args: vec![k, v, pos, kc, vc], tasks });
@@ -292,8 +307,10 @@ pub fn schedule<'g>(
                     head_dim: *head_dim as u64,
                     scale: *scale,
                     window: window.map(u64::from),
+                    max_len,
                 };
-                s.launch(attention(shape, seq), vec![q, pos, kc, vc], out_width()?)
+                let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
+                s.launch(attention(shape, seq), vec![q, pos, kc, vc, scratch], out_width()?)
             }
             Op::Slice { axis: 1, start, len } => {
                 let width = graph.ty(node.inputs[0]).last_dim().expect("static width");

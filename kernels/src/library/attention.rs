@@ -1,7 +1,13 @@
-//! Attention over the KV cache: `kv_store` writes this step's keys and values at
-//! their positions, then `attention` runs causal (optionally sliding-window)
-//! attention with an online softmax, one task per (token, head), reading each
-//! cached key and value once.
+//! Attention over the KV cache. `kv_store` writes this step's keys and values at
+//! their positions; `attention` then runs causal (optionally sliding-window)
+//! attention for one (token, KV head) per task, covering the query heads that
+//! share that KV head.
+//!
+//! The key cache is stored transposed, `[kv_heads * head_dim, max_len]`, so the
+//! scores of a query against all keys are computed with the key positions as the
+//! vector dimension (no horizontal reduction per key); the value cache is
+//! `[max_len, kv_heads * head_dim]`, so the weighted sum of values is vectorized
+//! over the head dimension. Scores live in a scratch row of `max_len` floats per task.
 
 use super::SeqMode;
 use crate::ir::dsl::*;
@@ -15,118 +21,128 @@ pub struct AttentionShape {
     pub head_dim: u64,
     pub scale: f32,
     pub window: Option<u64>,
+    /// Positions in the cache (the artifact's maximum length).
+    pub max_len: u64,
 }
 
 impl AttentionShape {
     fn tag(&self) -> String {
         let w = self.window.map_or("full".to_string(), |w| format!("w{w}"));
-        format!("h{}_kv{}_d{}_s{:08x}_{w}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits())
+        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len)
+    }
+
+    /// Scratch floats per task.
+    pub fn scratch_per_task(&self) -> u64 {
+        self.max_len
     }
 }
 
-/// `k, v: f32[seq, kv_heads*hd]`, `pos: i32[seq]` -> `k_cache[pos], v_cache[pos]`
-/// (caches are `f32[max_len, kv_heads*hd]`; the runtime checks positions < max_len).
-pub fn kv_store(kv_width: u64, seq: SeqMode) -> Kernel {
+/// `k, v: f32[seq, kv_heads*hd]`, `pos: i32[seq]` -> `k_cache` (transposed) and `v_cache`
+/// (the runtime checks positions < max_len).
+pub fn kv_store(kv_width: u64, max_len: u64, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
     let k = b.param("k", ElemType::F32, false);
     let v_ = b.param("v", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
     let kc = b.param("k_cache", ElemType::F32, true);
     let vc = b.param("v_cache", ElemType::F32, true);
-    let (t, p, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let w = kv_width as i64;
-    let body = vec![
-        set(p, ld(pos, v(t))),
-        for_vec(
-            d,
-            i(0),
-            i(w),
-            vec![
-                store(kc, add(mul(v(p), i(w)), v(d)), ld(k, add(mul(v(t), i(w)), v(d)))),
-                store(vc, add(mul(v(p), i(w)), v(d)), ld(v_, add(mul(v(t), i(w)), v(d)))),
-            ],
-        ),
-    ];
-    b.finish(format!("kv_store_w{kv_width}_{}", seq.tag()), "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+    let (t, r, p, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let (w, len) = (kv_width as i64, max_len as i64);
+    // One task stores every row: rows of the transposed key cache are adjacent
+    // floats, and splitting them over threads would share cache lines.
+    let body = vec![for_(
+        r,
+        i(0),
+        seq.expr(),
+        vec![
+            set(p, ld(pos, v(r))),
+            for_vec(
+                d,
+                i(0),
+                i(w),
+                vec![
+                    store(kc, add(mul(v(d), i(len)), v(p)), ld(k, add(mul(v(r), i(w)), v(d)))),
+                    store(vc, add(mul(v(p), i(w)), v(d)), ld(v_, add(mul(v(r), i(w)), v(d)))),
+                ],
+            ),
+        ],
+    )];
+    b.finish(format!("kv_store_w{kv_width}_l{max_len}_{}", seq.tag()), "kv_store", TaskCount { per_seq: 0, fixed: 1 }, t, body)
 }
 
-/// `q: f32[seq, heads*hd]`, `pos: i32[seq]`, caches -> `out: f32[seq, heads*hd]`.
+/// `q: f32[seq, heads*hd]`, `pos: i32[seq]`, caches, `scratch: f32[seq*kv_heads, max_len]`
+/// -> `out: f32[seq, heads*hd]`.
 pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
     let kc = b.param("k_cache", ElemType::F32, false);
     let vc = b.param("v_cache", ElemType::F32, false);
+    let sc = b.param("scratch", ElemType::F32, true);
     let out = b.param("out", ElemType::F32, true);
-    let t = b.var(ValType::I64);
-    let (s, h, kvh, p, start, j, d, qo, ko) = (
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-        b.var(ValType::I64),
-    );
-    let (m, l, score, m_new, corr, e) = (
-        b.var(ValType::F32),
-        b.var(ValType::F32),
-        b.var(ValType::F32),
-        b.var(ValType::F32),
-        b.var(ValType::F32),
-        b.var(ValType::F32),
-    );
-    let (nh, hd) = (shape.heads as i64, shape.head_dim as i64);
-    let kvw = shape.kv_heads as i64 * hd;
-    let group = nh / shape.kv_heads as i64;
-    // A finite "minus infinity": kernels may be compiled with no-infs assumptions
-    // off, but exp(m_old - m_new) must be exactly 0 on the first key either way.
-    let neg_big = -3.0e38f32;
+    let ivar = |b: &mut KernelBuilder| b.var(ValType::I64);
+    let t = ivar(&mut b);
+    let (s, g, hh, h, p, start, end, j, d, qo, so, ko) =
+        (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
+    let (qd, m, l, pj) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+    let (nh, nkv, hd, len) = (shape.heads as i64, shape.kv_heads as i64, shape.head_dim as i64, shape.max_len as i64);
+    let kvw = nkv * hd;
+    let group = nh / nkv;
     let start_expr = match shape.window {
         None => i(0),
         Some(w) => max(sub(add(v(p), i(1)), i(w as i64)), i(0)),
     };
-    let body = vec![
-        set(s, div(v(t), i(nh))),
-        set(h, rem(v(t), i(nh))),
-        set(kvh, div(v(h), i(group))),
-        set(p, ld(pos, v(s))),
-        set(start, start_expr),
+    let scores = |j: Expr| add(v(so), j);
+    let per_head = vec![
+        set(h, add(mul(v(g), i(group)), v(hh))),
         set(qo, mul(add(mul(v(s), i(nh)), v(h)), i(hd))),
-        set(m, f(neg_big)),
+        // Scores: s[j] = scale * sum_d q[d] * K^T[d, j], vectorized over j.
+        for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), f(0.0))]),
+        for_(
+            d,
+            i(0),
+            i(hd),
+            vec![
+                set(qd, mul(ld(q, add(v(qo), v(d))), f(shape.scale))),
+                set(ko, mul(add(mul(v(g), i(hd)), v(d)), i(len))),
+                for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), add(ld(sc, scores(v(j))), mul(v(qd), ld(kc, add(v(ko), v(j))))))]),
+            ],
+        ),
+        // Softmax over the row.
+        set(m, f(-3.0e38)),
+        for_vec(j, v(start), v(end), vec![set(m, max(v(m), ld(sc, scores(v(j)))))]),
         set(l, f(0.0)),
+        for_vec(
+            j,
+            v(start),
+            v(end),
+            vec![set(pj, fast_exp(sub(ld(sc, scores(v(j))), v(m)))), store(sc, scores(v(j)), v(pj)), set(l, add(v(l), v(pj)))],
+        ),
+        // out = sum_j p[j] V[j] / l, vectorized over the head dimension.
         for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), f(0.0))]),
         for_(
             j,
             v(start),
-            add(v(p), i(1)),
+            v(end),
             vec![
-                set(ko, add(mul(v(j), i(kvw)), mul(v(kvh), i(hd)))),
-                set(score, f(0.0)),
-                for_vec(d, i(0), i(hd), vec![set(score, add(v(score), mul(ld(q, add(v(qo), v(d))), ld(kc, add(v(ko), v(d))))))]),
-                set(score, mul(v(score), f(shape.scale))),
-                set(m_new, max(v(m), v(score))),
-                set(corr, un(UnOp::Exp, sub(v(m), v(m_new)))),
-                set(e, un(UnOp::Exp, sub(v(score), v(m_new)))),
-                set(l, add(mul(v(l), v(corr)), v(e))),
-                for_vec(
-                    d,
-                    i(0),
-                    i(hd),
-                    vec![store(
-                        out,
-                        add(v(qo), v(d)),
-                        add(mul(ld(out, add(v(qo), v(d))), v(corr)), mul(v(e), ld(vc, add(v(ko), v(d))))),
-                    )],
-                ),
-                set(m, v(m_new)),
+                set(pj, ld(sc, scores(v(j)))),
+                set(ko, add(mul(v(j), i(kvw)), mul(v(g), i(hd)))),
+                for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), add(ld(out, add(v(qo), v(d))), mul(v(pj), ld(vc, add(v(ko), v(d))))))]),
             ],
         ),
-        for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), div(ld(out, add(v(qo), v(d))), v(l)))]),
+        set(l, div(f(1.0), v(l))),
+        for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), mul(ld(out, add(v(qo), v(d))), v(l)))]),
     ];
-    let tasks = TaskCount { per_seq: shape.heads, fixed: 0 };
+    let body = vec![
+        set(s, div(v(t), i(nkv))),
+        set(g, rem(v(t), i(nkv))),
+        set(p, ld(pos, v(s))),
+        set(start, start_expr),
+        set(end, add(v(p), i(1))),
+        set(so, mul(v(t), i(len))),
+        for_(hh, i(0), i(group), per_head),
+    ];
+    let tasks = TaskCount { per_seq: shape.kv_heads, fixed: 0 };
     b.finish(format!("attention_{}_{}", shape.tag(), seq.tag()), "attention", tasks, t, body)
 }
 
@@ -147,7 +163,7 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_with_window_matches_naive_softmax() {
-        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2) };
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8 };
         let (seq, kvw, qw) = (3usize, 8usize, 16usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
         let pos = vec![0, 1, 2];
@@ -158,11 +174,12 @@ mod tests {
             Buffer::F32(vec![0.0; 8 * kvw]),
             Buffer::F32(vec![0.0; 8 * kvw]),
         ];
-        run(&kv_store(kvw as u64, SeqMode::Dynamic), &mut store_bufs, seq as u64);
+        run(&kv_store(kvw as u64, 8, SeqMode::Dynamic), &mut store_bufs, seq as u64);
         let (kc, vc) = (store_bufs[3].clone(), store_bufs[4].clone());
-        let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, Buffer::F32(vec![0.0; seq * qw])];
+        let scratch = Buffer::F32(vec![f32::NAN; seq * 2 * 8]);
+        let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, Buffer::F32(vec![0.0; seq * qw])];
         run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
-        let Buffer::F32(got) = &bufs[4] else { unreachable!() };
+        let Buffer::F32(got) = &bufs[5] else { unreachable!() };
         for s in 0..seq {
             for h in 0..4 {
                 let kvh = h / 2;

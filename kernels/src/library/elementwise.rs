@@ -39,8 +39,8 @@ pub enum Broadcast {
 fn apply_unary(op: Unary, x: Expr) -> Expr {
     match op {
         Unary::Neg => un(UnOp::Neg, x),
-        Unary::Exp => un(UnOp::Exp, x),
-        Unary::Silu => div(x.clone(), add(f(1.0), un(UnOp::Exp, un(UnOp::Neg, x)))),
+        Unary::Exp => fast_exp(x),
+        Unary::Silu => div(x.clone(), add(f(1.0), fast_exp(un(UnOp::Neg, x)))),
         Unary::GeluTanh => {
             let inner = mul(f((2.0 / std::f32::consts::PI).sqrt()), add(x.clone(), mul(f(0.044715), mul(x.clone(), mul(x.clone(), x.clone())))));
             mul(mul(f(0.5), x), add(f(1.0), un(UnOp::Tanh, inner)))
