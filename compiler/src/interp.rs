@@ -226,6 +226,7 @@ impl<'a> Interpreter<'a> {
                 let (x, w) = (f(0), f(1));
                 let h = w.len();
                 let mut out = Vec::with_capacity(x.len());
+                // Rows are contiguous, so groups of `h` along the last dim are chunks.
                 for row in x.chunks(h) {
                     let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / h as f64;
                     let r = (1.0 / (ms + *eps as f64).sqrt()) as f32;

@@ -140,6 +140,8 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
                         w.write(&bytes?).map_err(io)?;
                     }
                 }
+                // The section ends 64-byte aligned, after the last entry's padding.
+                w.pad_to(s.offset + s.len).map_err(io)?;
             }
         }
         assert_eq!(w.pos, s.offset + s.len, "{:?} section length", s.kind);

@@ -98,7 +98,8 @@ struct RunArgs {
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Keep generating after an end-of-sequence token (for benchmarks and tests).
+    /// Never sample an end-of-sequence token (its logit is set to -inf, as llama.cpp's
+    /// --ignore-eos and transformers' min_new_tokens do): always generate -n tokens.
     #[arg(long)]
     ignore_eos: bool,
     /// Worker threads (default: the number of cores).
@@ -260,9 +261,22 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let mut rng = Rng::new(cli.seed);
     let vocab = h.model.vocab_size as usize;
 
+    let eos = h.tokenizer.eos_token_ids.clone();
+    let mut row = vec![0.0f32; vocab];
+    let mut pick = |logits: &[f32], rng: &mut Rng| {
+        row.copy_from_slice(&logits[logits.len() - vocab..]);
+        if cli.ignore_eos {
+            for &e in &eos {
+                if let Some(x) = row.get_mut(e as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        sample(&row, &params, rng)
+    };
     let start = Instant::now();
     let logits = session.forward(&ids)?;
-    let mut next = sample(&logits[logits.len() - vocab..], &params, &mut rng);
+    let mut next = pick(logits, &mut rng);
     let prefill_s = start.elapsed().as_secs_f64();
     let mut generated = vec![next];
     let mut printed = String::new();
@@ -270,12 +284,11 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let decode_start = Instant::now();
     loop {
         stream(&tokenizer, &generated, &mut printed, &mut out, false)?;
-        let eos = !cli.ignore_eos && h.tokenizer.eos_token_ids.contains(&next);
-        if eos || generated.len() as u64 >= budget {
+        if eos.contains(&next) || generated.len() as u64 >= budget {
             break;
         }
         let logits = session.forward(&[next])?;
-        next = sample(logits, &params, &mut rng);
+        next = pick(logits, &mut rng);
         generated.push(next);
     }
     stream(&tokenizer, &generated, &mut printed, &mut out, true)?;

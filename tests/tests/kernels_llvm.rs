@@ -50,7 +50,8 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: matmul_add(64, 21, Broadcast::None, seq), sizes: vec![s * 64, 21 * 64, s * 21, s * 21], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
-        v.push(Case { kernel: rms_norm(33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: rms_norm(96, 32, 1e-6, seq), sizes: vec![s * 96, 32, s * 96], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rope(24, 8, seq), sizes: vec![s * 24, s, 4, s * 24], int_max: 40, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: slice_columns(12, 3, 5, seq), sizes: vec![s * 12, s * 5], int_max: 1, seq: s as u64, tol: 0.0 });
         v.push(Case { kernel: kv_store(8, 64, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });

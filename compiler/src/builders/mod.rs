@@ -5,7 +5,11 @@
 //! graph serve prefill (the whole prompt) and decode (one token): attention appends
 //! to and reads from the per-layer KV cache, so decode costs O(1) tokens of compute.
 
+pub mod granite;
 pub mod llama;
+pub mod olmo2;
+pub mod phi3;
+pub mod qwen3;
 
 use crate::error::{Error, Result};
 use crate::graph::{DType, Dim, Graph, Op, SymDim, TensorType, ValueId};
@@ -29,6 +33,10 @@ pub fn check_weights(model: &ImportedModel) -> Vec<Error> {
 fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph> {
     match model.config.architecture {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => llama::build(model, binder),
+        Architecture::Qwen3 => qwen3::build(model, binder),
+        Architecture::Olmo2 => olmo2::build(model, binder),
+        Architecture::Granite => granite::build(model, binder),
+        Architecture::Phi3 => phi3::build(model, binder),
     }
 }
 

@@ -96,8 +96,11 @@ pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorTy
         Op::RmsNorm { eps } => {
             let (x, w) = (t(0), t(1));
             expect_rank(w, 1, "rms_norm weight")?;
-            if x.shape.last() != w.shape.first() {
-                return Err("rms_norm weight length differs from the last dim".into());
+            // The weight's length is the group normalized together: the whole last
+            // dim, or each head of it (Qwen3's per-head q/k norms).
+            let (width, group) = (x.last_dim().ok_or("rms_norm width must be static")?, w.last_dim().ok_or("rms_norm weight must be static")?);
+            if group == 0 || width % group != 0 {
+                return Err(format!("rms_norm weight length {group} does not divide the last dim {width}"));
             }
             if !(*eps >= 0.0) {
                 return Err("rms_norm eps must be >= 0".into());

@@ -197,7 +197,8 @@ pub enum Op {
     MatMul,
     Unary(UnaryOp),
     Binary(BinaryOp),
-    /// `x * rsqrt(mean(x^2) + eps) * w` over the last dim: inputs (x, w).
+    /// `x * rsqrt(mean(x^2) + eps) * w` over groups of `len(w)` elements of the last
+    /// dim (the whole dim, or one head): inputs (x, w).
     RmsNorm { eps: f32 },
     /// Rotate-half RoPE on each head of x `[seq, heads * head_dim]`: inputs (x, positions).
     Rope { head_dim: u32, theta: f32, scaling: RopeScaling },

@@ -13,10 +13,22 @@ pub enum Architecture {
     Llama,
     Mistral,
     Qwen2,
+    Qwen3,
+    Olmo2,
+    Granite,
+    Phi3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 3] = [Architecture::Llama, Architecture::Mistral, Architecture::Qwen2];
+    pub const ALL: [Architecture; 7] = [
+        Architecture::Llama,
+        Architecture::Mistral,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Olmo2,
+        Architecture::Granite,
+        Architecture::Phi3,
+    ];
 
     /// The Hugging Face class name.
     pub fn hf_name(self) -> &'static str {
@@ -24,6 +36,10 @@ impl Architecture {
             Architecture::Llama => "LlamaForCausalLM",
             Architecture::Mistral => "MistralForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Olmo2 => "Olmo2ForCausalLM",
+            Architecture::Granite => "GraniteForCausalLM",
+            Architecture::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -33,6 +49,10 @@ impl Architecture {
             "llama" => Some(Architecture::Llama),
             "mistral" => Some(Architecture::Mistral),
             "qwen2" => Some(Architecture::Qwen2),
+            "qwen3" => Some(Architecture::Qwen3),
+            "olmo2" => Some(Architecture::Olmo2),
+            "granite" => Some(Architecture::Granite),
+            "phi3" => Some(Architecture::Phi3),
             _ => None,
         });
         found.ok_or_else(|| Error::UnsupportedArchitecture {
@@ -69,6 +89,19 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// The checkpoint's declared dtype (`torch_dtype` / `dtype`), informational.
     pub dtype: String,
+    /// Granite's scalar multipliers (`None` for other architectures).
+    pub granite: Option<GraniteMultipliers>,
+}
+
+/// GraniteForCausalLM's scaling constants, as named in its config.json.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct GraniteMultipliers {
+    pub embedding_multiplier: f32,
+    /// Replaces 1/sqrt(head_dim) as the attention scale.
+    pub attention_multiplier: f32,
+    pub residual_multiplier: f32,
+    /// Logits are divided by this.
+    pub logits_scaling: f32,
 }
 
 /// Typed access to config.json fields with errors that name the field.
@@ -158,10 +191,23 @@ impl ModelConfig {
         };
         let o_bias = architecture != Architecture::Qwen2 && f.bool_or("attention_bias", false)?;
         let sliding_window = match architecture {
-            Architecture::Qwen2 if !f.bool_or("use_sliding_window", false)? => None,
+            Architecture::Qwen2 | Architecture::Qwen3 if !f.bool_or("use_sliding_window", false)? => None,
             _ => f.usize_opt("sliding_window")?,
         };
         let eps = f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+        let granite = if architecture == Architecture::Granite {
+            let m = |k: &str| -> Result<f32> {
+                f.f64_opt(k)?.map(|x| x as f32).ok_or_else(|| Error::invalid(path, k, "required by GraniteForCausalLM but missing"))
+            };
+            Some(GraniteMultipliers {
+                embedding_multiplier: m("embedding_multiplier")?,
+                attention_multiplier: m("attention_multiplier")?,
+                residual_multiplier: m("residual_multiplier")?,
+                logits_scaling: m("logits_scaling")?,
+            })
+        } else {
+            None
+        };
         let config = ModelConfig {
             architecture,
             hidden_size,
@@ -188,6 +234,7 @@ impl ModelConfig {
                 .and_then(Value::as_str)
                 .unwrap_or("float32")
                 .to_string(),
+            granite,
         };
         config.validate(path)?;
         Ok(config)

@@ -278,6 +278,13 @@ impl GgufFile {
             .ok_or_else(|| Error::invalid(&self.path, "general.architecture", "required metadata key is missing"))?
             .to_string();
         let architecture = Architecture::parse(architecture.unwrap_or(&arch_key), &self.path)?;
+        if !matches!(architecture, Architecture::Llama | Architecture::Mistral | Architecture::Qwen2) {
+            return Err(Error::UnsupportedArchitecture {
+                path: self.path.clone(),
+                architecture: format!("{} (from GGUF)", architecture.hf_name()),
+                supported: "llama, mistral, qwen2 (GGUF); the others from Hugging Face safetensors".into(),
+            });
+        }
         let k = |s: &str| format!("{arch_key}.{s}");
         let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
         let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
@@ -336,6 +343,7 @@ impl GgufFile {
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
             dtype: "gguf".into(),
+            granite: None,
         };
         config.validate(&self.path)?;
         Ok(config)

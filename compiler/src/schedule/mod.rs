@@ -279,8 +279,9 @@ pub fn schedule<'g>(
             }
             Op::RmsNorm { eps } => {
                 let w = out_width()?;
+                let group = graph.ty(node.inputs[1]).last_dim().expect("static weight");
                 let args = s.inputs(&node.inputs)?;
-                s.launch(rms_norm(w, *eps, seq), args, w)
+                s.launch(rms_norm(w, group, *eps, seq), args, w)
             }
             Op::Rope { head_dim, theta, scaling } => {
                 let w = out_width()?;
