@@ -202,6 +202,29 @@ impl<'a> Interpreter<'a> {
                 y.iter_mut().enumerate().for_each(|(i, v)| *v += r[i % r.len()]);
                 Tensor::f32(vec![m, n], y)
             }
+            Op::LayerNorm { eps } => {
+                let (x, w, b) = (f(0), f(1), f(2));
+                let h = w.len();
+                let mut out = Vec::with_capacity(x.len());
+                for row in x.chunks(h) {
+                    let mean = row.iter().map(|&v| v as f64).sum::<f64>() / h as f64;
+                    let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / h as f64;
+                    let r = 1.0 / (var + *eps as f64).sqrt();
+                    out.extend(row.iter().zip(w).zip(b).map(|((&v, &wv), &bv)| ((v as f64 - mean) * r) as f32 * wv + bv));
+                }
+                Tensor::f32(args[0].shape.clone(), out)
+            }
+            Op::Transpose => {
+                let (r, c) = (args[0].shape[0], args[0].shape[1]);
+                let x = f(0);
+                let mut out = vec![0.0; r * c];
+                for i in 0..r {
+                    for j in 0..c {
+                        out[j * r + i] = x[i * c + j];
+                    }
+                }
+                Tensor::f32(vec![c, r], out)
+            }
             Op::SwiGlu => {
                 let (rows, w) = (args[0].shape[0], args[0].shape[1]);
                 let h = w / 2;
@@ -257,7 +280,7 @@ impl<'a> Interpreter<'a> {
                 }
                 Tensor::f32(args[0].shape.clone(), out)
             }
-            Op::Attention { layer, heads, kv_heads, head_dim, scale, window } => {
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap } => {
                 let (q, k, v, pos) = (f(0), f(1), f(2), args[3].as_i32());
                 let (nh, nkv, hd) = (*heads as usize, *kv_heads as usize, *head_dim as usize);
                 let kvw = nkv * hd;
@@ -282,7 +305,11 @@ impl<'a> Interpreter<'a> {
                         let scores: Vec<f32> = (start..=p)
                             .map(|j| {
                                 let kv = &kc[j * kvw + kvh * hd..j * kvw + (kvh + 1) * hd];
-                                qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                                let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale;
+                                match softcap {
+                                    Some(c) => (s / c).tanh() * c,
+                                    None => s,
+                                }
                             })
                             .collect();
                         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);

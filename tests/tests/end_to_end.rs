@@ -214,3 +214,13 @@ fn granite_matches_golden() {
 fn phi3_matches_golden() {
     check_golden("arch-phi3");
 }
+
+#[test]
+fn gemma2_matches_golden() {
+    check_golden("arch-gemma2");
+}
+
+#[test]
+fn gpt2_matches_golden() {
+    check_golden("arch-gpt2");
+}

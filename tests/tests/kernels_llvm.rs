@@ -9,7 +9,7 @@ use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
-use maxc_kernels::library::rms_norm::rms_norm;
+use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
 use maxc_kernels::{ElemType, Kernel};
@@ -51,13 +51,14 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: layer_norm(40, 1e-5, seq), sizes: vec![s * 40, 40, 40, s * 40], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(96, 32, 1e-6, seq), sizes: vec![s * 96, 32, s * 96], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rope(24, 8, seq), sizes: vec![s * 24, s, 4, s * 24], int_max: 40, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: slice_columns(12, 3, 5, seq), sizes: vec![s * 12, s * 5], int_max: 1, seq: s as u64, tol: 0.0 });
         v.push(Case { kernel: kv_store(8, 64, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
         for window in [None, Some(3)] {
             for (heads, kv_heads, head_dim) in [(4, 2, 4), (6, 2, 32)] {
-                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40 };
+                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None } };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 // Positions are drawn below 40 and the caches hold 40 random positions.
                 let sizes = vec![s * qw, s, 40 * kvw, 40 * kvw, s * kv_heads as usize * 40, s * qw];

@@ -5,6 +5,8 @@
 //! graph serve prefill (the whole prompt) and decode (one token): attention appends
 //! to and reads from the per-layer KV cache, so decode costs O(1) tokens of compute.
 
+pub mod gemma2;
+pub mod gpt2;
 pub mod granite;
 pub mod llama;
 pub mod olmo2;
@@ -37,6 +39,8 @@ fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph>
         Architecture::Olmo2 => olmo2::build(model, binder),
         Architecture::Granite => granite::build(model, binder),
         Architecture::Phi3 => phi3::build(model, binder),
+        Architecture::Gemma2 => gemma2::build(model, binder),
+        Architecture::Gpt2 => gpt2::build(model, binder),
     }
 }
 

@@ -40,6 +40,24 @@ pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorTy
             }
             Ok(TensorType::new(table.dtype, vec![ids.shape[0], table.shape[1]]))
         }
+        Op::LayerNorm { eps } => {
+            let (x, w, b) = (t(0), t(1), t(2));
+            expect_rank(w, 1, "layer_norm weight")?;
+            if x.shape.last() != w.shape.first() || w.shape != b.shape {
+                return Err("layer_norm weight and bias must match the last dim".into());
+            }
+            if !(*eps >= 0.0) {
+                return Err("layer_norm eps must be >= 0".into());
+            }
+            same_float(x, w)?;
+            same_float(x, b)?;
+            Ok(plain(x))
+        }
+        Op::Transpose => {
+            let x = t(0);
+            expect_rank(x, 2, "transpose input")?;
+            Ok(TensorType::new(x.dtype, vec![x.shape[1], x.shape[0]]))
+        }
         Op::SwiGlu => {
             let x = t(0);
             expect_rank(x, 2, "swiglu input")?;

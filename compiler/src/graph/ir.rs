@@ -204,7 +204,12 @@ pub enum Op {
     Rope { head_dim: u32, theta: f32, scaling: RopeScaling },
     /// Causal attention over this layer's KV cache after appending this step's k and v:
     /// inputs (q `[seq, heads*hd]`, k `[seq, kv_heads*hd]`, v `[seq, kv_heads*hd]`, positions).
-    Attention { layer: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32, window: Option<u32> },
+    /// `softcap`: scores become `tanh(score / c) * c` before the softmax (Gemma 2).
+    Attention { layer: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32, window: Option<u32>, softcap: Option<f32> },
+    /// `(x - mean) * rsqrt(var + eps) * w + b` over the last dim: inputs (x, w, b).
+    LayerNorm { eps: f32 },
+    /// The transpose of a 2-D tensor (evaluated at compile time on weights, e.g. GPT-2's Conv1D).
+    Transpose,
     /// Concatenation of the inputs along `axis`.
     Concat { axis: u32 },
     /// `silu(x[:, :h]) * x[:, h:]` for x `[seq, 2h]` (gate and up stacked): the SwiGLU MLP activation.
@@ -246,6 +251,8 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Slice { .. } => "slice",
             Op::SwiGlu => "swiglu",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Transpose => "transpose",
             Op::MatMulAdd => "matmul_add",
         }
     }
@@ -259,8 +266,8 @@ impl Op {
     pub fn arity(&self) -> Option<usize> {
         match self {
             Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => Some(0),
-            Op::Unary(_) | Op::Slice { .. } | Op::SwiGlu => Some(1),
-            Op::MatMulAdd => Some(3),
+            Op::Unary(_) | Op::Slice { .. } | Op::SwiGlu | Op::Transpose => Some(1),
+            Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
             Op::Attention { .. } => Some(4),
             Op::Concat { .. } => None,

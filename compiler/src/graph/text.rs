@@ -74,7 +74,9 @@ fn attributes(op: &Op) -> Vec<String> {
         | Op::Unary(_)
         | Op::Binary(_)
         | Op::SwiGlu
+        | Op::Transpose
         | Op::MatMulAdd => vec![],
+        Op::LayerNorm { eps } => vec![format!("eps = {}", float(*eps))],
         Op::RmsNorm { eps } => vec![format!("eps = {}", float(*eps))],
         Op::Rope { head_dim, theta, scaling } => {
             let scaling = match scaling {
@@ -93,14 +95,20 @@ fn attributes(op: &Op) -> Vec<String> {
             };
             vec![format!("head_dim = {head_dim}"), format!("theta = {}", float(*theta)), format!("scaling = {scaling}")]
         }
-        Op::Attention { layer, heads, kv_heads, head_dim, scale, window } => vec![
-            format!("layer = {layer}"),
-            format!("heads = {heads}"),
-            format!("kv_heads = {kv_heads}"),
-            format!("head_dim = {head_dim}"),
-            format!("scale = {}", float(*scale)),
-            format!("window = {}", window.map_or("none".to_string(), |w| w.to_string())),
-        ],
+        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap } => {
+            let mut a = vec![
+                format!("layer = {layer}"),
+                format!("heads = {heads}"),
+                format!("kv_heads = {kv_heads}"),
+                format!("head_dim = {head_dim}"),
+                format!("scale = {}", float(*scale)),
+                format!("window = {}", window.map_or("none".to_string(), |w| w.to_string())),
+            ];
+            if let Some(c) = softcap {
+                a.push(format!("softcap = {}", float(*c)));
+            }
+            a
+        }
         Op::Concat { axis } => vec![format!("axis = {axis}")],
         Op::Slice { axis, start, len } => {
             vec![format!("axis = {axis}"), format!("start = {start}"), format!("len = {len}")]
@@ -470,6 +478,8 @@ pub fn parse(text: &str) -> Result<Graph> {
                     "embedding" => Op::Embedding,
                     "matmul" => Op::MatMul,
                     "matmul_add" => Op::MatMulAdd,
+                    "transpose" => Op::Transpose,
+                    "layer_norm" => Op::LayerNorm { eps: attrs.num("eps")? },
                     "swiglu" => Op::SwiGlu,
                     "neg" => Op::Unary(UnaryOp::Neg),
                     "exp" => Op::Unary(UnaryOp::Exp),
@@ -506,6 +516,7 @@ pub fn parse(text: &str) -> Result<Graph> {
                             w.done()?;
                             v
                         },
+                        softcap: if attrs.items.iter().any(|(k, _)| k == "softcap") { Some(attrs.num("softcap")?) } else { None },
                     },
                     "concat" => Op::Concat { axis: attrs.num("axis")? },
                     "slice" => Op::Slice { axis: attrs.num("axis")?, start: attrs.num("start")?, len: attrs.num("len")? },
@@ -544,7 +555,7 @@ mod tests {
   %8 = rope %6, %1 {head_dim = 4, theta = 10000.0, scaling = factors[1.0, 2.0]} : f32[seq, 8]
   %9 = rope %6, %1 {head_dim = 4, theta = 10000.0, scaling = linear(2.0)} : f32[seq, 8]
   %10 = attention %7, %8, %9, %1 {layer = 0, heads = 2, kv_heads = 2, head_dim = 4, scale = 0.5, window = 4} : f32[seq, 8]
-  %11 = attention %7, %8, %9, %1 {layer = 1, heads = 2, kv_heads = 2, head_dim = 4, scale = 0.5, window = none} : f32[seq, 8]
+  %11 = attention %7, %8, %9, %1 {layer = 1, heads = 2, kv_heads = 2, head_dim = 4, scale = 0.5, window = none, softcap = 50.0} : f32[seq, 8]
   %12 = concat %2, %2 {axis = 0} : f32[20, 8]
   %13 = matmul %11, %12 : f32[seq, 20]
   %14 = slice %13 {axis = 1, start = 4, len = 3} : f32[seq, 3]
@@ -562,6 +573,8 @@ mod tests {
   %26 = matmul %11, %2 : f32[seq, 10] @sharded(1)
   %27 = swiglu %13 : f32[seq, 10]
   %28 = matmul_add %11, %2, %27 : f32[seq, 10]
+  %29 = transpose %2 : f32[8, 10]
+  %30 = layer_norm %3, %5, %5 {eps = 1e-5} : f32[seq, 8]
   output "out" = %25
   output "other" = %10
 }

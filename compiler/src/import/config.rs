@@ -17,10 +17,12 @@ pub enum Architecture {
     Olmo2,
     Granite,
     Phi3,
+    Gemma2,
+    Gpt2,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 7] = [
+    pub const ALL: [Architecture; 9] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -28,6 +30,8 @@ impl Architecture {
         Architecture::Olmo2,
         Architecture::Granite,
         Architecture::Phi3,
+        Architecture::Gemma2,
+        Architecture::Gpt2,
     ];
 
     /// The Hugging Face class name.
@@ -40,6 +44,8 @@ impl Architecture {
             Architecture::Olmo2 => "Olmo2ForCausalLM",
             Architecture::Granite => "GraniteForCausalLM",
             Architecture::Phi3 => "Phi3ForCausalLM",
+            Architecture::Gemma2 => "Gemma2ForCausalLM",
+            Architecture::Gpt2 => "GPT2LMHeadModel",
         }
     }
 
@@ -53,6 +59,8 @@ impl Architecture {
             "olmo2" => Some(Architecture::Olmo2),
             "granite" => Some(Architecture::Granite),
             "phi3" => Some(Architecture::Phi3),
+            "gemma2" => Some(Architecture::Gemma2),
+            "gpt2" => Some(Architecture::Gpt2),
             _ => None,
         });
         found.ok_or_else(|| Error::UnsupportedArchitecture {
@@ -91,6 +99,19 @@ pub struct ModelConfig {
     pub dtype: String,
     /// Granite's scalar multipliers (`None` for other architectures).
     pub granite: Option<GraniteMultipliers>,
+    /// Gemma 2's extras (`None` for other architectures).
+    pub gemma: Option<GemmaParams>,
+}
+
+/// Gemma2ForCausalLM's settings beyond the Llama ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmaParams {
+    pub attn_logit_softcapping: Option<f32>,
+    pub final_logit_softcapping: Option<f32>,
+    /// The attention scale is `query_pre_attn_scalar^-0.5`.
+    pub query_pre_attn_scalar: f32,
+    /// Which layers use the sliding window (`layer_types`, else every even layer).
+    pub sliding_layers: Vec<bool>,
 }
 
 /// GraniteForCausalLM's scaling constants, as named in its config.json.
@@ -164,6 +185,9 @@ impl ModelConfig {
                 .to_string(),
         };
         let architecture = Architecture::parse(&arch_name, path)?;
+        if architecture == Architecture::Gpt2 {
+            return gpt2_config(&f);
+        }
         let hidden_size = f.usize("hidden_size")?;
         let num_heads = f.usize("num_attention_heads")?;
         let num_kv_heads = f.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
@@ -208,10 +232,25 @@ impl ModelConfig {
         } else {
             None
         };
+        let num_layers = f.usize("num_hidden_layers")?;
+        let gemma = if architecture == Architecture::Gemma2 {
+            let sliding_layers = match json.get("layer_types").and_then(Value::as_array) {
+                Some(types) => types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect(),
+                None => (0..num_layers).map(|l| l % 2 == 0).collect(),
+            };
+            Some(GemmaParams {
+                attn_logit_softcapping: f.f64_opt("attn_logit_softcapping")?.map(|x| x as f32),
+                final_logit_softcapping: f.f64_opt("final_logit_softcapping")?.map(|x| x as f32),
+                query_pre_attn_scalar: f.f64_opt("query_pre_attn_scalar")?.map_or(head_dim as f32, |x| x as f32),
+                sliding_layers,
+            })
+        } else {
+            None
+        };
         let config = ModelConfig {
             architecture,
             hidden_size,
-            num_layers: f.usize("num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -235,6 +274,7 @@ impl ModelConfig {
                 .unwrap_or("float32")
                 .to_string(),
             granite,
+            gemma,
         };
         config.validate(path)?;
         Ok(config)
@@ -260,6 +300,43 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+/// GPT2LMHeadModel's config.json uses its own field names.
+fn gpt2_config(f: &Fields<'_>) -> Result<ModelConfig> {
+    let hidden_size = f.usize("n_embd")?;
+    let heads = f.usize("n_head")?;
+    let config = ModelConfig {
+        architecture: Architecture::Gpt2,
+        hidden_size,
+        num_layers: f.usize("n_layer")?,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: hidden_size / heads,
+        intermediate_size: f.usize_opt("n_inner")?.unwrap_or(4 * hidden_size),
+        vocab_size: f.usize("vocab_size")?,
+        rms_norm_eps: f.f64_opt("layer_norm_epsilon")?.unwrap_or(1e-5) as f32,
+        rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: f.bool_or("tie_word_embeddings", true)?,
+        qkv_bias: true,
+        o_bias: true,
+        mlp_bias: true,
+        sliding_window: None,
+        max_position_embeddings: f.usize_opt("n_positions")?.unwrap_or(1024),
+        bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
+        eos_token_ids: f.token_ids("eos_token_id")?,
+        dtype: "float32".into(),
+        granite: None,
+        gemma: None,
+    };
+    if let Some(act) = f.get("activation_function").and_then(Value::as_str) {
+        if act != "gelu_new" && act != "gelu_pytorch_tanh" {
+            return Err(Error::invalid(f.path, "activation_function", format!("`{act}` is not supported; supported: gelu_new")));
+        }
+    }
+    config.validate(f.path)?;
+    Ok(config)
 }
 
 fn parse_rope_scaling(s: &Value, path: &Path, field: &str) -> Result<RopeScaling> {

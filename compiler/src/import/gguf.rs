@@ -344,6 +344,7 @@ impl GgufFile {
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
             dtype: "gguf".into(),
             granite: None,
+            gemma: None,
         };
         config.validate(&self.path)?;
         Ok(config)

@@ -14,7 +14,7 @@ use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
-use maxc_kernels::library::rms_norm::rms_norm;
+use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
 use maxc_kernels::{Kernel, TaskCount};
@@ -293,7 +293,7 @@ pub fn schedule<'g>(
                 args.push(Arg::Weight(table));
                 s.launch(rope(w, *head_dim as u64, seq), args, w)
             }
-            Op::Attention { layer, heads, kv_heads, head_dim, scale, window } => {
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap } => {
                 let kv_width = *kv_heads as u64 * *head_dim as u64;
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
@@ -309,6 +309,7 @@ pub fn schedule<'g>(
                     scale: *scale,
                     window: window.map(u64::from),
                     max_len,
+                    softcap: *softcap,
                 };
                 let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
                 s.launch(attention(shape, seq), vec![q, pos, kc, vc, scratch], out_width()?)
@@ -319,6 +320,12 @@ pub fn schedule<'g>(
                 s.launch(slice_columns(width, *start, *len, seq), args, *len)
             }
             Op::Slice { axis, .. } => return Err(unsupported(format!("a slice along axis {axis} of activations"))),
+            Op::LayerNorm { eps } => {
+                let w = out_width()?;
+                let args = s.inputs(&node.inputs)?;
+                s.launch(layer_norm(w, *eps, seq), args, w)
+            }
+            Op::Transpose => return Err(unsupported("a transpose of activations (only weights are transposed, at compile time)".into())),
             Op::Concat { .. } => return Err(unsupported("a concatenation of activations".into())),
         };
         s.loc[id.index()] = Some(out);

@@ -23,12 +23,15 @@ pub struct AttentionShape {
     pub window: Option<u64>,
     /// Positions in the cache (the artifact's maximum length).
     pub max_len: u64,
+    /// Scores become `tanh(score / c) * c` (Gemma 2's attention logit soft-capping).
+    pub softcap: Option<f32>,
 }
 
 impl AttentionShape {
     fn tag(&self) -> String {
         let w = self.window.map_or("full".to_string(), |w| format!("w{w}"));
-        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len)
+        let cap = self.softcap.map_or(String::new(), |c| format!("_c{:08x}", c.to_bits()));
+        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len)
     }
 
     /// Scratch floats per task.
@@ -108,6 +111,16 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
                 for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), add(ld(sc, scores(v(j))), mul(v(qd), ld(kc, add(v(ko), v(j))))))]),
             ],
         ),
+        // Soft-capping (Gemma 2): s = tanh(s / c) * c.
+        for_vec(
+            j,
+            v(start),
+            v(end),
+            match shape.softcap {
+                Some(c) => vec![store(sc, scores(v(j)), mul(un(UnOp::Tanh, div(ld(sc, scores(v(j))), f(c))), f(c)))],
+                None => vec![],
+            },
+        ),
         // Softmax over the row.
         set(m, f(-3.0e38)),
         for_vec(j, v(start), v(end), vec![set(m, max(v(m), ld(sc, scores(v(j)))))]),
@@ -163,7 +176,7 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_with_window_matches_naive_softmax() {
-        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8 };
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None };
         let (seq, kvw, qw) = (3usize, 8usize, 16usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
         let pos = vec![0, 1, 2];

@@ -1,0 +1,87 @@
+//! Gemma2ForCausalLM: RMSNorm with `(1 + weight)`, the embedding scaled by
+//! sqrt(hidden), four norms per layer (pre and post attention, pre and post MLP),
+//! a GELU-tanh gated MLP, attention and final logit soft-capping, sliding-window
+//! attention on the layers `layer_types` marks, and `query_pre_attn_scalar^-0.5`
+//! as the attention scale.
+
+use super::{decoder_inputs, WeightBinder};
+use crate::error::{Error, Result};
+use crate::graph::{BinaryOp, DType, Graph, Op, TensorType, UnaryOp, ValueId};
+use crate::import::ImportedModel;
+
+fn scalar(g: &mut Graph, value: f32) -> ValueId {
+    g.add(Op::Constant { values: vec![value], ty: TensorType::fixed(DType::F32, &[1]) }, &[])
+}
+
+/// `tanh(x / cap) * cap`.
+fn softcap(g: &mut Graph, x: ValueId, cap: f32) -> ValueId {
+    let c = scalar(g, cap);
+    let d = g.add(Op::Binary(BinaryOp::Div), &[x, c]);
+    let t = g.add(Op::Unary(UnaryOp::Tanh), &[d]);
+    g.add(Op::Binary(BinaryOp::Mul), &[t, c])
+}
+
+pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
+    let c = &model.config;
+    let gp = c.gemma.as_ref().ok_or_else(|| Error::invalid(&model.source, "query_pre_attn_scalar", "Gemma 2 settings are missing"))?;
+    let mut g = Graph::new(c.architecture.hf_name());
+    let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
+    let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+    let (tokens, positions) = decoder_inputs(&mut g);
+    let embed = w.weight(&mut g, "model.embed_tokens.weight", &[v, h])?;
+    let e = g.add(Op::Embedding, &[embed, tokens]);
+    let normalizer = scalar(&mut g, (h as f32).sqrt());
+    let mut x = g.add(Op::Binary(BinaryOp::Mul), &[e, normalizer]);
+    // Gemma's RMSNorm scales by (1 + weight); the sum is a constant, folded at compile time.
+    let norm = |g: &mut Graph, x: ValueId, name: &str| -> Result<ValueId> {
+        let weight = w.weight(g, name, &[h])?;
+        let one = scalar(g, 1.0);
+        let scale = g.add(Op::Binary(BinaryOp::Add), &[weight, one]);
+        Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, scale]))
+    };
+    let linear = |g: &mut Graph, x: ValueId, name: &str, out: usize, inp: usize| -> Result<ValueId> {
+        let weight = w.weight(g, &format!("{name}.weight"), &[out, inp])?;
+        Ok(g.add(Op::MatMul, &[x, weight]))
+    };
+    for l in 0..c.num_layers {
+        let p = format!("model.layers.{l}");
+        let n = norm(&mut g, x, &format!("{p}.input_layernorm.weight"))?;
+        let q = linear(&mut g, n, &format!("{p}.self_attn.q_proj"), nh * hd, h)?;
+        let k = linear(&mut g, n, &format!("{p}.self_attn.k_proj"), nkv * hd, h)?;
+        let vv = linear(&mut g, n, &format!("{p}.self_attn.v_proj"), nkv * hd, h)?;
+        let rope = Op::Rope { head_dim: hd as u32, theta: c.rope_theta, scaling: c.rope_scaling.clone() };
+        let q = g.add(rope.clone(), &[q, positions]);
+        let k = g.add(rope, &[k, positions]);
+        let sliding = gp.sliding_layers.get(l).copied().unwrap_or(false);
+        let attn = Op::Attention {
+            layer: l as u32,
+            heads: nh as u32,
+            kv_heads: nkv as u32,
+            head_dim: hd as u32,
+            scale: 1.0 / gp.query_pre_attn_scalar.sqrt(),
+            window: if sliding { c.sliding_window.map(|s| s as u32) } else { None },
+            softcap: gp.attn_logit_softcapping,
+        };
+        let a = g.add(attn, &[q, k, vv, positions]);
+        let o = linear(&mut g, a, &format!("{p}.self_attn.o_proj"), h, nh * hd)?;
+        let o = norm(&mut g, o, &format!("{p}.post_attention_layernorm.weight"))?;
+        x = g.add(Op::Binary(BinaryOp::Add), &[x, o]);
+
+        let n = norm(&mut g, x, &format!("{p}.pre_feedforward_layernorm.weight"))?;
+        let gate = linear(&mut g, n, &format!("{p}.mlp.gate_proj"), i, h)?;
+        let up = linear(&mut g, n, &format!("{p}.mlp.up_proj"), i, h)?;
+        let act = g.add(Op::Unary(UnaryOp::GeluTanh), &[gate]);
+        let m = g.add(Op::Binary(BinaryOp::Mul), &[act, up]);
+        let d = linear(&mut g, m, &format!("{p}.mlp.down_proj"), h, i)?;
+        let d = norm(&mut g, d, &format!("{p}.post_feedforward_layernorm.weight"))?;
+        x = g.add(Op::Binary(BinaryOp::Add), &[x, d]);
+    }
+    let x = norm(&mut g, x, "model.norm.weight")?;
+    let head = if c.tie_word_embeddings { embed } else { w.weight(&mut g, "lm_head.weight", &[v, h])? };
+    let mut logits = g.add(Op::MatMul, &[x, head]);
+    if let Some(cap) = gp.final_logit_softcapping {
+        logits = softcap(&mut g, logits, cap);
+    }
+    g.output("logits", logits);
+    Ok(g)
+}
