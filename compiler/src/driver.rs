@@ -96,7 +96,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     }
     let cfg = &fe.model.config;
     let max_length = c.max_length.map(u64::from).unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
-    let max_seq = PREFILL_CHUNK.min(max_length);
+    // Encoders attend in both directions, so a sequence cannot be split into chunks.
+    let max_seq = if cfg.encoder.is_some() { max_length } else { PREFILL_CHUNK.min(max_length) };
 
     let mut interp = crate::interp::Interpreter::new(&fe.graph, &fe.model.weights);
     let mut weights = WeightTable::default();
@@ -159,6 +160,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             architecture: cfg.architecture.hf_name().into(),
             vocab_size: cfg.vocab_size as u64,
             num_layers: cfg.num_layers as u64,
+            embedding_width: cfg.encoder.map(|_| cfg.hidden_size as u64),
         },
         provenance: provenance.clone(),
         target: mef::TargetInfo { triple: target.triple.clone(), cpu: target.cpu.clone(), required_features, backend: "llvm".into() },

@@ -214,6 +214,21 @@ impl<'a> Interpreter<'a> {
                 }
                 Tensor::f32(args[0].shape.clone(), out)
             }
+            Op::MeanRows => {
+                let (rows, w) = (args[0].shape[0], args[0].shape[1]);
+                let x = f(0);
+                let out = (0..w).map(|c| (0..rows).map(|r| x[r * w + c] as f64).sum::<f64>() / rows as f64).map(|v| v as f32).collect();
+                Tensor::f32(vec![1, w], out)
+            }
+            Op::L2Normalize => {
+                let w = args[0].shape[1];
+                let mut out = Vec::with_capacity(f(0).len());
+                for row in f(0).chunks(w) {
+                    let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt().max(1e-12);
+                    out.extend(row.iter().map(|&v| (v as f64 / norm) as f32));
+                }
+                Tensor::f32(args[0].shape.clone(), out)
+            }
             Op::Transpose => {
                 let (r, c) = (args[0].shape[0], args[0].shape[1]);
                 let x = f(0);
@@ -280,7 +295,7 @@ impl<'a> Interpreter<'a> {
                 }
                 Tensor::f32(args[0].shape.clone(), out)
             }
-            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap } => {
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
                 let (q, k, v, pos) = (f(0), f(1), f(2), args[3].as_i32());
                 let (nh, nkv, hd) = (*heads as usize, *kv_heads as usize, *head_dim as usize);
                 let kvw = nkv * hd;
@@ -296,8 +311,10 @@ impl<'a> Interpreter<'a> {
                 }
                 let group = nh / nkv;
                 let mut out = vec![0.0f32; pos.len() * nh * hd];
+                let last = *pos.last().expect("a step has tokens") as usize;
                 for (s, &p) in pos.iter().enumerate() {
-                    let p = p as usize;
+                    // Causal: keys up to this token; otherwise every key of the sequence.
+                    let p = if *causal { p as usize } else { last };
                     let start = window.map_or(0, |w| (p + 1).saturating_sub(w as usize));
                     for hh in 0..nh {
                         let kvh = hh / group;
@@ -399,8 +416,43 @@ pub fn unary(op: UnaryOp, x: f32) -> f32 {
         UnaryOp::Exp => x.exp(),
         UnaryOp::Silu => x / (1.0 + (-x).exp()),
         UnaryOp::GeluTanh => 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+        UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x as f64) as f32),
         UnaryOp::Rsqrt => 1.0 / x.sqrt(),
         UnaryOp::Tanh => x.tanh(),
+    }
+}
+
+/// The error function to double precision (W. J. Cody's rational approximations
+/// via erfc for large |x|; used only by the reference interpreter).
+pub fn erf(x: f64) -> f64 {
+    // Abramowitz & Stegun 7.1.28 is too coarse for an oracle; use the series for
+    // small |x| and the continued fraction of erfc for large |x|.
+    let ax = x.abs();
+    let r = if ax < 2.5 {
+        let mut term = ax;
+        let mut sum = ax;
+        let x2 = ax * ax;
+        for n in 1..80 {
+            term *= -x2 / n as f64;
+            let add = term / (2 * n + 1) as f64;
+            sum += add;
+            if add.abs() < 1e-17 {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc(x) = exp(-x^2) / (x sqrt(pi)) * 1 / (1 + 1/(2x^2) / (1 + 2/(2x^2) / (1 + ...)))
+        let mut f = 0.0;
+        for n in (1..60).rev() {
+            f = n as f64 / 2.0 / (ax + f);
+        }
+        1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / (ax + f)
+    };
+    if x < 0.0 {
+        -r
+    } else {
+        r
     }
 }
 

@@ -49,6 +49,9 @@ pub struct ModelInfo {
     pub architecture: String,
     pub vocab_size: u64,
     pub num_layers: u64,
+    /// `Some(width)` for encoders: a step outputs one `f32[1, width]` sentence
+    /// embedding instead of `[seq, vocab]` logits.
+    pub embedding_width: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -180,7 +183,8 @@ pub struct Plan {
     /// Activation arena size for `max_seq` tokens.
     pub arena_bytes: u64,
     pub launches: Vec<Launch>,
-    /// Where the `[seq, vocab]` f32 logits are when the plan ends.
+    /// Where the output is when the plan ends: `[seq, vocab]` f32 logits, or an
+    /// encoder's `[1, width]` embedding.
     pub logits: BufferRef,
 }
 

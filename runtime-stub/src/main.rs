@@ -77,6 +77,12 @@ struct RunArgs {
     /// Text to continue.
     #[arg(long, conflicts_with = "token_ids")]
     prompt: Option<String>,
+    /// Print the sentence embedding of TEXT as a JSON array (encoder artifacts).
+    #[arg(long, conflicts_with_all = ["prompt", "token_ids", "dump_logits"])]
+    embed: Option<String>,
+    /// Print one embedding (JSON array) per line of FILE (encoder artifacts).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "token_ids", "dump_logits", "embed"])]
+    embed_file: Option<PathBuf>,
     /// Comma-separated token ids instead of a prompt.
     #[arg(long, value_delimiter = ',')]
     token_ids: Option<Vec<u32>>,
@@ -220,10 +226,16 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         verify_weights(&artifact)?;
     }
     let h = &artifact.header;
-    let tokenizer: tokenizers::Tokenizer = artifact
+    let mut tokenizer: tokenizers::Tokenizer = artifact
         .tokenizer_json()?
         .parse()
         .map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", artifact_path.display()))?;
+    if cli.embed.is_some() || cli.embed_file.is_some() {
+        return embed(&cli, &artifact, &mut tokenizer);
+    }
+    if h.model.embedding_width.is_some() {
+        return Err(anyhow!("{} is a sentence encoder: use --embed TEXT or --embed-file FILE", artifact_path.display()));
+    }
     let ids: Vec<u32> = match (&cli.prompt, &cli.token_ids) {
         (Some(p), _) => tokenizer.encode(p.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
         (None, Some(ids)) => ids.clone(),
@@ -311,6 +323,40 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         session.counts.prefill,
         session.counts.decode,
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--embed` / `--embed-file`: one JSON array per text, in input order.
+fn embed(cli: &RunArgs, artifact: &Artifact, tokenizer: &mut tokenizers::Tokenizer) -> anyhow::Result<ExitCode> {
+    let h = &artifact.header;
+    if h.model.embedding_width.is_none() {
+        return Err(anyhow!("{} is a text generator, not a sentence encoder; --embed needs an encoder artifact", artifact.path.display()));
+    }
+    let texts: Vec<String> = match (&cli.embed, &cli.embed_file) {
+        (Some(t), _) => vec![t.clone()],
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading {}", f.display()))?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect(),
+        (None, None) => unreachable!("checked by the caller"),
+    };
+    // Sentence encoders see exactly their tokens: the tokenizer's fixed padding is for batching.
+    tokenizer.with_padding(None);
+    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut session = Session::new(artifact, threads)?;
+    let mut out = std::io::stdout().lock();
+    for text in texts {
+        let ids = tokenizer.encode(text.as_str(), true).map_err(|e| anyhow!("tokenizing: {e}"))?.get_ids().to_vec();
+        if ids.len() as u64 > h.max_length {
+            eprintln!("prompt is too long: {} tokens exceeds the maximum context length of {} tokens", ids.len(), h.max_length);
+            return Ok(ExitCode::from(EXIT_PROMPT_TOO_LONG));
+        }
+        session.reset();
+        let embedding = session.forward(&ids)?;
+        writeln!(out, "{}", serde_json::to_string(embedding)?)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -157,7 +157,8 @@ impl<'a> Session<'a> {
         self.position = 0;
     }
 
-    /// Appends `ids` to the sequence and returns their logits, `[ids.len(), vocab]`.
+    /// Appends `ids` to the sequence and returns their logits, `[ids.len(), vocab]`
+    /// (for an encoder: the sentence embedding, after a single step over all ids).
     pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
         let h = &self.artifact.header;
         let vocab = h.model.vocab_size;
@@ -213,7 +214,10 @@ impl<'a> Session<'a> {
                 p[index].1 += t.elapsed().as_secs_f64();
             }
         }
-        let n = (seq * header.model.vocab_size) as usize;
+        let n = match header.model.embedding_width {
+            Some(width) => width as usize,
+            None => (seq * header.model.vocab_size) as usize,
+        };
         let logits = match plan.logits {
             // SAFETY: the plan's logits buffer holds seq * vocab floats.
             BufferRef::Arena { offset } => unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, n) },

@@ -34,6 +34,16 @@ pub fn smollm2_gguf() -> PathBuf {
     p
 }
 
+/// all-MiniLM-L6-v2 as `scripts/setup.sh` unpacks it, or `$MAXC_MINILM_DIR`.
+pub fn minilm_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("MAXC_MINILM_DIR") {
+        return PathBuf::from(p);
+    }
+    let p = workspace_root().join(".cache/all-minilm-l6-v2");
+    assert!(p.join("model.safetensors").is_file(), "{} is missing: run scripts/setup.sh first", p.display());
+    p
+}
+
 /// `golden.json` of a fixture.
 pub fn golden(name: &str) -> Value {
     let path = fixture(name).join("golden.json");

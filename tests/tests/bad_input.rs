@@ -96,7 +96,11 @@ fn unsupported_architecture() {
     c["architectures"] = serde_json::json!(["FalconForCausalLM"]);
     let dir = model_dir("falcon", Some(&c.to_string()));
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
-    assert_clean_error(&r, 1, &["config.json", "FalconForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"]);
+    let supported = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "GPT2LMHeadModel", "BertModel"];
+    assert_clean_error(&r, 1, &[&["config.json", "FalconForCausalLM"][..], &supported[..]].concat());
+    let r = run_bin("maxc", &[OsStr::new("check"), OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["1 problem(s)"]);
+    assert!(r.1.contains("FalconForCausalLM") && r.1.contains("BertModel"), "{}", r.1);
 }
 
 /// Rewrites tiny-llama's safetensors with `edit` applied to the header JSON.

@@ -224,3 +224,37 @@ fn gemma2_matches_golden() {
 fn gpt2_matches_golden() {
     check_golden("arch-gpt2");
 }
+
+/// all-MiniLM-L6-v2 (BertModel + mean pooling + L2 normalization): every golden
+/// sentence tokenizes to the golden ids and embeds with cosine >= 0.9999.
+#[test]
+fn minilm_embeddings_match_golden() {
+    let mef = compile("minilm", &minilm_dir(), &[]);
+    let golden = golden("all-minilm-l6-v2");
+    let sentences: Vec<&str> = golden["sentences"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    let mut tokenizer = tokenizers::Tokenizer::from_file(minilm_dir().join("tokenizer.json")).unwrap();
+    tokenizer.with_padding(None);
+    for (i, s) in sentences.iter().enumerate() {
+        let ids = tokenizer.encode(*s, true).unwrap().get_ids().to_vec();
+        assert_eq!(ids, maxc_tests::ids(&golden["input_ids"][i]), "sentence {i} ids");
+    }
+    let file = temp_dir("sentences").join("s.txt");
+    std::fs::write(&file, sentences.join("\n")).unwrap();
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--embed-file"), file.as_os_str()]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let (shape, want) = maxrun::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
+    let lines: Vec<&str> = r.1.lines().collect();
+    assert_eq!(lines.len(), shape[0]);
+    for (i, line) in lines.iter().enumerate() {
+        let ours: Vec<f32> = serde_json::from_str(line).unwrap();
+        let gold = &want[i * shape[1]..(i + 1) * shape[1]];
+        let dot: f32 = ours.iter().zip(gold).map(|(a, b)| a * b).sum();
+        let cos = dot / (ours.iter().map(|a| a * a).sum::<f32>().sqrt() * gold.iter().map(|b| b * b).sum::<f32>().sqrt());
+        assert!(cos >= 0.9999, "sentence {i}: cosine {cos}");
+    }
+    // --embed prints the same vector for one sentence; a decoder artifact refuses --embed.
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--embed"), os(sentences[3])]);
+    assert_eq!(r.1.lines().next().unwrap(), lines[3]);
+    let r = run_bin("maxrun", &[artifact("tiny-llama").as_os_str(), os("--embed"), os("hi")]);
+    assert_clean_error(&r, 1, &["not a sentence encoder"]);
+}

@@ -58,7 +58,7 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: kv_store(8, 64, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
         for window in [None, Some(3)] {
             for (heads, kv_heads, head_dim) in [(4, 2, 4), (6, 2, 32)] {
-                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None } };
+                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4 };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 // Positions are drawn below 40 and the caches hold 40 random positions.
                 let sizes = vec![s * qw, s, 40 * kvw, 40 * kvw, s * kv_heads as usize * 40, s * qw];

@@ -47,6 +47,7 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
             scale: 1.0 / (hd as f32).sqrt(),
             window: None,
             softcap: None,
+            causal: true,
         };
         let a = g.add(attn, &[q, k, vv, positions]);
         let o = conv1d(&mut g, a, &format!("{p}.attn.c_proj"), h, h)?;

@@ -5,6 +5,7 @@
 //! graph serve prefill (the whole prompt) and decode (one token): attention appends
 //! to and reads from the per-layer KV cache, so decode costs O(1) tokens of compute.
 
+pub mod bert;
 pub mod gemma2;
 pub mod gpt2;
 pub mod granite;
@@ -41,6 +42,7 @@ fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph>
         Architecture::Phi3 => phi3::build(model, binder),
         Architecture::Gemma2 => gemma2::build(model, binder),
         Architecture::Gpt2 => gpt2::build(model, binder),
+        Architecture::Bert => bert::build(model, binder),
     }
 }
 
@@ -60,6 +62,7 @@ impl<'a> WeightBinder<'a> {
     /// A `weight` node for `name`, which must have `shape`.
     pub fn weight(&self, g: &mut Graph, name: &str, shape: &[usize]) -> Result<ValueId> {
         let problem = match self.model.weights.get(name) {
+            None if self.model.weights.skipped_error(name).is_some() => self.model.weights.skipped_error(name),
             None => Some(Error::MissingWeight {
                 path: self.model.source.clone(),
                 name: name.to_string(),

@@ -53,6 +53,16 @@ pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorTy
             same_float(x, b)?;
             Ok(plain(x))
         }
+        Op::MeanRows => {
+            let x = t(0);
+            expect_rank(x, 2, "mean_rows input")?;
+            Ok(TensorType::new(x.dtype, vec![Dim::Fixed(1), x.shape[1]]))
+        }
+        Op::L2Normalize => {
+            let x = t(0);
+            expect_rank(x, 2, "l2_normalize input")?;
+            Ok(plain(x))
+        }
         Op::Transpose => {
             let x = t(0);
             expect_rank(x, 2, "transpose input")?;
@@ -101,7 +111,10 @@ pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorTy
             let (a, b) = (t(0), t(1));
             same_float(a, b)?;
             let scalar = b.num_elements() == Some(1);
-            let suffix = b.shape.len() <= a.shape.len() && a.shape[a.shape.len() - b.shape.len()..] == b.shape[..];
+            // Leading dims of 1 broadcast too ([1, h] over [seq, h]).
+            let lead = b.shape.iter().take_while(|d| **d == Dim::Fixed(1)).count().min(b.shape.len().saturating_sub(1));
+            let core = &b.shape[lead..];
+            let suffix = core.len() <= a.shape.len() && a.shape[a.shape.len() - core.len()..] == core[..];
             if !(scalar || suffix) {
                 return Err(format!(
                     "rhs shape {} does not broadcast to lhs shape {}",

@@ -156,6 +156,8 @@ pub enum UnaryOp {
     Exp,
     Silu,
     GeluTanh,
+    /// GELU with the error function (BERT's `gelu`).
+    Gelu,
     Rsqrt,
     Tanh,
 }
@@ -205,7 +207,21 @@ pub enum Op {
     /// Causal attention over this layer's KV cache after appending this step's k and v:
     /// inputs (q `[seq, heads*hd]`, k `[seq, kv_heads*hd]`, v `[seq, kv_heads*hd]`, positions).
     /// `softcap`: scores become `tanh(score / c) * c` before the softmax (Gemma 2).
-    Attention { layer: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32, window: Option<u32>, softcap: Option<f32> },
+    /// `causal = false` (encoders): every token attends to every token of the sequence.
+    Attention {
+        layer: u32,
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        scale: f32,
+        window: Option<u32>,
+        softcap: Option<f32>,
+        causal: bool,
+    },
+    /// The mean over rows: `[seq, h] -> [1, h]` (sentence-embedding pooling).
+    MeanRows,
+    /// Each row divided by its L2 norm.
+    L2Normalize,
     /// `(x - mean) * rsqrt(var + eps) * w + b` over the last dim: inputs (x, w, b).
     LayerNorm { eps: f32 },
     /// The transpose of a 2-D tensor (evaluated at compile time on weights, e.g. GPT-2's Conv1D).
@@ -235,6 +251,7 @@ impl Op {
                 UnaryOp::Exp => "exp",
                 UnaryOp::Silu => "silu",
                 UnaryOp::GeluTanh => "gelu_tanh",
+                UnaryOp::Gelu => "gelu",
                 UnaryOp::Rsqrt => "rsqrt",
                 UnaryOp::Tanh => "tanh",
             },
@@ -252,6 +269,8 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::SwiGlu => "swiglu",
             Op::LayerNorm { .. } => "layer_norm",
+            Op::MeanRows => "mean_rows",
+            Op::L2Normalize => "l2_normalize",
             Op::Transpose => "transpose",
             Op::MatMulAdd => "matmul_add",
         }
@@ -266,7 +285,7 @@ impl Op {
     pub fn arity(&self) -> Option<usize> {
         match self {
             Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => Some(0),
-            Op::Unary(_) | Op::Slice { .. } | Op::SwiGlu | Op::Transpose => Some(1),
+            Op::Unary(_) | Op::Slice { .. } | Op::SwiGlu | Op::Transpose | Op::MeanRows | Op::L2Normalize => Some(1),
             Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
             Op::Attention { .. } => Some(4),

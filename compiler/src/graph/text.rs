@@ -74,6 +74,8 @@ fn attributes(op: &Op) -> Vec<String> {
         | Op::Unary(_)
         | Op::Binary(_)
         | Op::SwiGlu
+        | Op::MeanRows
+        | Op::L2Normalize
         | Op::Transpose
         | Op::MatMulAdd => vec![],
         Op::LayerNorm { eps } => vec![format!("eps = {}", float(*eps))],
@@ -95,7 +97,7 @@ fn attributes(op: &Op) -> Vec<String> {
             };
             vec![format!("head_dim = {head_dim}"), format!("theta = {}", float(*theta)), format!("scaling = {scaling}")]
         }
-        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap } => {
+        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
             let mut a = vec![
                 format!("layer = {layer}"),
                 format!("heads = {heads}"),
@@ -106,6 +108,9 @@ fn attributes(op: &Op) -> Vec<String> {
             ];
             if let Some(c) = softcap {
                 a.push(format!("softcap = {}", float(*c)));
+            }
+            if !causal {
+                a.push("causal = false".into());
             }
             a
         }
@@ -485,6 +490,9 @@ pub fn parse(text: &str) -> Result<Graph> {
                     "exp" => Op::Unary(UnaryOp::Exp),
                     "silu" => Op::Unary(UnaryOp::Silu),
                     "gelu_tanh" => Op::Unary(UnaryOp::GeluTanh),
+                    "gelu" => Op::Unary(UnaryOp::Gelu),
+                    "mean_rows" => Op::MeanRows,
+                    "l2_normalize" => Op::L2Normalize,
                     "rsqrt" => Op::Unary(UnaryOp::Rsqrt),
                     "tanh" => Op::Unary(UnaryOp::Tanh),
                     "add" => Op::Binary(BinaryOp::Add),
@@ -517,6 +525,16 @@ pub fn parse(text: &str) -> Result<Graph> {
                             v
                         },
                         softcap: if attrs.items.iter().any(|(k, _)| k == "softcap") { Some(attrs.num("softcap")?) } else { None },
+                        causal: if attrs.items.iter().any(|(k, _)| k == "causal") {
+                            let mut c = attrs.take("causal")?;
+                            match c.ident()?.as_str() {
+                                "true" => true,
+                                "false" => false,
+                                other => return c.err(format!("causal must be true or false, not `{other}`")),
+                            }
+                        } else {
+                            true
+                        },
                     },
                     "concat" => Op::Concat { axis: attrs.num("axis")? },
                     "slice" => Op::Slice { axis: attrs.num("axis")?, start: attrs.num("start")?, len: attrs.num("len")? },
@@ -575,6 +593,10 @@ mod tests {
   %28 = matmul_add %11, %2, %27 : f32[seq, 10]
   %29 = transpose %2 : f32[8, 10]
   %30 = layer_norm %3, %5, %5 {eps = 1e-5} : f32[seq, 8]
+  %31 = attention %7, %8, %9, %1 {layer = 2, heads = 2, kv_heads = 2, head_dim = 4, scale = 0.5, window = none, causal = false} : f32[seq, 8]
+  %32 = mean_rows %31 : f32[1, 8]
+  %33 = l2_normalize %32 : f32[1, 8]
+  %34 = gelu %31 : f32[seq, 8]
   output "out" = %25
   output "other" = %10
 }

@@ -19,10 +19,11 @@ pub enum Architecture {
     Phi3,
     Gemma2,
     Gpt2,
+    Bert,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 9] = [
+    pub const ALL: [Architecture; 10] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -32,6 +33,7 @@ impl Architecture {
         Architecture::Phi3,
         Architecture::Gemma2,
         Architecture::Gpt2,
+        Architecture::Bert,
     ];
 
     /// The Hugging Face class name.
@@ -46,6 +48,7 @@ impl Architecture {
             Architecture::Phi3 => "Phi3ForCausalLM",
             Architecture::Gemma2 => "Gemma2ForCausalLM",
             Architecture::Gpt2 => "GPT2LMHeadModel",
+            Architecture::Bert => "BertModel",
         }
     }
 
@@ -61,6 +64,7 @@ impl Architecture {
             "phi3" => Some(Architecture::Phi3),
             "gemma2" => Some(Architecture::Gemma2),
             "gpt2" => Some(Architecture::Gpt2),
+            "bert" => Some(Architecture::Bert),
             _ => None,
         });
         found.ok_or_else(|| Error::UnsupportedArchitecture {
@@ -101,6 +105,18 @@ pub struct ModelConfig {
     pub granite: Option<GraniteMultipliers>,
     /// Gemma 2's extras (`None` for other architectures).
     pub gemma: Option<GemmaParams>,
+    /// Sentence-embedding settings of encoders (`None` for decoders).
+    pub encoder: Option<EncoderParams>,
+}
+
+/// How an encoder turns token states into one embedding (sentence-transformers'
+/// `1_Pooling/config.json` and `Normalize` module).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct EncoderParams {
+    /// Mean over tokens (otherwise the first, [CLS], token).
+    pub mean_pooling: bool,
+    pub normalize: bool,
+    pub type_vocab_size: usize,
 }
 
 /// Gemma2ForCausalLM's settings beyond the Llama ones.
@@ -187,6 +203,9 @@ impl ModelConfig {
         let architecture = Architecture::parse(&arch_name, path)?;
         if architecture == Architecture::Gpt2 {
             return gpt2_config(&f);
+        }
+        if architecture == Architecture::Bert {
+            return bert_config(&f);
         }
         let hidden_size = f.usize("hidden_size")?;
         let num_heads = f.usize("num_attention_heads")?;
@@ -275,6 +294,7 @@ impl ModelConfig {
                 .to_string(),
             granite,
             gemma,
+            encoder: None,
         };
         config.validate(path)?;
         Ok(config)
@@ -329,12 +349,56 @@ fn gpt2_config(f: &Fields<'_>) -> Result<ModelConfig> {
         dtype: "float32".into(),
         granite: None,
         gemma: None,
+        encoder: None,
     };
     if let Some(act) = f.get("activation_function").and_then(Value::as_str) {
         if act != "gelu_new" && act != "gelu_pytorch_tanh" {
             return Err(Error::invalid(f.path, "activation_function", format!("`{act}` is not supported; supported: gelu_new")));
         }
     }
+    config.validate(f.path)?;
+    Ok(config)
+}
+
+/// BertModel's config.json (an encoder: no RoPE, LayerNorm, GELU with erf).
+fn bert_config(f: &Fields<'_>) -> Result<ModelConfig> {
+    let hidden_size = f.usize("hidden_size")?;
+    let heads = f.usize("num_attention_heads")?;
+    if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
+        if act != "gelu" {
+            return Err(Error::invalid(f.path, "hidden_act", format!("`{act}` is not supported for BertModel; supported: gelu")));
+        }
+    }
+    if let Some(kind) = f.get("position_embedding_type").and_then(Value::as_str) {
+        if kind != "absolute" {
+            return Err(Error::invalid(f.path, "position_embedding_type", format!("`{kind}` is not supported; supported: absolute")));
+        }
+    }
+    let config = ModelConfig {
+        architecture: Architecture::Bert,
+        hidden_size,
+        num_layers: f.usize("num_hidden_layers")?,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: hidden_size / heads,
+        intermediate_size: f.usize("intermediate_size")?,
+        vocab_size: f.usize("vocab_size")?,
+        rms_norm_eps: f.f64_opt("layer_norm_eps")?.unwrap_or(1e-12) as f32,
+        rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: false,
+        qkv_bias: true,
+        o_bias: true,
+        mlp_bias: true,
+        sliding_window: None,
+        max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(512),
+        bos_token_id: None,
+        eos_token_ids: vec![],
+        dtype: "float32".into(),
+        granite: None,
+        gemma: None,
+        encoder: Some(EncoderParams { mean_pooling: true, normalize: false, type_vocab_size: f.usize_opt("type_vocab_size")?.unwrap_or(2) }),
+    };
     config.validate(f.path)?;
     Ok(config)
 }

@@ -345,6 +345,7 @@ impl GgufFile {
             dtype: "gguf".into(),
             granite: None,
             gemma: None,
+            encoder: None,
         };
         config.validate(&self.path)?;
         Ok(config)

@@ -25,8 +25,35 @@ fn parse_json(path: &Path, text: &str) -> Result<Value> {
 pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedModel> {
     let config_path = dir.join("config.json");
     let config_text = read_required(dir, "config.json", "config.json, *.safetensors and tokenizer.json")?;
-    let config = ModelConfig::from_hf_json(&parse_json(&config_path, &config_text)?, &config_path, architecture)?;
+    let mut config = ModelConfig::from_hf_json(&parse_json(&config_path, &config_text)?, &config_path, architecture)?;
     let mut input_files = vec![config_path];
+    if let Some(enc) = config.encoder.as_mut() {
+        // sentence-transformers layout: 1_Pooling/config.json and a Normalize module.
+        let pooling_path = dir.join("1_Pooling/config.json");
+        if pooling_path.exists() {
+            let text = std::fs::read_to_string(&pooling_path).map_err(|e| Error::io(&pooling_path, e))?;
+            let p = parse_json(&pooling_path, &text)?;
+            let flag = |k: &str| p.get(k).and_then(Value::as_bool).unwrap_or(false);
+            enc.mean_pooling = match (flag("pooling_mode_mean_tokens"), flag("pooling_mode_cls_token")) {
+                (true, false) => true,
+                (false, true) => false,
+                _ => {
+                    return Err(Error::invalid(
+                        &pooling_path,
+                        "pooling_mode_*",
+                        "exactly one of pooling_mode_mean_tokens and pooling_mode_cls_token must be true; other poolings are not supported",
+                    ))
+                }
+            };
+            input_files.push(pooling_path);
+        }
+        let modules_path = dir.join("modules.json");
+        if modules_path.exists() {
+            let text = std::fs::read_to_string(&modules_path).map_err(|e| Error::io(&modules_path, e))?;
+            enc.normalize = text.contains("sentence_transformers.models.Normalize");
+            input_files.push(modules_path);
+        }
+    }
 
     let mut weights = WeightStore::default();
     for file in safetensors::list_files(dir)? {

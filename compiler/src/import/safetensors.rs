@@ -46,21 +46,29 @@ pub fn list_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// One tensor found in a safetensors file: name, storage, shape, byte offset, byte length.
 pub type TensorRecord = (String, StorageType, Vec<usize>, usize, usize);
 
+/// What a safetensors file holds: float tensors, and the names and dtypes of the
+/// others (integer buffers such as BERT's `position_ids`), which are skipped and
+/// only an error if a builder asks for them.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub tensors: Vec<TensorRecord>,
+    pub skipped: Vec<(String, String)>,
+}
+
 /// Parses safetensors bytes (`path` names them in errors). The header and every
 /// tensor's byte range are validated against `bytes`.
-pub fn parse(path: &Path, bytes: &[u8]) -> Result<Vec<TensorRecord>> {
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed> {
     let st = SafeTensors::deserialize(bytes)
         .map_err(|e| Error::invalid(path, "header", format!("not a valid safetensors file ({e}); the file may be truncated or corrupt")))?;
     let base = bytes.as_ptr() as usize;
-    let mut found = Vec::new();
-    let mut unsupported = Vec::new();
+    let mut parsed = Parsed::default();
     for (name, view) in st.tensors() {
         let storage = match view.dtype() {
             Dtype::F32 => StorageType::F32,
             Dtype::F16 => StorageType::F16,
             Dtype::BF16 => StorageType::BF16,
             other => {
-                unsupported.push(format!("{name} ({other:?})"));
+                parsed.skipped.push((name, format!("{other:?}")));
                 continue;
             }
         };
@@ -70,28 +78,23 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Vec<TensorRecord>> {
         if storage.bytes_for(n) != Some(data.len()) {
             return Err(Error::invalid(path, &name, format!("{} bytes for {n} elements of {}", data.len(), storage.name())));
         }
-        found.push((name, storage, view.shape().to_vec(), offset, data.len()));
+        parsed.tensors.push((name, storage, view.shape().to_vec(), offset, data.len()));
     }
-    unsupported.sort();
-    if let Some(first) = unsupported.first() {
-        let name = first.split(' ').next().unwrap_or_default().to_string();
-        return Err(Error::invalid(
-            path,
-            name,
-            format!("tensor dtypes not supported (supported: F32, F16, BF16): {}", unsupported.join(", ")),
-        ));
-    }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(found)
+    parsed.tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    parsed.skipped.sort();
+    Ok(parsed)
 }
 
 /// Maps one safetensors file and registers its tensors.
 pub fn load_file(path: &Path, store: &mut WeightStore) -> Result<()> {
     let map = Arc::new(mmap_file(path)?);
-    let found = parse(path, &map)?;
+    let parsed = parse(path, &map)?;
     let file = store.add_file(path, map);
-    for (name, storage, shape, offset, len) in found {
+    for (name, storage, shape, offset, len) in parsed.tensors {
         store.insert(name, storage, shape, file, offset, len);
+    }
+    for (name, dtype) in parsed.skipped {
+        store.skip(name, dtype, file);
     }
     Ok(())
 }
@@ -141,9 +144,12 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_dtype_names_the_tensor() {
+    fn unsupported_dtype_is_skipped_and_named_when_used() {
         let p = write("i8.safetensors", &file_with_header(r#"{"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}}"#, 4));
-        let e = load_file(&p, &mut WeightStore::default()).unwrap_err().to_string();
-        assert!(e.contains("i8.safetensors") && e.contains("q (I8)") && e.contains("not supported"), "{e}");
+        let mut store = WeightStore::default();
+        load_file(&p, &mut store).unwrap();
+        assert!(store.get("q").is_none());
+        let e = store.skipped_error("q").unwrap().to_string();
+        assert!(e.contains("i8.safetensors") && e.contains("q") && e.contains("I8") && e.contains("not supported"), "{e}");
     }
 }

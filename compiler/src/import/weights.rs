@@ -81,6 +81,8 @@ impl WeightEntry {
 pub struct WeightStore {
     files: Vec<(PathBuf, Arc<Mmap>)>,
     entries: BTreeMap<String, WeightEntry>,
+    /// Tensors of a dtype the compiler does not read: name -> (dtype, file).
+    skipped: BTreeMap<String, (String, usize)>,
 }
 
 impl std::fmt::Debug for WeightStore {
@@ -101,6 +103,18 @@ impl WeightStore {
         let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None };
         debug_assert!(offset + len <= self.files[file].1.len());
         self.entries.insert(name, entry);
+    }
+
+    /// Records a tensor that was not loaded because of its dtype.
+    pub fn skip(&mut self, name: String, dtype: String, file: usize) {
+        self.skipped.insert(name, (dtype, file));
+    }
+
+    /// The error for asking for a skipped tensor, if `name` is one.
+    pub fn skipped_error(&self, name: &str) -> Option<Error> {
+        self.skipped.get(name).map(|(dtype, file)| {
+            Error::invalid(&self.files[*file].0, name, format!("tensor dtype {dtype} is not supported; supported: F32, F16, BF16"))
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&WeightEntry> {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
 use maxc_kernels::library::copy::slice_columns;
-use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
+use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
@@ -247,6 +247,7 @@ pub fn schedule<'g>(
                     UnaryOp::Exp => Unary::Exp,
                     UnaryOp::Silu => Unary::Silu,
                     UnaryOp::GeluTanh => Unary::GeluTanh,
+                    UnaryOp::Gelu => Unary::Gelu,
                     UnaryOp::Rsqrt => Unary::Rsqrt,
                     UnaryOp::Tanh => Unary::Tanh,
                 };
@@ -269,7 +270,7 @@ pub fn schedule<'g>(
                 let rhs = graph.ty(node.inputs[1]);
                 let bc = if rhs.num_elements() == Some(1) {
                     Broadcast::Scalar
-                } else if rhs.shape.len() == 1 {
+                } else if rhs.num_elements() == Some(w) {
                     Broadcast::Row
                 } else {
                     Broadcast::None
@@ -293,7 +294,7 @@ pub fn schedule<'g>(
                 args.push(Arg::Weight(table));
                 s.launch(rope(w, *head_dim as u64, seq), args, w)
             }
-            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap } => {
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
                 let kv_width = *kv_heads as u64 * *head_dim as u64;
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
@@ -310,6 +311,7 @@ pub fn schedule<'g>(
                     window: window.map(u64::from),
                     max_len,
                     softcap: *softcap,
+                    causal: *causal,
                 };
                 let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
                 s.launch(attention(shape, seq), vec![q, pos, kc, vc, scratch], out_width()?)
@@ -324,6 +326,21 @@ pub fn schedule<'g>(
                 let w = out_width()?;
                 let args = s.inputs(&node.inputs)?;
                 s.launch(layer_norm(w, *eps, seq), args, w)
+            }
+            Op::MeanRows => {
+                let w = graph.ty(node.inputs[0]).last_dim().expect("static width");
+                let args = s.inputs(&node.inputs)?;
+                s.launch(mean_rows(w, seq), args, w)
+            }
+            Op::L2Normalize => {
+                let ty = &node.ty;
+                let w = ty.last_dim().expect("static width");
+                let rows = match ty.shape[0] {
+                    Dim::Fixed(r) => r,
+                    Dim::Sym(_) => return Err(unsupported("an l2_normalize over a dynamic number of rows".into())),
+                };
+                let args = s.inputs(&node.inputs)?;
+                s.launch(l2_normalize(w, rows), args, w)
             }
             Op::Transpose => return Err(unsupported("a transpose of activations (only weights are transposed, at compile time)".into())),
             Op::Concat { .. } => return Err(unsupported("a concatenation of activations".into())),
@@ -340,7 +357,11 @@ pub fn schedule<'g>(
             }
         }
     }
-    let (_, logits_value) = graph.outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| unsupported("a graph without `logits`".into()))?;
+    let (_, logits_value) = graph
+        .outputs
+        .iter()
+        .find(|(n, _)| n == "logits" || n == "embedding")
+        .ok_or_else(|| unsupported("a graph without `logits` or `embedding`".into()))?;
     let Some(Arg::Buffer(logits)) = loc[logits_value.index()] else {
         return Err(unsupported("logits that are not computed by a kernel".into()));
     };

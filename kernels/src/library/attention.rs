@@ -25,12 +25,15 @@ pub struct AttentionShape {
     pub max_len: u64,
     /// Scores become `tanh(score / c) * c` (Gemma 2's attention logit soft-capping).
     pub softcap: Option<f32>,
+    /// `false` for encoders: every token sees every token of the step.
+    pub causal: bool,
 }
 
 impl AttentionShape {
     fn tag(&self) -> String {
         let w = self.window.map_or("full".to_string(), |w| format!("w{w}"));
         let cap = self.softcap.map_or(String::new(), |c| format!("_c{:08x}", c.to_bits()));
+        let cap = if self.causal { cap } else { format!("{cap}_bidi") };
         format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len)
     }
 
@@ -151,7 +154,8 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
         set(g, rem(v(t), i(nkv))),
         set(p, ld(pos, v(s))),
         set(start, start_expr),
-        set(end, add(v(p), i(1))),
+        // Causal: keys up to this token; bidirectional: up to the step's last token.
+        set(end, if shape.causal { add(v(p), i(1)) } else { add(ld(pos, sub(seq.expr(), i(1))), i(1)) }),
         set(so, mul(v(t), i(len))),
         for_(hh, i(0), i(group), per_head),
     ];
@@ -176,7 +180,7 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_with_window_matches_naive_softmax() {
-        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None };
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true };
         let (seq, kvw, qw) = (3usize, 8usize, 16usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
         let pos = vec![0, 1, 2];

@@ -11,6 +11,8 @@ pub enum Unary {
     Exp,
     Silu,
     GeluTanh,
+    /// GELU with the error function.
+    Gelu,
     Rsqrt,
     Tanh,
 }
@@ -45,9 +47,23 @@ fn apply_unary(op: Unary, x: Expr) -> Expr {
             let inner = mul(f((2.0 / std::f32::consts::PI).sqrt()), add(x.clone(), mul(f(0.044715), mul(x.clone(), mul(x.clone(), x.clone())))));
             mul(mul(f(0.5), x), add(f(1.0), un(UnOp::Tanh, inner)))
         }
+        Unary::Gelu => mul(mul(f(0.5), x.clone()), add(f(1.0), erf(mul(x, f(std::f32::consts::FRAC_1_SQRT_2))))),
         Unary::Rsqrt => div(f(1.0), un(UnOp::Sqrt, x)),
         Unary::Tanh => un(UnOp::Tanh, x),
     }
+}
+
+/// `erf(x)` by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7), odd-extended.
+fn erf(x: Expr) -> Expr {
+    let ax = max(x.clone(), un(UnOp::Neg, x.clone()));
+    let t = div(f(1.0), add(f(1.0), mul(f(0.327_591_1), ax.clone())));
+    let mut poly = f(1.061_405_4);
+    for c in [-1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6] {
+        poly = add(mul(poly, t.clone()), f(c));
+    }
+    poly = mul(poly, t);
+    let e = sub(f(1.0), mul(poly, fast_exp(un(UnOp::Neg, mul(ax.clone(), ax)))));
+    select(lt(x, f(0.0)), un(UnOp::Neg, e.clone()), e)
 }
 
 /// `out = op(x)` over `f32[seq, width]`.
@@ -99,6 +115,39 @@ pub fn swiglu(h: u64, seq: SeqMode) -> Kernel {
     b.finish(format!("swiglu_h{h}_{}", seq.tag()), "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
+/// `out[0, c] = mean_r x[r, c]` for `x: f32[seq, width]` (one task).
+pub fn mean_rows(width: u64, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, r, c) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let w = width as i64;
+    let body = vec![
+        for_vec(c, i(0), i(w), vec![store(out, v(c), f(0.0))]),
+        for_(r, i(0), seq.expr(), vec![for_vec(c, i(0), i(w), vec![store(out, v(c), add(ld(out, v(c)), ld(x, add(mul(v(r), i(w)), v(c)))))])]),
+        for_vec(c, i(0), i(w), vec![store(out, v(c), div(ld(out, v(c)), un(UnOp::ToF32, seq.expr())))]),
+    ];
+    b.finish(format!("mean_rows_w{width}_{}", seq.tag()), "pooling", TaskCount { per_seq: 0, fixed: 1 }, t, body)
+}
+
+/// Each row of `x: f32[rows, width]` divided by its L2 norm (at least 1e-12), one task per row.
+pub fn l2_normalize(width: u64, rows: u64) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
+    let (ss, inv) = (b.var(ValType::F32), b.var(ValType::F32));
+    let w = width as i64;
+    let xi = || ld(x, add(mul(v(t), i(w)), v(c)));
+    let body = vec![
+        set(ss, f(0.0)),
+        for_vec(c, i(0), i(w), vec![set(ss, add(v(ss), mul(xi(), xi())))]),
+        set(inv, div(f(1.0), max(un(UnOp::Sqrt, v(ss)), f(1e-12)))),
+        for_vec(c, i(0), i(w), vec![store(out, add(mul(v(t), i(w)), v(c)), mul(xi(), v(inv)))]),
+    ];
+    b.finish(format!("l2_normalize_w{width}_r{rows}"), "pooling", TaskCount { per_seq: 0, fixed: rows }, t, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +166,30 @@ mod tests {
             let Buffer::F32(got) = &bufs[1] else { unreachable!() };
             close(got, &x.iter().map(|&v| func(v)).collect::<Vec<_>>(), 1e-6);
         }
+    }
+
+    #[test]
+    fn erf_gelu_matches_the_definition() {
+        // Reference values of GELU(x) = x/2 (1 + erf(x / sqrt 2)).
+        let x = vec![-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0];
+        let want = [-0.004049694, -0.15865526, -0.15426877, 0.0, 0.34573123, 0.8413447, 1.9544997, 3.9998734];
+        let mut bufs = vec![Buffer::F32(x), Buffer::F32(vec![0.0; 8])];
+        run(&unary(Unary::Gelu, 8, SeqMode::Fixed(1)), &mut bufs, 1);
+        let Buffer::F32(got) = &bufs[1] else { unreachable!() };
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 2e-6, "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn mean_and_l2_normalize() {
+        let mut bufs = vec![Buffer::F32(vec![1.0, 2.0, 3.0, 6.0]), Buffer::F32(vec![0.0; 4])];
+        run(&mean_rows(2, SeqMode::Dynamic), &mut bufs, 2);
+        let Buffer::F32(m) = bufs[1].clone() else { unreachable!() };
+        assert_eq!(&m[..2], &[2.0, 4.0]);
+        let mut bufs = vec![Buffer::F32(vec![3.0, 4.0]), Buffer::F32(vec![0.0; 2])];
+        run(&l2_normalize(2, 1), &mut bufs, 1);
+        assert_eq!(bufs[1], Buffer::F32(vec![0.6, 0.8]));
     }
 
     #[test]
