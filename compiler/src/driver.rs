@@ -48,6 +48,8 @@ pub struct CompileOptions<'a> {
     pub pipeline: PipelineOptions<'a>,
     /// Write the kernels' optimized LLVM IR to this directory.
     pub emit_llvm: Option<std::path::PathBuf>,
+    /// `--quantization-encoding`, overriding the manifest's.
+    pub encoding: Option<String>,
 }
 
 /// What a compile produced.
@@ -76,9 +78,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
 
     let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
     let c = manifest.manifest.compile.clone();
-    if let Some(enc) = c.quantization_encoding.as_deref().filter(|e| *e != "float32") {
-        return Err(Error::invalid(&shown, "compile.quantization_encoding", format!("`{enc}` is not implemented yet; this maxc supports float32")));
-    }
+    let encoding_name = options.encoding.clone().or(c.quantization_encoding.clone()).unwrap_or_else(|| "float32".into());
+    let encoding = crate::quant::parse_encoding(&encoding_name).map_err(|m| Error::invalid(&shown, "compile.quantization_encoding", m))?;
     if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
         return Err(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
     }
@@ -90,7 +91,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         }
     }
 
-    let fe = frontend(manifest, &options.pipeline)?;
+    let pipeline = PipelineOptions { encoding, ..options.pipeline.clone() };
+    let fe = frontend(manifest, &pipeline)?;
     if options.pipeline.stop_after.is_some() {
         return Err(Error::Flag { flag: "--stop-after".into(), message: "stops before code generation; no artifact is written".into() });
     }
@@ -212,8 +214,8 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
     let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
     let c = &manifest.manifest.compile;
     let mut problems = Vec::new();
-    if let Some(enc) = c.quantization_encoding.as_deref().filter(|e| *e != "float32") {
-        problems.push(Error::invalid(&shown, "compile.quantization_encoding", format!("`{enc}` is not implemented yet; this maxc supports float32")));
+    if let Some(Err(m)) = c.quantization_encoding.as_deref().map(crate::quant::parse_encoding) {
+        problems.push(Error::invalid(&shown, "compile.quantization_encoding", m));
     }
     if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
         problems.push(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));

@@ -173,7 +173,12 @@ impl<'a> Interpreter<'a> {
             }
             Op::Weight { name, ty } => {
                 let shape: Vec<usize> = ty.shape.iter().map(|d| d.fixed().expect("weights are static") as usize).collect();
-                Tensor::f32(shape, self.weights.weight_f32(name)?)
+                let mut values = self.weights.weight_f32(name)?;
+                // A quantized weight is seen as the values its encoding stores.
+                if ty.quant != crate::graph::QuantScheme::None {
+                    values.iter_mut().for_each(|v| *v = crate::quant::round(ty.quant, *v));
+                }
+                Tensor::f32(shape, values)
             }
             Op::Constant { values, ty } => {
                 Tensor::f32(ty.shape.iter().map(|d| d.fixed().unwrap() as usize).collect(), values.clone())

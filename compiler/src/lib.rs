@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod mef_writer;
 pub mod passes;
 pub mod provenance;
+pub mod quant;
 pub mod schedule;
 
 pub use error::{Error, Result};

@@ -73,6 +73,9 @@ struct CompileArgs {
     /// Write the optimized LLVM IR of the kernels to DIR/kernels.ll.
     #[arg(long, value_name = "DIR")]
     emit_llvm: Option<PathBuf>,
+    /// Storage of matmul and embedding weights: float32 (default), bfloat16, float16.
+    #[arg(long, value_name = "ENCODING")]
+    quantization_encoding: Option<String>,
 }
 
 #[derive(Args)]
@@ -118,7 +121,7 @@ fn options<'a>(dump: Option<&'a Path>, stop: Option<&'a str>) -> anyhow::Result<
             bail!("--stop-after: unknown pass `{name}`; passes: {}", names.join(", "));
         }
     }
-    Ok(PipelineOptions { verify_each: true, dump_dir: dump, stop_after: stop })
+    Ok(PipelineOptions { verify_each: true, dump_dir: dump, stop_after: stop, encoding: Default::default() })
 }
 
 fn compile(args: CompileArgs) -> anyhow::Result<()> {
@@ -137,7 +140,13 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
     }
     let start = std::time::Instant::now();
     let flags = provenance_flags(std::env::args().skip(1));
-    let compile_options = CompileOptions { target: args.target, flags, pipeline: opts, emit_llvm: args.emit_llvm.clone() };
+    let compile_options = CompileOptions {
+        target: args.target,
+        flags,
+        pipeline: opts,
+        emit_llvm: args.emit_llvm.clone(),
+        encoding: args.quantization_encoding.clone(),
+    };
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;
     eprintln!(

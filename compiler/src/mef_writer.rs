@@ -30,8 +30,13 @@ fn layout_weights(slots: &[WeightSlot]) -> (Vec<WeightEntry>, u64) {
     let mut offset = 0u64;
     let mut entries = Vec::with_capacity(slots.len());
     for s in slots {
-        let len = s.shape.iter().product::<u64>() * 4;
-        entries.push(WeightEntry { name: s.name.clone(), dtype: DType::F32, shape: s.shape.clone(), offset, len });
+        let len = s.shape.iter().product::<u64>() * crate::quant::size(s.encoding);
+        let dtype = match s.encoding {
+            crate::graph::QuantScheme::None => DType::F32,
+            crate::graph::QuantScheme::BF16 => DType::BF16,
+            crate::graph::QuantScheme::F16 => DType::F16,
+        };
+        entries.push(WeightEntry { name: s.name.clone(), dtype, shape: s.shape.clone(), offset, len });
         offset = (offset + len).div_ceil(WEIGHT_ALIGN) * WEIGHT_ALIGN;
     }
     (entries, offset)
@@ -161,10 +166,10 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
     Ok(end)
 }
 
-/// A weight's bytes: little-endian f32.
+/// A weight's bytes in its encoding (little-endian).
 fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(slot.shape.iter().product::<u64>() as usize * 4);
-    let mut put = |values: &[f32]| values.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+    let mut bytes = Vec::with_capacity((slot.shape.iter().product::<u64>() * crate::quant::size(slot.encoding)) as usize);
+    let mut put = |values: &[f32]| crate::quant::encode(slot.encoding, values, &mut bytes);
     match &slot.data {
         WeightData::Checkpoint(name) => put(&store.to_f32(name)?),
         WeightData::Stacked(names) => {

@@ -8,6 +8,26 @@ use crate::ir::*;
 pub enum Buffer {
     F32(Vec<f32>),
     I32(Vec<i32>),
+    BF16(Vec<u16>),
+    F16(Vec<u16>),
+}
+
+/// bfloat16 bits to f32 (exact).
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// IEEE half bits to f32 (exact, subnormals included).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as f32;
+    match exp {
+        0 => sign * frac * 2f32.powi(-24),
+        31 if frac == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        e => sign * (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
+    }
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -85,6 +105,7 @@ impl Machine<'_> {
                             let len = b.len();
                             *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i32
                         }
+                        Buffer::BF16(_) | Buffer::F16(_) => unreachable!("16-bit parameters are never stored (validated)"),
                     }
                 }
                 Stmt::For { var, start, end, body, .. } => {
@@ -116,6 +137,8 @@ impl Machine<'_> {
                 match &self.bufs[*param as usize] {
                     Buffer::F32(b) => Val::F(*b.get(idx as usize).unwrap_or_else(|| oob(b.len()))),
                     Buffer::I32(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
+                    Buffer::BF16(b) => Val::F(bf16_to_f32(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())))),
+                    Buffer::F16(b) => Val::F(f16_to_f32(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())))),
                 }
             }
             Expr::Bin(op, a, b) => match (self.eval(a), self.eval(b)) {

@@ -17,6 +17,10 @@ pub type VarId = u32;
 pub enum ElemType {
     F32,
     I32,
+    /// bfloat16 storage; loads widen to f32 (weights only, never stored).
+    BF16,
+    /// IEEE half storage; loads widen to f32 (weights only, never stored).
+    F16,
 }
 
 /// Types of scalar values. Integer loads widen to `I64`.
@@ -150,7 +154,7 @@ impl Kernel {
                     return Err("load index must be i64".into());
                 }
                 match self.params.get(*param as usize).ok_or(format!("parameter {param} does not exist"))?.elem {
-                    ElemType::F32 => F32,
+                    ElemType::F32 | ElemType::BF16 | ElemType::F16 => F32,
                     ElemType::I32 => I64,
                 }
             }
@@ -225,6 +229,7 @@ impl Kernel {
                     let want = match p.elem {
                         ElemType::F32 => ValType::F32,
                         ElemType::I32 => ValType::I64,
+                        ElemType::BF16 | ElemType::F16 => return Err(format!("store to 16-bit parameter `{}`", p.name)),
                     };
                     if self.type_of(value)? != want {
                         return Err(format!("store of {:?} to `{}`", self.type_of(value)?, p.name));

@@ -179,7 +179,7 @@ impl Artifact {
                 return Err(corrupt(format!("weight `{}`", w.name), format!("runs past the weights section ({weights_len} bytes)")));
             }
             let elems: u64 = w.shape.iter().product();
-            if elems * 4 != w.len {
+            if elems * w.dtype.size() != w.len {
                 return Err(corrupt(format!("weight `{}`", w.name), format!("{} bytes for shape {:?}", w.len, w.shape)));
             }
         }

@@ -125,6 +125,19 @@ pub struct KernelEntry {
 pub enum DType {
     F32,
     I32,
+    /// bfloat16, little-endian.
+    BF16,
+    /// IEEE half, little-endian.
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> u64 {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

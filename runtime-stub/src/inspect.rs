@@ -27,6 +27,8 @@ pub fn report(a: &Artifact) -> Value {
         let key = match w.dtype {
             DType::F32 => "f32",
             DType::I32 => "i32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
         };
         let e = per_dtype.entry(key).or_insert(json!({"count": 0, "bytes": 0}));
         e["count"] = json!(e["count"].as_u64().unwrap() + 1);

@@ -214,6 +214,7 @@ fn dump_ir_writes_every_pass() {
             "05-fuse-swiglu.mxir",
             "06-fuse-matmul-add.mxir",
             "07-dce.mxir",
+            "08-quantize.mxir",
             "launches.txt",
         ]
     );

@@ -72,7 +72,8 @@ fn pass_snapshots() {
     let bless = std::env::var_os("MAXC_BLESS").is_some();
     let root = workspace_root().join("tests/ir");
     let mut checked = 0;
-    for pass in pipeline() {
+    // bfloat16 so that the quantize pass has something to do; the others ignore it.
+    for pass in maxc::passes::pipeline_for(maxc::graph::QuantScheme::BF16) {
         let dir = root.join(pass.name());
         let mut files: Vec<_> = std::fs::read_dir(&dir)
             .unwrap_or_else(|_| panic!("{} has no snapshot directory", dir.display()))
@@ -89,7 +90,9 @@ fn pass_snapshots() {
             pass.run(&mut after).unwrap();
             verify(&after).unwrap_or_else(|e| panic!("{what}: {e}"));
             let (w, inputs) = random_env(&before, 7);
-            assert_same_outputs(&what, &outputs(&before, &w, &inputs), &outputs(&after, &w, &inputs));
+            if pass.name() != "quantize" {
+                assert_same_outputs(&what, &outputs(&before, &w, &inputs), &outputs(&after, &w, &inputs));
+            }
             let expected_path = input.with_extension("expected.mxir");
             let text = print(&after);
             if bless {
@@ -101,7 +104,7 @@ fn pass_snapshots() {
             checked += 1;
         }
     }
-    assert!(checked >= 7);
+    assert!(checked >= 8);
 }
 
 #[test]

@@ -34,6 +34,13 @@ struct Case {
     tol: f32,
 }
 
+/// Tolerance of a length-k reduction: reassociated sums of k products (inputs in
+/// [-2, 2]) differ from the sequential order by up to about k * eps times the sum
+/// of the magnitudes, which cancellation can make larger than the result itself.
+fn reduction_tol(k: u64) -> f32 {
+    (4e-7 * k as f32).max(1e-5)
+}
+
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for seq in [SeqMode::Dynamic, SeqMode::Fixed(1)] {
@@ -41,14 +48,15 @@ fn cases() -> Vec<Case> {
             SeqMode::Dynamic => 5usize,
             SeqMode::Fixed(n) => n as usize,
         };
-        v.push(Case { kernel: embedding(7, 13, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
-        v.push(Case { kernel: matmul(37, 19, seq), sizes: vec![s * 37, 19 * 37, s * 19], int_max: 1, seq: s as u64, tol: 1e-5 });
-        v.push(Case { kernel: matmul(256, 64, seq), sizes: vec![s * 256, 64 * 256, s * 64], int_max: 1, seq: s as u64, tol: 1e-5 });
-        // Reassociated sums of k products differ from the sequential order by up to
-        // about k * eps relative to the sum of magnitudes: 576 * 1.2e-7 ~ 7e-5.
-        v.push(Case { kernel: matmul(576, 19, seq), sizes: vec![s * 576, 19 * 576, s * 19], int_max: 1, seq: s as u64, tol: 1.5e-4 });
-        v.push(Case { kernel: matmul_add(64, 21, Broadcast::None, seq), sizes: vec![s * 64, 21 * 64, s * 21, s * 21], int_max: 1, seq: s as u64, tol: 1e-5 });
-        v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: embedding(7, 13, ElemType::F32, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: embedding(7, 13, ElemType::BF16, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: matmul(37, 19, ElemType::F32, seq), sizes: vec![s * 37, 19 * 37, s * 19], int_max: 1, seq: s as u64, tol: reduction_tol(37) });
+        v.push(Case { kernel: matmul(256, 64, ElemType::F32, seq), sizes: vec![s * 256, 64 * 256, s * 64], int_max: 1, seq: s as u64, tol: reduction_tol(256) });
+        v.push(Case { kernel: matmul(64, 20, ElemType::BF16, seq), sizes: vec![s * 64, 20 * 64, s * 20], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        v.push(Case { kernel: matmul(64, 20, ElemType::F16, seq), sizes: vec![s * 64, 20 * 64, s * 20], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        v.push(Case { kernel: matmul(576, 19, ElemType::F32, seq), sizes: vec![s * 576, 19 * 576, s * 19], int_max: 1, seq: s as u64, tol: reduction_tol(576) });
+        v.push(Case { kernel: matmul_add(64, 21, Broadcast::None, ElemType::F32, seq), sizes: vec![s * 64, 21 * 64, s * 21, s * 21], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, ElemType::BF16, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: layer_norm(40, 1e-5, seq), sizes: vec![s * 40, 40, 40, s * 40], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -87,6 +95,13 @@ fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
             ElemType::F32 if case.kernel.name.starts_with("rsqrt") => Buffer::F32((0..n).map(|_| rng.f().abs() + 0.1).collect()),
             ElemType::F32 => Buffer::F32((0..n).map(|_| rng.f() * 2.0).collect()),
             ElemType::I32 => Buffer::I32((0..n).map(|_| ((rng.f() + 1.0) / 2.0 * case.int_max as f32) as i32 % case.int_max.max(1)).collect()),
+            // Random 16-bit patterns of finite values in about [-2, 2].
+            ElemType::BF16 => Buffer::BF16((0..n).map(|_| ((rng.f() * 2.0).to_bits() >> 16) as u16).collect()),
+            ElemType::F16 => Buffer::F16((0..n).map(|_| {
+                let x = rng.f();
+                let e = ((x.abs() * 1024.0) as u16).min(0x3bff);
+                e | if x < 0.0 { 0x8000 } else { 0 }
+            }).collect()),
         })
         .collect()
 }
@@ -112,6 +127,7 @@ fn check_target(spec: &str) {
                 .map(|b| match b {
                     Buffer::F32(v) => v.as_mut_ptr() as *mut u8,
                     Buffer::I32(v) => v.as_mut_ptr() as *mut u8,
+                    Buffer::BF16(v) | Buffer::F16(v) => v.as_mut_ptr() as *mut u8,
                 })
                 .collect();
             let dims = [case.seq as i64];
@@ -148,7 +164,7 @@ fn llvm_x86_64_v3_matches_interpreter() {
 
 #[test]
 fn avx512_kernels_prefer_512_bit_vectors() {
-    let k = vec![matmul(256, 64, SeqMode::Fixed(1))];
+    let k = vec![matmul(256, 64, ElemType::F32, SeqMode::Fixed(1))];
     let v4 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4").unwrap()).unwrap();
     assert!(v4.contains("\"prefer-vector-width\"=\"512\""), "missing prefer-vector-width");
     assert!(v4.contains("<16 x float>"), "the GEMV reduction is not vectorized to 512 bits");

@@ -78,6 +78,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         match e {
             ElemType::F32 => self.context.f32_type().into(),
             ElemType::I32 => self.context.i32_type().into(),
+            ElemType::BF16 => self.context.i16_type().into(),
+            ElemType::F16 => self.context.f16_type().into(),
         }
     }
 
@@ -126,6 +128,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let v: BasicValueEnum = match self.kernel.params[*param as usize].elem {
                     ElemType::F32 => v,
                     ElemType::I32 => self.builder.build_int_truncate(v.into_int_value(), self.context.i32_type(), "trunc").map_err(llvm_err)?.into(),
+                    ElemType::BF16 | ElemType::F16 => unreachable!("16-bit parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*param, index)?;
                 self.builder.build_store(p, v).map_err(llvm_err)?;
@@ -223,6 +226,13 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 match elem {
                     ElemType::F32 => v,
                     ElemType::I32 => self.builder.build_int_s_extend(v.into_int_value(), self.context.i64_type(), "sext").map_err(llvm_err)?.into(),
+                    // bfloat16 is the top half of an f32: zero-extend, shift, reinterpret.
+                    ElemType::BF16 => {
+                        let wide = self.builder.build_int_z_extend(v.into_int_value(), self.context.i32_type(), "zext").map_err(llvm_err)?;
+                        let shifted = self.builder.build_left_shift(wide, self.context.i32_type().const_int(16, false), "shl").map_err(llvm_err)?;
+                        self.builder.build_bit_cast(shifted, self.context.f32_type(), "bf16").map_err(llvm_err)?
+                    }
+                    ElemType::F16 => self.builder.build_float_ext(v.into_float_value(), self.context.f32_type(), "fpext").map_err(llvm_err)?.into(),
                 }
             }
             Expr::Bin(op, x, y) => {

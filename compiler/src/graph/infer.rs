@@ -194,7 +194,12 @@ pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorTy
             }
             let mut shape = first.shape.clone();
             shape[axis] = Dim::Fixed(total);
-            Ok(TensorType::new(first.dtype, shape))
+            let mut ty = TensorType::new(first.dtype, shape);
+            // Concatenated weights keep their common storage encoding.
+            if inputs.iter().all(|&i| graph.ty(i).quant == first.quant) {
+                ty.quant = first.quant;
+            }
+            Ok(ty)
         }
         Op::Slice { axis, start, len } => {
             let x = t(0);

@@ -113,6 +113,10 @@ pub enum QuantScheme {
     /// Stored as the value's dtype, unquantized.
     #[default]
     None,
+    /// Stored as bfloat16 (weights; computed in f32).
+    BF16,
+    /// Stored as IEEE half (weights; computed in f32).
+    F16,
 }
 
 /// The full type of a value.

@@ -7,6 +7,7 @@ pub mod cse;
 pub mod dce;
 pub mod fuse_matmul_add;
 pub mod fuse_swiglu;
+pub mod quantize;
 pub mod stack_linear;
 
 use std::path::Path;
@@ -25,8 +26,13 @@ pub trait Pass {
     fn run(&self, graph: &mut Graph) -> Result<()>;
 }
 
-/// The graph passes, in order.
+/// The graph passes, in order, for float32 weights.
 pub fn pipeline() -> Vec<Box<dyn Pass>> {
+    pipeline_for(crate::graph::QuantScheme::None)
+}
+
+/// The graph passes, in order, with weights stored as `encoding`.
+pub fn pipeline_for(encoding: crate::graph::QuantScheme) -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(canonicalize::Canonicalize),
         Box::new(const_fold::ConstantFold),
@@ -35,6 +41,7 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(fuse_swiglu::FuseSwiGlu),
         Box::new(fuse_matmul_add::FuseMatMulAdd),
         Box::new(dce::Dce),
+        Box::new(quantize::Quantize { encoding }),
     ]
 }
 
@@ -52,6 +59,8 @@ pub struct PipelineOptions<'a> {
     pub dump_dir: Option<&'a Path>,
     /// Stop after the pass of this name.
     pub stop_after: Option<&'a str>,
+    /// The storage encoding of matmul and embedding weights.
+    pub encoding: crate::graph::QuantScheme,
 }
 
 /// Runs the pipeline over `graph`.
@@ -62,7 +71,7 @@ pub fn run_pipeline(graph: &mut Graph, options: &PipelineOptions<'_>) -> Result<
         dump(dir, "00-input", graph)?;
     }
     verify(graph)?;
-    for (i, pass) in pipeline().iter().enumerate() {
+    for (i, pass) in pipeline_for(options.encoding).iter().enumerate() {
         pass.run(graph)?;
         if verify_each {
             verify(graph).map_err(|e| Error::Verify(format!("after pass `{}`: {e}", pass.name())))?;

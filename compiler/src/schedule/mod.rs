@@ -21,7 +21,7 @@ use maxc_kernels::{Kernel, TaskCount};
 
 use crate::error::{Error, Result};
 use crate::graph::rope::inv_freq;
-use crate::graph::{BinaryOp, Dim, Graph, Op, SymDim, UnaryOp, ValueId};
+use crate::graph::{BinaryOp, Dim, Graph, Op, QuantScheme, SymDim, UnaryOp, ValueId};
 
 /// Where a constant's bytes come from when the weights section is written.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +40,17 @@ pub struct WeightSlot {
     pub name: String,
     pub shape: Vec<u64>,
     pub data: WeightData,
+    /// How the values are stored in the artifact.
+    pub encoding: QuantScheme,
+}
+
+/// The kernel element type that reads a weight stored as `q`.
+fn elem_of(q: QuantScheme) -> maxc_kernels::ElemType {
+    match q {
+        QuantScheme::None => maxc_kernels::ElemType::F32,
+        QuantScheme::BF16 => maxc_kernels::ElemType::BF16,
+        QuantScheme::F16 => maxc_kernels::ElemType::F16,
+    }
 }
 
 /// Constants shared by both plans.
@@ -215,7 +226,7 @@ pub fn schedule<'g>(
                 let t = graph.ty(node.inputs[0]);
                 let (vocab, hidden) = (static_dim(t.shape[0]), static_dim(t.shape[1]));
                 let args = s.inputs(&node.inputs)?;
-                s.launch(embedding(vocab, hidden, seq), args, hidden)
+                s.launch(embedding(vocab, hidden, elem_of(t.quant), seq), args, hidden)
             }
             Op::MatMul => {
                 if !s.interp.is_constant(node.inputs[1]) {
@@ -224,7 +235,7 @@ pub fn schedule<'g>(
                 let w = graph.ty(node.inputs[1]);
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let args = s.inputs(&node.inputs)?;
-                s.launch(matmul(k, n, seq), args, n)
+                s.launch(matmul(k, n, elem_of(w.quant), seq), args, n)
             }
             Op::MatMulAdd => {
                 if !s.interp.is_constant(node.inputs[1]) {
@@ -234,7 +245,7 @@ pub fn schedule<'g>(
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
                 let args = s.inputs(&node.inputs)?;
-                s.launch(matmul_add(k, n, bc, seq), args, n)
+                s.launch(matmul_add(k, n, bc, elem_of(w.quant), seq), args, n)
             }
             Op::SwiGlu => {
                 let w = out_width()?;
@@ -289,7 +300,8 @@ pub fn schedule<'g>(
                 let freqs = inv_freq(*head_dim, *theta, scaling);
                 let bits: Vec<String> = freqs.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
                 let name = format!("rope.inv_freq.hd{head_dim}.{}", short_hash(&bits.concat()));
-                let table = s.weights.intern(WeightSlot { name, shape: vec![freqs.len() as u64], data: WeightData::Values(freqs) });
+                let slot = WeightSlot { name, shape: vec![freqs.len() as u64], data: WeightData::Values(freqs), encoding: QuantScheme::None };
+                let table = s.weights.intern(slot);
                 let mut args = s.inputs(&node.inputs)?;
                 args.push(Arg::Weight(table));
                 s.launch(rope(w, *head_dim as u64, seq), args, w)
@@ -374,7 +386,7 @@ fn constant_slot(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: 
     let node = graph.node(v);
     let shape: Vec<u64> = node.ty.shape.iter().map(|d| d.fixed().expect("constants are static")).collect();
     let slot = match &node.op {
-        Op::Weight { name, .. } => WeightSlot { name: name.clone(), shape, data: WeightData::Checkpoint(name.clone()) },
+        Op::Weight { name, .. } => WeightSlot { name: name.clone(), shape, data: WeightData::Checkpoint(name.clone()), encoding: node.ty.quant },
         Op::Concat { axis: 0 } if node.inputs.iter().all(|i| matches!(graph.node(*i).op, Op::Weight { .. })) => {
             let names: Vec<String> = node
                 .inputs
@@ -384,13 +396,13 @@ fn constant_slot(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: 
                     _ => unreachable!("checked above"),
                 })
                 .collect();
-            WeightSlot { name: format!("stack({})", names.join(",")), shape, data: WeightData::Stacked(names) }
+            WeightSlot { name: format!("stack({})", names.join(",")), shape, data: WeightData::Stacked(names), encoding: node.ty.quant }
         }
         _ => {
             let t = interp.constant_value(v)?;
             let values = t.as_f32().to_vec();
             let bits: String = values.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
-            WeightSlot { name: format!("const.{}", short_hash(&bits)), shape, data: WeightData::Values(values) }
+            WeightSlot { name: format!("const.{}", short_hash(&bits)), shape, data: WeightData::Values(values), encoding: QuantScheme::None }
         }
     };
     Ok(weights.intern(slot))

@@ -66,21 +66,22 @@ fn tile(
     body
 }
 
-/// `x: f32[seq, k]`, `w: f32[n, k]` -> `out: f32[seq, n]`.
-pub fn matmul(k: u64, n: u64, seq: SeqMode) -> Kernel {
-    matmul_impl(k, n, seq, None)
+/// `x: f32[seq, k]`, `w: [n, k]` stored as `w_elem` (f32, bf16 or f16, widened to
+/// f32 in registers) -> `out: f32[seq, n]`.
+pub fn matmul(k: u64, n: u64, w_elem: ElemType, seq: SeqMode) -> Kernel {
+    matmul_impl(k, n, w_elem, seq, None)
 }
 
 /// `x @ w^T + r` with `r` broadcast as given (`[seq, n]` residual or `[n]` bias):
 /// params `x, w, r, out`.
-pub fn matmul_add(k: u64, n: u64, addend: Broadcast, seq: SeqMode) -> Kernel {
-    matmul_impl(k, n, seq, Some(addend))
+pub fn matmul_add(k: u64, n: u64, addend: Broadcast, w_elem: ElemType, seq: SeqMode) -> Kernel {
+    matmul_impl(k, n, w_elem, seq, Some(addend))
 }
 
-fn matmul_impl(k: u64, n: u64, seq: SeqMode, addend: Option<Broadcast>) -> Kernel {
+fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Broadcast>) -> Kernel {
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
-    let w = b.param("w", ElemType::F32, false);
+    let w = b.param("w", w_elem, false);
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
     let (t, jb, j0, j, rb, r0, kk) =
@@ -134,9 +135,15 @@ fn matmul_impl(k: u64, n: u64, seq: SeqMode, addend: Option<Broadcast>) -> Kerne
         ],
     )];
     let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
+    let enc = match w_elem {
+        ElemType::F32 => "",
+        ElemType::BF16 => "_bf16",
+        ElemType::F16 => "_f16",
+        ElemType::I32 => panic!("integer weights have no matmul kernel"),
+    };
     let name = match addend {
-        None => format!("matmul_k{k}_n{n}_{}", seq.tag()),
-        Some((_, bc)) => format!("matmul_add_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
+        None => format!("matmul{enc}_k{k}_n{n}_{}", seq.tag()),
+        Some((_, bc)) => format!("matmul_add{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
     };
     b.finish(name, "matmul", tasks, t, body)
 }
@@ -155,7 +162,7 @@ mod tests {
             let (k, n) = (5usize, 11usize);
             let (x, w) = (rand(m * k, 1), rand(n * k, 2));
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(w.clone()), Buffer::F32(vec![f32::NAN; m * n])];
-            run(&matmul(k as u64, n as u64, seq), &mut bufs, m as u64);
+            run(&matmul(k as u64, n as u64, ElemType::F32, seq), &mut bufs, m as u64);
             let mut want = vec![0.0; m * n];
             for r in 0..m {
                 for j in 0..n {
@@ -173,7 +180,7 @@ mod tests {
         let (x, w) = (rand(m * k, 3), rand(n * k, 4));
         for (bc, r) in [(Broadcast::None, rand(m * n, 5)), (Broadcast::Row, rand(n, 6))] {
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(w.clone()), Buffer::F32(r.clone()), Buffer::F32(vec![0.0; m * n])];
-            run(&matmul_add(k as u64, n as u64, bc, SeqMode::Dynamic), &mut bufs, m as u64);
+            run(&matmul_add(k as u64, n as u64, bc, ElemType::F32, SeqMode::Dynamic), &mut bufs, m as u64);
             let Buffer::F32(got) = &bufs[3] else { unreachable!() };
             for row in 0..m {
                 for j in 0..n {
