@@ -7,6 +7,7 @@
 
 pub mod artifact;
 pub mod bench;
+pub mod chat;
 pub mod code;
 pub mod cpu;
 pub mod format;

@@ -83,6 +83,13 @@ struct RunArgs {
     /// Print one embedding (JSON array) per line of FILE (encoder artifacts).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "token_ids", "dump_logits", "embed"])]
     embed_file: Option<PathBuf>,
+    /// Interactive chat with the model's chat template; one user message per line of
+    /// stdin, until EOF (Ctrl-D). Earlier turns stay in the KV cache.
+    #[arg(long, conflicts_with_all = ["prompt", "token_ids", "dump_logits", "embed", "embed_file"])]
+    chat: bool,
+    /// A system message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
     /// Comma-separated token ids instead of a prompt.
     #[arg(long, value_delimiter = ',')]
     token_ids: Option<Vec<u32>>,
@@ -104,6 +111,15 @@ struct RunArgs {
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Stop when the generated text contains STRING (repeatable); STRING is not printed.
+    #[arg(long = "stop", value_name = "STRING")]
+    stops: Vec<String>,
+    /// Divide (or, for negative logits, multiply) the logits of the last 64 tokens by P (> 1 discourages repeats).
+    #[arg(long, value_name = "P")]
+    repeat_penalty: Option<f32>,
+    /// Print the generated text once at the end instead of streaming it.
+    #[arg(long)]
+    no_stream: bool,
     /// Never sample an end-of-sequence token (its logit is set to -inf, as llama.cpp's
     /// --ignore-eos and transformers' min_new_tokens do): always generate -n tokens.
     #[arg(long)]
@@ -218,6 +234,10 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     check_range("temperature", cli.temperature, 0.0, f32::MAX)?;
     check_range("top-p", cli.top_p, 0.0, 1.0)?;
     check_range("min-p", cli.min_p, 0.0, 1.0)?;
+    check_range("repeat-penalty", cli.repeat_penalty, f32::MIN_POSITIVE, f32::MAX)?;
+    if cli.stops.iter().any(String::is_empty) {
+        return Err(anyhow!("--stop needs a non-empty string"));
+    }
     if cli.threads == Some(0) {
         return Err(anyhow!("--threads must be at least 1"));
     }
@@ -235,6 +255,9 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if h.model.embedding_width.is_some() {
         return Err(anyhow!("{} is a sentence encoder: use --embed TEXT or --embed-file FILE", artifact_path.display()));
+    }
+    if cli.chat {
+        return chat(&cli, &artifact, &tokenizer);
     }
     let ids: Vec<u32> = match (&cli.prompt, &cli.token_ids) {
         (Some(p), _) => tokenizer.encode(p.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
@@ -275,8 +298,15 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
 
     let eos = h.tokenizer.eos_token_ids.clone();
     let mut row = vec![0.0f32; vocab];
+    let mut recent: std::collections::VecDeque<u32> = ids.iter().rev().take(REPEAT_WINDOW).rev().copied().collect();
     let mut pick = |logits: &[f32], rng: &mut Rng| {
         row.copy_from_slice(&logits[logits.len() - vocab..]);
+        if let Some(p) = cli.repeat_penalty {
+            for &t in &recent {
+                let x = &mut row[t as usize];
+                *x = if *x > 0.0 { *x / p } else { *x * p };
+            }
+        }
         if cli.ignore_eos {
             for &e in &eos {
                 if let Some(x) = row.get_mut(e as usize) {
@@ -284,7 +314,12 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        sample(&row, &params, rng)
+        let next = sample(&row, &params, rng);
+        if recent.len() == REPEAT_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(next);
+        next
     };
     let start = Instant::now();
     let logits = session.forward(&ids)?;
@@ -294,8 +329,22 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let mut printed = String::new();
     let mut out = std::io::stdout().lock();
     let decode_start = Instant::now();
+    let hold = cli.stops.iter().map(|s| s.chars().count()).max().unwrap_or(1) - 1;
+    let mut stopped = false;
     loop {
-        stream(&tokenizer, &generated, &mut printed, &mut out, false)?;
+        // With --stop, the text is cut at the first stop string and the last few
+        // characters are held back until they cannot start one.
+        let text = tokenizer.decode(&generated, false).map_err(|e| anyhow!("decoding: {e}"))?;
+        if let Some(at) = cli.stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+            emit(&text[..at], &mut printed, &mut out, true)?;
+            stopped = true;
+            break;
+        }
+        if !cli.no_stream {
+            let keep = text.chars().count().saturating_sub(hold);
+            let visible: String = text.chars().take(keep).collect();
+            emit(&visible, &mut printed, &mut out, false)?;
+        }
         if eos.contains(&next) || generated.len() as u64 >= budget {
             break;
         }
@@ -303,7 +352,10 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         next = pick(logits, &mut rng);
         generated.push(next);
     }
-    stream(&tokenizer, &generated, &mut printed, &mut out, true)?;
+    if !stopped {
+        let text = tokenizer.decode(&generated, false).map_err(|e| anyhow!("decoding: {e}"))?;
+        emit(&text, &mut printed, &mut out, true)?;
+    }
     if out.is_terminal() {
         writeln!(out)?;
     }
@@ -314,15 +366,90 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let decode_tokens = generated.len() - 1;
     eprintln!(
-        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | threads: {} | plan runs: prefill {}, decode {}",
+        "prompt: {} tokens, {:.1} tok/s | time to first token: {:.0} ms | generated: {} tokens, {:.1} tok/s | threads: {} | plan runs: prefill {}, decode {}",
         ids.len(),
         ids.len() as f64 / prefill_s,
+        prefill_s * 1e3,
         generated.len(),
         if decode_tokens > 0 { decode_tokens as f64 / decode_s } else { 0.0 },
         session.threads(),
         session.counts.prefill,
         session.counts.decode,
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--chat`: reads user messages from stdin, answers each with the chat template
+/// applied to the whole conversation, feeding only the tokens the cache lacks.
+fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -> anyhow::Result<ExitCode> {
+    use maxrun::chat::{common_prefix, render, Message};
+    use std::io::BufRead;
+    let h = &artifact.header;
+    let template = std::str::from_utf8(artifact.section(maxrun::format::SectionKind::ChatTemplate))?;
+    if template.is_empty() {
+        return Err(anyhow!("{} has no chat template; use --prompt", artifact.path.display()));
+    }
+    let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+    let (bos, eos_text) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
+    let g = &h.generation;
+    let params = SamplingParams {
+        temperature: cli.temperature.or(g.temperature).unwrap_or(0.0),
+        top_k: cli.top_k.or(g.top_k).unwrap_or(0),
+        top_p: cli.top_p.or(g.top_p).unwrap_or(1.0),
+        min_p: cli.min_p.or(g.min_p).unwrap_or(0.0),
+    };
+    let max_new = cli.max_new_tokens.or(g.max_new_tokens).unwrap_or(256) as usize;
+    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut session = Session::new(artifact, threads)?;
+    let mut rng = Rng::new(cli.seed);
+    let vocab = h.model.vocab_size as usize;
+    let mut messages: Vec<Message> = cli.system.iter().map(|s| Message::new("system", s)).collect();
+    let mut cached: Vec<u32> = Vec::new();
+    let interactive = std::io::stdin().is_terminal();
+    let mut out = std::io::stdout().lock();
+    let mut turn = 0;
+    if interactive {
+        eprint!("> ");
+    }
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        turn += 1;
+        messages.push(Message::new("user", line.trim_end()));
+        let prompt = render(template, &messages, true, &bos, &eos_text).map_err(|e| anyhow!("the chat template failed: {e}"))?;
+        let ids = tokenizer.encode(prompt.as_str(), false).map_err(|e| anyhow!("tokenizing: {e}"))?.get_ids().to_vec();
+        // Reuse the cached conversation; at least one token must run to get logits.
+        let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
+        if ids.len() as u64 + 1 > h.max_length {
+            eprintln!("the conversation reached the maximum context length of {} tokens", h.max_length);
+            break;
+        }
+        session.truncate(keep as u64);
+        cached.truncate(keep);
+        let logits = session.forward(&ids[keep..])?;
+        cached.extend_from_slice(&ids[keep..]);
+        let mut next = sample(&logits[logits.len() - vocab..], &params, &mut rng);
+        let mut reply: Vec<u32> = Vec::new();
+        let mut printed = String::new();
+        while !h.tokenizer.eos_token_ids.contains(&next) && reply.len() < max_new && (cached.len() as u64) < h.max_length {
+            reply.push(next);
+            stream(tokenizer, &reply, &mut printed, &mut out, false)?;
+            let logits = session.forward(&[next])?;
+            cached.push(next);
+            next = sample(logits, &params, &mut rng);
+        }
+        stream(tokenizer, &reply, &mut printed, &mut out, true)?;
+        writeln!(out)?;
+        out.flush()?;
+        eprintln!("turn {turn}: {} prompt tokens ({keep} reused from the cache), {} generated", ids.len() - keep, reply.len());
+        let text = tokenizer.decode(&reply, true).map_err(|e| anyhow!("decoding: {e}"))?;
+        messages.push(Message::new("assistant", &text));
+        if interactive {
+            eprint!("> ");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -360,6 +487,9 @@ fn embed(cli: &RunArgs, artifact: &Artifact, tokenizer: &mut tokenizers::Tokeniz
     Ok(ExitCode::SUCCESS)
 }
 
+/// Tokens of context the repeat penalty looks back over.
+const REPEAT_WINDOW: usize = 64;
+
 /// Prints the part of the decoded text not printed yet. Text ending in an
 /// incomplete UTF-8 sequence (U+FFFD) is held back until more tokens arrive.
 fn stream(
@@ -370,6 +500,12 @@ fn stream(
     last: bool,
 ) -> anyhow::Result<()> {
     let text = tokenizer.decode(ids, false).map_err(|e| anyhow!("decoding: {e}"))?;
+    emit(&text, printed, out, last)
+}
+
+/// Prints what of `text` goes beyond `printed` (see [`stream`]).
+fn emit(text: &str, printed: &mut String, out: &mut impl Write, last: bool) -> anyhow::Result<()> {
+    let text = text.to_string();
     if !last && text.ends_with('\u{FFFD}') {
         return Ok(());
     }

@@ -157,6 +157,12 @@ impl<'a> Session<'a> {
         self.position = 0;
     }
 
+    /// Keeps only the first `len` tokens of the sequence (a chat turn that diverges
+    /// from what is cached re-runs from there).
+    pub fn truncate(&mut self, len: u64) {
+        self.position = self.position.min(len);
+    }
+
     /// Appends `ids` to the sequence and returns their logits, `[ids.len(), vocab]`
     /// (for an encoder: the sentence embedding, after a single step over all ids).
     pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {

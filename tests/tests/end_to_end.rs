@@ -258,3 +258,35 @@ fn minilm_embeddings_match_golden() {
     let r = run_bin("maxrun", &[artifact("tiny-llama").as_os_str(), os("--embed"), os("hi")]);
     assert_clean_error(&r, 1, &["not a sentence encoder"]);
 }
+
+/// --stop cuts the text before the stop string and ends generation; --no-stream
+/// prints what streaming prints; --repeat-penalty 1 changes nothing and a strong
+/// one steers SmolLM2 off the repeated words of the golden continuation.
+#[test]
+fn stop_strings_no_stream_and_repeat_penalty() {
+    let mef = artifact("smollm2-135m");
+    let golden = golden("smollm2-135m");
+    let case = &cases(&golden)[1];
+    let prompt = case["prompt"].as_str().unwrap();
+    let text = case["greedy_text"].as_str().unwrap();
+    let base = [mef.as_os_str(), os("--prompt"), os(prompt), os("--temperature"), os("0"), os("-n"), os("24")];
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&OsStr> = base.to_vec();
+        args.extend(extra.iter().map(|s| os(s)));
+        let r = run_bin("maxrun", &args);
+        assert_eq!(r.0, 0, "{}", r.2);
+        r
+    };
+    let r = run(&["--stop", "2018"]);
+    assert_eq!(r.1, &text[..text.find("2018").unwrap()]);
+    assert!(!r.2.contains("generated: 24 tokens"), "generation must end at the stop string: {}", r.2);
+    assert_eq!(run(&["--no-stream"]).1, text);
+    assert_eq!(run(&["--repeat-penalty", "1"]).1, text);
+    let case0 = &cases(&golden)[0];
+    let r = run_bin(
+        "maxrun",
+        &[mef.as_os_str(), os("--prompt"), os(case0["prompt"].as_str().unwrap()), os("--temperature"), os("0"), os("-n"), os("24"), os("--repeat-penalty"), os("1.8")],
+    );
+    assert_ne!(r.1, case0["greedy_text"].as_str().unwrap(), "a strong repeat penalty must change a repetitive continuation");
+    assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--stop"), os("")]), 1, &["--stop"]);
+}
