@@ -285,12 +285,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     }
 
     let g = &h.generation;
-    let params = SamplingParams {
-        temperature: cli.temperature.or(g.temperature).unwrap_or(0.0),
-        top_k: cli.top_k.or(g.top_k).unwrap_or(0),
-        top_p: cli.top_p.or(g.top_p).unwrap_or(1.0),
-        min_p: cli.min_p.or(g.min_p).unwrap_or(0.0),
-    };
+    let params = sampling_params(&cli, g);
     let max_new = cli.max_new_tokens.or(g.max_new_tokens).unwrap_or(128) as u64;
     let budget = max_new.min(h.max_length - ids.len() as u64);
     let mut rng = Rng::new(cli.seed);
@@ -392,12 +387,7 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let (bos, eos_text) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
     let g = &h.generation;
-    let params = SamplingParams {
-        temperature: cli.temperature.or(g.temperature).unwrap_or(0.0),
-        top_k: cli.top_k.or(g.top_k).unwrap_or(0),
-        top_p: cli.top_p.or(g.top_p).unwrap_or(1.0),
-        min_p: cli.min_p.or(g.min_p).unwrap_or(0.0),
-    };
+    let params = sampling_params(cli, g);
     let max_new = cli.max_new_tokens.or(g.max_new_tokens).unwrap_or(256) as usize;
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut session = Session::new(artifact, threads)?;
@@ -485,6 +475,16 @@ fn embed(cli: &RunArgs, artifact: &Artifact, tokenizer: &mut tokenizers::Tokeniz
         writeln!(out, "{}", serde_json::to_string(embedding)?)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sampling settings: the flags, else the artifact's generation defaults, else greedy.
+fn sampling_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults) -> SamplingParams {
+    SamplingParams {
+        temperature: cli.temperature.or(g.temperature).unwrap_or(0.0),
+        top_k: cli.top_k.or(g.top_k).unwrap_or(0),
+        top_p: cli.top_p.or(g.top_p).unwrap_or(1.0),
+        min_p: cli.min_p.or(g.min_p).unwrap_or(0.0),
+    }
 }
 
 /// Tokens of context the repeat penalty looks back over.

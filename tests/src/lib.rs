@@ -119,6 +119,16 @@ pub fn run_bin_env(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) 
     )
 }
 
+/// `maxc compile --model MODEL -o <fresh dir>/model.mef EXTRA...`; panics unless it succeeds.
+pub fn compile_model(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
+    let out = temp_dir(tag).join("model.mef");
+    let mut args: Vec<&std::ffi::OsStr> = vec!["compile".as_ref(), "--model".as_ref(), model.as_os_str(), "-o".as_ref(), out.as_os_str()];
+    args.extend(extra.iter().map(|s| std::ffi::OsStr::new(s)));
+    let (code, _, err) = run_bin("maxc", &args);
+    assert_eq!(code, 0, "maxc compile failed: {err}");
+    out
+}
+
 /// A fresh empty directory under the system temp dir.
 pub fn temp_dir(tag: &str) -> PathBuf {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -9,10 +9,7 @@ use std::process::{Command, Stdio};
 use maxc_tests::*;
 
 fn smollm2_artifact() -> std::path::PathBuf {
-    let out = temp_dir("chat").join("smollm2.mef");
-    let r = run_bin("maxc", &[OsStr::new("compile"), OsStr::new("--model"), smollm2_gguf().as_os_str(), OsStr::new("-o"), out.as_os_str()]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    out
+    compile_model("chat", &smollm2_gguf(), &[])
 }
 
 #[test]

@@ -13,12 +13,7 @@ fn os(s: &str) -> &OsStr {
 
 /// Compiles `model` (an HF dir or GGUF) into a fresh artifact with extra flags.
 fn compile(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
-    let out = temp_dir(tag).join("model.mef");
-    let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str()];
-    args.extend(extra.iter().map(|s| os(s)));
-    let (code, _, err) = run_bin("maxc", &args);
-    assert_eq!(code, 0, "maxc compile failed: {err}");
-    out
+    compile_model(tag, model, extra)
 }
 
 fn artifact(fixture_name: &str) -> &'static Path {

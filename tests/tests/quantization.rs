@@ -40,10 +40,7 @@ fn compare(ours: &[f32], golden: &[f32], vocab: usize) -> (usize, usize, f64, us
 }
 
 fn compile(tag: &str, model: &Path, encoding: &str) -> PathBuf {
-    let out = temp_dir(tag).join("model.mef");
-    let r = run_bin("maxc", &[os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str(), os("--quantization-encoding"), os(encoding)]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    out
+    compile_model(tag, model, &["--quantization-encoding", encoding])
 }
 
 fn check(encoding: &str, min_top1: f64, max_kl: f64) {

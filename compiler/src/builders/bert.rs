@@ -17,17 +17,8 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     // BertModel checkpoints use bare names; BertFor* ones prefix `bert.`.
     let p0 = if model.weights.get("bert.embeddings.word_embeddings.weight").is_some() { "bert." } else { "" };
     let (tokens, positions) = decoder_inputs(&mut g);
-    let layer_norm = |g: &mut Graph, x: ValueId, name: &str| -> Result<ValueId> {
-        let weight = w.weight(g, &format!("{name}.weight"), &[h])?;
-        let bias = w.weight(g, &format!("{name}.bias"), &[h])?;
-        Ok(g.add(Op::LayerNorm { eps: c.rms_norm_eps }, &[x, weight, bias]))
-    };
-    let linear = |g: &mut Graph, x: ValueId, name: &str, out: usize, inp: usize| -> Result<ValueId> {
-        let weight = w.weight(g, &format!("{name}.weight"), &[out, inp])?;
-        let y = g.add(Op::MatMul, &[x, weight]);
-        let bias = w.weight(g, &format!("{name}.bias"), &[out])?;
-        Ok(g.add(Op::Binary(BinaryOp::Add), &[y, bias]))
-    };
+    let layer_norm = |g: &mut Graph, x: ValueId, name: &str| w.layer_norm(g, x, name, h, c.rms_norm_eps);
+    let linear = |g: &mut Graph, x: ValueId, name: &str, out: usize, inp: usize| w.linear(g, x, name, out, inp, true);
     let e = format!("{p0}embeddings");
     let words = w.weight(&mut g, &format!("{e}.word_embeddings.weight"), &[v, h])?;
     let pos_table = w.weight(&mut g, &format!("{e}.position_embeddings.weight"), &[c.max_position_embeddings, h])?;

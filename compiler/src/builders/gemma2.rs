@@ -4,14 +4,10 @@
 //! attention on the layers `layer_types` marks, and `query_pre_attn_scalar^-0.5`
 //! as the attention scale.
 
-use super::{decoder_inputs, WeightBinder};
+use super::{decoder_inputs, scalar, WeightBinder};
 use crate::error::{Error, Result};
-use crate::graph::{BinaryOp, DType, Graph, Op, TensorType, UnaryOp, ValueId};
+use crate::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
 use crate::import::ImportedModel;
-
-fn scalar(g: &mut Graph, value: f32) -> ValueId {
-    g.add(Op::Constant { values: vec![value], ty: TensorType::fixed(DType::F32, &[1]) }, &[])
-}
 
 /// `tanh(x / cap) * cap`.
 fn softcap(g: &mut Graph, x: ValueId, cap: f32) -> ValueId {
@@ -39,10 +35,7 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
         let scale = g.add(Op::Binary(BinaryOp::Add), &[weight, one]);
         Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, scale]))
     };
-    let linear = |g: &mut Graph, x: ValueId, name: &str, out: usize, inp: usize| -> Result<ValueId> {
-        let weight = w.weight(g, &format!("{name}.weight"), &[out, inp])?;
-        Ok(g.add(Op::MatMul, &[x, weight]))
-    };
+    let linear = |g: &mut Graph, x: ValueId, name: &str, out: usize, inp: usize| w.linear(g, x, name, out, inp, false);
     for l in 0..c.num_layers {
         let p = format!("model.layers.{l}");
         let n = norm(&mut g, x, &format!("{p}.input_layernorm.weight"))?;

@@ -19,11 +19,7 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     let te = g.add(Op::Embedding, &[wte, tokens]);
     let pe = g.add(Op::Embedding, &[wpe, positions]);
     let mut x = g.add(Op::Binary(BinaryOp::Add), &[te, pe]);
-    let layer_norm = |g: &mut Graph, x: ValueId, name: &str| -> Result<ValueId> {
-        let weight = w.weight(g, &format!("{name}.weight"), &[h])?;
-        let bias = w.weight(g, &format!("{name}.bias"), &[h])?;
-        Ok(g.add(Op::LayerNorm { eps: c.rms_norm_eps }, &[x, weight, bias]))
-    };
+    let layer_norm = |g: &mut Graph, x: ValueId, name: &str| w.layer_norm(g, x, name, h, c.rms_norm_eps);
     // Conv1D: y = x @ W + b with W stored [in, out].
     let conv1d = |g: &mut Graph, x: ValueId, name: &str, inp: usize, out: usize| -> Result<ValueId> {
         let weight = w.weight(g, &format!("{name}.weight"), &[inp, out])?;

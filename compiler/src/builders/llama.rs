@@ -6,9 +6,9 @@
 //! residual), rotate-half RoPE, grouped-query attention, optional q/k/v (and o)
 //! biases, optional sliding window, tied or untied lm_head.
 
-use super::{decoder_inputs, WeightBinder};
+use super::{decoder_inputs, scalar, WeightBinder};
 use crate::error::Result;
-use crate::graph::{BinaryOp, DType, Graph, Op, TensorType, UnaryOp, ValueId};
+use crate::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
 use crate::import::ImportedModel;
 
 /// Where a decoder normalizes q and k before RoPE.
@@ -56,11 +56,6 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     build_decoder(model, w, &DecoderOptions::default())
 }
 
-/// A scalar constant.
-fn scalar(g: &mut Graph, value: f32) -> ValueId {
-    g.add(Op::Constant { values: vec![value], ty: TensorType::fixed(DType::F32, &[1]) }, &[])
-}
-
 fn scale(g: &mut Graph, x: ValueId, by: Option<f32>, op: BinaryOp) -> ValueId {
     match by {
         Some(m) => {
@@ -82,16 +77,7 @@ pub fn build_decoder(model: &ImportedModel, w: &WeightBinder<'_>, opts: &Decoder
     let x0 = g.add(Op::Embedding, &[embed, tokens]);
     let mut x = scale(&mut g, x0, opts.embedding_multiplier, BinaryOp::Mul);
 
-    let linear = |g: &mut Graph, x: ValueId, prefix: &str, out: usize, inp: usize, bias: bool| -> Result<ValueId> {
-        let weight = w.weight(g, &format!("{prefix}.weight"), &[out, inp])?;
-        let y = g.add(Op::MatMul, &[x, weight]);
-        Ok(if bias {
-            let b = w.weight(g, &format!("{prefix}.bias"), &[out])?;
-            g.add(Op::Binary(BinaryOp::Add), &[y, b])
-        } else {
-            y
-        })
-    };
+    let linear = |g: &mut Graph, x: ValueId, prefix: &str, out: usize, inp: usize, bias: bool| w.linear(g, x, prefix, out, inp, bias);
     let norm = |g: &mut Graph, x: ValueId, name: &str, len: usize| -> Result<ValueId> {
         let weight = w.weight(g, name, &[len])?;
         Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, weight]))

@@ -95,6 +95,31 @@ impl<'a> WeightBinder<'a> {
     }
 }
 
+/// A scalar f32 constant.
+pub fn scalar(g: &mut Graph, value: f32) -> ValueId {
+    g.add(Op::Constant { values: vec![value], ty: TensorType::fixed(DType::F32, &[1]) }, &[])
+}
+
+impl WeightBinder<'_> {
+    /// `LayerNorm(x)` with `{prefix}.weight` and `{prefix}.bias` of length `width`.
+    pub fn layer_norm(&self, g: &mut Graph, x: ValueId, prefix: &str, width: usize, eps: f32) -> Result<ValueId> {
+        let weight = self.weight(g, &format!("{prefix}.weight"), &[width])?;
+        let bias = self.weight(g, &format!("{prefix}.bias"), &[width])?;
+        Ok(g.add(Op::LayerNorm { eps }, &[x, weight, bias]))
+    }
+
+    /// `x @ W^T + b` with `{prefix}.weight: [out, in]` and, when `bias`, `{prefix}.bias: [out]`.
+    pub fn linear(&self, g: &mut Graph, x: ValueId, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<ValueId> {
+        let weight = self.weight(g, &format!("{prefix}.weight"), &[out, inp])?;
+        let y = g.add(Op::MatMul, &[x, weight]);
+        if !bias {
+            return Ok(y);
+        }
+        let b = self.weight(g, &format!("{prefix}.bias"), &[out])?;
+        Ok(g.add(Op::Binary(crate::graph::BinaryOp::Add), &[y, b]))
+    }
+}
+
 /// The `tokens` and `positions` inputs every decoder graph starts with.
 pub fn decoder_inputs(g: &mut Graph) -> (ValueId, ValueId) {
     let seq = || TensorType::new(DType::I32, vec![Dim::Sym(SymDim::Seq)]);

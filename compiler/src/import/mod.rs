@@ -14,15 +14,8 @@ pub use weights::{StorageType, WeightStore};
 
 use crate::error::{Error, Result};
 
-/// Sampling defaults from generation_config.json / the manifest.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct GenerationDefaults {
-    pub temperature: Option<f32>,
-    pub top_k: Option<u32>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub max_new_tokens: Option<u32>,
-}
+/// Sampling defaults from generation_config.json (the artifact's own type).
+pub use maxrun::format::GenerationDefaults;
 
 /// Everything the compiler knows about a model after import.
 #[derive(Debug)]
