@@ -4,6 +4,7 @@
 //! The LLVM backend (`llvm/`) emits an x86-64 object per artifact; `link.rs`
 //! turns it into a shared object the runtime loads from memory.
 
+pub mod cranelift;
 pub mod link;
 pub mod llvm;
 pub mod target;

@@ -50,6 +50,8 @@ pub struct CompileOptions<'a> {
     pub emit_llvm: Option<std::path::PathBuf>,
     /// `--quantization-encoding`, overriding the manifest's.
     pub encoding: Option<String>,
+    /// `--backend`: `llvm` (default) or `cranelift`.
+    pub backend: Option<String>,
 }
 
 /// What a compile produced.
@@ -61,6 +63,8 @@ pub struct CompileReport {
     pub decode_launches: usize,
     pub prefill_arena_bytes: u64,
     pub decode_arena_bytes: u64,
+    /// Wall time of each phase, in order: (name, seconds).
+    pub phases: Vec<(&'static str, f64)>,
 }
 
 /// The largest prefill step; longer prompts run in chunks of this many tokens.
@@ -85,6 +89,18 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     }
     let target_spec = options.target.clone().or(c.target.clone()).unwrap_or_else(|| "cpu".into());
     let target = CpuTarget::parse(&target_spec)?;
+    let backend = options.backend.clone().unwrap_or_else(|| "llvm".into());
+    match backend.as_str() {
+        "llvm" => {}
+        "cranelift" if target_spec == "cpu" || target_spec == "cpu:x86-64" => {}
+        "cranelift" => {
+            return Err(Error::Flag {
+                flag: "--target".into(),
+                message: format!("`{target_spec}`: the cranelift backend emits baseline x86-64 code; use --target cpu or cpu:x86-64, or --backend llvm"),
+            })
+        }
+        other => return Err(Error::Flag { flag: "--backend".into(), message: format!("`{other}` is not a backend; backends: llvm, cranelift") }),
+    }
     if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.is_dir() {
             return Err(Error::invalid(output, "-o", "the output directory does not exist"));
@@ -92,7 +108,14 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     }
 
     let pipeline = PipelineOptions { encoding, ..options.pipeline.clone() };
+    let mut phases: Vec<(&'static str, f64)> = Vec::new();
+    let mut clock = std::time::Instant::now();
+    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64)>| {
+        phases.push((name, clock.elapsed().as_secs_f64()));
+        clock = std::time::Instant::now();
+    };
     let fe = frontend(manifest, &pipeline)?;
+    lap("import + graph passes", &mut phases);
     if options.pipeline.stop_after.is_some() {
         return Err(Error::Flag { flag: "--stop-after".into(), message: "stops before code generation; no artifact is written".into() });
     }
@@ -126,6 +149,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         }
     };
     let (prefill_plan, decode_plan) = (to_plan(&prefill), to_plan(&decode));
+    lap("schedule", &mut phases);
     if let Some(dir) = options.pipeline.dump_dir {
         let path = dir.join("launches.txt");
         let text = format!("{}{}", launch_summary("prefill", &prefill, &kernels), launch_summary("decode", &decode, &kernels));
@@ -138,10 +162,18 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         let ir = maxc_codegen::llvm::emit_llvm_ir(&kernels.kernels, &target)?;
         std::fs::write(&path, ir).map_err(|e| Error::io(&path, e))?;
     }
-    let code = maxc_codegen::llvm::compile_shared(&kernels.kernels, &target)?;
-    let explicit: Vec<String> = target_spec.split_once('+').map(|(_, f)| f.split(',').map(|x| x.trim().trim_start_matches('+').to_string()).collect()).unwrap_or_default();
-    let required_features: Vec<String> =
-        target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
+    let (code, required_features, cpu) = if backend == "cranelift" {
+        let code = maxc_codegen::cranelift::compile_shared(&kernels.kernels)?;
+        let features = maxc_codegen::cranelift::REQUIRED_FEATURES.iter().map(|f| f.to_string()).collect();
+        (code, features, "x86-64".to_string())
+    } else {
+        let code = maxc_codegen::llvm::compile_shared(&kernels.kernels, &target)?;
+        let explicit: Vec<String> =
+            target_spec.split_once('+').map(|(_, f)| f.split(',').map(|x| x.trim().trim_start_matches('+').to_string()).collect()).unwrap_or_default();
+        let features = target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
+        (code, features, target.cpu.clone())
+    };
+    lap("codegen + link", &mut phases);
 
     let mut provenance = mef::Provenance {
         maxc_version: env!("CARGO_PKG_VERSION").into(),
@@ -165,12 +197,17 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             embedding_width: cfg.encoder.map(|_| cfg.hidden_size as u64),
         },
         provenance: provenance.clone(),
-        target: mef::TargetInfo { triple: target.triple.clone(), cpu: target.cpu.clone(), required_features, backend: "llvm".into() },
+        target: mef::TargetInfo { triple: target.triple.clone(), cpu, required_features, backend: backend.clone() },
         sections: vec![],
         kernels: kernels
             .kernels
             .iter()
-            .map(|k| mef::KernelEntry { symbol: k.name.clone(), family: k.family.clone(), num_params: k.params.len() as u32 })
+            .map(|k| mef::KernelEntry {
+                symbol: k.name.clone(),
+                family: k.family.clone(),
+                num_params: k.params.len() as u32,
+                backend: backend.clone(),
+            })
             .collect(),
         weights: vec![],
         prefill: prefill_plan,
@@ -193,6 +230,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         decode_launches: header.decode.launches.len(),
         prefill_arena_bytes: header.prefill.arena_bytes,
         decode_arena_bytes: header.decode.arena_bytes,
+        phases: Vec::new(),
     };
     let bytes = crate::mef_writer::write_artifact(
         output,
@@ -205,7 +243,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             chat_template: fe.model.chat_template.as_deref(),
         },
     )?;
-    Ok(CompileReport { artifact_bytes: bytes, ..report })
+    lap("write artifact", &mut phases);
+    Ok(CompileReport { artifact_bytes: bytes, phases, ..report })
 }
 
 /// Every problem that would stop `compile`, found without generating code.

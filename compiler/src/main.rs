@@ -76,6 +76,9 @@ struct CompileArgs {
     /// Storage of matmul and embedding weights: float32 (default), bfloat16, float16.
     #[arg(long, value_name = "ENCODING")]
     quantization_encoding: Option<String>,
+    /// Code generator: llvm (default; vectorized, tuned to --target) or cranelift (fast compiles, baseline x86-64).
+    #[arg(long, value_name = "BACKEND")]
+    backend: Option<String>,
 }
 
 #[derive(Args)]
@@ -146,6 +149,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         pipeline: opts,
         emit_llvm: args.emit_llvm.clone(),
         encoding: args.quantization_encoding.clone(),
+        backend: args.backend.clone(),
     };
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;
@@ -158,6 +162,8 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         report.prefill_launches,
         report.decode_launches
     );
+    let phases: Vec<String> = report.phases.iter().map(|(n, s)| format!("{n} {s:.2}s")).collect();
+    eprintln!("phases: {}", phases.join(", "));
     if args.check_reproducible {
         let again = output.with_file_name(format!(
             ".{}.repro-{}",

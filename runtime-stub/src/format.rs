@@ -119,6 +119,8 @@ pub struct KernelEntry {
     pub symbol: String,
     pub family: String,
     pub num_params: u32,
+    /// The backend that produced the kernel (`llvm` or `cranelift`).
+    pub backend: String,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

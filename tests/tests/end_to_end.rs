@@ -285,3 +285,30 @@ fn stop_strings_no_stream_and_repeat_penalty() {
     assert_ne!(r.1, case0["greedy_text"].as_str().unwrap(), "a strong repeat penalty must change a repetitive continuation");
     assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--stop"), os("")]), 1, &["--stop"]);
 }
+
+/// The Cranelift backend: same golden logits and texts as LLVM.
+#[test]
+fn cranelift_backend_matches_golden() {
+    for (name, model) in [("tiny-llama", fixture("tiny-llama")), ("tiny-qwen2", fixture("tiny-qwen2")), ("smollm2-135m", smollm2_gguf())] {
+        let mef = compile(&format!("cl-{name}"), &model, &["--backend", "cranelift"]);
+        let info = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+        assert_eq!(info.target.backend, "cranelift");
+        assert!(info.kernels.iter().all(|k| k.backend == "cranelift"));
+        let golden = golden(name);
+        for (i, case) in cases(&golden).iter().enumerate() {
+            let what = format!("cranelift {name} case {i}");
+            let ids: Vec<String> = maxc_tests::ids(&case["input_ids"]).iter().map(u32::to_string).collect();
+            let npy = temp_dir("cl-logits").join("l.npy");
+            let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
+            assert_eq!(r.0, 0, "{what}: {}", r.2);
+            assert_logits_close(&what, &maxrun::npy::read_f32(&npy).unwrap().1, &golden_logits(name, case).1);
+            let r = run_bin(
+                "maxrun",
+                &[mef.as_os_str(), os("--prompt"), os(case["prompt"].as_str().unwrap()), os("--temperature"), os("0"), os("-n"), os("24"), os("--ignore-eos")],
+            );
+            assert_eq!(r.1, case["greedy_text"].as_str().unwrap(), "{what}: greedy text");
+        }
+    }
+    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), temp_dir("clv4").join("m.mef").as_os_str(), os("--backend"), os("cranelift"), os("--target"), os("cpu:x86-64-v4")]);
+    assert_clean_error(&r, 1, &["cranelift", "baseline x86-64"]);
+}

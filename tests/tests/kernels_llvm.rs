@@ -1,6 +1,6 @@
-//! Differential tests of the LLVM backend: every kernel family, compiled for this
-//! machine and for x86-64-v3, against the kernel-IR reference interpreter on
-//! random inputs, with a per-family tolerance.
+//! Differential tests of both backends: every kernel family, compiled by LLVM (for
+//! this machine and for x86-64-v3) and by Cranelift, against the kernel-IR reference
+//! interpreter on random inputs, with a per-family tolerance.
 
 use maxc_codegen::{llvm::compile_shared, CpuTarget};
 use maxc_kernels::interp::{run, Buffer};
@@ -108,13 +108,17 @@ fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
 
 fn check_target(spec: &str) {
     let target = CpuTarget::parse(spec).unwrap();
+    check_backend(spec, |kernels| compile_shared(kernels, &target).unwrap().shared_object);
+}
+
+fn check_backend(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>) {
     let all = cases();
     let kernels: Vec<Kernel> = {
         let mut seen = std::collections::HashSet::new();
         all.iter().filter(|c| seen.insert(c.kernel.name.clone())).map(|c| c.kernel.clone()).collect()
     };
-    let code = compile_shared(&kernels, &target).unwrap();
-    let loaded = LoadedCode::load(&code.shared_object).unwrap();
+    let shared_object = compile(&kernels);
+    let loaded = LoadedCode::load(&shared_object).unwrap();
     let mut rng = Rng(0x1234_5678);
     for case in &all {
         let f = loaded.kernel(&case.kernel.name).unwrap();
@@ -160,6 +164,11 @@ fn llvm_host_matches_interpreter() {
 #[test]
 fn llvm_x86_64_v3_matches_interpreter() {
     check_target("cpu:x86-64-v3");
+}
+
+#[test]
+fn cranelift_matches_interpreter() {
+    check_backend("cranelift", |kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object);
 }
 
 #[test]
