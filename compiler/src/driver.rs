@@ -63,8 +63,16 @@ pub struct CompileReport {
     pub decode_launches: usize,
     pub prefill_arena_bytes: u64,
     pub decode_arena_bytes: u64,
-    /// Wall time of each phase, in order: (name, seconds).
-    pub phases: Vec<(&'static str, f64)>,
+    /// Each phase, in order: (name, wall seconds, peak resident bytes so far).
+    pub phases: Vec<(&'static str, f64, u64)>,
+}
+
+/// The process's peak resident set size (VmHWM), 0 where /proc is unavailable.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// The largest prefill step; longer prompts run in chunks of this many tokens.
@@ -108,10 +116,10 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     }
 
     let pipeline = PipelineOptions { encoding, ..options.pipeline.clone() };
-    let mut phases: Vec<(&'static str, f64)> = Vec::new();
+    let mut phases: Vec<(&'static str, f64, u64)> = Vec::new();
     let mut clock = std::time::Instant::now();
-    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64)>| {
-        phases.push((name, clock.elapsed().as_secs_f64()));
+    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64, u64)>| {
+        phases.push((name, clock.elapsed().as_secs_f64(), peak_rss_bytes()));
         clock = std::time::Instant::now();
     };
     let fe = frontend(manifest, &pipeline)?;
@@ -144,7 +152,11 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         mef::Plan {
             max_seq: s.max_seq,
             arena_bytes,
-            launches: s.launches.iter().map(|l| mef::Launch { kernel: l.kernel, args: l.args.iter().map(arg).collect(), tasks: l.tasks }).collect(),
+            launches: s
+                .launches
+                .iter()
+                .map(|l| mef::Launch { kernel: l.kernel, args: l.args.iter().map(arg).collect(), tasks: l.tasks, output_elems: l.output_elems })
+                .collect(),
             logits: mef::BufferRef::Arena { offset: offsets[s.logits as usize] },
         }
     };

@@ -25,6 +25,10 @@ enum Command {
     Eval(EvalArgs),
     /// Pre-flight: report every problem that would stop a compile, without compiling.
     Check(CheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Args)]
@@ -79,6 +83,12 @@ struct CompileArgs {
     /// Code generator: llvm (default; vectorized, tuned to --target) or cranelift (fast compiles, baseline x86-64).
     #[arg(long, value_name = "BACKEND")]
     backend: Option<String>,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    quiet: bool,
+    /// `text` (default) or `json`: one JSON object per phase (wall time, peak memory) and a summary.
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
 }
 
 #[derive(Args)]
@@ -114,6 +124,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Compile(args) => compile(args),
         Command::Eval(args) => eval(args),
         Command::Check(args) => check(args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "maxc", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 
@@ -153,17 +168,33 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
     };
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;
-    eprintln!(
-        "wrote {} ({:.1} MiB) in {:.1}s: {} kernels, {} prefill / {} decode launches",
-        output.display(),
-        report.artifact_bytes as f64 / (1 << 20) as f64,
-        start.elapsed().as_secs_f64(),
-        report.kernels,
-        report.prefill_launches,
-        report.decode_launches
-    );
-    let phases: Vec<String> = report.phases.iter().map(|(n, s)| format!("{n} {s:.2}s")).collect();
-    eprintln!("phases: {}", phases.join(", "));
+    if args.log_format == "json" {
+        for (phase, wall, peak) in &report.phases {
+            println!("{}", serde_json::json!({"phase": phase, "wall_s": wall, "peak_rss_bytes": peak}));
+        }
+        println!(
+            "{}",
+            serde_json::json!({
+                "artifact": output.display().to_string(), "bytes": report.artifact_bytes,
+                "wall_s": start.elapsed().as_secs_f64(), "kernels": report.kernels,
+                "prefill_launches": report.prefill_launches, "decode_launches": report.decode_launches,
+            })
+        );
+    } else if !args.quiet {
+        eprintln!(
+            "wrote {} ({:.1} MiB) in {:.1}s: {} kernels, {} prefill / {} decode launches",
+            output.display(),
+            report.artifact_bytes as f64 / (1 << 20) as f64,
+            start.elapsed().as_secs_f64(),
+            report.kernels,
+            report.prefill_launches,
+            report.decode_launches
+        );
+        eprintln!("{:<24} {:>8} {:>12}", "phase", "wall s", "peak MiB");
+        for (phase, wall, peak) in &report.phases {
+            eprintln!("{phase:<24} {wall:>8.2} {:>12.1}", *peak as f64 / (1 << 20) as f64);
+        }
+    }
     if args.check_reproducible {
         let again = output.with_file_name(format!(
             ".{}.repro-{}",
@@ -247,8 +278,8 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
 /// is built. The output path, thread count and debugging outputs cannot, and are
 /// left out so that the same inputs give the same bytes wherever and however built.
 fn provenance_flags(args: impl Iterator<Item = String>) -> Vec<String> {
-    const WITH_VALUE: &[&str] = &["-o", "--output", "-j", "--jobs", "--dump-ir", "--emit-llvm"];
-    const ALONE: &[&str] = &["--check-reproducible"];
+    const WITH_VALUE: &[&str] = &["-o", "--output", "-j", "--jobs", "--dump-ir", "--emit-llvm", "--log-format"];
+    const ALONE: &[&str] = &["--check-reproducible", "--quiet", "-q"];
     let mut out = Vec::new();
     let mut skip_next = false;
     for a in args {

@@ -189,6 +189,9 @@ pub struct Launch {
     pub kernel: u32,
     pub args: Vec<BufferRef>,
     pub tasks: TaskCount,
+    /// f32 elements the launch writes to its last argument (`per_seq * seq + fixed`;
+    /// zero when it writes only the KV cache). `maxrun --check-nan` scans them.
+    pub output_elems: TaskCount,
 }
 
 /// A linear launch plan for steps of up to `max_seq` tokens.

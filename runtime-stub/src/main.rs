@@ -117,6 +117,9 @@ struct RunArgs {
     /// Divide (or, for negative logits, multiply) the logits of the last 64 tokens by P (> 1 discourages repeats).
     #[arg(long, value_name = "P")]
     repeat_penalty: Option<f32>,
+    /// Stop at the first kernel whose output holds a NaN or an infinity, and name it.
+    #[arg(long)]
+    check_nan: bool,
     /// Print the generated text once at the end instead of streaming it.
     #[arg(long)]
     no_stream: bool,
@@ -276,6 +279,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut session = Session::new(&artifact, threads)?;
+    session.check_nan = cli.check_nan;
 
     if let Some(path) = &cli.dump_logits {
         let logits = session.forward(&ids)?.to_vec();

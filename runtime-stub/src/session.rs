@@ -20,6 +20,8 @@ pub enum SessionError {
     ContextFull { needed: u64, max: u64 },
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     BadToken { id: u32, vocab: u64 },
+    #[error("--check-nan: kernel `{kernel}` (launch {launch} of the {plan} plan) wrote {value} at output element {index}")]
+    NonFinite { kernel: String, launch: usize, plan: &'static str, index: usize, value: f32 },
 }
 
 /// How often each plan ran (tests use it to show decode is O(1) tokens per step).
@@ -79,6 +81,8 @@ pub struct Session<'a> {
     pub position: u64,
     pub counts: RunCounts,
     logits: Vec<f32>,
+    /// Scan every launch's output for NaN / Inf (`maxrun --check-nan`).
+    pub check_nan: bool,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -117,6 +121,7 @@ impl<'a> Session<'a> {
             position: 0,
             counts: RunCounts::default(),
             logits: Vec::new(),
+            check_nan: false,
         })
     }
 
@@ -177,16 +182,16 @@ impl<'a> Session<'a> {
         }
         self.logits.clear();
         if ids.len() == 1 {
-            self.step(ids, false);
+            self.step(ids, false)?;
         } else {
             for chunk in ids.chunks(h.prefill.max_seq as usize) {
-                self.step(chunk, true);
+                self.step(chunk, true)?;
             }
         }
         Ok(&self.logits)
     }
 
-    fn step(&mut self, ids: &[u32], prefill: bool) {
+    fn step(&mut self, ids: &[u32], prefill: bool) -> Result<(), SessionError> {
         let header = &self.artifact.header;
         let (plan, state) = if prefill { (&header.prefill, &mut self.prefill) } else { (&header.decode, &mut self.decode) };
         let seq = ids.len() as u64;
@@ -219,6 +224,18 @@ impl<'a> Session<'a> {
                 p[index].0 += 1;
                 p[index].1 += t.elapsed().as_secs_f64();
             }
+            let written = launch.output_elems.eval(seq) as usize;
+            if self.check_nan && written > 0 {
+                if let Some(&BufferRef::Arena { offset }) = launch.args.last() {
+                    // SAFETY: the launch wrote `written` floats there (the compiler sized it).
+                    let out = unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, written) };
+                    if let Some((at, &value)) = out.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                        let kernel = header.kernels[launch.kernel as usize].symbol.clone();
+                        let plan = if prefill { "prefill" } else { "decode" };
+                        return Err(SessionError::NonFinite { kernel, launch: index, plan, index: at, value });
+                    }
+                }
+            }
         }
         let n = match header.model.embedding_width {
             Some(width) => width as usize,
@@ -236,5 +253,6 @@ impl<'a> Session<'a> {
         } else {
             self.counts.decode += 1;
         }
+        Ok(())
     }
 }

@@ -136,3 +136,24 @@ fn check_lists_every_problem_at_once() {
     assert_eq!(r.0, 0, "{}{}", r.1, r.2);
     assert!(r.1.starts_with("ok"));
 }
+
+/// `--check-nan` names the first kernel whose output is not finite: a NaN planted
+/// in the final norm's weight surfaces in the final rms_norm, not earlier.
+#[test]
+fn check_nan_names_the_first_bad_kernel() {
+    let good = std::fs::read(tiny_artifact()).unwrap();
+    let header = maxrun::artifact::Artifact::open(tiny_artifact()).unwrap().header;
+    let weights = header.sections.iter().find(|s| s.kind == SectionKind::Weights).unwrap();
+    let entry = header.weights.iter().find(|w| w.name == "model.norm.weight").unwrap();
+    let at = (weights.offset + entry.offset) as usize;
+    let mut bad = good.clone();
+    bad[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let p = write_variant("nan", &bad);
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2"), os("--check-nan")]);
+    assert_clean_error(&r, 1, &["--check-nan", "rms_norm_h64", "prefill plan", "NaN"]);
+    let last_rms = header.prefill.launches.iter().rposition(|l| header.kernels[l.kernel as usize].family == "rms_norm").unwrap();
+    assert!(r.2.contains(&format!("launch {last_rms} ")), "{}", r.2);
+    // Without the flag the run goes on (and --verify would catch the changed bytes).
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+}

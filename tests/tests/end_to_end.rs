@@ -43,9 +43,14 @@ fn check_golden(fixture_name: &str) {
         assert_logits_close(&what, &ours, &gold);
 
         let prompt = case["prompt"].as_str().unwrap();
-        // The golden runs generated 24 tokens with end-of-sequence suppressed; --ignore-eos
-        // does the same (and changes nothing where EOS is never the best token).
-        let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(prompt), os("--temperature"), os("0"), os("-n"), os("24"), os("--ignore-eos")]);
+        // The golden runs generated 24 tokens with end-of-sequence suppressed. For the
+        // arch-* models (where EOS can win a near tie) --ignore-eos does the same; the
+        // others must print the text with the plain command line.
+        let mut args = vec![mef.as_os_str(), os("--prompt"), os(prompt), os("--temperature"), os("0"), os("-n"), os("24")];
+        if fixture_name.starts_with("arch-") {
+            args.push(os("--ignore-eos"));
+        }
+        let r = run_bin("maxrun", &args);
         assert_eq!(r.0, 0, "{what}: {}", r.2);
         assert_eq!(r.1, case["greedy_text"].as_str().unwrap(), "{what}: greedy text");
     }
@@ -311,4 +316,25 @@ fn cranelift_backend_matches_golden() {
     }
     let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), temp_dir("clv4").join("m.mef").as_os_str(), os("--backend"), os("cranelift"), os("--target"), os("cpu:x86-64-v4")]);
     assert_clean_error(&r, 1, &["cranelift", "baseline x86-64"]);
+}
+
+/// `--log-format json` prints one JSON object per phase and a summary; `--quiet`
+/// prints nothing; neither changes the artifact; completions are generated.
+#[test]
+fn compile_logging_modes() {
+    let dir = temp_dir("logs");
+    let (a, b) = (dir.join("a.mef"), dir.join("b.mef"));
+    let model = fixture("tiny-llama");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), model.as_os_str(), os("-o"), a.as_os_str(), os("--log-format"), os("json")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let objects: Vec<serde_json::Value> = r.1.lines().map(|l| serde_json::from_str(l).expect("a JSON object per line")).collect();
+    let phases: Vec<&str> = objects.iter().filter_map(|o| o["phase"].as_str()).collect();
+    assert_eq!(phases, ["import + graph passes", "schedule", "codegen + link", "write artifact"]);
+    assert!(objects.iter().filter(|o| o["phase"].is_string()).all(|o| o["wall_s"].as_f64().unwrap() >= 0.0 && o["peak_rss_bytes"].as_u64().unwrap() > 0));
+    assert_eq!(objects.last().unwrap()["kernels"].as_u64().unwrap() as usize, maxrun::artifact::Artifact::open(&a).unwrap().header.kernels.len());
+    let r = run_bin("maxc", &[os("compile"), os("--model"), model.as_os_str(), os("-o"), b.as_os_str(), os("--quiet")]);
+    assert_eq!((r.0, r.1.as_str(), r.2.as_str()), (0, "", ""));
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "logging flags must not change the artifact");
+    let r = run_bin("maxc", &[os("completions"), os("bash")]);
+    assert!(r.0 == 0 && r.1.contains("_maxc") && r.1.contains("--quantization-encoding"));
 }

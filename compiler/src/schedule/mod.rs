@@ -98,6 +98,8 @@ pub struct ScheduledLaunch {
     pub kernel: u32,
     pub args: Vec<Arg>,
     pub tasks: TaskCount,
+    /// f32 elements written to the last argument.
+    pub output_elems: TaskCount,
 }
 
 /// A scheduled plan.
@@ -179,13 +181,18 @@ impl Scheduler<'_, '_, '_> {
     }
 
     /// Appends a launch of `kernel` on `args` plus a new output buffer of `width` f32 per token.
-    fn launch(&mut self, kernel: Kernel, mut args: Vec<Arg>, width: u64) -> Arg {
+    fn launch(&mut self, kernel: Kernel, args: Vec<Arg>, width: u64) -> Arg {
+        self.launch_rows(kernel, args, width, TaskCount { per_seq: width, fixed: 0 })
+    }
+
+    /// Like [`Scheduler::launch`] for an output of `written` elements (e.g. one pooled row).
+    fn launch_rows(&mut self, kernel: Kernel, mut args: Vec<Arg>, width: u64, written: TaskCount) -> Arg {
         let b = self.buffers.len() as u32;
         let at = self.launches.len();
         self.buffers.push(BufferInfo { bytes: self.max_seq * width * 4, def: at, last_use: at });
         args.push(Arg::Buffer(b));
         let tasks = kernel.tasks;
-        self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks });
+        self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written });
         Arg::Buffer(b)
     }
 }
@@ -314,7 +321,8 @@ pub fn schedule<'g>(
                 let store = kv_store(kv_width, max_len, seq);
                 let tasks = store.tasks;
                 let kernel = s.kernels.add(store);
-                s.launches.push(ScheduledLaunch { kernel, args: vec![k, v, pos, kc, vc], tasks });
+                let none = TaskCount { per_seq: 0, fixed: 0 };
+                s.launches.push(ScheduledLaunch { kernel, args: vec![k, v, pos, kc, vc], tasks, output_elems: none });
                 let shape = AttentionShape {
                     heads: *heads as u64,
                     kv_heads: *kv_heads as u64,
@@ -342,7 +350,7 @@ pub fn schedule<'g>(
             Op::MeanRows => {
                 let w = graph.ty(node.inputs[0]).last_dim().expect("static width");
                 let args = s.inputs(&node.inputs)?;
-                s.launch(mean_rows(w, seq), args, w)
+                s.launch_rows(mean_rows(w, seq), args, w, TaskCount { per_seq: 0, fixed: w })
             }
             Op::L2Normalize => {
                 let ty = &node.ty;
@@ -352,7 +360,7 @@ pub fn schedule<'g>(
                     Dim::Sym(_) => return Err(unsupported("an l2_normalize over a dynamic number of rows".into())),
                 };
                 let args = s.inputs(&node.inputs)?;
-                s.launch(l2_normalize(w, rows), args, w)
+                s.launch_rows(l2_normalize(w, rows), args, w, TaskCount { per_seq: 0, fixed: rows * w })
             }
             Op::Transpose => return Err(unsupported("a transpose of activations (only weights are transposed, at compile time)".into())),
             Op::Concat { .. } => return Err(unsupported("a concatenation of activations".into())),
