@@ -52,6 +52,8 @@ pub struct CompileOptions<'a> {
     pub encoding: Option<String>,
     /// `--backend`: `llvm` (default) or `cranelift`.
     pub backend: Option<String>,
+    /// Show progress on stderr (bars on a terminal, "still compiling" lines).
+    pub progress: bool,
 }
 
 /// What a compile produced.
@@ -174,6 +176,11 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         let ir = maxc_codegen::llvm::emit_llvm_ir(&kernels.kernels, &target)?;
         std::fs::write(&path, ir).map_err(|e| Error::io(&path, e))?;
     }
+    let ticker = crate::progress::Ticker::start(
+        format!("{} kernels with {backend}", kernels.kernels.len()),
+        std::time::Duration::from_secs(10),
+        options.progress,
+    );
     let (code, required_features, cpu) = if backend == "cranelift" {
         let code = maxc_codegen::cranelift::compile_shared(&kernels.kernels)?;
         let features = maxc_codegen::cranelift::REQUIRED_FEATURES.iter().map(|f| f.to_string()).collect();
@@ -185,6 +192,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         let features = target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
         (code, features, target.cpu.clone())
     };
+    drop(ticker);
     lap("codegen + link", &mut phases);
 
     let mut provenance = mef::Provenance {
@@ -253,6 +261,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             store: &fe.model.weights,
             tokenizer_json: &fe.model.tokenizer_json,
             chat_template: fe.model.chat_template.as_deref(),
+            progress: options.progress,
         },
     )?;
     lap("write artifact", &mut phases);

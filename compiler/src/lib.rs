@@ -13,6 +13,7 @@ pub mod interp;
 pub mod manifest;
 pub mod mef_writer;
 pub mod passes;
+pub mod progress;
 pub mod provenance;
 pub mod quant;
 pub mod schedule;

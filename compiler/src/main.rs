@@ -165,6 +165,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         emit_llvm: args.emit_llvm.clone(),
         encoding: args.quantization_encoding.clone(),
         backend: args.backend.clone(),
+        progress: !args.quiet && args.log_format == "text",
     };
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;

@@ -23,6 +23,8 @@ pub struct ArtifactContents<'a> {
     pub store: &'a WeightStore,
     pub tokenizer_json: &'a str,
     pub chat_template: Option<&'a str>,
+    /// Show a progress bar while the weights are written.
+    pub progress: bool,
 }
 
 /// Fills in `header.weights` (offsets within the weights section) and returns its size.
@@ -136,6 +138,7 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
             SectionKind::Tokenizer => w.write(c.tokenizer_json.as_bytes()).map_err(io)?,
             SectionKind::ChatTemplate => w.write(c.chat_template.unwrap_or_default().as_bytes()).map_err(io)?,
             SectionKind::Weights => {
+                let bar = crate::progress::bytes_bar(s.len, "writing weights", c.progress);
                 let entries: Vec<(&WeightSlot, &WeightEntry)> = c.weights.iter().zip(&c.header.weights).collect();
                 for batch in entries.chunks(WEIGHT_BATCH) {
                     use rayon::prelude::*;
@@ -143,8 +146,10 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
                     for ((_, entry), bytes) in batch.iter().zip(encoded) {
                         w.pad_to(s.offset + entry.offset).map_err(io)?;
                         w.write(&bytes?).map_err(io)?;
+                        bar.set_position(w.pos - s.offset);
                     }
                 }
+                bar.finish_and_clear();
                 // The section ends 64-byte aligned, after the last entry's padding.
                 w.pad_to(s.offset + s.len).map_err(io)?;
             }

@@ -117,6 +117,9 @@ struct RunArgs {
     /// Divide (or, for negative logits, multiply) the logits of the last 64 tokens by P (> 1 discourages repeats).
     #[arg(long, value_name = "P")]
     repeat_penalty: Option<f32>,
+    /// After the run, print kernels ranked by time for prefill and decode.
+    #[arg(long)]
+    profile: bool,
     /// Stop at the first kernel whose output holds a NaN or an infinity, and name it.
     #[arg(long)]
     check_nan: bool,
@@ -280,6 +283,9 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut session = Session::new(&artifact, threads)?;
     session.check_nan = cli.check_nan;
+    if cli.profile {
+        session.enable_profile();
+    }
 
     if let Some(path) = &cli.dump_logits {
         let logits = session.forward(&ids)?.to_vec();
@@ -375,6 +381,9 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         session.counts.prefill,
         session.counts.decode,
     );
+    if cli.profile {
+        eprint!("{}", render_profile(&session.profile()));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -536,17 +545,23 @@ fn render_profile(rows: &[maxrun::session::ProfileRow]) -> String {
             continue;
         }
         out.push_str(&format!("\n{plan}: {:.1} ms in kernels\n", total * 1e3));
-        out.push_str(&format!("  {:<44} {:<12} {:>7} {:>10} {:>6}\n", "kernel", "family", "calls", "total ms", "%"));
+        out.push_str(&format!(
+            "  {:<48} {:<12} {:>7} {:>10} {:>6} {:>10} {:>8}\n",
+            "kernel", "family", "calls", "total ms", "%", "MB moved", "GB/s"
+        ));
         for r in rows.iter().filter(|r| r.plan == plan) {
             out.push_str(&format!(
-                "  {:<44} {:<12} {:>7} {:>10.2} {:>5.1}%\n",
+                "  {:<48} {:<12} {:>7} {:>10.2} {:>5.1}% {:>10.1} {:>8.1}\n",
                 r.kernel,
                 r.family,
                 r.calls,
                 r.seconds * 1e3,
-                100.0 * r.seconds / total
+                100.0 * r.seconds / total,
+                r.bytes as f64 / 1e6,
+                r.bytes as f64 / 1e9 / r.seconds.max(1e-12)
             ));
         }
+        out.push_str("  (MB moved: weights read plus outputs written)\n");
     }
     out
 }

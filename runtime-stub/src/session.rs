@@ -52,8 +52,8 @@ impl AlignedBuf {
 struct PlanState {
     kernels: Vec<KernelFn>,
     arena: AlignedBuf,
-    /// Per launch: (calls, total seconds), when profiling.
-    profile: Option<Vec<(u64, f64)>>,
+    /// Per launch: (calls, total seconds, bytes moved), when profiling.
+    profile: Option<Vec<(u64, f64, u64)>>,
 }
 
 /// One row of a kernel profile: a kernel's launches within one plan, summed.
@@ -64,6 +64,8 @@ pub struct ProfileRow {
     pub family: String,
     pub calls: u64,
     pub seconds: f64,
+    /// Weights read plus outputs written, summed over calls.
+    pub bytes: u64,
 }
 
 /// One running sequence over an artifact.
@@ -131,8 +133,8 @@ impl<'a> Session<'a> {
 
     /// Starts timing every launch (adds a clock read per launch).
     pub fn enable_profile(&mut self) {
-        self.prefill.profile = Some(vec![(0, 0.0); self.artifact.header.prefill.launches.len()]);
-        self.decode.profile = Some(vec![(0, 0.0); self.artifact.header.decode.launches.len()]);
+        self.prefill.profile = Some(vec![(0, 0.0, 0); self.artifact.header.prefill.launches.len()]);
+        self.decode.profile = Some(vec![(0, 0.0, 0); self.artifact.header.decode.launches.len()]);
     }
 
     /// The profile so far, one row per kernel and plan, slowest first.
@@ -141,14 +143,15 @@ impl<'a> Session<'a> {
         let mut rows: Vec<ProfileRow> = Vec::new();
         for (name, plan, state) in [("prefill", &h.prefill, &self.prefill), ("decode", &h.decode, &self.decode)] {
             let Some(times) = &state.profile else { continue };
-            for (launch, &(calls, secs)) in plan.launches.iter().zip(times) {
+            for (launch, &(calls, secs, bytes)) in plan.launches.iter().zip(times) {
                 let k = &h.kernels[launch.kernel as usize];
                 match rows.iter_mut().find(|r| r.plan == name && r.kernel == k.symbol) {
                     Some(r) => {
                         r.calls += calls;
                         r.seconds += secs;
+                        r.bytes += bytes;
                     }
-                    None => rows.push(ProfileRow { plan: name, kernel: k.symbol.clone(), family: k.family.clone(), calls, seconds: secs }),
+                    None => rows.push(ProfileRow { plan: name, kernel: k.symbol.clone(), family: k.family.clone(), calls, seconds: secs, bytes }),
                 }
             }
         }
@@ -221,8 +224,17 @@ impl<'a> Session<'a> {
             let started = state.profile.as_ref().map(|_| std::time::Instant::now());
             unsafe { self.pool.launch(*kernel, args.as_ptr(), dims.as_ptr(), launch.tasks.eval(seq)) };
             if let (Some(t), Some(p)) = (started, state.profile.as_mut()) {
+                let weights: u64 = launch
+                    .args
+                    .iter()
+                    .map(|a| match a {
+                        BufferRef::Weight(i) => header.weights[*i as usize].len,
+                        _ => 0,
+                    })
+                    .sum();
                 p[index].0 += 1;
                 p[index].1 += t.elapsed().as_secs_f64();
+                p[index].2 += weights + launch.output_elems.eval(seq) * 4;
             }
             let written = launch.output_elems.eval(seq) as usize;
             if self.check_nan && written > 0 {

@@ -338,3 +338,21 @@ fn compile_logging_modes() {
     let r = run_bin("maxc", &[os("completions"), os("bash")]);
     assert!(r.0 == 0 && r.1.contains("_maxc") && r.1.contains("--quantization-encoding"));
 }
+
+/// `maxrun --profile` ranks every kernel of both plans.
+#[test]
+fn profile_lists_every_kernel_of_the_plans() {
+    let mef = artifact("tiny-llama");
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("4"), os("--profile")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let header = maxrun::artifact::Artifact::open(mef).unwrap().header;
+    for (plan, launches) in [("prefill", &header.prefill.launches), ("decode", &header.decode.launches)] {
+        let section = r.2.split(&format!("{plan}: ")).nth(1).unwrap_or_else(|| panic!("no {plan} table: {}", r.2));
+        let section = section.split("\n\n").next().unwrap();
+        for l in launches.iter() {
+            let symbol = &header.kernels[l.kernel as usize].symbol;
+            assert!(section.contains(symbol.as_str()), "{plan} profile lacks {symbol}");
+        }
+    }
+    assert!(r.2.contains("GB/s"));
+}
