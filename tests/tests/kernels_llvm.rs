@@ -112,14 +112,19 @@ fn check_target(spec: &str) {
 }
 
 fn check_backend(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>) {
-    let all = cases();
+    check_cases(spec, compile, cases(), 0x1234_5678);
+}
+
+/// Compiles `all` with `compile`, runs each kernel three times on random inputs and
+/// compares every output element with the interpreter.
+fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>, all: Vec<Case>, seed: u64) {
     let kernels: Vec<Kernel> = {
         let mut seen = std::collections::HashSet::new();
         all.iter().filter(|c| seen.insert(c.kernel.name.clone())).map(|c| c.kernel.clone()).collect()
     };
     let shared_object = compile(&kernels);
     let loaded = LoadedCode::load(&shared_object).unwrap();
-    let mut rng = Rng(0x1234_5678);
+    let mut rng = Rng(seed | 1);
     for case in &all {
         let f = loaded.kernel(&case.kernel.name).unwrap();
         for trial in 0..3 {
@@ -179,4 +184,55 @@ fn avx512_kernels_prefer_512_bit_vectors() {
     assert!(v4.contains("<16 x float>"), "the GEMV reduction is not vectorized to 512 bits");
     let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
     assert!(v3.contains("<8 x float>") && !v3.contains("<16 x float>"), "x86-64-v3 must use 256-bit vectors");
+}
+
+/// Random shapes (property test): every family with random sizes, both backends.
+mod random_shapes {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn random_cases(k: u64, n: u64, s: u64, heads: u64, group: u64, hd2: u64, window: u64) -> Vec<Case> {
+        let s_ = s as usize;
+        let hd = 2 * hd2;
+        let kv = heads;
+        let qh = heads * group;
+        let (qw, kvw) = ((qh * hd) as usize, (kv * hd) as usize);
+        let max_len = 24u64;
+        let shape = AttentionShape {
+            heads: qh,
+            kv_heads: kv,
+            head_dim: hd,
+            scale: 0.3,
+            window: (window > 0).then_some(window),
+            max_len,
+            softcap: (window % 2 == 1).then_some(2.5),
+            causal: window != 3,
+        };
+        let seq = SeqMode::Dynamic;
+        vec![
+            Case { kernel: matmul(k, n, ElemType::F32, seq), sizes: vec![s_ * k as usize, (n * k) as usize, s_ * n as usize], int_max: 1, seq: s, tol: reduction_tol(k) },
+            Case { kernel: matmul(k, n, ElemType::BF16, seq), sizes: vec![s_ * k as usize, (n * k) as usize, s_ * n as usize], int_max: 1, seq: s, tol: reduction_tol(k) },
+            Case { kernel: rms_norm(n * 2, n, 1e-5, seq), sizes: vec![s_ * 2 * n as usize, n as usize, s_ * 2 * n as usize], int_max: 1, seq: s, tol: reduction_tol(n) },
+            Case { kernel: layer_norm(k, 1e-5, seq), sizes: vec![s_ * k as usize, k as usize, k as usize, s_ * k as usize], int_max: 1, seq: s, tol: reduction_tol(k) },
+            Case { kernel: rope(qw as u64, hd, seq), sizes: vec![s_ * qw, s_, hd2 as usize, s_ * qw], int_max: 30, seq: s, tol: 1e-5 },
+            Case {
+                kernel: attention(shape, seq),
+                sizes: vec![s_ * qw, s_, max_len as usize * kvw, max_len as usize * kvw, s_ * kv as usize * max_len as usize, s_ * qw],
+                int_max: max_len as i32,
+                seq: s,
+                tol: reduction_tol(hd * max_len),
+            },
+            Case { kernel: swiglu(n, seq), sizes: vec![s_ * 2 * n as usize, s_ * n as usize], int_max: 1, seq: s, tol: 1e-5 },
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+        #[test]
+        fn both_backends_match_the_interpreter(k in 1u64..80, n in 1u64..40, s in 1u64..6, heads in 1u64..3, group in 1u64..3, hd2 in 1u64..9, window in 0u64..5, seed in any::<u64>()) {
+            let target = CpuTarget::parse("cpu").unwrap();
+            check_cases("llvm", |ks| compile_shared(ks, &target).unwrap().shared_object, random_cases(k, n, s, heads, group, hd2, window), seed);
+            check_cases("cranelift", |ks| maxc_codegen::cranelift::compile_shared(ks).unwrap().shared_object, random_cases(k, n, s, heads, group, hd2, window), seed);
+        }
+    }
 }
