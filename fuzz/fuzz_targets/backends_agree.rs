@@ -62,14 +62,7 @@ fuzz_target!(|data: &[u8]| {
         let loaded = LoadedCode::load(&code.shared_object).unwrap();
         let f = loaded.kernel(&kernel.name).unwrap();
         let mut bufs = inputs.clone();
-        let ptrs: Vec<*mut u8> = bufs
-            .iter_mut()
-            .map(|b| match b {
-                Buffer::F32(v) => v.as_mut_ptr() as *mut u8,
-                Buffer::I32(v) => v.as_mut_ptr() as *mut u8,
-                Buffer::BF16(v) | Buffer::F16(v) => v.as_mut_ptr() as *mut u8,
-            })
-            .collect();
+        let ptrs: Vec<*mut u8> = bufs.iter_mut().map(Buffer::as_mut_ptr).collect();
         let dims = [seq as i64];
         // SAFETY: the buffers are sized for the kernel (the interpreter ran it with bounds checks).
         unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, kernel.tasks.eval(seq)) };

@@ -12,6 +12,17 @@ pub enum Buffer {
     F16(Vec<u16>),
 }
 
+impl Buffer {
+    /// The base pointer the CPU kernel ABI passes for this buffer.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            Buffer::F32(v) => v.as_mut_ptr() as *mut u8,
+            Buffer::I32(v) => v.as_mut_ptr() as *mut u8,
+            Buffer::BF16(v) | Buffer::F16(v) => v.as_mut_ptr() as *mut u8,
+        }
+    }
+}
+
 /// bfloat16 bits to f32 (exact).
 pub fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)

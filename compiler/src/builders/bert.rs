@@ -4,7 +4,7 @@
 //! or the [CLS] token) and L2 normalization of the model's sentence-transformers
 //! config. The output is `embedding: f32[1, hidden]`.
 
-use super::{decoder_inputs, WeightBinder};
+use super::{decoder_inputs, standard_attention, WeightBinder};
 use crate::error::{Error, Result};
 use crate::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
 use crate::import::ImportedModel;
@@ -35,17 +35,7 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
         let q = linear(&mut g, x, &format!("{p}.attention.self.query"), h, h)?;
         let k = linear(&mut g, x, &format!("{p}.attention.self.key"), h, h)?;
         let vv = linear(&mut g, x, &format!("{p}.attention.self.value"), h, h)?;
-        let attn = Op::Attention {
-            layer: l as u32,
-            heads: nh as u32,
-            kv_heads: nh as u32,
-            head_dim: hd as u32,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-            softcap: None,
-            causal: false,
-        };
-        let a = g.add(attn, &[q, k, vv, positions]);
+        let a = g.add(standard_attention(l, nh, nh, hd, false), &[q, k, vv, positions]);
         let o = linear(&mut g, a, &format!("{p}.attention.output.dense"), h, h)?;
         let r = g.add(Op::Binary(BinaryOp::Add), &[o, x]);
         x = layer_norm(&mut g, r, &format!("{p}.attention.output.LayerNorm"))?;

@@ -2,7 +2,7 @@
 //! Conv1D weights (stored `[in, out]`, transposed at compile time), a fused
 //! `c_attn` projection split into q/k/v, GELU (tanh) MLP, no rotary embedding.
 
-use super::{decoder_inputs, WeightBinder};
+use super::{decoder_inputs, standard_attention, WeightBinder};
 use crate::error::Result;
 use crate::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
 use crate::import::ImportedModel;
@@ -35,17 +35,7 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
         let q = g.add(Op::Slice { axis: 1, start: 0, len: h as u64 }, &[qkv]);
         let k = g.add(Op::Slice { axis: 1, start: h as u64, len: h as u64 }, &[qkv]);
         let vv = g.add(Op::Slice { axis: 1, start: 2 * h as u64, len: h as u64 }, &[qkv]);
-        let attn = Op::Attention {
-            layer: l as u32,
-            heads: nh as u32,
-            kv_heads: nh as u32,
-            head_dim: hd as u32,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-            softcap: None,
-            causal: true,
-        };
-        let a = g.add(attn, &[q, k, vv, positions]);
+        let a = g.add(standard_attention(l, nh, nh, hd, true), &[q, k, vv, positions]);
         let o = conv1d(&mut g, a, &format!("{p}.attn.c_proj"), h, h)?;
         x = g.add(Op::Binary(BinaryOp::Add), &[x, o]);
         let n = layer_norm(&mut g, x, &format!("{p}.ln_2"))?;

@@ -95,6 +95,20 @@ impl<'a> WeightBinder<'a> {
     }
 }
 
+/// Multi-head attention with the usual 1/sqrt(head_dim) scale, no window and no soft-cap.
+pub fn standard_attention(layer: usize, heads: usize, kv_heads: usize, head_dim: usize, causal: bool) -> Op {
+    Op::Attention {
+        layer: layer as u32,
+        heads: heads as u32,
+        kv_heads: kv_heads as u32,
+        head_dim: head_dim as u32,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        window: None,
+        softcap: None,
+        causal,
+    }
+}
+
 /// A scalar f32 constant.
 pub fn scalar(g: &mut Graph, value: f32) -> ValueId {
     g.add(Op::Constant { values: vec![value], ty: TensorType::fixed(DType::F32, &[1]) }, &[])
