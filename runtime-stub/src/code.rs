@@ -21,6 +21,10 @@ pub enum CodeError {
 /// A loaded shared object; unloaded on drop.
 pub struct LoadedCode {
     handle: *mut libc::c_void,
+    /// The memfd stays open while the code is loaded: the dynamic loader identifies
+    /// libraries by path, and a reused `/proc/self/fd/N` would otherwise make a
+    /// second artifact's dlopen return the first one's library.
+    _memfd: std::fs::File,
 }
 
 // SAFETY: the handle is only used for dlsym/dlclose, which are thread-safe.
@@ -61,11 +65,10 @@ impl LoadedCode {
         let path = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap();
         // SAFETY: dlopen of a complete ELF shared object; its constructors are none of ours.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        drop(file);
         if handle.is_null() {
             return Err(CodeError::Dlopen(dlerror()));
         }
-        Ok(LoadedCode { handle })
+        Ok(LoadedCode { handle, _memfd: file })
     }
 
     /// Resolves a kernel symbol.
@@ -85,5 +88,36 @@ impl Drop for LoadedCode {
     fn drop(&mut self) {
         // SAFETY: the handle came from dlopen and no kernel runs after drop.
         unsafe { libc::dlclose(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two different shared objects loaded one after the other, the first dropped in
+    /// between (so its fd number is free again), must each resolve their own symbols.
+    #[test]
+    fn successive_loads_do_not_alias() {
+        let dir = std::env::temp_dir().join(format!("maxrun-code-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let build = |name: &str, body: &str| -> Vec<u8> {
+            let c = dir.join(format!("{name}.c"));
+            let so = dir.join(format!("{name}.so"));
+            std::fs::write(&c, body).unwrap();
+            let ok = std::process::Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&c).status().unwrap().success();
+            assert!(ok, "cc failed");
+            std::fs::read(&so).unwrap()
+        };
+        let a = build("a", "int only_in_a(void) { return 1; }");
+        let b = build("b", "int only_in_b(void) { return 2; }");
+        let first = LoadedCode::load(&a).unwrap();
+        assert!(first.kernel("only_in_a").is_ok());
+        drop(first);
+        let held = LoadedCode::load(&a).unwrap();
+        let second = LoadedCode::load(&b).unwrap();
+        assert!(second.kernel("only_in_b").is_ok(), "the second load must not return the first library");
+        assert!(second.kernel("only_in_a").is_err());
+        assert!(held.kernel("only_in_a").is_ok());
     }
 }
