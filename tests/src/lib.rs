@@ -129,6 +129,18 @@ pub fn compile_model(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// `maxrun MEF --token-ids <case input_ids> --dump-logits`: (shape, logits) of one
+/// forward pass over a golden case; panics unless maxrun succeeds.
+pub fn dump_logits(mef: &Path, case: &Value) -> (Vec<usize>, Vec<f32>) {
+    let ids: Vec<String> = ids(&case["input_ids"]).iter().map(u32::to_string).collect();
+    let npy = temp_dir("logits").join("l.npy");
+    let ids = ids.join(",");
+    let args: [&std::ffi::OsStr; 5] = [mef.as_os_str(), "--token-ids".as_ref(), ids.as_ref(), "--dump-logits".as_ref(), npy.as_os_str()];
+    let (code, _, err) = run_bin("maxrun", &args);
+    assert_eq!(code, 0, "maxrun --dump-logits failed: {err}");
+    maxrun::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A fresh empty directory under the system temp dir.
 pub fn temp_dir(tag: &str) -> PathBuf {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

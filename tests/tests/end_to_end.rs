@@ -2,7 +2,7 @@
 //! the Hugging Face golden logits and greedy texts.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use maxc_tests::*;
@@ -11,10 +11,6 @@ fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
-/// Compiles `model` (an HF dir or GGUF) into a fresh artifact with extra flags.
-fn compile(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
-    compile_model(tag, model, extra)
-}
 
 fn artifact(fixture_name: &str) -> &'static Path {
     static ARTIFACTS: OnceLock<std::sync::Mutex<std::collections::HashMap<String, &'static Path>>> = OnceLock::new();
@@ -23,7 +19,7 @@ fn artifact(fixture_name: &str) -> &'static Path {
     map.entry(fixture_name.to_string())
         .or_insert_with(|| {
             let model = if fixture_name == "smollm2-135m" { smollm2_gguf() } else { fixture(fixture_name) };
-            Box::leak(compile(fixture_name, &model, &[]).into_boxed_path())
+            Box::leak(compile_model(fixture_name, &model, &[]).into_boxed_path())
         })
 }
 
@@ -33,11 +29,7 @@ fn check_golden(fixture_name: &str) {
     let golden = golden(fixture_name);
     for (i, case) in cases(&golden).iter().enumerate() {
         let what = format!("{fixture_name} case {i}");
-        let ids: Vec<String> = maxc_tests::ids(&case["input_ids"]).iter().map(u32::to_string).collect();
-        let npy = temp_dir("logits").join("l.npy");
-        let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
-        assert_eq!(r.0, 0, "{what}: {}", r.2);
-        let (shape, ours) = maxrun::npy::read_f32(&npy).unwrap();
+        let (shape, ours) = dump_logits(mef, case);
         let (gshape, gold) = golden_logits(fixture_name, case);
         assert_eq!(shape, gshape, "{what}");
         assert_logits_close(&what, &ours, &gold);
@@ -93,7 +85,7 @@ fn decode_runs_one_token_per_step() {
 
 #[test]
 fn prompt_too_long_fails_before_any_work() {
-    let mef = compile("short", &fixture("tiny-llama"), &["--model-override", "transformer.max_length=8"]);
+    let mef = compile_model("short", &fixture("tiny-llama"), &["--model-override", "transformer.max_length=8"]);
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("1,2,3,4,5,6,7,8,9")]);
     assert_eq!(r.0, 2, "{}", r.2);
     assert_eq!(r.2.trim(), "prompt is too long: 9 tokens exceeds the maximum context length of 8 tokens");
@@ -105,21 +97,17 @@ fn prompt_too_long_fails_before_any_work() {
 
 #[test]
 fn missing_cpu_feature_is_refused_by_name() {
-    let mef = compile("feature", &fixture("tiny-llama"), &["--target", "cpu:x86-64-v3+maxc-test-feature"]);
+    let mef = compile_model("feature", &fixture("tiny-llama"), &["--target", "cpu:x86-64-v3+maxc-test-feature"]);
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi")]);
     assert_clean_error(&r, 1, &["needs CPU features this machine lacks", "maxc-test-feature", "--target"]);
 }
 
 #[test]
 fn portable_target_runs_and_matches() {
-    let mef = compile("v3", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3"]);
+    let mef = compile_model("v3", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3"]);
     let golden = golden("tiny-qwen2");
     let case = &cases(&golden)[1];
-    let ids: Vec<String> = maxc_tests::ids(&case["input_ids"]).iter().map(u32::to_string).collect();
-    let npy = temp_dir("v3logits").join("l.npy");
-    let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    assert_logits_close("x86-64-v3", &maxrun::npy::read_f32(&npy).unwrap().1, &golden_logits("tiny-qwen2", case).1);
+    assert_logits_close("x86-64-v3", &dump_logits(&mef, case).1, &golden_logits("tiny-qwen2", case).1);
 }
 
 #[test]
@@ -165,11 +153,11 @@ fn failed_compile_leaves_no_file() {
 
 #[test]
 fn same_inputs_give_identical_artifacts() {
-    let a = std::fs::read(compile("repro-a", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3", "--jobs", "1"])).unwrap();
-    let b = std::fs::read(compile("repro-b", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3", "--jobs", "2"])).unwrap();
+    let a = std::fs::read(compile_model("repro-a", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3", "--jobs", "1"])).unwrap();
+    let b = std::fs::read(compile_model("repro-b", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v3", "--jobs", "2"])).unwrap();
     assert!(a == b, "two compiles of the same inputs differ");
     // The built-in check agrees.
-    compile("repro-c", &fixture("tiny-llama"), &["--check-reproducible"]);
+    compile_model("repro-c", &fixture("tiny-llama"), &["--check-reproducible"]);
 }
 
 /// `maxrun bench --json` reports every field CI reads (values are not judged here:
@@ -229,7 +217,7 @@ fn gpt2_matches_golden() {
 /// sentence tokenizes to the golden ids and embeds with cosine >= 0.9999.
 #[test]
 fn minilm_embeddings_match_golden() {
-    let mef = compile("minilm", &minilm_dir(), &[]);
+    let mef = compile_model("minilm", &minilm_dir(), &[]);
     let golden = golden("all-minilm-l6-v2");
     let sentences: Vec<&str> = golden["sentences"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
     let mut tokenizer = tokenizers::Tokenizer::from_file(minilm_dir().join("tokenizer.json")).unwrap();
@@ -295,18 +283,14 @@ fn stop_strings_no_stream_and_repeat_penalty() {
 #[test]
 fn cranelift_backend_matches_golden() {
     for (name, model) in [("tiny-llama", fixture("tiny-llama")), ("tiny-qwen2", fixture("tiny-qwen2")), ("smollm2-135m", smollm2_gguf())] {
-        let mef = compile(&format!("cl-{name}"), &model, &["--backend", "cranelift"]);
+        let mef = compile_model(&format!("cl-{name}"), &model, &["--backend", "cranelift"]);
         let info = maxrun::artifact::Artifact::open(&mef).unwrap().header;
         assert_eq!(info.target.backend, "cranelift");
         assert!(info.kernels.iter().all(|k| k.backend == "cranelift"));
         let golden = golden(name);
         for (i, case) in cases(&golden).iter().enumerate() {
             let what = format!("cranelift {name} case {i}");
-            let ids: Vec<String> = maxc_tests::ids(&case["input_ids"]).iter().map(u32::to_string).collect();
-            let npy = temp_dir("cl-logits").join("l.npy");
-            let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
-            assert_eq!(r.0, 0, "{what}: {}", r.2);
-            assert_logits_close(&what, &maxrun::npy::read_f32(&npy).unwrap().1, &golden_logits(name, case).1);
+            assert_logits_close(&what, &dump_logits(&mef, case).1, &golden_logits(name, case).1);
             let r = run_bin(
                 "maxrun",
                 &[mef.as_os_str(), os("--prompt"), os(case["prompt"].as_str().unwrap()), os("--temperature"), os("0"), os("-n"), os("24"), os("--ignore-eos")],

@@ -49,11 +49,7 @@ fn check(encoding: &str, min_top1: f64, max_kl: f64) {
         let golden = golden(name);
         let (mut n, mut agree, mut kl, mut unexplained) = (0, 0, 0.0, 0);
         for case in cases(&golden) {
-            let ids: Vec<String> = maxc_tests::ids(&case["input_ids"]).iter().map(u32::to_string).collect();
-            let npy = temp_dir("qlogits").join("l.npy");
-            let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
-            assert_eq!(r.0, 0, "{}", r.2);
-            let (shape, ours) = maxrun::npy::read_f32(&npy).unwrap();
+            let (shape, ours) = dump_logits(&mef, case);
             let (_, gold) = golden_logits(name, case);
             let (cn, ca, ck, cu) = compare(&ours, &gold, shape[1]);
             n += cn;
