@@ -5,5 +5,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/setup.sh
 export LLVM_SYS_191_PREFIX=/usr/lib/llvm-19
+# Tests write compiled artifacts (up to ~0.5 GB each) to temporary directories:
+# keep them in one scratch folder that is emptied before and after the run.
+export TMPDIR="$root/target/test-tmp"
+rm -rf "$TMPDIR"
+mkdir -p "$TMPDIR"
+trap 'rm -rf "$TMPDIR"' EXIT
 cargo build --workspace --bins -j2
 cargo test --workspace -j2 "$@"
