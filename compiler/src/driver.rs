@@ -50,6 +50,8 @@ pub struct CompileOptions<'a> {
     pub emit_llvm: Option<std::path::PathBuf>,
     /// `--quantization-encoding`, overriding the manifest's.
     pub encoding: Option<String>,
+    /// `--embedding-encoding`, overriding the manifest's.
+    pub embedding_encoding: Option<String>,
     /// `--backend`: `llvm` (default) or `cranelift`.
     pub backend: Option<String>,
     /// Show progress on stderr (bars on a terminal, "still compiling" lines).
@@ -94,6 +96,10 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let c = manifest.manifest.compile.clone();
     let encoding_name = options.encoding.clone().or(c.quantization_encoding.clone()).unwrap_or_else(|| "float32".into());
     let encoding = crate::quant::parse_encoding(&encoding_name).map_err(|m| Error::invalid(&shown, "compile.quantization_encoding", m))?;
+    let embedding_encoding = match options.embedding_encoding.clone().or(c.embedding_encoding.clone()) {
+        Some(name) => Some(crate::quant::parse_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.embedding_encoding", m))?),
+        None => None,
+    };
     if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
         return Err(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
     }
@@ -117,7 +123,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         }
     }
 
-    let pipeline = PipelineOptions { encoding, ..options.pipeline.clone() };
+    let pipeline = PipelineOptions { encoding, embedding_encoding, ..options.pipeline.clone() };
     let mut phases: Vec<(&'static str, f64, u64)> = Vec::new();
     let mut clock = std::time::Instant::now();
     let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64, u64)>| {
@@ -276,6 +282,9 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
     let mut problems = Vec::new();
     if let Some(Err(m)) = c.quantization_encoding.as_deref().map(crate::quant::parse_encoding) {
         problems.push(Error::invalid(&shown, "compile.quantization_encoding", m));
+    }
+    if let Some(Err(m)) = c.embedding_encoding.as_deref().map(crate::quant::parse_encoding) {
+        problems.push(Error::invalid(&shown, "compile.embedding_encoding", m));
     }
     if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
         problems.push(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));

@@ -57,11 +57,24 @@ impl Tensor {
 /// Where the interpreter gets weights from.
 pub trait WeightSource {
     fn weight_f32(&self, name: &str) -> Result<Vec<f32>>;
+
+    /// The weight stored in `scheme` (rows of `cols`): quantized from its f32
+    /// values unless the source already holds it in that encoding.
+    fn weight_encoded(&self, name: &str, scheme: crate::graph::QuantScheme, cols: usize) -> Result<crate::quant::Encoded> {
+        Ok(crate::quant::encode(scheme, &self.weight_f32(name)?, cols))
+    }
 }
 
 impl WeightSource for crate::import::WeightStore {
     fn weight_f32(&self, name: &str) -> Result<Vec<f32>> {
         self.to_f32(name)
+    }
+
+    fn weight_encoded(&self, name: &str, scheme: crate::graph::QuantScheme, cols: usize) -> Result<crate::quant::Encoded> {
+        match self.native_encoded(name, scheme) {
+            Some(e) => Ok(e),
+            None => Ok(crate::quant::encode(scheme, &self.to_f32(name)?, cols)),
+        }
     }
 }
 
@@ -173,11 +186,14 @@ impl<'a> Interpreter<'a> {
             }
             Op::Weight { name, ty } => {
                 let shape: Vec<usize> = ty.shape.iter().map(|d| d.fixed().expect("weights are static") as usize).collect();
-                let mut values = self.weights.weight_f32(name)?;
                 // A quantized weight is seen as the values its encoding stores.
-                if ty.quant != crate::graph::QuantScheme::None {
-                    values.iter_mut().for_each(|v| *v = crate::quant::round(ty.quant, *v));
-                }
+                let values = match ty.quant {
+                    crate::graph::QuantScheme::None => self.weights.weight_f32(name)?,
+                    q => {
+                        let cols = *shape.last().expect("weights have a shape");
+                        crate::quant::decode(q, &self.weights.weight_encoded(name, q, cols)?, cols)
+                    }
+                };
                 Tensor::f32(shape, values)
             }
             Op::Constant { values, ty } => {

@@ -77,9 +77,14 @@ struct CompileArgs {
     /// Write the optimized LLVM IR of the kernels to DIR/kernels.ll.
     #[arg(long, value_name = "DIR")]
     emit_llvm: Option<PathBuf>,
-    /// Storage of matmul and embedding weights: float32 (default), bfloat16, float16.
+    /// Storage of the linear layers' weights: float32 (default), bfloat16, float16,
+    /// q8_0, q4_0, q4_1, q4_k, float8_e4m3fn. A GGUF already in that block type keeps its blocks.
     #[arg(long, value_name = "ENCODING")]
     quantization_encoding: Option<String>,
+    /// Storage of the embedding table and lm_head (default: float32 with float
+    /// encodings, q8_0 with block encodings).
+    #[arg(long, value_name = "ENCODING")]
+    embedding_encoding: Option<String>,
     /// Code generator: llvm (default; vectorized, tuned to --target) or cranelift (fast compiles, baseline x86-64).
     #[arg(long, value_name = "BACKEND")]
     backend: Option<String>,
@@ -139,7 +144,7 @@ fn options<'a>(dump: Option<&'a Path>, stop: Option<&'a str>) -> anyhow::Result<
             bail!("--stop-after: unknown pass `{name}`; passes: {}", names.join(", "));
         }
     }
-    Ok(PipelineOptions { verify_each: true, dump_dir: dump, stop_after: stop, encoding: Default::default() })
+    Ok(PipelineOptions { verify_each: true, dump_dir: dump, stop_after: stop, encoding: Default::default(), embedding_encoding: None })
 }
 
 fn compile(args: CompileArgs) -> anyhow::Result<()> {
@@ -164,6 +169,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         pipeline: opts,
         emit_llvm: args.emit_llvm.clone(),
         encoding: args.quantization_encoding.clone(),
+        embedding_encoding: args.embedding_encoding.clone(),
         backend: args.backend.clone(),
         progress: !args.quiet && args.log_format == "text",
     };

@@ -15,9 +15,6 @@ use crate::error::{Error, Result};
 /// The name of the implicit component formed by `[model]` and `[compile]`.
 pub const MAIN_COMPONENT: &str = "transformer";
 
-/// Quantization encodings a manifest may name (MAX's spelling).
-pub const QUANTIZATION_ENCODINGS: &[&str] =
-    &["float32", "bfloat16", "float16", "q8_0", "q4_0", "q4_1", "q4_k", "float8_e4m3fn"];
 
 /// A parsed, validated ModelManifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,7 +48,11 @@ pub struct CompileSection {
     pub target: Option<String>,
     /// `cpu`, `cpu:0,1`, `gpu:0,1`, `gpu:all`.
     pub devices: Option<String>,
+    /// The encoding of the linear layers' weights (default float32).
     pub quantization_encoding: Option<String>,
+    /// The encoding of the token embedding table and the lm_head (default:
+    /// float32 under float encodings, q8_0 under block encodings).
+    pub embedding_encoding: Option<String>,
     /// The longest sequence (prompt + generated) the artifact supports.
     pub max_length: Option<u32>,
     pub max_batch_size: Option<u32>,
@@ -77,6 +78,7 @@ pub struct ComponentSection {
     pub target: Option<String>,
     pub devices: Option<String>,
     pub quantization_encoding: Option<String>,
+    pub embedding_encoding: Option<String>,
     pub max_length: Option<u32>,
     pub max_batch_size: Option<u32>,
 }
@@ -148,6 +150,7 @@ impl LoadedManifest {
 impl Manifest {
     fn validate(&self, path: &Path) -> Result<()> {
         check_encoding(path, "compile.quantization_encoding", &self.compile.quantization_encoding)?;
+        check_encoding(path, "compile.embedding_encoding", &self.compile.embedding_encoding)?;
         if self.compile.max_length == Some(0) {
             return Err(Error::invalid(path, "compile.max_length", "must be at least 1"));
         }
@@ -156,6 +159,7 @@ impl Manifest {
         }
         for (name, c) in &self.components {
             check_encoding(path, &format!("components.{name}.quantization_encoding"), &c.quantization_encoding)?;
+            check_encoding(path, &format!("components.{name}.embedding_encoding"), &c.embedding_encoding)?;
         }
         let g = &self.generation;
         if let Some(t) = g.temperature {
@@ -176,17 +180,17 @@ impl Manifest {
 
 fn check_encoding(path: &Path, field: &str, value: &Option<String>) -> Result<()> {
     match value {
-        Some(v) if !QUANTIZATION_ENCODINGS.contains(&v.as_str()) => Err(Error::invalid(
+        Some(v) if maxrun::format::WeightEncoding::from_name(v).is_none() => Err(Error::invalid(
             path,
             field,
-            format!("unknown encoding `{v}`; valid encodings: {}", QUANTIZATION_ENCODINGS.join(", ")),
+            format!("unknown encoding `{v}`; valid encodings: {}", maxrun::format::WeightEncoding::all_names()),
         )),
         _ => Ok(()),
     }
 }
 
 /// Keys of `[compile]` that `transformer.<key>` overrides address.
-const COMPILE_KEYS: &[&str] = &["target", "devices", "quantization_encoding", "max_length", "max_batch_size"];
+const COMPILE_KEYS: &[&str] = &["target", "devices", "quantization_encoding", "embedding_encoding", "max_length", "max_batch_size"];
 const MODEL_KEYS: &[&str] = &["path", "name", "architecture"];
 
 /// Applies one `--model-override KEY=VALUE`.

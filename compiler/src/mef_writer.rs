@@ -32,13 +32,19 @@ fn layout_weights(slots: &[WeightSlot]) -> (Vec<WeightEntry>, u64) {
     let mut offset = 0u64;
     let mut entries = Vec::with_capacity(slots.len());
     for s in slots {
-        let len = s.shape.iter().product::<u64>() * crate::quant::size(s.encoding);
-        let dtype = match s.encoding {
-            crate::graph::QuantScheme::None => DType::F32,
-            crate::graph::QuantScheme::BF16 => DType::BF16,
-            crate::graph::QuantScheme::F16 => DType::F16,
-        };
-        entries.push(WeightEntry { name: s.name.clone(), dtype, shape: s.shape.clone(), offset, len });
+        let encoding = s.encoding.encoding();
+        let (part, dtype, _) = encoding.parts()[s.part];
+        let elems = encoding.part_elems(s.part, &s.shape).expect("the quantize pass only picks encodings whose blocks fit");
+        let len = elems * dtype.size();
+        entries.push(WeightEntry {
+            name: s.name.clone(),
+            encoding: encoding.name().into(),
+            part: part.into(),
+            dtype,
+            shape: s.shape.clone(),
+            offset,
+            len,
+        });
         offset = (offset + len).div_ceil(WEIGHT_ALIGN) * WEIGHT_ALIGN;
     }
     (entries, offset)
@@ -139,13 +145,25 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
             SectionKind::ChatTemplate => w.write(c.chat_template.unwrap_or_default().as_bytes()).map_err(io)?,
             SectionKind::Weights => {
                 let bar = crate::progress::bytes_bar(s.len, "writing weights", c.progress);
-                let entries: Vec<(&WeightSlot, &WeightEntry)> = c.weights.iter().zip(&c.header.weights).collect();
-                for batch in entries.chunks(WEIGHT_BATCH) {
+                // One group per tensor: its parts are consecutive slots, encoded together.
+                let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+                for (i, slot) in c.weights.iter().enumerate() {
+                    match groups.last_mut() {
+                        Some(g) if slot.part > 0 => g.end = i + 1,
+                        _ => groups.push(i..i + 1),
+                    }
+                }
+                for batch in groups.chunks(WEIGHT_BATCH) {
                     use rayon::prelude::*;
-                    let encoded: Vec<Result<Vec<u8>>> = batch.par_iter().map(|(slot, _)| encode_weight(slot, c.store)).collect();
-                    for ((_, entry), bytes) in batch.iter().zip(encoded) {
-                        w.pad_to(s.offset + entry.offset).map_err(io)?;
-                        w.write(&bytes?).map_err(io)?;
+                    let encoded: Vec<Result<crate::quant::Encoded>> = batch.par_iter().map(|g| encode_weight(&c.weights[g.start], c.store)).collect();
+                    for (group, tensor) in batch.iter().zip(encoded) {
+                        let tensor = tensor?;
+                        assert_eq!(tensor.parts.len(), group.len(), "{}: parts", c.weights[group.start].name);
+                        for (entry, bytes) in c.header.weights[group.clone()].iter().zip(&tensor.parts) {
+                            assert_eq!(bytes.len() as u64, entry.len, "{}: part length", entry.name);
+                            w.pad_to(s.offset + entry.offset).map_err(io)?;
+                            w.write(bytes).map_err(io)?;
+                        }
                         bar.set_position(w.pos - s.offset);
                     }
                 }
@@ -171,18 +189,15 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
     Ok(end)
 }
 
-/// A weight's bytes in its encoding (little-endian).
-fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity((slot.shape.iter().product::<u64>() * crate::quant::size(slot.encoding)) as usize);
-    let mut put = |values: &[f32]| crate::quant::encode(slot.encoding, values, &mut bytes);
-    match &slot.data {
-        WeightData::Checkpoint(name) => put(&store.to_f32(name)?),
+/// A tensor's parts in its encoding (little-endian), from its first slot.
+fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant::Encoded> {
+    use crate::interp::WeightSource;
+    let cols = *slot.shape.last().unwrap_or(&1) as usize;
+    Ok(match &slot.data {
+        WeightData::Checkpoint(name) => store.weight_encoded(name, slot.encoding, cols)?,
         WeightData::Stacked(names) => {
-            for n in names {
-                put(&store.to_f32(n)?);
-            }
+            crate::quant::Encoded::concat_rows(names.iter().map(|n| store.weight_encoded(n, slot.encoding, cols)).collect::<Result<Vec<_>>>()?)
         }
-        WeightData::Values(v) => put(v),
-    }
-    Ok(bytes)
+        WeightData::Values(v) => crate::quant::encode(slot.encoding, v, cols),
+    })
 }

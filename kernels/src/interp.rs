@@ -10,6 +10,8 @@ pub enum Buffer {
     I32(Vec<i32>),
     BF16(Vec<u16>),
     F16(Vec<u16>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
 }
 
 impl Buffer {
@@ -19,6 +21,8 @@ impl Buffer {
             Buffer::F32(v) => v.as_mut_ptr() as *mut u8,
             Buffer::I32(v) => v.as_mut_ptr() as *mut u8,
             Buffer::BF16(v) | Buffer::F16(v) => v.as_mut_ptr() as *mut u8,
+            Buffer::I8(v) => v.as_mut_ptr() as *mut u8,
+            Buffer::U8(v) => v.as_mut_ptr(),
         }
     }
 }
@@ -66,6 +70,8 @@ impl Val {
 struct Machine<'a> {
     kernel: &'a Kernel,
     bufs: &'a mut [Buffer],
+    /// The kernel's local arrays, NaN-filled on entry (their contents are undefined).
+    locals: Vec<Buffer>,
     vars: Vec<Val>,
     seq: i64,
 }
@@ -88,7 +94,8 @@ pub fn run_tasks(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end
             ValType::Bool => Val::B(false),
         })
         .collect();
-    let mut m = Machine { kernel, bufs, vars, seq: seq as i64 };
+    let locals = kernel.locals.iter().map(|&n| Buffer::F32(vec![f32::NAN; n as usize])).collect();
+    let mut m = Machine { kernel, bufs, locals, vars, seq: seq as i64 };
     for t in begin..end {
         m.vars[kernel.task_var as usize] = Val::I(t as i64);
         m.block(&kernel.body);
@@ -106,8 +113,9 @@ impl Machine<'_> {
                 Stmt::Store { param, index, value } => {
                     let idx = self.eval(index).i();
                     let v = self.eval(value);
-                    let name = &self.kernel.params[*param as usize].name;
-                    match &mut self.bufs[*param as usize] {
+                    let name = self.kernel.buffer(*param).expect("validated").name.into_owned();
+                    let buf = if *param >= LOCAL_BASE { &mut self.locals[(*param - LOCAL_BASE) as usize] } else { &mut self.bufs[*param as usize] };
+                    match buf {
                         Buffer::F32(b) => {
                             let len = b.len();
                             *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.f()
@@ -116,7 +124,9 @@ impl Machine<'_> {
                             let len = b.len();
                             *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i32
                         }
-                        Buffer::BF16(_) | Buffer::F16(_) => unreachable!("16-bit parameters are never stored (validated)"),
+                        Buffer::BF16(_) | Buffer::F16(_) | Buffer::I8(_) | Buffer::U8(_) => {
+                            unreachable!("weight-only parameters are never stored (validated)")
+                        }
                     }
                 }
                 Stmt::For { var, start, end, body, .. } => {
@@ -143,13 +153,16 @@ impl Machine<'_> {
             Expr::Seq => Val::I(self.seq),
             Expr::Load { param, index } => {
                 let idx = self.eval(index).i();
-                let name = &self.kernel.params[*param as usize].name;
+                let name = self.kernel.buffer(*param).expect("validated").name;
                 let oob = |len: usize| -> ! { panic!("kernel `{}`: load {name}[{idx}] out of bounds ({len})", self.kernel.name) };
-                match &self.bufs[*param as usize] {
+                let buf = if *param >= LOCAL_BASE { &self.locals[(*param - LOCAL_BASE) as usize] } else { &self.bufs[*param as usize] };
+                match buf {
                     Buffer::F32(b) => Val::F(*b.get(idx as usize).unwrap_or_else(|| oob(b.len()))),
                     Buffer::I32(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
                     Buffer::BF16(b) => Val::F(bf16_to_f32(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())))),
                     Buffer::F16(b) => Val::F(f16_to_f32(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())))),
+                    Buffer::I8(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
+                    Buffer::U8(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
                 }
             }
             Expr::Bin(op, a, b) => match (self.eval(a), self.eval(b)) {
@@ -160,7 +173,7 @@ impl Machine<'_> {
                     BinOp::Div => x / y,
                     BinOp::Max => x.max(y),
                     BinOp::Min => x.min(y),
-                    BinOp::Rem | BinOp::Shl => unreachable!("integer-only (validated)"),
+                    BinOp::Rem | BinOp::Shl | BinOp::Shr | BinOp::And => unreachable!("integer-only (validated)"),
                 }),
                 (Val::I(x), Val::I(y)) => Val::I(match op {
                     BinOp::Add => x + y,
@@ -169,6 +182,8 @@ impl Machine<'_> {
                     BinOp::Div => x / y,
                     BinOp::Rem => x % y,
                     BinOp::Shl => x << y,
+                    BinOp::Shr => ((x as u64) >> y) as i64,
+                    BinOp::And => x & y,
                     BinOp::Max => x.max(y),
                     BinOp::Min => x.min(y),
                 }),

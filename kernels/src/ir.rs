@@ -21,6 +21,21 @@ pub enum ElemType {
     BF16,
     /// IEEE half storage; loads widen to f32 (weights only, never stored).
     F16,
+    /// Signed bytes; loads sign-extend to i64 (quantized weights, never stored).
+    I8,
+    /// Unsigned bytes; loads zero-extend to i64 (packed 4-bit or fp8 weights, never stored).
+    U8,
+}
+
+impl ElemType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            ElemType::F32 | ElemType::I32 => 4,
+            ElemType::BF16 | ElemType::F16 => 2,
+            ElemType::I8 | ElemType::U8 => 1,
+        }
+    }
 }
 
 /// Types of scalar values. Integer loads widen to `I64`.
@@ -52,6 +67,10 @@ pub enum BinOp {
     Min,
     /// Integer shift left.
     Shl,
+    /// Logical shift right (operands are non-negative in every kernel).
+    Shr,
+    /// Bitwise and.
+    And,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -117,6 +136,19 @@ pub enum Stmt {
 
 pub use maxrun::format::TaskCount;
 
+/// Buffer indices at or above this name the kernel's local f32 arrays
+/// ([`Kernel::locals`]): per-invocation scratch on the stack, e.g. the lane
+/// accumulators of the block-quantized matmul. Below it, indices name parameters.
+pub const LOCAL_BASE: u32 = 1 << 20;
+
+/// What a buffer index (parameter or local) refers to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferDecl<'a> {
+    pub name: std::borrow::Cow<'a, str>,
+    pub elem: ElemType,
+    pub writes: bool,
+}
+
 /// One kernel.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Kernel {
@@ -130,6 +162,9 @@ pub struct Kernel {
     pub task_var: VarId,
     /// The type of every variable.
     pub vars: Vec<ValType>,
+    /// Local f32 arrays (element counts), indexed from [`LOCAL_BASE`]; their
+    /// contents are undefined on entry to each task range.
+    pub locals: Vec<u64>,
     pub body: Vec<Stmt>,
 }
 
@@ -142,6 +177,16 @@ pub struct KernelError {
 }
 
 impl Kernel {
+    /// The parameter or local that buffer index `index` names.
+    pub fn buffer(&self, index: u32) -> Option<BufferDecl<'_>> {
+        if index >= LOCAL_BASE {
+            let i = index - LOCAL_BASE;
+            self.locals.get(i as usize).map(|_| BufferDecl { name: format!("local{i}").into(), elem: ElemType::F32, writes: true })
+        } else {
+            self.params.get(index as usize).map(|p| BufferDecl { name: p.name.as_str().into(), elem: p.elem, writes: p.writes })
+        }
+    }
+
     /// The type of an expression, or an error when it is ill-typed.
     pub fn type_of(&self, e: &Expr) -> Result<ValType, String> {
         use ValType::*;
@@ -153,9 +198,9 @@ impl Kernel {
                 if self.type_of(index)? != I64 {
                     return Err("load index must be i64".into());
                 }
-                match self.params.get(*param as usize).ok_or(format!("parameter {param} does not exist"))?.elem {
+                match self.buffer(*param).ok_or(format!("buffer {param} does not exist"))?.elem {
                     ElemType::F32 | ElemType::BF16 | ElemType::F16 => F32,
-                    ElemType::I32 => I64,
+                    ElemType::I32 | ElemType::I8 | ElemType::U8 => I64,
                 }
             }
             Expr::Bin(op, a, b) => {
@@ -163,7 +208,7 @@ impl Kernel {
                 if ta != tb || ta == Bool {
                     return Err(format!("{op:?} operands have types {ta:?} and {tb:?}"));
                 }
-                if matches!(op, BinOp::Rem | BinOp::Shl) && ta != I64 {
+                if matches!(op, BinOp::Rem | BinOp::Shl | BinOp::Shr | BinOp::And) && ta != I64 {
                     return Err(format!("{op:?} is integer-only"));
                 }
                 ta
@@ -219,7 +264,7 @@ impl Kernel {
                     }
                 }
                 Stmt::Store { param, index, value } => {
-                    let p = self.params.get(*param as usize).ok_or(format!("parameter {param} does not exist"))?;
+                    let p = self.buffer(*param).ok_or(format!("buffer {param} does not exist"))?;
                     if !p.writes {
                         return Err(format!("store to read-only parameter `{}`", p.name));
                     }
@@ -229,7 +274,9 @@ impl Kernel {
                     let want = match p.elem {
                         ElemType::F32 => ValType::F32,
                         ElemType::I32 => ValType::I64,
-                        ElemType::BF16 | ElemType::F16 => return Err(format!("store to 16-bit parameter `{}`", p.name)),
+                        ElemType::BF16 | ElemType::F16 | ElemType::I8 | ElemType::U8 => {
+                            return Err(format!("store to weight-only parameter `{}` ({:?})", p.name, p.elem))
+                        }
                     };
                     if self.type_of(value)? != want {
                         return Err(format!("store of {:?} to `{}`", self.type_of(value)?, p.name));
@@ -261,6 +308,7 @@ impl Kernel {
 pub struct KernelBuilder {
     pub params: Vec<Param>,
     pub vars: Vec<ValType>,
+    pub locals: Vec<u64>,
 }
 
 impl KernelBuilder {
@@ -274,6 +322,12 @@ impl KernelBuilder {
         self.params.len() as u32 - 1
     }
 
+    /// Declares a local f32 array of `len` elements and returns its buffer index.
+    pub fn local(&mut self, len: u64) -> u32 {
+        self.locals.push(len);
+        LOCAL_BASE + self.locals.len() as u32 - 1
+    }
+
     /// Declares a variable.
     pub fn var(&mut self, ty: ValType) -> VarId {
         self.vars.push(ty);
@@ -282,7 +336,7 @@ impl KernelBuilder {
 
     /// Finishes the kernel and validates it (a failure is a kernel-library bug).
     pub fn finish(self, name: String, family: &str, tasks: TaskCount, task_var: VarId, body: Vec<Stmt>) -> Kernel {
-        let k = Kernel { name, family: family.into(), params: self.params, tasks, task_var, vars: self.vars, body };
+        let k = Kernel { name, family: family.into(), params: self.params, tasks, task_var, vars: self.vars, locals: self.locals, body };
         if let Err(e) = k.validate() {
             panic!("{e}");
         }
@@ -341,6 +395,18 @@ pub mod dsl {
     }
     pub fn shl(a: Expr, b: Expr) -> Expr {
         bin(BinOp::Shl, a, b)
+    }
+    pub fn shr(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::Shr, a, b)
+    }
+    pub fn and(a: Expr, b: Expr) -> Expr {
+        bin(BinOp::And, a, b)
+    }
+    pub fn to_f32(a: Expr) -> Expr {
+        un(UnOp::ToF32, a)
+    }
+    pub fn eq(a: Expr, b: Expr) -> Expr {
+        Expr::Cmp(CmpOp::Eq, Box::new(a), Box::new(b))
     }
 
     /// `exp(x)` as inline, vectorizable arithmetic (no libm call): range reduction

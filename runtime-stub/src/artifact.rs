@@ -35,6 +35,12 @@ pub enum ArtifactError {
         missing.join(", ")
     )]
     MissingFeatures { path: PathBuf, missing: Vec<String> },
+    #[error(
+        "{path}: weight `{weight}` uses the encoding `{encoding}`, which this maxrun's kernels do not know \
+         (known: {}); run it with a newer maxrun or recompile with a supported --quantization-encoding",
+        WeightEncoding::all_names()
+    )]
+    UnknownEncoding { path: PathBuf, weight: String, encoding: String },
 }
 
 /// The bytes of an artifact: a read-only mapping, or memory (tests and fuzzing).
@@ -178,9 +184,16 @@ impl Artifact {
             if w.offset.checked_add(w.len).is_none_or(|e| e > weights_len) {
                 return Err(corrupt(format!("weight `{}`", w.name), format!("runs past the weights section ({weights_len} bytes)")));
             }
-            let elems: u64 = w.shape.iter().product();
-            if elems * w.dtype.size() != w.len {
-                return Err(corrupt(format!("weight `{}`", w.name), format!("{} bytes for shape {:?}", w.len, w.shape)));
+            let Some(encoding) = WeightEncoding::from_name(&w.encoding) else {
+                return Err(ArtifactError::UnknownEncoding { path: self.path.clone(), weight: w.name.clone(), encoding: w.encoding.clone() });
+            };
+            let part = encoding.parts().iter().position(|(name, dtype, _)| *name == w.part && *dtype == w.dtype);
+            let expected = part.and_then(|p| encoding.part_elems(p, &w.shape)).map(|n| n * w.dtype.size());
+            if expected != Some(w.len) {
+                return Err(corrupt(
+                    format!("weight `{}`", w.name),
+                    format!("{} bytes of {} part `{}` ({:?}) for shape {:?}", w.len, w.encoding, w.part, w.dtype, w.shape),
+                ));
             }
         }
         for plan in [&self.header.prefill, &self.header.decode] {

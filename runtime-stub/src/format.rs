@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 1;
+pub const FORMAT_MAJOR: u32 = 2;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
@@ -131,6 +131,10 @@ pub enum DType {
     BF16,
     /// IEEE half, little-endian.
     F16,
+    /// Signed bytes.
+    I8,
+    /// Unsigned bytes (packed 4-bit pairs, fp8 codes, 6-bit scales).
+    U8,
 }
 
 impl DType {
@@ -138,18 +142,148 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
+            DType::I8 | DType::U8 => 1,
         }
     }
 }
 
+/// One stored array of a weight tensor (a plain tensor has one part, `values`;
+/// a block-quantized one has its quants and scales as separate parts, each its
+/// own [`WeightEntry`], so kernels read every part as a typed array).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WeightEntry {
+    /// The tensor's name; parts after the first are named `NAME#PART`.
     pub name: String,
+    /// The tensor's storage encoding (a [`WeightEncoding`] name). Kept as text so
+    /// that a newer encoding in an artifact is refused by name, not as corruption.
+    pub encoding: String,
+    /// Which part of the encoding this entry holds (`values`, `quants`, `scales`, ...).
+    pub part: String,
+    /// The element type of this part.
     pub dtype: DType,
+    /// The logical shape of the whole tensor (the last axis is the one blocks run along).
     pub shape: Vec<u64>,
     /// Offset within the weights section (64-byte aligned).
     pub offset: u64,
     pub len: u64,
+}
+
+/// How many elements of a part each logical row of `cols` values has.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PerRow {
+    /// `cols / n` elements (`n` = 1: one element per value).
+    Every(u64),
+    /// One element per row (per-output-channel scales).
+    One,
+}
+
+/// Weight storage encodings (MAX's `--quantization-encoding` names). Each is a
+/// list of parts, row-major over `[rows, cols]` with `cols` the last axis; block
+/// encodings cut every row into blocks along `cols`. docs/mef.md gives the layouts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum WeightEncoding {
+    Float32,
+    BFloat16,
+    Float16,
+    /// Blocks of 32: `quants: i8[32]`, `scales: f16` (value = scale * q), as GGUF Q8_0.
+    Q8_0,
+    /// Blocks of 32: `quants: u8[16]` (element `t` in the low nibble of byte `t`,
+    /// element `16 + t` in the high nibble), `scales: f16`; value = scale * (q - 8).
+    Q4_0,
+    /// As Q4_0 plus `mins: f16`; value = scale * q + min.
+    Q4_1,
+    /// Super-blocks of 256 in 8 sub-blocks of 32: nibbles as Q4_0 per sub-block,
+    /// 6-bit `sub_scales` and `sub_mins` (one byte each per sub-block), and f16
+    /// `scales` / `mins` per super-block; value = scale * sub_scale * q - min * sub_min.
+    Q4K,
+    /// `quants: u8` fp8 e4m3fn codes (no infinities; 0x7f/0xff unused), one f32
+    /// `scales` per row; value = scale * e4m3(q).
+    Float8E4M3,
+}
+
+impl WeightEncoding {
+    pub const ALL: [WeightEncoding; 8] = [
+        WeightEncoding::Float32,
+        WeightEncoding::BFloat16,
+        WeightEncoding::Float16,
+        WeightEncoding::Q8_0,
+        WeightEncoding::Q4_0,
+        WeightEncoding::Q4_1,
+        WeightEncoding::Q4K,
+        WeightEncoding::Float8E4M3,
+    ];
+
+    /// The `--quantization-encoding` spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightEncoding::Float32 => "float32",
+            WeightEncoding::BFloat16 => "bfloat16",
+            WeightEncoding::Float16 => "float16",
+            WeightEncoding::Q8_0 => "q8_0",
+            WeightEncoding::Q4_0 => "q4_0",
+            WeightEncoding::Q4_1 => "q4_1",
+            WeightEncoding::Q4K => "q4_k",
+            WeightEncoding::Float8E4M3 => "float8_e4m3fn",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<WeightEncoding> {
+        Self::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// The names of all encodings, comma-separated (for error messages).
+    pub fn all_names() -> String {
+        Self::ALL.map(|e| e.name()).join(", ")
+    }
+
+    /// Values per block along a row (the row length must be a multiple).
+    pub fn block(self) -> u64 {
+        match self {
+            WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => 1,
+            WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Float8E4M3 => 32,
+            WeightEncoding::Q4K => 256,
+        }
+    }
+
+    /// The parts, in storage order.
+    pub fn parts(self) -> &'static [(&'static str, DType, PerRow)] {
+        use PerRow::*;
+        match self {
+            WeightEncoding::Float32 => &[("values", DType::F32, Every(1))],
+            WeightEncoding::BFloat16 => &[("values", DType::BF16, Every(1))],
+            WeightEncoding::Float16 => &[("values", DType::F16, Every(1))],
+            WeightEncoding::Q8_0 => &[("quants", DType::I8, Every(1)), ("scales", DType::F16, Every(32))],
+            WeightEncoding::Q4_0 => &[("quants", DType::U8, Every(2)), ("scales", DType::F16, Every(32))],
+            WeightEncoding::Q4_1 => &[("quants", DType::U8, Every(2)), ("scales", DType::F16, Every(32)), ("mins", DType::F16, Every(32))],
+            WeightEncoding::Q4K => &[
+                ("quants", DType::U8, Every(2)),
+                ("sub_scales", DType::U8, Every(32)),
+                ("sub_mins", DType::U8, Every(32)),
+                ("scales", DType::F16, Every(256)),
+                ("mins", DType::F16, Every(256)),
+            ],
+            WeightEncoding::Float8E4M3 => &[("quants", DType::U8, Every(1)), ("scales", DType::F32, One)],
+        }
+    }
+
+    /// Elements of part `index` for a tensor of `shape`, or `None` when the row
+    /// length is not a whole number of blocks.
+    pub fn part_elems(self, index: usize, shape: &[u64]) -> Option<u64> {
+        let cols = *shape.last().unwrap_or(&1);
+        let rows: u64 = shape.iter().rev().skip(1).product();
+        if !cols.is_multiple_of(self.block()) {
+            return None;
+        }
+        Some(match self.parts()[index].2 {
+            PerRow::Every(n) => rows * (cols / n),
+            PerRow::One => rows,
+        })
+    }
+
+    /// Total stored bytes of a tensor of `shape` (all parts, without alignment).
+    pub fn bytes(self, shape: &[u64]) -> Option<u64> {
+        (0..self.parts().len()).map(|i| self.part_elems(i, shape).map(|n| n * self.parts()[i].1.size())).sum()
+    }
 }
 
 /// How many tasks a launch has: `per_seq * seq + fixed`.

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use crate::artifact::Artifact;
-use crate::format::{DType, Plan, SectionKind, FORMAT_MAJOR};
+use crate::format::{Plan, SectionKind, WeightEncoding, FORMAT_MAJOR};
 
 fn plan_json(plan: &Plan, vocab: u64) -> Value {
     json!({
@@ -22,16 +22,13 @@ fn plan_json(plan: &Plan, vocab: u64) -> Value {
 pub fn report(a: &Artifact) -> Value {
     let h = &a.header;
     let weights_bytes: u64 = h.weights.iter().map(|w| w.len).sum();
-    let mut per_dtype = serde_json::Map::new();
+    // Tensors and bytes per encoding; a block-quantized tensor counts once (its
+    // first part) however many parts it is stored as.
+    let mut per_encoding = serde_json::Map::new();
     for w in &h.weights {
-        let key = match w.dtype {
-            DType::F32 => "f32",
-            DType::I32 => "i32",
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-        };
-        let e = per_dtype.entry(key).or_insert(json!({"count": 0, "bytes": 0}));
-        e["count"] = json!(e["count"].as_u64().unwrap() + 1);
+        let first_part = WeightEncoding::from_name(&w.encoding).is_none_or(|e| e.parts()[0].0 == w.part);
+        let e = per_encoding.entry(w.encoding.clone()).or_insert(json!({"tensors": 0, "bytes": 0}));
+        e["tensors"] = json!(e["tensors"].as_u64().unwrap() + u64::from(first_part));
         e["bytes"] = json!(e["bytes"].as_u64().unwrap() + w.len);
     }
     let kv_per_token = h.kv_cache.bytes_per_token();
@@ -53,7 +50,7 @@ pub fn report(a: &Artifact) -> Value {
             "code_bytes": a.section(SectionKind::Code).len(),
             "names": h.kernels.iter().map(|k| k.symbol.clone()).collect::<Vec<_>>(),
         },
-        "weights": {"count": h.weights.len(), "bytes": weights_bytes, "by_dtype": per_dtype},
+        "weights": {"count": h.weights.len(), "bytes": weights_bytes, "by_encoding": per_encoding},
         "memory": {
             "weights_bytes": weights_bytes,
             "activation_arena_bytes": arenas,

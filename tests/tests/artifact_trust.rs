@@ -72,10 +72,11 @@ fn truncation_anywhere_is_refused() {
 #[test]
 fn higher_major_version_is_refused_naming_both_versions() {
     let mut bad = std::fs::read(tiny_artifact()).unwrap();
-    bad[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let major = maxrun::format::FORMAT_MAJOR + 1;
+    bad[8..12].copy_from_slice(&major.to_le_bytes());
     bad[12..16].copy_from_slice(&3u32.to_le_bytes());
     let p = write_variant("major", &bad);
-    expect_refused(&p, &["format 2.3", &format!("format {}.{}", maxrun::format::FORMAT_MAJOR, maxrun::format::FORMAT_MINOR), "recompile"]);
+    expect_refused(&p, &[&format!("format {major}.3"), &format!("format {}.{}", maxrun::format::FORMAT_MAJOR, maxrun::format::FORMAT_MINOR), "recompile"]);
 }
 
 #[test]
@@ -109,7 +110,7 @@ fn inspect_json_reports_everything() {
 
 #[test]
 fn check_lists_every_problem_at_once() {
-    // A checkpoint missing two weights, asked for an unimplemented encoding.
+    // A checkpoint missing two weights, asked for an unimplemented device mesh.
     let dir = temp_dir("check");
     let src = fixture("tiny-llama");
     for f in ["config.json", "tokenizer.json"] {
@@ -127,9 +128,9 @@ fn check_lists_every_problem_at_once() {
     out.extend(h.as_bytes());
     out.extend(&bytes[8 + n..]);
     std::fs::write(dir.join("model.safetensors"), out).unwrap();
-    let r = run_bin("maxc", &[os("check"), os("--model"), dir.as_os_str(), os("--model-override"), os("transformer.quantization_encoding=q4_k")]);
+    let r = run_bin("maxc", &[os("check"), os("--model"), dir.as_os_str(), os("--model-override"), os("transformer.devices=cpu:0,1")]);
     assert_clean_error(&r, 1, &["3 problem(s)"]);
-    for needle in ["model.norm.weight", "model.layers.0.mlp.up_proj.weight", "quantization_encoding"] {
+    for needle in ["model.norm.weight", "model.layers.0.mlp.up_proj.weight", "compile.devices"] {
         assert!(r.1.contains(needle), "check output lacks {needle}: {}", r.1);
     }
     let r = run_bin("maxc", &[os("check"), os("--model"), fixture("tiny-qwen2").as_os_str()]);

@@ -9,11 +9,13 @@ use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
+use maxc_kernels::library::matmul_blocks::matmul_blocks;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
+use maxrun::format::WeightEncoding;
 
 struct Rng(u64);
 impl Rng {
@@ -48,8 +50,10 @@ fn cases() -> Vec<Case> {
             SeqMode::Dynamic => 5usize,
             SeqMode::Fixed(n) => n as usize,
         };
-        v.push(Case { kernel: embedding(7, 13, ElemType::F32, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
-        v.push(Case { kernel: embedding(7, 13, ElemType::BF16, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: embedding(7, 13, WeightEncoding::Float32, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: embedding(7, 13, WeightEncoding::BFloat16, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: embedding(7, 64, WeightEncoding::Q8_0, seq), sizes: vec![7 * 64, 7 * 2, s, s * 64], int_max: 7, seq: s as u64, tol: 1e-6 });
+        v.push(Case { kernel: embedding(7, 64, WeightEncoding::Q4_1, seq), sizes: vec![7 * 32, 7 * 2, 7 * 2, s, s * 64], int_max: 7, seq: s as u64, tol: 1e-6 });
         v.push(Case { kernel: matmul(37, 19, ElemType::F32, seq), sizes: vec![s * 37, 19 * 37, s * 19], int_max: 1, seq: s as u64, tol: reduction_tol(37) });
         v.push(Case { kernel: matmul(256, 64, ElemType::F32, seq), sizes: vec![s * 256, 64 * 256, s * 64], int_max: 1, seq: s as u64, tol: reduction_tol(256) });
         v.push(Case { kernel: matmul(64, 20, ElemType::BF16, seq), sizes: vec![s * 64, 20 * 64, s * 20], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
@@ -57,6 +61,21 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: matmul(576, 19, ElemType::F32, seq), sizes: vec![s * 576, 19 * 576, s * 19], int_max: 1, seq: s as u64, tol: reduction_tol(576) });
         v.push(Case { kernel: matmul_add(64, 21, Broadcast::None, ElemType::F32, seq), sizes: vec![s * 64, 21 * 64, s * 21, s * 21], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
         v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, ElemType::BF16, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        // Block-quantized weights: x, every part, [r], out.
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3] {
+            let (k, n) = if encoding == WeightEncoding::Q4K { (512u64, 21u64) } else { (96, 21) };
+            for addend in [None, Some(Broadcast::Row), Some(Broadcast::None)] {
+                let mut sizes = vec![s * k as usize];
+                sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+                match addend {
+                    Some(Broadcast::Row) => sizes.push(n as usize),
+                    Some(_) => sizes.push(s * n as usize),
+                    None => {}
+                }
+                sizes.push(s * n as usize);
+                v.push(Case { kernel: matmul_blocks(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+            }
+        }
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: layer_norm(40, 1e-5, seq), sizes: vec![s * 40, 40, 40, s * 40], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -102,6 +121,9 @@ fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
                 let e = ((x.abs() * 1024.0) as u16).min(0x3bff);
                 e | if x < 0.0 { 0x8000 } else { 0 }
             }).collect()),
+            ElemType::I8 => Buffer::I8((0..n).map(|_| (rng.f() * 127.0) as i8).collect()),
+            // Any byte but the fp8 NaN codes (0x7f, 0xff), which no encoder writes.
+            ElemType::U8 => Buffer::U8((0..n).map(|_| match ((rng.f() + 1.0) * 127.9) as u8 { c if c & 0x7f == 0x7f => c ^ 1, c => c }).collect()),
         })
         .collect()
 }

@@ -4,7 +4,7 @@
 //! header / body / exit blocks; libm supplies tanh, sin, cos and exp.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_module::{FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
@@ -50,6 +50,8 @@ struct Lowering<'a, 'b> {
     libm: Libm,
     kernel: &'a Kernel,
     params: Vec<Value>,
+    /// Addresses of the kernel's local arrays (stack slots).
+    locals: Vec<Value>,
     vars: Vec<Variable>,
     seq: Value,
 }
@@ -75,8 +77,16 @@ pub fn lower_kernel(module: &mut ObjectModule, kernel: &Kernel) -> Result<(), Co
         let flags = MemFlagsData::trusted();
         let params = (0..kernel.params.len()).map(|i| b.ins().load(ptr, flags, args, (i * 8) as i32)).collect();
         let seq = b.ins().load(types::I64, flags, dims, 0);
+        let locals = kernel
+            .locals
+            .iter()
+            .map(|&len| {
+                let slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, (len * 4) as u32, 6));
+                b.ins().stack_addr(ptr, slot, 0)
+            })
+            .collect();
         let vars = kernel.vars.iter().map(|t| b.declare_var(val_type(*t))).collect();
-        let mut l = Lowering { b, module, libm: Libm::default(), kernel, params, vars, seq };
+        let mut l = Lowering { b, module, libm: Libm::default(), kernel, params, locals, vars, seq };
         l.lower_loop(kernel.task_var, begin, end, &kernel.body)?;
         l.b.ins().return_(&[]);
         let config = l.module.target_config();
@@ -98,14 +108,16 @@ impl Lowering<'_, '_> {
                     let v = self.expr(value)?;
                     let addr = self.address(*param, index)?;
                     let flags = MemFlagsData::trusted();
-                    match self.kernel.params[*param as usize].elem {
+                    match self.kernel.buffer(*param).expect("validated").elem {
                         ElemType::F32 => {
                             self.b.ins().store(flags, v, addr, 0);
                         }
                         ElemType::I32 => {
                             self.b.ins().istore32(flags, v, addr, 0);
                         }
-                        ElemType::BF16 | ElemType::F16 => unreachable!("16-bit parameters are never stored (validated)"),
+                        ElemType::BF16 | ElemType::F16 | ElemType::I8 | ElemType::U8 => {
+                            unreachable!("weight-only parameters are never stored (validated)")
+                        }
                     }
                 }
                 Stmt::For { var, start, end, body, hint: _ } => {
@@ -153,12 +165,10 @@ impl Lowering<'_, '_> {
 
     fn address(&mut self, param: u32, index: &Expr) -> Result<Value, CodegenError> {
         let idx = self.expr(index)?;
-        let size: i64 = match self.kernel.params[param as usize].elem {
-            ElemType::F32 | ElemType::I32 => 4,
-            ElemType::BF16 | ElemType::F16 => 2,
-        };
+        let size = self.kernel.buffer(param).expect("validated").elem.size() as i64;
         let offset = self.b.ins().imul_imm_s(idx, size);
-        Ok(self.b.ins().iadd(self.params[param as usize], offset))
+        let base = if param >= LOCAL_BASE { self.locals[(param - LOCAL_BASE) as usize] } else { self.params[param as usize] };
+        Ok(self.b.ins().iadd(base, offset))
     }
 
     fn call_libm(&mut self, name: &'static str, x: Value) -> Result<Value, CodegenError> {
@@ -205,7 +215,7 @@ impl Lowering<'_, '_> {
             Expr::Load { param, index } => {
                 let addr = self.address(*param, index)?;
                 let flags = MemFlagsData::trusted();
-                match self.kernel.params[*param as usize].elem {
+                match self.kernel.buffer(*param).expect("validated").elem {
                     ElemType::F32 => self.b.ins().load(types::F32, flags, addr, 0),
                     ElemType::I32 => self.b.ins().sload32(flags, addr, 0),
                     ElemType::BF16 => {
@@ -217,6 +227,8 @@ impl Lowering<'_, '_> {
                         let h = self.b.ins().uload16(types::I32, flags, addr, 0);
                         self.f16_to_f32(h)
                     }
+                    ElemType::I8 => self.b.ins().sload8(types::I64, flags, addr, 0),
+                    ElemType::U8 => self.b.ins().uload8(types::I64, flags, addr, 0),
                 }
             }
             Expr::Bin(op, x, y) => {
@@ -230,7 +242,7 @@ impl Lowering<'_, '_> {
                     (BinOp::Div, true) => i.fdiv(x, y),
                     (BinOp::Max, true) => i.fmax(x, y),
                     (BinOp::Min, true) => i.fmin(x, y),
-                    (BinOp::Rem | BinOp::Shl, true) => unreachable!("integer-only (validated)"),
+                    (BinOp::Rem | BinOp::Shl | BinOp::Shr | BinOp::And, true) => unreachable!("integer-only (validated)"),
                     (BinOp::Add, false) => i.iadd(x, y),
                     (BinOp::Sub, false) => i.isub(x, y),
                     (BinOp::Mul, false) => i.imul(x, y),
@@ -239,6 +251,8 @@ impl Lowering<'_, '_> {
                     (BinOp::Max, false) => i.smax(x, y),
                     (BinOp::Min, false) => i.smin(x, y),
                     (BinOp::Shl, false) => i.ishl(x, y),
+                    (BinOp::Shr, false) => i.ushr(x, y),
+                    (BinOp::And, false) => i.band(x, y),
                 }
             }
             Expr::Cmp(op, x, y) => {

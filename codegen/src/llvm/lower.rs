@@ -46,6 +46,8 @@ struct KernelLowering<'a, 'ctx> {
     kernel: &'a Kernel,
     function: FunctionValue<'ctx>,
     params: Vec<PointerValue<'ctx>>,
+    /// Stack arrays for the kernel's locals.
+    locals: Vec<PointerValue<'ctx>>,
     slots: Vec<PointerValue<'ctx>>,
     seq: Option<BasicValueEnum<'ctx>>,
 }
@@ -63,7 +65,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         }
         let nounwind = context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0);
         function.add_attribute(AttributeLoc::Function, nounwind);
-        Ok(KernelLowering { context, module, builder: context.create_builder(), kernel, function, params: vec![], slots: vec![], seq: None })
+        Ok(KernelLowering { context, module, builder: context.create_builder(), kernel, function, params: vec![], locals: vec![], slots: vec![], seq: None })
     }
 
     fn ty(&self, t: ValType) -> BasicTypeEnum<'ctx> {
@@ -80,6 +82,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             ElemType::I32 => self.context.i32_type().into(),
             ElemType::BF16 => self.context.i16_type().into(),
             ElemType::F16 => self.context.f16_type().into(),
+            ElemType::I8 | ElemType::U8 => self.context.i8_type().into(),
         }
     }
 
@@ -98,6 +101,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             self.params.push(p.into_pointer_value());
         }
         self.seq = Some(b.build_load(i64t, dims, "seq").map_err(llvm_err)?);
+        for (i, &len) in self.kernel.locals.iter().enumerate() {
+            let array = self.context.f32_type().array_type(len as u32);
+            let slot = b.build_alloca(array, &format!("local{i}")).map_err(llvm_err)?;
+            slot.as_instruction().expect("alloca is an instruction").set_alignment(64).map_err(llvm_err)?;
+            self.locals.push(slot);
+        }
         for (i, t) in self.kernel.vars.iter().enumerate() {
             let slot = b.build_alloca(self.ty(*t), &format!("v{i}")).map_err(llvm_err)?;
             self.slots.push(slot);
@@ -125,10 +134,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
             Stmt::Store { param, index, value } => {
                 let v = self.expr(value)?;
-                let v: BasicValueEnum = match self.kernel.params[*param as usize].elem {
+                let v: BasicValueEnum = match self.kernel.buffer(*param).expect("validated").elem {
                     ElemType::F32 => v,
                     ElemType::I32 => self.builder.build_int_truncate(v.into_int_value(), self.context.i32_type(), "trunc").map_err(llvm_err)?.into(),
-                    ElemType::BF16 | ElemType::F16 => unreachable!("16-bit parameters are never stored (validated)"),
+                    ElemType::BF16 | ElemType::F16 | ElemType::I8 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*param, index)?;
                 self.builder.build_store(p, v).map_err(llvm_err)?;
@@ -178,9 +187,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 
     fn element_ptr(&mut self, param: u32, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {
         let idx = self.expr(index)?.into_int_value();
-        let elem = self.elem(self.kernel.params[param as usize].elem);
+        let elem = self.elem(self.kernel.buffer(param).expect("validated").elem);
+        let base = if param >= LOCAL_BASE { self.locals[(param - LOCAL_BASE) as usize] } else { self.params[param as usize] };
         // SAFETY: kernels index within their buffers (checked by the kernel interpreter in tests).
-        unsafe { self.builder.build_in_bounds_gep(elem, self.params[param as usize], &[idx], "elem") }.map_err(llvm_err)
+        unsafe { self.builder.build_in_bounds_gep(elem, base, &[idx], "elem") }.map_err(llvm_err)
     }
 
     fn fast(&self, v: BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx> {
@@ -221,7 +231,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Expr::Seq => self.seq.expect("seq is loaded in the entry block"),
             Expr::Load { param, index } => {
                 let p = self.element_ptr(*param, index)?;
-                let elem = self.kernel.params[*param as usize].elem;
+                let elem = self.kernel.buffer(*param).expect("validated").elem;
                 let v = self.builder.build_load(self.elem(elem), p, "ld").map_err(llvm_err)?;
                 match elem {
                     ElemType::F32 => v,
@@ -233,6 +243,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         self.builder.build_bit_cast(shifted, self.context.f32_type(), "bf16").map_err(llvm_err)?
                     }
                     ElemType::F16 => self.builder.build_float_ext(v.into_float_value(), self.context.f32_type(), "fpext").map_err(llvm_err)?.into(),
+                    ElemType::I8 => self.builder.build_int_s_extend(v.into_int_value(), self.context.i64_type(), "sext").map_err(llvm_err)?.into(),
+                    ElemType::U8 => self.builder.build_int_z_extend(v.into_int_value(), self.context.i64_type(), "zext").map_err(llvm_err)?.into(),
                 }
             }
             Expr::Bin(op, x, y) => {
@@ -247,7 +259,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         BinOp::Div => b.build_float_div(x, y, "fdiv").map_err(llvm_err)?.into(),
                         BinOp::Max => return self.intrinsic("llvm.maxnum", &[x.into(), y.into()]),
                         BinOp::Min => return self.intrinsic("llvm.minnum", &[x.into(), y.into()]),
-                        BinOp::Rem | BinOp::Shl => unreachable!("integer-only (validated)"),
+                        BinOp::Rem | BinOp::Shl | BinOp::Shr | BinOp::And => unreachable!("integer-only (validated)"),
                     };
                     self.fast(v)
                 } else {
@@ -259,6 +271,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         BinOp::Div => b.build_int_signed_div(x, y, "div").map_err(llvm_err)?.into(),
                         BinOp::Rem => b.build_int_signed_rem(x, y, "rem").map_err(llvm_err)?.into(),
                         BinOp::Shl => b.build_left_shift(x, y, "shl").map_err(llvm_err)?.into(),
+                        BinOp::Shr => b.build_right_shift(x, y, false, "lshr").map_err(llvm_err)?.into(),
+                        BinOp::And => b.build_and(x, y, "and").map_err(llvm_err)?.into(),
                         BinOp::Max | BinOp::Min => {
                             let pred = if *op == BinOp::Max { IntPredicate::SGT } else { IntPredicate::SLT };
                             let c = b.build_int_compare(pred, x, y, "cmp").map_err(llvm_err)?;
@@ -286,6 +300,21 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     b.build_int_compare(pred, x.into_int_value(), y.into_int_value(), "icmp").map_err(llvm_err)?.into()
                 }
             }
+            // Integer work on bytes (4-bit and fp8 decoding) in 32-bit lanes rather than
+            // the IR's 64-bit integers: four times the vector width.
+            Expr::Un(UnOp::ToF32, x) if self.narrow(x, false)?.is_some() => {
+                let (v, nonneg) = self.narrow(x, false)?.expect("checked");
+                let f32t = self.context.f32_type();
+                if nonneg {
+                    self.builder.build_unsigned_int_to_float(v, f32t, "uitofp").map_err(llvm_err)?.into()
+                } else {
+                    self.builder.build_signed_int_to_float(v, f32t, "sitofp").map_err(llvm_err)?.into()
+                }
+            }
+            Expr::Un(UnOp::BitsToF32, x) if self.narrow(x, true)?.is_some() => {
+                let (v, _) = self.narrow(x, true)?.expect("checked");
+                self.builder.build_bit_cast(v, self.context.f32_type(), "bits").map_err(llvm_err)?
+            }
             Expr::Un(op, x) => {
                 let x = self.expr(x)?;
                 match op {
@@ -311,6 +340,77 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 self.builder.build_select(c, x, y, "select").map_err(llvm_err)?
             }
         })
+    }
+}
+
+impl<'ctx> KernelLowering<'_, 'ctx> {
+    /// `e` computed in i32 when that gives the same result as the IR's i64:
+    /// byte loads and, for non-negative values, `and` / `shr` by constants; when
+    /// only the low 32 bits matter (`low_bits`: a bitcast to f32 follows), also
+    /// `shl` / `add` / `sub` / `mul`, whose low bits depend only on low bits.
+    /// Returns the value and whether it is known non-negative; `None` when `e`
+    /// is not of that form. Builds no instructions unless it succeeds.
+    fn narrow(&mut self, e: &Expr, low_bits: bool) -> Result<Option<(inkwell::values::IntValue<'ctx>, bool)>, CodegenError> {
+        if !self.narrowable(e, low_bits) {
+            return Ok(None);
+        }
+        let i32t = self.context.i32_type();
+        Ok(Some(match e {
+            Expr::I64(c) => (i32t.const_int(*c as u64, true), *c >= 0),
+            Expr::Load { param, index } => {
+                let elem = self.kernel.buffer(*param).expect("validated").elem;
+                let p = self.element_ptr(*param, index)?;
+                let raw = self.builder.build_load(self.context.i8_type(), p, "byte").map_err(llvm_err)?.into_int_value();
+                match elem {
+                    ElemType::I8 => (self.builder.build_int_s_extend(raw, i32t, "sext").map_err(llvm_err)?, false),
+                    _ => (self.builder.build_int_z_extend(raw, i32t, "zext").map_err(llvm_err)?, true),
+                }
+            }
+            Expr::Bin(op, a, b) => {
+                let high_bits_matter = matches!(op, BinOp::Shr);
+                let (x, xn) = self.narrow(a, low_bits && !high_bits_matter)?.expect("checked");
+                let (y, yn) = self.narrow(b, low_bits && !high_bits_matter)?.expect("checked");
+                let bld = &self.builder;
+                match op {
+                    BinOp::And => (bld.build_and(x, y, "and").map_err(llvm_err)?, xn || yn),
+                    BinOp::Shr => (bld.build_right_shift(x, y, false, "lshr").map_err(llvm_err)?, true),
+                    BinOp::Shl => (bld.build_left_shift(x, y, "shl").map_err(llvm_err)?, false),
+                    BinOp::Add => (bld.build_int_add(x, y, "add").map_err(llvm_err)?, false),
+                    BinOp::Sub => (bld.build_int_sub(x, y, "sub").map_err(llvm_err)?, false),
+                    BinOp::Mul => (bld.build_int_mul(x, y, "mul").map_err(llvm_err)?, false),
+                    _ => unreachable!("narrowable checked the operator"),
+                }
+            }
+            _ => unreachable!("narrowable checked the form"),
+        }))
+    }
+
+    /// Whether [`KernelLowering::narrow`] applies to `e`.
+    fn narrowable(&self, e: &Expr, low_bits: bool) -> bool {
+        match e {
+            Expr::I64(c) => low_bits || i32::try_from(*c).is_ok(),
+            Expr::Load { param, .. } => matches!(self.kernel.buffer(*param).map(|b| b.elem), Some(ElemType::I8 | ElemType::U8)),
+            Expr::Bin(BinOp::And, a, b) => self.narrowable(a, low_bits) && self.narrowable(b, low_bits),
+            // A logical shift of a non-negative value that fits in i32 is the same in
+            // both widths; the shifted value's high bits matter, so it must fit.
+            Expr::Bin(BinOp::Shr, a, b) => self.nonneg_narrow(a) && matches!(**b, Expr::I64(0..=31)),
+            Expr::Bin(BinOp::Shl | BinOp::Add | BinOp::Sub | BinOp::Mul, a, b) => low_bits && self.narrowable(a, true) && self.narrowable(b, true),
+            _ => false,
+        }
+    }
+
+    /// Narrowable without truncation and known non-negative.
+    fn nonneg_narrow(&self, e: &Expr) -> bool {
+        match e {
+            Expr::Load { param, .. } => matches!(self.kernel.buffer(*param).map(|b| b.elem), Some(ElemType::U8)),
+            Expr::Bin(BinOp::And, a, b) => {
+                (self.nonneg_narrow(a) && self.narrowable(b, false)) || (self.nonneg_narrow(b) && self.narrowable(a, false))
+                    || matches!((&**a, &**b), (_, Expr::I64(0..=0x7fff_ffff)) if self.narrowable(a, false))
+            }
+            Expr::Bin(BinOp::Shr, ..) => self.narrowable(e, false),
+            Expr::I64(c) => (0..=i32::MAX as i64).contains(c),
+            _ => false,
+        }
     }
 }
 

@@ -117,6 +117,49 @@ pub enum QuantScheme {
     BF16,
     /// Stored as IEEE half (weights; computed in f32).
     F16,
+    /// Block-quantized (maxrun::format::WeightEncoding documents each layout).
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q4K,
+    /// FP8 e4m3fn with one f32 scale per row.
+    F8E4M3,
+}
+
+impl QuantScheme {
+    /// The artifact encoding that stores a weight quantized this way.
+    pub fn encoding(self) -> maxrun::format::WeightEncoding {
+        use maxrun::format::WeightEncoding as E;
+        match self {
+            QuantScheme::None => E::Float32,
+            QuantScheme::BF16 => E::BFloat16,
+            QuantScheme::F16 => E::Float16,
+            QuantScheme::Q8_0 => E::Q8_0,
+            QuantScheme::Q4_0 => E::Q4_0,
+            QuantScheme::Q4_1 => E::Q4_1,
+            QuantScheme::Q4K => E::Q4K,
+            QuantScheme::F8E4M3 => E::Float8E4M3,
+        }
+    }
+
+    pub fn from_encoding(e: maxrun::format::WeightEncoding) -> QuantScheme {
+        use maxrun::format::WeightEncoding as E;
+        match e {
+            E::Float32 => QuantScheme::None,
+            E::BFloat16 => QuantScheme::BF16,
+            E::Float16 => QuantScheme::F16,
+            E::Q8_0 => QuantScheme::Q8_0,
+            E::Q4_0 => QuantScheme::Q4_0,
+            E::Q4_1 => QuantScheme::Q4_1,
+            E::Q4K => QuantScheme::Q4K,
+            E::Float8E4M3 => QuantScheme::F8E4M3,
+        }
+    }
+
+    /// Whether weights are stored in blocks (kernels take several parts).
+    pub fn is_block(self) -> bool {
+        self.encoding().block() > 1
+    }
 }
 
 /// The full type of a value.

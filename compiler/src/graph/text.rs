@@ -60,8 +60,7 @@ pub fn type_str(ty: &TensorType) -> String {
     }
     match ty.quant {
         QuantScheme::None => {}
-        QuantScheme::BF16 => s.push_str(" quant(bf16)"),
-        QuantScheme::F16 => s.push_str(" quant(f16)"),
+        q => s.push_str(&format!(" quant({})", q.encoding().name())),
     }
     s
 }
@@ -332,10 +331,9 @@ fn parse_type(c: &mut Cursor) -> Result<TensorType> {
     if c.peek() == Some(&Tok::Ident("quant".into())) {
         c.next();
         c.punct('(')?;
-        ty.quant = match c.ident()?.as_str() {
-            "bf16" => QuantScheme::BF16,
-            "f16" => QuantScheme::F16,
-            other => return c.err(format!("unknown quantization `{other}`")),
+        ty.quant = match maxrun::format::WeightEncoding::from_name(&c.ident()?) {
+            Some(e) if e != maxrun::format::WeightEncoding::Float32 => QuantScheme::from_encoding(e),
+            _ => return c.err(format!("unknown quantization; expected one of {}", maxrun::format::WeightEncoding::all_names())),
         };
         c.punct(')')?;
     }
@@ -609,8 +607,8 @@ mod tests {
   %32 = mean_rows %31 : f32[1, 8]
   %33 = l2_normalize %32 : f32[1, 8]
   %34 = gelu %31 : f32[seq, 8]
-  %35 = weight "q" : f32[10, 8] quant(bf16)
-  %36 = concat %35, %35 {axis = 0} : f32[20, 8] quant(bf16)
+  %35 = weight "q" : f32[10, 8] quant(bfloat16)
+  %36 = concat %35, %35 {axis = 0} : f32[20, 8] quant(bfloat16)
   output "out" = %25
   output "other" = %10
 }

@@ -156,13 +156,13 @@ fn ggml_type(id: u32) -> std::result::Result<StorageType, &'static str> {
         2 => Ok(StorageType::Q4_0),
         3 => Ok(StorageType::Q4_1),
         8 => Ok(StorageType::Q8_0),
+        12 => Ok(StorageType::Q4K),
         30 => Ok(StorageType::BF16),
         6 => Err("Q5_0"),
         7 => Err("Q5_1"),
         9 => Err("Q8_1"),
         10 => Err("Q2_K"),
         11 => Err("Q3_K"),
-        12 => Err("Q4_K"),
         13 => Err("Q5_K"),
         14 => Err("Q6_K"),
         15 => Err("Q8_K"),
@@ -231,7 +231,7 @@ impl GgufFile {
             return Err(Error::invalid(
                 path,
                 name,
-                format!("{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1.{more}"),
+                format!("{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K.{more}"),
             ));
         }
         let mut tensors = Vec::with_capacity(infos.len());
@@ -475,9 +475,9 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_tensor_type_is_named() {
-        let p = write("k.gguf", &tiny_gguf(&[("blk.0.attn_q.weight", &[256, 2], 12, 288)]));
+        let p = write("k.gguf", &tiny_gguf(&[("blk.0.attn_q.weight", &[256, 2], 13, 352)]));
         let e = GgufFile::open(&p).err().unwrap().to_string();
-        assert!(e.contains("blk.0.attn_q.weight") && e.contains("Q4_K") && e.contains("not supported"), "{e}");
+        assert!(e.contains("blk.0.attn_q.weight") && e.contains("Q5_K") && e.contains("not supported"), "{e}");
     }
 
     #[test]

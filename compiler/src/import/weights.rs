@@ -12,6 +12,8 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
+use crate::graph::QuantScheme;
+use crate::quant::Encoded;
 
 /// How a tensor's bytes encode its elements.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -25,6 +27,9 @@ pub enum StorageType {
     Q4_0,
     /// GGUF Q4_1: blocks of 32 4-bit values with f16 scale and f16 minimum (20 bytes).
     Q4_1,
+    /// GGUF Q4_K: super-blocks of 256 (f16 d, f16 dmin, 12 bytes of packed 6-bit
+    /// sub-block scales and minimums, 128 bytes of nibbles: 144 bytes).
+    Q4K,
 }
 
 impl StorageType {
@@ -36,6 +41,7 @@ impl StorageType {
             StorageType::Q8_0 => (32, 34),
             StorageType::Q4_0 => (32, 18),
             StorageType::Q4_1 => (32, 20),
+            StorageType::Q4K => (256, 144),
         }
     }
 
@@ -53,6 +59,20 @@ impl StorageType {
             StorageType::Q8_0 => "Q8_0",
             StorageType::Q4_0 => "Q4_0",
             StorageType::Q4_1 => "Q4_1",
+            StorageType::Q4K => "Q4_K",
+        }
+    }
+
+    /// The weight encoding that stores this type's blocks without loss, if any.
+    pub fn native_scheme(self) -> Option<QuantScheme> {
+        match self {
+            StorageType::F32 => None,
+            StorageType::F16 => Some(QuantScheme::F16),
+            StorageType::BF16 => Some(QuantScheme::BF16),
+            StorageType::Q8_0 => Some(QuantScheme::Q8_0),
+            StorageType::Q4_0 => Some(QuantScheme::Q4_0),
+            StorageType::Q4_1 => Some(QuantScheme::Q4_1),
+            StorageType::Q4K => Some(QuantScheme::Q4K),
         }
     }
 }
@@ -167,6 +187,102 @@ impl WeightStore {
     }
 }
 
+impl WeightStore {
+    /// The tensor in `scheme` taken from its stored blocks as they are, when the
+    /// checkpoint already stores it that way (GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K, or
+    /// F16 / BF16): no requantization, so no precision is lost. Only the byte layout
+    /// changes (interleaved blocks become separate parts); rows permuted by
+    /// llama.cpp are un-permuted whole, which blocks along rows allow.
+    pub fn native_encoded(&self, name: &str, scheme: QuantScheme) -> Option<Encoded> {
+        let entry = self.entries.get(name)?;
+        if entry.storage.native_scheme() != Some(scheme) {
+            return None;
+        }
+        let rows = entry.shape.first().copied().unwrap_or(1);
+        let mut e = native_parts(entry.storage, self.bytes(entry));
+        if let Some(heads) = entry.unpermute_heads {
+            for part in &mut e.parts {
+                let row_bytes = part.len() / rows;
+                *part = unpermute_rows_bytes(part, rows, row_bytes, heads);
+            }
+        }
+        Some(e)
+    }
+}
+
+/// GGUF blocks re-laid out as the parts of the matching encoding.
+fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
+    let mut parts: Vec<Vec<u8>> = vec![Vec::new(); storage.native_scheme().map_or(1, |s| s.encoding().parts().len())];
+    match storage {
+        StorageType::F32 | StorageType::F16 | StorageType::BF16 => parts[0].extend_from_slice(bytes),
+        StorageType::Q8_0 => {
+            for block in bytes.chunks_exact(34) {
+                parts[1].extend_from_slice(&block[..2]);
+                parts[0].extend_from_slice(&block[2..]);
+            }
+        }
+        StorageType::Q4_0 => {
+            for block in bytes.chunks_exact(18) {
+                parts[1].extend_from_slice(&block[..2]);
+                parts[0].extend_from_slice(&block[2..]);
+            }
+        }
+        StorageType::Q4_1 => {
+            for block in bytes.chunks_exact(20) {
+                parts[1].extend_from_slice(&block[..2]);
+                parts[2].extend_from_slice(&block[2..4]);
+                parts[0].extend_from_slice(&block[4..]);
+            }
+        }
+        StorageType::Q4K => {
+            for block in bytes.chunks_exact(144) {
+                parts[3].extend_from_slice(&block[..2]);
+                parts[4].extend_from_slice(&block[2..4]);
+                let (packed, qs) = (&block[4..16], &block[16..]);
+                for j in 0..8 {
+                    let (sc, m) = q4_k_scale_min(j, packed);
+                    parts[1].push(sc);
+                    parts[2].push(m);
+                }
+                // Chunk c of 64 values: 32 bytes, sub-block 2c in the low nibbles and
+                // 2c+1 in the high ones. Our blocks pack values t and t+16 in byte t.
+                for chunk in qs.chunks_exact(32) {
+                    for shift in [0, 4] {
+                        let nib = |l: usize| (chunk[l] >> shift) & 15;
+                        parts[0].extend((0..16).map(|t| nib(t) | (nib(t + 16) << 4)));
+                    }
+                }
+            }
+        }
+    }
+    Encoded { parts }
+}
+
+/// llama.cpp's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and minimum.
+fn q4_k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// [`unpermute_rows`] on rows of `row_bytes` raw bytes.
+fn unpermute_rows_bytes(data: &[u8], rows: usize, row_bytes: usize, heads: usize) -> Vec<u8> {
+    let hd = rows / heads;
+    let half = hd / 2;
+    let mut out = vec![0u8; data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for t in 0..2 {
+                let (src, dst) = (h * hd + 2 * i + t, h * hd + t * half + i);
+                out[dst * row_bytes..(dst + 1) * row_bytes].copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
+            }
+        }
+    }
+    out
+}
+
 /// Decodes `n` elements of `storage` from `bytes` (which the reader sized exactly).
 pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n);
@@ -195,6 +311,20 @@ pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
                 let qs = &block[4..];
                 out.extend(qs.iter().map(|&q| (q & 0x0f) as f32 * d + m));
                 out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
+            }
+        }
+        StorageType::Q4K => {
+            // dequantize_row_q4_K: y = d * sc * q - dmin * m per sub-block of 32.
+            for block in bytes.chunks_exact(144) {
+                let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+                let (packed, qs) = (&block[4..16], &block[16..]);
+                for (c, chunk) in qs.chunks_exact(32).enumerate() {
+                    for (half, shift) in [(0, 0), (1, 4)] {
+                        let (sc, m) = q4_k_scale_min(2 * c + half, packed);
+                        let (scale, min) = (d * sc as f32, dmin * m as f32);
+                        out.extend(chunk.iter().map(|&q| scale * ((q >> shift) & 15) as f32 - min));
+                    }
+                }
             }
         }
     }
@@ -227,6 +357,40 @@ pub fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Q4_K super-block with distinct scales: the native parts decode (through
+    /// the same decoder the interpreter and kernels follow) to exactly the
+    /// values llama.cpp's dequantization gives.
+    #[test]
+    fn q4_k_native_parts_decode_like_the_gguf_dequantizer() {
+        let mut block = Vec::new();
+        block.extend(f16::from_f32(0.03125).to_le_bytes());
+        block.extend(f16::from_f32(0.0625).to_le_bytes());
+        block.extend([5u8, 200, 17, 63, 9, 130, 255, 1, 0x3c, 0x7a, 0xf1, 0x0e]);
+        block.extend((0..128u32).map(|i| (i * 37 % 256) as u8));
+        let want = dequantize(StorageType::Q4K, &block, 256);
+        let parts = native_parts(StorageType::Q4K, &block);
+        assert_eq!(crate::quant::decode(QuantScheme::Q4K, &parts, 256), want);
+        // And a sub-block scale from the high bits (j >= 4) is used at all.
+        assert!(parts.parts[1][4..].iter().any(|&s| s > 15));
+    }
+
+    #[test]
+    fn q8_q4_native_parts_decode_exactly() {
+        for (storage, scheme, block_bytes) in [(StorageType::Q8_0, QuantScheme::Q8_0, 34), (StorageType::Q4_0, QuantScheme::Q4_0, 18), (StorageType::Q4_1, QuantScheme::Q4_1, 20)] {
+            let mut bytes = Vec::new();
+            for b in 0..3u32 {
+                bytes.extend(f16::from_f32(0.5 + b as f32).to_le_bytes());
+                if storage == StorageType::Q4_1 {
+                    bytes.extend(f16::from_f32(-1.0 - b as f32).to_le_bytes());
+                }
+                let header = bytes.len() % block_bytes;
+                bytes.extend((0..block_bytes - header).map(|i| (i as u32 * 41 + b) as u8));
+            }
+            let want = dequantize(storage, &bytes, 96);
+            assert_eq!(crate::quant::decode(scheme, &native_parts(storage, &bytes), 96), want, "{storage:?}");
+        }
+    }
 
     #[test]
     fn q4_1_dequantizes_low_nibbles_first() {

@@ -31,8 +31,15 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
     pipeline_for(crate::graph::QuantScheme::None)
 }
 
-/// The graph passes, in order, with weights stored as `encoding`.
+/// The graph passes, in order, with linear weights stored as `encoding` (and the
+/// embedding / lm_head as the quantize pass's default for it).
 pub fn pipeline_for(encoding: crate::graph::QuantScheme) -> Vec<Box<dyn Pass>> {
+    pipeline_with(encoding, None)
+}
+
+/// The graph passes, in order, with linear weights stored as `encoding` and the
+/// embedding table / lm_head as `embedding` (`None`: the default).
+pub fn pipeline_with(encoding: crate::graph::QuantScheme, embedding: Option<crate::graph::QuantScheme>) -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(canonicalize::Canonicalize),
         Box::new(const_fold::ConstantFold),
@@ -41,7 +48,7 @@ pub fn pipeline_for(encoding: crate::graph::QuantScheme) -> Vec<Box<dyn Pass>> {
         Box::new(fuse_swiglu::FuseSwiGlu),
         Box::new(fuse_matmul_add::FuseMatMulAdd),
         Box::new(dce::Dce),
-        Box::new(quantize::Quantize { encoding }),
+        Box::new(quantize::Quantize { encoding, embedding }),
     ]
 }
 
@@ -59,8 +66,10 @@ pub struct PipelineOptions<'a> {
     pub dump_dir: Option<&'a Path>,
     /// Stop after the pass of this name.
     pub stop_after: Option<&'a str>,
-    /// The storage encoding of matmul and embedding weights.
+    /// The storage encoding of the linear layers' weights.
     pub encoding: crate::graph::QuantScheme,
+    /// The storage encoding of the embedding table and lm_head (`None`: default).
+    pub embedding_encoding: Option<crate::graph::QuantScheme>,
 }
 
 /// Runs the pipeline over `graph`.
@@ -71,7 +80,7 @@ pub fn run_pipeline(graph: &mut Graph, options: &PipelineOptions<'_>) -> Result<
         dump(dir, "00-input", graph)?;
     }
     verify(graph)?;
-    for (i, pass) in pipeline_for(options.encoding).iter().enumerate() {
+    for (i, pass) in pipeline_with(options.encoding, options.embedding_encoding).iter().enumerate() {
         pass.run(graph)?;
         if verify_each {
             verify(graph).map_err(|e| Error::Verify(format!("after pass `{}`: {e}", pass.name())))?;

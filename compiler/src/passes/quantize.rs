@@ -1,9 +1,17 @@
-//! Quantize: choose the storage encoding of the weights of the linear layers
-//! (`--quantization-encoding`). The embedding table and the lm_head (which the
-//! embedding is when tied) stay float32 by default, as do norm weights, biases and
-//! other small tensors: the vocabulary projection decides the top token, and keeping
-//! it exact is what keeps top-1 agreement with the float32 model above 99%.
-//! Only the type's `quant` changes; the interpreter, the scheduler and the writer
+//! Quantize: choose the storage encoding of each weight (`--quantization-encoding`
+//! for the linear layers, `--embedding-encoding` for the token embedding table
+//! and the lm_head, which are one tensor when tied). Norm weights, biases and
+//! other small tensors always stay float32.
+//!
+//! Defaults: the embedding and lm_head stay float32 under float encodings (the
+//! vocabulary projection decides the top token; keeping it exact is what keeps
+//! top-1 agreement with the float32 model above 99%) and become q8_0 under block
+//! encodings, as in llama.cpp's quantized files. A weight whose row length is not
+//! a whole number of the encoding's blocks falls back: q4_k to q4_1 (rows that are
+//! whole 32-blocks but not 256-blocks, e.g. SmolLM2's 576-wide projections; llama.cpp
+//! falls back to q5_0 there), anything else to float32.
+//!
+//! Only the types' `quant` changes; the interpreter, the scheduler and the writer
 //! all read values through it, so the reference interpreter remains the oracle.
 
 use super::Pass;
@@ -11,7 +19,22 @@ use crate::error::Result;
 use crate::graph::{Graph, Op, QuantScheme, ValueId};
 
 pub struct Quantize {
+    /// The encoding of the linear layers' weights.
     pub encoding: QuantScheme,
+    /// The encoding of the embedding table and lm_head; `None` picks the default.
+    pub embedding: Option<QuantScheme>,
+}
+
+/// The encoding a weight with rows of `cols` values gets when `wanted` is asked for.
+pub fn fitting(wanted: QuantScheme, cols: u64) -> QuantScheme {
+    let fits = |q: QuantScheme| cols.is_multiple_of(q.encoding().block());
+    if fits(wanted) {
+        wanted
+    } else if wanted == QuantScheme::Q4K && fits(QuantScheme::Q4_1) {
+        QuantScheme::Q4_1
+    } else {
+        QuantScheme::None
+    }
 }
 
 /// Marks a weight (or every weight of a stacked concat) with `q`.
@@ -40,7 +63,8 @@ impl Pass for Quantize {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<()> {
-        if self.encoding == QuantScheme::None {
+        let embedding = self.embedding.unwrap_or(if self.encoding.is_block() { QuantScheme::Q8_0 } else { QuantScheme::None });
+        if self.encoding == QuantScheme::None && embedding == QuantScheme::None {
             return Ok(());
         }
         // The lm_head is the weight of the matmul that produces the logits.
@@ -50,15 +74,53 @@ impl Pass for Quantize {
             _ => None,
         });
         let tables: Vec<ValueId> = graph.nodes.iter().filter(|n| n.op == Op::Embedding).map(|n| n.inputs[0]).collect();
-        for id in graph.ids().collect::<Vec<_>>() {
-            let node = graph.node(id);
-            if let Op::MatMul | Op::MatMulAdd = node.op {
-                let w = node.inputs[1];
-                if Some(w) != lm_head && !tables.contains(&w) {
-                    mark(graph, w, self.encoding);
+        // A weight is encoded only when every use reads it through a kernel that
+        // decodes encodings: as a matmul's right operand or an embedding table.
+        let mut other_use = vec![false; graph.nodes.len()];
+        for node in &graph.nodes {
+            for (slot, input) in node.inputs.iter().enumerate() {
+                let decoded = match node.op {
+                    Op::MatMul | Op::MatMulAdd | Op::Embedding => slot == if node.op == Op::Embedding { 0 } else { 1 },
+                    _ => false,
+                };
+                if !decoded {
+                    other_use[input.index()] = true;
                 }
             }
         }
+        let mut chosen: Vec<(ValueId, QuantScheme)> = Vec::new();
+        for id in graph.ids() {
+            let node = graph.node(id);
+            let w = match node.op {
+                Op::MatMul | Op::MatMulAdd => node.inputs[1],
+                Op::Embedding => node.inputs[0],
+                _ => continue,
+            };
+            if other_use[w.index()] || chosen.iter().any(|(v, _)| *v == w) {
+                continue;
+            }
+            let wanted = if Some(w) == lm_head || tables.contains(&w) { embedding } else { self.encoding };
+            let cols = graph.ty(w).last_dim().unwrap_or(1);
+            chosen.push((w, fitting(wanted, cols)));
+        }
+        for (w, q) in chosen {
+            if q != QuantScheme::None {
+                mark(graph, w, q);
+            }
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_k_falls_back_to_q4_1_then_float32() {
+        assert_eq!(fitting(QuantScheme::Q4K, 1536), QuantScheme::Q4K);
+        assert_eq!(fitting(QuantScheme::Q4K, 576), QuantScheme::Q4_1);
+        assert_eq!(fitting(QuantScheme::Q8_0, 40), QuantScheme::None);
+        assert_eq!(fitting(QuantScheme::BF16, 40), QuantScheme::BF16);
     }
 }

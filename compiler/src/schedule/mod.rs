@@ -14,6 +14,7 @@ use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
+use maxc_kernels::library::matmul_blocks::matmul_blocks;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
@@ -34,23 +35,49 @@ pub enum WeightData {
     Values(Vec<f32>),
 }
 
-/// One entry of the weights table.
+/// One entry of the weights table: one stored part of a tensor (a float tensor
+/// has one part; a block-quantized one has its quants, scales, ... as
+/// consecutive slots with the same `data`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct WeightSlot {
+    /// The tensor's name, with `#PART` appended for parts after the first.
     pub name: String,
+    /// The logical shape of the whole tensor.
     pub shape: Vec<u64>,
     pub data: WeightData,
     /// How the values are stored in the artifact.
     pub encoding: QuantScheme,
+    /// Which part of the encoding this slot holds.
+    pub part: usize,
 }
 
-/// The kernel element type that reads a weight stored as `q`.
-fn elem_of(q: QuantScheme) -> maxc_kernels::ElemType {
-    match q {
-        QuantScheme::None => maxc_kernels::ElemType::F32,
-        QuantScheme::BF16 => maxc_kernels::ElemType::BF16,
-        QuantScheme::F16 => maxc_kernels::ElemType::F16,
+impl WeightSlot {
+    /// A float32 tensor (one part).
+    fn plain(name: String, shape: Vec<u64>, data: WeightData) -> WeightSlot {
+        WeightSlot { name, shape, data, encoding: QuantScheme::None, part: 0 }
     }
+
+    /// All the slots of a tensor stored in `encoding`.
+    fn parts(name: &str, shape: Vec<u64>, data: WeightData, encoding: QuantScheme) -> Vec<WeightSlot> {
+        encoding
+            .encoding()
+            .parts()
+            .iter()
+            .enumerate()
+            .map(|(part, (part_name, _, _))| WeightSlot {
+                name: if part == 0 { name.to_string() } else { format!("{name}#{part_name}") },
+                shape: shape.clone(),
+                data: data.clone(),
+                encoding,
+                part,
+            })
+            .collect()
+    }
+}
+
+/// The kernel element type that reads a float weight stored as `q`.
+fn elem_of(q: QuantScheme) -> maxc_kernels::ElemType {
+    maxc_kernels::library::dequant::elem_of(q.encoding().parts()[0].1)
 }
 
 /// Constants shared by both plans.
@@ -147,6 +174,8 @@ struct Scheduler<'g, 'i, 'w> {
     weights: &'w mut WeightTable,
     kernels: &'w mut KernelSet,
     loc: Vec<Option<Arg>>,
+    /// Every part of each weight placed so far.
+    weight_loc: HashMap<usize, Vec<Arg>>,
     launches: Vec<ScheduledLaunch>,
     buffers: Vec<BufferInfo>,
     max_seq: u64,
@@ -163,9 +192,26 @@ impl Scheduler<'_, '_, '_> {
         if let Some(a) = self.loc[v.index()] {
             return Ok(a);
         }
-        let a = Arg::Weight(constant_slot(self.graph, self.interp, v, self.weights)?);
-        self.loc[v.index()] = Some(a);
+        Ok(self.weight_parts(v)?[0])
+    }
+
+    /// The arguments for every stored part of constant `v` (one for float weights).
+    fn weight_parts(&mut self, v: ValueId) -> Result<Vec<Arg>> {
+        if let Some(a) = self.weight_loc.get(&v.index()) {
+            return Ok(a.clone());
+        }
+        let a: Vec<Arg> = constant_slots(self.graph, self.interp, v, self.weights)?.into_iter().map(Arg::Weight).collect();
+        self.loc[v.index()] = Some(a[0]);
+        self.weight_loc.insert(v.index(), a.clone());
         Ok(a)
+    }
+
+    /// `x` then every part of weight `w` then the rest: a matmul's or embedding's arguments.
+    fn weight_args(&mut self, before: &[ValueId], w: ValueId, after: &[ValueId]) -> Result<Vec<Arg>> {
+        let mut args = self.inputs(before)?;
+        args.extend(self.weight_parts(w)?);
+        args.extend(self.inputs(after)?);
+        Ok(args)
     }
 
     fn inputs(&mut self, vs: &[ValueId]) -> Result<Vec<Arg>> {
@@ -208,7 +254,7 @@ pub fn schedule<'g>(
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
-    let mut s = Scheduler { graph, interp, weights, kernels, loc: vec![None; graph.nodes.len()], launches: vec![], buffers: vec![], max_seq };
+    let mut s = Scheduler { graph, interp, weights, kernels, loc: vec![None; graph.nodes.len()], weight_loc: HashMap::new(), launches: vec![], buffers: vec![], max_seq };
     let static_dim = |d: Dim| d.fixed().expect("non-leading dims are static");
     for id in graph.ids() {
         let node = graph.node(id);
@@ -232,8 +278,8 @@ pub fn schedule<'g>(
             Op::Embedding => {
                 let t = graph.ty(node.inputs[0]);
                 let (vocab, hidden) = (static_dim(t.shape[0]), static_dim(t.shape[1]));
-                let args = s.inputs(&node.inputs)?;
-                s.launch(embedding(vocab, hidden, elem_of(t.quant), seq), args, hidden)
+                let args = s.weight_args(&[], node.inputs[0], &node.inputs[1..])?;
+                s.launch(embedding(vocab, hidden, t.quant.encoding(), seq), args, hidden)
             }
             Op::MatMul => {
                 if !s.interp.is_constant(node.inputs[1]) {
@@ -241,8 +287,9 @@ pub fn schedule<'g>(
                 }
                 let w = graph.ty(node.inputs[1]);
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
-                let args = s.inputs(&node.inputs)?;
-                s.launch(matmul(k, n, elem_of(w.quant), seq), args, n)
+                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &[])?;
+                let kernel = if w.quant.is_block() { matmul_blocks(k, n, w.quant.encoding(), None, seq) } else { matmul(k, n, elem_of(w.quant), seq) };
+                s.launch(kernel, args, n)
             }
             Op::MatMulAdd => {
                 if !s.interp.is_constant(node.inputs[1]) {
@@ -251,8 +298,10 @@ pub fn schedule<'g>(
                 let w = graph.ty(node.inputs[1]);
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
-                let args = s.inputs(&node.inputs)?;
-                s.launch(matmul_add(k, n, bc, elem_of(w.quant), seq), args, n)
+                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &node.inputs[2..])?;
+                let kernel =
+                    if w.quant.is_block() { matmul_blocks(k, n, w.quant.encoding(), Some(bc), seq) } else { matmul_add(k, n, bc, elem_of(w.quant), seq) };
+                s.launch(kernel, args, n)
             }
             Op::SwiGlu => {
                 let w = out_width()?;
@@ -307,7 +356,7 @@ pub fn schedule<'g>(
                 let freqs = inv_freq(*head_dim, *theta, scaling);
                 let bits: Vec<String> = freqs.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
                 let name = format!("rope.inv_freq.hd{head_dim}.{}", short_hash(&bits.concat()));
-                let slot = WeightSlot { name, shape: vec![freqs.len() as u64], data: WeightData::Values(freqs), encoding: QuantScheme::None };
+                let slot = WeightSlot::plain(name, vec![freqs.len() as u64], WeightData::Values(freqs));
                 let table = s.weights.intern(slot);
                 let mut args = s.inputs(&node.inputs)?;
                 args.push(Arg::Weight(table));
@@ -389,12 +438,12 @@ pub fn schedule<'g>(
     Ok(Schedule { max_seq, launches, buffers, logits })
 }
 
-/// Places a constant node in the weights table.
-fn constant_slot(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: ValueId, weights: &mut WeightTable) -> Result<u32> {
+/// Places a constant node in the weights table: one slot per stored part.
+fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: ValueId, weights: &mut WeightTable) -> Result<Vec<u32>> {
     let node = graph.node(v);
     let shape: Vec<u64> = node.ty.shape.iter().map(|d| d.fixed().expect("constants are static")).collect();
-    let slot = match &node.op {
-        Op::Weight { name, .. } => WeightSlot { name: name.clone(), shape, data: WeightData::Checkpoint(name.clone()), encoding: node.ty.quant },
+    let slots = match &node.op {
+        Op::Weight { name, .. } => WeightSlot::parts(name, shape, WeightData::Checkpoint(name.clone()), node.ty.quant),
         Op::Concat { axis: 0 } if node.inputs.iter().all(|i| matches!(graph.node(*i).op, Op::Weight { .. })) => {
             let names: Vec<String> = node
                 .inputs
@@ -404,16 +453,16 @@ fn constant_slot(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: 
                     _ => unreachable!("checked above"),
                 })
                 .collect();
-            WeightSlot { name: format!("stack({})", names.join(",")), shape, data: WeightData::Stacked(names), encoding: node.ty.quant }
+            WeightSlot::parts(&format!("stack({})", names.join(",")), shape, WeightData::Stacked(names), node.ty.quant)
         }
         _ => {
             let t = interp.constant_value(v)?;
             let values = t.as_f32().to_vec();
             let bits: String = values.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
-            WeightSlot { name: format!("const.{}", short_hash(&bits)), shape, data: WeightData::Values(values), encoding: QuantScheme::None }
+            vec![WeightSlot::plain(format!("const.{}", short_hash(&bits)), shape, WeightData::Values(values))]
         }
     };
-    Ok(weights.intern(slot))
+    Ok(slots.into_iter().map(|slot| weights.intern(slot)).collect())
 }
 
 /// A stable 64-bit FNV-1a hash in hex (names must not depend on hash-map order or process).

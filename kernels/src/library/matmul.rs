@@ -139,7 +139,7 @@ fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Br
         ElemType::F32 => "",
         ElemType::BF16 => "_bf16",
         ElemType::F16 => "_f16",
-        ElemType::I32 => panic!("integer weights have no matmul kernel"),
+        ElemType::I32 | ElemType::I8 | ElemType::U8 => panic!("integer weights use the block-quantized matmul (matmul_blocks.rs)"),
     };
     let name = match addend {
         None => format!("matmul{enc}_k{k}_n{n}_{}", seq.tag()),

@@ -6,9 +6,11 @@
 
 pub mod attention;
 pub mod copy;
+pub mod dequant;
 pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
+pub mod matmul_blocks;
 pub mod rms_norm;
 pub mod rope;
 

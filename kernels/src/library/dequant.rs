@@ -1,0 +1,168 @@
+//! Reading weights stored in any [`WeightEncoding`]: the kernel parameters one
+//! weight takes (one per stored part) and the expressions that decode its values
+//! in registers. Block encodings are read as `scale * q + min` per block of
+//! [`BLOCK`] values, where `q` is the stored small number as f32; the block
+//! matmul keeps `q` and applies the scale once per block, everything else decodes
+//! single values with [`value`].
+
+use maxrun::format::{DType, WeightEncoding};
+
+use crate::ir::dsl::*;
+use crate::ir::*;
+
+/// Values per block (all block encodings; Q4_K's super-blocks hold 8 of them).
+pub const BLOCK: i64 = 32;
+/// Half a block: byte `t` of a 4-bit block holds values `t` and `t + HALF`.
+pub const HALF: i64 = BLOCK / 2;
+
+/// The kernel element type of a stored part.
+pub fn elem_of(dtype: DType) -> ElemType {
+    match dtype {
+        DType::F32 => ElemType::F32,
+        DType::I32 => ElemType::I32,
+        DType::BF16 => ElemType::BF16,
+        DType::F16 => ElemType::F16,
+        DType::I8 => ElemType::I8,
+        DType::U8 => ElemType::U8,
+    }
+}
+
+/// The parameters of one weight `[rows, cols]`: one per part, in the artifact's part order.
+#[derive(Clone, Debug)]
+pub struct WeightParams {
+    pub encoding: WeightEncoding,
+    pub parts: Vec<u32>,
+    pub cols: i64,
+}
+
+/// Declares the parameters of weight `name` with `cols` values per row.
+pub fn declare(b: &mut KernelBuilder, name: &str, encoding: WeightEncoding, cols: u64) -> WeightParams {
+    assert_eq!(cols % encoding.block(), 0, "{name}: {cols} columns are not whole {} blocks", encoding.name());
+    let parts = encoding.parts().iter().map(|(part, dtype, _)| b.param(&format!("{name}.{part}"), elem_of(*dtype), false)).collect();
+    WeightParams { encoding, parts, cols: cols as i64 }
+}
+
+/// The fp8 e4m3fn code `code` (an i64 in 0..256) as f32: exponent bias 7, three
+/// mantissa bits, subnormals `m * 2^-9`. Codes 0x7f / 0xff (NaN) are never written.
+pub fn e4m3_to_f32(code: Expr) -> Expr {
+    let magnitude_bits = and(code.clone(), i(0x7f));
+    let exponent = shr(magnitude_bits.clone(), i(3));
+    // Normal numbers: move exponent and mantissa into an f32's fields, rebias 7 -> 127.
+    let normal = un(UnOp::BitsToF32, add(shl(magnitude_bits, i(20)), i(120 << 23)));
+    let subnormal = mul(to_f32(and(code.clone(), i(7))), f(1.0 / 512.0));
+    let magnitude = select(eq(exponent, i(0)), subnormal, normal);
+    let sign = sub(f(1.0), mul(f(2.0), to_f32(shr(code, i(7)))));
+    mul(magnitude, sign)
+}
+
+impl WeightParams {
+    fn part(&self, name: &str) -> u32 {
+        let i = self.encoding.parts().iter().position(|(p, _, _)| *p == name).expect("the encoding has this part");
+        self.parts[i]
+    }
+
+    /// Blocks per row.
+    pub fn blocks_per_row(&self) -> i64 {
+        self.cols / BLOCK
+    }
+
+    /// The scale of block `blk` of `row`, and its additive minimum if the encoding has one.
+    pub fn block_scale(&self, row: Expr, blk: Expr) -> (Expr, Option<Expr>) {
+        let nb = self.blocks_per_row();
+        let block_index = || add(mul(row.clone(), i(nb)), blk.clone());
+        match self.encoding {
+            WeightEncoding::Q8_0 => (ld(self.part("scales"), block_index()), None),
+            // q - 8 folded into the minimum: scale * (q - 8) = scale * q - 8 * scale.
+            WeightEncoding::Q4_0 => {
+                let d = ld(self.part("scales"), block_index());
+                (d.clone(), Some(mul(f(-8.0), d)))
+            }
+            WeightEncoding::Q4_1 => (ld(self.part("scales"), block_index()), Some(ld(self.part("mins"), block_index()))),
+            WeightEncoding::Q4K => {
+                let sub_blocks = BLOCK * 8;
+                let super_index = add(mul(row.clone(), i(self.cols / sub_blocks)), div(blk.clone(), i(8)));
+                let scale = mul(ld(self.part("scales"), super_index.clone()), to_f32(ld(self.part("sub_scales"), block_index())));
+                let min = mul(ld(self.part("mins"), super_index), to_f32(ld(self.part("sub_mins"), block_index())));
+                (scale, Some(un(UnOp::Neg, min)))
+            }
+            WeightEncoding::Float8E4M3 => (ld(self.part("scales"), row), None),
+            WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => (f(1.0), None),
+        }
+    }
+
+    /// The stored numbers `q` (as f32) of values `lane` and `lane + HALF` of block
+    /// `blk` of `row`, for `lane` in `0..HALF`.
+    pub fn block_pair(&self, row: Expr, blk: Expr, lane: Expr) -> (Expr, Expr) {
+        // The lane is the first operand of every index: with it last, LLVM's
+        // instcombine turns `base + lane` into `base | lane` (disjoint bits) and the
+        // loop vectorizer no longer sees consecutive addresses (it emits gathers).
+        let block_start = add(mul(row.clone(), i(self.cols)), mul(blk.clone(), i(BLOCK)));
+        let at = |offset: i64| add(add(lane.clone(), i(offset)), block_start.clone());
+        match self.encoding {
+            WeightEncoding::Q8_0 => {
+                let q = self.part("quants");
+                (to_f32(ld(q, at(0))), to_f32(ld(q, at(HALF))))
+            }
+            WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => {
+                let byte_index = add(lane, add(mul(row, i(self.cols / 2)), mul(blk, i(HALF))));
+                let byte = ld(self.part("quants"), byte_index);
+                (to_f32(and(byte.clone(), i(15))), to_f32(shr(byte, i(4))))
+            }
+            WeightEncoding::Float8E4M3 => {
+                let q = self.part("quants");
+                (e4m3_to_f32(ld(q, at(0))), e4m3_to_f32(ld(q, at(HALF))))
+            }
+            WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => {
+                let v = self.part("values");
+                (ld(v, at(0)), ld(v, at(HALF)))
+            }
+        }
+    }
+
+    /// The value at (`row`, `col`), decoded.
+    pub fn value(&self, row: Expr, col: Expr) -> Expr {
+        match self.encoding {
+            WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => {
+                ld(self.part("values"), add(mul(row, i(self.cols)), col))
+            }
+            _ => {
+                let blk = div(col.clone(), i(BLOCK));
+                let t = rem(col, i(BLOCK));
+                let (lo, hi) = self.block_pair(row.clone(), blk.clone(), rem(t.clone(), i(HALF)));
+                let q = select(lt(t, i(HALF)), lo, hi);
+                let (scale, min) = self.block_scale(row, blk);
+                match min {
+                    Some(m) => add(mul(scale, q), m),
+                    None => mul(scale, q),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_decodes_every_code_like_the_reference() {
+        let mut b = KernelBuilder::new();
+        let codes = b.param("codes", ElemType::U8, false);
+        let out = b.param("out", ElemType::F32, true);
+        let t = b.var(ValType::I64);
+        let k = b.finish("e4m3".into(), "test", TaskCount { per_seq: 0, fixed: 256 }, t, vec![store(out, v(t), e4m3_to_f32(ld(codes, v(t))))]);
+        let mut bufs = vec![crate::interp::Buffer::U8((0..=255).collect()), crate::interp::Buffer::F32(vec![0.0; 256])];
+        crate::interp::run(&k, &mut bufs, 1);
+        let crate::interp::Buffer::F32(got) = &bufs[1] else { unreachable!() };
+        for code in 0..256u32 {
+            if code & 0x7f == 0x7f {
+                continue; // NaN codes are never produced
+            }
+            let (s, e, m) = ((code >> 7) & 1, ((code >> 3) & 15) as i32, (code & 7) as f32);
+            let mag = if e == 0 { m / 8.0 * 2f32.powi(-6) } else { (1.0 + m / 8.0) * 2f32.powi(e - 7) };
+            let want = if s == 1 { -mag } else { mag };
+            assert_eq!(got[code as usize], want, "code {code:#04x}");
+        }
+        assert_eq!(got[0x7e], 448.0, "largest finite e4m3");
+    }
+}

@@ -1,0 +1,217 @@
+//! Matmul / GEMV on block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, FP8 e4m3),
+//! computed on the packed form: `out[m, n] = x[m, k] @ dequant(w)[n, k]^T`.
+//!
+//! The weights are never expanded to f32 in memory. For each block of 32 values
+//! a [`LANES`]-wide local accumulator takes `scale * (x_lo * q_lo + x_hi * q_hi)`
+//! (plus `min * (x_lo + x_hi)` for encodings with a minimum), where lane `l` holds
+//! values `l` and `l + 16` of the block, exactly the pair that one byte of a 4-bit
+//! block packs. Accumulating per lane instead of per block keeps the horizontal
+//! sum out of the block loop: it runs once per output, after the last block.
+//! Tasks, tiling and the epilogue follow the float matmul (`matmul.rs`).
+
+use maxrun::format::WeightEncoding;
+
+use super::dequant::{declare, WeightParams, BLOCK, HALF};
+use super::elementwise::Broadcast;
+use super::matmul::{COLS_PER_TASK, COL_TILE, ROW_TILE};
+use super::SeqMode;
+use crate::ir::dsl::*;
+use crate::ir::*;
+
+/// Accumulator lanes per output (half a block).
+pub const LANES: i64 = HALF;
+
+fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
+    match addend {
+        None => acc,
+        Some((r, Broadcast::None)) => add(acc, ld(r, add(mul(row, i(n)), col))),
+        Some((r, Broadcast::Row)) => add(acc, ld(r, col)),
+        Some((r, Broadcast::Scalar)) => add(acc, ld(r, i(0))),
+    }
+}
+
+/// A `rows x cols` tile of outputs at row `r0` and column `j0` (variables):
+/// zero the lane accumulators, run the block loop, reduce the lanes and store.
+#[allow(clippy::too_many_arguments)]
+fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, r0: VarId, j0: VarId, x: u32, w: &WeightParams, out: u32, n: i64, addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+    let k = w.cols;
+    // One LANES-wide local per output, each updated by its own lane loop: small
+    // loops that LLVM unrolls fully, after which the locals live in registers.
+    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..cols).map(|_| b.local(LANES as u64)).collect()).collect();
+    let (l, blk) = (b.var(ValType::I64), b.var(ValType::I64));
+    let mut body = Vec::new();
+    for &a in acc.iter().flatten() {
+        body.push(for_vec(l, i(0), i(LANES), vec![store(a, v(l), f(0.0))]));
+    }
+
+    // Per block: the scale (and minimum) of each column, then the lane updates.
+    let has_min = w.block_scale(i(0), i(0)).1.is_some();
+    let scales: Vec<(VarId, Option<VarId>)> = (0..cols).map(|_| (b.var(ValType::F32), has_min.then(|| b.var(ValType::F32)))).collect();
+    let mut per_block = Vec::new();
+    for (c, (s, m)) in scales.iter().enumerate() {
+        let (scale, min) = w.block_scale(add(v(j0), i(c as i64)), v(blk));
+        per_block.push(set(*s, scale));
+        if let (Some(m), Some(min)) = (m, min) {
+            per_block.push(set(*m, min));
+        }
+    }
+    let x_base: Vec<VarId> = (0..rows).map(|_| b.var(ValType::I64)).collect();
+    for (r, &xb) in x_base.iter().enumerate() {
+        per_block.push(set(xb, add(mul(add(v(r0), i(r as i64)), i(k)), mul(v(blk), i(BLOCK)))));
+    }
+    for (c, (s, m)) in scales.iter().enumerate() {
+        for (r, row_acc) in acc.iter().enumerate() {
+            let x_lo = ld(x, add(v(l), v(x_base[r])));
+            let x_hi = ld(x, add(add(v(l), i(HALF)), v(x_base[r])));
+            let (q_lo, q_hi) = w.block_pair(add(v(j0), i(c as i64)), v(blk), v(l));
+            let mut update = mul(v(*s), add(mul(x_lo.clone(), q_lo), mul(x_hi.clone(), q_hi)));
+            if let Some(m) = m {
+                update = add(update, mul(v(*m), add(x_lo, x_hi)));
+            }
+            let a = row_acc[c];
+            per_block.push(for_vec(l, i(0), i(LANES), vec![store(a, v(l), add(ld(a, v(l)), update))]));
+        }
+    }
+    body.push(for_(blk, i(0), i(w.blocks_per_row()), per_block));
+
+    let total = b.var(ValType::F32);
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (c, &a) in row_acc.iter().enumerate() {
+            let (row, col) = (add(v(r0), i(r as i64)), add(v(j0), i(c as i64)));
+            body.push(set(total, f(0.0)));
+            body.push(for_vec(l, i(0), i(LANES), vec![set(total, add(v(total), ld(a, v(l))))]));
+            body.push(store(out, add(mul(row.clone(), i(n)), col.clone()), epilogue(v(total), row, col, n, addend)));
+        }
+    }
+    body
+}
+
+/// `x: f32[seq, k]` times the block-encoded `w: [n, k]` -> `out: f32[seq, n]`;
+/// with `addend`, `+ r` broadcast as given. Params: `x`, the weight's parts, `r`?, `out`.
+pub fn matmul_blocks(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    assert!(encoding.block() > 1, "{} is not a block encoding; use matmul.rs", encoding.name());
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let w = declare(&mut b, "w", encoding, k);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    let (t, jb, j0, j, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let ni = n as i64;
+    let row_tile = match seq {
+        SeqMode::Fixed(1) => 1,
+        _ => ROW_TILE as i64,
+    };
+    let ct = COL_TILE as i64;
+    let full_rows = tile(&mut b, row_tile, ct, r0, j0, x, &w, out, ni, addend);
+    let full_blocks = div(seq.expr(), i(row_tile));
+    let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
+        let mut body = vec![set(r0, mul(v(rb), i(row_tile)))];
+        body.extend(full_rows);
+        body
+    })];
+    if row_tile > 1 {
+        let tail_row = tile(&mut b, 1, ct, r0, j0, x, &w, out, ni, addend);
+        tiled.push(for_(r0, mul(full_blocks, i(row_tile)), seq.expr(), tail_row));
+    }
+    // Ragged last columns (n not a multiple of the tile): one output at a time.
+    let single = tile(&mut b, 1, 1, r0, j, x, &w, out, ni, addend);
+    let ragged = vec![for_(j, v(j0), min(add(v(j0), i(ct)), i(ni)), vec![for_(r0, i(0), seq.expr(), single)])];
+    let body = vec![for_(
+        jb,
+        i(0),
+        i((COLS_PER_TASK / COL_TILE) as i64),
+        vec![
+            set(j0, add(mul(v(t), i(COLS_PER_TASK as i64)), mul(v(jb), i(ct)))),
+            if_(lt(add(v(j0), i(ct - 1)), i(ni)), tiled),
+            if_(lt(v(j0), i(ni)), vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(ct - 1)))), ragged)]),
+        ],
+    )];
+    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
+    let name = match addend {
+        None => format!("matmul_{}_k{k}_n{n}_{}", encoding.name(), seq.tag()),
+        Some((_, bc)) => format!("matmul_add_{}_{}_k{k}_n{n}_{}", encoding.name(), format!("{bc:?}").to_lowercase(), seq.tag()),
+    };
+    b.finish(name, "matmul", tasks, t, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::{run, Buffer};
+    use crate::library::test_util::*;
+
+    /// Random parts for `rows x cols` in `encoding` (any bytes are valid codes except fp8 NaNs).
+    pub(crate) fn random_parts(encoding: WeightEncoding, rows: usize, cols: usize, seed: u64) -> Vec<Buffer> {
+        let shape = [rows as u64, cols as u64];
+        encoding
+            .parts()
+            .iter()
+            .enumerate()
+            .map(|(p, (_, dtype, _))| {
+                let n = encoding.part_elems(p, &shape).unwrap() as usize;
+                let r = rand(n, seed + p as u64);
+                match dtype {
+                    maxrun::format::DType::I8 => Buffer::I8(r.iter().map(|v| (v * 127.0) as i8).collect()),
+                    maxrun::format::DType::U8 if encoding == WeightEncoding::Float8E4M3 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.0) as u8 & 0xf7).collect()),
+                    maxrun::format::DType::U8 if p == 0 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect()),
+                    maxrun::format::DType::U8 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 31.9) as u8).collect()),
+                    maxrun::format::DType::F16 => Buffer::F16(r.iter().map(|v| half::f16::from_f32(v * 0.1).to_bits()).collect()),
+                    maxrun::format::DType::F32 => Buffer::F32(r.iter().map(|v| v * 0.1).collect()),
+                    other => panic!("no test data for {other:?}"),
+                }
+            })
+            .collect()
+    }
+
+    /// The weights decoded one value at a time by [`WeightParams::value`].
+    fn decode_all(encoding: WeightEncoding, parts: &[Buffer], rows: usize, cols: usize) -> Vec<f32> {
+        let mut b = KernelBuilder::new();
+        let w = declare(&mut b, "w", encoding, cols as u64);
+        let out = b.param("out", ElemType::F32, true);
+        let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
+        let body = vec![for_(c, i(0), i(cols as i64), vec![store(out, add(mul(v(t), i(cols as i64)), v(c)), w.value(v(t), v(c)))])];
+        let k = b.finish("decode".into(), "test", TaskCount { per_seq: 0, fixed: rows as u64 }, t, body);
+        let mut bufs = parts.to_vec();
+        bufs.push(Buffer::F32(vec![0.0; rows * cols]));
+        run(&k, &mut bufs, 1);
+        let Some(Buffer::F32(v)) = bufs.pop() else { unreachable!() };
+        v
+    }
+
+    #[test]
+    fn every_block_encoding_matches_the_decoded_matmul() {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3] {
+            // 11 columns: two full column tiles and 3 ragged; 6 rows: a row tile and 2 more.
+            let (k, n) = (256usize, 11usize);
+            let parts = random_parts(encoding, n, k, 7);
+            let w = decode_all(encoding, &parts, n, k);
+            for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
+                let x = rand(m * k, 3);
+                let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
+                let mut bufs = vec![Buffer::F32(x.clone())];
+                bufs.extend(parts.iter().cloned());
+                if addend.is_some() {
+                    bufs.push(Buffer::F32(r.clone()));
+                }
+                bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+                run(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), &mut bufs, m as u64);
+                let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+                let mut want = vec![0.0; m * n];
+                for row in 0..m {
+                    for j in 0..n {
+                        let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
+                        want[row * n + j] = dot
+                            + match addend {
+                                None => 0.0,
+                                Some(Broadcast::Row) => r[j],
+                                Some(_) => r[row * n + j],
+                            };
+                    }
+                }
+                let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                let err = got.iter().zip(&want).fold(0.0f32, |a, (g, w)| a.max((g - w).abs()));
+                assert!(err <= 1e-5 * scale, "{}: m={m} max error {err} (scale {scale})", encoding.name());
+            }
+        }
+    }
+}
