@@ -44,15 +44,29 @@ fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, r0: VarId, j0: VarId, x: u3
         body.push(for_vec(l, i(0), i(LANES), vec![store(a, v(l), f(0.0))]));
     }
 
-    // Per block: the scale (and minimum) of each column, then the lane updates.
+    // The scales (and minimums) of the tile's columns, decoded once into local f32
+    // arrays by vectorized loops: in the block loop each is then one broadcast
+    // load instead of a scalar f16 load, conversion and broadcast.
+    let nb = w.blocks_per_row();
     let has_min = w.block_scale(i(0), i(0)).1.is_some();
+    let scale_table = b.local((cols * nb) as u64);
+    let min_table = has_min.then(|| b.local((cols * nb) as u64));
+    for c in 0..cols {
+        let (scale, min) = w.block_scale(add(v(j0), i(c)), v(blk));
+        let at = add(v(blk), i(c * nb));
+        let mut decode = vec![store(scale_table, at.clone(), scale)];
+        if let (Some(t), Some(min)) = (min_table, min) {
+            decode.push(store(t, at, min));
+        }
+        body.push(for_vec(blk, i(0), i(nb), decode));
+    }
     let scales: Vec<(VarId, Option<VarId>)> = (0..cols).map(|_| (b.var(ValType::F32), has_min.then(|| b.var(ValType::F32)))).collect();
     let mut per_block = Vec::new();
     for (c, (s, m)) in scales.iter().enumerate() {
-        let (scale, min) = w.block_scale(add(v(j0), i(c as i64)), v(blk));
-        per_block.push(set(*s, scale));
-        if let (Some(m), Some(min)) = (m, min) {
-            per_block.push(set(*m, min));
+        let at = add(v(blk), i(c as i64 * nb));
+        per_block.push(set(*s, ld(scale_table, at.clone())));
+        if let (Some(m), Some(t)) = (m, min_table) {
+            per_block.push(set(*m, ld(t, at)));
         }
     }
     let x_base: Vec<VarId> = (0..rows).map(|_| b.var(ValType::I64)).collect();
