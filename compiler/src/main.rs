@@ -81,8 +81,8 @@ struct CompileArgs {
     /// q8_0, q4_0, q4_1, q4_k, float8_e4m3fn. A GGUF already in that block type keeps its blocks.
     #[arg(long, value_name = "ENCODING")]
     quantization_encoding: Option<String>,
-    /// Storage of the embedding table and lm_head (default: float32 with float
-    /// encodings, q8_0 with block encodings).
+    /// Storage of the embedding table and lm_head (default: the linear layers'
+    /// encoding when it is a float one, q8_0 with block encodings).
     #[arg(long, value_name = "ENCODING")]
     embedding_encoding: Option<String>,
     /// Code generator: llvm (default; vectorized, tuned to --target) or cranelift (fast compiles, baseline x86-64).

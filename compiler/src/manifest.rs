@@ -50,8 +50,8 @@ pub struct CompileSection {
     pub devices: Option<String>,
     /// The encoding of the linear layers' weights (default float32).
     pub quantization_encoding: Option<String>,
-    /// The encoding of the token embedding table and the lm_head (default:
-    /// float32 under float encodings, q8_0 under block encodings).
+    /// The encoding of the token embedding table and the lm_head (default: the
+    /// linear layers' under float encodings, q8_0 under block encodings).
     pub embedding_encoding: Option<String>,
     /// The longest sequence (prompt + generated) the artifact supports.
     pub max_length: Option<u32>,
