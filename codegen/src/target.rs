@@ -1,5 +1,7 @@
-//! CPU target descriptions: `--target cpu` (this machine), `cpu:x86-64-v3`,
-//! `cpu:x86-64-v4`, or `cpu:<llvm cpu>[+feature,...]`.
+//! Target descriptions. CPU: `--target cpu` (this machine), `cpu:x86-64-v3`,
+//! `cpu:x86-64-v4`, or `cpu:<llvm cpu>[+feature,...]`. GPU: `cuda:sm_80`, or a
+//! list `cuda:sm_80,sm_90` (one PTX module each). Both: `cpu,cuda:sm_90`, a fat
+//! artifact with CPU code as the fallback.
 
 use crate::CodegenError;
 
@@ -93,9 +95,68 @@ impl CpuTarget {
     }
 }
 
+/// NVIDIA architectures maxc emits PTX for (Volta and later: 64-bit atomics and
+/// `f16` conversions in hardware; LLVM 19 and ptxas 12 both know them).
+pub const SUPPORTED_SM: &[&str] = &["sm_70", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90"];
+
+/// An NVIDIA GPU architecture (`sm_90`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuTarget {
+    pub arch: String,
+}
+
+/// A whole `--target`: CPU code, GPU modules, or both.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TargetSpec {
+    pub cpu: Option<CpuTarget>,
+    pub gpus: Vec<GpuTarget>,
+}
+
+impl TargetSpec {
+    /// Parses `cpu...`, `cuda:sm_A[,sm_B...]` or `cpu...,cuda:sm_A[,...]`.
+    pub fn parse(spec: &str) -> Result<Self, CodegenError> {
+        let err = |m: String| CodegenError::Target { spec: spec.into(), message: m };
+        let (cpu_part, gpu_part) = match spec.find("cuda:") {
+            Some(0) => ("", Some(&spec[5..])),
+            Some(at) => {
+                let cpu = spec[..at].strip_suffix(',').ok_or_else(|| err("separate the CPU and CUDA parts with a comma: `cpu,cuda:sm_90`".into()))?;
+                (cpu, Some(&spec[at + 5..]))
+            }
+            None => (spec, None),
+        };
+        let cpu = if cpu_part.is_empty() { None } else { Some(CpuTarget::parse(cpu_part)?) };
+        let mut gpus: Vec<GpuTarget> = Vec::new();
+        if let Some(list) = gpu_part {
+            for arch in list.split(',').map(str::trim) {
+                if !SUPPORTED_SM.contains(&arch) {
+                    return Err(err(format!("unknown GPU architecture `{arch}`; supported: {}", SUPPORTED_SM.join(", "))));
+                }
+                if !gpus.iter().any(|g| g.arch == arch) {
+                    gpus.push(GpuTarget { arch: arch.into() });
+                }
+            }
+        }
+        Ok(TargetSpec { cpu, gpus })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn target_specs_combine_cpu_and_cuda() {
+        let t = TargetSpec::parse("cuda:sm_80,sm_90").unwrap();
+        assert!(t.cpu.is_none());
+        assert_eq!(t.gpus.iter().map(|g| g.arch.as_str()).collect::<Vec<_>>(), ["sm_80", "sm_90"]);
+        let t = TargetSpec::parse("cpu:x86-64-v3+avx512f,avx512bw,cuda:sm_90").unwrap();
+        assert_eq!(t.cpu.unwrap().cpu, "x86-64-v3");
+        assert_eq!(t.gpus.len(), 1);
+        assert!(TargetSpec::parse("cpu").unwrap().gpus.is_empty());
+        let e = TargetSpec::parse("cuda:sm_99").unwrap_err().to_string();
+        assert!(e.contains("sm_99") && e.contains("sm_90"), "{e}");
+        assert!(TargetSpec::parse("cpucuda:sm_90").is_err());
+    }
 
     #[test]
     fn levels_imply_their_features() {

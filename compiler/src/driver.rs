@@ -48,6 +48,8 @@ pub struct CompileOptions<'a> {
     pub pipeline: PipelineOptions<'a>,
     /// Write the kernels' optimized LLVM IR to this directory.
     pub emit_llvm: Option<std::path::PathBuf>,
+    /// Write each GPU architecture's PTX module to this directory (`<arch>.ptx`).
+    pub emit_ptx: Option<std::path::PathBuf>,
     /// `--quantization-encoding`, overriding the manifest's.
     pub encoding: Option<String>,
     /// `--embedding-encoding`, overriding the manifest's.
@@ -88,7 +90,6 @@ pub const DEFAULT_MAX_LENGTH: u64 = 4096;
 pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions<'_>) -> Result<CompileReport> {
     use crate::error::Error;
     use crate::schedule::{kv_shape, memory::plan_arena, schedule, Arg, KernelSet, Schedule, WeightTable};
-    use maxc_codegen::CpuTarget;
     use maxc_kernels::library::SeqMode;
     use maxrun::format as mef;
 
@@ -104,11 +105,12 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         return Err(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
     }
     let target_spec = options.target.clone().or(c.target.clone()).unwrap_or_else(|| "cpu".into());
-    let target = CpuTarget::parse(&target_spec)?;
+    let targets = maxc_codegen::TargetSpec::parse(&target_spec)?;
+    let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
     let backend = options.backend.clone().unwrap_or_else(|| "llvm".into());
     match backend.as_str() {
         "llvm" => {}
-        "cranelift" if target_spec == "cpu" || target_spec == "cpu:x86-64" => {}
+        "cranelift" if cpu_spec == "cpu" || cpu_spec == "cpu:x86-64" => {}
         "cranelift" => {
             return Err(Error::Flag {
                 flag: "--target".into(),
@@ -176,10 +178,10 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
     }
 
-    if let Some(dir) = &options.emit_llvm {
+    if let (Some(dir), Some(target)) = (&options.emit_llvm, &targets.cpu) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let path = dir.join("kernels.ll");
-        let ir = maxc_codegen::llvm::emit_llvm_ir(&kernels.kernels, &target)?;
+        let ir = maxc_codegen::llvm::emit_llvm_ir(&kernels.kernels, target)?;
         std::fs::write(&path, ir).map_err(|e| Error::io(&path, e))?;
     }
     let ticker = crate::progress::Ticker::start(
@@ -187,17 +189,30 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         std::time::Duration::from_secs(10),
         options.progress,
     );
-    let (code, required_features, cpu) = if backend == "cranelift" {
-        let code = maxc_codegen::cranelift::compile_shared(&kernels.kernels)?;
-        let features = maxc_codegen::cranelift::REQUIRED_FEATURES.iter().map(|f| f.to_string()).collect();
-        (code, features, "x86-64".to_string())
-    } else {
-        let code = maxc_codegen::llvm::compile_shared(&kernels.kernels, &target)?;
-        let explicit: Vec<String> =
-            target_spec.split_once('+').map(|(_, f)| f.split(',').map(|x| x.trim().trim_start_matches('+').to_string()).collect()).unwrap_or_default();
-        let features = target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
-        (code, features, target.cpu.clone())
+    let (code, required_features, cpu, triple) = match &targets.cpu {
+        None => (None, vec![], String::new(), String::new()),
+        Some(target) if backend == "cranelift" => {
+            let code = maxc_codegen::cranelift::compile_shared(&kernels.kernels)?;
+            let features = maxc_codegen::cranelift::REQUIRED_FEATURES.iter().map(|f| f.to_string()).collect();
+            (Some(code), features, "x86-64".to_string(), target.triple.clone())
+        }
+        Some(target) => {
+            let code = maxc_codegen::llvm::compile_shared(&kernels.kernels, target)?;
+            let explicit: Vec<String> =
+                cpu_spec.split_once('+').map(|(_, f)| f.split(',').map(|x| x.trim().trim_start_matches('+').to_string()).collect()).unwrap_or_default();
+            let features = target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
+            (Some(code), features, target.cpu.clone(), target.triple.clone())
+        }
     };
+    // GPU modules: the same kernels through the NVPTX flavor of the LLVM emitter.
+    let ptx: Vec<String> = targets.gpus.iter().map(|g| maxc_codegen::llvm::compile_ptx(&kernels.kernels, g)).collect::<std::result::Result<_, _>>()?;
+    if let Some(dir) = &options.emit_ptx {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        for (g, module) in targets.gpus.iter().zip(&ptx) {
+            let path = dir.join(format!("{}.ptx", g.arch));
+            std::fs::write(&path, module).map_err(|e| Error::io(&path, e))?;
+        }
+    }
     drop(ticker);
     lap("codegen + link", &mut phases);
 
@@ -223,7 +238,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             embedding_width: cfg.encoder.map(|_| cfg.hidden_size as u64),
         },
         provenance: provenance.clone(),
-        target: mef::TargetInfo { triple: target.triple.clone(), cpu, required_features, backend: backend.clone() },
+        target: mef::TargetInfo { triple, cpu, required_features, backend: backend.clone() },
         sections: vec![],
         kernels: kernels
             .kernels
@@ -248,6 +263,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             max_new_tokens: g.max_new_tokens.or(d.max_new_tokens),
         },
         max_length,
+        gpu_archs: targets.gpus.iter().map(|g| g.arch.clone()).collect(),
     };
     let report = CompileReport {
         artifact_bytes: 0,
@@ -262,7 +278,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         output,
         crate::mef_writer::ArtifactContents {
             header,
-            code: &code.shared_object,
+            code: code.as_ref().map(|c| c.shared_object.as_slice()),
+            ptx: &ptx,
             weights: &weights.slots,
             store: &fe.model.weights,
             tokenizer_json: &fe.model.tokenizer_json,
@@ -290,7 +307,7 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
         problems.push(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
     }
     let spec = target.map(str::to_string).or(c.target.clone()).unwrap_or_else(|| "cpu".into());
-    if let Err(e) = maxc_codegen::CpuTarget::parse(&spec) {
+    if let Err(e) = maxc_codegen::TargetSpec::parse(&spec) {
         problems.push(e.into());
     }
     let m = &manifest.manifest;

@@ -77,6 +77,9 @@ struct CompileArgs {
     /// Write the optimized LLVM IR of the kernels to DIR/kernels.ll.
     #[arg(long, value_name = "DIR")]
     emit_llvm: Option<PathBuf>,
+    /// Write each GPU architecture's PTX module to DIR/<arch>.ptx (with --target cuda:...).
+    #[arg(long, value_name = "DIR")]
+    emit_ptx: Option<PathBuf>,
     /// Storage of the linear layers' weights: float32 (default), bfloat16, float16,
     /// q8_0, q4_0, q4_1, q4_k, float8_e4m3fn. A GGUF already in that block type keeps its blocks.
     #[arg(long, value_name = "ENCODING")]
@@ -168,6 +171,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         flags,
         pipeline: opts,
         emit_llvm: args.emit_llvm.clone(),
+        emit_ptx: args.emit_ptx.clone(),
         encoding: args.quantization_encoding.clone(),
         embedding_encoding: args.embedding_encoding.clone(),
         backend: args.backend.clone(),
@@ -285,7 +289,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
 /// is built. The output path, thread count and debugging outputs cannot, and are
 /// left out so that the same inputs give the same bytes wherever and however built.
 fn provenance_flags(args: impl Iterator<Item = String>) -> Vec<String> {
-    const WITH_VALUE: &[&str] = &["-o", "--output", "-j", "--jobs", "--dump-ir", "--emit-llvm", "--log-format"];
+    const WITH_VALUE: &[&str] = &["-o", "--output", "-j", "--jobs", "--dump-ir", "--emit-llvm", "--emit-ptx", "--log-format"];
     const ALONE: &[&str] = &["--check-reproducible", "--quiet", "-q"];
     let mut out = Vec::new();
     let mut skip_next = false;

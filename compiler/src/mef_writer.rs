@@ -18,7 +18,10 @@ const WEIGHT_ALIGN: u64 = 64;
 /// Everything the writer needs besides the header fields the driver fills in.
 pub struct ArtifactContents<'a> {
     pub header: Header,
-    pub code: &'a [u8],
+    /// The CPU shared object; `None` for a GPU-only artifact.
+    pub code: Option<&'a [u8]>,
+    /// PTX modules, in the order of `header.gpu_archs`.
+    pub ptx: &'a [String],
     pub weights: &'a [WeightSlot],
     pub store: &'a WeightStore,
     pub tokenizer_json: &'a str,
@@ -54,13 +57,18 @@ fn layout_weights(slots: &[WeightSlot]) -> (Vec<WeightEntry>, u64) {
 pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<u64> {
     let (entries, weights_len) = layout_weights(contents.weights);
     contents.header.weights = entries;
-    let mut lens = vec![
-        (SectionKind::Code, contents.code.len() as u64),
-        (SectionKind::Weights, weights_len),
-        (SectionKind::Tokenizer, contents.tokenizer_json.len() as u64),
-    ];
+    let mut lens = Vec::new();
+    if let Some(code) = contents.code {
+        lens.push((SectionKind::Code, code.len() as u64));
+    }
+    lens.push((SectionKind::Weights, weights_len));
+    lens.push((SectionKind::Tokenizer, contents.tokenizer_json.len() as u64));
     if let Some(t) = contents.chat_template {
         lens.push((SectionKind::ChatTemplate, t.len() as u64));
+    }
+    assert_eq!(contents.ptx.len(), contents.header.gpu_archs.len(), "one PTX module per GPU architecture");
+    for (i, module) in contents.ptx.iter().enumerate() {
+        lens.push((SectionKind::Ptx(i as u32), module.len() as u64));
     }
     // Fixed-width integer encoding: the header length does not depend on the offsets
     // or checksums, so the sections can be laid out (and written, and hashed) before
@@ -140,7 +148,8 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
         w.pad_to(s.offset).map_err(io)?;
         w.restart();
         match s.kind {
-            SectionKind::Code => w.write(c.code).map_err(io)?,
+            SectionKind::Code => w.write(c.code.unwrap_or_default()).map_err(io)?,
+            SectionKind::Ptx(i) => w.write(c.ptx[i as usize].as_bytes()).map_err(io)?,
             SectionKind::Tokenizer => w.write(c.tokenizer_json.as_bytes()).map_err(io)?,
             SectionKind::ChatTemplate => w.write(c.chat_template.unwrap_or_default().as_bytes()).map_err(io)?,
             SectionKind::Weights => {

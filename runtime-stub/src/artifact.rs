@@ -41,6 +41,12 @@ pub enum ArtifactError {
         WeightEncoding::all_names()
     )]
     UnknownEncoding { path: PathBuf, weight: String, encoding: String },
+    #[error(
+        "{path}: the artifact has no CPU code, only GPU code for {}; run it on a machine with an NVIDIA GPU \
+         and driver, or recompile with a CPU fallback: --target cpu,cuda:{}",
+        archs.join(", "), archs.first().map(String::as_str).unwrap_or("sm_90")
+    )]
+    NoCpuCode { path: PathBuf, archs: Vec<String> },
 }
 
 /// The bytes of an artifact: a read-only mapping, or memory (tests and fuzzing).
@@ -124,7 +130,8 @@ impl Artifact {
         }
         let artifact = Artifact { path: p, header, minor, map };
         artifact.validate()?;
-        for kind in [SectionKind::Code, SectionKind::Tokenizer, SectionKind::ChatTemplate] {
+        let ptx = (0..artifact.header.gpu_archs.len() as u32).map(SectionKind::Ptx);
+        for kind in [SectionKind::Code, SectionKind::Tokenizer, SectionKind::ChatTemplate].into_iter().chain(ptx) {
             artifact.verify_section(kind)?;
         }
         Ok(artifact)
@@ -174,10 +181,21 @@ impl Artifact {
                 ));
             }
         }
-        for kind in [SectionKind::Code, SectionKind::Weights, SectionKind::Tokenizer] {
+        for kind in [SectionKind::Weights, SectionKind::Tokenizer] {
             if !self.header.sections.iter().any(|s| s.kind == kind) {
                 return Err(corrupt(format!("{kind:?} section"), "missing".into()));
             }
+        }
+        let archs = self.header.gpu_archs.len() as u32;
+        for s in &self.header.sections {
+            if let SectionKind::Ptx(i) = s.kind {
+                if i >= archs {
+                    return Err(corrupt(format!("{:?} section", s.kind), format!("names GPU architecture {i} of {archs}")));
+                }
+            }
+        }
+        if !self.header.has_cpu_code() && archs == 0 {
+            return Err(corrupt("Code section".into(), "missing, and there is no GPU code either".into()));
         }
         let weights_len = self.section(SectionKind::Weights).len() as u64;
         for w in &self.header.weights {
@@ -234,6 +252,9 @@ impl Artifact {
 
     /// Checks that this machine can run the code section.
     pub fn check_cpu(&self) -> Result<(), ArtifactError> {
+        if !self.header.has_cpu_code() {
+            return Err(ArtifactError::NoCpuCode { path: self.path.clone(), archs: self.header.gpu_archs.clone() });
+        }
         let arch = std::env::consts::ARCH;
         if !self.header.target.triple.starts_with(arch) {
             return Err(ArtifactError::WrongArch { path: self.path.clone(), triple: self.header.target.triple.clone(), arch: arch.into() });

@@ -41,6 +41,16 @@ pub struct Header {
     pub generation: GenerationDefaults,
     /// The longest sequence (prompt + generated tokens) the artifact supports.
     pub max_length: u64,
+    /// NVIDIA architectures (`sm_90`) with a PTX module in the artifact, in the
+    /// order of their `Ptx(i)` sections; empty for CPU-only artifacts.
+    pub gpu_archs: Vec<String>,
+}
+
+impl Header {
+    /// Whether the artifact carries CPU code (a GPU-only artifact does not).
+    pub fn has_cpu_code(&self) -> bool {
+        self.sections.iter().any(|s| s.kind == SectionKind::Code)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,7 +91,7 @@ pub struct InputFile {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TargetInfo {
-    /// LLVM target triple of the code section.
+    /// LLVM target triple of the code section (empty when there is no CPU code).
     pub triple: String,
     /// LLVM CPU name the code was tuned for.
     pub cpu: String,
@@ -101,6 +111,9 @@ pub enum SectionKind {
     Tokenizer,
     /// The chat template (Jinja text).
     ChatTemplate,
+    /// A PTX module (text) for GPU architecture `Header::gpu_archs[i]`: the same
+    /// kernels and symbols as the CPU code.
+    Ptx(u32),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -51,6 +51,10 @@ pub fn report(a: &Artifact) -> Value {
             "names": h.kernels.iter().map(|k| k.symbol.clone()).collect::<Vec<_>>(),
         },
         "weights": {"count": h.weights.len(), "bytes": weights_bytes, "by_encoding": per_encoding},
+        "cpu_code": h.has_cpu_code(),
+        "gpu": h.gpu_archs.iter().enumerate().map(|(i, arch)| json!({
+            "arch": arch, "ptx_bytes": a.section(SectionKind::Ptx(i as u32)).len(),
+        })).collect::<Vec<_>>(),
         "memory": {
             "weights_bytes": weights_bytes,
             "activation_arena_bytes": arenas,
@@ -87,6 +91,12 @@ pub fn render_text(r: &Value) -> String {
     let t = &r["target"];
     line("target", format!("{} cpu={} backend={} (spec `{}`)", t["triple"].as_str().unwrap_or(""), t["cpu"].as_str().unwrap_or(""), t["backend"].as_str().unwrap_or(""), p["target_spec"].as_str().unwrap_or("")));
     line("required features", t["required_features"].as_array().map(|f| f.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default());
+    if r["cpu_code"] == false {
+        line("cpu code", "none (GPU-only artifact)".into());
+    }
+    for g in r["gpu"].as_array().into_iter().flatten() {
+        line("gpu code", format!("PTX for {}, {} bytes", g["arch"].as_str().unwrap_or(""), g["ptx_bytes"]));
+    }
     for (name, plan) in r["sub_models"][0]["plans"].as_object().into_iter().flatten() {
         line(&format!("plan {name}"), format!("tokens i32[seq], positions i32[seq] -> logits f32[seq, {}]; seq <= {}; {} launches; arena {}", r["model"]["vocab_size"], plan["max_seq"], plan["launches"], mib(plan["arena_bytes"].as_u64().unwrap_or(0))));
     }

@@ -1,7 +1,7 @@
 //! maxrun: the runtime half of maxc. It owns the MEF artifact format (the contract
 //! between compiler and runtime) and everything needed to run an artifact: the
 //! loader, the code loader, the thread pool, the executor with its KV cache, and
-//! the sampler.
+//! the sampler; with the `cuda` feature (default), the same plans on an NVIDIA GPU.
 //!
 //! Architecture invariant: this crate depends on no compiler crate, LLVM or Cranelift.
 
@@ -11,8 +11,11 @@ pub mod chat;
 pub mod code;
 pub mod cpu;
 pub mod format;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod inspect;
 pub mod npy;
 pub mod pool;
+pub mod runner;
 pub mod sampler;
 pub mod session;

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 use maxrun::artifact::Artifact;
 use maxrun::sampler::{sample, Rng, SamplingParams};
+use maxrun::runner::{Device, Runner};
 use maxrun::session::Session;
 
 #[derive(Parser)]
@@ -133,6 +134,20 @@ struct RunArgs {
     /// Worker threads (default: the number of cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Where to run: auto (the GPU when the artifact has GPU code and a CUDA
+    /// driver and device are present, else the CPU code), cpu, gpu, gpu:N.
+    #[arg(long, default_value = "auto")]
+    device: Device,
+}
+
+/// Opens a session on the requested device, printing why `auto` fell back to the CPU.
+fn open_runner<'a>(artifact: &'a Artifact, cli: &RunArgs) -> anyhow::Result<Runner<'a>> {
+    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let (runner, note) = Runner::open(artifact, threads, cli.device)?;
+    if let Some(note) = note {
+        eprintln!("maxrun: {note}");
+    }
+    Ok(runner)
 }
 
 /// Exit code for a prompt that does not fit (documented in the README).
@@ -280,11 +295,16 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(&bad) = ids.iter().find(|&&i| i as u64 >= h.model.vocab_size) {
         return Err(anyhow!("--token-ids: token id {bad} is outside the vocabulary of {} tokens", h.model.vocab_size));
     }
-    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut session = Session::new(&artifact, threads)?;
-    session.check_nan = cli.check_nan;
-    if cli.profile {
-        session.enable_profile();
+    let mut session = open_runner(&artifact, &cli)?;
+    match session.cpu() {
+        Some(cpu) => {
+            cpu.check_nan = cli.check_nan;
+            if cli.profile {
+                cpu.enable_profile();
+            }
+        }
+        None if cli.check_nan || cli.profile => eprintln!("maxrun: --check-nan and --profile are CPU-only; ignored on the GPU"),
+        None => {}
     }
 
     if let Some(path) = &cli.dump_logits {
@@ -371,18 +391,18 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let decode_tokens = generated.len() - 1;
     eprintln!(
-        "prompt: {} tokens, {:.1} tok/s | time to first token: {:.0} ms | generated: {} tokens, {:.1} tok/s | threads: {} | plan runs: prefill {}, decode {}",
+        "prompt: {} tokens, {:.1} tok/s | time to first token: {:.0} ms | generated: {} tokens, {:.1} tok/s | {} | plan runs: prefill {}, decode {}",
         ids.len(),
         ids.len() as f64 / prefill_s,
         prefill_s * 1e3,
         generated.len(),
         if decode_tokens > 0 { decode_tokens as f64 / decode_s } else { 0.0 },
-        session.threads(),
-        session.counts.prefill,
-        session.counts.decode,
+        session.describe(),
+        session.counts().prefill,
+        session.counts().decode,
     );
-    if cli.profile {
-        eprint!("{}", render_profile(&session.profile()));
+    if let (true, Some(cpu)) = (cli.profile, session.cpu()) {
+        eprint!("{}", render_profile(&cpu.profile()));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -402,8 +422,7 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -
     let g = &h.generation;
     let params = sampling_params(cli, g);
     let max_new = cli.max_new_tokens.or(g.max_new_tokens).unwrap_or(256) as usize;
-    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut session = Session::new(artifact, threads)?;
+    let mut session = open_runner(artifact, cli)?;
     let mut rng = Rng::new(cli.seed);
     let vocab = h.model.vocab_size as usize;
     let mut messages: Vec<Message> = cli.system.iter().map(|s| Message::new("system", s)).collect();
@@ -474,8 +493,7 @@ fn embed(cli: &RunArgs, artifact: &Artifact, tokenizer: &mut tokenizers::Tokeniz
     };
     // Sentence encoders see exactly their tokens: the tokenizer's fixed padding is for batching.
     tokenizer.with_padding(None);
-    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut session = Session::new(artifact, threads)?;
+    let mut session = open_runner(artifact, cli)?;
     let mut out = std::io::stdout().lock();
     for text in texts {
         let ids = tokenizer.encode(text.as_str(), true).map_err(|e| anyhow!("tokenizing: {e}"))?.get_ids().to_vec();

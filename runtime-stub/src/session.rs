@@ -22,6 +22,8 @@ pub enum SessionError {
     BadToken { id: u32, vocab: u64 },
     #[error("--check-nan: kernel `{kernel}` (launch {launch} of the {plan} plan) wrote {value} at output element {index}")]
     NonFinite { kernel: String, launch: usize, plan: &'static str, index: usize, value: f32 },
+    #[error("GPU: {0}")]
+    Gpu(String),
 }
 
 /// How often each plan ran (tests use it to show decode is O(1) tokens per step).

@@ -162,3 +162,11 @@ pub fn assert_clean_error(result: &(i32, String, String), code: i32, needles: &[
         assert!(stderr.contains(n), "stderr lacks `{n}`: {stderr}");
     }
 }
+
+/// The PTX assembler fetched by scripts/setup.sh (from the PyPI package
+/// nvidia-cuda-nvcc-cu12); `MAXC_PTXAS` overrides it.
+pub fn ptxas() -> PathBuf {
+    let p = std::env::var_os("MAXC_PTXAS").map(PathBuf::from).unwrap_or_else(|| workspace_root().join(".cache/cuda/bin/ptxas"));
+    assert!(p.exists(), "{} is missing: run scripts/setup.sh", p.display());
+    p
+}

@@ -1,4 +1,10 @@
-//! Lowering of kernel IR to LLVM IR: one exhaustive `match` per IR enum.
+//! Lowering of kernel IR to LLVM IR: one exhaustive `match` per IR enum, shared
+//! by the CPU and the NVPTX (GPU) backends. Only three things differ between the
+//! two ([`Flavor`]): the function's attributes and calling convention, where the
+//! task index comes from (a loop over `task_begin..task_end` on the CPU, one GPU
+//! thread per task from `ctaid * ntid + tid` on NVPTX), and the transcendental
+//! functions (libm / LLVM intrinsics on the CPU; PTX `ex2` / `sin` / `cos.approx`
+//! with range reduction on the GPU, which has no libm).
 //!
 //! Scalars live in stack slots (`alloca`) that `mem2reg` promotes; loops become
 //! header / body / latch blocks. Float arithmetic carries the `reassoc`,
@@ -21,18 +27,30 @@ fn llvm_err(e: impl std::fmt::Display) -> CodegenError {
     CodegenError::Llvm(e.to_string())
 }
 
+/// What the emitter produces code for.
+#[derive(Copy, Clone, Debug)]
+pub enum Flavor<'t> {
+    /// x86-64: the kernel runs a loop over its task range.
+    Cpu(&'t CpuTarget),
+    /// NVPTX: the kernel is a `ptx_kernel`; each GPU thread runs one task.
+    Nvptx,
+}
+
+/// The PTX kernel calling convention (LLVM's `CallingConv::PTX_Kernel`).
+const PTX_KERNEL_CC: u32 = 71;
+
 /// Lowers every kernel into one module and optimizes it.
 pub fn lower_module<'ctx>(
     context: &'ctx Context,
     kernels: &[Kernel],
-    target: &CpuTarget,
+    flavor: Flavor<'_>,
     tm: &TargetMachine,
 ) -> Result<Module<'ctx>, CodegenError> {
     let module = context.create_module("maxc_kernels");
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     for k in kernels {
-        KernelLowering::new(context, &module, k, target)?.lower()?;
+        KernelLowering::new(context, &module, k, flavor)?.lower()?;
     }
     module.verify().map_err(|e| CodegenError::Llvm(format!("invalid module: {e}")))?;
     super::optimize(&module, tm)?;
@@ -44,6 +62,7 @@ struct KernelLowering<'a, 'ctx> {
     module: &'a Module<'ctx>,
     builder: Builder<'ctx>,
     kernel: &'a Kernel,
+    flavor: Flavor<'a>,
     function: FunctionValue<'ctx>,
     params: Vec<PointerValue<'ctx>>,
     /// Stack arrays for the kernel's locals.
@@ -53,19 +72,21 @@ struct KernelLowering<'a, 'ctx> {
 }
 
 impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
-    fn new(context: &'ctx Context, module: &'a Module<'ctx>, kernel: &'a Kernel, target: &CpuTarget) -> Result<Self, CodegenError> {
+    fn new(context: &'ctx Context, module: &'a Module<'ctx>, kernel: &'a Kernel, flavor: Flavor<'a>) -> Result<Self, CodegenError> {
         let ptr = context.ptr_type(AddressSpace::default());
         let i64t = context.i64_type();
         let fn_type = context.void_type().fn_type(&[ptr.into(), ptr.into(), i64t.into(), i64t.into()], false);
         let function = module.add_function(&kernel.name, fn_type, Some(Linkage::External));
         let attr = |k: &str, v: &str| context.create_string_attribute(k, v);
         use inkwell::attributes::AttributeLoc;
-        if target.has_avx512() {
-            function.add_attribute(AttributeLoc::Function, attr("prefer-vector-width", "512"));
+        match flavor {
+            Flavor::Cpu(target) if target.has_avx512() => function.add_attribute(AttributeLoc::Function, attr("prefer-vector-width", "512")),
+            Flavor::Cpu(_) => {}
+            Flavor::Nvptx => function.set_call_conventions(PTX_KERNEL_CC),
         }
         let nounwind = context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0);
         function.add_attribute(AttributeLoc::Function, nounwind);
-        Ok(KernelLowering { context, module, builder: context.create_builder(), kernel, function, params: vec![], locals: vec![], slots: vec![], seq: None })
+        Ok(KernelLowering { context, module, builder: context.create_builder(), kernel, flavor, function, params: vec![], locals: vec![], slots: vec![], seq: None })
     }
 
     fn ty(&self, t: ValType) -> BasicTypeEnum<'ctx> {
@@ -97,7 +118,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         for i in 0..self.kernel.params.len() {
             // SAFETY: `args` holds one pointer per parameter (the ABI).
             let slot = unsafe { b.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "argp") }.map_err(llvm_err)?;
-            let p = b.build_load(ptr, slot, &format!("{}", self.kernel.params[i].name)).map_err(llvm_err)?;
+            let p = b.build_load(ptr, slot, &self.kernel.params[i].name).map_err(llvm_err)?;
             self.params.push(p.into_pointer_value());
         }
         self.seq = Some(b.build_load(i64t, dims, "seq").map_err(llvm_err)?);
@@ -111,12 +132,94 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let slot = b.build_alloca(self.ty(*t), &format!("v{i}")).map_err(llvm_err)?;
             self.slots.push(slot);
         }
-        let begin = self.function.get_nth_param(2).unwrap();
-        let end = self.function.get_nth_param(3).unwrap();
-        let task_loop = Stmt::For { var: self.kernel.task_var, start: Expr::I64(0), end: Expr::I64(0), hint: LoopHint::Serial, body: self.kernel.body.clone() };
-        self.lower_loop(&task_loop, Some((begin.into_int_value(), end.into_int_value())))?;
+        let begin = self.function.get_nth_param(2).unwrap().into_int_value();
+        let end = self.function.get_nth_param(3).unwrap().into_int_value();
+        match self.flavor {
+            Flavor::Cpu(_) => {
+                let task_loop =
+                    Stmt::For { var: self.kernel.task_var, start: Expr::I64(0), end: Expr::I64(0), hint: LoopHint::Serial, body: self.kernel.body.clone() };
+                self.lower_loop(&task_loop, Some((begin, end)))?;
+            }
+            Flavor::Nvptx => {
+                // task = task_begin + ctaid.x * ntid.x + tid.x; threads past the end idle.
+                let sreg = |name: &str| -> Result<inkwell::values::IntValue<'ctx>, CodegenError> {
+                    let i32t = self.context.i32_type();
+                    let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, i32t.fn_type(&[], false), None));
+                    let call = self.builder.build_call(f, &[], "sreg").map_err(llvm_err)?;
+                    let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("special registers return i32") };
+                    let v = v.into_int_value();
+                    self.builder.build_int_z_extend(v, i64t, "sreg64").map_err(llvm_err)
+                };
+                let (block, width, thread) =
+                    (sreg("llvm.nvvm.read.ptx.sreg.ctaid.x")?, sreg("llvm.nvvm.read.ptx.sreg.ntid.x")?, sreg("llvm.nvvm.read.ptx.sreg.tid.x")?);
+                let b = &self.builder;
+                let global = b.build_int_nuw_add(b.build_int_nuw_mul(block, width, "base").map_err(llvm_err)?, thread, "global").map_err(llvm_err)?;
+                let task = b.build_int_nuw_add(begin, global, "task").map_err(llvm_err)?;
+                let inside = b.build_int_compare(IntPredicate::ULT, task, end, "inside").map_err(llvm_err)?;
+                let run = self.context.append_basic_block(self.function, "run");
+                let done = self.context.append_basic_block(self.function, "done");
+                b.build_conditional_branch(inside, run, done).map_err(llvm_err)?;
+                b.position_at_end(run);
+                b.build_store(self.slots[self.kernel.task_var as usize], task).map_err(llvm_err)?;
+                self.block(&self.kernel.body.clone())?;
+                self.builder.build_unconditional_branch(done).map_err(llvm_err)?;
+                self.builder.position_at_end(done);
+            }
+        }
         self.builder.build_return(None).map_err(llvm_err)?;
         Ok(())
+    }
+
+    /// An NVVM intrinsic taking and returning f32 (`llvm.nvvm.ex2.approx.f`, ...).
+    fn nvvm(&self, name: &str, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let f32t = self.context.f32_type();
+        let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, f32t.fn_type(&[f32t.into()], false), None));
+        let call = self.builder.build_call(f, &[x.into()], "nvvm").map_err(llvm_err)?;
+        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("nvvm math returns f32") };
+        Ok(v)
+    }
+
+    /// A fast f32 operation on two values (for the GPU math expansions).
+    fn fop(&self, op: BinOp, x: BasicValueEnum<'ctx>, y: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let (x, y) = (x.into_float_value(), y.into_float_value());
+        let b = &self.builder;
+        let v: BasicValueEnum = match op {
+            BinOp::Add => b.build_float_add(x, y, "fadd").map_err(llvm_err)?.into(),
+            BinOp::Sub => b.build_float_sub(x, y, "fsub").map_err(llvm_err)?.into(),
+            BinOp::Mul => b.build_float_mul(x, y, "fmul").map_err(llvm_err)?.into(),
+            BinOp::Div => b.build_float_div(x, y, "fdiv").map_err(llvm_err)?.into(),
+            _ => unreachable!("the GPU math expansions use + - * / only"),
+        };
+        Ok(self.fast(v))
+    }
+
+    fn f32c(&self, x: f32) -> BasicValueEnum<'ctx> {
+        self.context.f32_type().const_float(x as f64).into()
+    }
+
+    /// `exp(x)`: `2^(x log2 e)` with PTX `ex2.approx` (relative error about 2^-22).
+    fn gpu_exp(&self, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let scaled = self.fop(BinOp::Mul, x, self.f32c(std::f32::consts::LOG2_E))?;
+        self.nvvm("llvm.nvvm.ex2.approx.f", scaled)
+    }
+
+    /// `sin` / `cos` with the argument reduced to [-pi, pi] first: PTX `sin.approx`
+    /// is accurate there (about 2^-21) and loses accuracy beyond; RoPE angles reach
+    /// thousands of radians.
+    fn gpu_trig(&self, name: &str, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        use std::f32::consts::TAU;
+        let turns = self.fop(BinOp::Mul, x, self.f32c(1.0 / TAU))?;
+        let rounded = self.intrinsic("llvm.rint", &[turns])?;
+        let reduced = self.fop(BinOp::Sub, x, self.fop(BinOp::Mul, rounded, self.f32c(TAU))?)?;
+        self.nvvm(name, reduced)
+    }
+
+    /// `tanh(x) = sign(x) (1 - e) / (1 + e)` with `e = exp(-2 |x|)` (no overflow).
+    fn gpu_tanh(&self, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let ax = self.intrinsic("llvm.fabs", &[x])?;
+        let e = self.gpu_exp(self.fop(BinOp::Mul, ax, self.f32c(-2.0))?)?;
+        let t = self.fop(BinOp::Div, self.fop(BinOp::Sub, self.f32c(1.0), e)?, self.fop(BinOp::Add, self.f32c(1.0), e)?)?;
+        self.intrinsic("llvm.copysign", &[t, x])
     }
 
     fn block(&mut self, stmts: &[Stmt]) -> Result<(), CodegenError> {
@@ -320,6 +423,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 match op {
                     UnOp::Neg if x.is_float_value() => self.fast(self.builder.build_float_neg(x.into_float_value(), "fneg").map_err(llvm_err)?.into()),
                     UnOp::Neg => self.builder.build_int_neg(x.into_int_value(), "neg").map_err(llvm_err)?.into(),
+                    UnOp::Exp if matches!(self.flavor, Flavor::Nvptx) => self.gpu_exp(x)?,
+                    UnOp::Cos if matches!(self.flavor, Flavor::Nvptx) => self.gpu_trig("llvm.nvvm.cos.approx.f", x)?,
+                    UnOp::Sin if matches!(self.flavor, Flavor::Nvptx) => self.gpu_trig("llvm.nvvm.sin.approx.f", x)?,
+                    UnOp::Tanh if matches!(self.flavor, Flavor::Nvptx) => self.gpu_tanh(x)?,
                     UnOp::Exp => self.intrinsic("llvm.exp", &[x])?,
                     UnOp::Sqrt => self.intrinsic("llvm.sqrt", &[x])?,
                     UnOp::Cos => self.intrinsic("llvm.cos", &[x])?,

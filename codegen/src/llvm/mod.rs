@@ -1,4 +1,5 @@
-//! The LLVM backend (inkwell, LLVM 19): kernel IR -> LLVM IR -> optimized x86-64 object.
+//! The LLVM backend (inkwell, LLVM 19): kernel IR -> LLVM IR -> an optimized x86-64
+//! object, or PTX text for NVIDIA GPUs through the NVPTX backend (same emitter).
 
 pub mod lower;
 
@@ -8,7 +9,8 @@ use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Tar
 use inkwell::OptimizationLevel;
 use maxc_kernels::Kernel;
 
-use crate::{link::link_shared, CodegenError, CompiledCode, CpuTarget};
+use crate::{link::link_shared, CodegenError, CompiledCode, CpuTarget, GpuTarget};
+use lower::Flavor;
 
 fn target_machine(target: &CpuTarget) -> Result<TargetMachine, CodegenError> {
     Target::initialize_x86(&InitializationConfig::default());
@@ -22,7 +24,7 @@ fn target_machine(target: &CpuTarget) -> Result<TargetMachine, CodegenError> {
 pub fn emit_llvm_ir(kernels: &[Kernel], target: &CpuTarget) -> Result<String, CodegenError> {
     let context = Context::create();
     let tm = target_machine(target)?;
-    let module = lower::lower_module(&context, kernels, target, &tm)?;
+    let module = lower::lower_module(&context, kernels, Flavor::Cpu(target), &tm)?;
     Ok(module.print_to_string().to_string())
 }
 
@@ -30,7 +32,7 @@ pub fn emit_llvm_ir(kernels: &[Kernel], target: &CpuTarget) -> Result<String, Co
 pub fn compile_object(kernels: &[Kernel], target: &CpuTarget) -> Result<Vec<u8>, CodegenError> {
     let context = Context::create();
     let tm = target_machine(target)?;
-    let module = lower::lower_module(&context, kernels, target, &tm)?;
+    let module = lower::lower_module(&context, kernels, Flavor::Cpu(target), &tm)?;
     let buf = tm.write_to_memory_buffer(&module, FileType::Object).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     Ok(buf.as_slice().to_vec())
 }
@@ -40,6 +42,26 @@ pub fn compile_shared(kernels: &[Kernel], target: &CpuTarget) -> Result<Compiled
     let object = compile_object(kernels, target)?;
     let shared_object = link_shared(&object)?;
     Ok(CompiledCode { shared_object, symbols: kernels.iter().map(|k| k.name.clone()).collect() })
+}
+
+fn nvptx_machine(target: &GpuTarget) -> Result<TargetMachine, CodegenError> {
+    Target::initialize_nvptx(&InitializationConfig::default());
+    let triple = TargetTriple::create("nvptx64-nvidia-cuda");
+    let t = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    // No PTX version feature: LLVM picks the lowest ISA version the SM needs.
+    t.create_target_machine(&triple, &target.arch, "", OptimizationLevel::Aggressive, RelocMode::Default, CodeModel::Default)
+        .ok_or_else(|| CodegenError::Llvm(format!("no NVPTX target machine for {}", target.arch)))
+}
+
+/// Compiles `kernels` to one PTX module (text) for `target`. Every kernel is a
+/// `.entry` with the CPU ABI's parameters; GPU thread `i` of a launch runs task
+/// `task_begin + i`.
+pub fn compile_ptx(kernels: &[Kernel], target: &GpuTarget) -> Result<String, CodegenError> {
+    let context = Context::create();
+    let tm = nvptx_machine(target)?;
+    let module = lower::lower_module(&context, kernels, Flavor::Nvptx, &tm)?;
+    let buf = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    String::from_utf8(buf.as_slice().to_vec()).map_err(|e| CodegenError::Llvm(format!("PTX is not UTF-8: {e}")))
 }
 
 /// Runs LLVM's O3 pipeline over the module.

@@ -1,0 +1,171 @@
+//! Where an artifact runs (`--device auto|cpu|gpu[:N]`) and one interface over the
+//! CPU [`Session`] and, with the `cuda` feature, the GPU session.
+//!
+//! `auto` (the default) uses the GPU when the artifact has PTX and a CUDA driver
+//! and device are present, and the CPU code otherwise, saying why on stderr when
+//! the artifact had GPU code. A GPU-only artifact on a machine without a usable
+//! GPU is an error that says what is missing and how to add a CPU fallback.
+
+use std::path::PathBuf;
+
+use crate::artifact::{Artifact, ArtifactError};
+use crate::session::{RunCounts, Session, SessionError};
+
+/// The device a run asks for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Device {
+    Auto,
+    Cpu,
+    Gpu(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "gpu" => Ok(Device::Gpu(0)),
+            _ => match s.strip_prefix("gpu:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Gpu(n)),
+                _ => Err(format!("`{s}` is not a device; use auto, cpu, gpu or gpu:N")),
+            },
+        }
+    }
+}
+
+/// Why no session could be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(
+        "{path}: {reason}, and the artifact has no CPU code (it was compiled for cuda:{archs} only); run it on a \
+         machine with an NVIDIA GPU and driver, or recompile with a CPU fallback: --target cpu,cuda:{first}",
+        archs = archs.join(","), first = archs.first().map(String::as_str).unwrap_or("sm_90")
+    )]
+    NoGpuNoCpu { path: PathBuf, reason: String, archs: Vec<String> },
+    #[error("{path}: --device gpu: {reason}; the artifact also has CPU code: run it with --device cpu (or auto)")]
+    NoGpu { path: PathBuf, reason: String },
+    #[error("{path}: --device gpu: the artifact has no GPU code; recompile with --target cpu,cuda:sm_90 (or run it with --device cpu)")]
+    NoGpuCode { path: PathBuf },
+}
+
+/// A session on the CPU or the GPU.
+pub enum Runner<'a> {
+    Cpu(Session<'a>),
+    #[cfg(feature = "cuda")]
+    Gpu(crate::gpu::GpuSession<'a>),
+}
+
+impl std::fmt::Debug for Runner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// Why the GPU path is unavailable here, or `Ok` with a GPU session.
+#[cfg(feature = "cuda")]
+fn open_gpu<'a>(artifact: &'a Artifact, ordinal: usize) -> Result<Runner<'a>, String> {
+    crate::gpu::GpuSession::new(artifact, ordinal).map(Runner::Gpu).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_gpu<'a>(_artifact: &'a Artifact, _ordinal: usize) -> Result<Runner<'a>, String> {
+    Err("this maxrun was built without the `cuda` feature".into())
+}
+
+impl<'a> Runner<'a> {
+    /// Opens a session on `device`; also returns a note for stderr when `auto`
+    /// fell back from GPU code to CPU code.
+    pub fn open(artifact: &'a Artifact, threads: usize, device: Device) -> Result<(Self, Option<String>), RunnerError> {
+        let h = &artifact.header;
+        let has_gpu = !h.gpu_archs.is_empty();
+        let path = artifact.path.clone();
+        match device {
+            Device::Cpu => Ok((Runner::Cpu(Session::new(artifact, threads)?), None)),
+            Device::Gpu(_) if !has_gpu => Err(RunnerError::NoGpuCode { path }),
+            Device::Gpu(n) => open_gpu(artifact, n).map(|r| (r, None)).map_err(|reason| {
+                if h.has_cpu_code() {
+                    RunnerError::NoGpu { path, reason }
+                } else {
+                    RunnerError::NoGpuNoCpu { path, reason, archs: h.gpu_archs.clone() }
+                }
+            }),
+            Device::Auto if !has_gpu => Ok((Runner::Cpu(Session::new(artifact, threads)?), None)),
+            Device::Auto => match open_gpu(artifact, 0) {
+                Ok(r) => Ok((r, None)),
+                Err(reason) if h.has_cpu_code() => {
+                    Ok((Runner::Cpu(Session::new(artifact, threads)?), Some(format!("{reason}; running the artifact's CPU code"))))
+                }
+                Err(reason) => Err(RunnerError::NoGpuNoCpu { path, reason, archs: h.gpu_archs.clone() }),
+            },
+        }
+    }
+
+    /// Appends `ids` and returns their logits.
+    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+        match self {
+            Runner::Cpu(s) => s.forward(ids),
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(s) => s.forward(ids),
+        }
+    }
+
+    pub fn reset(&mut self) {
+        match self {
+            Runner::Cpu(s) => s.reset(),
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(s) => s.reset(),
+        }
+    }
+
+    pub fn truncate(&mut self, len: u64) {
+        match self {
+            Runner::Cpu(s) => s.truncate(len),
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(s) => s.truncate(len),
+        }
+    }
+
+    pub fn counts(&self) -> RunCounts {
+        match self {
+            Runner::Cpu(s) => s.counts,
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(s) => s.counts,
+        }
+    }
+
+    /// `threads: N` or `GPU: NAME`, for the stats line.
+    pub fn describe(&self) -> String {
+        match self {
+            Runner::Cpu(s) => format!("threads: {}", s.threads()),
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(s) => format!("GPU: {}", s.device_name),
+        }
+    }
+
+    /// The CPU session, for what only it has (`--profile`, `--check-nan`).
+    pub fn cpu(&mut self) -> Option<&mut Session<'a>> {
+        match self {
+            Runner::Cpu(s) => Some(s),
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("auto".parse::<Device>(), Ok(Device::Auto));
+        assert_eq!("gpu".parse::<Device>(), Ok(Device::Gpu(0)));
+        assert_eq!("gpu:3".parse::<Device>(), Ok(Device::Gpu(3)));
+        assert!("tpu".parse::<Device>().unwrap_err().contains("auto, cpu, gpu"));
+    }
+}

@@ -1,0 +1,98 @@
+//! The GPU path without a GPU: every PTX module maxc emits is assembled by
+//! NVIDIA's ptxas for sm_80 and sm_90; a fat artifact (`--target cpu,cuda:sm_90`)
+//! runs through its CPU code and matches the golden logits; a GPU-only artifact
+//! on a machine without a CUDA driver is refused with a message that says so.
+
+use std::ffi::OsStr;
+use std::path::Path;
+
+use maxc_tests::*;
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// Compiles `model` for `target` with `extra` flags, writing the PTX to a fresh directory.
+fn compile_with_ptx(tag: &str, model: &Path, target: &str, extra: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = temp_dir(tag);
+    let (out, ptx) = (dir.join("m.mef"), dir.join("ptx"));
+    let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str(), os("--target"), os(target), os("--emit-ptx"), ptx.as_os_str()];
+    args.extend(extra.iter().map(|s| os(s)));
+    let r = run_bin("maxc", &args);
+    assert_eq!(r.0, 0, "{}", r.2);
+    (out, ptx)
+}
+
+fn assemble(ptx: &Path, arch: &str) {
+    let file = ptx.join(format!("{arch}.ptx"));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains(&format!(".target {arch}")), "{}: wrong .target", file.display());
+    assert!(text.contains(".entry"), "{}: no kernels", file.display());
+    let out = std::process::Command::new(ptxas()).arg(format!("-arch={arch}")).arg(&file).arg("-o").arg(file.with_extension("cubin")).output().unwrap();
+    assert!(out.status.success(), "ptxas -arch={arch} {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
+    let cases: Vec<(&str, std::path::PathBuf, &[&str])> = vec![
+        ("tiny-llama", fixture("tiny-llama"), &[]),
+        ("smollm2-f32", smollm2_gguf(), &[]),
+        // The block-quantized kernels (q4_1 layers, q8_0 embedding) and bf16.
+        ("smollm2-q4_1", smollm2_gguf(), &["--quantization-encoding", "q4_1"]),
+        ("smollm2-bf16", smollm2_gguf(), &["--quantization-encoding", "bfloat16"]),
+    ];
+    for (tag, model, extra) in cases {
+        let (mef, ptx) = compile_with_ptx(&format!("ptx-{tag}"), &model, "cuda:sm_80,sm_90", extra);
+        for arch in ["sm_80", "sm_90"] {
+            assemble(&ptx, arch);
+        }
+        // The artifact carries both modules and no CPU code.
+        let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
+        let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+        assert_eq!(v["cpu_code"], false, "{tag}");
+        let archs: Vec<&str> = v["gpu"].as_array().unwrap().iter().map(|g| g["arch"].as_str().unwrap()).collect();
+        assert_eq!(archs, ["sm_80", "sm_90"], "{tag}");
+    }
+}
+
+#[test]
+fn fat_artifact_runs_its_cpu_code_and_matches_the_golden_logits() {
+    for (name, model) in [("tiny-llama", fixture("tiny-llama")), ("smollm2-135m", smollm2_gguf())] {
+        let (mef, ptx) = compile_with_ptx(&format!("fat-{name}"), &model, "cpu,cuda:sm_90", &[]);
+        assemble(&ptx, "sm_90");
+        let golden = golden(name);
+        for case in cases(&golden) {
+            let (_, ours) = dump_logits(&mef, case);
+            let (_, gold) = golden_logits(name, case);
+            assert_logits_close(&format!("fat {name} {}", case["name"]), &ours, &gold);
+        }
+    }
+}
+
+#[test]
+fn gpu_only_artifact_without_a_driver_says_so() {
+    let has_driver = ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1", "/usr/local/cuda/lib64/stubs/libcuda.so"].iter().any(|p| Path::new(p).exists());
+    if has_driver {
+        eprintln!("a CUDA driver is installed: the no-driver message cannot be checked here");
+        return;
+    }
+    let (mef, _) = compile_with_ptx("gpu-only", &fixture("tiny-llama"), "cuda:sm_90", &[]);
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hello")]);
+    assert_clean_error(&r, 1, &["no CUDA driver", "no CPU code", "--target cpu,cuda:sm_90"]);
+    // Asking for the GPU of a fat artifact names the fallback.
+    let (fat, _) = compile_with_ptx("fat-device", &fixture("tiny-llama"), "cpu,cuda:sm_80", &[]);
+    let r = run_bin("maxrun", &[fat.as_os_str(), os("--prompt"), os("hello"), os("--device"), os("gpu")]);
+    assert_clean_error(&r, 1, &["no CUDA driver", "--device cpu"]);
+    // And auto falls back to it, saying why.
+    let r = run_bin("maxrun", &[fat.as_os_str(), os("--prompt"), os("hello"), os("-n"), os("2")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert!(r.2.contains("running the artifact's CPU code"), "{}", r.2);
+}
+
+#[test]
+fn unknown_gpu_architectures_are_refused() {
+    let out = temp_dir("sm99").join("m.mef");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cuda:sm_99")]);
+    assert_clean_error(&r, 1, &["sm_99", "sm_80", "sm_90"]);
+    assert!(!out.exists());
+}
