@@ -20,7 +20,13 @@ pub fn fixtures_dir() -> PathBuf {
 }
 
 /// One fixture model folder.
+/// A fixture folder: ours under tests/fixtures (made by a script there with the
+/// reference implementation) when it exists, else ../shared/fixtures.
 pub fn fixture(name: &str) -> PathBuf {
+    let ours = workspace_root().join("tests/fixtures").join(name);
+    if ours.is_dir() {
+        return ours;
+    }
     fixtures_dir().join(name)
 }
 

@@ -208,6 +208,12 @@ fn gemma2_matches_golden() {
     check_golden("arch-gemma2");
 }
 
+/// Gemma 3's golden is ours (tests/fixtures/arch-gemma3/make.py runs transformers).
+#[test]
+fn gemma3_matches_golden() {
+    check_golden("arch-gemma3");
+}
+
 #[test]
 fn gpt2_matches_golden() {
     check_golden("arch-gpt2");

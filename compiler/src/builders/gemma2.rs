@@ -1,8 +1,10 @@
-//! Gemma2ForCausalLM: RMSNorm with `(1 + weight)`, the embedding scaled by
-//! sqrt(hidden), four norms per layer (pre and post attention, pre and post MLP),
-//! a GELU-tanh gated MLP, attention and final logit soft-capping, sliding-window
-//! attention on the layers `layer_types` marks, and `query_pre_attn_scalar^-0.5`
-//! as the attention scale.
+//! Gemma2ForCausalLM and Gemma3ForCausalLM (text): RMSNorm with `(1 + weight)`,
+//! the embedding scaled by sqrt(hidden), four norms per layer (pre and post
+//! attention, pre and post MLP), a GELU-tanh gated MLP, sliding-window attention on
+//! the layers `layer_types` marks, and `query_pre_attn_scalar^-0.5` as the
+//! attention scale. Gemma 2 adds attention and final logit soft-capping; Gemma 3
+//! adds per-head q/k RMSNorm before RoPE and a RoPE base of its own for the
+//! sliding layers (`GemmaParams` carries both differences).
 
 use super::{decoder_inputs, scalar, WeightBinder};
 use crate::error::{Error, Result};
@@ -19,7 +21,7 @@ fn softcap(g: &mut Graph, x: ValueId, cap: f32) -> ValueId {
 
 pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     let c = &model.config;
-    let gp = c.gemma.as_ref().ok_or_else(|| Error::invalid(&model.source, "query_pre_attn_scalar", "Gemma 2 settings are missing"))?;
+    let gp = c.gemma.as_ref().ok_or_else(|| Error::invalid(&model.source, "query_pre_attn_scalar", "Gemma settings are missing"))?;
     let mut g = Graph::new(c.architecture.hf_name());
     let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
     let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
@@ -35,17 +37,31 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
         let scale = g.add(Op::Binary(BinaryOp::Add), &[weight, one]);
         Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, scale]))
     };
+    // Gemma 3's q/k norms: the same (1 + weight) RMSNorm over each head.
+    let head_norm = |g: &mut Graph, x: ValueId, name: &str| -> Result<ValueId> {
+        let weight = w.weight(g, name, &[hd])?;
+        let one = scalar(g, 1.0);
+        let scale = g.add(Op::Binary(BinaryOp::Add), &[weight, one]);
+        Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, scale]))
+    };
     let linear = |g: &mut Graph, x: ValueId, name: &str, out: usize, inp: usize| w.linear(g, x, name, out, inp, false);
     for l in 0..c.num_layers {
         let p = format!("model.layers.{l}");
         let n = norm(&mut g, x, &format!("{p}.input_layernorm.weight"))?;
-        let q = linear(&mut g, n, &format!("{p}.self_attn.q_proj"), nh * hd, h)?;
-        let k = linear(&mut g, n, &format!("{p}.self_attn.k_proj"), nkv * hd, h)?;
+        let mut q = linear(&mut g, n, &format!("{p}.self_attn.q_proj"), nh * hd, h)?;
+        let mut k = linear(&mut g, n, &format!("{p}.self_attn.k_proj"), nkv * hd, h)?;
         let vv = linear(&mut g, n, &format!("{p}.self_attn.v_proj"), nkv * hd, h)?;
-        let rope = Op::Rope { head_dim: hd as u32, theta: c.rope_theta, scaling: c.rope_scaling.clone() };
+        if gp.qk_norm {
+            q = head_norm(&mut g, q, &format!("{p}.self_attn.q_norm.weight"))?;
+            k = head_norm(&mut g, k, &format!("{p}.self_attn.k_norm.weight"))?;
+        }
+        let sliding = gp.sliding_layers.get(l).copied().unwrap_or(false);
+        let rope = match gp.local_rope_theta {
+            Some(theta) if sliding => Op::Rope { head_dim: hd as u32, theta, scaling: crate::graph::RopeScaling::None },
+            _ => Op::Rope { head_dim: hd as u32, theta: c.rope_theta, scaling: c.rope_scaling.clone() },
+        };
         let q = g.add(rope.clone(), &[q, positions]);
         let k = g.add(rope, &[k, positions]);
-        let sliding = gp.sliding_layers.get(l).copied().unwrap_or(false);
         let attn = Op::Attention {
             layer: l as u32,
             heads: nh as u32,

@@ -40,7 +40,7 @@ fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph>
         Architecture::Olmo2 => olmo2::build(model, binder),
         Architecture::Granite => granite::build(model, binder),
         Architecture::Phi3 => phi3::build(model, binder),
-        Architecture::Gemma2 => gemma2::build(model, binder),
+        Architecture::Gemma2 | Architecture::Gemma3 => gemma2::build(model, binder),
         Architecture::Gpt2 => gpt2::build(model, binder),
         Architecture::Bert => bert::build(model, binder),
     }

@@ -18,12 +18,13 @@ pub enum Architecture {
     Granite,
     Phi3,
     Gemma2,
+    Gemma3,
     Gpt2,
     Bert,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 10] = [
+    pub const ALL: [Architecture; 11] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -32,6 +33,7 @@ impl Architecture {
         Architecture::Granite,
         Architecture::Phi3,
         Architecture::Gemma2,
+        Architecture::Gemma3,
         Architecture::Gpt2,
         Architecture::Bert,
     ];
@@ -47,6 +49,7 @@ impl Architecture {
             Architecture::Granite => "GraniteForCausalLM",
             Architecture::Phi3 => "Phi3ForCausalLM",
             Architecture::Gemma2 => "Gemma2ForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
             Architecture::Gpt2 => "GPT2LMHeadModel",
             Architecture::Bert => "BertModel",
         }
@@ -63,6 +66,7 @@ impl Architecture {
             "granite" => Some(Architecture::Granite),
             "phi3" => Some(Architecture::Phi3),
             "gemma2" => Some(Architecture::Gemma2),
+            "gemma3" | "gemma3_text" => Some(Architecture::Gemma3),
             "gpt2" => Some(Architecture::Gpt2),
             "bert" => Some(Architecture::Bert),
             _ => None,
@@ -119,15 +123,21 @@ pub struct EncoderParams {
     pub type_vocab_size: usize,
 }
 
-/// Gemma2ForCausalLM's settings beyond the Llama ones.
+/// Gemma 2 / Gemma 3 settings beyond the Llama ones.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmaParams {
     pub attn_logit_softcapping: Option<f32>,
     pub final_logit_softcapping: Option<f32>,
     /// The attention scale is `query_pre_attn_scalar^-0.5`.
     pub query_pre_attn_scalar: f32,
-    /// Which layers use the sliding window (`layer_types`, else every even layer).
+    /// Which layers use the sliding window (`layer_types`; else Gemma 2: every
+    /// even layer, Gemma 3: all but every `sliding_window_pattern`-th).
     pub sliding_layers: Vec<bool>,
+    /// Gemma 3: sliding layers use RoPE with this base and no scaling
+    /// (`rope_local_base_freq`); global layers use `rope_theta` and `rope_scaling`.
+    pub local_rope_theta: Option<f32>,
+    /// Gemma 3: per-head RMSNorm of queries and keys (`(1 + weight)`, before RoPE).
+    pub qk_norm: bool,
 }
 
 /// GraniteForCausalLM's scaling constants, as named in its config.json.
@@ -252,16 +262,41 @@ impl ModelConfig {
             None
         };
         let num_layers = f.usize("num_hidden_layers")?;
-        let gemma = if architecture == Architecture::Gemma2 {
+        let (mut theta, mut rope_scaling) = (theta, rope_scaling);
+        let gemma = if matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) {
+            let gemma3 = architecture == Architecture::Gemma3;
+            let pattern = f.usize_opt("sliding_window_pattern")?.unwrap_or(6);
             let sliding_layers = match json.get("layer_types").and_then(Value::as_array) {
                 Some(types) => types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect(),
+                None if gemma3 => (0..num_layers).map(|l| (l + 1) % pattern != 0).collect(),
                 None => (0..num_layers).map(|l| l % 2 == 0).collect(),
             };
+            // Gemma 3's RoPE per layer type: `rope_local_base_freq` (older configs) or
+            // `rope_parameters.{full,sliding}_attention` (newer ones).
+            let mut local_rope_theta = None;
+            if gemma3 {
+                let per_type = rope_params.filter(|p| p.get("full_attention").is_some());
+                match per_type {
+                    Some(p) => {
+                        let field = |kind: &str| -> Result<(f64, RopeScaling)> {
+                            let sub = p.get(kind).filter(|v| v.is_object()).ok_or_else(|| Error::invalid(path, &format!("rope_parameters.{kind}"), "missing"))?;
+                            let t = Fields { json: sub, path }.f64_opt("rope_theta")?.unwrap_or(10000.0);
+                            Ok((t, parse_rope_scaling(sub, path, &format!("rope_parameters.{kind}"))?))
+                        };
+                        let (full_theta, full_scaling) = field("full_attention")?;
+                        (theta, rope_scaling) = (full_theta, full_scaling);
+                        local_rope_theta = Some(field("sliding_attention")?.0 as f32);
+                    }
+                    None => local_rope_theta = Some(f.f64_opt("rope_local_base_freq")?.unwrap_or(10000.0) as f32),
+                }
+            }
             Some(GemmaParams {
                 attn_logit_softcapping: f.f64_opt("attn_logit_softcapping")?.map(|x| x as f32),
                 final_logit_softcapping: f.f64_opt("final_logit_softcapping")?.map(|x| x as f32),
                 query_pre_attn_scalar: f.f64_opt("query_pre_attn_scalar")?.map_or(head_dim as f32, |x| x as f32),
                 sliding_layers,
+                local_rope_theta,
+                qk_norm: gemma3,
             })
         } else {
             None
@@ -278,7 +313,8 @@ impl ModelConfig {
             rms_norm_eps: eps,
             rope_theta: theta as f32,
             rope_scaling,
-            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            // transformers' default differs by class (Gemma configs tie unless told otherwise).
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3))?,
             qkv_bias,
             o_bias,
             mlp_bias: f.bool_or("mlp_bias", false)?,
