@@ -2,6 +2,12 @@
 //! `_ =>` arm), so a new kernel-IR op does not compile until this backend handles it.
 //! Scalars are Cranelift variables (SSA is built by the frontend); loops are
 //! header / body / exit blocks; libm supplies tanh, sin, cos and exp.
+//!
+//! Loops hinted `Vectorize` whose body is plain f32 arithmetic on unit-stride or
+//! loop-invariant f32 data (stores, and `acc = acc + e` sums) run four lanes at a
+//! time in 128-bit `f32x4` registers (SSE2, part of the x86-64 baseline), with a
+//! scalar loop for the remainder; anything else (integer lane math, 16-bit or byte
+//! loads, temporaries) stays scalar. See [`VectorLoop`].
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, Block, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value};
@@ -120,9 +126,13 @@ impl Lowering<'_, '_> {
                         }
                     }
                 }
-                Stmt::For { var, start, end, body, hint: _ } => {
+                Stmt::For { var, start, end, body, hint } => {
                     let (lo, hi) = (self.expr(start)?, self.expr(end)?);
-                    self.lower_loop(*var, lo, hi, body)?;
+                    let plan = if *hint == LoopHint::Vectorize { VectorLoop::analyze(self.kernel, *var, body) } else { None };
+                    match plan {
+                        Some(plan) => self.lower_vector_loop(*var, lo, hi, body, &plan)?,
+                        None => self.lower_loop(*var, lo, hi, body)?,
+                    }
                 }
                 Stmt::If { cond, then } => {
                     let c = self.expr(cond)?;
@@ -161,6 +171,111 @@ impl Lowering<'_, '_> {
         self.b.switch_to_block(exit);
         self.b.seal_block(exit);
         Ok(())
+    }
+
+    /// A `Vectorize` loop as an `f32x4` loop over `lo..lo + 4*((hi-lo)/4)` (reductions
+    /// in vector accumulators, summed into their variables after it), then the
+    /// scalar loop over what is left.
+    fn lower_vector_loop(&mut self, var: VarId, lo: Value, hi: Value, body: &[Stmt], plan: &VectorLoop) -> Result<(), CodegenError> {
+        let v = self.vars[var as usize];
+        let count = self.b.ins().isub(hi, lo);
+        let none = self.b.ins().iconst(types::I64, 0);
+        let count = self.b.ins().smax(count, none);
+        let whole = self.b.ins().band_imm_u(count, !3);
+        let vec_end = self.b.ins().iadd(lo, whole);
+        let zero = self.b.ins().f32const(0.0);
+        let zero4 = self.b.ins().splat(types::F32X4, zero);
+        let accs: Vec<Variable> = plan
+            .reductions
+            .iter()
+            .map(|_| {
+                let a = self.b.declare_var(types::F32X4);
+                self.b.def_var(a, zero4);
+                a
+            })
+            .collect();
+        self.b.def_var(v, lo);
+        let (header, body_bb, exit) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let i = self.b.use_var(v);
+        let c = self.b.ins().icmp(IntCC::SignedLessThan, i, vec_end);
+        self.b.ins().brif(c, body_bb, &[], exit, &[]);
+        self.b.switch_to_block(body_bb);
+        self.b.seal_block(body_bb);
+        for s in body {
+            match s {
+                Stmt::Set { var: acc, value } => {
+                    let slot = plan.reductions.iter().position(|r| r == acc).expect("analyzed");
+                    let term = plan.term(*acc, value);
+                    let x = self.vexpr(term, var)?;
+                    let sum = self.b.use_var(accs[slot]);
+                    let sum = self.b.ins().fadd(sum, x);
+                    self.b.def_var(accs[slot], sum);
+                }
+                Stmt::Store { param, index, value } => {
+                    let x = self.vexpr(value, var)?;
+                    let addr = self.address(*param, index)?;
+                    self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
+                }
+                Stmt::For { .. } | Stmt::If { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
+            }
+        }
+        let i = self.b.use_var(v);
+        let next = self.b.ins().iadd_imm_s(i, 4);
+        self.b.def_var(v, next);
+        self.b.ins().jump(header, &[]);
+        self.b.seal_block(header);
+        self.b.switch_to_block(exit);
+        self.b.seal_block(exit);
+        for (slot, &acc) in plan.reductions.iter().enumerate() {
+            let vsum = self.b.use_var(accs[slot]);
+            let mut total = self.b.use_var(self.vars[acc as usize]);
+            for lane in 0..4u8 {
+                let x = self.b.ins().extractlane(vsum, lane);
+                total = self.b.ins().fadd(total, x);
+            }
+            self.b.def_var(self.vars[acc as usize], total);
+        }
+        let rest_start = self.b.use_var(v);
+        self.lower_loop(var, rest_start, hi, body)
+    }
+
+    /// An f32 expression as an `f32x4` of lanes `i..i+4` (`var` = `i`).
+    fn vexpr(&mut self, e: &Expr, var: VarId) -> Result<Value, CodegenError> {
+        Ok(match e {
+            Expr::Load { param, index } if stride(self.kernel, index, var) == Some(1) => {
+                let addr = self.address(*param, index)?;
+                // Not `aligned`: lanes i..i+4 of a row start anywhere (movups, not movaps).
+                self.b.ins().load(types::F32X4, MemFlagsData::new().with_notrap(), addr, 0)
+            }
+            Expr::Bin(op, x, y) => {
+                let (x, y) = (self.vexpr(x, var)?, self.vexpr(y, var)?);
+                let i = self.b.ins();
+                match op {
+                    BinOp::Add => i.fadd(x, y),
+                    BinOp::Sub => i.fsub(x, y),
+                    BinOp::Mul => i.fmul(x, y),
+                    BinOp::Div => i.fdiv(x, y),
+                    BinOp::Max => i.fmax(x, y),
+                    BinOp::Min => i.fmin(x, y),
+                    BinOp::Rem | BinOp::Shl | BinOp::Shr | BinOp::And => unreachable!("VectorLoop::analyze admits f32 operators only"),
+                }
+            }
+            Expr::Un(UnOp::Neg, x) => {
+                let x = self.vexpr(x, var)?;
+                self.b.ins().fneg(x)
+            }
+            Expr::Un(UnOp::Sqrt, x) => {
+                let x = self.vexpr(x, var)?;
+                self.b.ins().sqrt(x)
+            }
+            // Loop-invariant scalars (constants, variables, invariant loads): broadcast.
+            _ => {
+                let x = self.expr(e)?;
+                self.b.ins().splat(types::F32X4, x)
+            }
+        })
     }
 
     fn address(&mut self, param: u32, index: &Expr) -> Result<Value, CodegenError> {
@@ -300,5 +415,169 @@ impl Lowering<'_, '_> {
                 self.b.ins().select(c, x, y)
             }
         })
+    }
+}
+
+/// How an index expression moves with loop variable `var`: `Some(k)` when it is
+/// `k * var + (something invariant)`, `None` when it is not affine in `var` or
+/// reads memory or variables that could change inside the loop.
+fn stride(kernel: &Kernel, e: &Expr, var: VarId) -> Option<i64> {
+    match e {
+        Expr::Var(v) if *v == var => Some(1),
+        Expr::Var(_) | Expr::I64(_) | Expr::Seq => Some(0),
+        Expr::Bin(BinOp::Add, a, b) => Some(stride(kernel, a, var)? + stride(kernel, b, var)?),
+        Expr::Bin(BinOp::Sub, a, b) => Some(stride(kernel, a, var)? - stride(kernel, b, var)?),
+        Expr::Bin(BinOp::Mul, a, b) => match (stride(kernel, a, var)?, stride(kernel, b, var)?) {
+            (0, 0) => Some(0),
+            (s, 0) => if let Expr::I64(c) = **b { Some(s * c) } else { None },
+            (0, s) => if let Expr::I64(c) = **a { Some(s * c) } else { None },
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A `Vectorize` loop the Cranelift backend runs four lanes at a time.
+#[derive(Debug, PartialEq)]
+pub struct VectorLoop {
+    /// Variables updated as `acc = acc + e` (f32 sums; the order of the sum changes,
+    /// as with LLVM's reassociating vectorizer).
+    pub reductions: Vec<VarId>,
+}
+
+impl VectorLoop {
+    /// The loop's plan, or `None` when its body does not fit the f32x4 scheme: only
+    /// sums and f32 stores at unit stride, of expressions built from f32 arithmetic
+    /// (`+ - * / min max`, negation, square root), unit-stride f32 loads, and values
+    /// that do not change in the loop. A buffer the loop stores to may be loaded only
+    /// at the very index it is stored at (element-wise updates).
+    pub fn analyze(kernel: &Kernel, var: VarId, body: &[Stmt]) -> Option<VectorLoop> {
+        let mut reductions = Vec::new();
+        let mut stored: Vec<(u32, &Expr)> = Vec::new();
+        for s in body {
+            match s {
+                Stmt::Set { var: acc, value } if kernel.vars.get(*acc as usize) == Some(&ValType::F32) => {
+                    let term = Self::sum_term(*acc, value)?;
+                    if reductions.contains(acc) || mentions(term, *acc) {
+                        return None;
+                    }
+                    reductions.push(*acc);
+                }
+                Stmt::Store { param, index, .. } if kernel.buffer(*param).map(|b| b.elem) == Some(ElemType::F32) && stride(kernel, index, var) == Some(1) => {
+                    stored.push((*param, index));
+                }
+                _ => return None,
+            }
+        }
+        let plan = VectorLoop { reductions };
+        for s in body {
+            let value = match s {
+                Stmt::Set { var: acc, value } => plan.term(*acc, value),
+                Stmt::Store { value, .. } => value,
+                _ => unreachable!("checked above"),
+            };
+            if !Self::lane_expr(kernel, value, var, &plan.reductions, &stored) {
+                return None;
+            }
+        }
+        Some(plan)
+    }
+
+    /// `e` of `acc = acc + e` (or `e + acc`).
+    fn sum_term(acc: VarId, value: &Expr) -> Option<&Expr> {
+        match value {
+            Expr::Bin(BinOp::Add, a, b) if **a == Expr::Var(acc) => Some(b),
+            Expr::Bin(BinOp::Add, a, b) if **b == Expr::Var(acc) => Some(a),
+            _ => None,
+        }
+    }
+
+    fn term<'e>(&self, acc: VarId, value: &'e Expr) -> &'e Expr {
+        Self::sum_term(acc, value).expect("analyzed as a sum")
+    }
+
+    fn lane_expr(kernel: &Kernel, e: &Expr, var: VarId, reductions: &[VarId], stored: &[(u32, &Expr)]) -> bool {
+        let ok = |x: &Expr| Self::lane_expr(kernel, x, var, reductions, stored);
+        match e {
+            Expr::F32(_) => true,
+            Expr::Var(v) => *v != var && !reductions.contains(v) && kernel.vars.get(*v as usize) == Some(&ValType::F32),
+            Expr::Load { param, index } => {
+                let f32_data = kernel.buffer(*param).map(|b| b.elem) == Some(ElemType::F32);
+                let unaliased = stored.iter().all(|(p, at)| p != param || *at == &**index);
+                let st = stride(kernel, index, var);
+                f32_data && unaliased && (st == Some(1) || (st == Some(0) && stored.iter().all(|(p, _)| p != param)))
+            }
+            Expr::Bin(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min, a, b) => ok(a) && ok(b),
+            Expr::Un(UnOp::Neg | UnOp::Sqrt, a) => ok(a),
+            _ => false,
+        }
+    }
+}
+
+/// Whether `e` reads variable `v`.
+fn mentions(e: &Expr, v: VarId) -> bool {
+    match e {
+        Expr::Var(x) => *x == v,
+        Expr::F32(_) | Expr::I64(_) | Expr::Seq => false,
+        Expr::Load { index, .. } => mentions(index, v),
+        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => mentions(a, v) || mentions(b, v),
+        Expr::Un(_, a) => mentions(a, v),
+        Expr::Select(c, a, b) => mentions(c, v) || mentions(a, v) || mentions(b, v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use maxc_kernels::library::elementwise::{unary, Unary};
+    use maxc_kernels::library::matmul::matmul;
+    use maxc_kernels::library::SeqMode;
+
+    /// Every `Vectorize` loop of a kernel and whether the f32x4 scheme takes it.
+    fn plans(k: &Kernel) -> Vec<Option<VectorLoop>> {
+        fn walk(k: &Kernel, body: &[Stmt], out: &mut Vec<Option<VectorLoop>>) {
+            for s in body {
+                match s {
+                    Stmt::For { var, body, hint, .. } => {
+                        if *hint == LoopHint::Vectorize {
+                            out.push(VectorLoop::analyze(k, *var, body));
+                        }
+                        walk(k, body, out);
+                    }
+                    Stmt::If { then, .. } => walk(k, then, out),
+                    _ => {}
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(k, &k.body, &mut out);
+        out
+    }
+
+    #[test]
+    fn matmul_reductions_and_elementwise_loops_vectorize() {
+        // The k loops of the register tile: 16 sums of unit-stride products.
+        let k = matmul(64, 16, ElemType::F32, SeqMode::Dynamic);
+        let p = plans(&k);
+        assert!(!p.is_empty() && p.iter().all(Option::is_some), "{p:?}");
+        assert!(p.iter().flatten().any(|v| v.reductions.len() == 16));
+        // A plain elementwise map vectorizes; one needing integer lane math (the
+        // polynomial exp's exponent bits) stays scalar.
+        assert!(plans(&unary(Unary::Neg, 17, SeqMode::Dynamic)).iter().all(Option::is_some));
+        assert!(plans(&unary(Unary::Exp, 17, SeqMode::Dynamic)).iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn a_sum_read_inside_its_loop_or_a_strided_store_is_not_vectorized() {
+        let mut b = KernelBuilder::new();
+        let x = b.param("x", ElemType::F32, false);
+        let out = b.param("out", ElemType::F32, true);
+        let (t, lane, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+        use maxc_kernels::ir::dsl::*;
+        let prefix = vec![set(acc, add(v(acc), ld(x, v(lane)))), store(out, v(lane), v(acc))];
+        let strided = vec![store(out, mul(v(lane), i(2)), ld(x, v(lane)))];
+        let k = b.finish("t".into(), "test", TaskCount { per_seq: 0, fixed: 1 }, t, vec![]);
+        assert_eq!(VectorLoop::analyze(&k, lane, &prefix), None, "a running sum stored every step is a scan");
+        assert_eq!(VectorLoop::analyze(&k, lane, &strided), None);
     }
 }
