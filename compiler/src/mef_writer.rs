@@ -44,6 +44,7 @@ fn layout_weights(slots: &[WeightSlot]) -> (Vec<WeightEntry>, u64) {
             encoding: encoding.name().into(),
             part: part.into(),
             dtype,
+            layout: s.layout.name().into(),
             shape: s.shape.clone(),
             offset,
             len,
@@ -198,8 +199,18 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
     Ok(end)
 }
 
-/// A tensor's parts in its encoding (little-endian), from its first slot.
+/// A tensor's parts in its encoding and layout (little-endian), from its first slot.
 fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant::Encoded> {
+    let mut e = encode_row_major(slot, store)?;
+    if slot.layout == crate::schedule::Layout::Panel16 {
+        let (n, k) = (slot.shape[0] as usize, slot.shape[1] as usize);
+        let size = e.parts[0].len() / (n * k);
+        e.parts[0] = maxc_kernels::library::matmul_panel::pack_panels(&e.parts[0], n, k, size);
+    }
+    Ok(e)
+}
+
+fn encode_row_major(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant::Encoded> {
     use crate::interp::WeightSource;
     let cols = *slot.shape.last().unwrap_or(&1) as usize;
     Ok(match &slot.data {

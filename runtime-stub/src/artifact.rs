@@ -205,6 +205,15 @@ impl Artifact {
             let Some(encoding) = WeightEncoding::from_name(&w.encoding) else {
                 return Err(ArtifactError::UnknownEncoding { path: self.path.clone(), weight: w.name.clone(), encoding: w.encoding.clone() });
             };
+            let float = matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16);
+            let layout_ok = match w.layout.as_str() {
+                "row_major" => true,
+                "panel16" => float && w.shape.len() == 2 && w.shape[0] % 16 == 0,
+                _ => false,
+            };
+            if !layout_ok {
+                return Err(corrupt(format!("weight `{}`", w.name), format!("layout `{}` for {} {:?}", w.layout, w.encoding, w.shape)));
+            }
             let part = encoding.parts().iter().position(|(name, dtype, _)| *name == w.part && *dtype == w.dtype);
             let expected = part.and_then(|p| encoding.part_elems(p, &w.shape)).map(|n| n * w.dtype.size());
             if expected != Some(w.len) {

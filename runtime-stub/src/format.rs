@@ -174,12 +174,18 @@ pub struct WeightEntry {
     pub part: String,
     /// The element type of this part.
     pub dtype: DType,
+    /// How the elements are ordered: `row_major`, or `panel16` (a float matrix
+    /// `[n, k]` stored as `[n/16][k][16]` for the panel matmul; see docs/mef.md).
+    pub layout: String,
     /// The logical shape of the whole tensor (the last axis is the one blocks run along).
     pub shape: Vec<u64>,
     /// Offset within the weights section (64-byte aligned).
     pub offset: u64,
     pub len: u64,
 }
+
+/// Element orders a weight may have.
+pub const LAYOUTS: [&str; 2] = ["row_major", "panel16"];
 
 /// How many elements of a part each logical row of `cols` values has.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -346,3 +346,17 @@ fn profile_lists_every_kernel_of_the_plans() {
     }
     assert!(r.2.contains("GB/s"));
 }
+
+/// The weight-layout decision: float matmul weights whose rows come in whole
+/// 16-column panels are stored packed (`panel16`) and run by the panel kernel; a
+/// tied embedding table, which the embedding gathers row by row, stays row-major.
+#[test]
+fn matmul_weights_are_packed_into_panels() {
+    let mef = artifact("tiny-qwen2");
+    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let h = &a.header;
+    let packed: Vec<&str> = h.weights.iter().filter(|w| w.layout == "panel16").map(|w| w.name.as_str()).collect();
+    assert!(packed.iter().any(|n| n.contains("mlp.down_proj")), "{packed:?}");
+    assert!(h.weights.iter().any(|w| w.name == "model.embed_tokens.weight" && w.layout == "row_major"), "tied embedding must stay row-major");
+    assert!(h.kernels.iter().any(|k| k.symbol.starts_with("matmul_panel") || k.symbol.starts_with("matmul_add_panel")));
+}

@@ -10,6 +10,7 @@ use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcas
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::matmul_blocks;
+use maxc_kernels::library::matmul_panel::matmul_panel;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
@@ -61,6 +62,10 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: matmul(576, 19, ElemType::F32, seq), sizes: vec![s * 576, 19 * 576, s * 19], int_max: 1, seq: s as u64, tol: reduction_tol(576) });
         v.push(Case { kernel: matmul_add(64, 21, Broadcast::None, ElemType::F32, seq), sizes: vec![s * 64, 21 * 64, s * 21, s * 21], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
         v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, ElemType::BF16, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        // Panel-packed float weights (48 columns: a two-panel task and a single panel).
+        v.push(Case { kernel: matmul_panel(40, 48, ElemType::F32, None, seq), sizes: vec![s * 40, 48 * 40, s * 48], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+        v.push(Case { kernel: matmul_panel(40, 32, ElemType::BF16, Some(Broadcast::Row), seq), sizes: vec![s * 40, 32 * 40, 32, s * 32], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+        v.push(Case { kernel: matmul_panel(40, 16, ElemType::F32, Some(Broadcast::None), seq), sizes: vec![s * 40, 16 * 40, s * 16, s * 16], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
         // Block-quantized weights: x, every part, [r], out.
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3] {
             let (k, n) = if encoding == WeightEncoding::Q4K { (512u64, 21u64) } else { (96, 21) };

@@ -283,9 +283,40 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let i = self.builder.build_load(i64t, slot, "i").map_err(llvm_err)?.into_int_value();
         let next = self.builder.build_int_nsw_add(i, i64t.const_int(1, false), "next").map_err(llvm_err)?;
         self.builder.build_store(slot, next).map_err(llvm_err)?;
-        self.builder.build_unconditional_branch(header).map_err(llvm_err)?;
+        let latch = self.builder.build_unconditional_branch(header).map_err(llvm_err)?;
+        // A loop that holds a loop hinted `Vectorize` is not vectorized itself:
+        // LLVM would otherwise unroll the inner (lane) loop away first and then
+        // vectorize the outer one with gathers.
+        let Stmt::For { hint, .. } = s else { unreachable!() };
+        if *hint == LoopHint::Serial && body.iter().any(|b| matches!(b, Stmt::For { hint: LoopHint::Vectorize, .. })) {
+            self.forbid_vectorization(latch);
+        }
         self.builder.position_at_end(exit);
         Ok(())
+    }
+
+    /// Attaches `!llvm.loop !{self, !{"llvm.loop.vectorize.enable", i1 false}}` to
+    /// a loop's back edge (a self-referential loop ID, built with a temporary node).
+    fn forbid_vectorization(&self, latch: InstructionValue<'ctx>) {
+        use inkwell::llvm_sys::core::*;
+        use inkwell::llvm_sys::debuginfo::{LLVMMetadataReplaceAllUsesWith, LLVMTemporaryMDNode};
+        use inkwell::values::AsValueRef;
+        // SAFETY: plain metadata construction in this context; the temporary node is
+        // replaced (and so freed by LLVM) before anything else can see it.
+        unsafe {
+            let ctx = self.context.raw();
+            let key = "llvm.loop.vectorize.enable";
+            let name = LLVMMDStringInContext2(ctx, key.as_ptr() as *const _, key.len());
+            let no = LLVMValueAsMetadata(LLVMConstInt(LLVMInt1TypeInContext(ctx), 0, 0));
+            let mut option = [name, no];
+            let option = LLVMMDNodeInContext2(ctx, option.as_mut_ptr(), 2);
+            let temporary = LLVMTemporaryMDNode(ctx, std::ptr::null_mut(), 0);
+            let mut operands = [temporary, option];
+            let id = LLVMMDNodeInContext2(ctx, operands.as_mut_ptr(), 2);
+            LLVMMetadataReplaceAllUsesWith(temporary, id);
+            let kind = LLVMGetMDKindIDInContext(ctx, "llvm.loop".as_ptr() as *const _, 9);
+            LLVMSetMetadata(latch.as_value_ref(), kind, LLVMMetadataAsValue(ctx, id));
+        }
     }
 
     fn element_ptr(&mut self, param: u32, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {

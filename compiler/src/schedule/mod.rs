@@ -15,6 +15,7 @@ use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::matmul_blocks;
+use maxc_kernels::library::matmul_panel::{matmul_panel, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
@@ -49,27 +50,51 @@ pub struct WeightSlot {
     pub encoding: QuantScheme,
     /// Which part of the encoding this slot holds.
     pub part: usize,
+    /// How the elements are ordered in the artifact.
+    pub layout: Layout,
+}
+
+/// Element order of a stored weight.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    RowMajor,
+    /// `[n/16][k][16]` for `matmul_panel` (float encodings, `n` a multiple of 16).
+    Panel16,
+}
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::RowMajor => "row_major",
+            Layout::Panel16 => "panel16",
+        }
+    }
 }
 
 impl WeightSlot {
     /// A float32 tensor (one part).
     fn plain(name: String, shape: Vec<u64>, data: WeightData) -> WeightSlot {
-        WeightSlot { name, shape, data, encoding: QuantScheme::None, part: 0 }
+        WeightSlot { name, shape, data, encoding: QuantScheme::None, part: 0, layout: Layout::RowMajor }
     }
 
-    /// All the slots of a tensor stored in `encoding`.
-    fn parts(name: &str, shape: Vec<u64>, data: WeightData, encoding: QuantScheme) -> Vec<WeightSlot> {
+    /// All the slots of a tensor stored in `encoding` and `layout`.
+    fn parts(name: &str, shape: Vec<u64>, data: WeightData, encoding: QuantScheme, layout: Layout) -> Vec<WeightSlot> {
+        let name = match layout {
+            Layout::RowMajor => name.to_string(),
+            Layout::Panel16 => format!("{name}@panel16"),
+        };
         encoding
             .encoding()
             .parts()
             .iter()
             .enumerate()
             .map(|(part, (part_name, _, _))| WeightSlot {
-                name: if part == 0 { name.to_string() } else { format!("{name}#{part_name}") },
+                name: if part == 0 { name.clone() } else { format!("{name}#{part_name}") },
                 shape: shape.clone(),
                 data: data.clone(),
                 encoding,
                 part,
+                layout,
             })
             .collect()
     }
@@ -175,7 +200,7 @@ struct Scheduler<'g, 'i, 'w> {
     kernels: &'w mut KernelSet,
     loc: Vec<Option<Arg>>,
     /// Every part of each weight placed so far.
-    weight_loc: HashMap<usize, Vec<Arg>>,
+    weight_loc: HashMap<(usize, Layout), Vec<Arg>>,
     launches: Vec<ScheduledLaunch>,
     buffers: Vec<BufferInfo>,
     max_seq: u64,
@@ -197,21 +222,43 @@ impl Scheduler<'_, '_, '_> {
 
     /// The arguments for every stored part of constant `v` (one for float weights).
     fn weight_parts(&mut self, v: ValueId) -> Result<Vec<Arg>> {
-        if let Some(a) = self.weight_loc.get(&v.index()) {
+        self.weight_parts_in(v, Layout::RowMajor)
+    }
+
+    fn weight_parts_in(&mut self, v: ValueId, layout: Layout) -> Result<Vec<Arg>> {
+        let key = (v.index(), layout);
+        if let Some(a) = self.weight_loc.get(&key) {
             return Ok(a.clone());
         }
-        let a: Vec<Arg> = constant_slots(self.graph, self.interp, v, self.weights)?.into_iter().map(Arg::Weight).collect();
-        self.loc[v.index()] = Some(a[0]);
-        self.weight_loc.insert(v.index(), a.clone());
+        let a: Vec<Arg> = constant_slots(self.graph, self.interp, v, self.weights, layout)?.into_iter().map(Arg::Weight).collect();
+        if layout == Layout::RowMajor {
+            self.loc[v.index()] = Some(a[0]);
+        }
+        self.weight_loc.insert(key, a.clone());
         Ok(a)
     }
 
-    /// `x` then every part of weight `w` then the rest: a matmul's or embedding's arguments.
-    fn weight_args(&mut self, before: &[ValueId], w: ValueId, after: &[ValueId]) -> Result<Vec<Arg>> {
+    /// `x` then every part of weight `w` (in `layout`) then the rest: a matmul's or embedding's arguments.
+    fn weight_args(&mut self, before: &[ValueId], w: ValueId, after: &[ValueId], layout: Layout) -> Result<Vec<Arg>> {
         let mut args = self.inputs(before)?;
-        args.extend(self.weight_parts(w)?);
+        args.extend(self.weight_parts_in(w, layout)?);
         args.extend(self.inputs(after)?);
         Ok(args)
+    }
+
+    /// The weight-layout decision: a float matmul weight whose rows come in whole
+    /// panels, and that nothing reads row by row (a tied embedding table does), is
+    /// packed for `matmul_panel`.
+    fn matmul_layout(&self, w: ValueId) -> Layout {
+        let ty = self.graph.ty(w);
+        let n = ty.shape.first().and_then(|d| d.fixed()).unwrap_or(0);
+        let float = !ty.quant.is_block();
+        let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
+        if float && n > 0 && n % PANEL == 0 && !gathered {
+            Layout::Panel16
+        } else {
+            Layout::RowMajor
+        }
     }
 
     fn inputs(&mut self, vs: &[ValueId]) -> Result<Vec<Arg>> {
@@ -278,7 +325,7 @@ pub fn schedule<'g>(
             Op::Embedding => {
                 let t = graph.ty(node.inputs[0]);
                 let (vocab, hidden) = (static_dim(t.shape[0]), static_dim(t.shape[1]));
-                let args = s.weight_args(&[], node.inputs[0], &node.inputs[1..])?;
+                let args = s.weight_args(&[], node.inputs[0], &node.inputs[1..], Layout::RowMajor)?;
                 s.launch(embedding(vocab, hidden, t.quant.encoding(), seq), args, hidden)
             }
             Op::MatMul => {
@@ -287,8 +334,13 @@ pub fn schedule<'g>(
                 }
                 let w = graph.ty(node.inputs[1]);
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
-                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &[])?;
-                let kernel = if w.quant.is_block() { matmul_blocks(k, n, w.quant.encoding(), None, seq) } else { matmul(k, n, elem_of(w.quant), seq) };
+                let layout = s.matmul_layout(node.inputs[1]);
+                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &[], layout)?;
+                let kernel = match layout {
+                    _ if w.quant.is_block() => matmul_blocks(k, n, w.quant.encoding(), None, seq),
+                    Layout::Panel16 => matmul_panel(k, n, elem_of(w.quant), None, seq),
+                    Layout::RowMajor => matmul(k, n, elem_of(w.quant), seq),
+                };
                 s.launch(kernel, args, n)
             }
             Op::MatMulAdd => {
@@ -298,9 +350,13 @@ pub fn schedule<'g>(
                 let w = graph.ty(node.inputs[1]);
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
-                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &node.inputs[2..])?;
-                let kernel =
-                    if w.quant.is_block() { matmul_blocks(k, n, w.quant.encoding(), Some(bc), seq) } else { matmul_add(k, n, bc, elem_of(w.quant), seq) };
+                let layout = s.matmul_layout(node.inputs[1]);
+                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &node.inputs[2..], layout)?;
+                let kernel = match layout {
+                    _ if w.quant.is_block() => matmul_blocks(k, n, w.quant.encoding(), Some(bc), seq),
+                    Layout::Panel16 => matmul_panel(k, n, elem_of(w.quant), Some(bc), seq),
+                    Layout::RowMajor => matmul_add(k, n, bc, elem_of(w.quant), seq),
+                };
                 s.launch(kernel, args, n)
             }
             Op::SwiGlu => {
@@ -439,11 +495,11 @@ pub fn schedule<'g>(
 }
 
 /// Places a constant node in the weights table: one slot per stored part.
-fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: ValueId, weights: &mut WeightTable) -> Result<Vec<u32>> {
+fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v: ValueId, weights: &mut WeightTable, layout: Layout) -> Result<Vec<u32>> {
     let node = graph.node(v);
     let shape: Vec<u64> = node.ty.shape.iter().map(|d| d.fixed().expect("constants are static")).collect();
     let slots = match &node.op {
-        Op::Weight { name, .. } => WeightSlot::parts(name, shape, WeightData::Checkpoint(name.clone()), node.ty.quant),
+        Op::Weight { name, .. } => WeightSlot::parts(name, shape, WeightData::Checkpoint(name.clone()), node.ty.quant, layout),
         Op::Concat { axis: 0 } if node.inputs.iter().all(|i| matches!(graph.node(*i).op, Op::Weight { .. })) => {
             let names: Vec<String> = node
                 .inputs
@@ -453,13 +509,18 @@ fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v:
                     _ => unreachable!("checked above"),
                 })
                 .collect();
-            WeightSlot::parts(&format!("stack({})", names.join(",")), shape, WeightData::Stacked(names), node.ty.quant)
+            WeightSlot::parts(&format!("stack({})", names.join(",")), shape, WeightData::Stacked(names), node.ty.quant, layout)
         }
         _ => {
             let t = interp.constant_value(v)?;
             let values = t.as_f32().to_vec();
             let bits: String = values.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
-            vec![WeightSlot::plain(format!("const.{}", short_hash(&bits)), shape, WeightData::Values(values))]
+            let mut slot = WeightSlot::plain(format!("const.{}", short_hash(&bits)), shape, WeightData::Values(values));
+            if layout == Layout::Panel16 {
+                slot.name.push_str("@panel16");
+                slot.layout = layout;
+            }
+            vec![slot]
         }
     };
     Ok(slots.into_iter().map(|slot| weights.intern(slot)).collect())

@@ -11,6 +11,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
 pub mod matmul_blocks;
+pub mod matmul_panel;
 pub mod rms_norm;
 pub mod rope;
 

@@ -1,0 +1,191 @@
+//! Matmul / GEMV on panel-packed float weights: `out[m, n] = x[m, k] @ w[n, k]^T`
+//! with `w` stored as `[n / PANEL][k][PANEL]` (the weight-layout pass packs it so
+//! at compile time; docs/mef.md, layout `panel16`).
+//!
+//! For each k, a task broadcasts one activation per row against [`PANEL`]
+//! consecutive weights of each of its panels and accumulates [`PANEL`] outputs per
+//! register: no horizontal reductions, and every weight load is a contiguous
+//! vector. A task owns [`PANELS_PER_TASK`] panels; rows are tiled by
+//! [`ROW_TILE`] (decode: one row), so each weight vector feeds `ROW_TILE` FMAs and
+//! each broadcast activation `PANELS_PER_TASK`.
+
+use super::elementwise::Broadcast;
+use super::SeqMode;
+use crate::ir::dsl::*;
+use crate::ir::*;
+
+/// Output columns per panel (one 512-bit register of f32).
+pub const PANEL: u64 = 16;
+/// Panels per task.
+pub const PANELS_PER_TASK: u64 = 2;
+/// Rows per register tile in prefill.
+pub const ROW_TILE: i64 = 4;
+
+fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
+    match addend {
+        None => acc,
+        Some((r, Broadcast::None)) => add(acc, ld(r, add(mul(row, i(n)), col))),
+        Some((r, Broadcast::Row)) => add(acc, ld(r, col)),
+        Some((r, Broadcast::Scalar)) => add(acc, ld(r, i(0))),
+    }
+}
+
+/// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
+#[allow(clippy::too_many_arguments)]
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (u32, u32, u32), (k, n): (i64, i64), addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+    let lanes = PANEL as i64;
+    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(PANEL)).collect()).collect();
+    let (l, kk) = (b.var(ValType::I64), b.var(ValType::I64));
+    let xs: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
+    let bases: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
+    let mut body = Vec::new();
+    for &a in acc.iter().flatten() {
+        body.push(for_vec(l, i(0), i(lanes), vec![store(a, v(l), f(0.0))]));
+    }
+    let mut per_k = Vec::new();
+    for (r, &xv) in xs.iter().enumerate() {
+        per_k.push(set(xv, ld(x, add(mul(add(v(r0), i(r as i64)), i(k)), v(kk)))));
+    }
+    for (p, &base) in bases.iter().enumerate() {
+        // Panel (p0 + p), row kk: PANEL consecutive weights.
+        per_k.push(set(base, mul(add(mul(add(v(p0), i(p as i64)), i(k)), v(kk)), i(lanes))));
+    }
+    // One lane loop for the whole tile: its body is too big for LLVM to unroll it
+    // away before vectorizing, so the loop over k stays the outer loop.
+    let mut lane_body = Vec::new();
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (p, &a) in row_acc.iter().enumerate() {
+            // The lane is the first operand of the index (see dequant.rs: LLVM keeps it consecutive).
+            let wv = ld(w, add(v(l), v(bases[p])));
+            lane_body.push(store(a, v(l), add(ld(a, v(l)), mul(v(xs[r]), wv))));
+        }
+    }
+    per_k.push(for_vec(l, i(0), i(lanes), lane_body));
+    body.push(for_(kk, i(0), i(k), per_k));
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (p, &a) in row_acc.iter().enumerate() {
+            let row = add(v(r0), i(r as i64));
+            let col = add(mul(add(v(p0), i(p as i64)), i(lanes)), v(l));
+            let value = epilogue(ld(a, v(l)), row.clone(), col.clone(), n, addend);
+            body.push(for_vec(l, i(0), i(lanes), vec![store(out, add(v(l), add(mul(row, i(n)), mul(add(v(p0), i(p as i64)), i(lanes)))), value)]));
+        }
+    }
+    body
+}
+
+/// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements `w_elem`),
+/// plus `r` broadcast as given when `addend` is set. `n` must be a multiple of
+/// [`PANEL`]. Params: `x`, `w`, `r`?, `out`.
+pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let w = b.param("w", w_elem, false);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    let (t, p0, pp, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let (ki, ni) = (k as i64, n as i64);
+    let panels_total = (n / PANEL) as i64;
+    let row_tile = match seq {
+        SeqMode::Fixed(1) => 1,
+        _ => ROW_TILE,
+    };
+    let bufs = (x, w, out);
+    let ppt = PANELS_PER_TASK as i64;
+    // Full tasks: PANELS_PER_TASK panels at once; a last odd panel alone.
+    let rows_loop = |b: &mut KernelBuilder, panels: i64, p: VarId| -> Vec<Stmt> {
+        let full = tile(b, row_tile, panels, r0, p, bufs, (ki, ni), addend);
+        let blocks = div(seq.expr(), i(row_tile));
+        let mut s = vec![for_(rb, i(0), blocks.clone(), {
+            let mut v_ = vec![set(r0, mul(v(rb), i(row_tile)))];
+            v_.extend(full);
+            v_
+        })];
+        if row_tile > 1 {
+            let tail = tile(b, 1, panels, r0, p, bufs, (ki, ni), addend);
+            s.push(for_(r0, mul(blocks, i(row_tile)), seq.expr(), tail));
+        }
+        s
+    };
+    let both = rows_loop(&mut b, ppt, p0);
+    let single = rows_loop(&mut b, 1, pp);
+    let body = vec![
+        set(p0, mul(v(t), i(ppt))),
+        if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(p0), i(ppt))), Box::new(i(panels_total))), both),
+        if_(lt(v(p0), i(panels_total)), vec![if_(lt(i(panels_total), add(v(p0), i(ppt))), {
+            let mut s = vec![];
+            // The leftover panels one at a time.
+            s.push(for_(pp, v(p0), i(panels_total), single));
+            s
+        })]),
+    ];
+    let tasks = TaskCount { per_seq: 0, fixed: (n / PANEL).div_ceil(PANELS_PER_TASK) };
+    let enc = match w_elem {
+        ElemType::F32 => "",
+        ElemType::BF16 => "_bf16",
+        ElemType::F16 => "_f16",
+        ElemType::I32 | ElemType::I8 | ElemType::U8 => panic!("panel-packed weights are float"),
+    };
+    let name = match addend {
+        None => format!("matmul_panel{enc}_k{k}_n{n}_{}", seq.tag()),
+        Some((_, bc)) => format!("matmul_add_panel{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
+    };
+    b.finish(name, "matmul", tasks, t, body)
+}
+
+/// Packs row-major `w[n, k]` (elements of `elem_size` bytes) into `[n/PANEL][k][PANEL]`.
+pub fn pack_panels(bytes: &[u8], n: usize, k: usize, elem_size: usize) -> Vec<u8> {
+    let p = PANEL as usize;
+    assert_eq!(bytes.len(), n * k * elem_size);
+    let mut out = vec![0u8; bytes.len()];
+    for j in 0..n {
+        let (panel, lane) = (j / p, j % p);
+        for kk in 0..k {
+            let src = (j * k + kk) * elem_size;
+            let dst = ((panel * k + kk) * p + lane) * elem_size;
+            out[dst..dst + elem_size].copy_from_slice(&bytes[src..src + elem_size]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::{run, Buffer};
+    use crate::library::test_util::*;
+
+    #[test]
+    fn packed_matmul_matches_the_naive_one() {
+        // 48 columns = one full task (2 panels) and one single panel; 6 rows = a
+        // row tile and 2 more.
+        let (k, n) = (9usize, 48usize);
+        let w = rand(n * k, 2);
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let packed: Vec<f32> = pack_panels(&bytes, n, k, 4).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
+            let x = rand(m * k, 1);
+            let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 5);
+            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(packed.clone())];
+            if addend.is_some() {
+                bufs.push(Buffer::F32(r.clone()));
+            }
+            bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+            run(&matmul_panel(k as u64, n as u64, ElemType::F32, addend, seq), &mut bufs, m as u64);
+            let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+            let mut want = vec![0.0; m * n];
+            for row in 0..m {
+                for j in 0..n {
+                    let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
+                    want[row * n + j] = dot
+                        + match addend {
+                            None => 0.0,
+                            Some(Broadcast::Row) => r[j],
+                            Some(_) => r[row * n + j],
+                        };
+                }
+            }
+            close(&got, &want, 1e-5);
+        }
+    }
+}
