@@ -54,26 +54,27 @@ pub fn kv_store(kv_width: u64, max_len: u64, seq: SeqMode) -> Kernel {
     let vc = b.param("v_cache", ElemType::F32, true);
     let (t, r, p, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let (w, len) = (kv_width as i64, max_len as i64);
-    // One task stores every row: rows of the transposed key cache are adjacent
-    // floats, and splitting them over threads would share cache lines.
-    let body = vec![for_(
-        r,
-        i(0),
-        seq.expr(),
-        vec![
-            set(p, ld(pos, v(r))),
-            for_vec(
-                d,
-                i(0),
-                i(w),
-                vec![
-                    store(kc, add(mul(v(d), i(len)), v(p)), ld(k, add(mul(v(r), i(w)), v(d)))),
-                    store(vc, add(mul(v(p), i(w)), v(d)), ld(v_, add(mul(v(r), i(w)), v(d)))),
-                ],
-            ),
-        ],
-    )];
-    b.finish(format!("kv_store_w{kv_width}_l{max_len}_{}", seq.tag()), "kv_store", TaskCount { per_seq: 0, fixed: 1 }, t, body)
+    let key = |d: Expr, r: VarId| store(kc, add(mul(d.clone(), i(len)), ld(pos, v(r))), ld(k, add(mul(v(r), i(w)), d)));
+    let value = |r: Expr, d: VarId| store(vc, add(mul(ld(pos, r.clone()), i(w)), v(d)), ld(v_, add(mul(r, i(w)), v(d))));
+    let (body, tasks) = match seq {
+        // Decode: one row; a single task (it is a few hundred floats).
+        SeqMode::Fixed(_) => (
+            vec![for_(r, i(0), seq.expr(), vec![for_vec(d, i(0), i(w), vec![key(v(d), r), value(v(r), d)])])],
+            TaskCount { per_seq: 0, fixed: 1 },
+        ),
+        // Prefill: task d < w writes row d of the transposed key cache (the
+        // positions of consecutive tokens are adjacent floats there), task w + r
+        // writes token r's value row; no two tasks write the same cache line
+        // except at row ends.
+        SeqMode::Dynamic => (
+            vec![
+                if_(lt(v(t), i(w)), vec![for_(r, i(0), seq.expr(), vec![key(v(t), r)])]),
+                if_(Expr::Cmp(CmpOp::Le, Box::new(i(w)), Box::new(v(t))), vec![set(p, sub(v(t), i(w))), for_vec(d, i(0), i(w), vec![value(v(p), d)])]),
+            ],
+            TaskCount { per_seq: 1, fixed: kv_width },
+        ),
+    };
+    b.finish(format!("kv_store_w{kv_width}_l{max_len}_{}", seq.tag()), "kv_store", tasks, t, body)
 }
 
 /// `q: f32[seq, heads*hd]`, `pos: i32[seq]`, caches, `scratch: f32[seq*kv_heads, max_len]`
