@@ -108,8 +108,17 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let targets = maxc_codegen::TargetSpec::parse(&target_spec)?;
     let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
     let backend = options.backend.clone().unwrap_or_else(|| "llvm".into());
+    if options.emit_ptx.is_some() && targets.gpus.is_empty() {
+        return Err(Error::Flag { flag: "--emit-ptx".into(), message: format!("`{target_spec}` has no GPU part; add one, e.g. --target cpu,cuda:sm_90") });
+    }
     match backend.as_str() {
         "llvm" => {}
+        "cranelift" if targets.cpu.is_none() => {
+            return Err(Error::Flag {
+                flag: "--backend".into(),
+                message: format!("cranelift compiles CPU code and `{target_spec}` has no CPU part (GPU code always goes through LLVM's NVPTX backend); use --backend llvm, or --target cpu,{target_spec}"),
+            })
+        }
         "cranelift" if cpu_spec == "cpu" || cpu_spec == "cpu:x86-64" => {}
         "cranelift" => {
             return Err(Error::Flag {

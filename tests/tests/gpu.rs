@@ -90,6 +90,20 @@ fn gpu_only_artifact_without_a_driver_says_so() {
 }
 
 #[test]
+fn gpu_flags_without_a_gpu_target_are_refused() {
+    let out = temp_dir("emit-ptx").join("m.mef");
+    let model = fixture("tiny-llama");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str(), os("--emit-ptx"), out.with_extension("ptx").as_os_str()]);
+    assert_clean_error(&r, 1, &["--emit-ptx", "no GPU part", "cuda:sm_90"]);
+    let r = run_bin("maxc", &[os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cuda:sm_80"), os("--backend"), os("cranelift")]);
+    assert_clean_error(&r, 1, &["--backend", "no CPU part", "--target cpu,cuda:sm_80"]);
+    assert!(!out.exists());
+    let r = run_bin("maxrun", &[out.as_os_str(), os("--device"), os("tpu")]);
+    assert_eq!(r.0, 2, "{}", r.2);
+    assert!(r.2.contains("auto, cpu, gpu or gpu:N"), "{}", r.2);
+}
+
+#[test]
 fn unknown_gpu_architectures_are_refused() {
     let out = temp_dir("sm99").join("m.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cuda:sm_99")]);
