@@ -92,6 +92,11 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     let (s, g, hh, h, p, start, end, j, d, qo, so, ko) =
         (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
     let (qd, m, l, pj) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+    let qs: Vec<VarId> = (0..4).map(|_| b.var(ValType::F32)).collect();
+    let kos: Vec<VarId> = (0..4).map(|_| b.var(ValType::I64)).collect();
+    let ps: Vec<VarId> = (0..4).map(|_| b.var(ValType::F32)).collect();
+    let vos: Vec<VarId> = (0..4).map(|_| b.var(ValType::I64)).collect();
+    let (jb, jj) = (b.var(ValType::I64), b.var(ValType::I64));
     let (nh, nkv, hd, len) = (shape.heads as i64, shape.kv_heads as i64, shape.head_dim as i64, shape.max_len as i64);
     let kvw = nkv * hd;
     let group = nh / nkv;
@@ -105,9 +110,24 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
         set(qo, mul(add(mul(v(s), i(nh)), v(h)), i(hd))),
         // Scores: s[j] = scale * sum_d q[d] * K^T[d, j], vectorized over j.
         for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), f(0.0))]),
+        // Four head-dimension rows of K^T per pass over the score row (a quarter of
+        // the score loads and stores; `hd` is a multiple of 4 for every model here,
+        // the rest runs one row at a time).
+        for_(d, i(0), i(hd / 4), {
+            let mut pass = Vec::new();
+            let mut sum = ld(sc, scores(v(j)));
+            for u in 0..4 {
+                let dd = add(mul(v(d), i(4)), i(u));
+                pass.push(set(qs[u as usize], mul(ld(q, add(v(qo), dd.clone())), f(shape.scale))));
+                pass.push(set(kos[u as usize], mul(add(mul(v(g), i(hd)), dd), i(len))));
+                sum = add(sum, mul(v(qs[u as usize]), ld(kc, add(v(j), v(kos[u as usize])))));
+            }
+            pass.push(for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), sum)]));
+            pass
+        }),
         for_(
             d,
-            i(0),
+            i(hd / 4 * 4),
             i(hd),
             vec![
                 set(qd, mul(ld(q, add(v(qo), v(d))), f(shape.scale))),
@@ -137,9 +157,23 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
         ),
         // out = sum_j p[j] V[j] / l, vectorized over the head dimension.
         for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), f(0.0))]),
+        // Four key positions per pass over the output row, then the rest one by one.
+        set(jb, div(sub(v(end), v(start)), i(4))),
+        for_(jj, i(0), v(jb), {
+            let mut pass = Vec::new();
+            let mut sum = ld(out, add(v(qo), v(d)));
+            for u in 0..4 {
+                let jpos = add(add(v(start), mul(v(jj), i(4))), i(u));
+                pass.push(set(ps[u as usize], ld(sc, scores(jpos.clone()))));
+                pass.push(set(vos[u as usize], add(mul(jpos, i(kvw)), mul(v(g), i(hd)))));
+                sum = add(sum, mul(v(ps[u as usize]), ld(vc, add(v(d), v(vos[u as usize])))));
+            }
+            pass.push(for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), sum)]));
+            pass
+        }),
         for_(
             j,
-            v(start),
+            add(v(start), mul(v(jb), i(4))),
             v(end),
             vec![
                 set(pj, ld(sc, scores(v(j)))),
