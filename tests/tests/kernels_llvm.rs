@@ -93,7 +93,7 @@ fn cases() -> Vec<Case> {
                 let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4 };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 // Positions are drawn below 40 and the caches hold 40 random positions.
-                let sizes = vec![s * qw, s, 40 * kvw, 40 * kvw, s * kv_heads as usize * 40, s * qw];
+                let sizes = vec![s * qw, s, 40 * kvw, 40 * kvw, s * kv_heads as usize * shape.scratch_per_task() as usize, s * qw];
                 v.push(Case { kernel: attention(shape, seq), sizes, int_max: 40, seq: s as u64, tol: 1e-5 });
             }
         }
@@ -239,7 +239,7 @@ mod random_shapes {
             Case { kernel: rope(qw as u64, hd, seq), sizes: vec![s_ * qw, s_, hd2 as usize, s_ * qw], int_max: 30, seq: s, tol: 1e-5 },
             Case {
                 kernel: attention(shape, seq),
-                sizes: vec![s_ * qw, s_, max_len as usize * kvw, max_len as usize * kvw, s_ * kv as usize * max_len as usize, s_ * qw],
+                sizes: vec![s_ * qw, s_, max_len as usize * kvw, max_len as usize * kvw, s_ * kv as usize * shape.scratch_per_task() as usize, s_ * qw],
                 int_max: max_len as i32,
                 seq: s,
                 tol: reduction_tol(hd * max_len),

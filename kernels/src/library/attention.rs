@@ -37,9 +37,9 @@ impl AttentionShape {
         format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len)
     }
 
-    /// Scratch floats per task.
+    /// Scratch floats per task: a score row for each query head of the group.
     pub fn scratch_per_task(&self) -> u64 {
-        self.max_len
+        self.heads / self.kv_heads * self.max_len
     }
 }
 
@@ -77,8 +77,14 @@ pub fn kv_store(kv_width: u64, max_len: u64, seq: SeqMode) -> Kernel {
     b.finish(format!("kv_store_w{kv_width}_l{max_len}_{}", seq.tag()), "kv_store", tasks, t, body)
 }
 
-/// `q: f32[seq, heads*hd]`, `pos: i32[seq]`, caches, `scratch: f32[seq*kv_heads, max_len]`
-/// -> `out: f32[seq, heads*hd]`.
+/// `q: f32[seq, heads*hd]`, `pos: i32[seq]`, caches,
+/// `scratch: f32[seq*kv_heads, group*max_len]` -> `out: f32[seq, heads*hd]`.
+///
+/// One task is one (token, KV head) and computes all `group = heads / kv_heads`
+/// query heads that share that KV head together, so each key and value row is
+/// read once per task, not once per query head. Scores: four rows of K^T per
+/// sweep over the score rows; output: four key positions per sweep over the
+/// output rows (the remainders one at a time).
 pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::F32, false);
@@ -89,111 +95,112 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     let out = b.param("out", ElemType::F32, true);
     let ivar = |b: &mut KernelBuilder| b.var(ValType::I64);
     let t = ivar(&mut b);
-    let (s, g, hh, h, p, start, end, j, d, qo, so, ko) =
-        (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
-    let (qd, m, l, pj) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
-    let qs: Vec<VarId> = (0..4).map(|_| b.var(ValType::F32)).collect();
-    let kos: Vec<VarId> = (0..4).map(|_| b.var(ValType::I64)).collect();
-    let ps: Vec<VarId> = (0..4).map(|_| b.var(ValType::F32)).collect();
-    let vos: Vec<VarId> = (0..4).map(|_| b.var(ValType::I64)).collect();
-    let (jb, jj) = (b.var(ValType::I64), b.var(ValType::I64));
+    let (s, g, p, start, end, j, d, jb, jj) =
+        (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
     let (nh, nkv, hd, len) = (shape.heads as i64, shape.kv_heads as i64, shape.head_dim as i64, shape.max_len as i64);
     let kvw = nkv * hd;
-    let group = nh / nkv;
+    let group = (nh / nkv) as usize;
+    let fvars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::F32)).collect() };
+    let ivars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::I64)).collect() };
+    // Per query head of the group: its q row offset, score row offset, max and sum.
+    let (qo, so) = (ivars(&mut b, group), ivars(&mut b, group));
+    let (m, l) = (fvars(&mut b, group), fvars(&mut b, group));
+    // Per (head, unrolled step): a q element or a probability; per step: a row offset.
+    let coef: Vec<Vec<VarId>> = (0..group).map(|_| fvars(&mut b, 4)).collect();
+    let rows = ivars(&mut b, 4);
+    let pj = b.var(ValType::F32);
     let start_expr = match shape.window {
         None => i(0),
         Some(w) => max(sub(add(v(p), i(1)), i(w as i64)), i(0)),
     };
-    let scores = |j: Expr| add(v(so), j);
-    let per_head = vec![
-        set(h, add(mul(v(g), i(group)), v(hh))),
-        set(qo, mul(add(mul(v(s), i(nh)), v(h)), i(hd))),
-        // Scores: s[j] = scale * sum_d q[d] * K^T[d, j], vectorized over j.
-        for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), f(0.0))]),
-        // Four head-dimension rows of K^T per pass over the score row (a quarter of
-        // the score loads and stores; `hd` is a multiple of 4 for every model here,
-        // the rest runs one row at a time).
-        for_(d, i(0), i(hd / 4), {
-            let mut pass = Vec::new();
-            let mut sum = ld(sc, scores(v(j)));
-            for u in 0..4 {
-                let dd = add(mul(v(d), i(4)), i(u));
-                pass.push(set(qs[u as usize], mul(ld(q, add(v(qo), dd.clone())), f(shape.scale))));
-                pass.push(set(kos[u as usize], mul(add(mul(v(g), i(hd)), dd), i(len))));
-                sum = add(sum, mul(v(qs[u as usize]), ld(kc, add(v(j), v(kos[u as usize])))));
-            }
-            pass.push(for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), sum)]));
-            pass
-        }),
-        for_(
-            d,
-            i(hd / 4 * 4),
-            i(hd),
-            vec![
-                set(qd, mul(ld(q, add(v(qo), v(d))), f(shape.scale))),
-                set(ko, mul(add(mul(v(g), i(hd)), v(d)), i(len))),
-                for_vec(j, v(start), v(end), vec![store(sc, scores(v(j)), add(ld(sc, scores(v(j))), mul(v(qd), ld(kc, add(v(ko), v(j))))))]),
-            ],
-        ),
-        // Soft-capping (Gemma 2): s = tanh(s / c) * c.
-        for_vec(
-            j,
-            v(start),
-            v(end),
-            match shape.softcap {
-                Some(c) => vec![store(sc, scores(v(j)), mul(un(UnOp::Tanh, div(ld(sc, scores(v(j))), f(c))), f(c)))],
-                None => vec![],
-            },
-        ),
-        // Softmax over the row.
-        set(m, f(-3.0e38)),
-        for_vec(j, v(start), v(end), vec![set(m, max(v(m), ld(sc, scores(v(j)))))]),
-        set(l, f(0.0)),
-        for_vec(
-            j,
-            v(start),
-            v(end),
-            vec![set(pj, fast_exp(sub(ld(sc, scores(v(j))), v(m)))), store(sc, scores(v(j)), v(pj)), set(l, add(v(l), v(pj)))],
-        ),
-        // out = sum_j p[j] V[j] / l, vectorized over the head dimension.
-        for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), f(0.0))]),
-        // Four key positions per pass over the output row, then the rest one by one.
-        set(jb, div(sub(v(end), v(start)), i(4))),
-        for_(jj, i(0), v(jb), {
-            let mut pass = Vec::new();
-            let mut sum = ld(out, add(v(qo), v(d)));
-            for u in 0..4 {
-                let jpos = add(add(v(start), mul(v(jj), i(4))), i(u));
-                pass.push(set(ps[u as usize], ld(sc, scores(jpos.clone()))));
-                pass.push(set(vos[u as usize], add(mul(jpos, i(kvw)), mul(v(g), i(hd)))));
-                sum = add(sum, mul(v(ps[u as usize]), ld(vc, add(v(d), v(vos[u as usize])))));
-            }
-            pass.push(for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), sum)]));
-            pass
-        }),
-        for_(
-            j,
-            add(v(start), mul(v(jb), i(4))),
-            v(end),
-            vec![
-                set(pj, ld(sc, scores(v(j)))),
-                set(ko, add(mul(v(j), i(kvw)), mul(v(g), i(hd)))),
-                for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), add(ld(out, add(v(qo), v(d))), mul(v(pj), ld(vc, add(v(ko), v(d))))))]),
-            ],
-        ),
-        set(l, div(f(1.0), v(l))),
-        for_vec(d, i(0), i(hd), vec![store(out, add(v(qo), v(d)), mul(ld(out, add(v(qo), v(d))), v(l)))]),
-    ];
-    let body = vec![
+    let score = |h: usize, j: Expr| add(j, v(so[h]));
+    let o = |h: usize, d: Expr| add(d, v(qo[h]));
+
+    let mut body = vec![
         set(s, div(v(t), i(nkv))),
         set(g, rem(v(t), i(nkv))),
         set(p, ld(pos, v(s))),
         set(start, start_expr),
         // Causal: keys up to this token; bidirectional: up to the step's last token.
         set(end, if shape.causal { add(v(p), i(1)) } else { add(ld(pos, sub(seq.expr(), i(1))), i(1)) }),
-        set(so, mul(v(t), i(len))),
-        for_(hh, i(0), i(group), per_head),
     ];
+    for h in 0..group {
+        let head = add(mul(v(g), i(group as i64)), i(h as i64));
+        body.push(set(qo[h], mul(add(mul(v(s), i(nh)), head), i(hd))));
+        body.push(set(so[h], mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(len))));
+        body.push(for_vec(j, v(start), v(end), vec![store(sc, score(h, v(j)), f(0.0))]));
+    }
+
+    // Scores: s_h[j] = scale * sum_d q_h[d] K^T[d, j], four d per sweep.
+    let score_sweep = |b_rows: &[Expr], coef: &[Vec<VarId>], rows: &[VarId]| -> Vec<Stmt> {
+        let mut sweep = Vec::new();
+        for (u, d_u) in b_rows.iter().enumerate() {
+            for h in 0..group {
+                sweep.push(set(coef[h][u], mul(ld(q, o(h, d_u.clone())), f(shape.scale))));
+            }
+            sweep.push(set(rows[u], mul(add(mul(v(g), i(hd)), d_u.clone()), i(len))));
+        }
+        let mut lanes = Vec::new();
+        for h in 0..group {
+            let mut sum = ld(sc, score(h, v(j)));
+            for u in 0..b_rows.len() {
+                sum = add(sum, mul(v(coef[h][u]), ld(kc, add(v(j), v(rows[u])))));
+            }
+            lanes.push(store(sc, score(h, v(j)), sum));
+        }
+        sweep.push(for_vec(j, v(start), v(end), lanes));
+        sweep
+    };
+    let quad: Vec<Expr> = (0..4).map(|u| add(mul(v(d), i(4)), i(u))).collect();
+    body.push(for_(d, i(0), i(hd / 4), score_sweep(&quad, &coef, &rows)));
+    body.push(for_(d, i(hd / 4 * 4), i(hd), score_sweep(&[v(d)], &coef, &rows)));
+
+    for h in 0..group {
+        // Soft-capping (Gemma 2): s = tanh(s / c) * c.
+        if let Some(c) = shape.softcap {
+            body.push(for_vec(j, v(start), v(end), vec![store(sc, score(h, v(j)), mul(un(UnOp::Tanh, div(ld(sc, score(h, v(j))), f(c))), f(c)))]));
+        }
+        // Softmax over the row.
+        body.push(set(m[h], f(-3.0e38)));
+        body.push(for_vec(j, v(start), v(end), vec![set(m[h], max(v(m[h]), ld(sc, score(h, v(j)))))]));
+        body.push(set(l[h], f(0.0)));
+        body.push(for_vec(
+            j,
+            v(start),
+            v(end),
+            vec![set(pj, fast_exp(sub(ld(sc, score(h, v(j))), v(m[h])))), store(sc, score(h, v(j)), v(pj)), set(l[h], add(v(l[h]), v(pj)))],
+        ));
+        body.push(for_vec(d, i(0), i(hd), vec![store(out, o(h, v(d)), f(0.0))]));
+    }
+
+    // out_h = sum_j p_h[j] V[j] / l_h, four key positions per sweep.
+    let out_sweep = |positions: &[Expr], coef: &[Vec<VarId>], rows: &[VarId]| -> Vec<Stmt> {
+        let mut sweep = Vec::new();
+        for (u, j_u) in positions.iter().enumerate() {
+            for h in 0..group {
+                sweep.push(set(coef[h][u], ld(sc, score(h, j_u.clone()))));
+            }
+            sweep.push(set(rows[u], add(mul(j_u.clone(), i(kvw)), mul(v(g), i(hd)))));
+        }
+        let mut lanes = Vec::new();
+        for h in 0..group {
+            let mut sum = ld(out, o(h, v(d)));
+            for u in 0..positions.len() {
+                sum = add(sum, mul(v(coef[h][u]), ld(vc, add(v(d), v(rows[u])))));
+            }
+            lanes.push(store(out, o(h, v(d)), sum));
+        }
+        sweep.push(for_vec(d, i(0), i(hd), lanes));
+        sweep
+    };
+    body.push(set(jb, div(sub(v(end), v(start)), i(4))));
+    let four: Vec<Expr> = (0..4).map(|u| add(add(v(start), mul(v(jj), i(4))), i(u))).collect();
+    body.push(for_(jj, i(0), v(jb), out_sweep(&four, &coef, &rows)));
+    body.push(for_(j, add(v(start), mul(v(jb), i(4))), v(end), out_sweep(&[v(j)], &coef, &rows)));
+    for h in 0..group {
+        body.push(set(l[h], div(f(1.0), v(l[h]))));
+        body.push(for_vec(d, i(0), i(hd), vec![store(out, o(h, v(d)), mul(ld(out, o(h, v(d))), v(l[h])))]));
+    }
     let tasks = TaskCount { per_seq: shape.kv_heads, fixed: 0 };
     b.finish(format!("attention_{}_{}", shape.tag(), seq.tag()), "attention", tasks, t, body)
 }
@@ -228,7 +235,7 @@ mod tests {
         ];
         run(&kv_store(kvw as u64, 8, SeqMode::Dynamic), &mut store_bufs, seq as u64);
         let (kc, vc) = (store_bufs[3].clone(), store_bufs[4].clone());
-        let scratch = Buffer::F32(vec![f32::NAN; seq * 2 * 8]);
+        let scratch = Buffer::F32(vec![f32::NAN; seq * 2 * shape.scratch_per_task() as usize]);
         let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, Buffer::F32(vec![0.0; seq * qw])];
         run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
         let Buffer::F32(got) = &bufs[5] else { unreachable!() };
