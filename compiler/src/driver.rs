@@ -156,6 +156,12 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let mut kernels = KernelSet::default();
     let prefill = schedule(&fe.graph, &mut interp, SeqMode::Dynamic, max_seq, max_length, &mut weights, &mut kernels)?;
     let decode = schedule(&fe.graph, &mut interp, SeqMode::Fixed(1), 1, max_length, &mut weights, &mut kernels)?;
+    // Generation needs only the last token's logits of a prompt: a third plan stops
+    // computing the other rows at the final norm (the lm_head is 14% of prefill).
+    let prefill_last = match crate::schedule::last_row_cut(&fe.graph, &interp) {
+        Some(cut) => Some(crate::schedule::schedule_last_row(&fe.graph, &mut interp, cut, max_seq, max_length, &mut weights, &mut kernels)?),
+        None => None,
+    };
     let kv = kv_shape(&fe.graph)?;
 
     let to_plan = |s: &Schedule| -> mef::Plan {
@@ -180,6 +186,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         }
     };
     let (prefill_plan, decode_plan) = (to_plan(&prefill), to_plan(&decode));
+    let prefill_last_plan = prefill_last.as_ref().map(to_plan);
     lap("schedule", &mut phases);
     if let Some(dir) = options.pipeline.dump_dir {
         let path = dir.join("launches.txt");
@@ -273,6 +280,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         },
         max_length,
         gpu_archs: targets.gpus.iter().map(|g| g.arch.clone()).collect(),
+        prefill_last: prefill_last_plan,
     };
     let report = CompileReport {
         artifact_bytes: 0,

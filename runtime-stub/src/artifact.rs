@@ -223,7 +223,7 @@ impl Artifact {
                 ));
             }
         }
-        for plan in [&self.header.prefill, &self.header.decode] {
+        for plan in [Some(&self.header.prefill), Some(&self.header.decode), self.header.prefill_last.as_ref()].into_iter().flatten() {
             for l in &plan.launches {
                 let k = self.header.kernels.get(l.kernel as usize);
                 if k.is_none_or(|k| k.num_params as usize != l.args.len()) {

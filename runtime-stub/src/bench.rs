@@ -91,7 +91,7 @@ pub fn run(
     let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
     // One untimed warm-up of each kind pages the weights in and spins the threads up.
     session.reset();
-    session.forward(&ids[..ids.len().min(16)])?;
+    session.forward_last(&ids[..ids.len().min(16)])?;
     session.reset();
     session.forward(&[1])?;
     let mut pp = Vec::new();
@@ -100,7 +100,8 @@ pub fn run(
         if cfg.prompt_tokens > 0 {
             session.reset();
             let t = Instant::now();
-            session.forward(&ids)?;
+            // As llama-bench: a prompt's work up to the logits generation needs (the last token's).
+            session.forward_last(&ids)?;
             pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
         }
         if cfg.generated_tokens > 0 {

@@ -44,6 +44,10 @@ pub struct Header {
     /// NVIDIA architectures (`sm_90`) with a PTX module in the artifact, in the
     /// order of their `Ptx(i)` sections; empty for CPU-only artifacts.
     pub gpu_archs: Vec<String>,
+    /// A prefill plan whose logits are the last token's only (`f32[1, vocab]`):
+    /// what generation needs from a prompt. `None` when the model has no such cut
+    /// (encoders).
+    pub prefill_last: Option<Plan>,
 }
 
 impl Header {

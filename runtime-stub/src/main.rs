@@ -347,7 +347,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         next
     };
     let start = Instant::now();
-    let logits = session.forward(&ids)?;
+    let logits = session.forward_last(&ids)?;
     let mut next = pick(logits, &mut rng);
     let prefill_s = start.elapsed().as_secs_f64();
     let mut generated = vec![next];
@@ -450,7 +450,7 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -
         }
         session.truncate(keep as u64);
         cached.truncate(keep);
-        let logits = session.forward(&ids[keep..])?;
+        let logits = session.forward_last(&ids[keep..])?;
         cached.extend_from_slice(&ids[keep..]);
         let mut next = sample(&logits[logits.len() - vocab..], &params, &mut rng);
         let mut reply: Vec<u32> = Vec::new();

@@ -114,6 +114,15 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// Appends `ids` and returns the last token's logits only (what generation needs).
+    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+        match self {
+            Runner::Cpu(s) => s.forward_last(ids),
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(s) => s.forward(ids),
+        }
+    }
+
     pub fn reset(&mut self) {
         match self {
             Runner::Cpu(s) => s.reset(),

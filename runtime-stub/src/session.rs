@@ -26,6 +26,14 @@ pub enum SessionError {
     Gpu(String),
 }
 
+/// Which plan a step runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Which {
+    Prefill,
+    Decode,
+    PrefillLast,
+}
+
 /// How often each plan ran (tests use it to show decode is O(1) tokens per step).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunCounts {
@@ -77,6 +85,8 @@ pub struct Session<'a> {
     pool: ThreadPool,
     prefill: PlanState,
     decode: PlanState,
+    /// The prefill plan that computes only the last token's logits, if the artifact has one.
+    prefill_last: Option<PlanState>,
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
     tokens: Vec<i32>,
@@ -117,6 +127,7 @@ impl<'a> Session<'a> {
             pool: ThreadPool::new(threads),
             prefill: state(&h.prefill),
             decode: state(&h.decode),
+            prefill_last: h.prefill_last.as_ref().map(state),
             _code: code,
             k_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
             v_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
@@ -137,13 +148,17 @@ impl<'a> Session<'a> {
     pub fn enable_profile(&mut self) {
         self.prefill.profile = Some(vec![(0, 0.0, 0); self.artifact.header.prefill.launches.len()]);
         self.decode.profile = Some(vec![(0, 0.0, 0); self.artifact.header.decode.launches.len()]);
+        if let (Some(state), Some(plan)) = (self.prefill_last.as_mut(), self.artifact.header.prefill_last.as_ref()) {
+            state.profile = Some(vec![(0, 0.0, 0); plan.launches.len()]);
+        }
     }
 
     /// The profile so far, one row per kernel and plan, slowest first.
     pub fn profile(&self) -> Vec<ProfileRow> {
         let h = &self.artifact.header;
         let mut rows: Vec<ProfileRow> = Vec::new();
-        for (name, plan, state) in [("prefill", &h.prefill, &self.prefill), ("decode", &h.decode, &self.decode)] {
+        let last = h.prefill_last.as_ref().zip(self.prefill_last.as_ref()).map(|(p, s)| ("prefill", p, s));
+        for (name, plan, state) in [("prefill", &h.prefill, &self.prefill), ("decode", &h.decode, &self.decode)].into_iter().chain(last) {
             let Some(times) = &state.profile else { continue };
             for (launch, &(calls, secs, bytes)) in plan.launches.iter().zip(times) {
                 let k = &h.kernels[launch.kernel as usize];
@@ -187,18 +202,49 @@ impl<'a> Session<'a> {
         }
         self.logits.clear();
         if ids.len() == 1 {
-            self.step(ids, false)?;
+            self.step(ids, Which::Decode)?;
         } else {
             for chunk in ids.chunks(h.prefill.max_seq as usize) {
-                self.step(chunk, true)?;
+                self.step(chunk, Which::Prefill)?;
             }
         }
         Ok(&self.logits)
     }
 
-    fn step(&mut self, ids: &[u32], prefill: bool) -> Result<(), SessionError> {
+    /// Appends `ids` and returns the logits of the last one only, `[vocab]`: what
+    /// generation needs. Uses the artifact's last-row prefill plan when it has one
+    /// (every chunk skips the other rows' final norm and lm_head).
+    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+        let h = &self.artifact.header;
+        if ids.len() <= 1 || self.prefill_last.is_none() || h.model.embedding_width.is_some() {
+            let vocab = h.model.vocab_size as usize;
+            let all = self.forward(ids)?.len();
+            return Ok(&self.logits[all.saturating_sub(vocab)..]);
+        }
+        let vocab = h.model.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as u64 >= vocab) {
+            return Err(SessionError::BadToken { id, vocab });
+        }
+        let needed = self.position + ids.len() as u64;
+        if needed > h.max_length {
+            return Err(SessionError::ContextFull { needed, max: h.max_length });
+        }
+        let chunks: Vec<&[u32]> = ids.chunks(h.prefill.max_seq as usize).collect();
+        for chunk in chunks {
+            self.logits.clear();
+            self.step(chunk, Which::PrefillLast)?;
+        }
+        Ok(&self.logits)
+    }
+
+    fn step(&mut self, ids: &[u32], which: Which) -> Result<(), SessionError> {
         let header = &self.artifact.header;
-        let (plan, state) = if prefill { (&header.prefill, &mut self.prefill) } else { (&header.decode, &mut self.decode) };
+        let prefill = which != Which::Decode;
+        let (plan, state) = match which {
+            Which::Prefill => (&header.prefill, &mut self.prefill),
+            Which::Decode => (&header.decode, &mut self.decode),
+            Which::PrefillLast => (header.prefill_last.as_ref().expect("checked by forward_last"), self.prefill_last.as_mut().expect("checked by forward_last")),
+        };
         let seq = ids.len() as u64;
         debug_assert!(seq <= plan.max_seq);
         self.tokens.clear();
@@ -253,6 +299,7 @@ impl<'a> Session<'a> {
         }
         let n = match header.model.embedding_width {
             Some(width) => width as usize,
+            None if which == Which::PrefillLast => header.model.vocab_size as usize,
             None => (seq * header.model.vocab_size) as usize,
         };
         let logits = match plan.logits {

@@ -329,14 +329,16 @@ fn compile_logging_modes() {
     assert!(r.0 == 0 && r.1.contains("_maxc") && r.1.contains("--quantization-encoding"));
 }
 
-/// `maxrun --profile` ranks every kernel of both plans.
+/// `maxrun --profile` ranks every kernel of the plans a generation runs (the
+/// last-token prefill plan for the prompt, the decode plan after it).
 #[test]
 fn profile_lists_every_kernel_of_the_plans() {
     let mef = artifact("tiny-llama");
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("4"), os("--profile")]);
     assert_eq!(r.0, 0, "{}", r.2);
     let header = maxrun::artifact::Artifact::open(mef).unwrap().header;
-    for (plan, launches) in [("prefill", &header.prefill.launches), ("decode", &header.decode.launches)] {
+    let prompt_plan = header.prefill_last.as_ref().expect("decoders have a last-token plan");
+    for (plan, launches) in [("prefill", &prompt_plan.launches), ("decode", &header.decode.launches)] {
         let section = r.2.split(&format!("{plan}: ")).nth(1).unwrap_or_else(|| panic!("no {plan} table: {}", r.2));
         let section = section.split("\n\n").next().unwrap();
         for l in launches.iter() {
@@ -359,4 +361,29 @@ fn matmul_weights_are_packed_into_panels() {
     assert!(packed.iter().any(|n| n.contains("mlp.down_proj")), "{packed:?}");
     assert!(h.weights.iter().any(|w| w.name == "model.embed_tokens.weight" && w.layout == "row_major"), "tied embedding must stay row-major");
     assert!(h.kernels.iter().any(|k| k.symbol.starts_with("matmul_panel") || k.symbol.starts_with("matmul_add_panel")));
+}
+
+/// The last-token prefill plan (what generation runs on a prompt) gives the last
+/// row of the full prefill's logits, and exists for decoders only.
+#[test]
+fn last_token_prefill_plan_matches_the_full_one() {
+    for name in ["tiny-qwen2", "arch-gemma2", "smollm2-135m"] {
+        let a = maxrun::artifact::Artifact::open(artifact(name)).unwrap();
+        assert!(a.header.prefill_last.is_some(), "{name}: no last-row plan");
+        let vocab = a.header.model.vocab_size as usize;
+        let golden = golden(name);
+        let ids = ids(&cases(&golden)[0]["input_ids"]);
+        let mut s = maxrun::session::Session::new(&a, 2).unwrap();
+        let full = s.forward(&ids).unwrap().to_vec();
+        s.reset();
+        let last = s.forward_last(&ids).unwrap().to_vec();
+        assert_eq!(last.len(), vocab);
+        let (err, bound) = logits_error(&last, &full[full.len() - vocab..]);
+        assert!(err <= bound, "{name}: last-row plan differs by {err} (bound {bound})");
+        // And it is a different, shorter plan.
+        let plan = a.header.prefill_last.as_ref().unwrap();
+        assert!(plan.launches.len() > a.header.prefill.launches.len(), "one more launch (the row copy)");
+    }
+    let encoder = maxrun::artifact::Artifact::open(&compile_model("minilm-last", &minilm_dir(), &[])).unwrap();
+    assert!(encoder.header.prefill_last.is_none(), "encoders have no logits to cut");
 }

@@ -10,7 +10,7 @@ pub mod memory;
 use std::collections::HashMap;
 
 use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
-use maxc_kernels::library::copy::slice_columns;
+use maxc_kernels::library::copy::{last_row, slice_columns};
 use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
@@ -204,6 +204,8 @@ struct Scheduler<'g, 'i, 'w> {
     launches: Vec<ScheduledLaunch>,
     buffers: Vec<BufferInfo>,
     max_seq: u64,
+    /// The node being scheduled works on one row (the last token), with fixed task counts.
+    one_row: bool,
 }
 
 /// Arena bytes of a scratch buffer with `per_token` f32 per token of the step.
@@ -284,7 +286,11 @@ impl Scheduler<'_, '_, '_> {
         let at = self.launches.len();
         self.buffers.push(BufferInfo { bytes: self.max_seq * width * 4, def: at, last_use: at });
         args.push(Arg::Buffer(b));
-        let tasks = kernel.tasks;
+        let (mut tasks, mut written) = (kernel.tasks, written);
+        if self.one_row {
+            tasks = TaskCount { per_seq: 0, fixed: tasks.eval(1) };
+            written = TaskCount { per_seq: 0, fixed: written.eval(1) };
+        }
         self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written });
         Arg::Buffer(b)
     }
@@ -301,14 +307,88 @@ pub fn schedule<'g>(
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
-    let mut s = Scheduler { graph, interp, weights, kernels, loc: vec![None; graph.nodes.len()], weight_loc: HashMap::new(), launches: vec![], buffers: vec![], max_seq };
+    schedule_impl(graph, interp, seq, max_seq, max_len, weights, kernels, None)
+}
+
+/// Where a prefill plan that returns only the last token's logits can drop to one
+/// row: the residual stream feeding the final norm, when everything from that norm
+/// to the logits is row-local (norms, matmuls with weights, element-wise ops with
+/// constants). `None` when the graph has another shape (encoders have no logits).
+pub fn last_row_cut(graph: &Graph, interp: &crate::interp::Interpreter<'_>) -> Option<ValueId> {
+    let (_, mut v) = graph.outputs.iter().find(|(n, _)| n == "logits")?.clone();
+    loop {
+        let node = graph.node(v);
+        let constant_rest = node.inputs[1..].iter().all(|&i| interp.is_constant(i));
+        match node.op {
+            Op::RmsNorm { .. } | Op::LayerNorm { .. } if constant_rest => return Some(node.inputs[0]),
+            Op::MatMul | Op::MatMulAdd | Op::Binary(_) | Op::Unary(_) if constant_rest => v = node.inputs[0],
+            _ => return None,
+        }
+    }
+}
+
+/// [`schedule`] for a prefill plan whose logits are the last token's only: from the
+/// value `cut` (see [`last_row_cut`]) on, one row is computed.
+pub fn schedule_last_row<'g>(
+    graph: &'g Graph,
+    interp: &mut crate::interp::Interpreter<'g>,
+    cut: ValueId,
+    max_seq: u64,
+    max_len: u64,
+    weights: &mut WeightTable,
+    kernels: &mut KernelSet,
+) -> Result<Schedule> {
+    schedule_impl(graph, interp, SeqMode::Dynamic, max_seq, max_len, weights, kernels, Some(cut))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn schedule_impl<'g>(
+    graph: &'g Graph,
+    interp: &mut crate::interp::Interpreter<'g>,
+    step_seq: SeqMode,
+    max_seq: u64,
+    max_len: u64,
+    weights: &mut WeightTable,
+    kernels: &mut KernelSet,
+    cut: Option<ValueId>,
+) -> Result<Schedule> {
+    let mut s = Scheduler {
+        graph,
+        interp,
+        weights,
+        kernels,
+        loc: vec![None; graph.nodes.len()],
+        weight_loc: HashMap::new(),
+        launches: vec![],
+        buffers: vec![],
+        max_seq,
+        one_row: false,
+    };
     let static_dim = |d: Dim| d.fixed().expect("non-leading dims are static");
+    // Values that hold one row (the last token's) in a last-row plan.
+    let mut single = vec![false; graph.nodes.len()];
     for id in graph.ids() {
         let node = graph.node(id);
         if s.interp.is_constant(id) {
             // Constants are placed in the weights table when an operation first uses them.
             continue;
         }
+        // In a last-row plan, the first reader of `cut` takes the last row of it; from
+        // there on, kernels for one row (decode's) with fixed task counts.
+        if let Some(c) = cut {
+            if node.inputs.first() == Some(&c) && !single[c.index()] {
+                let width = graph.ty(c).last_dim().expect("static width");
+                let src = s.input(c)?;
+                s.one_row = false;
+                let row = s.launch_rows(last_row(width), vec![src], width, TaskCount { per_seq: 0, fixed: width });
+                s.loc[c.index()] = Some(row);
+                single[c.index()] = true;
+            }
+        }
+        let one_row = node.inputs.iter().any(|i| single[i.index()]);
+        single[id.index()] = one_row;
+        s.one_row = one_row;
+        let seq = if one_row { SeqMode::Fixed(1) } else { step_seq };
         let out_width = || -> Result<u64> {
             match node.ty.shape.as_slice() {
                 [Dim::Sym(SymDim::Seq), Dim::Fixed(w)] => Ok(*w),

@@ -1,4 +1,5 @@
-//! Copies: a column slice of `[seq, width]` activations (the split after a stacked matmul).
+//! Copies: a column slice of `[seq, width]` activations (the split after a stacked
+//! matmul), and the last row of a step (for plans that need only the last token's logits).
 
 use super::SeqMode;
 use crate::ir::dsl::*;
@@ -20,6 +21,17 @@ pub fn slice_columns(width: u64, start: u64, len: u64, seq: SeqMode) -> Kernel {
     b.finish(name, "copy", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
+/// `out[0, c] = x[seq - 1, c]`; `x: f32[seq, width]`, `out: f32[1, width]`.
+pub fn last_row(width: u64) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
+    let w = width as i64;
+    let body = vec![for_vec(c, i(0), i(w), vec![store(out, v(c), ld(x, add(mul(sub(seq(), i(1)), i(w)), v(c))))])];
+    b.finish(format!("last_row_w{width}"), "copy", TaskCount { per_seq: 0, fixed: 1 }, t, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -30,5 +42,12 @@ mod tests {
         let mut bufs = vec![Buffer::F32((0..8).map(|x| x as f32).collect()), Buffer::F32(vec![0.0; 4])];
         run(&slice_columns(4, 1, 2, SeqMode::Dynamic), &mut bufs, 2);
         assert_eq!(bufs[1], Buffer::F32(vec![1.0, 2.0, 5.0, 6.0]));
+    }
+
+    #[test]
+    fn last_row_copies_the_final_token() {
+        let mut bufs = vec![Buffer::F32((0..9).map(|x| x as f32).collect()), Buffer::F32(vec![0.0; 3])];
+        run(&last_row(3), &mut bufs, 3);
+        assert_eq!(bufs[1], Buffer::F32(vec![6.0, 7.0, 8.0]));
     }
 }
