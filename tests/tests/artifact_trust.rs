@@ -152,7 +152,9 @@ fn check_nan_names_the_first_bad_kernel() {
     let p = write_variant("nan", &bad);
     let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2"), os("--check-nan")]);
     assert_clean_error(&r, 1, &["--check-nan", "rms_norm_h64", "prefill plan", "NaN"]);
-    let last_rms = header.prefill.launches.iter().rposition(|l| header.kernels[l.kernel as usize].family == "rms_norm").unwrap();
+    // The prompt runs the last-token prefill plan (what generation needs).
+    let plan = header.prefill_last.as_ref().unwrap();
+    let last_rms = plan.launches.iter().rposition(|l| header.kernels[l.kernel as usize].family == "rms_norm").unwrap();
     assert!(r.2.contains(&format!("launch {last_rms} ")), "{}", r.2);
     // Without the flag the run goes on (and --verify would catch the changed bytes).
     let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2")]);
