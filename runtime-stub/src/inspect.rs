@@ -32,7 +32,16 @@ pub fn report(a: &Artifact) -> Value {
         e["bytes"] = json!(e["bytes"].as_u64().unwrap() + w.len);
     }
     let kv_per_token = h.kv_cache.bytes_per_token();
-    let arenas = h.prefill.arena_bytes + h.decode.arena_bytes;
+    let arenas = h.prefill.arena_bytes + h.decode.arena_bytes + h.prefill_last.as_ref().map_or(0, |p| p.arena_bytes);
+    let mut plans = serde_json::Map::new();
+    plans.insert("prefill".into(), plan_json(&h.prefill, h.model.vocab_size));
+    plans.insert("decode".into(), plan_json(&h.decode, h.model.vocab_size));
+    if let Some(p) = &h.prefill_last {
+        let mut j = plan_json(p, h.model.vocab_size);
+        j["outputs"] = json!([{"name": "logits", "dtype": "f32", "shape": [1, h.model.vocab_size]}]);
+        plans.insert("prefill_last".into(), j);
+    }
+    let tensors = per_encoding.values().map(|e| e["tensors"].as_u64().unwrap_or(0)).sum::<u64>();
     json!({
         "file": a.path.display().to_string(),
         "file_bytes": a.file_len(),
@@ -43,14 +52,14 @@ pub fn report(a: &Artifact) -> Value {
         "sub_models": [{
             "name": "main",
             "device": "cpu",
-            "plans": {"prefill": plan_json(&h.prefill, h.model.vocab_size), "decode": plan_json(&h.decode, h.model.vocab_size)},
+            "plans": plans,
         }],
         "kernels": {
             "count": h.kernels.len(),
             "code_bytes": a.section(SectionKind::Code).len(),
             "names": h.kernels.iter().map(|k| k.symbol.clone()).collect::<Vec<_>>(),
         },
-        "weights": {"count": h.weights.len(), "bytes": weights_bytes, "by_encoding": per_encoding},
+        "weights": {"count": h.weights.len(), "tensors": tensors, "bytes": weights_bytes, "by_encoding": per_encoding},
         "cpu_code": h.has_cpu_code(),
         "gpu": h.gpu_archs.iter().enumerate().map(|(i, arch)| json!({
             "arch": arch, "ptx_bytes": a.section(SectionKind::Ptx(i as u32)).len(),
@@ -98,10 +107,17 @@ pub fn render_text(r: &Value) -> String {
         line("gpu code", format!("PTX for {}, {} bytes", g["arch"].as_str().unwrap_or(""), g["ptx_bytes"]));
     }
     for (name, plan) in r["sub_models"][0]["plans"].as_object().into_iter().flatten() {
-        line(&format!("plan {name}"), format!("tokens i32[seq], positions i32[seq] -> logits f32[seq, {}]; seq <= {}; {} launches; arena {}", r["model"]["vocab_size"], plan["max_seq"], plan["launches"], mib(plan["arena_bytes"].as_u64().unwrap_or(0))));
+        let shape: Vec<String> = plan["outputs"][0]["shape"].as_array().into_iter().flatten().map(|d| d.as_str().map_or(d.to_string(), str::to_string)).collect();
+        line(&format!("plan {name}"), format!("tokens i32[seq], positions i32[seq] -> logits f32[{}]; seq <= {}; {} launches; arena {}", shape.join(", "), plan["max_seq"], plan["launches"], mib(plan["arena_bytes"].as_u64().unwrap_or(0))));
     }
     line("kernels", format!("{} kernels, {} bytes of code", r["kernels"]["count"], r["kernels"]["code_bytes"]));
-    line("weights", format!("{} tensors, {}", r["weights"]["count"], mib(r["weights"]["bytes"].as_u64().unwrap_or(0))));
+    let by_encoding: Vec<String> = r["weights"]["by_encoding"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(e, v)| format!("{} {e}", v["tensors"]))
+        .collect();
+    line("weights", format!("{} tensors in {} stored parts ({}), {}", r["weights"]["tensors"], r["weights"]["count"], by_encoding.join(", "), mib(r["weights"]["bytes"].as_u64().unwrap_or(0))));
     let m = &r["memory"];
     line("KV cache", format!("{} bytes per token, max length {}", m["kv_bytes_per_token"], m["max_length"]));
     line("memory at max length", mib(m["total_bytes_at_max_length"].as_u64().unwrap_or(0)));

@@ -284,7 +284,9 @@ impl Scheduler<'_, '_, '_> {
     fn launch_rows(&mut self, kernel: Kernel, mut args: Vec<Arg>, width: u64, written: TaskCount) -> Arg {
         let b = self.buffers.len() as u32;
         let at = self.launches.len();
-        self.buffers.push(BufferInfo { bytes: self.max_seq * width * 4, def: at, last_use: at });
+        // A one-row value (the last token's, in a last-row plan) needs one row.
+        let rows = if self.one_row { 1 } else { self.max_seq };
+        self.buffers.push(BufferInfo { bytes: rows * width * 4, def: at, last_use: at });
         args.push(Arg::Buffer(b));
         let (mut tasks, mut written) = (kernel.tasks, written);
         if self.one_row {
@@ -379,7 +381,7 @@ fn schedule_impl<'g>(
             if node.inputs.first() == Some(&c) && !single[c.index()] {
                 let width = graph.ty(c).last_dim().expect("static width");
                 let src = s.input(c)?;
-                s.one_row = false;
+                s.one_row = true;
                 let row = s.launch_rows(last_row(width), vec![src], width, TaskCount { per_seq: 0, fixed: width });
                 s.loc[c.index()] = Some(row);
                 single[c.index()] = true;
