@@ -147,11 +147,18 @@ pub fn dump_logits(mef: &Path, case: &Value) -> (Vec<usize>, Vec<f32>) {
     maxrun::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A fresh empty directory under the system temp dir.
+/// A fresh empty directory for one test.
+/// Under `$TMPDIR` when it is set (scripts/test.sh points it at target/test-tmp
+/// and removes it afterwards), else under target/test-tmp, never the shared /tmp:
+/// a test run writes gigabytes of artifacts.
 pub fn temp_dir(tag: &str) -> PathBuf {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("maxc-test-{tag}-{}-{n}", std::process::id()));
+    let base = match std::env::var_os("TMPDIR") {
+        Some(t) if !t.is_empty() => PathBuf::from(t),
+        _ => workspace_root().join("target/test-tmp"),
+    };
+    let dir = base.join(format!("maxc-test-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
