@@ -19,10 +19,9 @@ pub const COL_TILE: u64 = 4;
 /// Rows of the register tile for multi-row (prefill) kernels.
 pub const ROW_TILE: u64 = 4;
 
-/// Emits the tile `rows x COL_TILE` at row `r0` (an expression) and column `j0`:
-/// zero the accumulators, run the k loop, store.
-/// The epilogue: the accumulated dot product at (row, col), plus the addend if any.
-fn result(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
+/// The epilogue of every matmul family: the accumulated dot product at (row,
+/// col) of an `n`-column output, plus the addend if any.
+pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
     match addend {
         None => acc,
         Some((r, Broadcast::None)) => add(acc, ld(r, add(mul(row, i(n)), col))),
@@ -31,6 +30,18 @@ fn result(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcas
     }
 }
 
+/// The kernel-name suffix of a float weight element type (`""`, `_bf16`, `_f16`).
+pub(super) fn float_suffix(w_elem: ElemType) -> &'static str {
+    match w_elem {
+        ElemType::F32 => "",
+        ElemType::BF16 => "_bf16",
+        ElemType::F16 => "_f16",
+        ElemType::I32 | ElemType::I8 | ElemType::U8 => panic!("integer weights use the block-quantized matmul (matmul_blocks.rs)"),
+    }
+}
+
+/// Emits the tile `rows x COL_TILE` at row `r0` (an expression) and column `j0`:
+/// zero the accumulators, run the k loop, store.
 fn tile(
     b: &mut KernelBuilder,
     rows: u64,
@@ -60,7 +71,7 @@ fn tile(
     for (ri, row) in acc.iter().enumerate() {
         for (ci, &a) in row.iter().enumerate() {
             let (row, col) = (add(v(r0), i(ri as i64)), add(v(j0), i(ci as i64)));
-            body.push(store(out, add(mul(row.clone(), i(n)), col.clone()), result(v(a), row, col, n, addend)));
+            body.push(store(out, add(mul(row.clone(), i(n)), col.clone()), epilogue(v(a), row, col, n, addend)));
         }
     }
     body
@@ -117,7 +128,7 @@ fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Br
             vec![
                 set(acc, f(0.0)),
                 for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(mul(v(r0), i(ki)), v(kk))), ld(w, add(mul(v(j), i(ki)), v(kk))))))]),
-                store(out, add(mul(v(r0), i(ni)), v(j)), result(v(acc), v(r0), v(j), ni, addend)),
+                store(out, add(mul(v(r0), i(ni)), v(j)), epilogue(v(acc), v(r0), v(j), ni, addend)),
             ],
         )],
     )];
@@ -135,12 +146,7 @@ fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Br
         ],
     )];
     let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
-    let enc = match w_elem {
-        ElemType::F32 => "",
-        ElemType::BF16 => "_bf16",
-        ElemType::F16 => "_f16",
-        ElemType::I32 | ElemType::I8 | ElemType::U8 => panic!("integer weights use the block-quantized matmul (matmul_blocks.rs)"),
-    };
+    let enc = float_suffix(w_elem);
     let name = match addend {
         None => format!("matmul{enc}_k{k}_n{n}_{}", seq.tag()),
         Some((_, bc)) => format!("matmul_add{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),

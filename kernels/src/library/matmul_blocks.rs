@@ -13,22 +13,13 @@ use maxrun::format::WeightEncoding;
 
 use super::dequant::{declare, WeightParams, BLOCK, HALF};
 use super::elementwise::Broadcast;
-use super::matmul::{COLS_PER_TASK, COL_TILE, ROW_TILE};
+use super::matmul::{epilogue, COLS_PER_TASK, COL_TILE, ROW_TILE};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
 
 /// Accumulator lanes per output (half a block).
 pub const LANES: i64 = HALF;
-
-fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
-    match addend {
-        None => acc,
-        Some((r, Broadcast::None)) => add(acc, ld(r, add(mul(row, i(n)), col))),
-        Some((r, Broadcast::Row)) => add(acc, ld(r, col)),
-        Some((r, Broadcast::Scalar)) => add(acc, ld(r, i(0))),
-    }
-}
 
 /// A `rows x cols` tile of outputs at row `r0` and column `j0` (variables):
 /// zero the lane accumulators, run the block loop, reduce the lanes and store.

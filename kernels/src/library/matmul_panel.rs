@@ -10,6 +10,7 @@
 //! each broadcast activation `PANELS_PER_TASK`.
 
 use super::elementwise::Broadcast;
+use super::matmul::{epilogue, float_suffix};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -20,15 +21,6 @@ pub const PANEL: u64 = 16;
 pub const PANELS_PER_TASK: u64 = 2;
 /// Rows per register tile in prefill.
 pub const ROW_TILE: i64 = 4;
-
-fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
-    match addend {
-        None => acc,
-        Some((r, Broadcast::None)) => add(acc, ld(r, add(mul(row, i(n)), col))),
-        Some((r, Broadcast::Row)) => add(acc, ld(r, col)),
-        Some((r, Broadcast::Scalar)) => add(acc, ld(r, i(0))),
-    }
-}
 
 /// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
@@ -120,12 +112,7 @@ pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>,
         })]),
     ];
     let tasks = TaskCount { per_seq: 0, fixed: (n / PANEL).div_ceil(PANELS_PER_TASK) };
-    let enc = match w_elem {
-        ElemType::F32 => "",
-        ElemType::BF16 => "_bf16",
-        ElemType::F16 => "_f16",
-        ElemType::I32 | ElemType::I8 | ElemType::U8 => panic!("panel-packed weights are float"),
-    };
+    let enc = float_suffix(w_elem);
     let name = match addend {
         None => format!("matmul_panel{enc}_k{k}_n{n}_{}", seq.tag()),
         Some((_, bc)) => format!("matmul_add_panel{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
