@@ -177,14 +177,7 @@ impl<'a> GpuSession<'a> {
     /// Appends `ids` and returns their logits (as `Session::forward`).
     pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
         let h = &self.artifact.header;
-        let vocab = h.model.vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as u64 >= vocab) {
-            return Err(SessionError::BadToken { id, vocab });
-        }
-        let needed = self.position + ids.len() as u64;
-        if needed > h.max_length {
-            return Err(SessionError::ContextFull { needed, max: h.max_length });
-        }
+        crate::session::check_tokens(h, self.position, ids)?;
         self.logits.clear();
         if ids.len() == 1 {
             self.step(ids, false).map_err(|e| SessionError::Gpu(e.to_string()))?;

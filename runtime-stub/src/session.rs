@@ -26,6 +26,21 @@ pub enum SessionError {
     Gpu(String),
 }
 
+/// Refuses `ids` before any work: an id outside the vocabulary, or a sequence
+/// that would outgrow the artifact's maximum length from `position` (shared by the
+/// CPU and GPU sessions).
+pub fn check_tokens(h: &crate::format::Header, position: u64, ids: &[u32]) -> Result<(), SessionError> {
+    let vocab = h.model.vocab_size;
+    if let Some(&id) = ids.iter().find(|&&id| id as u64 >= vocab) {
+        return Err(SessionError::BadToken { id, vocab });
+    }
+    let needed = position + ids.len() as u64;
+    if needed > h.max_length {
+        return Err(SessionError::ContextFull { needed, max: h.max_length });
+    }
+    Ok(())
+}
+
 /// Which plan a step runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Which {
@@ -192,14 +207,7 @@ impl<'a> Session<'a> {
     /// (for an encoder: the sentence embedding, after a single step over all ids).
     pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
         let h = &self.artifact.header;
-        let vocab = h.model.vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as u64 >= vocab) {
-            return Err(SessionError::BadToken { id, vocab });
-        }
-        let needed = self.position + ids.len() as u64;
-        if needed > h.max_length {
-            return Err(SessionError::ContextFull { needed, max: h.max_length });
-        }
+        check_tokens(h, self.position, ids)?;
         self.logits.clear();
         if ids.len() == 1 {
             self.step(ids, Which::Decode)?;
@@ -221,16 +229,8 @@ impl<'a> Session<'a> {
             let all = self.forward(ids)?.len();
             return Ok(&self.logits[all.saturating_sub(vocab)..]);
         }
-        let vocab = h.model.vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as u64 >= vocab) {
-            return Err(SessionError::BadToken { id, vocab });
-        }
-        let needed = self.position + ids.len() as u64;
-        if needed > h.max_length {
-            return Err(SessionError::ContextFull { needed, max: h.max_length });
-        }
-        let chunks: Vec<&[u32]> = ids.chunks(h.prefill.max_seq as usize).collect();
-        for chunk in chunks {
+        check_tokens(h, self.position, ids)?;
+        for chunk in ids.chunks(h.prefill.max_seq as usize) {
             self.logits.clear();
             self.step(chunk, Which::PrefillLast)?;
         }
