@@ -542,8 +542,8 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
         match e {
             Expr::Load { param, .. } => matches!(self.kernel.buffer(*param).map(|b| b.elem), Some(ElemType::U8)),
             Expr::Bin(BinOp::And, a, b) => {
+                // A non-negative constant mask is itself `nonneg_narrow`.
                 (self.nonneg_narrow(a) && self.narrowable(b, false)) || (self.nonneg_narrow(b) && self.narrowable(a, false))
-                    || matches!((&**a, &**b), (_, Expr::I64(0..=0x7fff_ffff)) if self.narrowable(a, false))
             }
             Expr::Bin(BinOp::Shr, ..) => self.narrowable(e, false),
             Expr::I64(c) => (0..=i32::MAX as i64).contains(c),

@@ -30,16 +30,11 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     let e = g.add(Op::Embedding, &[embed, tokens]);
     let normalizer = scalar(&mut g, (h as f32).sqrt());
     let mut x = g.add(Op::Binary(BinaryOp::Mul), &[e, normalizer]);
-    // Gemma's RMSNorm scales by (1 + weight); the sum is a constant, folded at compile time.
-    let norm = |g: &mut Graph, x: ValueId, name: &str| -> Result<ValueId> {
-        let weight = w.weight(g, name, &[h])?;
-        let one = scalar(g, 1.0);
-        let scale = g.add(Op::Binary(BinaryOp::Add), &[weight, one]);
-        Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, scale]))
-    };
-    // Gemma 3's q/k norms: the same (1 + weight) RMSNorm over each head.
-    let head_norm = |g: &mut Graph, x: ValueId, name: &str| -> Result<ValueId> {
-        let weight = w.weight(g, name, &[hd])?;
+    // Gemma's RMSNorm scales by (1 + weight); the sum is a constant, folded at compile
+    // time. Over the hidden state (`len` = hidden), or over each head (Gemma 3's q/k
+    // norms, `len` = head_dim).
+    let norm = |g: &mut Graph, x: ValueId, name: &str, len: usize| -> Result<ValueId> {
+        let weight = w.weight(g, name, &[len])?;
         let one = scalar(g, 1.0);
         let scale = g.add(Op::Binary(BinaryOp::Add), &[weight, one]);
         Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, scale]))
@@ -47,13 +42,13 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     let linear = |g: &mut Graph, x: ValueId, name: &str, out: usize, inp: usize| w.linear(g, x, name, out, inp, false);
     for l in 0..c.num_layers {
         let p = format!("model.layers.{l}");
-        let n = norm(&mut g, x, &format!("{p}.input_layernorm.weight"))?;
+        let n = norm(&mut g, x, &format!("{p}.input_layernorm.weight"), h)?;
         let mut q = linear(&mut g, n, &format!("{p}.self_attn.q_proj"), nh * hd, h)?;
         let mut k = linear(&mut g, n, &format!("{p}.self_attn.k_proj"), nkv * hd, h)?;
         let vv = linear(&mut g, n, &format!("{p}.self_attn.v_proj"), nkv * hd, h)?;
         if gp.qk_norm {
-            q = head_norm(&mut g, q, &format!("{p}.self_attn.q_norm.weight"))?;
-            k = head_norm(&mut g, k, &format!("{p}.self_attn.k_norm.weight"))?;
+            q = norm(&mut g, q, &format!("{p}.self_attn.q_norm.weight"), hd)?;
+            k = norm(&mut g, k, &format!("{p}.self_attn.k_norm.weight"), hd)?;
         }
         let sliding = gp.sliding_layers.get(l).copied().unwrap_or(false);
         let rope = match gp.local_rope_theta {
@@ -74,19 +69,19 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
         };
         let a = g.add(attn, &[q, k, vv, positions]);
         let o = linear(&mut g, a, &format!("{p}.self_attn.o_proj"), h, nh * hd)?;
-        let o = norm(&mut g, o, &format!("{p}.post_attention_layernorm.weight"))?;
+        let o = norm(&mut g, o, &format!("{p}.post_attention_layernorm.weight"), h)?;
         x = g.add(Op::Binary(BinaryOp::Add), &[x, o]);
 
-        let n = norm(&mut g, x, &format!("{p}.pre_feedforward_layernorm.weight"))?;
+        let n = norm(&mut g, x, &format!("{p}.pre_feedforward_layernorm.weight"), h)?;
         let gate = linear(&mut g, n, &format!("{p}.mlp.gate_proj"), i, h)?;
         let up = linear(&mut g, n, &format!("{p}.mlp.up_proj"), i, h)?;
         let act = g.add(Op::Unary(UnaryOp::GeluTanh), &[gate]);
         let m = g.add(Op::Binary(BinaryOp::Mul), &[act, up]);
         let d = linear(&mut g, m, &format!("{p}.mlp.down_proj"), h, i)?;
-        let d = norm(&mut g, d, &format!("{p}.post_feedforward_layernorm.weight"))?;
+        let d = norm(&mut g, d, &format!("{p}.post_feedforward_layernorm.weight"), h)?;
         x = g.add(Op::Binary(BinaryOp::Add), &[x, d]);
     }
-    let x = norm(&mut g, x, "model.norm.weight")?;
+    let x = norm(&mut g, x, "model.norm.weight", h)?;
     let head = if c.tie_word_embeddings { embed } else { w.weight(&mut g, "lm_head.weight", &[v, h])? };
     let mut logits = g.add(Op::MatMul, &[x, head]);
     if let Some(cap) = gp.final_logit_softcapping {
