@@ -13,3 +13,8 @@ mkdir -p "$TMPDIR"
 trap 'rm -rf "$TMPDIR"' EXIT
 cargo build --workspace --bins -j2
 cargo test --workspace -j2 "$@"
+# The runtime without the `cuda` feature (what a CPU-only deployment builds): its
+# own unit tests, e.g. the message a GPU mesh gets there.
+if [ "$#" -eq 0 ]; then
+    cargo test -p maxrun --no-default-features --lib -j2
+fi

@@ -26,6 +26,58 @@ pub fn frontend(manifest: LoadedManifest, options: &PipelineOptions<'_>) -> Resu
     Ok(Frontend { manifest, model, graph })
 }
 
+/// The mesh and attention policy a compile asks for (flags over the manifest),
+/// checked against the model: a mesh that cannot split it is an error naming the
+/// config field, its value and the device count. Returns the mesh, whether
+/// attention is split by heads, and notes for the user.
+pub fn plan_mesh(
+    shown: &Path,
+    devices: Option<&str>,
+    attention: Option<&str>,
+    cfg: &crate::import::ModelConfig,
+) -> Result<(maxrun::format::DeviceMesh, bool, Vec<String>)> {
+    use crate::error::Error;
+    use crate::sharding::{parse_mesh, AttentionSharding};
+    let mesh = parse_mesh(devices.unwrap_or("cpu")).map_err(|m| Error::invalid(shown, "compile.devices", m))?;
+    let policy = AttentionSharding::parse(attention.unwrap_or("auto")).map_err(|m| Error::invalid(shown, "compile.attention_sharding", m))?;
+    let n = mesh.len() as u64;
+    let mut notes = Vec::new();
+    if n < 2 {
+        return Ok((mesh, false, notes));
+    }
+    let field = |m: String| Err(Error::invalid(shown, "compile.devices", m));
+    if cfg.encoder.is_some() {
+        return field(format!("`{}` splits decoder models; {} is an encoder, compile it for one device (--devices cpu)", mesh.spec(), cfg.architecture.hf_name()));
+    }
+    let inter = cfg.intermediate_size as u64;
+    if !inter.is_multiple_of(n) {
+        return field(format!(
+            "{} devices do not divide the MLP: intermediate_size is {inter} ({inter} % {n} = {}); use a device count that divides {inter}",
+            n,
+            inter % n
+        ));
+    }
+    let (heads, kv) = (cfg.num_heads as u64, cfg.num_kv_heads as u64);
+    let divides = kv.is_multiple_of(n) && heads.is_multiple_of(n);
+    let split = match policy {
+        AttentionSharding::Replicated => false,
+        AttentionSharding::Heads if !divides => {
+            return field(format!(
+                "attention_sharding = \"heads\" needs the device count to divide the KV heads: num_key_value_heads is {kv} and the mesh has {n} devices; use a device count that divides {kv}, or attention_sharding = \"auto\" to replicate attention"
+            ))
+        }
+        AttentionSharding::Heads => true,
+        AttentionSharding::Auto if !divides => {
+            notes.push(format!(
+                "num_key_value_heads is {kv}, which {n} devices do not divide: attention runs replicated on every device (the MLP, embedding and lm_head are split); --attention-sharding heads makes this an error"
+            ));
+            false
+        }
+        AttentionSharding::Auto => true,
+    };
+    Ok((mesh, split, notes))
+}
+
 /// Loads a manifest file, or the default manifest for `--model PATH`.
 pub fn load_manifest(manifest: Option<&Path>, model: Option<&Path>, overrides: &[String]) -> Result<LoadedManifest> {
     match (manifest, model) {
@@ -56,6 +108,10 @@ pub struct CompileOptions<'a> {
     pub embedding_encoding: Option<String>,
     /// `--backend`: `llvm` (default) or `cranelift`.
     pub backend: Option<String>,
+    /// `--devices`, overriding the manifest's `compile.devices`.
+    pub devices: Option<String>,
+    /// `--attention-sharding`, overriding the manifest's.
+    pub attention_sharding: Option<String>,
     /// Show progress on stderr (bars on a terminal, "still compiling" lines).
     pub progress: bool,
 }
@@ -71,6 +127,8 @@ pub struct CompileReport {
     pub decode_arena_bytes: u64,
     /// Each phase, in order: (name, wall seconds, peak resident bytes so far).
     pub phases: Vec<(&'static str, f64, u64)>,
+    /// Decisions the user should know about (e.g. attention replicated on a mesh).
+    pub notes: Vec<String>,
 }
 
 /// The process's peak resident set size (VmHWM), 0 where /proc is unavailable.
@@ -101,10 +159,11 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         Some(name) => Some(crate::quant::parse_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.embedding_encoding", m))?),
         None => None,
     };
-    if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
-        return Err(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
-    }
+    let devices_spec = options.devices.clone().or(c.devices.clone());
     let target_spec = options.target.clone().or(c.target.clone()).unwrap_or_else(|| "cpu".into());
+    // Without a mesh, one device of the kind the code targets.
+    let devices_spec = devices_spec.or_else(|| (!target_spec.split(',').any(|t| t.trim().starts_with("cpu"))).then(|| "gpu:0".to_string()));
+    let attention_spec = options.attention_sharding.clone().or(c.attention_sharding.clone());
     let targets = maxc_codegen::TargetSpec::parse(&target_spec)?;
     let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
     let backend = options.backend.clone().unwrap_or_else(|| "llvm".into());
@@ -141,7 +200,27 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         phases.push((name, clock.elapsed().as_secs_f64(), peak_rss_bytes()));
         clock = std::time::Instant::now();
     };
-    let fe = frontend(manifest, &pipeline)?;
+    let m = &manifest.manifest;
+    let model = import(&m.model.path, m.model.architecture.as_deref())?;
+    let (mesh, split_attention, notes) = plan_mesh(&shown, devices_spec.as_deref(), attention_spec.as_deref(), &model.config)?;
+    if mesh.kind == maxrun::format::DeviceKind::Gpu && targets.gpus.is_empty() {
+        return Err(Error::invalid(&shown, "compile.devices", format!("`{}` needs GPU code; add it with --target cuda:sm_90 (or cpu,cuda:sm_90)", mesh.spec())));
+    }
+    if mesh.kind == maxrun::format::DeviceKind::Cpu && targets.cpu.is_none() {
+        return Err(Error::invalid(&shown, "compile.devices", format!("`{}` needs CPU code but --target `{target_spec}` has none; add cpu, or use --devices gpu:0", mesh.spec())));
+    }
+    let base = build_graph(&model)?;
+    let devices = mesh.len() as u32;
+    // One graph per device: the shard pass gives each its slice of the model.
+    let mut graphs = Vec::with_capacity(devices as usize);
+    for index in 0..devices {
+        let mut graph = base.clone();
+        let dump_dir = options.pipeline.dump_dir.map(|d| if devices > 1 { d.join(format!("device{index}")) } else { d.to_path_buf() });
+        let shard = (devices > 1).then_some(crate::sharding::ShardTarget { index, devices, split_attention });
+        run_pipeline(&mut graph, &PipelineOptions { dump_dir: dump_dir.as_deref(), shard, ..pipeline.clone() })?;
+        graphs.push(graph);
+    }
+    let fe = Frontend { manifest, model, graph: graphs[0].clone() };
     lap("import + graph passes", &mut phases);
     if options.pipeline.stop_after.is_some() {
         return Err(Error::Flag { flag: "--stop-after".into(), message: "stops before code generation; no artifact is written".into() });
@@ -151,17 +230,22 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     // Encoders attend in both directions, so a sequence cannot be split into chunks.
     let max_seq = if cfg.encoder.is_some() { max_length } else { PREFILL_CHUNK.min(max_length) };
 
-    let mut interp = crate::interp::Interpreter::new(&fe.graph, &fe.model.weights);
     let mut weights = WeightTable::default();
     let mut kernels = KernelSet::default();
-    let prefill = schedule(&fe.graph, &mut interp, SeqMode::Dynamic, max_seq, max_length, &mut weights, &mut kernels)?;
-    let decode = schedule(&fe.graph, &mut interp, SeqMode::Fixed(1), 1, max_length, &mut weights, &mut kernels)?;
-    // Generation needs only the last token's logits of a prompt: a third plan stops
-    // computing the other rows at the final norm (the lm_head is 14% of prefill).
-    let prefill_last = match crate::schedule::last_row_cut(&fe.graph, &interp) {
-        Some(cut) => Some(crate::schedule::schedule_last_row(&fe.graph, &mut interp, cut, max_seq, max_length, &mut weights, &mut kernels)?),
-        None => None,
-    };
+    let mut schedules = Vec::with_capacity(graphs.len());
+    for (index, graph) in graphs.iter().enumerate() {
+        weights.device = index as u32;
+        let mut interp = crate::interp::Interpreter::new(graph, &fe.model.weights);
+        let prefill = schedule(graph, &mut interp, SeqMode::Dynamic, max_seq, max_length, &mut weights, &mut kernels)?;
+        let decode = schedule(graph, &mut interp, SeqMode::Fixed(1), 1, max_length, &mut weights, &mut kernels)?;
+        // Generation needs only the last token's logits of a prompt: a third plan stops
+        // computing the other rows at the final norm (the lm_head is 14% of prefill).
+        let prefill_last = match crate::schedule::last_row_cut(graph, &interp) {
+            Some(cut) => Some(crate::schedule::schedule_last_row(graph, &mut interp, cut, max_seq, max_length, &mut weights, &mut kernels)?),
+            None => None,
+        };
+        schedules.push((prefill, decode, prefill_last));
+    }
     let kv = kv_shape(&fe.graph)?;
 
     let to_plan = |s: &Schedule| -> mef::Plan {
@@ -174,6 +258,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             Arg::KeyCache(l) => mef::BufferRef::KeyCache(l),
             Arg::ValueCache(l) => mef::BufferRef::ValueCache(l),
         };
+        let arena = |b: u32| mef::BufferRef::Arena { offset: offsets[b as usize] };
         mef::Plan {
             max_seq: s.max_seq,
             arena_bytes,
@@ -182,15 +267,33 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
                 .iter()
                 .map(|l| mef::Launch { kernel: l.kernel, args: l.args.iter().map(arg).collect(), tasks: l.tasks, output_elems: l.output_elems })
                 .collect(),
-            logits: mef::BufferRef::Arena { offset: offsets[s.logits as usize] },
+            collectives: s
+                .collectives
+                .iter()
+                .map(|c| mef::CollectiveStep { before_launch: c.before_launch as u32, op: c.op.clone(), input: arena(c.input), output: arena(c.output) })
+                .collect(),
+            logits: arena(s.logits),
         }
     };
-    let (prefill_plan, decode_plan) = (to_plan(&prefill), to_plan(&decode));
-    let prefill_last_plan = prefill_last.as_ref().map(to_plan);
+    let kv_layout = mef::KvCacheLayout { layers: kv.layers, row_elems: kv.row_elems };
+    let sub_models: Vec<mef::SubModel> = schedules
+        .iter()
+        .enumerate()
+        .map(|(d, (prefill, decode, last))| mef::SubModel {
+            name: if devices > 1 { format!("shard{d}") } else { "model".into() },
+            device: format!("{}:{}", mesh.kind.name(), mesh.ordinals[d]),
+            prefill: to_plan(prefill),
+            decode: to_plan(decode),
+            prefill_last: last.as_ref().map(to_plan),
+            weight_bytes: 0,
+            kv_bytes_per_token: kv_layout.bytes_per_token(),
+        })
+        .collect();
+    let (prefill, decode) = (&schedules[0].0, &schedules[0].1);
     lap("schedule", &mut phases);
     if let Some(dir) = options.pipeline.dump_dir {
         let path = dir.join("launches.txt");
-        let text = format!("{}{}", launch_summary("prefill", &prefill, &kernels), launch_summary("decode", &decode, &kernels));
+        let text = format!("{}{}", launch_summary("prefill", prefill, &kernels), launch_summary("decode", decode, &kernels));
         std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
     }
 
@@ -267,9 +370,9 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             })
             .collect(),
         weights: vec![],
-        prefill: prefill_plan,
-        decode: decode_plan,
-        kv_cache: mef::KvCacheLayout { layers: kv.layers, row_elems: kv.row_elems },
+        mesh: mesh.clone(),
+        sub_models,
+        kv_cache: kv_layout,
         tokenizer: mef::TokenizerInfo { bos_token_id: cfg.bos_token_id, eos_token_ids: cfg.eos_token_ids.clone() },
         generation: mef::GenerationDefaults {
             temperature: g.temperature.or(d.temperature),
@@ -280,16 +383,16 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         },
         max_length,
         gpu_archs: targets.gpus.iter().map(|g| g.arch.clone()).collect(),
-        prefill_last: prefill_last_plan,
     };
     let report = CompileReport {
         artifact_bytes: 0,
         kernels: kernels.kernels.len(),
-        prefill_launches: header.prefill.launches.len(),
-        decode_launches: header.decode.launches.len(),
-        prefill_arena_bytes: header.prefill.arena_bytes,
-        decode_arena_bytes: header.decode.arena_bytes,
+        prefill_launches: header.main().prefill.launches.len(),
+        decode_launches: header.main().decode.launches.len(),
+        prefill_arena_bytes: header.main().prefill.arena_bytes,
+        decode_arena_bytes: header.main().decode.arena_bytes,
         phases: Vec::new(),
+        notes,
     };
     let bytes = crate::mef_writer::write_artifact(
         output,
@@ -320,8 +423,8 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
     if let Some(Err(m)) = c.embedding_encoding.as_deref().map(crate::quant::parse_encoding) {
         problems.push(Error::invalid(&shown, "compile.embedding_encoding", m));
     }
-    if let Some(dev) = c.devices.as_deref().filter(|d| *d != "cpu") {
-        problems.push(Error::invalid(&shown, "compile.devices", format!("`{dev}` is not implemented yet; this maxc supports cpu")));
+    if let Err(m) = crate::sharding::parse_mesh(c.devices.as_deref().unwrap_or("cpu")) {
+        problems.push(Error::invalid(&shown, "compile.devices", m));
     }
     let spec = target.map(str::to_string).or(c.target.clone()).unwrap_or_else(|| "cpu".into());
     if let Err(e) = maxc_codegen::TargetSpec::parse(&spec) {
@@ -335,6 +438,11 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
             return problems;
         }
     };
+    if let Err(e) = plan_mesh(&shown, c.devices.as_deref(), c.attention_sharding.as_deref(), &model.config) {
+        if crate::sharding::parse_mesh(c.devices.as_deref().unwrap_or("cpu")).is_ok() {
+            problems.push(e);
+        }
+    }
     let weight_problems = crate::builders::check_weights(&model);
     if !weight_problems.is_empty() {
         problems.extend(weight_problems);

@@ -184,17 +184,28 @@ impl<'a> Interpreter<'a> {
                 }
                 t.clone()
             }
-            Op::Weight { name, ty } => {
+            Op::Weight { name, ty, shard } => {
                 let shape: Vec<usize> = ty.shape.iter().map(|d| d.fixed().expect("weights are static") as usize).collect();
+                // The checkpoint tensor's shape: a shard holds one of `devices` parts of it.
+                let mut full = shape.clone();
+                if let Some(sh) = shard {
+                    full[sh.axis as usize] *= sh.devices as usize;
+                }
                 // A quantized weight is seen as the values its encoding stores.
                 let values = match ty.quant {
                     crate::graph::QuantScheme::None => self.weights.weight_f32(name)?,
                     q => {
-                        let cols = *shape.last().expect("weights have a shape");
+                        let cols = *full.last().expect("weights have a shape");
                         crate::quant::decode(q, &self.weights.weight_encoded(name, q, cols)?, cols)
                     }
                 };
-                Tensor::f32(shape, values)
+                match shard {
+                    Some(sh) => {
+                        let len = shape[sh.axis as usize];
+                        Tensor::f32(shape, slice_axis(&values, &full, sh.axis as usize, sh.index as usize * len, len))
+                    }
+                    None => Tensor::f32(shape, values),
+                }
             }
             Op::Constant { values, ty } => {
                 Tensor::f32(ty.shape.iter().map(|d| d.fixed().unwrap() as usize).collect(), values.clone())
@@ -381,20 +392,38 @@ impl<'a> Interpreter<'a> {
             Op::Slice { axis, start, len } => {
                 let (axis, start, len) = (*axis as usize, *start as usize, *len as usize);
                 let x = args[0];
-                let outer: usize = x.shape[..axis].iter().product();
-                let dim = x.shape[axis];
-                let inner: usize = x.shape[axis + 1..].iter().product();
-                let mut out = Vec::with_capacity(outer * len * inner);
-                for o in 0..outer {
-                    let base = (o * dim + start) * inner;
-                    out.extend_from_slice(&x.as_f32()[base..base + len * inner]);
-                }
                 let mut shape = x.shape.clone();
                 shape[axis] = len;
-                Tensor::f32(shape, out)
+                Tensor::f32(shape, slice_axis(x.as_f32(), &x.shape, axis, start, len))
+            }
+            Op::ShardSlice { axis, index, devices } => {
+                let (axis, x) = (*axis as usize, args[0]);
+                let len = x.shape[axis] / *devices as usize;
+                let mut shape = x.shape.clone();
+                shape[axis] = len;
+                Tensor::f32(shape, slice_axis(x.as_f32(), &x.shape, axis, *index as usize * len, len))
+            }
+            Op::AllReduce | Op::AllGather { .. } => {
+                return Err(Error::Verify(format!(
+                    "`{}` exchanges data between devices; the interpreter runs one device's graph (test sharded graphs through maxrun)",
+                    node.op.mnemonic()
+                )))
             }
         })
     }
+}
+
+/// `len` entries from `start` along `axis` of a row-major tensor of `shape`.
+pub fn slice_axis(x: &[f32], shape: &[usize], axis: usize, start: usize, len: usize) -> Vec<f32> {
+    let outer: usize = shape[..axis].iter().product();
+    let dim = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let mut out = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        let base = (o * dim + start) * inner;
+        out.extend_from_slice(&x[base..base + len * inner]);
+    }
+    out
 }
 
 /// `x[m,k] @ w[n,k]^T`, parallel over output columns.

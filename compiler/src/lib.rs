@@ -17,5 +17,6 @@ pub mod progress;
 pub mod provenance;
 pub mod quant;
 pub mod schedule;
+pub mod sharding;
 
 pub use error::{Error, Result};

@@ -88,6 +88,14 @@ struct CompileArgs {
     /// encoding when it is a float one, q8_0 with block encodings).
     #[arg(long, value_name = "ENCODING")]
     embedding_encoding: Option<String>,
+    /// Device mesh: cpu (default), cpu:0,1 (two CPU devices, each with its own
+    /// threads and weight shard), gpu:0,1,2,3. One sub-model per device.
+    #[arg(long, value_name = "DEVICES")]
+    devices: Option<String>,
+    /// Attention over a mesh: auto (split by KV heads when the device count
+    /// divides them, else replicated), heads (split or fail), replicated.
+    #[arg(long, value_name = "POLICY")]
+    attention_sharding: Option<String>,
     /// Code generator: llvm (default; vectorized, tuned to --target) or cranelift (fast compiles, baseline x86-64).
     #[arg(long, value_name = "BACKEND")]
     backend: Option<String>,
@@ -147,7 +155,7 @@ fn options<'a>(dump: Option<&'a Path>, stop: Option<&'a str>) -> anyhow::Result<
             bail!("--stop-after: unknown pass `{name}`; passes: {}", names.join(", "));
         }
     }
-    Ok(PipelineOptions { verify_each: true, dump_dir: dump, stop_after: stop, encoding: Default::default(), embedding_encoding: None })
+    Ok(PipelineOptions { verify_each: true, dump_dir: dump, stop_after: stop, ..Default::default() })
 }
 
 fn compile(args: CompileArgs) -> anyhow::Result<()> {
@@ -175,6 +183,8 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         encoding: args.quantization_encoding.clone(),
         embedding_encoding: args.embedding_encoding.clone(),
         backend: args.backend.clone(),
+        devices: args.devices.clone(),
+        attention_sharding: args.attention_sharding.clone(),
         progress: !args.quiet && args.log_format == "text",
     };
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -201,6 +211,9 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
             report.prefill_launches,
             report.decode_launches
         );
+        for note in &report.notes {
+            eprintln!("note: {note}");
+        }
         eprintln!("{:<24} {:>8} {:>12}", "phase", "wall s", "peak MiB");
         for (phase, wall, peak) in &report.phases {
             eprintln!("{phase:<24} {wall:>8.2} {:>12.1}", *peak as f64 / (1 << 20) as f64);

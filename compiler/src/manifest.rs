@@ -46,8 +46,11 @@ pub struct ModelSection {
 pub struct CompileSection {
     /// `cpu`, `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cuda:sm_90`, ...
     pub target: Option<String>,
-    /// `cpu`, `cpu:0,1`, `gpu:0,1`, `gpu:all`.
+    /// The device mesh: `cpu` (default), `cpu:0,1`, `gpu:0,1,2,3`.
     pub devices: Option<String>,
+    /// How attention is split over a mesh: `auto` (by KV heads when the device
+    /// count divides them, else replicated), `heads` (split or fail), `replicated`.
+    pub attention_sharding: Option<String>,
     /// The encoding of the linear layers' weights (default float32).
     pub quantization_encoding: Option<String>,
     /// The encoding of the token embedding table and the lm_head (default: the
@@ -190,7 +193,7 @@ fn check_encoding(path: &Path, field: &str, value: &Option<String>) -> Result<()
 }
 
 /// Keys of `[compile]` that `transformer.<key>` overrides address.
-const COMPILE_KEYS: &[&str] = &["target", "devices", "quantization_encoding", "embedding_encoding", "max_length", "max_batch_size"];
+const COMPILE_KEYS: &[&str] = &["target", "devices", "attention_sharding", "quantization_encoding", "embedding_encoding", "max_length", "max_batch_size"];
 const MODEL_KEYS: &[&str] = &["path", "name", "architecture"];
 
 /// Applies one `--model-override KEY=VALUE`.

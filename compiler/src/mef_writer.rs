@@ -30,11 +30,13 @@ pub struct ArtifactContents<'a> {
     pub progress: bool,
 }
 
-/// Fills in `header.weights` (offsets within the weights section) and returns its size.
-fn layout_weights(slots: &[WeightSlot]) -> (Vec<WeightEntry>, u64) {
-    let mut offset = 0u64;
+/// Fills in `header.weights` (offsets within their device's weights section) and
+/// returns each device's section size.
+fn layout_weights(slots: &[WeightSlot], devices: usize) -> (Vec<WeightEntry>, Vec<u64>) {
+    let mut ends = vec![0u64; devices];
     let mut entries = Vec::with_capacity(slots.len());
     for s in slots {
+        let offset = ends[s.device as usize];
         let encoding = s.encoding.encoding();
         let (part, dtype, _) = encoding.parts()[s.part];
         let elems = encoding.part_elems(s.part, &s.shape).expect("the quantize pass only picks encodings whose blocks fit");
@@ -46,23 +48,30 @@ fn layout_weights(slots: &[WeightSlot]) -> (Vec<WeightEntry>, u64) {
             dtype,
             layout: s.layout.name().into(),
             shape: s.shape.clone(),
+            device: s.device,
             offset,
             len,
         });
-        offset = (offset + len).div_ceil(WEIGHT_ALIGN) * WEIGHT_ALIGN;
+        ends[s.device as usize] = (offset + len).div_ceil(WEIGHT_ALIGN) * WEIGHT_ALIGN;
     }
-    (entries, offset)
+    (entries, ends)
 }
 
 /// Writes the artifact to `out` atomically.
 pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<u64> {
-    let (entries, weights_len) = layout_weights(contents.weights);
+    let devices = contents.header.sub_models.len();
+    let (entries, weight_lens) = layout_weights(contents.weights, devices);
     contents.header.weights = entries;
+    for (m, len) in contents.header.sub_models.iter_mut().zip(&weight_lens) {
+        m.weight_bytes = *len;
+    }
     let mut lens = Vec::new();
     if let Some(code) = contents.code {
         lens.push((SectionKind::Code, code.len() as u64));
     }
-    lens.push((SectionKind::Weights, weights_len));
+    for (d, len) in weight_lens.iter().enumerate() {
+        lens.push((SectionKind::Weights(d as u32), *len));
+    }
     lens.push((SectionKind::Tokenizer, contents.tokenizer_json.len() as u64));
     if let Some(t) = contents.chat_template {
         lens.push((SectionKind::ChatTemplate, t.len() as u64));
@@ -153,11 +162,14 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
             SectionKind::Ptx(i) => w.write(c.ptx[i as usize].as_bytes()).map_err(io)?,
             SectionKind::Tokenizer => w.write(c.tokenizer_json.as_bytes()).map_err(io)?,
             SectionKind::ChatTemplate => w.write(c.chat_template.unwrap_or_default().as_bytes()).map_err(io)?,
-            SectionKind::Weights => {
+            SectionKind::Weights(device) => {
                 let bar = crate::progress::bytes_bar(s.len, "writing weights", c.progress);
                 // One group per tensor: its parts are consecutive slots, encoded together.
                 let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
                 for (i, slot) in c.weights.iter().enumerate() {
+                    if slot.device != device {
+                        continue;
+                    }
                     match groups.last_mut() {
                         Some(g) if slot.part > 0 => g.end = i + 1,
                         _ => groups.push(i..i + 1),
@@ -212,12 +224,20 @@ fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant:
 
 fn encode_row_major(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant::Encoded> {
     use crate::interp::WeightSource;
-    let cols = *slot.shape.last().unwrap_or(&1) as usize;
+    // A shard is cut from the whole tensor, encoded as the unsharded artifact
+    // would store it (native blocks stay bit-exact).
+    let checkpoint = |name: &str| -> Result<crate::quant::Encoded> {
+        let Some(sh) = slot.shard else {
+            return store.weight_encoded(name, slot.encoding, *slot.shape.last().unwrap_or(&1) as usize);
+        };
+        let full = store.shape(name)?;
+        let whole = store.weight_encoded(name, slot.encoding, *full.last().unwrap_or(&1) as usize)?;
+        let len = full[sh.axis as usize] / sh.devices as u64;
+        Ok(whole.slice(slot.encoding.encoding(), &full, sh.axis as usize, sh.index as u64 * len, len))
+    };
     Ok(match &slot.data {
-        WeightData::Checkpoint(name) => store.weight_encoded(name, slot.encoding, cols)?,
-        WeightData::Stacked(names) => {
-            crate::quant::Encoded::concat_rows(names.iter().map(|n| store.weight_encoded(n, slot.encoding, cols)).collect::<Result<Vec<_>>>()?)
-        }
-        WeightData::Values(v) => crate::quant::encode(slot.encoding, v, cols),
+        WeightData::Checkpoint(name) => checkpoint(name)?,
+        WeightData::Stacked(names) => crate::quant::Encoded::concat_rows(names.iter().map(|n| checkpoint(n)).collect::<Result<Vec<_>>>()?),
+        WeightData::Values(v) => crate::quant::encode(slot.encoding, v, *slot.shape.last().unwrap_or(&1) as usize),
     })
 }

@@ -28,6 +28,38 @@ pub struct Encoded {
 }
 
 impl Encoded {
+    /// Part `start .. start + len` along `axis` (0: rows, 1: columns, on whole
+    /// blocks) of a tensor of `shape` stored in `encoding`: each part keeps its
+    /// own share of every row (per-row scales stay whole).
+    pub fn slice(&self, encoding: maxrun::format::WeightEncoding, shape: &[u64], axis: usize, start: u64, len: u64) -> Encoded {
+        use maxrun::format::PerRow;
+        let cols = *shape.last().unwrap_or(&1);
+        let rows: u64 = shape.iter().rev().skip(1).product();
+        // The last axis is the one blocks run along (a vector's only axis).
+        let along_rows = axis + 1 < shape.len();
+        let parts = encoding
+            .parts()
+            .iter()
+            .zip(&self.parts)
+            .map(|((_, dtype, per_row), bytes)| {
+                let row_bytes = bytes.len() as u64 / rows.max(1);
+                if along_rows {
+                    return bytes[(start * row_bytes) as usize..((start + len) * row_bytes) as usize].to_vec();
+                }
+                let (lo, hi) = match per_row {
+                    PerRow::One => (0, row_bytes),
+                    PerRow::Every(n) => {
+                        assert!(start.is_multiple_of(*n) && len.is_multiple_of(*n) && start.is_multiple_of(encoding.block()), "column slices of whole blocks");
+                        (start / n * dtype.size(), (start + len) / n * dtype.size())
+                    }
+                };
+                debug_assert!(hi <= row_bytes, "slice past a row of {cols} values");
+                (0..rows).flat_map(|r| bytes[(r * row_bytes + lo) as usize..(r * row_bytes + hi) as usize].iter().copied()).collect()
+            })
+            .collect();
+        Encoded { parts }
+    }
+
     /// Stacks tensors along their first axis (rows): each part concatenates.
     pub fn concat_rows(pieces: Vec<Encoded>) -> Encoded {
         let n = pieces.first().map_or(0, |p| p.parts.len());

@@ -145,7 +145,18 @@ impl Artifact {
     /// Checks the weights section's checksum, streaming; `progress(done, total)` is
     /// called after every chunk.
     pub fn verify_weights(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), ArtifactError> {
-        self.verify_section_with_progress(SectionKind::Weights, progress)
+        let total: u64 = self.weight_sections().map(|k| self.section(k).len() as u64).sum();
+        let mut before = 0;
+        for kind in self.weight_sections() {
+            self.verify_section_with_progress(kind, &mut |done, _| progress(before + done, total))?;
+            before += self.section(kind).len() as u64;
+        }
+        Ok(())
+    }
+
+    /// The weights section of every sub-model, in device order.
+    pub fn weight_sections(&self) -> impl Iterator<Item = SectionKind> {
+        (0..self.header.sub_models.len() as u32).map(SectionKind::Weights)
     }
 
     fn verify_section_with_progress(&self, kind: SectionKind, progress: &mut dyn FnMut(u64, u64)) -> Result<(), ArtifactError> {
@@ -181,7 +192,11 @@ impl Artifact {
                 ));
             }
         }
-        for kind in [SectionKind::Weights, SectionKind::Tokenizer] {
+        let h = &self.header;
+        if h.sub_models.is_empty() || h.sub_models.len() != h.mesh.len() {
+            return Err(corrupt("device mesh".into(), format!("{} sub-models for a mesh of {} devices", h.sub_models.len(), h.mesh.len())));
+        }
+        for kind in self.weight_sections().chain([SectionKind::Tokenizer]) {
             if !self.header.sections.iter().any(|s| s.kind == kind) {
                 return Err(corrupt(format!("{kind:?} section"), "missing".into()));
             }
@@ -197,8 +212,11 @@ impl Artifact {
         if !self.header.has_cpu_code() && archs == 0 {
             return Err(corrupt("Code section".into(), "missing, and there is no GPU code either".into()));
         }
-        let weights_len = self.section(SectionKind::Weights).len() as u64;
         for w in &self.header.weights {
+            if w.device as usize >= h.sub_models.len() {
+                return Err(corrupt(format!("weight `{}`", w.name), format!("belongs to device {} of {}", w.device, h.sub_models.len())));
+            }
+            let weights_len = self.section(SectionKind::Weights(w.device)).len() as u64;
             if w.offset.checked_add(w.len).is_none_or(|e| e > weights_len) {
                 return Err(corrupt(format!("weight `{}`", w.name), format!("runs past the weights section ({weights_len} bytes)")));
             }
@@ -223,7 +241,17 @@ impl Artifact {
                 ));
             }
         }
-        for plan in [Some(&self.header.prefill), Some(&self.header.decode), self.header.prefill_last.as_ref()].into_iter().flatten() {
+        let plans = h.sub_models.iter().enumerate().flat_map(|(d, m)| [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten().map(move |p| (d, p)));
+        for (device, plan) in plans {
+            let arena_ok = |r: &BufferRef| matches!(*r, BufferRef::Arena { offset } if offset < plan.arena_bytes);
+            let mut last = 0;
+            for c in &plan.collectives {
+                let ok = arena_ok(&c.input) && arena_ok(&c.output) && c.input != c.output && c.before_launch as usize <= plan.launches.len() && c.before_launch >= last;
+                if !ok || h.sub_models.len() < 2 {
+                    return Err(corrupt("launch plan".into(), format!("collective {c:?} is out of range or order")));
+                }
+                last = c.before_launch;
+            }
             for l in &plan.launches {
                 let k = self.header.kernels.get(l.kernel as usize);
                 if k.is_none_or(|k| k.num_params as usize != l.args.len()) {
@@ -231,7 +259,7 @@ impl Artifact {
                 }
                 for a in &l.args {
                     let ok = match *a {
-                        BufferRef::Weight(i) => (i as usize) < self.header.weights.len(),
+                        BufferRef::Weight(i) => self.header.weights.get(i as usize).is_some_and(|w| w.device as usize == device),
                         BufferRef::KeyCache(n) | BufferRef::ValueCache(n) => (n as u64) < self.header.kv_cache.layers,
                         BufferRef::Arena { offset } => offset < plan.arena_bytes,
                         BufferRef::Tokens | BufferRef::Positions => true,
@@ -256,7 +284,7 @@ impl Artifact {
     /// The bytes of weight `index`, zero-copy from the mapping.
     pub fn weight_bytes(&self, index: usize) -> &[u8] {
         let w = &self.header.weights[index];
-        &self.section(SectionKind::Weights)[w.offset as usize..(w.offset + w.len) as usize]
+        &self.section(SectionKind::Weights(w.device))[w.offset as usize..(w.offset + w.len) as usize]
     }
 
     /// Checks that this machine can run the code section.

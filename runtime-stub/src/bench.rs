@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::session::{Session, SessionError};
+use crate::runner::Runner;
+use crate::session::SessionError;
 
 /// Bench settings.
 #[derive(Copy, Clone, Debug)]
@@ -78,16 +79,17 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Runs the benchmark. Token ids are a fixed, valid sequence (content does not change the work).
+/// Runs the benchmark (`weights`: a section to measure read bandwidth on;
+/// `weight_bytes`: what one decode step reads over all devices). Token ids are a fixed, valid sequence (content does not change the work).
 pub fn run(
-    session: &mut Session<'_>,
+    session: &mut Runner<'_>,
     cfg: BenchConfig,
     model: &str,
     weights: &[u8],
+    weight_bytes: u64,
     kv_bytes_per_token: u64,
     vocab: u64,
 ) -> Result<BenchReport, SessionError> {
-    let weight_bytes = weights.len() as u64;
     let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
     // One untimed warm-up of each kind pages the weights in and spins the threads up.
     session.reset();

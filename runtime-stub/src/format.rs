@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 2;
+pub const FORMAT_MAJOR: u32 = 3;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
@@ -34,8 +34,11 @@ pub struct Header {
     pub sections: Vec<Section>,
     pub kernels: Vec<KernelEntry>,
     pub weights: Vec<WeightEntry>,
-    pub prefill: Plan,
-    pub decode: Plan,
+    /// The devices the model is split over (`cpu`: one CPU device).
+    pub mesh: DeviceMesh,
+    /// One sub-model per device of the mesh, in device order.
+    pub sub_models: Vec<SubModel>,
+    /// The KV cache of one device (every sub-model has the same layout).
     pub kv_cache: KvCacheLayout,
     pub tokenizer: TokenizerInfo,
     pub generation: GenerationDefaults,
@@ -44,16 +47,88 @@ pub struct Header {
     /// NVIDIA architectures (`sm_90`) with a PTX module in the artifact, in the
     /// order of their `Ptx(i)` sections; empty for CPU-only artifacts.
     pub gpu_archs: Vec<String>,
-    /// A prefill plan whose logits are the last token's only (`f32[1, vocab]`):
-    /// what generation needs from a prompt. `None` when the model has no such cut
-    /// (encoders).
-    pub prefill_last: Option<Plan>,
 }
 
 impl Header {
     /// Whether the artifact carries CPU code (a GPU-only artifact does not).
     pub fn has_cpu_code(&self) -> bool {
         self.sections.iter().any(|s| s.kind == SectionKind::Code)
+    }
+
+    /// The first sub-model: the whole model on a one-device mesh.
+    pub fn main(&self) -> &SubModel {
+        &self.sub_models[0]
+    }
+}
+
+/// The kind of device a mesh is made of.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+}
+
+impl DeviceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Gpu => "gpu",
+        }
+    }
+}
+
+/// A one-dimensional device mesh: `devices` devices of one kind, ordinals
+/// `ordinals[i]` (`cpu:0,1` is two CPU devices, each a group of worker threads).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMesh {
+    pub kind: DeviceKind,
+    pub ordinals: Vec<u32>,
+}
+
+impl DeviceMesh {
+    /// The number of devices.
+    pub fn len(&self) -> usize {
+        self.ordinals.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ordinals.is_empty()
+    }
+
+    /// `cpu`, `cpu:0,1`, `gpu:0,1,2,3`.
+    pub fn spec(&self) -> String {
+        match (self.kind, self.ordinals.as_slice()) {
+            (DeviceKind::Cpu, [0]) => "cpu".into(),
+            (kind, ords) => format!("{}:{}", kind.name(), ords.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+        }
+    }
+}
+
+/// The part of the model one device runs: its plans over its own weights (the
+/// entries of [`Header::weights`] whose `device` is this sub-model's index, in
+/// section `Weights(index)`), with collectives where the devices exchange data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SubModel {
+    /// `model`, or `shard0`, `shard1`, ... on a mesh of several devices.
+    pub name: String,
+    /// The device it runs on: `cpu:0`, `gpu:1`.
+    pub device: String,
+    pub prefill: Plan,
+    pub decode: Plan,
+    /// A prefill plan whose logits are the last token's only (`f32[1, vocab]`):
+    /// what generation needs from a prompt. `None` when the model has no such cut
+    /// (encoders).
+    pub prefill_last: Option<Plan>,
+    /// Bytes of this device's weights section.
+    pub weight_bytes: u64,
+    /// KV-cache bytes per token on this device.
+    pub kv_bytes_per_token: u64,
+}
+
+impl SubModel {
+    /// The largest activation arena of its plans.
+    pub fn arena_bytes(&self) -> u64 {
+        [Some(&self.prefill), Some(&self.decode), self.prefill_last.as_ref()].into_iter().flatten().map(|p| p.arena_bytes).max().unwrap_or(0)
     }
 }
 
@@ -109,8 +184,9 @@ pub struct TargetInfo {
 pub enum SectionKind {
     /// A shared object exporting every kernel.
     Code,
-    /// All weights, each entry 64-byte aligned within the section.
-    Weights,
+    /// The weights of sub-model `i` (device `i` of the mesh), each entry 64-byte
+    /// aligned within the section.
+    Weights(u32),
     /// A Hugging Face tokenizer.json.
     Tokenizer,
     /// The chat template (Jinja text).
@@ -183,7 +259,9 @@ pub struct WeightEntry {
     pub layout: String,
     /// The logical shape of the whole tensor (the last axis is the one blocks run along).
     pub shape: Vec<u64>,
-    /// Offset within the weights section (64-byte aligned).
+    /// The sub-model (device) whose weights section holds it.
+    pub device: u32,
+    /// Offset within that weights section (64-byte aligned).
     pub offset: u64,
     pub len: u64,
 }
@@ -358,9 +436,51 @@ pub struct Plan {
     /// Activation arena size for `max_seq` tokens.
     pub arena_bytes: u64,
     pub launches: Vec<Launch>,
+    /// Data exchanged with the other devices of the mesh, in order (empty on one device).
+    pub collectives: Vec<CollectiveStep>,
     /// Where the output is when the plan ends: `[seq, vocab]` f32 logits, or an
     /// encoder's `[1, width]` embedding.
     pub logits: BufferRef,
+}
+
+/// One collective of a plan: every device of the mesh runs it at the same point
+/// (before launch `before_launch`; `launches.len()` means after the last one).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveStep {
+    pub before_launch: u32,
+    pub op: CollectiveOp,
+    /// An arena buffer of this device.
+    pub input: BufferRef,
+    /// An arena buffer of this device (never the input).
+    pub output: BufferRef,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum CollectiveOp {
+    /// `output = sum over devices of input`, `elems` f32 (`per_seq * seq + fixed`);
+    /// summed in device order, so every device gets the same bits.
+    AllReduceSum { elems: TaskCount },
+    /// `input` is `[rows, cols]` on every device; `output` is `[rows, devices * cols]`
+    /// with device `d`'s columns at `d * cols`.
+    AllGather { rows: TaskCount, cols: u64 },
+}
+
+impl CollectiveOp {
+    /// f32 elements read from the input for a step of `seq` tokens.
+    pub fn input_elems(&self, seq: u64) -> u64 {
+        match self {
+            CollectiveOp::AllReduceSum { elems } => elems.eval(seq),
+            CollectiveOp::AllGather { rows, cols } => rows.eval(seq) * cols,
+        }
+    }
+
+    /// f32 elements written to the output on a mesh of `devices`.
+    pub fn output_elems(&self, seq: u64, devices: u64) -> u64 {
+        match self {
+            CollectiveOp::AllReduceSum { elems } => elems.eval(seq),
+            CollectiveOp::AllGather { rows, cols } => rows.eval(seq) * cols * devices,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

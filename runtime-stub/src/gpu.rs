@@ -113,7 +113,7 @@ impl<'a> GpuSession<'a> {
         let cache_len = (h.max_length * h.kv_cache.row_elems).max(1) as usize;
         let layers = h.kv_cache.layers as usize;
         let caches: Vec<CudaSlice<f32>> = (0..2 * layers).map(|_| stream.alloc_zeros::<f32>(cache_len)).collect::<Result<_, _>>().map_err(driver_err)?;
-        let max_seq = h.prefill.max_seq.max(1) as usize;
+        let max_seq = h.main().prefill.max_seq.max(1) as usize;
         let tokens = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;
         let positions = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;
         let dims = stream.alloc_zeros::<i64>(1).map_err(driver_err)?;
@@ -144,7 +144,7 @@ impl<'a> GpuSession<'a> {
             let functions = plan.launches.iter().map(|l| functions[l.kernel as usize].clone()).collect();
             Ok(GpuPlan { arena, args, functions })
         };
-        let (prefill, decode) = (plan(&h.prefill)?, plan(&h.decode)?);
+        let (prefill, decode) = (plan(&h.main().prefill)?, plan(&h.main().decode)?);
         stream.synchronize().map_err(driver_err)?;
         let device_name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
         Ok(GpuSession {
@@ -182,7 +182,7 @@ impl<'a> GpuSession<'a> {
         if ids.len() == 1 {
             self.step(ids, false).map_err(|e| SessionError::Gpu(e.to_string()))?;
         } else {
-            for chunk in ids.chunks(h.prefill.max_seq as usize) {
+            for chunk in ids.chunks(h.main().prefill.max_seq as usize) {
                 self.step(chunk, true).map_err(|e| SessionError::Gpu(e.to_string()))?;
             }
         }
@@ -191,7 +191,7 @@ impl<'a> GpuSession<'a> {
 
     fn step(&mut self, ids: &[u32], prefill: bool) -> Result<(), GpuError> {
         let header = &self.artifact.header;
-        let (plan, state) = if prefill { (&header.prefill, &self.prefill) } else { (&header.decode, &self.decode) };
+        let (plan, state) = if prefill { (&header.main().prefill, &self.prefill) } else { (&header.main().decode, &self.decode) };
         let seq = ids.len() as u64;
         let tokens: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let positions: Vec<i32> = (self.position..self.position + seq).map(|p| p as i32).collect();
@@ -230,6 +230,12 @@ impl<'a> GpuSession<'a> {
     }
 }
 
+/// Why a mesh of `devices` GPUs does not run in this maxrun: the single-GPU
+/// session runs one sub-model; see docs/sharding.md for the NCCL plan.
+pub fn mesh_unavailable(devices: usize) -> String {
+    format!("running a mesh of {devices} GPU devices (NCCL collectives) is not implemented in this maxrun yet; recompile with --devices cpu:0,1 to run the shards on CPU devices, or --devices gpu:0 for one GPU")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,3 +258,4 @@ mod tests {
         assert_eq!(launch_config(0).grid_dim.0, 1);
     }
 }
+

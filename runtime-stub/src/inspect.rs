@@ -31,15 +31,31 @@ pub fn report(a: &Artifact) -> Value {
         e["tensors"] = json!(e["tensors"].as_u64().unwrap() + u64::from(first_part));
         e["bytes"] = json!(e["bytes"].as_u64().unwrap() + w.len);
     }
-    let kv_per_token = h.kv_cache.bytes_per_token();
-    let arenas = h.prefill.arena_bytes + h.decode.arena_bytes + h.prefill_last.as_ref().map_or(0, |p| p.arena_bytes);
-    let mut plans = serde_json::Map::new();
-    plans.insert("prefill".into(), plan_json(&h.prefill, h.model.vocab_size));
-    plans.insert("decode".into(), plan_json(&h.decode, h.model.vocab_size));
-    if let Some(p) = &h.prefill_last {
-        let mut j = plan_json(p, h.model.vocab_size);
-        j["outputs"] = json!([{"name": "logits", "dtype": "f32", "shape": [1, h.model.vocab_size]}]);
-        plans.insert("prefill_last".into(), j);
+    let kv_per_token = h.kv_cache.bytes_per_token() * h.sub_models.len() as u64;
+    let mut arenas = 0;
+    let mut sub_models = Vec::new();
+    for (d, m) in h.sub_models.iter().enumerate() {
+        let mut plans = serde_json::Map::new();
+        plans.insert("prefill".into(), plan_json(&m.prefill, h.model.vocab_size));
+        plans.insert("decode".into(), plan_json(&m.decode, h.model.vocab_size));
+        if let Some(p) = &m.prefill_last {
+            let mut j = plan_json(p, h.model.vocab_size);
+            j["outputs"] = json!([{"name": "logits", "dtype": "f32", "shape": [1, h.model.vocab_size]}]);
+            plans.insert("prefill_last".into(), j);
+        }
+        let arena = m.prefill.arena_bytes + m.decode.arena_bytes + m.prefill_last.as_ref().map_or(0, |p| p.arena_bytes);
+        arenas += arena;
+        let weight_bytes: u64 = h.weights.iter().filter(|w| w.device as usize == d).map(|w| w.len).sum();
+        sub_models.push(json!({
+            "name": m.name,
+            "device": m.device,
+            "weight_bytes": weight_bytes,
+            "weight_section_bytes": m.weight_bytes,
+            "activation_arena_bytes": arena,
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+            "collectives": m.decode.collectives.len(),
+            "plans": plans,
+        }));
     }
     let tensors = per_encoding.values().map(|e| e["tensors"].as_u64().unwrap_or(0)).sum::<u64>();
     json!({
@@ -49,11 +65,8 @@ pub fn report(a: &Artifact) -> Value {
         "model": h.model,
         "provenance": h.provenance,
         "target": h.target,
-        "sub_models": [{
-            "name": "main",
-            "device": "cpu",
-            "plans": plans,
-        }],
+        "mesh": {"kind": h.mesh.kind.name(), "devices": h.mesh.len(), "spec": h.mesh.spec()},
+        "sub_models": sub_models,
         "kernels": {
             "count": h.kernels.len(),
             "code_bytes": a.section(SectionKind::Code).len(),
@@ -105,6 +118,16 @@ pub fn render_text(r: &Value) -> String {
     }
     for g in r["gpu"].as_array().into_iter().flatten() {
         line("gpu code", format!("PTX for {}, {} bytes", g["arch"].as_str().unwrap_or(""), g["ptx_bytes"]));
+    }
+    let subs = r["sub_models"].as_array().cloned().unwrap_or_default();
+    if subs.len() > 1 {
+        line("device mesh", format!("{} ({} devices)", r["mesh"]["spec"].as_str().unwrap_or(""), subs.len()));
+        for m in &subs {
+            line(
+                &format!("sub-model {}", m["name"].as_str().unwrap_or("")),
+                format!("on {}: weights {}, KV {} bytes per token, {} collectives per decode step", m["device"].as_str().unwrap_or(""), mib(m["weight_bytes"].as_u64().unwrap_or(0)), m["kv_bytes_per_token"], m["collectives"]),
+            );
+        }
     }
     for (name, plan) in r["sub_models"][0]["plans"].as_object().into_iter().flatten() {
         let shape: Vec<String> = plan["outputs"][0]["shape"].as_array().into_iter().flatten().map(|d| d.as_str().map_or(d.to_string(), str::to_string)).collect();

@@ -9,11 +9,13 @@ pub mod artifact;
 pub mod bench;
 pub mod chat;
 pub mod code;
+pub mod collectives;
 pub mod cpu;
 pub mod format;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod inspect;
+pub mod mesh_session;
 pub mod npy;
 pub mod pool;
 pub mod runner;

@@ -11,7 +11,6 @@ use clap::{Args, Parser, Subcommand};
 use maxrun::artifact::Artifact;
 use maxrun::sampler::{sample, Rng, SamplingParams};
 use maxrun::runner::{Device, Runner};
-use maxrun::session::Session;
 
 #[derive(Parser)]
 #[command(
@@ -178,7 +177,7 @@ fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> anyhow::Result<(
 
 /// Verifies the weights checksum, with a progress bar on a terminal for large files.
 fn verify_weights(artifact: &Artifact) -> anyhow::Result<()> {
-    let total = artifact.section(maxrun::format::SectionKind::Weights).len() as u64;
+    let total: u64 = artifact.weight_sections().map(|k| artifact.section(k).len() as u64).sum();
     let bar = if std::io::stderr().is_terminal() && total > 64 << 20 {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(indicatif::ProgressStyle::with_template("verifying weights {bar:30} {bytes}/{total_bytes} {eta}").unwrap());
@@ -212,20 +211,22 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut session = Session::new(&artifact, threads)?;
+    let (mut session, _) = maxrun::runner::Runner::open(&artifact, threads, maxrun::runner::Device::Cpu)?;
     let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions };
     if args.profile {
-        session.enable_profile();
+        session.cpu().ok_or_else(|| anyhow!("--profile runs on one CPU device; this artifact is split over {}", h.mesh.spec()))?.enable_profile();
     }
-    let weights = artifact.section(maxrun::format::SectionKind::Weights);
-    let report = maxrun::bench::run(&mut session, cfg, &h.model.name, weights, h.kv_cache.bytes_per_token(), h.model.vocab_size)?;
+    let weights = artifact.section(maxrun::format::SectionKind::Weights(0));
+    let weight_bytes: u64 = h.weights.iter().map(|w| w.len).sum();
+    let devices = h.sub_models.len() as u64;
+    let report = maxrun::bench::run(&mut session, cfg, &h.model.name, weights, weight_bytes, h.kv_cache.bytes_per_token() * devices, h.model.vocab_size)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print!("{}", maxrun::bench::render(&report));
     }
     if args.profile {
-        eprint!("{}", render_profile(&session.profile()));
+        eprint!("{}", render_profile(&session.cpu().map(|s| s.profile()).unwrap_or_default()));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -51,11 +51,15 @@ pub enum RunnerError {
     NoGpu { path: PathBuf, reason: String },
     #[error("{path}: --device gpu: the artifact has no GPU code; recompile with --target cpu,cuda:sm_90 (or run it with --device cpu)")]
     NoGpuCode { path: PathBuf },
+    #[error("{path}: the artifact is split over the device mesh `{mesh}`: {reason}")]
+    Mesh { path: PathBuf, mesh: String, reason: String },
 }
 
 /// A session on the CPU or the GPU.
 pub enum Runner<'a> {
     Cpu(Session<'a>),
+    /// A sharded artifact on a mesh of CPU devices.
+    Mesh(crate::mesh_session::MeshSession<'a>),
     #[cfg(feature = "cuda")]
     Gpu(crate::gpu::GpuSession<'a>),
 }
@@ -72,6 +76,17 @@ fn open_gpu<'a>(artifact: &'a Artifact, ordinal: usize) -> Result<Runner<'a>, St
     crate::gpu::GpuSession::new(artifact, ordinal).map(Runner::Gpu).map_err(|e| e.to_string())
 }
 
+/// Why a mesh of GPU devices cannot run here.
+#[cfg(not(feature = "cuda"))]
+fn gpu_mesh_unavailable(_devices: usize) -> String {
+    "this maxrun was built without the `cuda` feature, which GPU devices need; rebuild it with `cargo build -p maxrun --features cuda`".into()
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_mesh_unavailable(devices: usize) -> String {
+    crate::gpu::mesh_unavailable(devices)
+}
+
 #[cfg(not(feature = "cuda"))]
 fn open_gpu<'a>(_artifact: &'a Artifact, _ordinal: usize) -> Result<Runner<'a>, String> {
     Err("this maxrun was built without the `cuda` feature".into())
@@ -84,6 +99,9 @@ impl<'a> Runner<'a> {
         let h = &artifact.header;
         let has_gpu = !h.gpu_archs.is_empty();
         let path = artifact.path.clone();
+        if h.sub_models.len() > 1 {
+            return Self::open_mesh(artifact, threads, device);
+        }
         match device {
             Device::Cpu => Ok((Runner::Cpu(Session::new(artifact, threads)?), None)),
             Device::Gpu(_) if !has_gpu => Err(RunnerError::NoGpuCode { path }),
@@ -105,10 +123,28 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// A session over every sub-model of a sharded artifact.
+    fn open_mesh(artifact: &'a Artifact, threads: usize, device: Device) -> Result<(Self, Option<String>), RunnerError> {
+        use crate::format::DeviceKind;
+        let h = &artifact.header;
+        let error = |reason: String| RunnerError::Mesh { path: artifact.path.clone(), mesh: h.mesh.spec(), reason };
+        match (h.mesh.kind, device) {
+            (DeviceKind::Cpu, Device::Cpu | Device::Auto) => Ok((Runner::Mesh(crate::mesh_session::MeshSession::new(artifact, threads)?), None)),
+            (DeviceKind::Cpu, Device::Gpu(_)) => {
+                Err(error("its sub-models are CPU devices; run it with --device cpu (or auto), or recompile with --devices gpu:0,1".into()))
+            }
+            (DeviceKind::Gpu, Device::Cpu) => Err(error(
+                "its sub-models are GPU devices; run it on a machine with that many GPUs, or recompile with --devices cpu:0,1 for CPU devices".into(),
+            )),
+            (DeviceKind::Gpu, _) => Err(error(gpu_mesh_unavailable(h.mesh.len()))),
+        }
+    }
+
     /// Appends `ids` and returns their logits.
     pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
         match self {
             Runner::Cpu(s) => s.forward(ids),
+            Runner::Mesh(s) => s.forward(ids),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.forward(ids),
         }
@@ -118,6 +154,7 @@ impl<'a> Runner<'a> {
     pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
         match self {
             Runner::Cpu(s) => s.forward_last(ids),
+            Runner::Mesh(s) => s.forward_last(ids),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.forward(ids),
         }
@@ -126,6 +163,7 @@ impl<'a> Runner<'a> {
     pub fn reset(&mut self) {
         match self {
             Runner::Cpu(s) => s.reset(),
+            Runner::Mesh(s) => s.reset(),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.reset(),
         }
@@ -134,6 +172,7 @@ impl<'a> Runner<'a> {
     pub fn truncate(&mut self, len: u64) {
         match self {
             Runner::Cpu(s) => s.truncate(len),
+            Runner::Mesh(s) => s.truncate(len),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.truncate(len),
         }
@@ -142,8 +181,19 @@ impl<'a> Runner<'a> {
     pub fn counts(&self) -> RunCounts {
         match self {
             Runner::Cpu(s) => s.counts,
+            Runner::Mesh(s) => s.counts(),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.counts,
+        }
+    }
+
+    /// CPU worker threads (all devices together; 1 on a GPU).
+    pub fn threads(&self) -> usize {
+        match self {
+            Runner::Cpu(s) => s.threads(),
+            Runner::Mesh(s) => s.threads(),
+            #[cfg(feature = "cuda")]
+            Runner::Gpu(_) => 1,
         }
     }
 
@@ -151,6 +201,7 @@ impl<'a> Runner<'a> {
     pub fn describe(&self) -> String {
         match self {
             Runner::Cpu(s) => format!("threads: {}", s.threads()),
+            Runner::Mesh(s) => format!("devices: {}, threads: {}", s.devices(), s.threads()),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => format!("GPU: {}", s.device_name),
         }
@@ -160,6 +211,7 @@ impl<'a> Runner<'a> {
     pub fn cpu(&mut self) -> Option<&mut Session<'a>> {
         match self {
             Runner::Cpu(s) => Some(s),
+            Runner::Mesh(_) => None,
             #[cfg(feature = "cuda")]
             Runner::Gpu(_) => None,
         }
@@ -169,6 +221,18 @@ impl<'a> Runner<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A GPU mesh says why it cannot run: on a build without `cuda`, that the
+    /// feature is missing (scripts/test.sh runs this test in both builds).
+    #[test]
+    fn gpu_meshes_name_what_is_missing() {
+        let reason = gpu_mesh_unavailable(2);
+        if cfg!(feature = "cuda") {
+            assert!(reason.contains("2 GPU devices") && reason.contains("--devices cpu:0,1"), "{reason}");
+        } else {
+            assert!(reason.contains("without the `cuda` feature") && reason.contains("--features cuda"), "{reason}");
+        }
+    }
 
     #[test]
     fn devices_parse() {

@@ -6,7 +6,8 @@
 
 use crate::artifact::{Artifact, ArtifactError};
 use crate::code::{CodeError, KernelFn, LoadedCode};
-use crate::format::{BufferRef, Plan, SectionKind};
+use crate::collectives::MeshHub;
+use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind, SubModel};
 use crate::pool::ThreadPool;
 
 /// Errors while preparing or running a session.
@@ -96,6 +97,10 @@ pub struct ProfileRow {
 /// One running sequence over an artifact.
 pub struct Session<'a> {
     artifact: &'a Artifact,
+    /// Which sub-model (device of the mesh) this session runs.
+    device: usize,
+    /// The other devices, when the artifact is split over several.
+    hub: Option<std::sync::Arc<MeshHub>>,
     _code: LoadedCode,
     pool: ThreadPool,
     prefill: PlanState,
@@ -123,6 +128,12 @@ impl std::fmt::Debug for Session<'_> {
 impl<'a> Session<'a> {
     /// Checks the CPU, loads the code, resolves kernels and allocates the caches.
     pub fn new(artifact: &'a Artifact, threads: usize) -> Result<Self, SessionError> {
+        Self::on_device(artifact, threads, 0, None)
+    }
+
+    /// A session for sub-model `device` of a sharded artifact, exchanging data with
+    /// the sessions of the other devices through `hub` (`None` on one device).
+    pub fn on_device(artifact: &'a Artifact, threads: usize, device: usize, hub: Option<std::sync::Arc<MeshHub>>) -> Result<Self, SessionError> {
         artifact.check_cpu()?;
         let code = LoadedCode::load(artifact.section(SectionKind::Code))?;
         let mut resolved = Vec::with_capacity(artifact.header.kernels.len());
@@ -135,19 +146,22 @@ impl<'a> Session<'a> {
             profile: None,
         };
         let h = &artifact.header;
+        let sub = &h.sub_models[device];
         let cache_len = (h.max_length * h.kv_cache.row_elems) as usize;
         let layers = h.kv_cache.layers as usize;
         Ok(Session {
             artifact,
+            device,
+            hub,
             pool: ThreadPool::new(threads),
-            prefill: state(&h.prefill),
-            decode: state(&h.decode),
-            prefill_last: h.prefill_last.as_ref().map(state),
+            prefill: state(&sub.prefill),
+            decode: state(&sub.decode),
+            prefill_last: sub.prefill_last.as_ref().map(state),
             _code: code,
             k_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
             v_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
-            tokens: Vec::with_capacity(h.prefill.max_seq as usize),
-            positions: Vec::with_capacity(h.prefill.max_seq as usize),
+            tokens: Vec::with_capacity(sub.prefill.max_seq as usize),
+            positions: Vec::with_capacity(sub.prefill.max_seq as usize),
             position: 0,
             counts: RunCounts::default(),
             logits: Vec::new(),
@@ -159,11 +173,33 @@ impl<'a> Session<'a> {
         self.pool.threads()
     }
 
+    /// The artifact this session runs.
+    pub fn artifact(&self) -> &'a Artifact {
+        self.artifact
+    }
+
+    /// The logits of the last `forward` (all rows), or with `last_only` those of
+    /// the last token: what `forward` / `forward_last` returned.
+    pub fn logits(&self, last_only: bool) -> &[f32] {
+        let vocab = self.artifact.header.model.vocab_size as usize;
+        if last_only {
+            &self.logits[self.logits.len().saturating_sub(vocab)..]
+        } else {
+            &self.logits
+        }
+    }
+
+    /// The sub-model this session runs.
+    fn sub(&self) -> &'a SubModel {
+        &self.artifact.header.sub_models[self.device]
+    }
+
     /// Starts timing every launch (adds a clock read per launch).
     pub fn enable_profile(&mut self) {
-        self.prefill.profile = Some(vec![(0, 0.0, 0); self.artifact.header.prefill.launches.len()]);
-        self.decode.profile = Some(vec![(0, 0.0, 0); self.artifact.header.decode.launches.len()]);
-        if let (Some(state), Some(plan)) = (self.prefill_last.as_mut(), self.artifact.header.prefill_last.as_ref()) {
+        let sub = self.sub();
+        self.prefill.profile = Some(vec![(0, 0.0, 0); sub.prefill.launches.len()]);
+        self.decode.profile = Some(vec![(0, 0.0, 0); sub.decode.launches.len()]);
+        if let (Some(state), Some(plan)) = (self.prefill_last.as_mut(), sub.prefill_last.as_ref()) {
             state.profile = Some(vec![(0, 0.0, 0); plan.launches.len()]);
         }
     }
@@ -171,9 +207,10 @@ impl<'a> Session<'a> {
     /// The profile so far, one row per kernel and plan, slowest first.
     pub fn profile(&self) -> Vec<ProfileRow> {
         let h = &self.artifact.header;
+        let sub = self.sub();
         let mut rows: Vec<ProfileRow> = Vec::new();
-        let last = h.prefill_last.as_ref().zip(self.prefill_last.as_ref()).map(|(p, s)| ("prefill", p, s));
-        for (name, plan, state) in [("prefill", &h.prefill, &self.prefill), ("decode", &h.decode, &self.decode)].into_iter().chain(last) {
+        let last = sub.prefill_last.as_ref().zip(self.prefill_last.as_ref()).map(|(p, s)| ("prefill", p, s));
+        for (name, plan, state) in [("prefill", &sub.prefill, &self.prefill), ("decode", &sub.decode, &self.decode)].into_iter().chain(last) {
             let Some(times) = &state.profile else { continue };
             for (launch, &(calls, secs, bytes)) in plan.launches.iter().zip(times) {
                 let k = &h.kernels[launch.kernel as usize];
@@ -212,7 +249,7 @@ impl<'a> Session<'a> {
         if ids.len() == 1 {
             self.step(ids, Which::Decode)?;
         } else {
-            for chunk in ids.chunks(h.prefill.max_seq as usize) {
+            for chunk in ids.chunks(self.sub().prefill.max_seq as usize) {
                 self.step(chunk, Which::Prefill)?;
             }
         }
@@ -230,7 +267,7 @@ impl<'a> Session<'a> {
             return Ok(&self.logits[all.saturating_sub(vocab)..]);
         }
         check_tokens(h, self.position, ids)?;
-        for chunk in ids.chunks(h.prefill.max_seq as usize) {
+        for chunk in ids.chunks(self.sub().prefill.max_seq as usize) {
             self.logits.clear();
             self.step(chunk, Which::PrefillLast)?;
         }
@@ -239,11 +276,12 @@ impl<'a> Session<'a> {
 
     fn step(&mut self, ids: &[u32], which: Which) -> Result<(), SessionError> {
         let header = &self.artifact.header;
+        let sub = &header.sub_models[self.device];
         let prefill = which != Which::Decode;
         let (plan, state) = match which {
-            Which::Prefill => (&header.prefill, &mut self.prefill),
-            Which::Decode => (&header.decode, &mut self.decode),
-            Which::PrefillLast => (header.prefill_last.as_ref().expect("checked by forward_last"), self.prefill_last.as_mut().expect("checked by forward_last")),
+            Which::Prefill => (&sub.prefill, &mut self.prefill),
+            Which::Decode => (&sub.decode, &mut self.decode),
+            Which::PrefillLast => (sub.prefill_last.as_ref().expect("checked by forward_last"), self.prefill_last.as_mut().expect("checked by forward_last")),
         };
         let seq = ids.len() as u64;
         debug_assert!(seq <= plan.max_seq);
@@ -254,7 +292,27 @@ impl<'a> Session<'a> {
         let arena = state.arena.ptr();
         let dims = [seq as i64];
         let mut args: Vec<*mut u8> = Vec::with_capacity(8);
+        let mut collectives = plan.collectives.iter().peekable();
+        let at_arena = |r: &BufferRef| match *r {
+            // SAFETY: collective buffers were validated against the arena at open.
+            BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) as *mut f32 },
+            other => panic!("collective buffer {other:?}: the compiler places them in the arena"),
+        };
+        let mut exchange = |before: usize| {
+            while let Some(c) = collectives.next_if(|c| c.before_launch as usize == before) {
+                let hub = self.hub.as_ref().expect("plans with collectives run on a mesh");
+                let (input, output) = (at_arena(&c.input), at_arena(&c.output));
+                // SAFETY: the compiler sized both buffers for `plan.max_seq` tokens.
+                unsafe {
+                    match c.op {
+                        CollectiveOp::AllReduceSum { elems } => hub.all_reduce_sum(self.device, input, output, elems.eval(seq) as usize),
+                        CollectiveOp::AllGather { rows, cols } => hub.all_gather(self.device, input, output, rows.eval(seq) as usize, cols as usize),
+                    }
+                }
+            }
+        };
         for (index, (launch, kernel)) in plan.launches.iter().zip(&state.kernels).enumerate() {
+            exchange(index);
             args.clear();
             for a in &launch.args {
                 args.push(match *a {
@@ -297,6 +355,7 @@ impl<'a> Session<'a> {
                 }
             }
         }
+        exchange(plan.launches.len());
         let n = match header.model.embedding_width {
             Some(width) => width as usize,
             None if which == Which::PrefillLast => header.model.vocab_size as usize,

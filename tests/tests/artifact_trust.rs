@@ -47,10 +47,10 @@ fn a_flipped_byte_in_any_section_is_refused_naming_it() {
         let p = write_variant(&format!("flip-{:?}", s.kind), &bad);
         let name = format!("{:?} section", s.kind);
         expect_refused(&p, &[&name, "checksum mismatch", "expected", "found"]);
-        if s.kind == SectionKind::Weights {
+        if s.kind == SectionKind::Weights(0) {
             // Without --verify the weights are not read in full; inspect --verify catches it.
             let r = run_bin("maxrun", &[os("inspect"), p.as_os_str(), os("--verify")]);
-            assert_clean_error(&r, 1, &["Weights section", "checksum mismatch"]);
+            assert_clean_error(&r, 1, &["Weights(0) section", "checksum mismatch"]);
         }
     }
     // The header itself.
@@ -110,7 +110,8 @@ fn inspect_json_reports_everything() {
 
 #[test]
 fn check_lists_every_problem_at_once() {
-    // A checkpoint missing two weights, asked for an unimplemented device mesh.
+    // A checkpoint missing two weights, asked for a mesh of 3 devices (which do not
+    // divide its 160 MLP features).
     let dir = temp_dir("check");
     let src = fixture("tiny-llama");
     for f in ["config.json", "tokenizer.json"] {
@@ -128,9 +129,9 @@ fn check_lists_every_problem_at_once() {
     out.extend(h.as_bytes());
     out.extend(&bytes[8 + n..]);
     std::fs::write(dir.join("model.safetensors"), out).unwrap();
-    let r = run_bin("maxc", &[os("check"), os("--model"), dir.as_os_str(), os("--model-override"), os("transformer.devices=cpu:0,1")]);
+    let r = run_bin("maxc", &[os("check"), os("--model"), dir.as_os_str(), os("--model-override"), os("transformer.devices=cpu:0,1,2")]);
     assert_clean_error(&r, 1, &["3 problem(s)"]);
-    for needle in ["model.norm.weight", "model.layers.0.mlp.up_proj.weight", "compile.devices"] {
+    for needle in ["model.norm.weight", "model.layers.0.mlp.up_proj.weight", "compile.devices", "intermediate_size is 160"] {
         assert!(r.1.contains(needle), "check output lacks {needle}: {}", r.1);
     }
     let r = run_bin("maxc", &[os("check"), os("--model"), fixture("tiny-qwen2").as_os_str()]);
@@ -144,7 +145,7 @@ fn check_lists_every_problem_at_once() {
 fn check_nan_names_the_first_bad_kernel() {
     let good = std::fs::read(tiny_artifact()).unwrap();
     let header = maxrun::artifact::Artifact::open(tiny_artifact()).unwrap().header;
-    let weights = header.sections.iter().find(|s| s.kind == SectionKind::Weights).unwrap();
+    let weights = header.sections.iter().find(|s| s.kind == SectionKind::Weights(0)).unwrap();
     let entry = header.weights.iter().find(|w| w.name == "model.norm.weight").unwrap();
     let at = (weights.offset + entry.offset) as usize;
     let mut bad = good.clone();
@@ -153,7 +154,7 @@ fn check_nan_names_the_first_bad_kernel() {
     let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2"), os("--check-nan")]);
     assert_clean_error(&r, 1, &["--check-nan", "rms_norm_h64", "prefill plan", "NaN"]);
     // The prompt runs the last-token prefill plan (what generation needs).
-    let plan = header.prefill_last.as_ref().unwrap();
+    let plan = header.main().prefill_last.as_ref().unwrap();
     let last_rms = plan.launches.iter().rposition(|l| header.kernels[l.kernel as usize].family == "rms_norm").unwrap();
     assert!(r.2.contains(&format!("launch {last_rms} ")), "{}", r.2);
     // Without the flag the run goes on (and --verify would catch the changed bytes).

@@ -337,8 +337,8 @@ fn profile_lists_every_kernel_of_the_plans() {
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("4"), os("--profile")]);
     assert_eq!(r.0, 0, "{}", r.2);
     let header = maxrun::artifact::Artifact::open(mef).unwrap().header;
-    let prompt_plan = header.prefill_last.as_ref().expect("decoders have a last-token plan");
-    for (plan, launches) in [("prefill", &prompt_plan.launches), ("decode", &header.decode.launches)] {
+    let prompt_plan = header.main().prefill_last.as_ref().expect("decoders have a last-token plan");
+    for (plan, launches) in [("prefill", &prompt_plan.launches), ("decode", &header.main().decode.launches)] {
         let section = r.2.split(&format!("{plan}: ")).nth(1).unwrap_or_else(|| panic!("no {plan} table: {}", r.2));
         let section = section.split("\n\n").next().unwrap();
         for l in launches.iter() {
@@ -369,7 +369,7 @@ fn matmul_weights_are_packed_into_panels() {
 fn last_token_prefill_plan_matches_the_full_one() {
     for name in ["tiny-qwen2", "arch-gemma2", "smollm2-135m"] {
         let a = maxrun::artifact::Artifact::open(artifact(name)).unwrap();
-        assert!(a.header.prefill_last.is_some(), "{name}: no last-row plan");
+        assert!(a.header.main().prefill_last.is_some(), "{name}: no last-row plan");
         let vocab = a.header.model.vocab_size as usize;
         let golden = golden(name);
         let ids = ids(&cases(&golden)[0]["input_ids"]);
@@ -381,9 +381,9 @@ fn last_token_prefill_plan_matches_the_full_one() {
         let (err, bound) = logits_error(&last, &full[full.len() - vocab..]);
         assert!(err <= bound, "{name}: last-row plan differs by {err} (bound {bound})");
         // And it is a different, shorter plan.
-        let plan = a.header.prefill_last.as_ref().unwrap();
-        assert!(plan.launches.len() > a.header.prefill.launches.len(), "one more launch (the row copy)");
+        let plan = a.header.main().prefill_last.as_ref().unwrap();
+        assert!(plan.launches.len() > a.header.main().prefill.launches.len(), "one more launch (the row copy)");
     }
     let encoder = maxrun::artifact::Artifact::open(&compile_model("minilm-last", &minilm_dir(), &[])).unwrap();
-    assert!(encoder.header.prefill_last.is_none(), "encoders have no logits to cut");
+    assert!(encoder.header.main().prefill_last.is_none(), "encoders have no logits to cut");
 }

@@ -32,7 +32,7 @@ fn random_env(g: &Graph, seed: u64) -> (HashMap<String, Vec<f32>>, HashMap<Strin
     let (mut weights, mut inputs) = (HashMap::new(), HashMap::new());
     for n in &g.nodes {
         match &n.op {
-            Op::Weight { name, ty } => {
+            Op::Weight { name, ty, .. } => {
                 let len = concrete(&ty.shape).iter().product();
                 weights.entry(name.clone()).or_insert_with(|| (0..len).map(|_| rng.next()).collect());
             }

@@ -83,7 +83,7 @@ impl<'a> WeightBinder<'a> {
             }
         }
         let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-        Ok(g.add(Op::Weight { name: name.to_string(), ty: TensorType::fixed(DType::F32, &dims) }, &[]))
+        Ok(g.add(Op::Weight { name: name.to_string(), ty: TensorType::fixed(DType::F32, &dims), shard: None }, &[]))
     }
 
     /// Like [`WeightBinder::weight`], but `None` when the weight is absent.

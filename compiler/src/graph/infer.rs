@@ -6,8 +6,18 @@
 
 use super::ir::*;
 
-/// Infers the result type of `op` applied to `inputs` in `graph`.
+/// Infers the result type of `op` applied to `inputs` in `graph`: shape and dtype
+/// here, placement from the sharding rules' output placements.
 pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType, String> {
+    let mut ty = infer_shape(graph, op, inputs)?;
+    if !matches!(op, Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. }) {
+        let have: Vec<Placement> = inputs.iter().map(|&i| graph.ty(i).placement).collect();
+        ty.placement = crate::sharding::rules::output_placement(op, &have);
+    }
+    Ok(ty)
+}
+
+fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType, String> {
     if let Some(n) = op.arity() {
         if inputs.len() != n {
             return Err(format!("expects {n} inputs, got {}", inputs.len()));
@@ -200,6 +210,19 @@ pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorTy
                 ty.quant = first.quant;
             }
             Ok(ty)
+        }
+        Op::AllReduce => Ok(plain(t(0))),
+        Op::AllGather { axis, devices } | Op::ShardSlice { axis, devices, .. } => {
+            let x = t(0);
+            let a = *axis as usize;
+            let dim = x.shape.get(a).and_then(|d| d.fixed()).ok_or(format!("axis {axis} must be a static dim"))?;
+            let mut shape = x.shape.clone();
+            shape[a] = Dim::Fixed(match op {
+                Op::AllGather { .. } => dim * *devices as u64,
+                _ if *devices == 0 || dim % *devices as u64 != 0 => return Err(format!("dim {dim} does not split into {devices} equal parts")),
+                _ => dim / *devices as u64,
+            });
+            Ok(TensorType::new(x.dtype, shape))
         }
         Op::Slice { axis, start, len } => {
             let x = t(0);

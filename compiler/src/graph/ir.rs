@@ -236,8 +236,9 @@ pub enum RopeScaling {
 pub enum Op {
     /// A runtime input (token ids, positions); its type is the declared one.
     Input { name: String, ty: TensorType },
-    /// A named weight of the checkpoint.
-    Weight { name: String, ty: TensorType },
+    /// A named weight of the checkpoint; with `shard`, this device's slice of it
+    /// (`ty` is then the slice's type, placed `Sharded { axis }`).
+    Weight { name: String, ty: TensorType, shard: Option<WeightShard> },
     /// A small literal tensor, row-major.
     Constant { values: Vec<f32>, ty: TensorType },
     /// `table[ids]`: inputs (table `[vocab, hidden]`, ids `[seq]`).
@@ -282,6 +283,22 @@ pub enum Op {
     MatMulAdd,
     /// `len` entries from `start` along `axis`.
     Slice { axis: u32, start: u64, len: u64 },
+    /// Sum of a `PartialSum` value over the devices of the mesh (result replicated).
+    AllReduce,
+    /// Concatenation of every device's `Sharded { axis }` slice (result replicated).
+    AllGather { axis: u32, devices: u32 },
+    /// This device's slice (`index` of `devices` equal parts along `axis`) of a
+    /// replicated value: a local copy, no communication.
+    ShardSlice { axis: u32, index: u32, devices: u32 },
+}
+
+/// Which slice of a checkpoint tensor a sharded weight holds: part `index` of
+/// `devices` equal parts along `axis`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WeightShard {
+    pub axis: u32,
+    pub index: u32,
+    pub devices: u32,
 }
 
 impl Op {
@@ -320,12 +337,21 @@ impl Op {
             Op::L2Normalize => "l2_normalize",
             Op::Transpose => "transpose",
             Op::MatMulAdd => "matmul_add",
+            Op::AllReduce => "all_reduce",
+            Op::AllGather { .. } => "all_gather",
+            Op::ShardSlice { .. } => "shard_slice",
         }
     }
 
-    /// Ops whose effect is more than their result (the KV-cache write of attention).
+    /// Ops whose effect is more than their result (the KV-cache write of attention;
+    /// collectives, which every device must reach).
     pub fn has_side_effects(&self) -> bool {
-        matches!(self, Op::Attention { .. })
+        matches!(self, Op::Attention { .. } | Op::AllReduce | Op::AllGather { .. })
+    }
+
+    /// Collectives: ops that exchange data between the devices of a mesh.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::AllReduce | Op::AllGather { .. })
     }
 
     /// The number of inputs the op takes, or `None` when variadic.
@@ -333,6 +359,7 @@ impl Op {
         match self {
             Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => Some(0),
             Op::Unary(_) | Op::Slice { .. } | Op::SwiGlu | Op::Transpose | Op::MeanRows | Op::L2Normalize => Some(1),
+            Op::AllReduce | Op::AllGather { .. } | Op::ShardSlice { .. } => Some(1),
             Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
             Op::Attention { .. } => Some(4),

@@ -67,8 +67,14 @@ pub fn type_str(ty: &TensorType) -> String {
 
 fn attributes(op: &Op) -> Vec<String> {
     match op {
+        Op::Weight { shard: Some(sh), .. } => {
+            vec![format!("shard_axis = {}", sh.axis), format!("shard_index = {}", sh.index), format!("shard_devices = {}", sh.devices)]
+        }
+        Op::AllGather { axis, devices } => vec![format!("axis = {axis}"), format!("devices = {devices}")],
+        Op::ShardSlice { axis, index, devices } => vec![format!("axis = {axis}"), format!("index = {index}"), format!("devices = {devices}")],
         Op::Input { .. }
-        | Op::Weight { .. }
+        | Op::Weight { shard: None, .. }
+        | Op::AllReduce
         | Op::Constant { .. }
         | Op::Embedding
         | Op::MatMul
@@ -488,7 +494,18 @@ pub fn parse(text: &str) -> Result<Graph> {
                 c.done()?;
                 let op = match mnemonic.as_str() {
                     "input" => Op::Input { name: payload_name.unwrap(), ty: ty.clone() },
-                    "weight" => Op::Weight { name: payload_name.unwrap(), ty: ty.clone() },
+                    "weight" => Op::Weight {
+                        name: payload_name.unwrap(),
+                        ty: ty.clone(),
+                        shard: if attrs.items.iter().any(|(k, _)| k == "shard_axis") {
+                            Some(WeightShard { axis: attrs.num("shard_axis")?, index: attrs.num("shard_index")?, devices: attrs.num("shard_devices")? })
+                        } else {
+                            None
+                        },
+                    },
+                    "all_reduce" => Op::AllReduce,
+                    "all_gather" => Op::AllGather { axis: attrs.num("axis")?, devices: attrs.num("devices")? },
+                    "shard_slice" => Op::ShardSlice { axis: attrs.num("axis")?, index: attrs.num("index")?, devices: attrs.num("devices")? },
                     "constant" => Op::Constant { values: payload_values.unwrap(), ty: ty.clone() },
                     "embedding" => Op::Embedding,
                     "matmul" => Op::MatMul,

@@ -69,7 +69,7 @@ mod tests {
     fn small() -> Graph {
         let mut g = Graph::new("t");
         let x = g.add(Op::Input { name: "x".into(), ty: TensorType::fixed(DType::F32, &[2, 4]) }, &[]);
-        let w = g.add(Op::Weight { name: "w".into(), ty: TensorType::fixed(DType::F32, &[3, 4]) }, &[]);
+        let w = g.add(Op::Weight { name: "w".into(), ty: TensorType::fixed(DType::F32, &[3, 4]), shard: None }, &[]);
         let y = g.add(Op::MatMul, &[x, w]);
         g.output("y", y);
         g
@@ -99,7 +99,7 @@ mod tests {
     #[test]
     fn rejects_ill_typed_inputs() {
         let mut g = small();
-        g.nodes[1].op = Op::Weight { name: "w".into(), ty: TensorType::fixed(DType::F32, &[3, 5]) };
+        g.nodes[1].op = Op::Weight { name: "w".into(), ty: TensorType::fixed(DType::F32, &[3, 5]), shard: None };
         g.nodes[1].ty = TensorType::fixed(DType::F32, &[3, 5]);
         let e = verify(&g).unwrap_err().to_string();
         assert!(e.contains("inner dims differ"), "{e}");

@@ -172,6 +172,18 @@ impl WeightStore {
         &self.files[entry.file].1[entry.offset..entry.offset + entry.len]
     }
 
+    /// A tensor's logical (HF) shape.
+    pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
+        match self.entries.get(name) {
+            Some(e) => Ok(e.shape.iter().map(|&d| d as u64).collect()),
+            None => Err(Error::MissingWeight {
+                path: self.files.first().map(|f| f.0.clone()).unwrap_or_default(),
+                name: name.to_string(),
+                architecture: "this graph".into(),
+            }),
+        }
+    }
+
     /// Decodes a tensor to f32 in logical (HF) layout.
     pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
         let entry = self.entries.get(name).ok_or_else(|| Error::MissingWeight {

@@ -8,6 +8,7 @@ pub mod dce;
 pub mod fuse_matmul_add;
 pub mod fuse_swiglu;
 pub mod quantize;
+pub mod shard;
 pub mod stack_linear;
 
 use std::path::Path;
@@ -34,22 +35,29 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
 /// The graph passes, in order, with linear weights stored as `encoding` (and the
 /// embedding / lm_head as the quantize pass's default for it).
 pub fn pipeline_for(encoding: crate::graph::QuantScheme) -> Vec<Box<dyn Pass>> {
-    pipeline_with(encoding, None)
+    pipeline_with(encoding, None, None)
 }
 
 /// The graph passes, in order, with linear weights stored as `encoding` and the
-/// embedding table / lm_head as `embedding` (`None`: the default).
-pub fn pipeline_with(encoding: crate::graph::QuantScheme, embedding: Option<crate::graph::QuantScheme>) -> Vec<Box<dyn Pass>> {
-    vec![
-        Box::new(canonicalize::Canonicalize),
-        Box::new(const_fold::ConstantFold),
-        Box::new(cse::Cse),
+/// embedding table / lm_head as `embedding` (`None`: the default), for one device
+/// of a mesh when `shard` is given (the shard pass runs only then).
+pub fn pipeline_with(
+    encoding: crate::graph::QuantScheme,
+    embedding: Option<crate::graph::QuantScheme>,
+    shard: Option<crate::sharding::ShardTarget>,
+) -> Vec<Box<dyn Pass>> {
+    let mut passes: Vec<Box<dyn Pass>> = vec![Box::new(canonicalize::Canonicalize), Box::new(const_fold::ConstantFold), Box::new(cse::Cse)];
+    if let Some(target) = shard.filter(|t| t.devices > 1) {
+        passes.push(Box::new(shard::Shard { target }));
+    }
+    passes.extend::<[Box<dyn Pass>; 5]>([
         Box::new(stack_linear::StackLinear),
         Box::new(fuse_swiglu::FuseSwiGlu),
         Box::new(fuse_matmul_add::FuseMatMulAdd),
         Box::new(dce::Dce),
         Box::new(quantize::Quantize { encoding, embedding }),
-    ]
+    ]);
+    passes
 }
 
 /// Finds a pass by name.
@@ -70,6 +78,8 @@ pub struct PipelineOptions<'a> {
     pub encoding: crate::graph::QuantScheme,
     /// The storage encoding of the embedding table and lm_head (`None`: default).
     pub embedding_encoding: Option<crate::graph::QuantScheme>,
+    /// Build the graph of this device of a mesh (`None`: one device).
+    pub shard: Option<crate::sharding::ShardTarget>,
 }
 
 /// Runs the pipeline over `graph`.
@@ -80,7 +90,7 @@ pub fn run_pipeline(graph: &mut Graph, options: &PipelineOptions<'_>) -> Result<
         dump(dir, "00-input", graph)?;
     }
     verify(graph)?;
-    for (i, pass) in pipeline_with(options.encoding, options.embedding_encoding).iter().enumerate() {
+    for (i, pass) in pipeline_with(options.encoding, options.embedding_encoding, options.shard).iter().enumerate() {
         pass.run(graph)?;
         if verify_each {
             verify(graph).map_err(|e| Error::Verify(format!("after pass `{}`: {e}", pass.name())))?;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
 use maxc_kernels::library::copy::{last_row, slice_columns};
 use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
-use maxc_kernels::library::embedding::embedding;
+use maxc_kernels::library::embedding::{embedding, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::matmul_blocks;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PANEL};
@@ -23,7 +23,7 @@ use maxc_kernels::{Kernel, TaskCount};
 
 use crate::error::{Error, Result};
 use crate::graph::rope::inv_freq;
-use crate::graph::{BinaryOp, Dim, Graph, Op, QuantScheme, SymDim, UnaryOp, ValueId};
+use crate::graph::{BinaryOp, Dim, Graph, Op, QuantScheme, SymDim, UnaryOp, ValueId, WeightShard};
 
 /// Where a constant's bytes come from when the weights section is written.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +52,10 @@ pub struct WeightSlot {
     pub part: usize,
     /// How the elements are ordered in the artifact.
     pub layout: Layout,
+    /// The device (sub-model) whose weights section holds it.
+    pub device: u32,
+    /// The slice of each checkpoint tensor in `data` it holds (`shape` is the slice's).
+    pub shard: Option<WeightShard>,
 }
 
 /// Element order of a stored weight.
@@ -74,15 +78,18 @@ impl Layout {
 impl WeightSlot {
     /// A float32 tensor (one part).
     fn plain(name: String, shape: Vec<u64>, data: WeightData) -> WeightSlot {
-        WeightSlot { name, shape, data, encoding: QuantScheme::None, part: 0, layout: Layout::RowMajor }
+        WeightSlot { name, shape, data, encoding: QuantScheme::None, part: 0, layout: Layout::RowMajor, device: 0, shard: None }
     }
 
     /// All the slots of a tensor stored in `encoding` and `layout`.
-    fn parts(name: &str, shape: Vec<u64>, data: WeightData, encoding: QuantScheme, layout: Layout) -> Vec<WeightSlot> {
-        let name = match layout {
-            Layout::RowMajor => name.to_string(),
-            Layout::Panel16 => format!("{name}@panel16"),
-        };
+    fn parts(name: &str, shape: Vec<u64>, data: WeightData, encoding: QuantScheme, layout: Layout, shard: Option<WeightShard>) -> Vec<WeightSlot> {
+        let mut name = name.to_string();
+        if let Some(sh) = shard {
+            name.push_str(&format!("@shard{}/{}", sh.index, sh.devices));
+        }
+        if layout == Layout::Panel16 {
+            name.push_str("@panel16");
+        }
         encoding
             .encoding()
             .parts()
@@ -95,6 +102,8 @@ impl WeightSlot {
                 encoding,
                 part,
                 layout,
+                device: 0,
+                shard,
             })
             .collect()
     }
@@ -105,20 +114,24 @@ fn elem_of(q: QuantScheme) -> maxc_kernels::ElemType {
     maxc_kernels::library::dequant::elem_of(q.encoding().parts()[0].1)
 }
 
-/// Constants shared by both plans.
+/// Constants shared by a device's plans; each device of a mesh has its own.
 #[derive(Debug, Default)]
 pub struct WeightTable {
     pub slots: Vec<WeightSlot>,
-    by_name: HashMap<String, u32>,
+    by_name: HashMap<(u32, String), u32>,
+    /// The device whose plans are being scheduled: new slots belong to it.
+    pub device: u32,
 }
 
 impl WeightTable {
-    fn intern(&mut self, slot: WeightSlot) -> u32 {
-        if let Some(&i) = self.by_name.get(&slot.name) {
+    fn intern(&mut self, mut slot: WeightSlot) -> u32 {
+        slot.device = self.device;
+        let key = (self.device, slot.name.clone());
+        if let Some(&i) = self.by_name.get(&key) {
             return i;
         }
         let i = self.slots.len() as u32;
-        self.by_name.insert(slot.name.clone(), i);
+        self.by_name.insert(key, i);
         self.slots.push(slot);
         i
     }
@@ -154,11 +167,21 @@ pub struct ScheduledLaunch {
     pub output_elems: TaskCount,
 }
 
+/// A collective between launches: before launch `before_launch`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduledCollective {
+    pub before_launch: usize,
+    pub op: maxrun::format::CollectiveOp,
+    pub input: u32,
+    pub output: u32,
+}
+
 /// A scheduled plan.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schedule {
     pub max_seq: u64,
     pub launches: Vec<ScheduledLaunch>,
+    pub collectives: Vec<ScheduledCollective>,
     pub buffers: Vec<BufferInfo>,
     pub logits: u32,
 }
@@ -202,6 +225,7 @@ struct Scheduler<'g, 'i, 'w> {
     /// Every part of each weight placed so far.
     weight_loc: HashMap<(usize, Layout), Vec<Arg>>,
     launches: Vec<ScheduledLaunch>,
+    collectives: Vec<ScheduledCollective>,
     buffers: Vec<BufferInfo>,
     max_seq: u64,
     /// The node being scheduled works on one row (the last token), with fixed task counts.
@@ -324,6 +348,8 @@ pub fn last_row_cut(graph: &Graph, interp: &crate::interp::Interpreter<'_>) -> O
         match node.op {
             Op::RmsNorm { .. } | Op::LayerNorm { .. } if constant_rest => return Some(node.inputs[0]),
             Op::MatMul | Op::MatMulAdd | Op::Binary(_) | Op::Unary(_) if constant_rest => v = node.inputs[0],
+            // Row-local exchanges: each row's result depends on that row only.
+            Op::AllReduce | Op::AllGather { axis: 1, .. } => v = node.inputs[0],
             _ => return None,
         }
     }
@@ -362,6 +388,7 @@ fn schedule_impl<'g>(
         loc: vec![None; graph.nodes.len()],
         weight_loc: HashMap::new(),
         launches: vec![],
+        collectives: vec![],
         buffers: vec![],
         max_seq,
         one_row: false,
@@ -408,7 +435,12 @@ fn schedule_impl<'g>(
                 let t = graph.ty(node.inputs[0]);
                 let (vocab, hidden) = (static_dim(t.shape[0]), static_dim(t.shape[1]));
                 let args = s.weight_args(&[], node.inputs[0], &node.inputs[1..], Layout::RowMajor)?;
-                s.launch(embedding(vocab, hidden, t.quant.encoding(), seq), args, hidden)
+                let kernel = match (&graph.node(node.inputs[0]).op, t.placement) {
+                    (Op::Weight { shard: Some(sh), .. }, _) if sh.axis == 0 => embedding_range(vocab, sh.index as u64 * vocab, hidden, t.quant.encoding(), seq),
+                    (_, crate::graph::Placement::Sharded { .. }) => return Err(unsupported("a sharded embedding table that is not a checkpoint weight".into())),
+                    _ => embedding(vocab, hidden, t.quant.encoding(), seq),
+                };
+                s.launch(kernel, args, hidden)
             }
             Op::MatMul => {
                 if !s.interp.is_constant(node.inputs[1]) {
@@ -529,6 +561,34 @@ fn schedule_impl<'g>(
                 s.launch(slice_columns(width, *start, *len, seq), args, *len)
             }
             Op::Slice { axis, .. } => return Err(unsupported(format!("a slice along axis {axis} of activations"))),
+            Op::ShardSlice { axis: 1, index, devices } => {
+                let width = graph.ty(node.inputs[0]).last_dim().expect("static width");
+                let len = width / *devices as u64;
+                let args = s.inputs(&node.inputs)?;
+                s.launch(slice_columns(width, *index as u64 * len, len, seq), args, len)
+            }
+            Op::ShardSlice { axis, .. } => return Err(unsupported(format!("a shard slice along axis {axis} of activations"))),
+            Op::AllReduce | Op::AllGather { axis: 1, .. } => {
+                let src = match s.input(node.inputs[0])? {
+                    Arg::Buffer(b) => b,
+                    other => return Err(unsupported(format!("a collective over {other:?}"))),
+                };
+                let width = graph.ty(node.inputs[0]).last_dim().expect("static width");
+                let rows = if s.one_row { TaskCount { per_seq: 0, fixed: 1 } } else { TaskCount { per_seq: 1, fixed: 0 } };
+                let (op, out_width) = match node.op {
+                    Op::AllGather { devices, .. } => (maxrun::format::CollectiveOp::AllGather { rows, cols: width }, width * devices as u64),
+                    _ => (maxrun::format::CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: rows.per_seq * width, fixed: rows.fixed * width } }, width),
+                };
+                let at = s.launches.len();
+                let out = s.buffers.len() as u32;
+                let rows_held = if s.one_row { 1 } else { s.max_seq };
+                s.buffers.push(BufferInfo { bytes: rows_held * out_width * 4, def: at, last_use: at });
+                let input = &mut s.buffers[src as usize];
+                input.last_use = input.last_use.max(at);
+                s.collectives.push(ScheduledCollective { before_launch: at, op, input: src, output: out });
+                Arg::Buffer(out)
+            }
+            Op::AllGather { axis, .. } => return Err(unsupported(format!("an all-gather along axis {axis}"))),
             Op::LayerNorm { eps } => {
                 let w = out_width()?;
                 let args = s.inputs(&node.inputs)?;
@@ -555,7 +615,7 @@ fn schedule_impl<'g>(
         s.loc[id.index()] = Some(out);
     }
     // Liveness: a buffer lives until its last reader; the logits live to the end.
-    let Scheduler { mut buffers, launches, loc, .. } = s;
+    let Scheduler { mut buffers, launches, collectives, loc, .. } = s;
     for (i, l) in launches.iter().enumerate() {
         for a in &l.args {
             if let Arg::Buffer(b) = a {
@@ -573,7 +633,10 @@ fn schedule_impl<'g>(
         return Err(unsupported("logits that are not computed by a kernel".into()));
     };
     buffers[logits as usize].last_use = launches.len();
-    Ok(Schedule { max_seq, launches, buffers, logits })
+    // A collective's output is read by later launches (above) or is the logits; the
+    // liveness sweep above only saw launches, so a buffer read by a collective
+    // already had its last use moved to the collective's slot.
+    Ok(Schedule { max_seq, launches, collectives, buffers, logits })
 }
 
 /// Places a constant node in the weights table: one slot per stored part.
@@ -581,8 +644,8 @@ fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v:
     let node = graph.node(v);
     let shape: Vec<u64> = node.ty.shape.iter().map(|d| d.fixed().expect("constants are static")).collect();
     let slots = match &node.op {
-        Op::Weight { name, .. } => WeightSlot::parts(name, shape, WeightData::Checkpoint(name.clone()), node.ty.quant, layout),
-        Op::Concat { axis: 0 } if node.inputs.iter().all(|i| matches!(graph.node(*i).op, Op::Weight { .. })) => {
+        Op::Weight { name, shard, .. } => WeightSlot::parts(name, shape, WeightData::Checkpoint(name.clone()), node.ty.quant, layout, *shard),
+        Op::Concat { axis: 0 } if same_shard_weights(graph, &node.inputs).is_some() => {
             let names: Vec<String> = node
                 .inputs
                 .iter()
@@ -591,7 +654,8 @@ fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v:
                     _ => unreachable!("checked above"),
                 })
                 .collect();
-            WeightSlot::parts(&format!("stack({})", names.join(",")), shape, WeightData::Stacked(names), node.ty.quant, layout)
+            let shard = same_shard_weights(graph, &node.inputs).flatten();
+            WeightSlot::parts(&format!("stack({})", names.join(",")), shape, WeightData::Stacked(names), node.ty.quant, layout, shard)
         }
         _ => {
             let t = interp.constant_value(v)?;
@@ -606,6 +670,16 @@ fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v:
         }
     };
     Ok(slots.into_iter().map(|slot| weights.intern(slot)).collect())
+}
+
+/// `Some(shard)` when every input is a checkpoint weight with the same shard (or none).
+fn same_shard_weights(graph: &Graph, inputs: &[ValueId]) -> Option<Option<WeightShard>> {
+    let shard_of = |v: &ValueId| match &graph.node(*v).op {
+        Op::Weight { shard, .. } => Some(*shard),
+        _ => None,
+    };
+    let first = shard_of(inputs.first()?)?;
+    inputs.iter().all(|v| shard_of(v) == Some(first)).then_some(first)
 }
 
 /// A stable 64-bit FNV-1a hash in hex (names must not depend on hash-map order or process).

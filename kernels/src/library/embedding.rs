@@ -27,6 +27,27 @@ pub fn embedding(vocab: u64, hidden: u64, encoding: WeightEncoding, seq: SeqMode
     b.finish(format!("embedding_{enc}_v{vocab}_h{hidden}_{}", seq.tag()), "embedding", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
+/// One device's part of a vocabulary-sharded embedding: `table` holds rows
+/// `start .. start + rows` of the whole table; ids in that range gather their row,
+/// all others give zeros (the devices' results sum to the full embedding).
+pub fn embedding_range(rows: u64, start: u64, hidden: u64, encoding: WeightEncoding, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let table = declare(&mut b, "table", encoding, hidden);
+    let ids = b.param("ids", ElemType::I32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, local, row, col) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let h = hidden as i64;
+    let masked = |x: Expr, value: Expr| select(lt(x.clone(), i(0)), f(0.0), select(lt(x, i(rows as i64)), value, f(0.0)));
+    let body = vec![
+        set(local, sub(ld(ids, v(t)), i(start as i64))),
+        // Clamped so that the load stays in bounds; foreign rows select zeros.
+        set(row, min(max(v(local), i(0)), i(rows as i64 - 1))),
+        for_vec(col, i(0), i(h), vec![store(out, add(mul(v(t), i(h)), v(col)), masked(v(local), table.value(v(row), v(col))))]),
+    ];
+    let enc = encoding.name();
+    b.finish(format!("embedding_{enc}_r{rows}_s{start}_h{hidden}_{}", seq.tag()), "embedding", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +63,14 @@ mod tests {
         ];
         run(&k, &mut bufs, 2);
         assert_eq!(bufs[2], Buffer::F32(vec![20.0, 21.0, 0.0, 1.0]));
+    }
+
+    #[test]
+    fn a_vocabulary_range_gathers_its_rows_and_zeros_the_rest() {
+        // Rows 2..4 of a 6-row table.
+        let k = embedding_range(2, 2, 2, WeightEncoding::Float32, SeqMode::Dynamic);
+        let mut bufs = vec![Buffer::F32(vec![20.0, 21.0, 30.0, 31.0]), Buffer::I32(vec![3, 0, 2, 5]), Buffer::F32(vec![9.0; 8])];
+        run(&k, &mut bufs, 4);
+        assert_eq!(bufs[2], Buffer::F32(vec![30.0, 31.0, 0.0, 0.0, 20.0, 21.0, 0.0, 0.0]));
     }
 }

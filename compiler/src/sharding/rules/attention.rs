@@ -1,0 +1,61 @@
+//! Sharding rules for `rope` and `attention`: heads are independent, so a mesh of
+//! N devices gives each `heads / N` query heads and `kv_heads / N` KV heads (whole
+//! GQA groups), with a KV cache of its own heads only. RoPE rotates within a head
+//! and follows its input. Attention that cannot be split (the policy, or KV heads
+//! that do not divide) runs replicated on every device.
+
+use super::{splits, width, Decision, RuleCtx, COLUMNS};
+use crate::graph::{Graph, Op, Placement, ValueId};
+
+/// Whether a `[seq, heads * head_dim]` value of node `v`'s input splits on head boundaries.
+fn whole_heads(g: &Graph, id: ValueId, ctx: &RuleCtx) -> bool {
+    let node = g.node(id);
+    match node.op {
+        Op::Rope { head_dim, .. } => {
+            let w = width(g, node.inputs[0]);
+            splits(w, ctx.devices) && (w / ctx.devices).is_multiple_of(head_dim as u64)
+        }
+        Op::Attention { heads, kv_heads, .. } => {
+            ctx.split_attention && splits(kv_heads as u64, ctx.devices) && splits(heads as u64, ctx.devices)
+        }
+        _ => false,
+    }
+}
+
+pub fn decide(g: &Graph, id: ValueId, have: &[Placement], ctx: &RuleCtx) -> Decision {
+    let node = g.node(id);
+    match node.op {
+        Op::Rope { .. } if have[0] == COLUMNS && whole_heads(g, id, ctx) => {
+            Decision { inputs: vec![COLUMNS, Placement::Replicated], output: COLUMNS }
+        }
+        Op::Attention { .. } if have[..3].iter().all(|p| *p == COLUMNS) && whole_heads(g, id, ctx) => {
+            Decision { inputs: vec![COLUMNS, COLUMNS, COLUMNS, Placement::Replicated], output: COLUMNS }
+        }
+        _ => Decision::replicated(node.inputs.len()),
+    }
+}
+
+pub fn accepts_columns(g: &Graph, id: ValueId, slot: usize, out_ok: bool, ctx: &RuleCtx) -> bool {
+    let positions = match g.node(id).op {
+        Op::Rope { .. } => 1,
+        _ => 3,
+    };
+    slot < positions && out_ok && whole_heads(g, id, ctx)
+}
+
+/// The attention op of one device: its share of the heads.
+pub fn local_attention(op: &Op, devices: u32) -> Op {
+    match op {
+        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => Op::Attention {
+            layer: *layer,
+            heads: heads / devices,
+            kv_heads: kv_heads / devices,
+            head_dim: *head_dim,
+            scale: *scale,
+            window: *window,
+            softcap: *softcap,
+            causal: *causal,
+        },
+        other => other.clone(),
+    }
+}
