@@ -10,13 +10,18 @@
 //! The argument table of each launch is built once per plan: every buffer of a
 //! step (arena, weights, caches, tokens, positions) has a fixed device address,
 //! and only the contents of `tokens`, `positions` and `dims` change per step.
+//!
+//! [`GpuMeshSession`] runs a sharded artifact (`--devices gpu:0,1`): one
+//! [`GpuDevice`] per sub-model, each with only its own weights, and the plans'
+//! collectives as NCCL all-reduce / all-gather group calls (NCCL, like the driver,
+//! is loaded at run time). Neither path has run on a GPU yet (docs/gpu.md).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::artifact::Artifact;
-use crate::format::{BufferRef, Plan, SectionKind};
+use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind};
 use crate::session::{RunCounts, SessionError};
 
 /// Threads per block of every launch.
@@ -66,9 +71,17 @@ struct GpuPlan {
     functions: Vec<CudaFunction>,
 }
 
-/// One running sequence on the GPU.
-pub struct GpuSession<'a> {
-    artifact: &'a Artifact,
+impl GpuPlan {
+    /// The device address of `offset` in the plan's arena.
+    fn arena_address(&self, stream: &CudaStream, offset: u64) -> u64 {
+        self.arena.device_ptr(stream).0 + offset
+    }
+}
+
+/// One device's share of a run: its context and stream, the PTX module's
+/// functions, its sub-model's weights, KV caches and plan arenas.
+struct GpuDevice {
+    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     prefill: GpuPlan,
     decode: GpuPlan,
@@ -77,49 +90,49 @@ pub struct GpuSession<'a> {
     tokens: CudaSlice<i32>,
     positions: CudaSlice<i32>,
     dims: CudaSlice<i64>,
-    pub position: u64,
-    pub counts: RunCounts,
-    logits: Vec<f32>,
-    /// The device's name, for the stats line.
-    pub device_name: String,
+    name: String,
 }
 
-impl std::fmt::Debug for GpuSession<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuSession").field("device", &self.device_name).field("position", &self.position).finish()
+/// Checks that a driver and at least one device are present.
+fn probe() -> Result<(), GpuError> {
+    if !driver_present() {
+        return Err(GpuError::NoDriver);
     }
+    if CudaContext::device_count().map_err(driver_err)? < 1 {
+        return Err(GpuError::NoDevice);
+    }
+    Ok(())
 }
 
-impl<'a> GpuSession<'a> {
-    /// Opens GPU `ordinal`, loads the matching PTX module and uploads the weights.
-    pub fn new(artifact: &'a Artifact, ordinal: usize) -> Result<Self, GpuError> {
-        if !driver_present() {
-            return Err(GpuError::NoDriver);
-        }
-        if CudaContext::device_count().map_err(driver_err)? < 1 {
-            return Err(GpuError::NoDevice);
-        }
+impl GpuDevice {
+    /// Opens GPU `ordinal` for sub-model `sub`: loads the matching PTX module and
+    /// uploads the sub-model's weights.
+    fn open(artifact: &Artifact, ordinal: usize, sub: usize) -> Result<Self, GpuError> {
         let ctx = CudaContext::new(ordinal).map_err(driver_err)?;
         let cc = ctx.compute_capability().map_err(driver_err)?;
         let h = &artifact.header;
+        let m = &h.sub_models[sub];
         let module_index = pick_module(&h.gpu_archs, cc).ok_or_else(|| GpuError::NoModuleForDevice { archs: h.gpu_archs.clone(), major: cc.0, minor: cc.1 })?;
         let ptx = std::str::from_utf8(artifact.section(SectionKind::Ptx(module_index as u32))).map_err(driver_err)?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver_err)?;
         let functions: Vec<CudaFunction> = h.kernels.iter().map(|k| module.load_function(&k.symbol)).collect::<Result<_, _>>().map_err(driver_err)?;
         let stream = ctx.default_stream();
 
-        let weights: Vec<CudaSlice<u8>> =
-            (0..h.weights.len()).map(|i| stream.clone_htod(artifact.weight_bytes(i))).collect::<Result<_, _>>().map_err(driver_err)?;
+        // Only this sub-model's weights; the others' entries get no device copy.
+        let mine: Vec<usize> = (0..h.weights.len()).filter(|&i| h.weights[i].device as usize == sub).collect();
+        let weights: Vec<CudaSlice<u8>> = mine.iter().map(|&i| stream.clone_htod(artifact.weight_bytes(i))).collect::<Result<_, _>>().map_err(driver_err)?;
+        let mut weight_ptrs = vec![0u64; h.weights.len()];
+        for (&i, w) in mine.iter().zip(&weights) {
+            weight_ptrs[i] = w.device_ptr(&stream).0;
+        }
         let cache_len = (h.max_length * h.kv_cache.row_elems).max(1) as usize;
         let layers = h.kv_cache.layers as usize;
         let caches: Vec<CudaSlice<f32>> = (0..2 * layers).map(|_| stream.alloc_zeros::<f32>(cache_len)).collect::<Result<_, _>>().map_err(driver_err)?;
-        let max_seq = h.main().prefill.max_seq.max(1) as usize;
+        let max_seq = m.prefill.max_seq.max(1) as usize;
         let tokens = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;
         let positions = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;
         let dims = stream.alloc_zeros::<i64>(1).map_err(driver_err)?;
 
-        let address = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
-        let weight_ptrs: Vec<u64> = weights.iter().map(address).collect();
         let cache_ptrs: Vec<u64> = caches.iter().map(|c| c.device_ptr(&stream).0).collect();
         let (tokens_ptr, positions_ptr) = (tokens.device_ptr(&stream).0, positions.device_ptr(&stream).0);
         let plan = |plan: &Plan| -> Result<GpuPlan, GpuError> {
@@ -144,24 +157,91 @@ impl<'a> GpuSession<'a> {
             let functions = plan.launches.iter().map(|l| functions[l.kernel as usize].clone()).collect();
             Ok(GpuPlan { arena, args, functions })
         };
-        let (prefill, decode) = (plan(&h.main().prefill)?, plan(&h.main().decode)?);
+        let (prefill, decode) = (plan(&m.prefill)?, plan(&m.decode)?);
         stream.synchronize().map_err(driver_err)?;
-        let device_name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
-        Ok(GpuSession {
-            artifact,
-            stream,
-            prefill,
-            decode,
-            _weights: weights,
-            _caches: caches,
-            tokens,
-            positions,
-            dims,
-            position: 0,
-            counts: RunCounts::default(),
-            logits: Vec::new(),
-            device_name,
-        })
+        let name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
+        Ok(GpuDevice { ctx, stream, prefill, decode, _weights: weights, _caches: caches, tokens, positions, dims, name })
+    }
+
+    fn state(&self, prefill: bool) -> &GpuPlan {
+        if prefill {
+            &self.prefill
+        } else {
+            &self.decode
+        }
+    }
+
+    /// Copies a step's token ids, positions and length to the device.
+    fn upload(&mut self, ids: &[u32], position: u64) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(driver_err)?;
+        let seq = ids.len() as u64;
+        let tokens: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let positions: Vec<i32> = (position..position + seq).map(|p| p as i32).collect();
+        let s = &self.stream;
+        s.memcpy_htod(&tokens, &mut self.tokens.slice_mut(..tokens.len())).map_err(driver_err)?;
+        s.memcpy_htod(&positions, &mut self.positions.slice_mut(..positions.len())).map_err(driver_err)?;
+        s.memcpy_htod(&[seq as i64], &mut self.dims).map_err(driver_err)
+    }
+
+    /// Enqueues launch `index` of the step's plan (asynchronous).
+    fn launch(&self, plan: &Plan, prefill: bool, index: usize, seq: u64) -> Result<(), GpuError> {
+        let state = self.state(prefill);
+        let tasks = plan.launches[index].tasks.eval(seq);
+        if tasks == 0 {
+            return Ok(());
+        }
+        let (begin, end) = (0u64, tasks);
+        let mut builder = self.stream.launch_builder(&state.functions[index]);
+        builder.arg(&state.args[index]).arg(&self.dims).arg(&begin).arg(&end);
+        // SAFETY: the kernel's ABI is (args, dims, task_begin, task_end); the
+        // compiler sized every buffer in the table for this plan and step.
+        unsafe { builder.launch(launch_config(tasks)) }.map_err(driver_err)?;
+        Ok(())
+    }
+
+    /// Waits for the step and copies `n` f32 of the plan's logits to the host.
+    fn read_logits(&self, plan: &Plan, prefill: bool, n: usize) -> Result<Vec<f32>, GpuError> {
+        let BufferRef::Arena { offset } = plan.logits else { unreachable!("the compiler places logits in the arena") };
+        self.ctx.bind_to_thread().map_err(driver_err)?;
+        let mut bytes = vec![0u8; n * 4];
+        self.stream.memcpy_dtoh(&self.state(prefill).arena.slice(offset as usize..offset as usize + n * 4), &mut bytes).map_err(driver_err)?;
+        self.stream.synchronize().map_err(driver_err)?;
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+/// f32 logits a step of `seq` tokens returns.
+fn logits_len(h: &crate::format::Header, seq: u64) -> usize {
+    match h.model.embedding_width {
+        Some(width) => width as usize,
+        None => (seq * h.model.vocab_size) as usize,
+    }
+}
+
+/// One running sequence on the GPU.
+pub struct GpuSession<'a> {
+    artifact: &'a Artifact,
+    device: GpuDevice,
+    pub position: u64,
+    pub counts: RunCounts,
+    logits: Vec<f32>,
+    /// The device's name, for the stats line.
+    pub device_name: String,
+}
+
+impl std::fmt::Debug for GpuSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuSession").field("device", &self.device_name).field("position", &self.position).finish()
+    }
+}
+
+impl<'a> GpuSession<'a> {
+    /// Opens GPU `ordinal`, loads the matching PTX module and uploads the weights.
+    pub fn new(artifact: &'a Artifact, ordinal: usize) -> Result<Self, GpuError> {
+        probe()?;
+        let device = GpuDevice::open(artifact, ordinal, 0)?;
+        let device_name = device.name.clone();
+        Ok(GpuSession { artifact, device, position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
     }
 
     /// Forgets the sequence.
@@ -191,35 +271,13 @@ impl<'a> GpuSession<'a> {
 
     fn step(&mut self, ids: &[u32], prefill: bool) -> Result<(), GpuError> {
         let header = &self.artifact.header;
-        let (plan, state) = if prefill { (&header.main().prefill, &self.prefill) } else { (&header.main().decode, &self.decode) };
+        let plan = if prefill { &header.main().prefill } else { &header.main().decode };
         let seq = ids.len() as u64;
-        let tokens: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-        let positions: Vec<i32> = (self.position..self.position + seq).map(|p| p as i32).collect();
-        let s = &self.stream;
-        s.memcpy_htod(&tokens, &mut self.tokens.slice_mut(..tokens.len())).map_err(driver_err)?;
-        s.memcpy_htod(&positions, &mut self.positions.slice_mut(..positions.len())).map_err(driver_err)?;
-        s.memcpy_htod(&[seq as i64], &mut self.dims).map_err(driver_err)?;
-        for ((launch, function), args) in plan.launches.iter().zip(&state.functions).zip(&state.args) {
-            let tasks = launch.tasks.eval(seq);
-            if tasks == 0 {
-                continue;
-            }
-            let (begin, end) = (0u64, tasks);
-            let mut builder = s.launch_builder(function);
-            builder.arg(args).arg(&self.dims).arg(&begin).arg(&end);
-            // SAFETY: the kernel's ABI is (args, dims, task_begin, task_end); the
-            // compiler sized every buffer in the table for this plan and step.
-            unsafe { builder.launch(launch_config(tasks)) }.map_err(driver_err)?;
+        self.device.upload(ids, self.position)?;
+        for index in 0..plan.launches.len() {
+            self.device.launch(plan, prefill, index, seq)?;
         }
-        let n = match header.model.embedding_width {
-            Some(width) => width as usize,
-            None => (seq * header.model.vocab_size) as usize,
-        };
-        let BufferRef::Arena { offset } = plan.logits else { unreachable!("the compiler places logits in the arena") };
-        let mut bytes = vec![0u8; n * 4];
-        s.memcpy_dtoh(&state.arena.slice(offset as usize..offset as usize + n * 4), &mut bytes).map_err(driver_err)?;
-        s.synchronize().map_err(driver_err)?;
-        self.logits.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        self.logits.extend(self.device.read_logits(plan, prefill, logits_len(header, seq))?);
         self.position += seq;
         if prefill {
             self.counts.prefill += 1;
@@ -230,11 +288,202 @@ impl<'a> GpuSession<'a> {
     }
 }
 
-/// Why a mesh of `devices` GPUs does not run in this maxrun: the single-GPU
-/// session runs one sub-model; see docs/sharding.md for the NCCL plan.
-pub fn mesh_unavailable(devices: usize) -> String {
-    format!("running a mesh of {devices} GPU devices (NCCL collectives) is not implemented in this maxrun yet; recompile with --devices cpu:0,1 to run the shards on CPU devices, or --devices gpu:0 for one GPU")
+/// Whether NCCL (`libnccl.so`) can be loaded.
+pub fn nccl_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::nccl::sys::is_culib_present() }
 }
+
+fn nccl_err(e: impl std::fmt::Debug) -> GpuError {
+    GpuError::Driver(format!("NCCL: {e:?}"))
+}
+
+/// One sequence over a mesh of GPUs, one sub-model per device, driven from one
+/// host thread: every launch is enqueued on each device's stream in turn, and each
+/// collective is one NCCL group call (an all-reduce, or an all-gather that a
+/// strided copy then lays out as `[rows, devices * cols]` when `rows > 1`).
+pub struct GpuMeshSession<'a> {
+    artifact: &'a Artifact,
+    devices: Vec<GpuDevice>,
+    comms: Vec<cudarc::nccl::sys::ncclComm_t>,
+    /// Per device: room for one gathered activation, `[devices][rows][cols]`.
+    gather_scratch: Vec<CudaSlice<f32>>,
+    pub position: u64,
+    pub counts: RunCounts,
+    logits: Vec<f32>,
+    pub device_name: String,
+}
+
+impl std::fmt::Debug for GpuMeshSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuMeshSession").field("devices", &self.devices.len()).field("position", &self.position).finish()
+    }
+}
+
+impl Drop for GpuMeshSession<'_> {
+    fn drop(&mut self) {
+        for &c in &self.comms {
+            // SAFETY: each communicator was created by comm_init_all and is freed once.
+            let _ = unsafe { cudarc::nccl::result::comm_destroy(c) };
+        }
+    }
+}
+
+impl<'a> GpuMeshSession<'a> {
+    /// Opens the mesh's GPUs (the ordinals the artifact names), one sub-model each,
+    /// and one NCCL communicator per device.
+    pub fn new(artifact: &'a Artifact) -> Result<Self, GpuError> {
+        probe()?;
+        if !nccl_present() {
+            return Err(GpuError::Driver("NCCL (libnccl.so) was not found; GPU meshes exchange activations through it: install NCCL, or recompile with --devices cpu:0,1".into()));
+        }
+        let h = &artifact.header;
+        let ordinals: Vec<usize> = h.mesh.ordinals.iter().map(|&o| o as usize).collect();
+        let available = CudaContext::device_count().map_err(driver_err)? as usize;
+        if let Some(&missing) = ordinals.iter().find(|&&o| o >= available) {
+            return Err(GpuError::Driver(format!("the mesh names GPU {missing} but this machine has {available}")));
+        }
+        let first = &h.sub_models[0];
+        for m in &h.sub_models[1..] {
+            let steps = |p: &Plan| p.collectives.iter().map(|c| (c.before_launch, c.op.clone())).collect::<Vec<_>>();
+            if steps(&m.prefill) != steps(&first.prefill) || steps(&m.decode) != steps(&first.decode) {
+                return Err(GpuError::Driver("the sub-models' collectives differ; recompile the artifact".into()));
+            }
+        }
+        let devices: Vec<GpuDevice> = ordinals.iter().enumerate().map(|(d, &o)| GpuDevice::open(artifact, o, d)).collect::<Result<_, _>>()?;
+        let mut comms = vec![std::ptr::null_mut(); devices.len()];
+        let list: Vec<i32> = ordinals.iter().map(|&o| o as i32).collect();
+        // SAFETY: `comms` has room for one communicator per listed device.
+        unsafe { cudarc::nccl::result::comm_init_all(comms.as_mut_ptr(), list.len() as i32, list.as_ptr()) }.map_err(nccl_err)?;
+        let largest = [&first.prefill, &first.decode]
+            .iter()
+            .flat_map(|p| p.collectives.iter().map(|c| c.op.output_elems(p.max_seq, h.sub_models.len() as u64)))
+            .max()
+            .unwrap_or(0)
+            .max(1) as usize;
+        let gather_scratch = devices.iter().map(|d| d.stream.alloc_zeros::<f32>(largest)).collect::<Result<_, _>>().map_err(driver_err)?;
+        let device_name = format!("{} x {}", devices.len(), devices[0].name);
+        Ok(GpuMeshSession { artifact, devices, comms, gather_scratch, position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
+    }
+
+    pub fn reset(&mut self) {
+        self.position = 0;
+    }
+
+    pub fn truncate(&mut self, len: u64) {
+        self.position = self.position.min(len);
+    }
+
+    /// Appends `ids` on every device and returns their logits.
+    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+        let h = &self.artifact.header;
+        crate::session::check_tokens(h, self.position, ids)?;
+        self.logits.clear();
+        if ids.len() == 1 {
+            self.step(ids, false).map_err(|e| SessionError::Gpu(e.to_string()))?;
+        } else {
+            for chunk in ids.chunks(h.main().prefill.max_seq as usize) {
+                self.step(chunk, true).map_err(|e| SessionError::Gpu(e.to_string()))?;
+            }
+        }
+        Ok(&self.logits)
+    }
+
+    fn step(&mut self, ids: &[u32], prefill: bool) -> Result<(), GpuError> {
+        let h = &self.artifact.header;
+        let plans: Vec<&Plan> = h.sub_models.iter().map(|m| if prefill { &m.prefill } else { &m.decode }).collect();
+        let seq = ids.len() as u64;
+        for d in &mut self.devices {
+            d.upload(ids, self.position)?;
+        }
+        let launches = plans[0].launches.len();
+        let mut next = 0;
+        for index in 0..=launches {
+            while plans[0].collectives.get(next).is_some_and(|c| c.before_launch as usize == index) {
+                self.exchange(&plans, prefill, next, seq)?;
+                next += 1;
+            }
+            if index < launches {
+                for (d, dev) in self.devices.iter().enumerate() {
+                    dev.ctx.bind_to_thread().map_err(driver_err)?;
+                    dev.launch(plans[d], prefill, index, seq)?;
+                }
+            }
+        }
+        self.logits.extend(self.devices[0].read_logits(plans[0], prefill, logits_len(h, seq))?);
+        self.position += seq;
+        if prefill {
+            self.counts.prefill += 1;
+        } else {
+            self.counts.decode += 1;
+        }
+        Ok(())
+    }
+
+    /// Collective `which` of the step's plans on every device: one NCCL group.
+    fn exchange(&self, plans: &[&Plan], prefill: bool, which: usize, seq: u64) -> Result<(), GpuError> {
+        use cudarc::nccl::{result, sys};
+        let n = self.devices.len();
+        let address = |d: usize, r: &BufferRef| match *r {
+            BufferRef::Arena { offset } => self.devices[d].state(prefill).arena_address(&self.devices[d].stream, offset),
+            other => unreachable!("collectives use arena buffers, not {other:?}"),
+        };
+        let op = &plans[0].collectives[which].op;
+        let gather_rows = match *op {
+            CollectiveOp::AllGather { rows, .. } => rows.eval(seq),
+            CollectiveOp::AllReduceSum { .. } => 0,
+        };
+        result::group_start().map_err(nccl_err)?;
+        for d in 0..n {
+            let c = &plans[d].collectives[which];
+            let (src, dst) = (address(d, &c.input), address(d, &c.output));
+            let stream = self.devices[d].stream.cu_stream() as sys::cudaStream_t;
+            // SAFETY: the compiler sized both arena buffers for this plan's steps;
+            // the scratch holds a whole gathered activation.
+            unsafe {
+                match c.op {
+                    CollectiveOp::AllReduceSum { elems } => result::all_reduce(
+                        src as *const _,
+                        dst as *mut _,
+                        elems.eval(seq) as usize,
+                        sys::ncclDataType_t::ncclFloat32,
+                        sys::ncclRedOp_t::ncclSum,
+                        self.comms[d],
+                        stream,
+                    ),
+                    CollectiveOp::AllGather { rows, cols } => {
+                        // One row: NCCL's rank-major result is already `[1, devices * cols]`.
+                        let target = if gather_rows == 1 { dst } else { self.gather_scratch[d].device_ptr(&self.devices[d].stream).0 };
+                        result::all_gather(src as *const _, target as *mut _, (rows.eval(seq) * cols) as usize, sys::ncclDataType_t::ncclFloat32, self.comms[d], stream)
+                    }
+                }
+            }
+            .map_err(nccl_err)?;
+        }
+        result::group_end().map_err(nccl_err)?;
+        if let CollectiveOp::AllGather { cols, .. } = *op {
+            if gather_rows > 1 {
+                // `[devices][rows][cols]` -> `[rows][devices * cols]`, one row piece at a time.
+                for (d, dev) in self.devices.iter().enumerate() {
+                    dev.ctx.bind_to_thread().map_err(driver_err)?;
+                    let dst = address(d, &plans[d].collectives[which].output);
+                    let scratch = self.gather_scratch[d].device_ptr(&dev.stream).0;
+                    let piece = cols as usize * 4;
+                    for from in 0..n {
+                        for r in 0..gather_rows as usize {
+                            let src = scratch + ((from * gather_rows as usize + r) * piece) as u64;
+                            let to = dst + ((r * n + from) * piece) as u64;
+                            // SAFETY: both ranges lie in buffers sized above.
+                            unsafe { cudarc::driver::result::memcpy_dtod_async(to, src, piece, dev.stream.cu_stream()) }.map_err(driver_err)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 
 #[cfg(test)]
 mod tests {
