@@ -304,7 +304,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
                 cpu.enable_profile();
             }
         }
-        None if cli.check_nan || cli.profile => eprintln!("maxrun: --check-nan and --profile are CPU-only; ignored on the GPU"),
+        None if cli.check_nan || cli.profile => eprintln!("maxrun: --check-nan and --profile run on one CPU device; ignored on the GPU and on device meshes"),
         None => {}
     }
 

@@ -124,6 +124,22 @@ fn smollm2_on_two_cpu_devices_matches_golden() {
     assert_eq!(a.header.kv_cache.row_elems, kv_whole, "replicated attention keeps every KV head");
 }
 
+/// The GGUF's own Q4_1 blocks, split: down_proj is cut along its input features,
+/// i.e. inside every row at block boundaries, and must still give the golden
+/// logits (the golden is the exact dequantization of these blocks).
+#[test]
+fn smollm2_q4_1_blocks_split_across_devices_keep_the_golden_logits() {
+    let sharded = compile_model("q4-1-mesh", &smollm2_gguf(), &["--devices", "cpu:0,1", "--quantization-encoding", "q4_1"]);
+    let a = Artifact::open(&sharded).unwrap();
+    let down: Vec<_> = a.header.weights.iter().filter(|w| w.name.starts_with("model.layers.0.mlp.down_proj.weight@shard")).collect();
+    assert!(down.iter().all(|w| w.encoding == "q4_1" && w.shape == [576, 768]), "{down:?}");
+    let golden = golden("smollm2-135m");
+    let case = &cases(&golden)[0];
+    let (_, ours) = dump_logits(&sharded, case);
+    let (_, gold) = golden_logits("smollm2-135m", case);
+    assert_logits_close("smollm2 q4_1 on cpu:0,1", &ours, &gold);
+}
+
 #[test]
 fn attention_split_by_heads_halves_the_kv_cache() {
     let whole = compile_model("kv", &fixture("tiny-llama"), &[]);
