@@ -11,8 +11,8 @@
 //! step (arena, weights, caches, tokens, positions) has a fixed device address,
 //! and only the contents of `tokens`, `positions` and `dims` change per step.
 //!
-//! [`GpuMeshSession`] runs a sharded artifact (`--devices gpu:0,1`): one
-//! [`GpuDevice`] per sub-model, each with only its own weights, and the plans'
+//! On a sharded artifact (`--devices gpu:0,1`) the session holds one
+//! `GpuDevice` per sub-model, each with only its own weights, and the plans'
 //! collectives as NCCL all-reduce / all-gather group calls (NCCL, like the driver,
 //! is loaded at run time). Neither path has run on a GPU yet (docs/gpu.md).
 
@@ -218,76 +218,6 @@ fn logits_len(h: &crate::format::Header, seq: u64) -> usize {
     }
 }
 
-/// One running sequence on the GPU.
-pub struct GpuSession<'a> {
-    artifact: &'a Artifact,
-    device: GpuDevice,
-    pub position: u64,
-    pub counts: RunCounts,
-    logits: Vec<f32>,
-    /// The device's name, for the stats line.
-    pub device_name: String,
-}
-
-impl std::fmt::Debug for GpuSession<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuSession").field("device", &self.device_name).field("position", &self.position).finish()
-    }
-}
-
-impl<'a> GpuSession<'a> {
-    /// Opens GPU `ordinal`, loads the matching PTX module and uploads the weights.
-    pub fn new(artifact: &'a Artifact, ordinal: usize) -> Result<Self, GpuError> {
-        probe()?;
-        let device = GpuDevice::open(artifact, ordinal, 0)?;
-        let device_name = device.name.clone();
-        Ok(GpuSession { artifact, device, position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
-    }
-
-    /// Forgets the sequence.
-    pub fn reset(&mut self) {
-        self.position = 0;
-    }
-
-    /// Keeps only the first `len` tokens of the sequence.
-    pub fn truncate(&mut self, len: u64) {
-        self.position = self.position.min(len);
-    }
-
-    /// Appends `ids` and returns their logits (as `Session::forward`).
-    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
-        let h = &self.artifact.header;
-        crate::session::check_tokens(h, self.position, ids)?;
-        self.logits.clear();
-        if ids.len() == 1 {
-            self.step(ids, false).map_err(|e| SessionError::Gpu(e.to_string()))?;
-        } else {
-            for chunk in ids.chunks(h.main().prefill.max_seq as usize) {
-                self.step(chunk, true).map_err(|e| SessionError::Gpu(e.to_string()))?;
-            }
-        }
-        Ok(&self.logits)
-    }
-
-    fn step(&mut self, ids: &[u32], prefill: bool) -> Result<(), GpuError> {
-        let header = &self.artifact.header;
-        let plan = if prefill { &header.main().prefill } else { &header.main().decode };
-        let seq = ids.len() as u64;
-        self.device.upload(ids, self.position)?;
-        for index in 0..plan.launches.len() {
-            self.device.launch(plan, prefill, index, seq)?;
-        }
-        self.logits.extend(self.device.read_logits(plan, prefill, logits_len(header, seq))?);
-        self.position += seq;
-        if prefill {
-            self.counts.prefill += 1;
-        } else {
-            self.counts.decode += 1;
-        }
-        Ok(())
-    }
-}
-
 /// Whether NCCL (`libnccl.so`) can be loaded.
 pub fn nccl_present() -> bool {
     // SAFETY: only tries to dlopen the library.
@@ -298,13 +228,15 @@ fn nccl_err(e: impl std::fmt::Debug) -> GpuError {
     GpuError::Driver(format!("NCCL: {e:?}"))
 }
 
-/// One sequence over a mesh of GPUs, one sub-model per device, driven from one
-/// host thread: every launch is enqueued on each device's stream in turn, and each
-/// collective is one NCCL group call (an all-reduce, or an all-gather that a
-/// strided copy then lays out as `[rows, devices * cols]` when `rows > 1`).
-pub struct GpuMeshSession<'a> {
+/// One running sequence on one GPU, or on a mesh of GPUs with one sub-model per
+/// device, driven from one host thread: every launch is enqueued on each device's
+/// stream in turn, and each collective is one NCCL group call (an all-reduce, or
+/// an all-gather that a strided copy lays out as `[rows, devices * cols]` when
+/// `rows > 1`).
+pub struct GpuSession<'a> {
     artifact: &'a Artifact,
     devices: Vec<GpuDevice>,
+    /// One NCCL communicator per device (none on one device).
     comms: Vec<cudarc::nccl::sys::ncclComm_t>,
     /// Per device: room for one gathered activation, `[devices][rows][cols]`.
     gather_scratch: Vec<CudaSlice<f32>>,
@@ -314,13 +246,13 @@ pub struct GpuMeshSession<'a> {
     pub device_name: String,
 }
 
-impl std::fmt::Debug for GpuMeshSession<'_> {
+impl std::fmt::Debug for GpuSession<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuMeshSession").field("devices", &self.devices.len()).field("position", &self.position).finish()
+        f.debug_struct("GpuSession").field("device", &self.device_name).field("position", &self.position).finish()
     }
 }
 
-impl Drop for GpuMeshSession<'_> {
+impl Drop for GpuSession<'_> {
     fn drop(&mut self) {
         for &c in &self.comms {
             // SAFETY: each communicator was created by comm_init_all and is freed once.
@@ -329,10 +261,19 @@ impl Drop for GpuMeshSession<'_> {
     }
 }
 
-impl<'a> GpuMeshSession<'a> {
+impl<'a> GpuSession<'a> {
+    /// Opens GPU `ordinal` for a one-device artifact: loads the matching PTX
+    /// module and uploads the weights.
+    pub fn new(artifact: &'a Artifact, ordinal: usize) -> Result<Self, GpuError> {
+        probe()?;
+        let device = GpuDevice::open(artifact, ordinal, 0)?;
+        let device_name = device.name.clone();
+        Ok(GpuSession { artifact, devices: vec![device], comms: vec![], gather_scratch: vec![], position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
+    }
+
     /// Opens the mesh's GPUs (the ordinals the artifact names), one sub-model each,
     /// and one NCCL communicator per device.
-    pub fn new(artifact: &'a Artifact) -> Result<Self, GpuError> {
+    pub fn new_mesh(artifact: &'a Artifact) -> Result<Self, GpuError> {
         probe()?;
         if !nccl_present() {
             return Err(GpuError::Driver("NCCL (libnccl.so) was not found; GPU meshes exchange activations through it: install NCCL, or recompile with --devices cpu:0,1".into()));
@@ -363,18 +304,20 @@ impl<'a> GpuMeshSession<'a> {
             .max(1) as usize;
         let gather_scratch = devices.iter().map(|d| d.stream.alloc_zeros::<f32>(largest)).collect::<Result<_, _>>().map_err(driver_err)?;
         let device_name = format!("{} x {}", devices.len(), devices[0].name);
-        Ok(GpuMeshSession { artifact, devices, comms, gather_scratch, position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
+        Ok(GpuSession { artifact, devices, comms, gather_scratch, position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
     }
 
+    /// Forgets the sequence.
     pub fn reset(&mut self) {
         self.position = 0;
     }
 
+    /// Keeps only the first `len` tokens of the sequence.
     pub fn truncate(&mut self, len: u64) {
         self.position = self.position.min(len);
     }
 
-    /// Appends `ids` on every device and returns their logits.
+    /// Appends `ids` (on every device) and returns their logits (as `Session::forward`).
     pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
         let h = &self.artifact.header;
         crate::session::check_tokens(h, self.position, ids)?;

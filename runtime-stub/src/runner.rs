@@ -56,15 +56,14 @@ pub enum RunnerError {
 }
 
 /// A session on the CPU or the GPU.
+// One runner per process: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Runner<'a> {
     Cpu(Session<'a>),
     /// A sharded artifact on a mesh of CPU devices.
     Mesh(crate::mesh_session::MeshSession<'a>),
     #[cfg(feature = "cuda")]
     Gpu(crate::gpu::GpuSession<'a>),
-    /// A sharded artifact on a mesh of GPUs (NCCL collectives).
-    #[cfg(feature = "cuda")]
-    GpuMesh(crate::gpu::GpuMeshSession<'a>),
 }
 
 impl std::fmt::Debug for Runner<'_> {
@@ -82,7 +81,7 @@ fn open_gpu<'a>(artifact: &'a Artifact, ordinal: usize) -> Result<Runner<'a>, St
 /// A session over a mesh of GPUs, or why there is none here.
 #[cfg(feature = "cuda")]
 fn open_gpu_mesh<'a>(artifact: &'a Artifact) -> Result<Runner<'a>, String> {
-    crate::gpu::GpuMeshSession::new(artifact).map(Runner::GpuMesh).map_err(|e| e.to_string())
+    crate::gpu::GpuSession::new_mesh(artifact).map(Runner::Gpu).map_err(|e| e.to_string())
 }
 
 /// Why a build without `cuda` cannot run GPU devices.
@@ -154,8 +153,6 @@ impl<'a> Runner<'a> {
             Runner::Mesh(s) => s.forward(ids),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.forward(ids),
-            #[cfg(feature = "cuda")]
-            Runner::GpuMesh(s) => s.forward(ids),
         }
     }
 
@@ -166,8 +163,6 @@ impl<'a> Runner<'a> {
             Runner::Mesh(s) => s.forward_last(ids),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.forward(ids),
-            #[cfg(feature = "cuda")]
-            Runner::GpuMesh(s) => s.forward(ids),
         }
     }
 
@@ -177,8 +172,6 @@ impl<'a> Runner<'a> {
             Runner::Mesh(s) => s.reset(),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.reset(),
-            #[cfg(feature = "cuda")]
-            Runner::GpuMesh(s) => s.reset(),
         }
     }
 
@@ -188,8 +181,6 @@ impl<'a> Runner<'a> {
             Runner::Mesh(s) => s.truncate(len),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.truncate(len),
-            #[cfg(feature = "cuda")]
-            Runner::GpuMesh(s) => s.truncate(len),
         }
     }
 
@@ -199,8 +190,6 @@ impl<'a> Runner<'a> {
             Runner::Mesh(s) => s.counts(),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => s.counts,
-            #[cfg(feature = "cuda")]
-            Runner::GpuMesh(s) => s.counts,
         }
     }
 
@@ -210,7 +199,7 @@ impl<'a> Runner<'a> {
             Runner::Cpu(s) => s.threads(),
             Runner::Mesh(s) => s.threads(),
             #[cfg(feature = "cuda")]
-            Runner::Gpu(_) | Runner::GpuMesh(_) => 1,
+            Runner::Gpu(_) => 1,
         }
     }
 
@@ -221,8 +210,6 @@ impl<'a> Runner<'a> {
             Runner::Mesh(s) => format!("devices: {}, threads: {}", s.devices(), s.threads()),
             #[cfg(feature = "cuda")]
             Runner::Gpu(s) => format!("GPU: {}", s.device_name),
-            #[cfg(feature = "cuda")]
-            Runner::GpuMesh(s) => format!("GPUs: {}", s.device_name),
         }
     }
 
@@ -232,7 +219,7 @@ impl<'a> Runner<'a> {
             Runner::Cpu(s) => Some(s),
             Runner::Mesh(_) => None,
             #[cfg(feature = "cuda")]
-            Runner::Gpu(_) | Runner::GpuMesh(_) => None,
+            Runner::Gpu(_) => None,
         }
     }
 }
