@@ -228,12 +228,75 @@ impl<'a> Runner<'a> {
 mod tests {
     use super::*;
 
-    /// On a build without `cuda`, a GPU mesh is refused naming the missing
-    /// feature (scripts/test.sh builds and runs this test without it).
-    #[cfg(not(feature = "cuda"))]
+    /// A minimal valid artifact split over `mesh` (two sub-models, empty plans,
+    /// one PTX section), built from the format types as the writer lays them out.
+    fn mesh_artifact(mesh: crate::format::DeviceMesh) -> Artifact {
+        use crate::format::*;
+        let plan = Plan { max_seq: 1, arena_bytes: 64, launches: vec![], collectives: vec![], logits: BufferRef::Arena { offset: 0 } };
+        let sub = |d: usize| SubModel {
+            name: format!("shard{d}"),
+            device: format!("{}:{d}", mesh.kind.name()),
+            prefill: plan.clone(),
+            decode: plan.clone(),
+            prefill_last: None,
+            weight_bytes: 0,
+            kv_bytes_per_token: 0,
+        };
+        let contents: Vec<(SectionKind, Vec<u8>)> =
+            vec![(SectionKind::Weights(0), vec![]), (SectionKind::Weights(1), vec![]), (SectionKind::Tokenizer, b"{}".to_vec()), (SectionKind::Ptx(0), b".version 8.0".to_vec())];
+        let mut header = Header {
+            model: ModelInfo { name: "m".into(), architecture: "LlamaForCausalLM".into(), vocab_size: 8, num_layers: 0, embedding_width: None },
+            provenance: Provenance {
+                maxc_version: String::new(),
+                maxc_git_revision: String::new(),
+                target_spec: String::new(),
+                build_id: String::new(),
+                manifest: String::new(),
+                flags: vec![],
+                inputs: vec![],
+            },
+            target: TargetInfo { triple: String::new(), cpu: String::new(), required_features: vec![], backend: "llvm".into() },
+            sections: contents.iter().map(|(kind, bytes)| Section { kind: *kind, offset: 0, len: bytes.len() as u64, checksum: checksum(bytes) }).collect(),
+            kernels: vec![],
+            weights: vec![],
+            sub_models: vec![sub(0), sub(1)],
+            mesh,
+            kv_cache: KvCacheLayout { layers: 0, row_elems: 0 },
+            tokenizer: TokenizerInfo { bos_token_id: None, eos_token_ids: vec![] },
+            generation: GenerationDefaults::default(),
+            max_length: 8,
+            gpu_archs: vec!["sm_90".into()],
+        };
+        let mut at = align_section(encode_header(&header).len() as u64);
+        for s in &mut header.sections {
+            s.offset = at;
+            at = align_section(at + s.len);
+        }
+        let mut file = encode_header(&header);
+        for ((_, bytes), s) in contents.iter().zip(&header.sections) {
+            file.resize(s.offset as usize, 0);
+            file.extend(bytes);
+        }
+        file.resize(at as usize, 0);
+        Artifact::from_bytes(std::path::Path::new("mesh.mef"), file).expect("a valid artifact")
+    }
+
+    /// A GPU mesh on a CPU-only runner (or any runner here: no GPU) is refused
+    /// with the mesh named; a build without `cuda` names the missing feature
+    /// (scripts/test.sh runs this test in both builds).
     #[test]
-    fn gpu_meshes_need_the_cuda_feature() {
-        assert!(NO_CUDA.contains("without the `cuda` feature") && NO_CUDA.contains("--features cuda"));
+    fn gpu_meshes_are_refused_with_the_reason() {
+        use crate::format::{DeviceKind, DeviceMesh};
+        let a = mesh_artifact(DeviceMesh { kind: DeviceKind::Gpu, ordinals: vec![0, 1] });
+        let message = Runner::open(&a, 1, Device::Auto).map(|_| ()).unwrap_err().to_string();
+        assert!(message.contains("mesh.mef") && message.contains("`gpu:0,1`"), "{message}");
+        if cfg!(feature = "cuda") {
+            assert!(message.contains("CUDA") || message.contains("NCCL") || message.contains("GPU"), "{message}");
+        } else {
+            assert!(message.contains("without the `cuda` feature") && message.contains("--features cuda"), "{message}");
+        }
+        let message = Runner::open(&a, 1, Device::Cpu).map(|_| ()).unwrap_err().to_string();
+        assert!(message.contains("GPU devices") && message.contains("--devices cpu:0,1"), "{message}");
     }
 
     #[test]
