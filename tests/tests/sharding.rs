@@ -140,6 +140,31 @@ fn smollm2_q4_1_blocks_split_across_devices_keep_the_golden_logits() {
     assert_logits_close("smollm2 q4_1 on cpu:0,1", &ours, &gold);
 }
 
+/// Every other architecture on two devices: logits within tolerance of the golden
+/// ones. Where attention cannot be split (OLMo-2 normalizes q and k over the whole
+/// projection; Phi-3 and GPT-2 fuse q/k/v into one matmul that is sliced after),
+/// it runs replicated, and nothing is split only to be gathered back: the one
+/// all-gather left is the logits'.
+#[test]
+fn every_architecture_on_two_devices_matches_golden() {
+    for name in ["arch-gemma2", "arch-gemma3", "arch-qwen3", "arch-olmo2", "arch-phi3", "arch-granite", "arch-gpt2"] {
+        let mef = compile_model(name, &fixture(name), &["--devices", "cpu:0,1"]);
+        let golden = golden(name);
+        for (i, case) in cases(&golden).iter().enumerate().take(2) {
+            let (_, ours) = dump_logits(&mef, case);
+            let (_, gold) = golden_logits(name, case);
+            assert_logits_close(&format!("{name} case {i} on cpu:0,1"), &ours, &gold);
+        }
+        let model = maxc::import::import(&fixture(name), None).unwrap();
+        let mut g = maxc::builders::build_graph(&model).unwrap();
+        let shard = Some(ShardTarget { index: 0, devices: 2, split_attention: true });
+        maxc::passes::run_pipeline(&mut g, &maxc::passes::PipelineOptions { verify_each: true, shard, ..Default::default() }).unwrap();
+        assert_eq!(g.count("all_gather"), 1, "{name}: only the logits are gathered");
+        let split_attention = g.nodes.iter().any(|n| matches!(n.op, maxc::graph::Op::Attention { .. }) && n.ty.placement != maxc::graph::Placement::Replicated);
+        assert_eq!(split_attention, !["arch-olmo2", "arch-phi3", "arch-gpt2"].contains(&name), "{name}: attention split by heads");
+    }
+}
+
 #[test]
 fn attention_split_by_heads_halves_the_kv_cache() {
     let whole = compile_model("kv", &fixture("tiny-llama"), &[]);

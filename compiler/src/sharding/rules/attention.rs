@@ -36,11 +36,28 @@ pub fn decide(g: &Graph, id: ValueId, have: &[Placement], ctx: &RuleCtx) -> Deci
 }
 
 pub fn accepts_columns(g: &Graph, id: ValueId, slot: usize, out_ok: bool, ctx: &RuleCtx) -> bool {
-    let positions = match g.node(id).op {
-        Op::Rope { .. } => 1,
-        _ => 3,
-    };
-    slot < positions && out_ok && whole_heads(g, id, ctx)
+    let node = g.node(id);
+    match node.op {
+        Op::Rope { .. } => slot == 0 && out_ok && whole_heads(g, id, ctx),
+        // Attention splits only if q, k and v all can: a v split alone would be
+        // gathered straight back (OLMo-2 normalizes q and k over the whole width).
+        _ => slot < 3 && out_ok && whole_heads(g, id, ctx) && node.inputs[..3].iter().all(|&x| splittable_heads(g, x, ctx)),
+    }
+}
+
+/// Whether `v` comes from a matmul through head-local ops only (bias adds,
+/// per-head norms, RoPE), so that it can be computed split by heads.
+fn splittable_heads(g: &Graph, mut v: ValueId, ctx: &RuleCtx) -> bool {
+    loop {
+        let node = g.node(v);
+        match node.op {
+            Op::MatMul | Op::MatMulAdd => return super::splits(super::width(g, v), ctx.devices),
+            Op::Rope { .. } => v = node.inputs[0],
+            Op::RmsNorm { .. } if super::width(g, node.inputs[1]) < super::width(g, node.inputs[0]) => v = node.inputs[0],
+            Op::Binary(_) if g.ty(node.inputs[1]).rank() <= 1 => v = node.inputs[0],
+            _ => return false,
+        }
+    }
 }
 
 /// The attention op of one device: its share of the heads.
