@@ -27,8 +27,6 @@ pub struct DecoderOptions {
     pub qk_norm: QkNorm,
     /// Norms after attention and MLP (before the residual add) instead of before (OLMo 2).
     pub post_norms: bool,
-    /// `qkv_proj` and `gate_up_proj` stored stacked (Phi-3).
-    pub fused_projections: bool,
     pub embedding_multiplier: Option<f32>,
     /// Replaces 1/sqrt(head_dim).
     pub attention_scale: Option<f32>,
@@ -42,7 +40,6 @@ impl Default for DecoderOptions {
         DecoderOptions {
             qk_norm: QkNorm::None,
             post_norms: false,
-            fused_projections: false,
             embedding_multiplier: None,
             attention_scale: None,
             residual_multiplier: None,
@@ -82,32 +79,15 @@ pub fn build_decoder(model: &ImportedModel, w: &WeightBinder<'_>, opts: &Decoder
         let weight = w.weight(g, name, &[len])?;
         Ok(g.add(Op::RmsNorm { eps: c.rms_norm_eps }, &[x, weight]))
     };
-    let columns = |g: &mut Graph, x: ValueId, widths: &[usize]| -> Vec<ValueId> {
-        let mut start = 0u64;
-        widths
-            .iter()
-            .map(|&len| {
-                let s = g.add(Op::Slice { axis: 1, start, len: len as u64 }, &[x]);
-                start += len as u64;
-                s
-            })
-            .collect()
-    };
 
     for l in 0..c.num_layers {
         let p = format!("model.layers.{l}");
         let n = if opts.post_norms { x } else { norm(&mut g, x, &format!("{p}.input_layernorm.weight"), h)? };
-        let (q, k, vv) = if opts.fused_projections {
-            let qkv = linear(&mut g, n, &format!("{p}.self_attn.qkv_proj"), (nh + 2 * nkv) * hd, h, c.qkv_bias)?;
-            let parts = columns(&mut g, qkv, &[nh * hd, nkv * hd, nkv * hd]);
-            (parts[0], parts[1], parts[2])
-        } else {
-            (
-                linear(&mut g, n, &format!("{p}.self_attn.q_proj"), nh * hd, h, c.qkv_bias)?,
-                linear(&mut g, n, &format!("{p}.self_attn.k_proj"), nkv * hd, h, c.qkv_bias)?,
-                linear(&mut g, n, &format!("{p}.self_attn.v_proj"), nkv * hd, h, c.qkv_bias)?,
-            )
-        };
+        let (q, k, vv) = (
+            linear(&mut g, n, &format!("{p}.self_attn.q_proj"), nh * hd, h, c.qkv_bias)?,
+            linear(&mut g, n, &format!("{p}.self_attn.k_proj"), nkv * hd, h, c.qkv_bias)?,
+            linear(&mut g, n, &format!("{p}.self_attn.v_proj"), nkv * hd, h, c.qkv_bias)?,
+        );
         let (q, k) = match opts.qk_norm {
             QkNorm::None => (q, k),
             QkNorm::PerHead => (
@@ -141,13 +121,7 @@ pub fn build_decoder(model: &ImportedModel, w: &WeightBinder<'_>, opts: &Decoder
         x = g.add(Op::Binary(BinaryOp::Add), &[x, o]);
 
         let n = if opts.post_norms { x } else { norm(&mut g, x, &format!("{p}.post_attention_layernorm.weight"), h)? };
-        let (gate, up) = if opts.fused_projections {
-            let gu = linear(&mut g, n, &format!("{p}.mlp.gate_up_proj"), 2 * i, h, c.mlp_bias)?;
-            let parts = columns(&mut g, gu, &[i, i]);
-            (parts[0], parts[1])
-        } else {
-            (linear(&mut g, n, &format!("{p}.mlp.gate_proj"), i, h, c.mlp_bias)?, linear(&mut g, n, &format!("{p}.mlp.up_proj"), i, h, c.mlp_bias)?)
-        };
+        let (gate, up) = (linear(&mut g, n, &format!("{p}.mlp.gate_proj"), i, h, c.mlp_bias)?, linear(&mut g, n, &format!("{p}.mlp.up_proj"), i, h, c.mlp_bias)?);
         let act = g.add(Op::Unary(UnaryOp::Silu), &[gate]);
         let m = g.add(Op::Binary(BinaryOp::Mul), &[act, up]);
         let mut d = linear(&mut g, m, &format!("{p}.mlp.down_proj"), h, i, c.mlp_bias)?;

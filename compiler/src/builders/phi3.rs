@@ -1,5 +1,8 @@
-//! Phi3ForCausalLM: the Llama decoder with `qkv_proj` and `gate_up_proj` checkpoints
-//! kept stacked (one matmul each, split by column slices, as stack-linear would).
+//! Phi3ForCausalLM: the Llama decoder. Its checkpoints store `qkv_proj` and
+//! `gate_up_proj` stacked; the importer exposes their row ranges as `q_proj`,
+//! `k_proj`, `v_proj`, `gate_proj` and `up_proj` (`import::split_fused_projections`),
+//! so stack-linear stacks them again into the same matmuls, and a device mesh can
+//! split them by heads and features like Llama's.
 
 use super::llama::{build_decoder, DecoderOptions};
 use super::WeightBinder;
@@ -8,5 +11,5 @@ use crate::graph::Graph;
 use crate::import::ImportedModel;
 
 pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
-    build_decoder(model, w, &DecoderOptions { fused_projections: true, ..Default::default() })
+    build_decoder(model, w, &DecoderOptions::default())
 }

@@ -42,12 +42,33 @@ pub fn import(path: &Path, architecture: Option<&str>) -> Result<ImportedModel> 
             "does not exist; point [model] path (or --model) at an HF directory or a .gguf file",
         ));
     }
-    if path.is_dir() {
-        hf::import_dir(path, architecture)
+    let mut model = if path.is_dir() {
+        hf::import_dir(path, architecture)?
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        import_gguf(path, architecture)
+        import_gguf(path, architecture)?
     } else {
-        Err(Error::invalid(path, "model.path", "is neither a directory nor a .gguf file"))
+        return Err(Error::invalid(path, "model.path", "is neither a directory nor a .gguf file"));
+    };
+    if model.config.architecture == Architecture::Phi3 {
+        split_fused_projections(&mut model);
+    }
+    Ok(model)
+}
+
+/// Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: their
+/// row ranges become the separate projections the Llama builder reads (views, no
+/// copy). A checkpoint that already has them separately is left as it is.
+pub fn split_fused_projections(model: &mut ImportedModel) {
+    let c = &model.config;
+    let (q, kv, inter) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+    for l in 0..c.num_layers {
+        let p = format!("model.layers.{l}");
+        for suffix in ["weight", "bias"] {
+            let parts = [(format!("{p}.self_attn.q_proj.{suffix}"), q), (format!("{p}.self_attn.k_proj.{suffix}"), kv), (format!("{p}.self_attn.v_proj.{suffix}"), kv)];
+            model.weights.split_rows(&format!("{p}.self_attn.qkv_proj.{suffix}"), &parts);
+            let parts = [(format!("{p}.mlp.gate_proj.{suffix}"), inter), (format!("{p}.mlp.up_proj.{suffix}"), inter)];
+            model.weights.split_rows(&format!("{p}.mlp.gate_up_proj.{suffix}"), &parts);
+        }
     }
 }
 

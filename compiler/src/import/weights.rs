@@ -172,6 +172,28 @@ impl WeightStore {
         &self.files[entry.file].1[entry.offset..entry.offset + entry.len]
     }
 
+    /// Exposes consecutive row ranges of tensor `name` as tensors of their own
+    /// (`parts`: new name and row count, in order), without copying: a row range
+    /// of a row-major tensor, float or in blocks along its rows, is a byte range.
+    /// Returns false (and adds nothing) when `name` is absent, its rows do not add
+    /// up, or its rows are stored permuted.
+    pub fn split_rows(&mut self, name: &str, parts: &[(String, usize)]) -> bool {
+        let Some(e) = self.entries.get(name).cloned() else { return false };
+        let rows = e.shape.first().copied().unwrap_or(0);
+        if e.unpermute_heads.is_some() || rows == 0 || parts.iter().map(|p| p.1).sum::<usize>() != rows || e.len % rows != 0 {
+            return false;
+        }
+        let row_bytes = e.len / rows;
+        let mut offset = e.offset;
+        for (part, n) in parts {
+            let mut shape = e.shape.clone();
+            shape[0] = *n;
+            self.entries.insert(part.clone(), WeightEntry { shape, offset, len: n * row_bytes, ..e.clone() });
+            offset += n * row_bytes;
+        }
+        true
+    }
+
     /// A tensor's logical (HF) shape.
     pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
         match self.entries.get(name) {
