@@ -21,7 +21,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::artifact::Artifact;
-use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind};
+use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind, SubModel};
 use crate::session::{RunCounts, SessionError};
 
 /// Threads per block of every launch.
@@ -64,6 +64,25 @@ pub fn launch_config(tasks: u64) -> LaunchConfig {
     LaunchConfig { grid_dim: (tasks.div_ceil(BLOCK_THREADS as u64).max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Which of a sub-model's plans a step runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Which {
+    Prefill,
+    Decode,
+    /// The prefill plan that computes only the last token's logits.
+    PrefillLast,
+}
+
+impl Which {
+    fn plan(self, m: &SubModel) -> &Plan {
+        match self {
+            Which::Prefill => &m.prefill,
+            Which::Decode => &m.decode,
+            Which::PrefillLast => m.prefill_last.as_ref().expect("chosen only when the artifact has it"),
+        }
+    }
+}
+
 struct GpuPlan {
     arena: CudaSlice<u8>,
     /// Per launch: the device array of argument pointers.
@@ -85,6 +104,7 @@ struct GpuDevice {
     stream: Arc<CudaStream>,
     prefill: GpuPlan,
     decode: GpuPlan,
+    prefill_last: Option<GpuPlan>,
     _weights: Vec<CudaSlice<u8>>,
     _caches: Vec<CudaSlice<f32>>,
     tokens: CudaSlice<i32>,
@@ -158,16 +178,17 @@ impl GpuDevice {
             Ok(GpuPlan { arena, args, functions })
         };
         let (prefill, decode) = (plan(&m.prefill)?, plan(&m.decode)?);
+        let prefill_last = m.prefill_last.as_ref().map(plan).transpose()?;
         stream.synchronize().map_err(driver_err)?;
         let name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
-        Ok(GpuDevice { ctx, stream, prefill, decode, _weights: weights, _caches: caches, tokens, positions, dims, name })
+        Ok(GpuDevice { ctx, stream, prefill, decode, prefill_last, _weights: weights, _caches: caches, tokens, positions, dims, name })
     }
 
-    fn state(&self, prefill: bool) -> &GpuPlan {
-        if prefill {
-            &self.prefill
-        } else {
-            &self.decode
+    fn state(&self, which: Which) -> &GpuPlan {
+        match which {
+            Which::Prefill => &self.prefill,
+            Which::Decode => &self.decode,
+            Which::PrefillLast => self.prefill_last.as_ref().expect("chosen only when the artifact has it"),
         }
     }
 
@@ -184,8 +205,8 @@ impl GpuDevice {
     }
 
     /// Enqueues launch `index` of the step's plan (asynchronous).
-    fn launch(&self, plan: &Plan, prefill: bool, index: usize, seq: u64) -> Result<(), GpuError> {
-        let state = self.state(prefill);
+    fn launch(&self, plan: &Plan, which: Which, index: usize, seq: u64) -> Result<(), GpuError> {
+        let state = self.state(which);
         let tasks = plan.launches[index].tasks.eval(seq);
         if tasks == 0 {
             return Ok(());
@@ -200,11 +221,11 @@ impl GpuDevice {
     }
 
     /// Waits for the step and copies `n` f32 of the plan's logits to the host.
-    fn read_logits(&self, plan: &Plan, prefill: bool, n: usize) -> Result<Vec<f32>, GpuError> {
+    fn read_logits(&self, plan: &Plan, which: Which, n: usize) -> Result<Vec<f32>, GpuError> {
         let BufferRef::Arena { offset } = plan.logits else { unreachable!("the compiler places logits in the arena") };
         self.ctx.bind_to_thread().map_err(driver_err)?;
         let mut bytes = vec![0u8; n * 4];
-        self.stream.memcpy_dtoh(&self.state(prefill).arena.slice(offset as usize..offset as usize + n * 4), &mut bytes).map_err(driver_err)?;
+        self.stream.memcpy_dtoh(&self.state(which).arena.slice(offset as usize..offset as usize + n * 4), &mut bytes).map_err(driver_err)?;
         self.stream.synchronize().map_err(driver_err)?;
         Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
@@ -287,7 +308,8 @@ impl<'a> GpuSession<'a> {
         let first = &h.sub_models[0];
         for m in &h.sub_models[1..] {
             let steps = |p: &Plan| p.collectives.iter().map(|c| (c.before_launch, c.op.clone())).collect::<Vec<_>>();
-            if steps(&m.prefill) != steps(&first.prefill) || steps(&m.decode) != steps(&first.decode) {
+            let last = |m: &SubModel| m.prefill_last.as_ref().map(steps);
+            if steps(&m.prefill) != steps(&first.prefill) || steps(&m.decode) != steps(&first.decode) || last(m) != last(first) {
                 return Err(GpuError::Driver("the sub-models' collectives differ; recompile the artifact".into()));
             }
         }
@@ -296,8 +318,9 @@ impl<'a> GpuSession<'a> {
         let list: Vec<i32> = ordinals.iter().map(|&o| o as i32).collect();
         // SAFETY: `comms` has room for one communicator per listed device.
         unsafe { cudarc::nccl::result::comm_init_all(comms.as_mut_ptr(), list.len() as i32, list.as_ptr()) }.map_err(nccl_err)?;
-        let largest = [&first.prefill, &first.decode]
-            .iter()
+        let largest = [Some(&first.prefill), Some(&first.decode), first.prefill_last.as_ref()]
+            .into_iter()
+            .flatten()
             .flat_map(|p| p.collectives.iter().map(|c| c.op.output_elems(p.max_seq, h.sub_models.len() as u64)))
             .max()
             .unwrap_or(0)
@@ -323,18 +346,36 @@ impl<'a> GpuSession<'a> {
         crate::session::check_tokens(h, self.position, ids)?;
         self.logits.clear();
         if ids.len() == 1 {
-            self.step(ids, false).map_err(|e| SessionError::Gpu(e.to_string()))?;
+            self.step(ids, Which::Decode).map_err(|e| SessionError::Gpu(e.to_string()))?;
         } else {
             for chunk in ids.chunks(h.main().prefill.max_seq as usize) {
-                self.step(chunk, true).map_err(|e| SessionError::Gpu(e.to_string()))?;
+                self.step(chunk, Which::Prefill).map_err(|e| SessionError::Gpu(e.to_string()))?;
             }
         }
         Ok(&self.logits)
     }
 
-    fn step(&mut self, ids: &[u32], prefill: bool) -> Result<(), GpuError> {
+    /// Appends `ids` and returns the last token's logits only (as
+    /// `Session::forward_last`): prompts run the last-token plan when the artifact
+    /// has one.
+    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
         let h = &self.artifact.header;
-        let plans: Vec<&Plan> = h.sub_models.iter().map(|m| if prefill { &m.prefill } else { &m.decode }).collect();
+        if ids.len() <= 1 || h.main().prefill_last.is_none() || h.model.embedding_width.is_some() {
+            let vocab = h.model.vocab_size as usize;
+            let all = self.forward(ids)?.len();
+            return Ok(&self.logits[all.saturating_sub(vocab)..]);
+        }
+        crate::session::check_tokens(h, self.position, ids)?;
+        for chunk in ids.chunks(h.main().prefill.max_seq as usize) {
+            self.logits.clear();
+            self.step(chunk, Which::PrefillLast).map_err(|e| SessionError::Gpu(e.to_string()))?;
+        }
+        Ok(&self.logits)
+    }
+
+    fn step(&mut self, ids: &[u32], which: Which) -> Result<(), GpuError> {
+        let h = &self.artifact.header;
+        let plans: Vec<&Plan> = h.sub_models.iter().map(|m| which.plan(m)).collect();
         let seq = ids.len() as u64;
         for d in &mut self.devices {
             d.upload(ids, self.position)?;
@@ -343,19 +384,20 @@ impl<'a> GpuSession<'a> {
         let mut next = 0;
         for index in 0..=launches {
             while plans[0].collectives.get(next).is_some_and(|c| c.before_launch as usize == index) {
-                self.exchange(&plans, prefill, next, seq)?;
+                self.exchange(&plans, which, next, seq)?;
                 next += 1;
             }
             if index < launches {
                 for (d, dev) in self.devices.iter().enumerate() {
                     dev.ctx.bind_to_thread().map_err(driver_err)?;
-                    dev.launch(plans[d], prefill, index, seq)?;
+                    dev.launch(plans[d], which, index, seq)?;
                 }
             }
         }
-        self.logits.extend(self.devices[0].read_logits(plans[0], prefill, logits_len(h, seq))?);
+        let n = if which == Which::PrefillLast { h.model.vocab_size as usize } else { logits_len(h, seq) };
+        self.logits.extend(self.devices[0].read_logits(plans[0], which, n)?);
         self.position += seq;
-        if prefill {
+        if which != Which::Decode {
             self.counts.prefill += 1;
         } else {
             self.counts.decode += 1;
@@ -364,11 +406,11 @@ impl<'a> GpuSession<'a> {
     }
 
     /// Collective `which` of the step's plans on every device: one NCCL group.
-    fn exchange(&self, plans: &[&Plan], prefill: bool, which: usize, seq: u64) -> Result<(), GpuError> {
+    fn exchange(&self, plans: &[&Plan], plan: Which, which: usize, seq: u64) -> Result<(), GpuError> {
         use cudarc::nccl::{result, sys};
         let n = self.devices.len();
         let address = |d: usize, r: &BufferRef| match *r {
-            BufferRef::Arena { offset } => self.devices[d].state(prefill).arena_address(&self.devices[d].stream, offset),
+            BufferRef::Arena { offset } => self.devices[d].state(plan).arena_address(&self.devices[d].stream, offset),
             other => unreachable!("collectives use arena buffers, not {other:?}"),
         };
         let op = &plans[0].collectives[which].op;

@@ -162,7 +162,7 @@ impl<'a> Runner<'a> {
             Runner::Cpu(s) => s.forward_last(ids),
             Runner::Mesh(s) => s.forward_last(ids),
             #[cfg(feature = "cuda")]
-            Runner::Gpu(s) => s.forward(ids),
+            Runner::Gpu(s) => s.forward_last(ids),
         }
     }
 
