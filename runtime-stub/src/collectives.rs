@@ -2,13 +2,16 @@
 //! worker threads in this process, so an all-reduce or all-gather is a read of the
 //! other devices' buffers between barriers.
 //!
-//! Protocol (the same for every collective): each device publishes its input
-//! pointer, waits at a barrier, computes its own output from every device's input
-//! (all-reduce: each device sums one slice of the elements into a shared scratch,
-//! in device order, then a second barrier and every device copies the scratch),
-//! and waits at a barrier again before it may overwrite its input. The sums run in
-//! device order whatever the thread timing, so every device gets the same bits on
-//! every run.
+//! All-reduce: each device copies its input into its slot of a shared buffer,
+//! waits at one barrier, and sums every device's slot into its own output, in
+//! device order, so every device gets the same bits on every run. The shared
+//! buffer alternates between two halves from one all-reduce to the next: a device
+//! can only start writing a half again after the next barrier, which every device
+//! passes only once it has finished reading that half. One barrier per all-reduce.
+//!
+//! All-gather (once per step, the logits): each device publishes its input
+//! pointer, waits at a barrier, copies every device's piece, and waits at a second
+//! barrier before it may overwrite its input.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -45,17 +48,21 @@ impl SpinBarrier {
     }
 }
 
-/// The shared state of one mesh: one slot per device and a scratch for sums.
+/// The shared state of one mesh: input pointers for all-gathers, and the two
+/// halves of the all-reduce buffer (one slot of `max_elems` per device in each).
 pub struct MeshHub {
     devices: usize,
+    max_elems: usize,
     barrier: SpinBarrier,
     inputs: Vec<AtomicPtr<f32>>,
-    scratch: UnsafeCell<Vec<f32>>,
+    halves: [UnsafeCell<Vec<f32>>; 2],
+    /// All-reduces each device has run (its parity picks the half).
+    reduces: Vec<AtomicU64>,
 }
 
-// SAFETY: `scratch` is written only in disjoint slices by different devices
-// between two barriers, grown only by device 0 while the others wait at a barrier,
-// and read by all only after the barrier that follows the writes.
+// SAFETY: a device writes only its own slot of a half, before the barrier of that
+// all-reduce, and all devices read the half only after it; the half is written
+// again two all-reduces later, after a barrier every reader has passed.
 unsafe impl Sync for MeshHub {}
 unsafe impl Send for MeshHub {}
 
@@ -70,9 +77,11 @@ impl MeshHub {
     pub fn new(devices: usize, max_elems: usize) -> Self {
         MeshHub {
             devices,
+            max_elems,
             barrier: SpinBarrier::new(devices),
             inputs: (0..devices).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
-            scratch: UnsafeCell::new(vec![0.0; max_elems]),
+            halves: [UnsafeCell::new(vec![0.0; devices * max_elems]), UnsafeCell::new(vec![0.0; devices * max_elems])],
+            reduces: (0..devices).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -86,29 +95,24 @@ impl MeshHub {
     /// `input` and `output` must hold `n` f32 and not overlap; every device must call
     /// this with the same `n`, and `n` must not exceed the hub's `max_elems`.
     pub unsafe fn all_reduce_sum(&self, device: usize, input: *const f32, output: *mut f32, n: usize) {
-        self.inputs[device].store(input as *mut f32, Ordering::Release);
-        self.barrier.wait();
-        let scratch = self.scratch.get();
-        // SAFETY: see the type's Sync note; slices [lo, hi) are disjoint per device.
+        assert!(n <= self.max_elems, "all-reduce of {n} elements beyond the hub's {}", self.max_elems);
+        let half = (self.reduces[device].fetch_add(1, Ordering::Relaxed) % 2) as usize;
+        let buf = self.halves[half].get();
+        // SAFETY: see the type's Sync note; this device's slot is [device * max, + n).
         unsafe {
-            let sums = (*scratch).as_mut_ptr();
-            assert!(n <= (*scratch).len(), "all-reduce of {n} elements beyond the scratch");
-            let (lo, hi) = (n * device / self.devices, n * (device + 1) / self.devices);
-            for i in lo..hi {
-                *sums.add(i) = 0.0;
+            let base = (*buf).as_mut_ptr();
+            std::ptr::copy_nonoverlapping(input, base.add(device * self.max_elems), n);
+            self.barrier.wait();
+            for i in 0..n {
+                *output.add(i) = 0.0;
             }
-            for slot in &self.inputs {
-                let src = slot.load(Ordering::Acquire);
-                for i in lo..hi {
-                    *sums.add(i) += *src.add(i);
+            for d in 0..self.devices {
+                let slot = base.add(d * self.max_elems);
+                for i in 0..n {
+                    *output.add(i) += *slot.add(i);
                 }
             }
         }
-        self.barrier.wait();
-        // SAFETY: every slice of the scratch was written before the barrier.
-        // The next all-reduce writes the scratch only after its first barrier, which
-        // every device reaches after this copy.
-        unsafe { std::ptr::copy_nonoverlapping((*scratch).as_ptr(), output, n) };
     }
 
     /// `input` is `[rows, cols]` on every device; `output` becomes `[rows, devices * cols]`.
