@@ -243,10 +243,14 @@ impl Artifact {
         }
         let plans = h.sub_models.iter().enumerate().flat_map(|(d, m)| [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten().map(move |p| (d, p)));
         for (device, plan) in plans {
-            let arena_ok = |r: &BufferRef| matches!(*r, BufferRef::Arena { offset } if offset < plan.arena_bytes);
+            // A buffer of `elems` f32 at the largest step lies inside the arena.
+            let arena_ok = |r: &BufferRef, elems: u64| {
+                matches!(*r, BufferRef::Arena { offset } if elems.checked_mul(4).and_then(|b| b.checked_add(offset)).is_some_and(|end| end <= plan.arena_bytes))
+            };
             let mut last = 0;
             for c in &plan.collectives {
-                let ok = arena_ok(&c.input) && arena_ok(&c.output) && c.input != c.output && c.before_launch as usize <= plan.launches.len() && c.before_launch >= last;
+                let (n_in, n_out) = (c.op.input_elems(plan.max_seq), c.op.output_elems(plan.max_seq, h.sub_models.len() as u64));
+                let ok = arena_ok(&c.input, n_in) && arena_ok(&c.output, n_out) && c.input != c.output && c.before_launch as usize <= plan.launches.len() && c.before_launch >= last;
                 if !ok || h.sub_models.len() < 2 {
                     return Err(corrupt("launch plan".into(), format!("collective {c:?} is out of range or order")));
                 }

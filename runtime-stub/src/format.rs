@@ -395,8 +395,9 @@ pub struct TaskCount {
 }
 
 impl TaskCount {
+    /// `per_seq * seq + fixed`, saturating (a corrupt artifact cannot overflow it).
     pub fn eval(self, seq: u64) -> u64 {
-        self.per_seq * seq + self.fixed
+        self.per_seq.saturating_mul(seq).saturating_add(self.fixed)
     }
 }
 
@@ -470,7 +471,7 @@ impl CollectiveOp {
     pub fn input_elems(&self, seq: u64) -> u64 {
         match self {
             CollectiveOp::AllReduceSum { elems } => elems.eval(seq),
-            CollectiveOp::AllGather { rows, cols } => rows.eval(seq) * cols,
+            CollectiveOp::AllGather { rows, cols } => rows.eval(seq).saturating_mul(*cols),
         }
     }
 
@@ -478,7 +479,7 @@ impl CollectiveOp {
     pub fn output_elems(&self, seq: u64, devices: u64) -> u64 {
         match self {
             CollectiveOp::AllReduceSum { elems } => elems.eval(seq),
-            CollectiveOp::AllGather { rows, cols } => rows.eval(seq) * cols * devices,
+            CollectiveOp::AllGather { rows, cols } => rows.eval(seq).saturating_mul(*cols).saturating_mul(devices),
         }
     }
 }

@@ -231,6 +231,11 @@ mod tests {
     /// A minimal valid artifact split over `mesh` (two sub-models, empty plans,
     /// one PTX section), built from the format types as the writer lays them out.
     fn mesh_artifact(mesh: crate::format::DeviceMesh) -> Artifact {
+        mesh_artifact_with(mesh, |_| {}).expect("a valid artifact")
+    }
+
+    /// [`mesh_artifact`] with the header changed by `edit` before it is written.
+    fn mesh_artifact_with(mesh: crate::format::DeviceMesh, edit: impl Fn(&mut crate::format::Header)) -> Result<Artifact, crate::artifact::ArtifactError> {
         use crate::format::*;
         let plan = Plan { max_seq: 1, arena_bytes: 64, launches: vec![], collectives: vec![], logits: BufferRef::Arena { offset: 0 } };
         let sub = |d: usize| SubModel {
@@ -267,6 +272,7 @@ mod tests {
             max_length: 8,
             gpu_archs: vec!["sm_90".into()],
         };
+        edit(&mut header);
         let mut at = align_section(encode_header(&header).len() as u64);
         for s in &mut header.sections {
             s.offset = at;
@@ -278,7 +284,29 @@ mod tests {
             file.extend(bytes);
         }
         file.resize(at as usize, 0);
-        Artifact::from_bytes(std::path::Path::new("mesh.mef"), file).expect("a valid artifact")
+        Artifact::from_bytes(std::path::Path::new("mesh.mef"), file)
+    }
+
+    /// Collectives are checked against the arena at load: a buffer that would run
+    /// past it (even through an overflowing count) or an input that is also the
+    /// output is refused as corrupt instead of trusted.
+    #[test]
+    fn collectives_outside_the_arena_are_refused() {
+        use crate::format::*;
+        let mesh = DeviceMesh { kind: DeviceKind::Cpu, ordinals: vec![0, 1] };
+        let step = |op: CollectiveOp, input: u64, output: u64| CollectiveStep { before_launch: 0, op, input: BufferRef::Arena { offset: input }, output: BufferRef::Arena { offset: output } };
+        let with = |c: CollectiveStep| move |h: &mut Header| h.sub_models[1].decode.collectives = vec![c.clone()];
+        let fits = step(CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: 0, fixed: 8 } }, 0, 32);
+        assert!(mesh_artifact_with(mesh.clone(), with(fits)).is_ok(), "8 + 8 f32 in a 64-byte arena");
+        for bad in [
+            step(CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: 0, fixed: 9 } }, 0, 32),
+            step(CollectiveOp::AllGather { rows: TaskCount { per_seq: 1, fixed: 0 }, cols: 5 }, 0, 32),
+            step(CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: u64::MAX, fixed: 1 } }, 0, 32),
+            step(CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: 0, fixed: 1 } }, 8, 8),
+        ] {
+            let e = mesh_artifact_with(mesh.clone(), with(bad.clone())).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains("collective"), "{bad:?}: {e}");
+        }
     }
 
     /// A GPU mesh on a CPU-only runner (or any runner here: no GPU) is refused
