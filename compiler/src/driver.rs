@@ -26,6 +26,37 @@ pub fn frontend(manifest: LoadedManifest, options: &PipelineOptions<'_>) -> Resu
     Ok(Frontend { manifest, model, graph })
 }
 
+/// One optimized graph per device of a mesh of `devices` (the shard pass gives
+/// each its slice of the model; one device: the plain pipeline). With
+/// `--dump-ir DIR`, device `i`'s passes go to `DIR/device<i>/` on a mesh.
+pub fn device_graphs(model: &ImportedModel, devices: u32, split_attention: bool, options: &PipelineOptions<'_>) -> Result<Vec<Graph>> {
+    let base = build_graph(model)?;
+    let mut graphs = Vec::with_capacity(devices as usize);
+    for index in 0..devices {
+        let mut graph = base.clone();
+        let dump_dir = options.dump_dir.map(|d| if devices > 1 { d.join(format!("device{index}")) } else { d.to_path_buf() });
+        let shard = (devices > 1).then_some(crate::sharding::ShardTarget { index, devices, split_attention });
+        run_pipeline(&mut graph, &PipelineOptions { dump_dir: dump_dir.as_deref(), shard, ..options.clone() })?;
+        graphs.push(graph);
+    }
+    Ok(graphs)
+}
+
+/// The graphs `--stop-after` shows: one per device of the manifest's (or
+/// `devices`') mesh, after the pipeline up to the named pass.
+pub fn frontend_graphs(manifest: &LoadedManifest, devices: Option<&str>, attention: Option<&str>, options: &PipelineOptions<'_>) -> Result<Vec<Graph>> {
+    let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
+    let m = &manifest.manifest;
+    let model = import(&m.model.path, m.model.architecture.as_deref())?;
+    let devices = devices.map(str::to_string).or(m.compile.devices.clone());
+    let attention = attention.map(str::to_string).or(m.compile.attention_sharding.clone());
+    let (mesh, split, _) = plan_mesh(&shown, devices.as_deref(), attention.as_deref(), &model.config)?;
+    if options.stop_after == Some("shard") && mesh.len() < 2 {
+        return Err(crate::Error::Flag { flag: "--stop-after".into(), message: "the shard pass runs on a mesh only; add --devices cpu:0,1".into() });
+    }
+    device_graphs(&model, mesh.len() as u32, split, options)
+}
+
 /// The mesh and attention policy a compile asks for (flags over the manifest),
 /// checked against the model: a mesh that cannot split it is an error naming the
 /// config field, its value and the device count. Returns the mesh, whether
@@ -209,17 +240,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     if mesh.kind == maxrun::format::DeviceKind::Cpu && targets.cpu.is_none() {
         return Err(Error::invalid(&shown, "compile.devices", format!("`{}` needs CPU code but --target `{target_spec}` has none; add cpu, or use --devices gpu:0", mesh.spec())));
     }
-    let base = build_graph(&model)?;
     let devices = mesh.len() as u32;
-    // One graph per device: the shard pass gives each its slice of the model.
-    let mut graphs = Vec::with_capacity(devices as usize);
-    for index in 0..devices {
-        let mut graph = base.clone();
-        let dump_dir = options.pipeline.dump_dir.map(|d| if devices > 1 { d.join(format!("device{index}")) } else { d.to_path_buf() });
-        let shard = (devices > 1).then_some(crate::sharding::ShardTarget { index, devices, split_attention });
-        run_pipeline(&mut graph, &PipelineOptions { dump_dir: dump_dir.as_deref(), shard, ..pipeline.clone() })?;
-        graphs.push(graph);
-    }
+    let graphs = device_graphs(&model, devices, split_attention, &pipeline)?;
     let fe = Frontend { manifest, model, graph: graphs[0].clone() };
     lap("import + graph passes", &mut phases);
     if options.pipeline.stop_after.is_some() {

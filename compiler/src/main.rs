@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use maxc::driver::{frontend, load_manifest, CompileOptions};
 use maxc::interp::{greedy, run_tokens, Interpreter};
-use maxc::passes::{by_name, PipelineOptions};
+use maxc::passes::PipelineOptions;
 
 #[derive(Parser)]
 #[command(name = "maxc", version, about = "Ahead-of-time compiler from HF / GGUF models to MEF artifacts")]
@@ -17,6 +17,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Compile a model (manifest or --model) through the graph pipeline.
@@ -150,8 +152,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn options<'a>(dump: Option<&'a Path>, stop: Option<&'a str>) -> anyhow::Result<PipelineOptions<'a>> {
     if let Some(name) = stop {
-        if by_name(name).is_none() {
-            let names: Vec<&str> = maxc::passes::pipeline().iter().map(|p| p.name()).collect();
+        let names = maxc::passes::pass_names();
+        if !names.contains(&name) {
             bail!("--stop-after: unknown pass `{name}`; passes: {}", names.join(", "));
         }
     }
@@ -165,8 +167,11 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         if args.stop_after.is_none() {
             bail!("give -o OUT.mef (or --stop-after PASS to only run the graph pipeline)");
         }
-        let fe = frontend(manifest, &opts)?;
-        eprintln!("graph `{}` after `{}`: {} nodes", fe.graph.name, args.stop_after.unwrap_or_default(), fe.graph.nodes.len());
+        let graphs = maxc::driver::frontend_graphs(&manifest, args.devices.as_deref(), args.attention_sharding.as_deref(), &opts)?;
+        for (i, g) in graphs.iter().enumerate() {
+            let device = if graphs.len() > 1 { format!(" on device {i}") } else { String::new() };
+            eprintln!("graph `{}` after `{}`{device}: {} nodes", g.name, args.stop_after.as_deref().unwrap_or_default(), g.nodes.len());
+        }
         return Ok(());
     };
     if args.jobs == Some(0) {

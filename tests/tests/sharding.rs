@@ -197,6 +197,24 @@ fn bad_meshes_fail_clearly() {
     assert!(!out.exists());
 }
 
+/// `--dump-ir` with `--stop-after shard` shows each device's graph, placements
+/// and collectives included, without compiling.
+#[test]
+fn dump_ir_shows_each_devices_placements() {
+    let dir = temp_dir("dump-sharded");
+    let llama = fixture("tiny-llama");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), llama.as_os_str(), os("--devices"), os("cpu:0,1"), os("--stop-after"), os("shard"), os("--dump-ir"), dir.as_os_str()]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert!(r.2.contains("on device 1"), "{}", r.2);
+    for d in 0..2 {
+        let text = std::fs::read_to_string(dir.join(format!("device{d}/04-shard.mxir"))).unwrap();
+        assert!(text.contains("all_reduce") && text.contains("@sharded(1)") && text.contains("@partial_sum"), "device {d}");
+        assert!(text.contains(&format!("shard_index = {d}")), "device {d} reads its own slices");
+    }
+    let r = run_bin("maxc", &[os("compile"), os("--model"), llama.as_os_str(), os("--stop-after"), os("shard")]);
+    assert_clean_error(&r, 1, &["--stop-after", "--devices cpu:0,1"]);
+}
+
 /// A mesh of GPUs compiles (PTX per device) but this maxrun runs CPU meshes only:
 /// it says so instead of running the wrong thing.
 #[test]

@@ -60,6 +60,12 @@ pub fn pipeline_with(
     passes
 }
 
+/// Every pass name, in pipeline order, including `shard` (which runs only on a mesh).
+pub fn pass_names() -> Vec<&'static str> {
+    let mesh = crate::sharding::ShardTarget { index: 0, devices: 2, split_attention: true };
+    pipeline_with(crate::graph::QuantScheme::None, None, Some(mesh)).iter().map(|p| p.name()).collect()
+}
+
 /// Finds a pass by name.
 pub fn by_name(name: &str) -> Option<Box<dyn Pass>> {
     pipeline().into_iter().find(|p| p.name() == name)
