@@ -69,6 +69,8 @@ impl Val {
 
 struct Machine<'a> {
     kernel: &'a Kernel,
+    /// Under the GPU's warp mapping: each loop's mapping, by the loop's address.
+    warp: Option<std::collections::HashMap<*const Stmt, crate::warp::LoopMapping>>,
     bufs: &'a mut [Buffer],
     /// The kernel's local arrays, NaN-filled on entry (their contents are undefined).
     locals: Vec<Buffer>,
@@ -82,8 +84,37 @@ pub fn run(kernel: &Kernel, bufs: &mut [Buffer], seq: u64) {
     run_tasks(kernel, bufs, seq, 0, tasks);
 }
 
+/// Runs every task as the GPU does, one warp per task (`crate::warp`): loops
+/// dealt to lanes run lane by lane, and their reductions are combined across the
+/// 32 lanes with the butterfly the shuffles perform. The reference for the NVPTX
+/// lowering's mapping.
+pub fn run_warp(kernel: &Kernel, bufs: &mut [Buffer], seq: u64) {
+    let mut loops = Vec::new();
+    collect_loops(&kernel.body, &mut loops);
+    let mappings = crate::warp::loop_mappings(kernel);
+    let warp = loops.into_iter().zip(mappings).collect();
+    run_impl(kernel, bufs, seq, 0, kernel.tasks.eval(seq), Some(warp));
+}
+
+fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
+    for s in stmts {
+        match s {
+            Stmt::For { body, .. } => {
+                out.push(s as *const Stmt);
+                collect_loops(body, out);
+            }
+            Stmt::If { then, .. } => collect_loops(then, out),
+            Stmt::Set { .. } | Stmt::Store { .. } => {}
+        }
+    }
+}
+
 /// Runs tasks `begin..end` (the ABI's task range).
 pub fn run_tasks(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end: u64) {
+    run_impl(kernel, bufs, seq, begin, end, None);
+}
+
+fn run_impl(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end: u64, warp: Option<std::collections::HashMap<*const Stmt, crate::warp::LoopMapping>>) {
     assert_eq!(bufs.len(), kernel.params.len(), "kernel `{}`: buffer count", kernel.name);
     let vars = kernel
         .vars
@@ -95,7 +126,7 @@ pub fn run_tasks(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end
         })
         .collect();
     let locals = kernel.locals.iter().map(|&n| Buffer::F32(vec![f32::NAN; n as usize])).collect();
-    let mut m = Machine { kernel, bufs, locals, vars, seq: seq as i64 };
+    let mut m = Machine { kernel, warp, bufs, locals, vars, seq: seq as i64 };
     for t in begin..end {
         m.vars[kernel.task_var as usize] = Val::I(t as i64);
         m.block(&kernel.body);
@@ -130,10 +161,16 @@ impl Machine<'_> {
                     }
                 }
                 Stmt::For { var, start, end, body, .. } => {
-                    let (s, e) = (self.eval(start).i(), self.eval(end).i());
-                    for x in s..e {
-                        self.vars[*var as usize] = Val::I(x);
-                        self.block(body);
+                    let (lo, hi) = (self.eval(start).i(), self.eval(end).i());
+                    let mapping = self.warp.as_ref().and_then(|w| w.get(&(s as *const Stmt))).cloned();
+                    match mapping {
+                        Some(crate::warp::LoopMapping::Lanes { reductions, .. }) => self.lanes(*var, lo, hi, body, &reductions),
+                        _ => {
+                            for x in lo..hi {
+                                self.vars[*var as usize] = Val::I(x);
+                                self.block(body);
+                            }
+                        }
                     }
                 }
                 Stmt::If { cond, then } => {
@@ -142,6 +179,40 @@ impl Machine<'_> {
                     }
                 }
             }
+        }
+    }
+
+    /// A loop dealt to the lanes of a warp: lane `l` runs iterations `lo + l + 32 m`
+    /// with its own partial of each reduction; the partials are then combined by a
+    /// butterfly (lane `l` takes `op(x_l, x_{l ^ m})` for m = 16, 8, 4, 2, 1), and
+    /// the result joins the value the variable had before the loop.
+    fn lanes(&mut self, var: VarId, lo: i64, hi: i64, body: &[Stmt], reductions: &[(VarId, BinOp)]) {
+        use crate::warp::{identity, WARP};
+        let before: Vec<f32> = reductions.iter().map(|(r, _)| self.vars[*r as usize].f()).collect();
+        let mut partial: Vec<Vec<f32>> = reductions.iter().map(|(_, op)| vec![identity(*op); WARP as usize]).collect();
+        for lane in 0..WARP {
+            for (k, (r, _)) in reductions.iter().enumerate() {
+                self.vars[*r as usize] = Val::F(partial[k][lane as usize]);
+            }
+            let mut x = lo + lane;
+            while x < hi {
+                self.vars[var as usize] = Val::I(x);
+                self.block(body);
+                x += WARP;
+            }
+            for (k, (r, _)) in reductions.iter().enumerate() {
+                partial[k][lane as usize] = self.vars[*r as usize].f();
+            }
+        }
+        let combine = |op: BinOp, a: f32, b: f32| if op == BinOp::Max { a.max(b) } else { a + b };
+        for (k, (r, op)) in reductions.iter().enumerate() {
+            let mut vals = partial[k].clone();
+            let mut m = WARP as usize / 2;
+            while m > 0 {
+                vals = (0..WARP as usize).map(|l| combine(*op, vals[l], vals[l ^ m])).collect();
+                m /= 2;
+            }
+            self.vars[*r as usize] = Val::F(combine(*op, before[k], vals[0]));
         }
     }
 

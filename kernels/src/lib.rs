@@ -8,5 +8,6 @@
 pub mod interp;
 pub mod ir;
 pub mod library;
+pub mod warp;
 
 pub use ir::*;

@@ -4,7 +4,7 @@
 //! [`GpuSession`] mirrors the CPU `Session`: it loads the artifact's PTX module
 //! for the device, copies every weight to the device once, keeps the KV caches and
 //! the activation arenas on the device, runs a plan's launches in order on one
-//! stream (GPU thread `i` of a launch runs task `i`, the kernels' ABI), and copies
+//! stream (warp `i` of a launch runs task `i`; `maxc_kernels::warp` has the mapping), and copies
 //! only the logits back; sampling stays on the host.
 //!
 //! The argument table of each launch is built once per plan: every buffer of a
@@ -59,9 +59,14 @@ pub fn pick_module(archs: &[String], cc: (i32, i32)) -> Option<usize> {
     archs.iter().enumerate().filter_map(|(i, a)| number(a).filter(|&n| n <= device).map(|n| (n, i))).max().map(|(_, i)| i)
 }
 
-/// The grid of a launch of `tasks` tasks (one thread each).
+/// Threads per task: one warp (the PTX maps each task to a warp, and deals some
+/// loops to its lanes).
+pub const TASK_THREADS: u64 = 32;
+
+/// The grid of a launch of `tasks` tasks (one warp each).
 pub fn launch_config(tasks: u64) -> LaunchConfig {
-    LaunchConfig { grid_dim: (tasks.div_ceil(BLOCK_THREADS as u64).max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 }
+    let threads = tasks.saturating_mul(TASK_THREADS);
+    LaunchConfig { grid_dim: (threads.div_ceil(BLOCK_THREADS as u64).max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// Which of a sub-model's plans a step runs.
@@ -484,11 +489,12 @@ mod tests {
     }
 
     #[test]
-    fn every_task_gets_one_thread() {
+    fn every_task_gets_one_warp() {
         let c = launch_config(1000);
         assert_eq!(c.block_dim.0, BLOCK_THREADS);
-        assert!(c.grid_dim.0 as u64 * BLOCK_THREADS as u64 >= 1000);
-        assert!((c.grid_dim.0 as u64 - 1) * (BLOCK_THREADS as u64) < 1000);
+        assert_eq!(BLOCK_THREADS as u64 % TASK_THREADS, 0, "blocks hold whole warps");
+        assert!(c.grid_dim.0 as u64 * BLOCK_THREADS as u64 >= 1000 * TASK_THREADS);
+        assert!((c.grid_dim.0 as u64 - 1) * (BLOCK_THREADS as u64) < 1000 * TASK_THREADS);
         assert_eq!(launch_config(0).grid_dim.0, 1);
     }
 }

@@ -181,6 +181,33 @@ fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>, all: Vec<Case
     }
 }
 
+/// The GPU's mapping (one warp per task, some loops dealt to lanes, reductions
+/// combined by a butterfly) gives what the sequential interpreter gives, for every
+/// kernel family: the reference for the NVPTX lowering, checked here without a GPU.
+#[test]
+fn warp_mapping_matches_interpreter() {
+    let mut rng = Rng(0x9e37_79b9);
+    let mut split = 0;
+    for case in cases() {
+        split += maxc_kernels::warp::loop_mappings(&case.kernel).iter().filter(|m| matches!(m, maxc_kernels::warp::LoopMapping::Lanes { .. })).count();
+        let mut expected = inputs(&case, &mut rng);
+        let mut actual = expected.clone();
+        run(&case.kernel, &mut expected, case.seq);
+        maxc_kernels::interp::run_warp(&case.kernel, &mut actual, case.seq);
+        for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
+            match (e, a) {
+                (Buffer::F32(e), Buffer::F32(a)) => {
+                    for (i, (x, y)) in e.iter().zip(a).enumerate() {
+                        assert!((x - y).abs() <= case.tol.max(1e-6) * (1.0 + x.abs()), "{} param {p}[{i}]: sequential {x}, warp {y}", case.kernel.name);
+                    }
+                }
+                _ => assert_eq!(e, a, "{} param {p}", case.kernel.name),
+            }
+        }
+    }
+    assert!(split >= 20, "only {split} loops are dealt to lanes");
+}
+
 #[test]
 fn llvm_host_matches_interpreter() {
     check_target("cpu");

@@ -69,6 +69,12 @@ struct KernelLowering<'a, 'ctx> {
     locals: Vec<PointerValue<'ctx>>,
     slots: Vec<PointerValue<'ctx>>,
     seq: Option<BasicValueEnum<'ctx>>,
+    /// NVPTX: how each loop (in pre-order) runs on the task's warp, and this
+    /// thread's lane in it (`maxc_kernels::warp`).
+    warp: Vec<maxc_kernels::warp::LoopMapping>,
+    lane: Option<inkwell::values::IntValue<'ctx>>,
+    /// Loops lowered so far (the pre-order index of the next one).
+    loops_seen: usize,
 }
 
 impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
@@ -86,7 +92,25 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         }
         let nounwind = context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0);
         function.add_attribute(AttributeLoc::Function, nounwind);
-        Ok(KernelLowering { context, module, builder: context.create_builder(), kernel, flavor, function, params: vec![], locals: vec![], slots: vec![], seq: None })
+        let warp = match flavor {
+            Flavor::Nvptx => maxc_kernels::warp::loop_mappings(kernel),
+            Flavor::Cpu(_) => vec![],
+        };
+        Ok(KernelLowering {
+            context,
+            module,
+            builder: context.create_builder(),
+            kernel,
+            flavor,
+            function,
+            params: vec![],
+            locals: vec![],
+            slots: vec![],
+            seq: None,
+            warp,
+            lane: None,
+            loops_seen: 0,
+        })
     }
 
     fn ty(&self, t: ValType) -> BasicTypeEnum<'ctx> {
@@ -141,7 +165,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 self.lower_loop(&task_loop, Some((begin, end)))?;
             }
             Flavor::Nvptx => {
-                // task = task_begin + ctaid.x * ntid.x + tid.x; threads past the end idle.
+                // One warp per task: task = task_begin + (ctaid.x * ntid.x + tid.x) / 32,
+                // lane = tid.x % 32 (blocks are whole warps); warps past the end idle.
                 let sreg = |name: &str| -> Result<inkwell::values::IntValue<'ctx>, CodegenError> {
                     let i32t = self.context.i32_type();
                     let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, i32t.fn_type(&[], false), None));
@@ -154,7 +179,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     (sreg("llvm.nvvm.read.ptx.sreg.ctaid.x")?, sreg("llvm.nvvm.read.ptx.sreg.ntid.x")?, sreg("llvm.nvvm.read.ptx.sreg.tid.x")?);
                 let b = &self.builder;
                 let global = b.build_int_nuw_add(b.build_int_nuw_mul(block, width, "base").map_err(llvm_err)?, thread, "global").map_err(llvm_err)?;
-                let task = b.build_int_nuw_add(begin, global, "task").map_err(llvm_err)?;
+                let warp = i64t.const_int(maxc_kernels::warp::WARP as u64, false);
+                let warp_index = b.build_int_unsigned_div(global, warp, "warp").map_err(llvm_err)?;
+                self.lane = Some(b.build_int_unsigned_rem(thread, warp, "lane").map_err(llvm_err)?);
+                let task = b.build_int_nuw_add(begin, warp_index, "task").map_err(llvm_err)?;
                 let inside = b.build_int_compare(IntPredicate::ULT, task, end, "inside").map_err(llvm_err)?;
                 let run = self.context.append_basic_block(self.function, "run");
                 let done = self.context.append_basic_block(self.function, "done");
@@ -269,6 +297,29 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         };
         let slot = self.slots[*var as usize];
         let i64t = self.context.i64_type();
+        // On a warp, a loop dealt to lanes starts at `lo + lane` and steps by 32, each
+        // lane with its own partial of the loop's reductions (crate docs of `warp`).
+        let mapping = match bounds {
+            None if matches!(self.flavor, Flavor::Nvptx) => self.warp.get(self.loops_seen).cloned(),
+            _ => None,
+        };
+        if bounds.is_none() {
+            self.loops_seen += 1;
+        }
+        let (lanes, reductions) = match &mapping {
+            Some(maxc_kernels::warp::LoopMapping::Lanes { reductions, stores }) => (Some(*stores), reductions.clone()),
+            _ => (None, vec![]),
+        };
+        let mut before = Vec::new();
+        for &(r, op) in &reductions {
+            let f32t = self.context.f32_type();
+            before.push(self.builder.build_load(f32t, self.slots[r as usize], "before").map_err(llvm_err)?.into_float_value());
+            self.builder.build_store(self.slots[r as usize], f32t.const_float(maxc_kernels::warp::identity(op) as f64)).map_err(llvm_err)?;
+        }
+        let (lo, step) = match (lanes, self.lane) {
+            (Some(_), Some(lane)) => (self.builder.build_int_nsw_add(lo, lane, "lane_start").map_err(llvm_err)?, maxc_kernels::warp::WARP as u64),
+            _ => (lo, 1),
+        };
         self.builder.build_store(slot, lo).map_err(llvm_err)?;
         let header = self.context.append_basic_block(self.function, "loop");
         let body_bb = self.context.append_basic_block(self.function, "body");
@@ -281,7 +332,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         self.builder.position_at_end(body_bb);
         self.block(body)?;
         let i = self.builder.build_load(i64t, slot, "i").map_err(llvm_err)?.into_int_value();
-        let next = self.builder.build_int_nsw_add(i, i64t.const_int(1, false), "next").map_err(llvm_err)?;
+        let next = self.builder.build_int_nsw_add(i, i64t.const_int(step, false), "next").map_err(llvm_err)?;
         self.builder.build_store(slot, next).map_err(llvm_err)?;
         let latch = self.builder.build_unconditional_branch(header).map_err(llvm_err)?;
         // A loop that holds a loop hinted `Vectorize` is not vectorized itself:
@@ -292,7 +343,50 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             self.forbid_vectorization(latch);
         }
         self.builder.position_at_end(exit);
+        if let Some(stores) = lanes {
+            for (&(r, op), before) in reductions.iter().zip(before) {
+                let total = self.warp_reduce(r, op)?;
+                let joined = self.float_op(op, before, total)?;
+                self.builder.build_store(self.slots[r as usize], joined).map_err(llvm_err)?;
+            }
+            if stores {
+                // What one lane stored is read by others after the loop.
+                let i32t = self.context.i32_type();
+                let sync = self.module.get_function("llvm.nvvm.bar.warp.sync").unwrap_or_else(|| {
+                    self.module.add_function("llvm.nvvm.bar.warp.sync", self.context.void_type().fn_type(&[i32t.into()], false), None)
+                });
+                self.builder.build_call(sync, &[i32t.const_all_ones().into()], "").map_err(llvm_err)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Every lane's partial of reduction `r` combined across the warp: a butterfly
+    /// of `shfl.sync.bfly` (offsets 16, 8, 4, 2, 1), after which all lanes hold it.
+    fn warp_reduce(&self, r: VarId, op: BinOp) -> Result<inkwell::values::FloatValue<'ctx>, CodegenError> {
+        let (f32t, i32t) = (self.context.f32_type(), self.context.i32_type());
+        let name = "llvm.nvvm.shfl.sync.bfly.f32";
+        let shfl = self.module.get_function(name).unwrap_or_else(|| {
+            self.module.add_function(name, f32t.fn_type(&[i32t.into(), f32t.into(), i32t.into(), i32t.into()], false), None)
+        });
+        let mut x = self.builder.build_load(f32t, self.slots[r as usize], "partial").map_err(llvm_err)?.into_float_value();
+        let mut offset = maxc_kernels::warp::WARP as u64 / 2;
+        while offset > 0 {
+            let args = [i32t.const_all_ones().into(), x.into(), i32t.const_int(offset, false).into(), i32t.const_int(31, false).into()];
+            let call = self.builder.build_call(shfl, &args, "shfl").map_err(llvm_err)?;
+            let inkwell::values::ValueKind::Basic(y) = call.try_as_basic_value() else { unreachable!("shfl returns f32") };
+            x = self.float_op(op, x, y.into_float_value())?;
+            offset /= 2;
+        }
+        Ok(x)
+    }
+
+    /// `a op b` for a reduction's operator.
+    fn float_op(&self, op: BinOp, a: inkwell::values::FloatValue<'ctx>, b: inkwell::values::FloatValue<'ctx>) -> Result<inkwell::values::FloatValue<'ctx>, CodegenError> {
+        Ok(match op {
+            BinOp::Max => self.intrinsic("llvm.maxnum", &[a.into(), b.into()])?.into_float_value(),
+            _ => self.fast(self.builder.build_float_add(a, b, "sum").map_err(llvm_err)?.into()).into_float_value(),
+        })
     }
 
     /// Attaches `!llvm.loop !{self, !{"llvm.loop.vectorize.enable", i1 false}}` to
