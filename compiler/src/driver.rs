@@ -253,6 +253,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let max_seq = if cfg.encoder.is_some() { max_length } else { PREFILL_CHUNK.min(max_length) };
 
     let mut weights = WeightTable::default();
+    weights.row_major_only = targets.cpu.is_none();
     let mut kernels = KernelSet::default();
     let mut schedules = Vec::with_capacity(graphs.len());
     for (index, graph) in graphs.iter().enumerate() {
@@ -389,6 +390,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
                 family: k.family.clone(),
                 num_params: k.params.len() as u32,
                 backend: backend.clone(),
+                gpu_threads_per_task: maxc_kernels::warp::threads_per_task(k),
             })
             .collect(),
         weights: vec![],

@@ -1,4 +1,6 @@
-//! The GPU mapping of a kernel: one warp ([`WARP`] threads) per task.
+//! The GPU mapping of a kernel: one warp ([`WARP`] threads) per task, or one
+//! thread per task for kernels with no loop to deal to lanes
+//! ([`threads_per_task`], recorded per kernel in the artifact).
 //!
 //! Everything a task does runs on all lanes of its warp alike (the same values,
 //! so stores outside split loops write the same value to the same place), except
@@ -142,6 +144,16 @@ fn count_expr(e: &Expr, var: VarId, n: &mut usize) {
     }
 }
 
+/// GPU threads per task: a warp when some loop is dealt to lanes, else one thread
+/// (32 redundant lanes would only repeat the work: the block and panel matmuls).
+pub fn threads_per_task(kernel: &Kernel) -> u32 {
+    if loop_mappings(kernel).iter().any(|m| matches!(m, LoopMapping::Lanes { .. })) {
+        WARP as u32
+    } else {
+        1
+    }
+}
+
 /// The identity of a reduction: what each lane's partial starts from.
 pub fn identity(op: BinOp) -> f32 {
     match op {
@@ -162,6 +174,7 @@ mod tests {
     fn gemv_rows_and_norm_sums_are_dealt_to_lanes() {
         let k = matmul(64, 16, ElemType::F32, SeqMode::Fixed(1));
         let m = loop_mappings(&k);
+        assert_eq!(threads_per_task(&k), WARP as u32);
         let lanes: Vec<_> = m.iter().filter(|l| matches!(l, LoopMapping::Lanes { .. })).collect();
         assert!(!lanes.is_empty(), "the k loop of a row-major GEMV is split: {m:?}");
         assert!(lanes.iter().all(|l| matches!(l, LoopMapping::Lanes { reductions, stores: false } if !reductions.is_empty())));
@@ -186,5 +199,6 @@ mod tests {
         ];
         let k = b.finish("k".into(), "test", TaskCount { per_seq: 0, fixed: 1 }, t, body);
         assert_eq!(loop_mappings(&k), vec![LoopMapping::Redundant; 3]);
+        assert_eq!(threads_per_task(&k), 1, "nothing to share: one thread per task");
     }
 }

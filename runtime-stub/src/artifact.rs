@@ -258,8 +258,8 @@ impl Artifact {
             }
             for l in &plan.launches {
                 let k = self.header.kernels.get(l.kernel as usize);
-                if k.is_none_or(|k| k.num_params as usize != l.args.len()) {
-                    return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel or argument count", l.kernel)));
+                if k.is_none_or(|k| k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32)) {
+                    return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel, argument count or GPU threads per task", l.kernel)));
                 }
                 for a in &l.args {
                     let ok = match *a {

@@ -214,6 +214,9 @@ pub struct KernelEntry {
     pub num_params: u32,
     /// The backend that produced the kernel (`llvm` or `cranelift`).
     pub backend: String,
+    /// GPU threads per task in the PTX: 32 (a warp, whose lanes share the task's
+    /// loops) or 1 (kernels none of whose loops split across lanes).
+    pub gpu_threads_per_task: u32,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

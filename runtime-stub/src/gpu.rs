@@ -4,7 +4,8 @@
 //! [`GpuSession`] mirrors the CPU `Session`: it loads the artifact's PTX module
 //! for the device, copies every weight to the device once, keeps the KV caches and
 //! the activation arenas on the device, runs a plan's launches in order on one
-//! stream (warp `i` of a launch runs task `i`; `maxc_kernels::warp` has the mapping), and copies
+//! stream (warp `i`, or thread `i`, of a launch runs task `i`, as each kernel's
+//! `gpu_threads_per_task` says; `maxc_kernels::warp` has the mapping), and copies
 //! only the logits back; sampling stays on the host.
 //!
 //! The argument table of each launch is built once per plan: every buffer of a
@@ -59,13 +60,10 @@ pub fn pick_module(archs: &[String], cc: (i32, i32)) -> Option<usize> {
     archs.iter().enumerate().filter_map(|(i, a)| number(a).filter(|&n| n <= device).map(|n| (n, i))).max().map(|(_, i)| i)
 }
 
-/// Threads per task: one warp (the PTX maps each task to a warp, and deals some
-/// loops to its lanes).
-pub const TASK_THREADS: u64 = 32;
-
-/// The grid of a launch of `tasks` tasks (one warp each).
-pub fn launch_config(tasks: u64) -> LaunchConfig {
-    let threads = tasks.saturating_mul(TASK_THREADS);
+/// The grid of a launch of `tasks` tasks of `per_task` threads each (the
+/// kernel's `gpu_threads_per_task`: a warp, or one thread).
+pub fn launch_config(tasks: u64, per_task: u32) -> LaunchConfig {
+    let threads = tasks.saturating_mul(per_task as u64);
     LaunchConfig { grid_dim: (threads.div_ceil(BLOCK_THREADS as u64).max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
@@ -93,6 +91,8 @@ struct GpuPlan {
     /// Per launch: the device array of argument pointers.
     args: Vec<CudaSlice<u64>>,
     functions: Vec<CudaFunction>,
+    /// Per launch: GPU threads per task of its kernel.
+    threads_per_task: Vec<u32>,
 }
 
 impl GpuPlan {
@@ -180,7 +180,8 @@ impl GpuDevice {
                 args.push(stream.clone_htod(&table).map_err(driver_err)?);
             }
             let functions = plan.launches.iter().map(|l| functions[l.kernel as usize].clone()).collect();
-            Ok(GpuPlan { arena, args, functions })
+            let threads_per_task = plan.launches.iter().map(|l| h.kernels[l.kernel as usize].gpu_threads_per_task).collect();
+            Ok(GpuPlan { arena, args, functions, threads_per_task })
         };
         let (prefill, decode) = (plan(&m.prefill)?, plan(&m.decode)?);
         let prefill_last = m.prefill_last.as_ref().map(plan).transpose()?;
@@ -221,7 +222,7 @@ impl GpuDevice {
         builder.arg(&state.args[index]).arg(&self.dims).arg(&begin).arg(&end);
         // SAFETY: the kernel's ABI is (args, dims, task_begin, task_end); the
         // compiler sized every buffer in the table for this plan and step.
-        unsafe { builder.launch(launch_config(tasks)) }.map_err(driver_err)?;
+        unsafe { builder.launch(launch_config(tasks, state.threads_per_task[index])) }.map_err(driver_err)?;
         Ok(())
     }
 
@@ -489,13 +490,16 @@ mod tests {
     }
 
     #[test]
-    fn every_task_gets_one_warp() {
-        let c = launch_config(1000);
-        assert_eq!(c.block_dim.0, BLOCK_THREADS);
-        assert_eq!(BLOCK_THREADS as u64 % TASK_THREADS, 0, "blocks hold whole warps");
-        assert!(c.grid_dim.0 as u64 * BLOCK_THREADS as u64 >= 1000 * TASK_THREADS);
-        assert!((c.grid_dim.0 as u64 - 1) * (BLOCK_THREADS as u64) < 1000 * TASK_THREADS);
-        assert_eq!(launch_config(0).grid_dim.0, 1);
+    fn every_task_gets_its_threads() {
+        for per_task in [1u32, 32] {
+            let c = launch_config(1000, per_task);
+            assert_eq!(c.block_dim.0, BLOCK_THREADS);
+            assert_eq!(BLOCK_THREADS % 32, 0, "blocks hold whole warps");
+            let want = 1000 * per_task as u64;
+            assert!(c.grid_dim.0 as u64 * BLOCK_THREADS as u64 >= want);
+            assert!((c.grid_dim.0 as u64 - 1) * (BLOCK_THREADS as u64) < want);
+        }
+        assert_eq!(launch_config(0, 32).grid_dim.0, 1);
     }
 }
 

@@ -77,6 +77,9 @@ fn gpu_only_artifact_without_a_driver_says_so() {
         return;
     }
     let (mef, _) = compile_with_ptx("gpu-only", &fixture("tiny-llama"), "cuda:sm_90", &[]);
+    // Without CPU code, float matmul weights stay row-major (warps read rows).
+    let weights = maxrun::artifact::Artifact::open(&mef).unwrap().header.weights;
+    assert!(weights.iter().all(|w| w.layout == "row_major"), "a GPU-only artifact packs no panels");
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hello")]);
     assert_clean_error(&r, 1, &["no CUDA driver", "no CPU code", "--target cpu,cuda:sm_90"]);
     // Asking for the GPU of a fat artifact names the fallback.

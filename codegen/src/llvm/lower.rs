@@ -179,10 +179,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     (sreg("llvm.nvvm.read.ptx.sreg.ctaid.x")?, sreg("llvm.nvvm.read.ptx.sreg.ntid.x")?, sreg("llvm.nvvm.read.ptx.sreg.tid.x")?);
                 let b = &self.builder;
                 let global = b.build_int_nuw_add(b.build_int_nuw_mul(block, width, "base").map_err(llvm_err)?, thread, "global").map_err(llvm_err)?;
-                let warp = i64t.const_int(maxc_kernels::warp::WARP as u64, false);
-                let warp_index = b.build_int_unsigned_div(global, warp, "warp").map_err(llvm_err)?;
-                self.lane = Some(b.build_int_unsigned_rem(thread, warp, "lane").map_err(llvm_err)?);
-                let task = b.build_int_nuw_add(begin, warp_index, "task").map_err(llvm_err)?;
+                // (Kernels with no loop for the lanes run one thread per task.)
+                let per_task = maxc_kernels::warp::threads_per_task(self.kernel) as u64;
+                let width = i64t.const_int(per_task, false);
+                let index = b.build_int_unsigned_div(global, width, "warp").map_err(llvm_err)?;
+                if per_task > 1 {
+                    self.lane = Some(b.build_int_unsigned_rem(thread, width, "lane").map_err(llvm_err)?);
+                }
+                let task = b.build_int_nuw_add(begin, index, "task").map_err(llvm_err)?;
                 let inside = b.build_int_compare(IntPredicate::ULT, task, end, "inside").map_err(llvm_err)?;
                 let run = self.context.append_basic_block(self.function, "run");
                 let done = self.context.append_basic_block(self.function, "done");

@@ -121,6 +121,10 @@ pub struct WeightTable {
     by_name: HashMap<(u32, String), u32>,
     /// The device whose plans are being scheduled: new slots belong to it.
     pub device: u32,
+    /// Keep every weight row-major: for artifacts without CPU code, whose GPU
+    /// kernels read a row-major matmul's rows with a whole warp (`panel16` suits
+    /// the CPU's broadcast FMAs, not a warp).
+    pub row_major_only: bool,
 }
 
 impl WeightTable {
@@ -274,13 +278,13 @@ impl Scheduler<'_, '_, '_> {
 
     /// The weight-layout decision: a float matmul weight whose rows come in whole
     /// panels, and that nothing reads row by row (a tied embedding table does), is
-    /// packed for `matmul_panel`.
+    /// packed for `matmul_panel`, unless the artifact has GPU code only.
     fn matmul_layout(&self, w: ValueId) -> Layout {
         let ty = self.graph.ty(w);
         let n = ty.shape.first().and_then(|d| d.fixed()).unwrap_or(0);
         let float = !ty.quant.is_block();
         let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
-        if float && n > 0 && n % PANEL == 0 && !gathered {
+        if float && n > 0 && n.is_multiple_of(PANEL) && !gathered && !self.weights.row_major_only {
             Layout::Panel16
         } else {
             Layout::RowMajor
