@@ -69,8 +69,9 @@ impl Val {
 
 struct Machine<'a> {
     kernel: &'a Kernel,
-    /// Under the GPU's warp mapping: each loop's mapping, by the loop's address.
-    warp: Option<std::collections::HashMap<*const Stmt, crate::warp::LoopMapping>>,
+    /// Under the GPU's mapping: each loop's mapping, by the loop's address, and
+    /// the threads per task.
+    warp: Option<(std::collections::HashMap<*const Stmt, crate::warp::LoopMapping>, i64)>,
     bufs: &'a mut [Buffer],
     /// The kernel's local arrays, NaN-filled on entry (their contents are undefined).
     locals: Vec<Buffer>,
@@ -84,16 +85,16 @@ pub fn run(kernel: &Kernel, bufs: &mut [Buffer], seq: u64) {
     run_tasks(kernel, bufs, seq, 0, tasks);
 }
 
-/// Runs every task as the GPU does, one warp per task (`crate::warp`): loops
-/// dealt to lanes run lane by lane, and their reductions are combined across the
-/// 32 lanes with the butterfly the shuffles perform. The reference for the NVPTX
-/// lowering's mapping.
+/// Runs every task as the GPU does (`crate::warp`): loops dealt to lanes run
+/// lane by lane in the mapping's chunks, and their reductions are combined with
+/// the butterfly the warp shuffles perform, then across warps in warp order. The
+/// reference for the NVPTX lowering's mapping.
 pub fn run_warp(kernel: &Kernel, bufs: &mut [Buffer], seq: u64) {
     let mut loops = Vec::new();
     collect_loops(&kernel.body, &mut loops);
-    let mappings = crate::warp::loop_mappings(kernel);
-    let warp = loops.into_iter().zip(mappings).collect();
-    run_impl(kernel, bufs, seq, 0, kernel.tasks.eval(seq), Some(warp));
+    let mapping = crate::warp::gpu_mapping(kernel);
+    let warp = loops.into_iter().zip(mapping.loops).collect();
+    run_impl(kernel, bufs, seq, 0, kernel.tasks.eval(seq), Some((warp, mapping.threads.max(1) as i64)));
 }
 
 fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
@@ -114,7 +115,9 @@ pub fn run_tasks(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end
     run_impl(kernel, bufs, seq, begin, end, None);
 }
 
-fn run_impl(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end: u64, warp: Option<std::collections::HashMap<*const Stmt, crate::warp::LoopMapping>>) {
+type WarpMapping = (std::collections::HashMap<*const Stmt, crate::warp::LoopMapping>, i64);
+
+fn run_impl(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end: u64, warp: Option<WarpMapping>) {
     assert_eq!(bufs.len(), kernel.params.len(), "kernel `{}`: buffer count", kernel.name);
     let vars = kernel
         .vars
@@ -162,9 +165,9 @@ impl Machine<'_> {
                 }
                 Stmt::For { var, start, end, body, .. } => {
                     let (lo, hi) = (self.eval(start).i(), self.eval(end).i());
-                    let mapping = self.warp.as_ref().and_then(|w| w.get(&(s as *const Stmt))).cloned();
+                    let mapping = self.warp.as_ref().and_then(|(w, threads)| w.get(&(s as *const Stmt)).map(|m| (m.clone(), *threads)));
                     match mapping {
-                        Some(crate::warp::LoopMapping::Lanes { reductions, .. }) => self.lanes(*var, lo, hi, body, &reductions),
+                        Some((crate::warp::LoopMapping::Lanes { reductions, chunk, .. }, threads)) => self.lanes(*var, (lo, hi), body, &reductions, chunk, threads),
                         _ => {
                             for x in lo..hi {
                                 self.vars[*var as usize] = Val::I(x);
@@ -182,23 +185,32 @@ impl Machine<'_> {
         }
     }
 
-    /// A loop dealt to the lanes of a warp: lane `l` runs iterations `lo + l + 32 m`
-    /// with its own partial of each reduction; the partials are then combined by a
-    /// butterfly (lane `l` takes `op(x_l, x_{l ^ m})` for m = 16, 8, 4, 2, 1), and
-    /// the result joins the value the variable had before the loop.
-    fn lanes(&mut self, var: VarId, lo: i64, hi: i64, body: &[Stmt], reductions: &[(VarId, BinOp)]) {
+    /// A loop dealt to the `threads` lanes of a task: lane `l` runs chunks `l, l +
+    /// threads, ...` of `chunk` consecutive iterations, then the leftover
+    /// iteration `l` if there is one, with its own partial of each reduction.
+    /// The partials are combined per warp by a butterfly (lane `l` takes
+    /// `op(x_l, x_{l ^ m})` for m = 16, 8, 4, 2, 1), the warps' totals in warp
+    /// order, and the result joins the value the variable had before the loop.
+    fn lanes(&mut self, var: VarId, (lo, hi): (i64, i64), body: &[Stmt], reductions: &[(VarId, BinOp)], chunk: i64, threads: i64) {
         use crate::warp::{identity, WARP};
         let before: Vec<f32> = reductions.iter().map(|(r, _)| self.vars[*r as usize].f()).collect();
-        let mut partial: Vec<Vec<f32>> = reductions.iter().map(|(_, op)| vec![identity(*op); WARP as usize]).collect();
-        for lane in 0..WARP {
+        let mut partial: Vec<Vec<f32>> = reductions.iter().map(|(_, op)| vec![identity(*op); threads as usize]).collect();
+        let (whole, left) = ((hi - lo).max(0) / chunk, (hi - lo).max(0) % chunk);
+        for lane in 0..threads {
             for (k, (r, _)) in reductions.iter().enumerate() {
                 self.vars[*r as usize] = Val::F(partial[k][lane as usize]);
             }
-            let mut x = lo + lane;
-            while x < hi {
-                self.vars[var as usize] = Val::I(x);
+            let mut c = lane;
+            while c < whole {
+                for u in 0..chunk {
+                    self.vars[var as usize] = Val::I(lo + c * chunk + u);
+                    self.block(body);
+                }
+                c += threads;
+            }
+            if lane < left {
+                self.vars[var as usize] = Val::I(lo + whole * chunk + lane);
                 self.block(body);
-                x += WARP;
             }
             for (k, (r, _)) in reductions.iter().enumerate() {
                 partial[k][lane as usize] = self.vars[*r as usize].f();
@@ -206,13 +218,18 @@ impl Machine<'_> {
         }
         let combine = |op: BinOp, a: f32, b: f32| if op == BinOp::Max { a.max(b) } else { a + b };
         for (k, (r, op)) in reductions.iter().enumerate() {
-            let mut vals = partial[k].clone();
-            let mut m = WARP as usize / 2;
-            while m > 0 {
-                vals = (0..WARP as usize).map(|l| combine(*op, vals[l], vals[l ^ m])).collect();
-                m /= 2;
+            let mut warp_totals = Vec::new();
+            for warp in partial[k].chunks(WARP as usize) {
+                let mut vals = warp.to_vec();
+                let mut m = WARP as usize / 2;
+                while m > 0 {
+                    vals = (0..WARP as usize).map(|l| combine(*op, vals[l], vals[l ^ m])).collect();
+                    m /= 2;
+                }
+                warp_totals.push(vals[0]);
             }
-            self.vars[*r as usize] = Val::F(combine(*op, before[k], vals[0]));
+            let total = warp_totals[1..].iter().fold(warp_totals[0], |a, &b| combine(*op, a, b));
+            self.vars[*r as usize] = Val::F(combine(*op, before[k], total));
         }
     }
 

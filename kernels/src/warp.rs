@@ -1,66 +1,111 @@
-//! The GPU mapping of a kernel: one warp ([`WARP`] threads) per task, or one
-//! thread per task for kernels with no loop to deal to lanes
-//! ([`threads_per_task`], recorded per kernel in the artifact).
+//! The GPU mapping of a kernel: a group of threads per task ([`WARP`], or
+//! [`GROUP`] = four warps, one thread block, when a split loop is long), or one
+//! thread per task for kernels with no loop to deal to lanes ([`GpuMapping`],
+//! recorded per kernel in the artifact as `gpu_threads_per_task`).
 //!
-//! Everything a task does runs on all lanes of its warp alike (the same values,
-//! so stores outside split loops write the same value to the same place), except
+//! Everything a task does runs on all its threads alike (the same values, so
+//! stores outside split loops write the same value to the same place), except
 //! the `Vectorize` loops this analysis marks [`LoopMapping::Lanes`]: their
-//! iterations are dealt to the lanes (iteration `start + lane + 32 m`), which is
-//! what turns a GEMV row into coalesced loads. A loop qualifies when each
-//! iteration only
+//! iterations are dealt to the task's threads ("lanes"), which is what turns a
+//! GEMV row into coalesced loads. A loop qualifies when each iteration only
 //!
 //! - stores to kernel parameters (global memory; never to the task's local
 //!   arrays, which every lane must keep identical), and
 //! - updates f32 reduction variables, `acc = acc + e` or `acc = max(acc, e)`,
 //!   each variable updated once and read nowhere else in the loop.
 //!
-//! After such a loop every lane combines its partial results with a butterfly of
-//! warp shuffles (so all lanes hold the total), and the warp synchronizes before
-//! any lane reads what another lane stored. Nested loops and loops that write
-//! locals or other scalars run on all lanes alike ([`LoopMapping::Redundant`]).
+//! Lanes take iterations in chunks of `chunk` consecutive ones: [`VECTOR`] when
+//! every global access that depends on the loop variable is `var + offset` with
+//! the loop start and the offset provably multiples of [`VECTOR`] (so the
+//! chunk's loads are one aligned 16-byte vector load, `ld.global.v4.f32`), else
+//! one. Lane `l` of `T` runs chunks `l, l + T, ...` of the whole chunks, and the
+//! `(end - start) % chunk` iterations left over go to lanes `0, 1, ...`.
+//!
+//! After such a loop every lane combines its partial results: a butterfly of warp
+//! shuffles (so all lanes of a warp hold the warp's total) and, with four warps,
+//! the four totals through shared memory, added in warp order. The task's
+//! threads synchronize (`bar.warp.sync`, or `bar.sync` for a group) before any
+//! lane reads what another lane stored. Nested loops and loops that write locals
+//! or other scalars run on all lanes alike ([`LoopMapping::Redundant`]).
 //!
 //! The LLVM NVPTX lowering and [`crate::interp::run_warp`] (the reference for
-//! this mapping) both read [`loop_mappings`], indexed by the pre-order position of
-//! each `For` in the kernel body.
+//! this mapping) both read [`gpu_mapping`], whose loops are indexed by the
+//! pre-order position of each `For` in the kernel body.
+
+use std::collections::HashSet;
 
 use crate::ir::*;
 
-/// Threads per warp, and so per task on the GPU.
+/// Threads per warp.
 pub const WARP: i64 = 32;
+/// Threads per task when a split loop is long: four warps, one thread block.
+pub const GROUP: i64 = 128;
+/// A split loop with a constant trip count of at least this gets [`GROUP`] threads.
+pub const LONG_LOOP: i64 = 1024;
+/// Consecutive iterations per lane in loops whose accesses allow vector loads.
+pub const VECTOR: i64 = 4;
 
-/// How one loop runs on a warp.
+/// How one loop runs on a task's threads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LoopMapping {
     /// Every lane runs every iteration.
     Redundant,
-    /// Iterations are dealt to lanes; `reductions` are combined across the warp
-    /// after the loop; `stores` says whether the loop writes memory (then the warp
-    /// synchronizes after it).
-    Lanes { reductions: Vec<(VarId, BinOp)>, stores: bool },
+    /// Iterations are dealt to lanes in chunks of `chunk` consecutive ones;
+    /// `reductions` are combined across the task after the loop; `stores` says
+    /// whether the loop writes memory (then the task's threads synchronize after it).
+    Lanes { reductions: Vec<(VarId, BinOp)>, stores: bool, chunk: i64 },
+}
+
+/// A kernel's whole GPU mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuMapping {
+    /// Threads per task: 1, [`WARP`] or [`GROUP`].
+    pub threads: u32,
+    /// The mapping of every `For` of the body, in pre-order.
+    pub loops: Vec<LoopMapping>,
+}
+
+/// The GPU mapping of `kernel`.
+pub fn gpu_mapping(kernel: &Kernel) -> GpuMapping {
+    let aligned = aligned_vars(kernel);
+    let mut loops = Vec::new();
+    let mut long = false;
+    visit(kernel, &kernel.body, &aligned, &mut loops, &mut long);
+    let threads = if !loops.iter().any(|m| matches!(m, LoopMapping::Lanes { .. })) {
+        // 32 redundant lanes would only repeat the work (the block and panel matmuls).
+        1
+    } else if long {
+        GROUP as u32
+    } else {
+        WARP as u32
+    };
+    GpuMapping { threads, loops }
 }
 
 /// The mapping of every `For` of `kernel`'s body, in pre-order.
 pub fn loop_mappings(kernel: &Kernel) -> Vec<LoopMapping> {
-    let mut out = Vec::new();
-    visit(kernel, &kernel.body, &mut out);
-    out
+    gpu_mapping(kernel).loops
 }
 
-fn visit(kernel: &Kernel, stmts: &[Stmt], out: &mut Vec<LoopMapping>) {
+fn visit(kernel: &Kernel, stmts: &[Stmt], aligned: &HashSet<VarId>, out: &mut Vec<LoopMapping>, long: &mut bool) {
     for s in stmts {
         match s {
-            Stmt::For { hint, body, var, .. } => {
-                out.push(if *hint == LoopHint::Vectorize { classify(kernel, *var, body) } else { LoopMapping::Redundant });
-                visit(kernel, body, out);
+            Stmt::For { hint, body, var, start, end } => {
+                let mapping = if *hint == LoopHint::Vectorize { classify(kernel, *var, start, body, aligned) } else { LoopMapping::Redundant };
+                if let (LoopMapping::Lanes { .. }, Expr::I64(a), Expr::I64(b)) = (&mapping, start, end) {
+                    *long |= b - a >= LONG_LOOP;
+                }
+                out.push(mapping);
+                visit(kernel, body, aligned, out, long);
             }
-            Stmt::If { then, .. } => visit(kernel, then, out),
+            Stmt::If { then, .. } => visit(kernel, then, aligned, out, long),
             Stmt::Set { .. } | Stmt::Store { .. } => {}
         }
     }
 }
 
 /// Whether the loop over `var` with `body` can be dealt to lanes, and how.
-fn classify(kernel: &Kernel, _var: VarId, body: &[Stmt]) -> LoopMapping {
+fn classify(kernel: &Kernel, var: VarId, start: &Expr, body: &[Stmt], aligned: &HashSet<VarId>) -> LoopMapping {
     let mut reductions: Vec<(VarId, BinOp)> = Vec::new();
     let mut stores = false;
     if !scan(kernel, body, &mut reductions, &mut stores) {
@@ -74,7 +119,95 @@ fn classify(kernel: &Kernel, _var: VarId, body: &[Stmt]) -> LoopMapping {
             return LoopMapping::Redundant;
         }
     }
-    LoopMapping::Lanes { reductions, stores }
+    let chunk = if multiple_of_vector(start, aligned) && accesses_allow_vectors(body, var, aligned) { VECTOR } else { 1 };
+    LoopMapping::Lanes { reductions, stores, chunk }
+}
+
+/// Integer variables that provably hold multiples of [`VECTOR`]: every `Set` of
+/// them assigns such a multiple (an optimistic fixed point; loop and task
+/// variables are excluded, they step by one).
+fn aligned_vars(kernel: &Kernel) -> HashSet<VarId> {
+    let mut sets = Vec::new();
+    let mut excluded = HashSet::from([kernel.task_var]);
+    collect_sets(&kernel.body, &mut sets, &mut excluded);
+    let mut known: HashSet<VarId> = sets.iter().map(|(v, _)| *v).filter(|v| !excluded.contains(v) && kernel.vars[*v as usize] == ValType::I64).collect();
+    loop {
+        let before = known.len();
+        for (v, e) in &sets {
+            if known.contains(v) && !multiple_of_vector(e, &known) {
+                known.remove(v);
+            }
+        }
+        if known.len() == before {
+            return known;
+        }
+    }
+}
+
+fn collect_sets<'k>(stmts: &'k [Stmt], sets: &mut Vec<(VarId, &'k Expr)>, loop_vars: &mut HashSet<VarId>) {
+    for s in stmts {
+        match s {
+            Stmt::Set { var, value } => sets.push((*var, value)),
+            Stmt::For { var, body, .. } => {
+                loop_vars.insert(*var);
+                collect_sets(body, sets, loop_vars);
+            }
+            Stmt::If { then, .. } => collect_sets(then, sets, loop_vars),
+            Stmt::Store { .. } => {}
+        }
+    }
+}
+
+/// Whether integer expression `e` is provably a multiple of [`VECTOR`].
+fn multiple_of_vector(e: &Expr, aligned: &HashSet<VarId>) -> bool {
+    match e {
+        Expr::I64(c) => c % VECTOR == 0,
+        Expr::Var(x) => aligned.contains(x),
+        Expr::Bin(BinOp::Mul, a, b) => multiple_of_vector(a, aligned) || multiple_of_vector(b, aligned),
+        Expr::Bin(BinOp::Add | BinOp::Sub, a, b) => multiple_of_vector(a, aligned) && multiple_of_vector(b, aligned),
+        Expr::Bin(BinOp::Shl, a, b) => multiple_of_vector(a, aligned) || matches!(**b, Expr::I64(2..=62)),
+        _ => false,
+    }
+}
+
+/// Whether every global access in `stmts` that depends on `var` is at
+/// `var + offset` with `offset` a multiple of [`VECTOR`] not depending on `var`.
+fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) -> bool {
+    let access = |param: u32, index: &Expr| -> bool {
+        if param >= LOCAL_BASE || !mentions(index, var) {
+            return true;
+        }
+        match index {
+            Expr::Var(x) => *x == var,
+            Expr::Bin(BinOp::Add, a, b) => {
+                let is_var = |e: &Expr| matches!(e, Expr::Var(x) if *x == var);
+                (is_var(a) && !mentions(b, var) && multiple_of_vector(b, aligned)) || (is_var(b) && !mentions(a, var) && multiple_of_vector(a, aligned))
+            }
+            _ => false,
+        }
+    };
+    fn expr_ok(e: &Expr, access: &dyn Fn(u32, &Expr) -> bool) -> bool {
+        match e {
+            Expr::F32(_) | Expr::I64(_) | Expr::Var(_) | Expr::Seq => true,
+            Expr::Load { param, index } => access(*param, index) && expr_ok(index, access),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => expr_ok(a, access) && expr_ok(b, access),
+            Expr::Un(_, a) => expr_ok(a, access),
+            Expr::Select(c, a, b) => expr_ok(c, access) && expr_ok(a, access) && expr_ok(b, access),
+        }
+    }
+    stmts.iter().all(|s| match s {
+        Stmt::Set { value, .. } => expr_ok(value, &access),
+        Stmt::Store { param, index, value } => access(*param, index) && expr_ok(index, &access) && expr_ok(value, &access),
+        Stmt::If { cond, then } => expr_ok(cond, &access) && accesses_allow_vectors(then, var, aligned),
+        Stmt::For { .. } => false,
+    })
+}
+
+/// Whether `e` reads variable `var`.
+pub fn mentions(e: &Expr, var: VarId) -> bool {
+    let mut n = 0;
+    count_expr(e, var, &mut n);
+    n > 0
 }
 
 fn scan(kernel: &Kernel, stmts: &[Stmt], reductions: &mut Vec<(VarId, BinOp)>, stores: &mut bool) -> bool {
@@ -144,14 +277,9 @@ fn count_expr(e: &Expr, var: VarId, n: &mut usize) {
     }
 }
 
-/// GPU threads per task: a warp when some loop is dealt to lanes, else one thread
-/// (32 redundant lanes would only repeat the work: the block and panel matmuls).
+/// GPU threads per task (see [`GpuMapping::threads`]).
 pub fn threads_per_task(kernel: &Kernel) -> u32 {
-    if loop_mappings(kernel).iter().any(|m| matches!(m, LoopMapping::Lanes { .. })) {
-        WARP as u32
-    } else {
-        1
-    }
+    gpu_mapping(kernel).threads
 }
 
 /// The identity of a reduction: what each lane's partial starts from.
@@ -177,11 +305,31 @@ mod tests {
         assert_eq!(threads_per_task(&k), WARP as u32);
         let lanes: Vec<_> = m.iter().filter(|l| matches!(l, LoopMapping::Lanes { .. })).collect();
         assert!(!lanes.is_empty(), "the k loop of a row-major GEMV is split: {m:?}");
-        assert!(lanes.iter().all(|l| matches!(l, LoopMapping::Lanes { reductions, stores: false } if !reductions.is_empty())));
+        assert!(lanes.iter().all(|l| matches!(l, LoopMapping::Lanes { reductions, stores: false, chunk: VECTOR } if !reductions.is_empty())), "{m:?}");
         let n = loop_mappings(&rms_norm(64, 64, 1e-5, SeqMode::Fixed(1)));
         // The sum of squares is a reduction; the scaled store is a map.
-        assert!(n.contains(&LoopMapping::Lanes { reductions: vec![], stores: true }), "{n:?}");
+        assert!(n.contains(&LoopMapping::Lanes { reductions: vec![], stores: true, chunk: VECTOR }), "{n:?}");
         assert!(n.iter().any(|l| matches!(l, LoopMapping::Lanes { reductions, .. } if reductions.len() == 1)), "{n:?}");
+    }
+
+    #[test]
+    fn vector_chunks_need_provably_aligned_offsets_and_long_loops_get_a_group() {
+        // k = 6: row offsets j * 6 are not multiples of 4, so no vector loads.
+        let odd = gpu_mapping(&matmul(6, 16, ElemType::F32, SeqMode::Fixed(1)));
+        assert_eq!(odd.threads, WARP as u32);
+        assert!(odd.loops.iter().all(|l| !matches!(l, LoopMapping::Lanes { chunk, .. } if *chunk != 1)), "{odd:?}");
+        // A 1536-long row: four warps per task, vector chunks.
+        let long = gpu_mapping(&matmul(1536, 16, ElemType::F32, SeqMode::Fixed(1)));
+        assert_eq!(long.threads, GROUP as u32);
+        assert!(long.loops.iter().any(|l| matches!(l, LoopMapping::Lanes { chunk: VECTOR, .. })), "{long:?}");
+        // An access at 2 * var is not contiguous: chunk 1.
+        let mut b = KernelBuilder::new();
+        let x = b.param("x", ElemType::F32, false);
+        let out = b.param("out", ElemType::F32, true);
+        let (t, l, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+        let body = vec![set(acc, f(0.0)), for_vec(l, i(0), i(64), vec![set(acc, add(v(acc), ld(x, mul(v(l), i(2)))))]), store(out, v(t), v(acc))];
+        let k = b.finish("strided".into(), "test", TaskCount { per_seq: 0, fixed: 1 }, t, body);
+        assert_eq!(loop_mappings(&k), vec![LoopMapping::Lanes { reductions: vec![(acc, BinOp::Add)], stores: false, chunk: 1 }]);
     }
 
     #[test]

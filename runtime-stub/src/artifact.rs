@@ -258,14 +258,15 @@ impl Artifact {
             }
             for l in &plan.launches {
                 let k = self.header.kernels.get(l.kernel as usize);
-                if k.is_none_or(|k| k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32)) {
+                if k.is_none_or(|k| k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32 | 128)) {
                     return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel, argument count or GPU threads per task", l.kernel)));
                 }
                 for a in &l.args {
                     let ok = match *a {
                         BufferRef::Weight(i) => self.header.weights.get(i as usize).is_some_and(|w| w.device as usize == device),
                         BufferRef::KeyCache(n) | BufferRef::ValueCache(n) => (n as u64) < self.header.kv_cache.layers,
-                        BufferRef::Arena { offset } => offset < plan.arena_bytes,
+                        // Kernels may use 16-byte vector accesses from a buffer's start (GPU).
+                        BufferRef::Arena { offset } => offset < plan.arena_bytes && offset % 16 == 0,
                         BufferRef::Tokens | BufferRef::Positions => true,
                     };
                     if !ok {

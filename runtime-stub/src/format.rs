@@ -215,7 +215,8 @@ pub struct KernelEntry {
     /// The backend that produced the kernel (`llvm` or `cranelift`).
     pub backend: String,
     /// GPU threads per task in the PTX: 32 (a warp, whose lanes share the task's
-    /// loops) or 1 (kernels none of whose loops split across lanes).
+    /// loops), 128 (four warps, one thread block: a split loop is long) or 1
+    /// (kernels none of whose loops split across lanes).
     pub gpu_threads_per_task: u32,
 }
 

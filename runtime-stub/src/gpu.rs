@@ -4,8 +4,9 @@
 //! [`GpuSession`] mirrors the CPU `Session`: it loads the artifact's PTX module
 //! for the device, copies every weight to the device once, keeps the KV caches and
 //! the activation arenas on the device, runs a plan's launches in order on one
-//! stream (warp `i`, or thread `i`, of a launch runs task `i`, as each kernel's
-//! `gpu_threads_per_task` says; `maxc_kernels::warp` has the mapping), and copies
+//! stream (thread group `i` of a launch runs task `i`: one thread, a warp or a
+//! four-warp block, as each kernel's `gpu_threads_per_task` says;
+//! `maxc_kernels::warp` has the mapping), and copies
 //! only the logits back; sampling stays on the host.
 //!
 //! The argument table of each launch is built once per plan: every buffer of a
@@ -61,7 +62,8 @@ pub fn pick_module(archs: &[String], cc: (i32, i32)) -> Option<usize> {
 }
 
 /// The grid of a launch of `tasks` tasks of `per_task` threads each (the
-/// kernel's `gpu_threads_per_task`: a warp, or one thread).
+/// kernel's `gpu_threads_per_task`: one thread, a warp, or four warps, which
+/// are then the whole block).
 pub fn launch_config(tasks: u64, per_task: u32) -> LaunchConfig {
     let threads = tasks.saturating_mul(per_task as u64);
     LaunchConfig { grid_dim: (threads.div_ceil(BLOCK_THREADS as u64).max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 }
@@ -491,10 +493,12 @@ mod tests {
 
     #[test]
     fn every_task_gets_its_threads() {
-        for per_task in [1u32, 32] {
+        for per_task in [1u32, 32, 128] {
             let c = launch_config(1000, per_task);
             assert_eq!(c.block_dim.0, BLOCK_THREADS);
-            assert_eq!(BLOCK_THREADS % 32, 0, "blocks hold whole warps");
+            // Blocks hold whole tasks: a four-warp task synchronizes with `bar.sync`,
+            // which waits for the whole block.
+            assert_eq!(BLOCK_THREADS % per_task, 0, "blocks hold whole tasks");
             let want = 1000 * per_task as u64;
             assert!(c.grid_dim.0 as u64 * BLOCK_THREADS as u64 >= want);
             assert!((c.grid_dim.0 as u64 - 1) * (BLOCK_THREADS as u64) < want);

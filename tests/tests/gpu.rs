@@ -46,6 +46,20 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
         for arch in ["sm_80", "sm_90"] {
             assemble(&ptx, arch);
         }
+        if tag == "smollm2-f32" {
+            // The mapping's pieces reach the PTX: coalesced 16-byte vector loads of
+            // GEMV rows from global memory, warp shuffles, and for the 1536-long
+            // rows of down_proj four-warp tasks meeting in shared memory.
+            let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
+            for needle in ["ld.global.v4.f32", "shfl.sync.bfly", ".shared", "bar.sync", "bar.warp.sync"] {
+                assert!(text.contains(needle), "{tag}: no `{needle}` in the PTX");
+            }
+        }
+        if tag == "smollm2-q4_1" {
+            // A GPU-only artifact computes quantized matmuls with the lane-split form.
+            let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
+            assert!(text.contains(".entry matmul_rows_q4_1_k576_n960_s1"), "{tag}: no lane-split q4_1 GEMV in the PTX");
+        }
         // The artifact carries both modules and no CPU code.
         let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
         let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();

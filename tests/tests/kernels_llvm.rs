@@ -9,7 +9,7 @@ use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
-use maxc_kernels::library::matmul_blocks::matmul_blocks;
+use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_panel::matmul_panel;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -78,6 +78,10 @@ fn cases() -> Vec<Case> {
                     None => {}
                 }
                 sizes.push(s * n as usize);
+                if matches!(encoding, WeightEncoding::Q4_1 | WeightEncoding::Q4K) {
+                    // The GPU-only form (one decoded value per k iteration).
+                    v.push(Case { kernel: matmul_blocks_rowwise(k, n, encoding, addend, seq), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                }
                 v.push(Case { kernel: matmul_blocks(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
             }
         }
@@ -184,11 +188,42 @@ fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>, all: Vec<Case
 /// The GPU's mapping (one warp per task, some loops dealt to lanes, reductions
 /// combined by a butterfly) gives what the sequential interpreter gives, for every
 /// kernel family: the reference for the NVPTX lowering, checked here without a GPU.
+/// Kernels whose split loops are long enough for a four-warp task: a 1536-long
+/// GEMV row (vector chunks), and a 1027-long sum and map at offsets that are
+/// multiples of 4 (vector chunks with three iterations left over).
+fn long_loop_cases() -> Vec<Case> {
+    use maxc_kernels::ir::{dsl::*, KernelBuilder, TaskCount, ValType};
+    let mut out = Vec::new();
+    for (seq, s) in [(SeqMode::Fixed(1), 1usize), (SeqMode::Dynamic, 3)] {
+        out.push(Case { kernel: matmul(1536, 9, ElemType::F32, seq), sizes: vec![s * 1536, 9 * 1536, s * 9], int_max: 1, seq: s as u64, tol: reduction_tol(1536) });
+    }
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let sums = b.param("sums", ElemType::F32, true);
+    let doubled = b.param("doubled", ElemType::F32, true);
+    let (t, l, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+    let at = || add(mul(v(t), i(1028)), v(l));
+    let body = vec![
+        set(acc, f(0.0)),
+        for_vec(l, i(0), i(1027), vec![set(acc, add(v(acc), ld(x, at())))]),
+        store(sums, v(t), v(acc)),
+        for_vec(l, i(0), i(1027), vec![store(doubled, at(), mul(ld(x, at()), f(2.0)))]),
+    ];
+    let kernel = b.finish("ragged_long".into(), "test", TaskCount { per_seq: 0, fixed: 3 }, t, body);
+    let m = maxc_kernels::warp::gpu_mapping(&kernel);
+    assert_eq!(m.threads, maxc_kernels::warp::GROUP as u32);
+    assert!(m.loops.iter().all(|l| matches!(l, maxc_kernels::warp::LoopMapping::Lanes { chunk: maxc_kernels::warp::VECTOR, .. })), "{m:?}");
+    out.push(Case { kernel, sizes: vec![3 * 1028, 3, 3 * 1028], int_max: 1, seq: 1, tol: reduction_tol(1027) });
+    out
+}
+
 #[test]
 fn warp_mapping_matches_interpreter() {
     let mut rng = Rng(0x9e37_79b9);
     let mut split = 0;
-    for case in cases() {
+    let mut groups = 0;
+    for case in cases().into_iter().chain(long_loop_cases()) {
+        groups += (maxc_kernels::warp::threads_per_task(&case.kernel) == maxc_kernels::warp::GROUP as u32) as usize;
         split += maxc_kernels::warp::loop_mappings(&case.kernel).iter().filter(|m| matches!(m, maxc_kernels::warp::LoopMapping::Lanes { .. })).count();
         let mut expected = inputs(&case, &mut rng);
         let mut actual = expected.clone();
@@ -206,6 +241,7 @@ fn warp_mapping_matches_interpreter() {
         }
     }
     assert!(split >= 20, "only {split} loops are dealt to lanes");
+    assert!(groups >= 3, "only {groups} kernels run on four-warp tasks");
 }
 
 #[test]

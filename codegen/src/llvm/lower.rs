@@ -69,10 +69,16 @@ struct KernelLowering<'a, 'ctx> {
     locals: Vec<PointerValue<'ctx>>,
     slots: Vec<PointerValue<'ctx>>,
     seq: Option<BasicValueEnum<'ctx>>,
-    /// NVPTX: how each loop (in pre-order) runs on the task's warp, and this
-    /// thread's lane in it (`maxc_kernels::warp`).
-    warp: Vec<maxc_kernels::warp::LoopMapping>,
+    /// NVPTX: how each loop (in pre-order) runs on the task's threads, and this
+    /// thread's lane among them (`maxc_kernels::warp`).
+    warp: maxc_kernels::warp::GpuMapping,
     lane: Option<inkwell::values::IntValue<'ctx>>,
+    /// Inside copy `u` of a vector chunk of the loop over this variable: global
+    /// accesses at `var + offset` are `VECTOR`-aligned when `u` is 0.
+    chunk_copy: Option<(VarId, i64)>,
+    /// NVPTX with four warps per task: the shared array the warps' partial
+    /// reductions meet in.
+    shared: Option<PointerValue<'ctx>>,
     /// Loops lowered so far (the pre-order index of the next one).
     loops_seen: usize,
 }
@@ -93,8 +99,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let nounwind = context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0);
         function.add_attribute(AttributeLoc::Function, nounwind);
         let warp = match flavor {
-            Flavor::Nvptx => maxc_kernels::warp::loop_mappings(kernel),
-            Flavor::Cpu(_) => vec![],
+            Flavor::Nvptx => maxc_kernels::warp::gpu_mapping(kernel),
+            Flavor::Cpu(_) => maxc_kernels::warp::GpuMapping { threads: 1, loops: vec![] },
         };
         Ok(KernelLowering {
             context,
@@ -109,6 +115,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             seq: None,
             warp,
             lane: None,
+            chunk_copy: None,
+            shared: None,
             loops_seen: 0,
         })
     }
@@ -142,8 +150,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         for i in 0..self.kernel.params.len() {
             // SAFETY: `args` holds one pointer per parameter (the ABI).
             let slot = unsafe { b.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "argp") }.map_err(llvm_err)?;
-            let p = b.build_load(ptr, slot, &self.kernel.params[i].name).map_err(llvm_err)?;
-            self.params.push(p.into_pointer_value());
+            // On the GPU every buffer is device (global) memory: loading the pointer
+            // as one in the global address space makes the accesses `ld.global` /
+            // `st.global` rather than generic ones.
+            let space = match self.flavor {
+                Flavor::Nvptx => AddressSpace::from(1u16),
+                Flavor::Cpu(_) => AddressSpace::default(),
+            };
+            let p = b.build_load(self.context.ptr_type(space), slot, &self.kernel.params[i].name).map_err(llvm_err)?.into_pointer_value();
+            self.params.push(p);
         }
         self.seq = Some(b.build_load(i64t, dims, "seq").map_err(llvm_err)?);
         for (i, &len) in self.kernel.locals.iter().enumerate() {
@@ -165,8 +180,20 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 self.lower_loop(&task_loop, Some((begin, end)))?;
             }
             Flavor::Nvptx => {
-                // One warp per task: task = task_begin + (ctaid.x * ntid.x + tid.x) / 32,
-                // lane = tid.x % 32 (blocks are whole warps); warps past the end idle.
+                let per_task = self.warp.threads as u64;
+                if per_task > maxc_kernels::warp::WARP as u64 {
+                    // One f32 per warp for the cross-warp step of reductions.
+                    let warps = (per_task / maxc_kernels::warp::WARP as u64) as u32;
+                    let array = self.context.f32_type().array_type(warps);
+                    let g = self.module.add_global(array, Some(AddressSpace::from(3u16)), &format!("{}_partials", self.kernel.name));
+                    g.set_linkage(Linkage::Internal);
+                    g.set_initializer(&array.get_undef());
+                    g.set_alignment(16);
+                    self.shared = Some(g.as_pointer_value());
+                }
+                // T threads per task (1, a warp, or a block of four warps): task =
+                // task_begin + (ctaid.x * ntid.x + tid.x) / T, lane = tid.x % T (blocks
+                // hold whole tasks); threads past the end return.
                 let sreg = |name: &str| -> Result<inkwell::values::IntValue<'ctx>, CodegenError> {
                     let i32t = self.context.i32_type();
                     let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, i32t.fn_type(&[], false), None));
@@ -179,8 +206,6 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     (sreg("llvm.nvvm.read.ptx.sreg.ctaid.x")?, sreg("llvm.nvvm.read.ptx.sreg.ntid.x")?, sreg("llvm.nvvm.read.ptx.sreg.tid.x")?);
                 let b = &self.builder;
                 let global = b.build_int_nuw_add(b.build_int_nuw_mul(block, width, "base").map_err(llvm_err)?, thread, "global").map_err(llvm_err)?;
-                // (Kernels with no loop for the lanes run one thread per task.)
-                let per_task = maxc_kernels::warp::threads_per_task(self.kernel) as u64;
                 let width = i64t.const_int(per_task, false);
                 let index = b.build_int_unsigned_div(global, width, "warp").map_err(llvm_err)?;
                 if per_task > 1 {
@@ -275,7 +300,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     ElemType::BF16 | ElemType::F16 | ElemType::I8 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*param, index)?;
-                self.builder.build_store(p, v).map_err(llvm_err)?;
+                let st = self.builder.build_store(p, v).map_err(llvm_err)?;
+                self.mark_alignment(Some(st), *param, index)?;
             }
             Stmt::For { .. } => self.lower_loop(s, None)?,
             Stmt::If { cond, then } => {
@@ -301,29 +327,17 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         };
         let slot = self.slots[*var as usize];
         let i64t = self.context.i64_type();
-        // On a warp, a loop dealt to lanes starts at `lo + lane` and steps by 32, each
-        // lane with its own partial of the loop's reductions (crate docs of `warp`).
+        // On the GPU, a loop dealt to lanes is lowered by `lower_lane_loop`.
         let mapping = match bounds {
-            None if matches!(self.flavor, Flavor::Nvptx) => self.warp.get(self.loops_seen).cloned(),
+            None if matches!(self.flavor, Flavor::Nvptx) => self.warp.loops.get(self.loops_seen).cloned(),
             _ => None,
         };
         if bounds.is_none() {
             self.loops_seen += 1;
         }
-        let (lanes, reductions) = match &mapping {
-            Some(maxc_kernels::warp::LoopMapping::Lanes { reductions, stores }) => (Some(*stores), reductions.clone()),
-            _ => (None, vec![]),
-        };
-        let mut before = Vec::new();
-        for &(r, op) in &reductions {
-            let f32t = self.context.f32_type();
-            before.push(self.builder.build_load(f32t, self.slots[r as usize], "before").map_err(llvm_err)?.into_float_value());
-            self.builder.build_store(self.slots[r as usize], f32t.const_float(maxc_kernels::warp::identity(op) as f64)).map_err(llvm_err)?;
+        if let Some(maxc_kernels::warp::LoopMapping::Lanes { reductions, stores, chunk }) = mapping {
+            return self.lower_lane_loop(s, (lo, hi), &reductions, stores, chunk);
         }
-        let (lo, step) = match (lanes, self.lane) {
-            (Some(_), Some(lane)) => (self.builder.build_int_nsw_add(lo, lane, "lane_start").map_err(llvm_err)?, maxc_kernels::warp::WARP as u64),
-            _ => (lo, 1),
-        };
         self.builder.build_store(slot, lo).map_err(llvm_err)?;
         let header = self.context.append_basic_block(self.function, "loop");
         let body_bb = self.context.append_basic_block(self.function, "body");
@@ -336,7 +350,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         self.builder.position_at_end(body_bb);
         self.block(body)?;
         let i = self.builder.build_load(i64t, slot, "i").map_err(llvm_err)?.into_int_value();
-        let next = self.builder.build_int_nsw_add(i, i64t.const_int(step, false), "next").map_err(llvm_err)?;
+        let next = self.builder.build_int_nsw_add(i, i64t.const_int(1, false), "next").map_err(llvm_err)?;
         self.builder.build_store(slot, next).map_err(llvm_err)?;
         let latch = self.builder.build_unconditional_branch(header).map_err(llvm_err)?;
         // A loop that holds a loop hinted `Vectorize` is not vectorized itself:
@@ -347,22 +361,165 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             self.forbid_vectorization(latch);
         }
         self.builder.position_at_end(exit);
-        if let Some(stores) = lanes {
-            for (&(r, op), before) in reductions.iter().zip(before) {
-                let total = self.warp_reduce(r, op)?;
-                let joined = self.float_op(op, before, total)?;
-                self.builder.build_store(self.slots[r as usize], joined).map_err(llvm_err)?;
-            }
-            if stores {
-                // What one lane stored is read by others after the loop.
-                let i32t = self.context.i32_type();
-                let sync = self.module.get_function("llvm.nvvm.bar.warp.sync").unwrap_or_else(|| {
-                    self.module.add_function("llvm.nvvm.bar.warp.sync", self.context.void_type().fn_type(&[i32t.into()], false), None)
-                });
-                self.builder.build_call(sync, &[i32t.const_all_ones().into()], "").map_err(llvm_err)?;
-            }
+        Ok(())
+    }
+
+    /// A loop dealt to the task's lanes (`maxc_kernels::warp`): lane `l` runs chunks
+    /// `l, l + T, ...` of `chunk` consecutive iterations (the chunk's body emitted
+    /// `chunk` times, its first global accesses marked 16-byte aligned so that they
+    /// become vector loads), then leftover iteration `l` if any; each lane has its
+    /// own partial of the reductions, combined across the task afterwards.
+    fn lower_lane_loop(
+        &mut self,
+        s: &Stmt,
+        (lo, hi): (inkwell::values::IntValue<'ctx>, inkwell::values::IntValue<'ctx>),
+        reductions: &[(VarId, BinOp)],
+        stores: bool,
+        chunk: i64,
+    ) -> Result<(), CodegenError> {
+        let Stmt::For { var, body, .. } = s else { unreachable!("lower_lane_loop takes loops") };
+        let lane = self.lane.expect("a kernel with lane loops has more than one thread per task");
+        let i64t = self.context.i64_type();
+        let f32t = self.context.f32_type();
+        let mut before = Vec::new();
+        for &(r, op) in reductions {
+            before.push(self.builder.build_load(f32t, self.slots[r as usize], "before").map_err(llvm_err)?.into_float_value());
+            self.builder.build_store(self.slots[r as usize], f32t.const_float(maxc_kernels::warp::identity(op) as f64)).map_err(llvm_err)?;
+        }
+        let b = &self.builder;
+        let chunk_c = i64t.const_int(chunk as u64, false);
+        let len = b.build_int_nsw_sub(hi, lo, "len").map_err(llvm_err)?;
+        let whole = b.build_int_signed_div(len, chunk_c, "whole").map_err(llvm_err)?;
+        let counter = self.entry_alloca(i64t.into(), "chunk")?;
+        let b = &self.builder;
+        b.build_store(counter, lane).map_err(llvm_err)?;
+        let header = self.context.append_basic_block(self.function, "lanes");
+        let body_bb = self.context.append_basic_block(self.function, "lanes_body");
+        let tail = self.context.append_basic_block(self.function, "lanes_tail");
+        let exit = self.context.append_basic_block(self.function, "lanes_exit");
+        b.build_unconditional_branch(header).map_err(llvm_err)?;
+        b.position_at_end(header);
+        let c = b.build_load(i64t, counter, "c").map_err(llvm_err)?.into_int_value();
+        let more = b.build_int_compare(IntPredicate::SLT, c, whole, "more").map_err(llvm_err)?;
+        b.build_conditional_branch(more, body_bb, tail).map_err(llvm_err)?;
+        b.position_at_end(body_bb);
+        let first = b.build_int_nsw_add(lo, b.build_int_nsw_mul(c, chunk_c, "offset").map_err(llvm_err)?, "first").map_err(llvm_err)?;
+        for u in 0..chunk {
+            let it = self.builder.build_int_nsw_add(first, i64t.const_int(u as u64, false), "it").map_err(llvm_err)?;
+            self.builder.build_store(self.slots[*var as usize], it).map_err(llvm_err)?;
+            self.chunk_copy = (chunk > 1).then_some((*var, u));
+            self.block(body)?;
+            self.chunk_copy = None;
+        }
+        let b = &self.builder;
+        let next = b.build_int_nsw_add(c, i64t.const_int(self.warp.threads as u64, false), "next").map_err(llvm_err)?;
+        b.build_store(counter, next).map_err(llvm_err)?;
+        b.build_unconditional_branch(header).map_err(llvm_err)?;
+        b.position_at_end(tail);
+        if chunk > 1 {
+            // The `len % chunk` leftover iterations: one each for the first lanes.
+            let left = b.build_int_signed_rem(len, chunk_c, "left").map_err(llvm_err)?;
+            let mine = b.build_int_compare(IntPredicate::SLT, lane, left, "mine").map_err(llvm_err)?;
+            let leftover = self.context.append_basic_block(self.function, "lanes_leftover");
+            b.build_conditional_branch(mine, leftover, exit).map_err(llvm_err)?;
+            b.position_at_end(leftover);
+            let it = b.build_int_nsw_add(lo, b.build_int_nsw_add(b.build_int_nsw_mul(whole, chunk_c, "done").map_err(llvm_err)?, lane, "at").map_err(llvm_err)?, "it").map_err(llvm_err)?;
+            b.build_store(self.slots[*var as usize], it).map_err(llvm_err)?;
+            self.block(body)?;
+        }
+        self.builder.build_unconditional_branch(exit).map_err(llvm_err)?;
+        self.builder.position_at_end(exit);
+        for (&(r, op), before) in reductions.iter().zip(before) {
+            let total = self.task_reduce(r, op)?;
+            let joined = self.float_op(op, before, total)?;
+            self.builder.build_store(self.slots[r as usize], joined).map_err(llvm_err)?;
+        }
+        if stores {
+            // What one lane stored is read by others after the loop.
+            self.task_barrier()?;
         }
         Ok(())
+    }
+
+    /// A stack slot in the entry block (where `mem2reg` promotes it).
+    fn entry_alloca(&self, ty: BasicTypeEnum<'ctx>, name: &str) -> Result<PointerValue<'ctx>, CodegenError> {
+        let entry = self.function.get_first_basic_block().expect("the entry block exists");
+        let at = self.context.create_builder();
+        match entry.get_first_instruction() {
+            Some(first) => at.position_before(&first),
+            None => at.position_at_end(entry),
+        }
+        at.build_alloca(ty, name).map_err(llvm_err)
+    }
+
+    /// Inside a vector chunk's copy `u`, marks a global access at `var + offset`
+    /// with the alignment the chunk guarantees: `VECTOR` elements for copy 0 (the
+    /// buffers start 64-byte aligned and the offset is a multiple of `VECTOR`), so
+    /// that LLVM's load/store vectorizer joins the chunk's accesses.
+    fn mark_alignment(&self, inst: Option<InstructionValue<'ctx>>, param: u32, index: &Expr) -> Result<(), CodegenError> {
+        let (Some(inst), Some((var, u))) = (inst, self.chunk_copy) else { return Ok(()) };
+        if param >= LOCAL_BASE || !maxc_kernels::warp::mentions(index, var) {
+            return Ok(());
+        }
+        let size = self.kernel.buffer(param).expect("validated").elem.size() as u32;
+        let elems = if u == 0 { maxc_kernels::warp::VECTOR as u32 } else { 1 << (u as u32).trailing_zeros() };
+        inst.set_alignment(size * elems).map_err(llvm_err)
+    }
+
+    /// Synchronizes the task's threads: `bar.warp.sync` for a warp, `bar.sync 0`
+    /// for a block of warps (a task is then the whole block).
+    fn task_barrier(&self) -> Result<(), CodegenError> {
+        let i32t = self.context.i32_type();
+        if self.shared.is_some() {
+            let f = self.module.get_function("llvm.nvvm.barrier0").unwrap_or_else(|| self.module.add_function("llvm.nvvm.barrier0", self.context.void_type().fn_type(&[], false), None));
+            self.builder.build_call(f, &[], "").map_err(llvm_err)?;
+        } else {
+            let sync = self.module.get_function("llvm.nvvm.bar.warp.sync").unwrap_or_else(|| {
+                self.module.add_function("llvm.nvvm.bar.warp.sync", self.context.void_type().fn_type(&[i32t.into()], false), None)
+            });
+            self.builder.build_call(sync, &[i32t.const_all_ones().into()], "").map_err(llvm_err)?;
+        }
+        Ok(())
+    }
+
+    /// Reduction `r` combined across the task: the warp butterfly, then with four
+    /// warps each warp's lane 0 writes its total to shared memory and every thread
+    /// adds the totals in warp order (a barrier before the writes, so no thread is
+    /// still reading the previous reduction's totals, and one after).
+    fn task_reduce(&self, r: VarId, op: BinOp) -> Result<inkwell::values::FloatValue<'ctx>, CodegenError> {
+        let x = self.warp_reduce(r, op)?;
+        let Some(shared) = self.shared else { return Ok(x) };
+        let (f32t, i64t) = (self.context.f32_type(), self.context.i64_type());
+        let lane = self.lane.expect("a group has lanes");
+        let warp_size = i64t.const_int(maxc_kernels::warp::WARP as u64, false);
+        let warps = self.warp.threads as u64 / maxc_kernels::warp::WARP as u64;
+        let array = f32t.array_type(warps as u32);
+        self.task_barrier()?;
+        let b = &self.builder;
+        let warp = b.build_int_unsigned_div(lane, warp_size, "warp_index").map_err(llvm_err)?;
+        let leader = b.build_int_compare(IntPredicate::EQ, b.build_int_unsigned_rem(lane, warp_size, "warp_lane").map_err(llvm_err)?, i64t.const_zero(), "leader").map_err(llvm_err)?;
+        let write = self.context.append_basic_block(self.function, "write_partial");
+        let written = self.context.append_basic_block(self.function, "partial_written");
+        b.build_conditional_branch(leader, write, written).map_err(llvm_err)?;
+        b.position_at_end(write);
+        // SAFETY: `warp` < warps, the array's length.
+        let slot = unsafe { b.build_in_bounds_gep(array, shared, &[i64t.const_zero(), warp], "partial") }.map_err(llvm_err)?;
+        b.build_store(slot, x).map_err(llvm_err)?;
+        b.build_unconditional_branch(written).map_err(llvm_err)?;
+        b.position_at_end(written);
+        self.task_barrier()?;
+        let mut total = None;
+        for w in 0..warps {
+            let b = &self.builder;
+            // SAFETY: w < warps.
+            let slot = unsafe { b.build_in_bounds_gep(array, shared, &[i64t.const_zero(), i64t.const_int(w, false)], "partial") }.map_err(llvm_err)?;
+            let v = b.build_load(f32t, slot, "warp_total").map_err(llvm_err)?.into_float_value();
+            total = Some(match total {
+                None => v,
+                Some(t) => self.float_op(op, t, v)?,
+            });
+        }
+        Ok(total.expect("at least one warp"))
     }
 
     /// Every lane's partial of reduction `r` combined across the warp: a butterfly
@@ -465,6 +622,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let p = self.element_ptr(*param, index)?;
                 let elem = self.kernel.buffer(*param).expect("validated").elem;
                 let v = self.builder.build_load(self.elem(elem), p, "ld").map_err(llvm_err)?;
+                self.mark_alignment(v.as_instruction_value(), *param, index)?;
                 match elem {
                     ElemType::F32 => v,
                     ElemType::I32 => self.builder.build_int_s_extend(v.into_int_value(), self.context.i64_type(), "sext").map_err(llvm_err)?.into(),
@@ -596,7 +754,9 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
             Expr::Load { param, index } => {
                 let elem = self.kernel.buffer(*param).expect("validated").elem;
                 let p = self.element_ptr(*param, index)?;
-                let raw = self.builder.build_load(self.context.i8_type(), p, "byte").map_err(llvm_err)?.into_int_value();
+                let raw = self.builder.build_load(self.context.i8_type(), p, "byte").map_err(llvm_err)?;
+                self.mark_alignment(raw.as_instruction_value(), *param, index)?;
+                let raw = raw.into_int_value();
                 match elem {
                     ElemType::I8 => (self.builder.build_int_s_extend(raw, i32t, "sext").map_err(llvm_err)?, false),
                     _ => (self.builder.build_int_z_extend(raw, i32t, "zext").map_err(llvm_err)?, true),

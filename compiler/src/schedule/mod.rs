@@ -14,7 +14,7 @@ use maxc_kernels::library::copy::{last_row, slice_columns};
 use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::{embedding, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
-use maxc_kernels::library::matmul_blocks::matmul_blocks;
+use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_panel::{matmul_panel, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -121,9 +121,10 @@ pub struct WeightTable {
     by_name: HashMap<(u32, String), u32>,
     /// The device whose plans are being scheduled: new slots belong to it.
     pub device: u32,
-    /// Keep every weight row-major: for artifacts without CPU code, whose GPU
-    /// kernels read a row-major matmul's rows with a whole warp (`panel16` suits
-    /// the CPU's broadcast FMAs, not a warp).
+    /// Keep every weight row-major and use the GPU forms of the matmuls: for
+    /// artifacts without CPU code, whose GPU kernels read a matmul's rows with a
+    /// whole warp (`panel16` and the block matmul's per-lane accumulators suit
+    /// the CPU's vector registers, not a warp).
     pub row_major_only: bool,
 }
 
@@ -455,6 +456,7 @@ fn schedule_impl<'g>(
                 let layout = s.matmul_layout(node.inputs[1]);
                 let args = s.weight_args(&node.inputs[..1], node.inputs[1], &[], layout)?;
                 let kernel = match layout {
+                    _ if w.quant.is_block() && s.weights.row_major_only => matmul_blocks_rowwise(k, n, w.quant.encoding(), None, seq),
                     _ if w.quant.is_block() => matmul_blocks(k, n, w.quant.encoding(), None, seq),
                     Layout::Panel16 => matmul_panel(k, n, elem_of(w.quant), None, seq),
                     Layout::RowMajor => matmul(k, n, elem_of(w.quant), seq),
@@ -471,6 +473,7 @@ fn schedule_impl<'g>(
                 let layout = s.matmul_layout(node.inputs[1]);
                 let args = s.weight_args(&node.inputs[..1], node.inputs[1], &node.inputs[2..], layout)?;
                 let kernel = match layout {
+                    _ if w.quant.is_block() && s.weights.row_major_only => matmul_blocks_rowwise(k, n, w.quant.encoding(), Some(bc), seq),
                     _ if w.quant.is_block() => matmul_blocks(k, n, w.quant.encoding(), Some(bc), seq),
                     Layout::Panel16 => matmul_panel(k, n, elem_of(w.quant), Some(bc), seq),
                     Layout::RowMajor => matmul_add(k, n, bc, elem_of(w.quant), seq),

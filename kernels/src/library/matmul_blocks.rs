@@ -139,6 +139,36 @@ pub fn matmul_blocks(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Br
     b.finish(name, "matmul", tasks, t, body)
 }
 
+/// The GPU form of [`matmul_blocks`], for artifacts without CPU code: each output
+/// is one dot product whose k loop decodes one weight value per iteration
+/// (`WeightParams::value`), a plain reduction that the GPU mapping deals to a
+/// warp's lanes (`crate::warp`), where the CPU form's per-lane local accumulators
+/// would keep every thread of the warp doing the same work. Same parameters,
+/// tasks and result as [`matmul_blocks`].
+pub fn matmul_blocks_rowwise(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    assert!(encoding.block() > 1, "{} is not a block encoding; use matmul.rs", encoding.name());
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let w = declare(&mut b, "w", encoding, k);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    let (t, j, r, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+    let (ki, ni) = (k as i64, n as i64);
+    let dot = vec![
+        set(acc, f(0.0)),
+        for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(mul(v(r), i(ki)), v(kk))), w.value(v(j), v(kk)))))]),
+        store(out, add(mul(v(r), i(ni)), v(j)), epilogue(v(acc), v(r), v(j), ni, addend)),
+    ];
+    let first = mul(v(t), i(COLS_PER_TASK as i64));
+    let body = vec![for_(j, first.clone(), min(add(first, i(COLS_PER_TASK as i64)), i(ni)), vec![for_(r, i(0), seq.expr(), dot)])];
+    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
+    let name = match addend {
+        None => format!("matmul_rows_{}_k{k}_n{n}_{}", encoding.name(), seq.tag()),
+        Some((_, bc)) => format!("matmul_add_rows_{}_{}_k{k}_n{n}_{}", encoding.name(), format!("{bc:?}").to_lowercase(), seq.tag()),
+    };
+    b.finish(name, "matmul", tasks, t, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,8 +229,11 @@ mod tests {
                     bufs.push(Buffer::F32(r.clone()));
                 }
                 bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+                let mut rowwise = bufs.clone();
                 run(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), &mut bufs, m as u64);
+                run(&matmul_blocks_rowwise(k as u64, n as u64, encoding, addend, seq), &mut rowwise, m as u64);
                 let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+                let Some(Buffer::F32(got_rowwise)) = rowwise.pop() else { unreachable!() };
                 let mut want = vec![0.0; m * n];
                 for row in 0..m {
                     for j in 0..n {
@@ -214,8 +247,10 @@ mod tests {
                     }
                 }
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
-                let err = got.iter().zip(&want).fold(0.0f32, |a, (g, w)| a.max((g - w).abs()));
-                assert!(err <= 1e-5 * scale, "{}: m={m} max error {err} (scale {scale})", encoding.name());
+                for (form, got) in [("lanes", &got), ("rowwise", &got_rowwise)] {
+                    let err = got.iter().zip(&want).fold(0.0f32, |a, (g, w)| a.max((g - w).abs()));
+                    assert!(err <= 1e-5 * scale, "{} ({form}): m={m} max error {err} (scale {scale})", encoding.name());
+                }
             }
         }
     }
