@@ -347,7 +347,9 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         }
     };
     // GPU modules: the same kernels through the NVPTX flavor of the LLVM emitter.
-    let ptx: Vec<String> = targets.gpus.iter().map(|g| maxc_codegen::llvm::compile_ptx(&kernels.kernels, g)).collect::<std::result::Result<_, _>>()?;
+    // The GPU compiles each kernel's GPU form where the CPU one suits vector registers, not warps.
+    let gpu_kernels = kernels.for_gpu();
+    let ptx: Vec<String> = targets.gpus.iter().map(|g| maxc_codegen::llvm::compile_ptx(&gpu_kernels, g)).collect::<std::result::Result<_, _>>()?;
     if let Some(dir) = &options.emit_ptx {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         for (g, module) in targets.gpus.iter().zip(&ptx) {
@@ -385,12 +387,13 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         kernels: kernels
             .kernels
             .iter()
-            .map(|k| mef::KernelEntry {
+            .zip(&gpu_kernels)
+            .map(|(k, gpu)| mef::KernelEntry {
                 symbol: k.name.clone(),
                 family: k.family.clone(),
                 num_params: k.params.len() as u32,
                 backend: backend.clone(),
-                gpu_threads_per_task: maxc_kernels::warp::threads_per_task(k),
+                gpu_threads_per_task: maxc_kernels::warp::threads_per_task(gpu),
             })
             .collect(),
         weights: vec![],

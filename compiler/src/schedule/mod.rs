@@ -15,7 +15,7 @@ use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu
 use maxc_kernels::library::embedding::{embedding, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
-use maxc_kernels::library::matmul_panel::{matmul_panel, PANEL};
+use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
@@ -196,6 +196,10 @@ pub struct Schedule {
 pub struct KernelSet {
     pub kernels: Vec<Kernel>,
     by_name: HashMap<String, u32>,
+    /// GPU forms of CPU kernels, under the CPU kernel's name (same parameters,
+    /// tasks and result): what the PTX of an artifact with CPU code runs instead
+    /// of kernels written for CPU vector registers.
+    gpu_forms: HashMap<String, Kernel>,
 }
 
 impl KernelSet {
@@ -207,6 +211,19 @@ impl KernelSet {
         self.by_name.insert(k.name.clone(), i);
         self.kernels.push(k);
         i
+    }
+
+    /// Records `gpu` as the GPU form of kernel `cpu` (a kernel-library bug if the
+    /// two differ in parameters or tasks).
+    fn set_gpu_form(&mut self, cpu: &Kernel, mut gpu: Kernel) {
+        assert!(gpu.params == cpu.params && gpu.tasks == cpu.tasks, "`{}` is not a GPU form of `{}`", gpu.name, cpu.name);
+        gpu.name = cpu.name.clone();
+        self.gpu_forms.insert(cpu.name.clone(), gpu);
+    }
+
+    /// The kernels as the GPU compiles them: each replaced by its GPU form, if any.
+    pub fn for_gpu(&self) -> Vec<Kernel> {
+        self.kernels.iter().map(|k| self.gpu_forms.get(&k.name).unwrap_or(k).clone()).collect()
     }
 }
 
@@ -455,12 +472,15 @@ fn schedule_impl<'g>(
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let layout = s.matmul_layout(node.inputs[1]);
                 let args = s.weight_args(&node.inputs[..1], node.inputs[1], &[], layout)?;
-                let kernel = match layout {
-                    _ if w.quant.is_block() && s.weights.row_major_only => matmul_blocks_rowwise(k, n, w.quant.encoding(), None, seq),
-                    _ if w.quant.is_block() => matmul_blocks(k, n, w.quant.encoding(), None, seq),
-                    Layout::Panel16 => matmul_panel(k, n, elem_of(w.quant), None, seq),
-                    Layout::RowMajor => matmul(k, n, elem_of(w.quant), seq),
+                let (kernel, gpu_form) = match layout {
+                    _ if w.quant.is_block() && s.weights.row_major_only => (matmul_blocks_rowwise(k, n, w.quant.encoding(), None, seq), None),
+                    _ if w.quant.is_block() => (matmul_blocks(k, n, w.quant.encoding(), None, seq), Some(matmul_blocks_rowwise(k, n, w.quant.encoding(), None, seq))),
+                    Layout::Panel16 => (matmul_panel(k, n, elem_of(w.quant), None, seq), Some(matmul_panel_rowwise(k, n, elem_of(w.quant), None, seq))),
+                    Layout::RowMajor => (matmul(k, n, elem_of(w.quant), seq), None),
                 };
+                if let Some(gpu) = gpu_form {
+                    s.kernels.set_gpu_form(&kernel, gpu);
+                }
                 s.launch(kernel, args, n)
             }
             Op::MatMulAdd => {
@@ -472,12 +492,15 @@ fn schedule_impl<'g>(
                 let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
                 let layout = s.matmul_layout(node.inputs[1]);
                 let args = s.weight_args(&node.inputs[..1], node.inputs[1], &node.inputs[2..], layout)?;
-                let kernel = match layout {
-                    _ if w.quant.is_block() && s.weights.row_major_only => matmul_blocks_rowwise(k, n, w.quant.encoding(), Some(bc), seq),
-                    _ if w.quant.is_block() => matmul_blocks(k, n, w.quant.encoding(), Some(bc), seq),
-                    Layout::Panel16 => matmul_panel(k, n, elem_of(w.quant), Some(bc), seq),
-                    Layout::RowMajor => matmul_add(k, n, bc, elem_of(w.quant), seq),
+                let (kernel, gpu_form) = match layout {
+                    _ if w.quant.is_block() && s.weights.row_major_only => (matmul_blocks_rowwise(k, n, w.quant.encoding(), Some(bc), seq), None),
+                    _ if w.quant.is_block() => (matmul_blocks(k, n, w.quant.encoding(), Some(bc), seq), Some(matmul_blocks_rowwise(k, n, w.quant.encoding(), Some(bc), seq))),
+                    Layout::Panel16 => (matmul_panel(k, n, elem_of(w.quant), Some(bc), seq), Some(matmul_panel_rowwise(k, n, elem_of(w.quant), Some(bc), seq))),
+                    Layout::RowMajor => (matmul_add(k, n, bc, elem_of(w.quant), seq), None),
                 };
+                if let Some(gpu) = gpu_form {
+                    s.kernels.set_gpu_form(&kernel, gpu);
+                }
                 s.launch(kernel, args, n)
             }
             Op::SwiGlu => {

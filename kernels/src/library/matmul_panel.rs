@@ -120,6 +120,39 @@ pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>,
     b.finish(name, "matmul", tasks, t, body)
 }
 
+/// The GPU form of [`matmul_panel`] for artifacts that carry CPU code too (their
+/// weights are packed for the CPU): each output is one dot product over k, a
+/// plain reduction the GPU mapping deals to a warp's lanes, where the CPU form's
+/// per-lane local accumulators would keep every thread doing the same work.
+/// Same parameters, tasks and result as [`matmul_panel`].
+pub fn matmul_panel_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let w = b.param("w", w_elem, false);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    let (t, j, r, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+    let (ki, ni, lanes) = (k as i64, n as i64, PANEL as i64);
+    // Column j is lane j % PANEL of panel j / PANEL: element [j / PANEL][kk][j % PANEL].
+    let weight = ld(w, add(mul(add(mul(div(v(j), i(lanes)), i(ki)), v(kk)), i(lanes)), rem(v(j), i(lanes))));
+    let dot = vec![
+        set(acc, f(0.0)),
+        for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(mul(v(r), i(ki)), v(kk))), weight)))]),
+        store(out, add(mul(v(r), i(ni)), v(j)), epilogue(v(acc), v(r), v(j), ni, addend)),
+    ];
+    let per_task = (PANELS_PER_TASK * PANEL) as i64;
+    let first = mul(v(t), i(per_task));
+    let body = vec![for_(j, first.clone(), min(add(first, i(per_task)), i(ni)), vec![for_(r, i(0), seq.expr(), dot)])];
+    let tasks = TaskCount { per_seq: 0, fixed: (n / PANEL).div_ceil(PANELS_PER_TASK) };
+    let enc = float_suffix(w_elem);
+    let name = match addend {
+        None => format!("matmul_panel_rows{enc}_k{k}_n{n}_{}", seq.tag()),
+        Some((_, bc)) => format!("matmul_add_panel_rows{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
+    };
+    b.finish(name, "matmul", tasks, t, body)
+}
+
 /// Packs row-major `w[n, k]` (elements of `elem_size` bytes) into `[n/PANEL][k][PANEL]`.
 pub fn pack_panels(bytes: &[u8], n: usize, k: usize, elem_size: usize) -> Vec<u8> {
     let p = PANEL as usize;
@@ -158,8 +191,11 @@ mod tests {
                 bufs.push(Buffer::F32(r.clone()));
             }
             bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+            let mut rowwise = bufs.clone();
             run(&matmul_panel(k as u64, n as u64, ElemType::F32, addend, seq), &mut bufs, m as u64);
+            run(&matmul_panel_rowwise(k as u64, n as u64, ElemType::F32, addend, seq), &mut rowwise, m as u64);
             let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+            let Some(Buffer::F32(got_rowwise)) = rowwise.pop() else { unreachable!() };
             let mut want = vec![0.0; m * n];
             for row in 0..m {
                 for j in 0..n {
@@ -173,6 +209,7 @@ mod tests {
                 }
             }
             close(&got, &want, 1e-5);
+            close(&got_rowwise, &want, 1e-5);
         }
     }
 }
