@@ -91,7 +91,17 @@ impl CpuTarget {
 
     /// Whether 512-bit vectors are available (then preferred over 256-bit).
     pub fn has_avx512(&self) -> bool {
-        self.enabled.iter().any(|f| f == "avx512f")
+        self.has_feature("avx512f")
+    }
+
+    /// Whether LLVM feature `name` (`avx512vnni`, ...) is enabled for this target.
+    pub fn has_feature(&self, name: &str) -> bool {
+        self.enabled.iter().any(|f| f == name)
+    }
+
+    /// Whether 512-bit VNNI byte dot products (`vpdpbusd` on zmm) are available.
+    pub fn has_avx512_vnni(&self) -> bool {
+        self.has_feature("avx512vnni") && self.has_feature("avx512bw")
     }
 }
 

@@ -137,6 +137,8 @@ pub struct CompileOptions<'a> {
     pub encoding: Option<String>,
     /// `--embedding-encoding`, overriding the manifest's.
     pub embedding_encoding: Option<String>,
+    /// `--activation-encoding`, overriding the manifest's.
+    pub activation_encoding: Option<String>,
     /// `--backend`: `llvm` (default) or `cranelift`.
     pub backend: Option<String>,
     /// `--devices`, overriding the manifest's `compile.devices`.
@@ -190,6 +192,10 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         Some(name) => Some(crate::quant::parse_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.embedding_encoding", m))?),
         None => None,
     };
+    let int8_activations = match options.activation_encoding.clone().or(c.activation_encoding.clone()) {
+        Some(name) => crate::manifest::parse_activation_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.activation_encoding", m))?,
+        None => false,
+    };
     let devices_spec = options.devices.clone().or(c.devices.clone());
     let target_spec = options.target.clone().or(c.target.clone()).unwrap_or_else(|| "cpu".into());
     // Without a mesh, one device of the kind the code targets.
@@ -198,6 +204,16 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let targets = maxc_codegen::TargetSpec::parse(&target_spec)?;
     let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
     let backend = options.backend.clone().unwrap_or_else(|| "llvm".into());
+    if int8_activations && !targets.gpus.is_empty() {
+        return Err(Error::invalid(&shown, "compile.activation_encoding", format!("int8 activations have CPU kernels only and `{target_spec}` has GPU code; use float32 (the default), or a cpu target")));
+    }
+    if int8_activations && !encoding.is_block() && embedding_encoding.is_none_or(|e| !e.is_block()) {
+        return Err(Error::invalid(
+            &shown,
+            "compile.activation_encoding",
+            format!("int8 activations multiply block-quantized weights, and `{encoding_name}` is not a block encoding; use --quantization-encoding q8_0, q4_0, q4_1 or q4_k"),
+        ));
+    }
     if options.emit_ptx.is_some() && targets.gpus.is_empty() {
         return Err(Error::Flag { flag: "--emit-ptx".into(), message: format!("`{target_spec}` has no GPU part; add one, e.g. --target cpu,cuda:sm_90") });
     }
@@ -254,6 +270,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
 
     let mut weights = WeightTable::default();
     weights.row_major_only = targets.cpu.is_none();
+    weights.int8_activations = int8_activations;
     let mut kernels = KernelSet::default();
     let mut schedules = Vec::with_capacity(graphs.len());
     for (index, graph) in graphs.iter().enumerate() {

@@ -90,6 +90,12 @@ struct CompileArgs {
     /// encoding when it is a float one, q8_0 with block encodings).
     #[arg(long, value_name = "ENCODING")]
     embedding_encoding: Option<String>,
+    /// Activations of block-quantized matmuls: float32 (default; exact float
+    /// math on the packed weights) or int8 (quantized per block of 32 and
+    /// multiplied with integer dot products, VNNI where the CPU has it, as
+    /// llama.cpp does; faster, less exact). CPU code only.
+    #[arg(long, value_name = "ENCODING")]
+    activation_encoding: Option<String>,
     /// Device mesh: cpu (default), cpu:0,1 (two CPU devices, each with its own
     /// threads and weight shard), gpu:0,1,2,3. One sub-model per device.
     #[arg(long, value_name = "DEVICES")]
@@ -187,6 +193,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         emit_ptx: args.emit_ptx.clone(),
         encoding: args.quantization_encoding.clone(),
         embedding_encoding: args.embedding_encoding.clone(),
+        activation_encoding: args.activation_encoding.clone(),
         backend: args.backend.clone(),
         devices: args.devices.clone(),
         attention_sharding: args.attention_sharding.clone(),

@@ -56,6 +56,9 @@ pub struct CompileSection {
     /// The encoding of the token embedding table and the lm_head (default: the
     /// linear layers' under float encodings, q8_0 under block encodings).
     pub embedding_encoding: Option<String>,
+    /// Activations of block-quantized matmuls: `float32` (default) or `int8`
+    /// (quantized per block, integer dot products; CPU code only).
+    pub activation_encoding: Option<String>,
     /// The longest sequence (prompt + generated) the artifact supports.
     pub max_length: Option<u32>,
     pub max_batch_size: Option<u32>,
@@ -154,6 +157,9 @@ impl Manifest {
     fn validate(&self, path: &Path) -> Result<()> {
         check_encoding(path, "compile.quantization_encoding", &self.compile.quantization_encoding)?;
         check_encoding(path, "compile.embedding_encoding", &self.compile.embedding_encoding)?;
+        if let Some(a) = &self.compile.activation_encoding {
+            parse_activation_encoding(a).map_err(|m| Error::invalid(path, "compile.activation_encoding", m))?;
+        }
         if self.compile.max_length == Some(0) {
             return Err(Error::invalid(path, "compile.max_length", "must be at least 1"));
         }
@@ -192,8 +198,18 @@ fn check_encoding(path: &Path, field: &str, value: &Option<String>) -> Result<()
     }
 }
 
+/// `compile.activation_encoding`: whether block-quantized matmuls take int8 activations.
+pub fn parse_activation_encoding(name: &str) -> std::result::Result<bool, String> {
+    match name {
+        "float32" => Ok(false),
+        "int8" => Ok(true),
+        other => Err(format!("unknown activation encoding `{other}`; valid: float32, int8")),
+    }
+}
+
 /// Keys of `[compile]` that `transformer.<key>` overrides address.
-const COMPILE_KEYS: &[&str] = &["target", "devices", "attention_sharding", "quantization_encoding", "embedding_encoding", "max_length", "max_batch_size"];
+const COMPILE_KEYS: &[&str] =
+    &["target", "devices", "attention_sharding", "quantization_encoding", "embedding_encoding", "activation_encoding", "max_length", "max_batch_size"];
 const MODEL_KEYS: &[&str] = &["path", "name", "architecture"];
 
 /// Applies one `--model-override KEY=VALUE`.

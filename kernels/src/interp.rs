@@ -105,7 +105,7 @@ fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
                 collect_loops(body, out);
             }
             Stmt::If { then, .. } => collect_loops(then, out),
-            Stmt::Set { .. } | Stmt::Store { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } => {}
         }
     }
 }
@@ -158,7 +158,11 @@ impl Machine<'_> {
                             let len = b.len();
                             *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i32
                         }
-                        Buffer::BF16(_) | Buffer::F16(_) | Buffer::I8(_) | Buffer::U8(_) => {
+                        Buffer::I8(b) => {
+                            let len = b.len();
+                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i8
+                        }
+                        Buffer::BF16(_) | Buffer::F16(_) | Buffer::U8(_) => {
                             unreachable!("weight-only parameters are never stored (validated)")
                         }
                     }
@@ -179,6 +183,28 @@ impl Machine<'_> {
                 Stmt::If { cond, then } => {
                     if let Val::B(true) = self.eval(cond) {
                         self.block(then);
+                    }
+                }
+                Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => {
+                    let scales = [self.eval(&scales[0]).f(), self.eval(&scales[1]).f()];
+                    let (w0, a0) = (self.eval(w_start).i(), self.eval(act_start).i());
+                    let byte = |param: u32, at: i64| -> i64 {
+                        match &self.bufs[param as usize] {
+                            Buffer::I8(b) => *b.get(at as usize).unwrap_or_else(|| panic!("kernel `{}`: dot reads byte {at} of {} bytes", self.kernel.name, b.len())) as i64,
+                            Buffer::U8(b) => *b.get(at as usize).unwrap_or_else(|| panic!("kernel `{}`: dot reads byte {at} of {} bytes", self.kernel.name, b.len())) as i64,
+                            _ => unreachable!("dot operands are bytes (validated)"),
+                        }
+                    };
+                    let w = |i: i64| byte(*weights, w0 + i);
+                    let sums: Vec<f32> = (0..DOT_LANES)
+                        .map(|g| {
+                            let dot: i64 = (4 * g..4 * g + 4).map(|i| form.level(&w, i) * byte(*act, a0 + i)).sum();
+                            scales[form.block_of_lane(g)] * dot as f32
+                        })
+                        .collect();
+                    let Buffer::F32(a) = &mut self.locals[(*acc - LOCAL_BASE) as usize] else { unreachable!("locals are f32") };
+                    for (g, x) in sums.into_iter().enumerate() {
+                        a[g] += x;
                     }
                 }
             }

@@ -21,7 +21,8 @@ pub enum ElemType {
     BF16,
     /// IEEE half storage; loads widen to f32 (weights only, never stored).
     F16,
-    /// Signed bytes; loads sign-extend to i64 (quantized weights, never stored).
+    /// Signed bytes; loads sign-extend to i64, stores truncate an i64 (quantized
+    /// weights, and activations quantized to int8 at run time).
     I8,
     /// Unsigned bytes; loads zero-extend to i64 (packed 4-bit or fp8 weights, never stored).
     U8,
@@ -132,6 +133,70 @@ pub enum Stmt {
     /// `for var in start..end` (I64, step 1).
     For { var: VarId, start: Expr, end: Expr, hint: LoopHint, body: Vec<Stmt> },
     If { cond: Expr, then: Vec<Stmt> },
+    /// The int8 dot product of two quantized blocks (one fixed-shape tensor
+    /// instruction, VNNI `vpdpbusd` on x86): for lane `g` in `0..DOT_LANES`,
+    /// `acc[g] += scales[block_of_lane(form, g)] * (sum over t in 0..4 of
+    /// W[4g + t] * A[act_start + 4g + t])`, the sum in exact integers. `W` is the
+    /// [`DOT_VALUES`] weight levels that `form` unpacks from the bytes of `weights`
+    /// at `w_start` (two blocks of 32 values); `A` the signed bytes of `act`.
+    /// `acc` is a local of at least `DOT_LANES` elements.
+    DotBlock { acc: u32, scales: [Expr; 2], weights: u32, w_start: Expr, form: DotForm, act: u32, act_start: Expr },
+}
+
+/// Lanes of a [`Stmt::DotBlock`] accumulator (one 512-bit register of i32 / f32).
+pub const DOT_LANES: i64 = 16;
+/// Values of a [`Stmt::DotBlock`]: two blocks of 32.
+pub const DOT_VALUES: i64 = 64;
+
+/// How a [`Stmt::DotBlock`] unpacks its 64 weight levels `W[i]` from the bytes `w`
+/// at its start (block A's values, then block B's, as each form orders them).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DotForm {
+    /// `W[i] = w[i]` as a signed byte (Q8_0: A is bytes 0..32, B 32..64).
+    Int8,
+    /// Two 4-bit blocks of 16 bytes (Q4_0, Q4_1, and Q4_K as maxc stores it):
+    /// `W[i]` for `i = 16 q + j` is the low nibble of byte `16 (q % 2) + j` for
+    /// `q < 2`, else its high nibble. So `W` holds A's values 0..16, B's 0..16,
+    /// A's 16..32, B's 16..32 (activations are quantized in that order).
+    NibblePairs,
+}
+
+impl DotForm {
+    /// Which of the two blocks (0: A, 1: B) lane `g` of a [`Stmt::DotBlock`] sums.
+    pub fn block_of_lane(self, g: i64) -> usize {
+        match self {
+            DotForm::Int8 => (g / 8) as usize,
+            DotForm::NibblePairs => ((g / 4) % 2) as usize,
+        }
+    }
+
+    /// Position in `W` (and so in the activations) of value `t` of block `b`.
+    pub fn position(self, b: i64, t: i64) -> i64 {
+        match self {
+            DotForm::Int8 => 32 * b + t,
+            DotForm::NibblePairs => 32 * (t / 16) + 16 * b + t % 16,
+        }
+    }
+
+    /// `W[i]` from the bytes `w` (starting at the form's first byte).
+    pub fn level(self, w: &dyn Fn(i64) -> i64, i: i64) -> i64 {
+        match self {
+            DotForm::Int8 => w(i) as u8 as i8 as i64,
+            DotForm::NibblePairs => {
+                let (q, j) = (i / 16, i % 16);
+                let byte = w(16 * (q % 2) + j) as u8;
+                (if q < 2 { byte & 15 } else { byte >> 4 }) as i64
+            }
+        }
+    }
+
+    /// Bytes of weights one dot reads.
+    pub fn bytes(self) -> i64 {
+        match self {
+            DotForm::Int8 => 64,
+            DotForm::NibblePairs => 32,
+        }
+    }
 }
 
 pub use maxrun::format::TaskCount;
@@ -273,8 +338,8 @@ impl Kernel {
                     }
                     let want = match p.elem {
                         ElemType::F32 => ValType::F32,
-                        ElemType::I32 => ValType::I64,
-                        ElemType::BF16 | ElemType::F16 | ElemType::I8 | ElemType::U8 => {
+                        ElemType::I32 | ElemType::I8 => ValType::I64,
+                        ElemType::BF16 | ElemType::F16 | ElemType::U8 => {
                             return Err(format!("store to weight-only parameter `{}` ({:?})", p.name, p.elem))
                         }
                     };
@@ -296,6 +361,25 @@ impl Kernel {
                         return Err("if condition must be bool".into());
                     }
                     self.validate_block(then)?;
+                }
+                Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => {
+                    if *acc < LOCAL_BASE || self.locals.get((acc - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
+                        return Err(format!("dot accumulator {acc} is not a local of {DOT_LANES} elements"));
+                    }
+                    let w_elem = self.buffer(*weights).filter(|_| *weights < LOCAL_BASE).ok_or(format!("dot weights {weights} is not a parameter"))?.elem;
+                    let a_elem = self.buffer(*act).filter(|_| *act < LOCAL_BASE).ok_or(format!("dot activations {act} is not a parameter"))?.elem;
+                    let want_w = if *form == DotForm::Int8 { ElemType::I8 } else { ElemType::U8 };
+                    if w_elem != want_w || a_elem != ElemType::I8 {
+                        return Err(format!("dot {form:?} takes {want_w:?} weights and I8 activations, got {w_elem:?} and {a_elem:?}"));
+                    }
+                    for e in scales {
+                        if self.type_of(e)? != ValType::F32 {
+                            return Err("dot scales must be f32".into());
+                        }
+                    }
+                    if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
+                        return Err("dot starts must be i64".into());
+                    }
                 }
             }
         }

@@ -99,7 +99,7 @@ fn visit(kernel: &Kernel, stmts: &[Stmt], aligned: &HashSet<VarId>, out: &mut Ve
                 visit(kernel, body, aligned, out, long);
             }
             Stmt::If { then, .. } => visit(kernel, then, aligned, out, long),
-            Stmt::Set { .. } | Stmt::Store { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } => {}
         }
     }
 }
@@ -153,7 +153,7 @@ fn collect_sets<'k>(stmts: &'k [Stmt], sets: &mut Vec<(VarId, &'k Expr)>, loop_v
                 collect_sets(body, sets, loop_vars);
             }
             Stmt::If { then, .. } => collect_sets(then, sets, loop_vars),
-            Stmt::Store { .. } => {}
+            Stmt::Store { .. } | Stmt::DotBlock { .. } => {}
         }
     }
 }
@@ -199,7 +199,7 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
         Stmt::Set { value, .. } => expr_ok(value, &access),
         Stmt::Store { param, index, value } => access(*param, index) && expr_ok(index, &access) && expr_ok(value, &access),
         Stmt::If { cond, then } => expr_ok(cond, &access) && accesses_allow_vectors(then, var, aligned),
-        Stmt::For { .. } => false,
+        Stmt::For { .. } | Stmt::DotBlock { .. } => false,
     })
 }
 
@@ -213,7 +213,8 @@ pub fn mentions(e: &Expr, var: VarId) -> bool {
 fn scan(kernel: &Kernel, stmts: &[Stmt], reductions: &mut Vec<(VarId, BinOp)>, stores: &mut bool) -> bool {
     for s in stmts {
         match s {
-            Stmt::For { .. } => return false,
+            // A dot writes a local, which every lane must keep identical.
+            Stmt::For { .. } | Stmt::DotBlock { .. } => return false,
             Stmt::Store { param, .. } => {
                 if *param >= LOCAL_BASE {
                     return false;
@@ -254,6 +255,11 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
             Stmt::If { cond, then } => {
                 count_expr(cond, var, n);
                 count_reads(then, var, n);
+            }
+            Stmt::DotBlock { scales, w_start, act_start, .. } => {
+                for e in scales.iter().chain([w_start, act_start]) {
+                    count_expr(e, var, n);
+                }
             }
         }
     }

@@ -10,7 +10,9 @@ use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcas
 use maxc_kernels::library::embedding::embedding;
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
+use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_panel::matmul_panel;
+use maxc_kernels::library::quantize_activations::quantize_q8;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
@@ -84,6 +86,22 @@ fn cases() -> Vec<Case> {
                 }
                 v.push(Case { kernel: matmul_blocks(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
             }
+        }
+        // Int8 activations (DotBlock: VNNI on this machine, the generic form on
+        // x86-64-v3, scalar code in Cranelift) and their quantization.
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+            let (k, n) = (256u64, 21u64);
+            for addend in [None, Some(Broadcast::Row)] {
+                let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
+                sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+                if addend.is_some() {
+                    sizes.push(n as usize);
+                }
+                sizes.push(s * n as usize);
+                v.push(Case { kernel: matmul_int8(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+            }
+            let form = dot_form(encoding, k).unwrap();
+            v.push(Case { kernel: quantize_q8(k, form, seq), sizes: vec![s * k as usize, s * k as usize, s * 2 * k as usize / 32], int_max: 1, seq: s as u64, tol: 1e-6 });
         }
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -267,6 +285,15 @@ fn avx512_kernels_prefer_512_bit_vectors() {
     assert!(v4.contains("<16 x float>"), "the GEMV reduction is not vectorized to 512 bits");
     let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
     assert!(v3.contains("<8 x float>") && !v3.contains("<16 x float>"), "x86-64-v3 must use 256-bit vectors");
+}
+
+#[test]
+fn int8_dots_use_vnni_where_the_target_has_it() {
+    let k = vec![matmul_int8(256, 16, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
+    let vnni = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4+avx512vnni").unwrap()).unwrap();
+    assert!(vnni.contains("@llvm.x86.avx512.vpdpbusd.512"), "no vpdpbusd with avx512vnni");
+    let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
+    assert!(!v3.contains("vpdpbusd"), "x86-64-v3 has no VNNI");
 }
 
 /// Random shapes (property test): every family with random sizes, both backends.

@@ -121,11 +121,15 @@ impl Lowering<'_, '_> {
                         ElemType::I32 => {
                             self.b.ins().istore32(flags, v, addr, 0);
                         }
-                        ElemType::BF16 | ElemType::F16 | ElemType::I8 | ElemType::U8 => {
+                        ElemType::I8 => {
+                            self.b.ins().istore8(flags, v, addr, 0);
+                        }
+                        ElemType::BF16 | ElemType::F16 | ElemType::U8 => {
                             unreachable!("weight-only parameters are never stored (validated)")
                         }
                     }
                 }
+                Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
                 Stmt::For { var, start, end, body, hint } => {
                     let (lo, hi) = (self.expr(start)?, self.expr(end)?);
                     let plan = if *hint == LoopHint::Vectorize { VectorLoop::analyze(self.kernel, *var, body) } else { None };
@@ -146,6 +150,43 @@ impl Lowering<'_, '_> {
                     self.b.seal_block(done);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A [`Stmt::DotBlock`] in scalar code (this backend's baseline x86-64 has no
+    /// VNNI): per lane, four byte loads of each operand, integer multiply-adds,
+    /// one conversion and one scaled add to the accumulator.
+    fn dot_block(&mut self, acc: u32, scales: &[Expr; 2], (weights, w_start): (u32, &Expr), form: DotForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+        let flags = MemFlagsData::trusted();
+        let scales = [self.expr(&scales[0])?, self.expr(&scales[1])?];
+        let w_base = self.address(weights, w_start)?;
+        let a_base = self.address(act, act_start)?;
+        let acc_base = self.locals[(acc - LOCAL_BASE) as usize];
+        for g in 0..DOT_LANES {
+            let mut sum = self.b.ins().iconst(types::I32, 0);
+            for i in 4 * g..4 * g + 4 {
+                let w = match form {
+                    DotForm::Int8 => self.b.ins().sload8(types::I32, flags, w_base, i as i32),
+                    DotForm::NibblePairs => {
+                        let (q, j) = (i / 16, i % 16);
+                        let byte = self.b.ins().uload8(types::I32, flags, w_base, (16 * (q % 2) + j) as i32);
+                        if q < 2 {
+                            self.b.ins().band_imm_u(byte, 15)
+                        } else {
+                            self.b.ins().ushr_imm_u(byte, 4)
+                        }
+                    }
+                };
+                let a = self.b.ins().sload8(types::I32, flags, a_base, i as i32);
+                let p = self.b.ins().imul(w, a);
+                sum = self.b.ins().iadd(sum, p);
+            }
+            let f = self.b.ins().fcvt_from_sint(types::F32, sum);
+            let scaled = self.b.ins().fmul(f, scales[form.block_of_lane(g)]);
+            let old = self.b.ins().load(types::F32, flags, acc_base, (4 * g) as i32);
+            let new = self.b.ins().fadd(old, scaled);
+            self.b.ins().store(flags, new, acc_base, (4 * g) as i32);
         }
         Ok(())
     }
@@ -218,7 +259,7 @@ impl Lowering<'_, '_> {
                     let addr = self.address(*param, index)?;
                     self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 }
-                Stmt::For { .. } | Stmt::If { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
+                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
             }
         }
         let i = self.b.use_var(v);

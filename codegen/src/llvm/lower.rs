@@ -297,13 +297,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let v: BasicValueEnum = match self.kernel.buffer(*param).expect("validated").elem {
                     ElemType::F32 => v,
                     ElemType::I32 => self.builder.build_int_truncate(v.into_int_value(), self.context.i32_type(), "trunc").map_err(llvm_err)?.into(),
-                    ElemType::BF16 | ElemType::F16 | ElemType::I8 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
+                    ElemType::I8 => self.builder.build_int_truncate(v.into_int_value(), self.context.i8_type(), "trunc").map_err(llvm_err)?.into(),
+                    ElemType::BF16 | ElemType::F16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*param, index)?;
                 let st = self.builder.build_store(p, v).map_err(llvm_err)?;
                 self.mark_alignment(Some(st), *param, index)?;
             }
             Stmt::For { .. } => self.lower_loop(s, None)?,
+            Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
             Stmt::If { cond, then } => {
                 let c = self.expr(cond)?.into_int_value();
                 let then_bb = self.context.append_basic_block(self.function, "then");
@@ -439,6 +441,108 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             self.task_barrier()?;
         }
         Ok(())
+    }
+
+    /// A [`Stmt::DotBlock`] as vector code: the 64 weight levels and activations as
+    /// `<64 x i8>`, the 16 four-byte dot products by VNNI `vpdpbusd` where the
+    /// target has it (Q8_0's signed weights through `|w|` and `a * sign(w)`, since
+    /// the instruction multiplies unsigned by signed bytes; activations are never
+    /// -128), otherwise widened multiplies and a sum of each lane's four products
+    /// (LLVM picks `pmaddubsw` / `pmaddwd` on AVX2); then converted, scaled per
+    /// block and added to the f32 accumulator.
+    fn dot_block(&mut self, acc: u32, scales: &[Expr; 2], (weights, w_start): (u32, &Expr), form: DotForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+        let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
+        let lanes = DOT_LANES as u32;
+        let values = DOT_VALUES as u32;
+        let scale_a = self.expr(&scales[0])?.into_float_value();
+        let scale_b = self.expr(&scales[1])?.into_float_value();
+        let w_ptr = self.element_ptr(weights, w_start)?;
+        let a_ptr = self.element_ptr(act, act_start)?;
+        let acc_ptr = self.locals[(acc - LOCAL_BASE) as usize];
+        let b = &self.builder;
+        let byte_vec = |n: u32| i8t.vec_type(n);
+        let load = |ty: inkwell::types::VectorType<'ctx>, p: PointerValue<'ctx>, align: u32| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+            let v = b.build_load(ty, p, "bytes").map_err(llvm_err)?;
+            v.as_instruction_value().expect("a load").set_alignment(align).map_err(llvm_err)?;
+            Ok(v.into_vector_value())
+        };
+        let splat8 = |x: u64, n: u32| inkwell::types::VectorType::const_vector(&vec![i8t.const_int(x, false); n as usize]);
+        let indices = |f: &dyn Fn(u32) -> u32, n: u32| inkwell::types::VectorType::const_vector(&(0..n).map(|i| i32t.const_int(f(i) as u64, false)).collect::<Vec<_>>());
+        let w = match form {
+            DotForm::Int8 => load(byte_vec(values), w_ptr, 1)?,
+            DotForm::NibblePairs => {
+                let packed = load(byte_vec(values / 2), w_ptr, 1)?;
+                let low = b.build_and(packed, splat8(15, values / 2), "low").map_err(llvm_err)?;
+                let high = b.build_right_shift(packed, splat8(4, values / 2), false, "high").map_err(llvm_err)?;
+                b.build_shuffle_vector(low, high, indices(&|i| i, values), "levels").map_err(llvm_err)?
+            }
+        };
+        let a = load(byte_vec(values), a_ptr, 1)?;
+        let vnni = matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni());
+        let i32v = i32t.vec_type(lanes);
+        let sums = if vnni {
+            let (u, s) = match form {
+                DotForm::NibblePairs => (w, a),
+                DotForm::Int8 => {
+                    let abs = self.intrinsic_typed("llvm.abs", &[w.into(), self.context.bool_type().const_zero().into()], &[w.get_type().into()])?.into_vector_value();
+                    let b = &self.builder;
+                    let negative = b.build_int_compare(IntPredicate::SLT, w, byte_vec(values).const_zero(), "negative").map_err(llvm_err)?;
+                    let minus_a = b.build_int_neg(a, "minus_a").map_err(llvm_err)?;
+                    let signed = b.build_select(negative, minus_a, a, "signed").map_err(llvm_err)?.into_vector_value();
+                    (abs, signed)
+                }
+            };
+            let b = &self.builder;
+            let (u, s) = (b.build_bit_cast(u, i32v, "u").map_err(llvm_err)?, b.build_bit_cast(s, i32v, "s").map_err(llvm_err)?);
+            let name = "llvm.x86.avx512.vpdpbusd.512";
+            let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None));
+            let call = b.build_call(f, &[i32v.const_zero().into(), u.into(), s.into()], "dot").map_err(llvm_err)?;
+            let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("vpdpbusd returns a vector") };
+            v.into_vector_value()
+        } else {
+            let wide = i32t.vec_type(values);
+            let ww = match form {
+                DotForm::Int8 => b.build_int_s_extend(w, wide, "w32").map_err(llvm_err)?,
+                DotForm::NibblePairs => b.build_int_z_extend(w, wide, "w32").map_err(llvm_err)?,
+            };
+            let aw = b.build_int_s_extend(a, wide, "a32").map_err(llvm_err)?;
+            let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
+            let mut sum: Option<inkwell::values::VectorValue<'ctx>> = None;
+            for t in 0..4 {
+                let part = b.build_shuffle_vector(products, products, indices(&|g| 4 * g + t, lanes), "part").map_err(llvm_err)?;
+                sum = Some(match sum {
+                    None => part,
+                    Some(s) => b.build_int_add(s, part, "sum").map_err(llvm_err)?,
+                });
+            }
+            sum.expect("four parts")
+        };
+        let b = &self.builder;
+        let f32v = f32t.vec_type(lanes);
+        let sums = b.build_signed_int_to_float(sums, f32v, "sums").map_err(llvm_err)?;
+        let pair = f32t.vec_type(2).get_undef();
+        let pair = b.build_insert_element(pair, scale_a, i32t.const_zero(), "scale_a").map_err(llvm_err)?;
+        let pair = b.build_insert_element(pair, scale_b, i32t.const_int(1, false), "scale_b").map_err(llvm_err)?;
+        let scale = b.build_shuffle_vector(pair, pair, indices(&|g| form.block_of_lane(g as i64) as u32, lanes), "scales").map_err(llvm_err)?;
+        let old = b.build_load(f32v, acc_ptr, "acc").map_err(llvm_err)?;
+        old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
+        let scaled = self.fast(b.build_float_mul(sums, scale, "scaled").map_err(llvm_err)?.into());
+        let new = self.fast(b.build_float_add(old.into_vector_value(), scaled.into_vector_value(), "acc").map_err(llvm_err)?.into());
+        let st = b.build_store(acc_ptr, new).map_err(llvm_err)?;
+        st.set_alignment(4).map_err(llvm_err)?;
+        Ok(())
+    }
+
+    /// An overloaded intrinsic with explicit overload types.
+    fn intrinsic_typed(&self, name: &str, args: &[BasicValueEnum<'ctx>], types: &[BasicTypeEnum<'ctx>]) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let intr = Intrinsic::find(name).ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
+        let f = intr.get_declaration(self.module, types).ok_or_else(|| CodegenError::Llvm(format!("no declaration for {name}")))?;
+        let args: Vec<_> = args.iter().map(|a| (*a).into()).collect();
+        let call = self.builder.build_call(f, &args, "call").map_err(llvm_err)?;
+        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else {
+            return Err(CodegenError::Llvm(format!("{name} returns nothing")));
+        };
+        Ok(v)
     }
 
     /// A stack slot in the entry block (where `mem2reg` promotes it).

@@ -15,6 +15,7 @@ use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu
 use maxc_kernels::library::embedding::{embedding, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
+use maxc_kernels::library::quantize_activations::quantize_q8;
 use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -126,6 +127,9 @@ pub struct WeightTable {
     /// whole warp (`panel16` and the block matmul's per-lane accumulators suit
     /// the CPU's vector registers, not a warp).
     pub row_major_only: bool,
+    /// Quantize the activations of block-quantized matmuls to int8 per block and
+    /// multiply with integer dot products (`--activation-encoding int8`).
+    pub int8_activations: bool,
 }
 
 impl WeightTable {
@@ -252,6 +256,8 @@ struct Scheduler<'g, 'i, 'w> {
     max_seq: u64,
     /// The node being scheduled works on one row (the last token), with fixed task counts.
     one_row: bool,
+    /// Int8 activations already computed: (value, form) -> (levels, scales).
+    quantized: HashMap<(usize, maxc_kernels::ir::DotForm), (Arg, Arg)>,
 }
 
 /// Arena bytes of a scratch buffer with `per_token` f32 per token of the step.
@@ -307,6 +313,51 @@ impl Scheduler<'_, '_, '_> {
         } else {
             Layout::RowMajor
         }
+    }
+
+    /// Value `v` (`k` wide) quantized to int8 per block in `form`'s order: one
+    /// `quantize_q8` launch per value and form, shared by every matmul reading it.
+    fn int8_activations(&mut self, v: ValueId, k: u64, form: maxc_kernels::ir::DotForm, seq: SeqMode) -> Result<(Arg, Arg)> {
+        if let Some(&q) = self.quantized.get(&(v.index(), form)) {
+            return Ok(q);
+        }
+        let x = self.input(v)?;
+        let rows = if self.one_row { 1 } else { self.max_seq };
+        let at = self.launches.len();
+        let (levels, scales) = (self.buffers.len() as u32, self.buffers.len() as u32 + 1);
+        // i8 levels; f32 scales (every block's d, then every d * sum).
+        self.buffers.push(BufferInfo { bytes: rows * k, def: at, last_use: at });
+        self.buffers.push(BufferInfo { bytes: rows * 2 * (k / 32) * 4, def: at, last_use: at });
+        let kernel = quantize_q8(k, form, seq);
+        let (mut tasks, mut written) = (kernel.tasks, TaskCount { per_seq: 2 * (k / 32), fixed: 0 });
+        if self.one_row {
+            tasks = TaskCount { per_seq: 0, fixed: tasks.eval(1) };
+            written = TaskCount { per_seq: 0, fixed: written.eval(1) };
+        }
+        let args = vec![x, Arg::Buffer(levels), Arg::Buffer(scales)];
+        self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written });
+        let q = (Arg::Buffer(levels), Arg::Buffer(scales));
+        self.quantized.insert((v.index(), form), q);
+        Ok(q)
+    }
+
+    /// The int8-activation form of a matmul of `x` with block weight `w` (plus
+    /// `addend`), when enabled and the encoding has integer levels.
+    fn int8_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Option<Arg>> {
+        let ty = self.graph.ty(w);
+        let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
+        let form = match (self.weights.int8_activations && ty.quant.is_block(), maxc_kernels::library::matmul_int8::dot_form(ty.quant.encoding(), k)) {
+            (true, Some(form)) => form,
+            _ => return Ok(None),
+        };
+        let (q, scales) = self.int8_activations(x, k, form, seq)?;
+        let mut args = vec![q, scales];
+        args.extend(self.weight_parts_in(w, Layout::RowMajor)?);
+        if let Some((r, _)) = addend {
+            args.push(self.input(r)?);
+        }
+        let kernel = maxc_kernels::library::matmul_int8::matmul_int8(k, n, ty.quant.encoding(), addend.map(|(_, bc)| bc), seq);
+        Ok(Some(self.launch(kernel, args, n)))
     }
 
     fn inputs(&mut self, vs: &[ValueId]) -> Result<Vec<Arg>> {
@@ -414,6 +465,7 @@ fn schedule_impl<'g>(
         buffers: vec![],
         max_seq,
         one_row: false,
+        quantized: HashMap::new(),
     };
     let static_dim = |d: Dim| d.fixed().expect("non-leading dims are static");
     // Values that hold one row (the last token's) in a last-row plan.
@@ -468,6 +520,10 @@ fn schedule_impl<'g>(
                 if !s.interp.is_constant(node.inputs[1]) {
                     return Err(unsupported("a matmul whose right operand is not a weight".into()));
                 }
+                if let Some(out) = s.int8_matmul(node.inputs[0], node.inputs[1], None, seq)? {
+                    s.loc[id.index()] = Some(out);
+                    continue;
+                }
                 let w = graph.ty(node.inputs[1]);
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let layout = s.matmul_layout(node.inputs[1]);
@@ -490,6 +546,10 @@ fn schedule_impl<'g>(
                 let w = graph.ty(node.inputs[1]);
                 let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
                 let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
+                if let Some(out) = s.int8_matmul(node.inputs[0], node.inputs[1], Some((node.inputs[2], bc)), seq)? {
+                    s.loc[id.index()] = Some(out);
+                    continue;
+                }
                 let layout = s.matmul_layout(node.inputs[1]);
                 let args = s.weight_args(&node.inputs[..1], node.inputs[1], &node.inputs[2..], layout)?;
                 let (kernel, gpu_form) = match layout {

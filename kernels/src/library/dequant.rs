@@ -56,7 +56,8 @@ pub fn e4m3_to_f32(code: Expr) -> Expr {
 }
 
 impl WeightParams {
-    fn part(&self, name: &str) -> u32 {
+    /// The parameter of stored part `name` (`quants`, `scales`, ...).
+    pub fn part(&self, name: &str) -> u32 {
         let i = self.encoding.parts().iter().position(|(p, _, _)| *p == name).expect("the encoding has this part");
         self.parts[i]
     }

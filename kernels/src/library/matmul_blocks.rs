@@ -175,29 +175,6 @@ mod tests {
     use crate::interp::{run, Buffer};
     use crate::library::test_util::*;
 
-    /// Random parts for `rows x cols` in `encoding` (any bytes are valid codes except fp8 NaNs).
-    pub(crate) fn random_parts(encoding: WeightEncoding, rows: usize, cols: usize, seed: u64) -> Vec<Buffer> {
-        let shape = [rows as u64, cols as u64];
-        encoding
-            .parts()
-            .iter()
-            .enumerate()
-            .map(|(p, (_, dtype, _))| {
-                let n = encoding.part_elems(p, &shape).unwrap() as usize;
-                let r = rand(n, seed + p as u64);
-                match dtype {
-                    maxrun::format::DType::I8 => Buffer::I8(r.iter().map(|v| (v * 127.0) as i8).collect()),
-                    maxrun::format::DType::U8 if encoding == WeightEncoding::Float8E4M3 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.0) as u8 & 0xf7).collect()),
-                    maxrun::format::DType::U8 if p == 0 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect()),
-                    maxrun::format::DType::U8 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 31.9) as u8).collect()),
-                    maxrun::format::DType::F16 => Buffer::F16(r.iter().map(|v| half::f16::from_f32(v * 0.1).to_bits()).collect()),
-                    maxrun::format::DType::F32 => Buffer::F32(r.iter().map(|v| v * 0.1).collect()),
-                    other => panic!("no test data for {other:?}"),
-                }
-            })
-            .collect()
-    }
-
     /// The weights decoded one value at a time by [`WeightParams::value`].
     fn decode_all(encoding: WeightEncoding, parts: &[Buffer], rows: usize, cols: usize) -> Vec<f32> {
         let mut b = KernelBuilder::new();

@@ -11,7 +11,9 @@ pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
 pub mod matmul_blocks;
+pub mod matmul_int8;
 pub mod matmul_panel;
+pub mod quantize_activations;
 pub mod rms_norm;
 pub mod rope;
 
@@ -45,6 +47,9 @@ impl SeqMode {
 
 #[cfg(test)]
 pub(crate) mod test_util {
+    use crate::interp::Buffer;
+    use maxrun::format::WeightEncoding;
+
     /// Deterministic pseudo-random values in [-1, 1).
     pub fn rand(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
@@ -54,6 +59,29 @@ pub(crate) mod test_util {
                 s ^= s >> 7;
                 s ^= s << 17;
                 ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Random parts for `rows x cols` in `encoding` (any bytes are valid codes except fp8 NaNs).
+    pub fn random_parts(encoding: WeightEncoding, rows: usize, cols: usize, seed: u64) -> Vec<Buffer> {
+        let shape = [rows as u64, cols as u64];
+        encoding
+            .parts()
+            .iter()
+            .enumerate()
+            .map(|(p, (_, dtype, _))| {
+                let n = encoding.part_elems(p, &shape).unwrap() as usize;
+                let r = rand(n, seed + p as u64);
+                match dtype {
+                    maxrun::format::DType::I8 => Buffer::I8(r.iter().map(|v| (v * 127.0) as i8).collect()),
+                    maxrun::format::DType::U8 if encoding == WeightEncoding::Float8E4M3 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.0) as u8 & 0xf7).collect()),
+                    maxrun::format::DType::U8 if p == 0 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect()),
+                    maxrun::format::DType::U8 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 31.9) as u8).collect()),
+                    maxrun::format::DType::F16 => Buffer::F16(r.iter().map(|v| half::f16::from_f32(v * 0.1).to_bits()).collect()),
+                    maxrun::format::DType::F32 => Buffer::F32(r.iter().map(|v| v * 0.1).collect()),
+                    other => panic!("no test data for {other:?}"),
+                }
             })
             .collect()
     }

@@ -1,0 +1,200 @@
+//! Matmul / GEMV of int8-quantized activations with block-quantized weights (Q8_0,
+//! Q4_0, Q4_1, Q4_K), as llama.cpp computes them: integer dot products per block
+//! (`Stmt::DotBlock`, VNNI `vpdpbusd` on x86: 64 multiply-adds per instruction),
+//! scaled by the weight block's scale times the activation block's, plus the
+//! weight block's minimum times the activation block's `d * sum(q)`.
+//!
+//! Inputs are [`super::quantize_activations::quantize_q8`]'s outputs for the same
+//! [`DotForm`]: `q: i8[seq, k]`, `s: f32[seq, 2 k / 32]`. Tasks, tiling and the
+//! epilogue follow the float matmul (`matmul.rs`); each output keeps a
+//! [`DOT_LANES`]-wide accumulator, reduced once after the last block.
+
+use maxrun::format::WeightEncoding;
+
+use super::dequant::{declare, WeightParams, BLOCK};
+use super::elementwise::Broadcast;
+use super::matmul::{epilogue, COLS_PER_TASK, COL_TILE, ROW_TILE};
+use super::SeqMode;
+use crate::ir::dsl::*;
+use crate::ir::*;
+
+/// The dot form of a block encoding's levels, or `None` when the encoding has no
+/// integer levels (fp8) or `k` is not whole pairs of blocks.
+pub fn dot_form(encoding: WeightEncoding, k: u64) -> Option<DotForm> {
+    if !k.is_multiple_of(DOT_VALUES as u64) {
+        return None;
+    }
+    match encoding {
+        WeightEncoding::Q8_0 => Some(DotForm::Int8),
+        WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => Some(DotForm::NibblePairs),
+        _ => None,
+    }
+}
+
+/// A `rows x cols` tile of outputs at row `r0` and column `j0` (variables).
+#[allow(clippy::too_many_arguments)]
+fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, (r0, j0): (VarId, VarId), (xq, xs): (u32, u32), w: &WeightParams, form: DotForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+    let k = w.cols;
+    let nb = k / BLOCK;
+    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..cols).map(|_| b.local(DOT_LANES as u64)).collect()).collect();
+    let (l, p) = (b.var(ValType::I64), b.var(ValType::I64));
+    let has_min = w.block_scale(i(0), i(0)).1.is_some();
+    let mins: Vec<Vec<VarId>> = (0..rows).map(|_| (0..cols).map(|_| b.var(ValType::F32)).collect()).collect();
+    let mut body = Vec::new();
+    for (r, row) in acc.iter().enumerate() {
+        for (c, &a) in row.iter().enumerate() {
+            body.push(for_vec(l, i(0), i(DOT_LANES), vec![store(a, v(l), f(0.0))]));
+            body.push(set(mins[r][c], f(0.0)));
+        }
+    }
+    let bytes_per_row = match form {
+        DotForm::Int8 => k,
+        DotForm::NibblePairs => k / 2,
+    };
+    // Weight scales are decoded in the block loop: tables of them (as the float
+    // block matmul keeps) made LLVM gather the four columns' minimums (slower).
+    let mut per_pair = Vec::new();
+    for c in 0..cols {
+        let col = add(v(j0), i(c));
+        let (scale_a, min_a) = w.block_scale(col.clone(), mul(v(p), i(2)));
+        let (scale_b, min_b) = w.block_scale(col.clone(), add(mul(v(p), i(2)), i(1)));
+        for r in 0..rows {
+            let row = add(v(r0), i(r));
+            // Activation scales: d of blocks 2p and 2p + 1; their d * sum(q) nb later.
+            let s_at = |offset: i64| ld(xs, add(add(mul(row.clone(), i(2 * nb)), mul(v(p), i(2))), i(offset)));
+            per_pair.push(Stmt::DotBlock {
+                acc: acc[r as usize][c as usize],
+                scales: [mul(scale_a.clone(), s_at(0)), mul(scale_b.clone(), s_at(1))],
+                weights: w.part("quants"),
+                w_start: add(mul(col.clone(), i(bytes_per_row)), mul(v(p), i(form.bytes()))),
+                form,
+                act: xq,
+                act_start: add(mul(row.clone(), i(k)), mul(v(p), i(DOT_VALUES))),
+            });
+            if let (Some(ma), Some(mb)) = (min_a.clone(), min_b.clone()) {
+                let m = mins[r as usize][c as usize];
+                per_pair.push(set(m, add(v(m), add(mul(ma, s_at(nb)), mul(mb, s_at(nb + 1))))));
+            }
+        }
+    }
+    body.push(for_(p, i(0), i(nb / 2), per_pair));
+    let total = b.var(ValType::F32);
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (c, &a) in row_acc.iter().enumerate() {
+            let (row, col) = (add(v(r0), i(r as i64)), add(v(j0), i(c as i64)));
+            body.push(set(total, if has_min { v(mins[r][c]) } else { f(0.0) }));
+            body.push(for_vec(l, i(0), i(DOT_LANES), vec![set(total, add(v(total), ld(a, v(l))))]));
+            body.push(store(out, add(mul(row.clone(), i(n)), col.clone()), epilogue(v(total), row, col, n, addend)));
+        }
+    }
+    body
+}
+
+/// `q, s` (int8 activations of `x: f32[seq, k]`) times the block-encoded
+/// `w: [n, k]` -> `out: f32[seq, n]`; with `addend`, `+ r` broadcast as given.
+/// Params: `q`, `s`, the weight's parts, `r`?, `out`.
+pub fn matmul_int8(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    let form = dot_form(encoding, k).unwrap_or_else(|| panic!("{} with k = {k} has no int8 dot form", encoding.name()));
+    let mut b = KernelBuilder::new();
+    let xq = b.param("q", ElemType::I8, false);
+    let xs = b.param("s", ElemType::F32, false);
+    let w = declare(&mut b, "w", encoding, k);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    let (t, jb, j0, j, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let ni = n as i64;
+    let row_tile = match seq {
+        SeqMode::Fixed(1) => 1,
+        _ => ROW_TILE as i64,
+    };
+    let ct = COL_TILE as i64;
+    let x = (xq, xs);
+    let full_rows = tile(&mut b, row_tile, ct, (r0, j0), x, &w, form, out, ni, addend);
+    let full_blocks = div(seq.expr(), i(row_tile));
+    let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
+        let mut body = vec![set(r0, mul(v(rb), i(row_tile)))];
+        body.extend(full_rows);
+        body
+    })];
+    if row_tile > 1 {
+        let tail_row = tile(&mut b, 1, ct, (r0, j0), x, &w, form, out, ni, addend);
+        tiled.push(for_(r0, mul(full_blocks, i(row_tile)), seq.expr(), tail_row));
+    }
+    // Ragged last columns (n not a multiple of the tile): one output at a time.
+    let single = tile(&mut b, 1, 1, (r0, j), x, &w, form, out, ni, addend);
+    let ragged = vec![for_(j, v(j0), min(add(v(j0), i(ct)), i(ni)), vec![for_(r0, i(0), seq.expr(), single)])];
+    let body = vec![for_(
+        jb,
+        i(0),
+        i((COLS_PER_TASK / COL_TILE) as i64),
+        vec![
+            set(j0, add(mul(v(t), i(COLS_PER_TASK as i64)), mul(v(jb), i(ct)))),
+            if_(lt(add(v(j0), i(ct - 1)), i(ni)), tiled),
+            if_(lt(v(j0), i(ni)), vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(ct - 1)))), ragged)]),
+        ],
+    )];
+    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
+    let name = match addend {
+        None => format!("matmul_i8_{}_k{k}_n{n}_{}", encoding.name(), seq.tag()),
+        Some((_, bc)) => format!("matmul_add_i8_{}_{}_k{k}_n{n}_{}", encoding.name(), format!("{bc:?}").to_lowercase(), seq.tag()),
+    };
+    b.finish(name, "matmul", tasks, t, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::{run, Buffer};
+    use crate::library::matmul_blocks::matmul_blocks;
+    use crate::library::quantize_activations::quantize_q8;
+    use crate::library::test_util::*;
+
+    /// Quantizing the activations then the int8 matmul equals the float block
+    /// matmul on the dequantized activations (exactly the same math up to
+    /// summation order), and is within int8 rounding of the float activations.
+    #[test]
+    fn int8_matmul_matches_the_block_matmul_on_dequantized_activations() {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+            let (k, n) = (256usize, 11usize);
+            let form = dot_form(encoding, k as u64).unwrap();
+            let parts = random_parts(encoding, n, k, 7);
+            for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
+                let x = rand(m * k, 3);
+                let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * k]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
+                run(&quantize_q8(k as u64, form, seq), &mut qbufs, m as u64);
+                let (Buffer::I8(q), Buffer::F32(s)) = (&qbufs[1], &qbufs[2]) else { unreachable!() };
+                // The activations the int8 path computes with, back in natural order.
+                let mut xd = vec![0.0f32; m * k];
+                for row in 0..m {
+                    for blk in 0..k / 32 {
+                        for t in 0..32 {
+                            let pos = row * k + (blk / 2) * 64 + form.position((blk % 2) as i64, t as i64) as usize;
+                            xd[row * k + blk * 32 + t] = s[row * 2 * (k / 32) + blk] * q[pos] as f32;
+                        }
+                    }
+                }
+                let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
+                let run_with = |kernel: &Kernel, first: Vec<Buffer>| -> Vec<f32> {
+                    let mut bufs = first;
+                    bufs.extend(parts.iter().cloned());
+                    if addend.is_some() {
+                        bufs.push(Buffer::F32(r.clone()));
+                    }
+                    bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+                    run(kernel, &mut bufs, m as u64);
+                    let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+                    got
+                };
+                let got = run_with(&matmul_int8(k as u64, n as u64, encoding, addend, seq), vec![qbufs[1].clone(), qbufs[2].clone()]);
+                let want = run_with(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)]);
+                let float = run_with(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(x.clone())]);
+                let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                for ((g, w), fl) in got.iter().zip(&want).zip(&float) {
+                    assert!((g - w).abs() <= 2e-5 * scale, "{}: int8 {g} vs dequantized {w}", encoding.name());
+                    // int8 activations: about 1/254 of each block's range per value.
+                    assert!((g - fl).abs() <= 0.02 * scale, "{}: int8 {g} vs float activations {fl}", encoding.name());
+                }
+            }
+        }
+    }
+}
