@@ -30,6 +30,57 @@ pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(
     }
 }
 
+/// The task structure of the tiled block matmuls (`matmul_blocks.rs`,
+/// `matmul_int8.rs`): task `t` owns [`COLS_PER_TASK`] output columns, walked in
+/// column tiles of [`COL_TILE`]; each full tile runs `tile(b, rows, cols, r0, j0)`
+/// over row tiles (one row at decode, [`ROW_TILE`] in prefill) and a last single
+/// row, ragged last columns one output at a time. Returns the body, the task
+/// count and the task variable.
+pub(super) fn column_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, tile: &mut dyn FnMut(&mut KernelBuilder, i64, i64, VarId, VarId) -> Vec<Stmt>) -> (Vec<Stmt>, TaskCount, VarId) {
+    let (t, jb, j0, j, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let ni = n as i64;
+    let row_tile = match seq {
+        SeqMode::Fixed(1) => 1,
+        _ => ROW_TILE as i64,
+    };
+    let ct = COL_TILE as i64;
+    let full_rows = tile(b, row_tile, ct, r0, j0);
+    let full_blocks = div(seq.expr(), i(row_tile));
+    let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
+        let mut body = vec![set(r0, mul(v(rb), i(row_tile)))];
+        body.extend(full_rows);
+        body
+    })];
+    if row_tile > 1 {
+        let tail_row = tile(b, 1, ct, r0, j0);
+        tiled.push(for_(r0, mul(full_blocks, i(row_tile)), seq.expr(), tail_row));
+    }
+    // Ragged last columns (n not a multiple of the tile): one output at a time.
+    let single = tile(b, 1, 1, r0, j);
+    let ragged = vec![for_(j, v(j0), min(add(v(j0), i(ct)), i(ni)), vec![for_(r0, i(0), seq.expr(), single)])];
+    let body = vec![for_(
+        jb,
+        i(0),
+        i((COLS_PER_TASK / COL_TILE) as i64),
+        vec![
+            set(j0, add(mul(v(t), i(COLS_PER_TASK as i64)), mul(v(jb), i(ct)))),
+            if_(lt(add(v(j0), i(ct - 1)), i(ni)), tiled),
+            if_(lt(v(j0), i(ni)), vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(ct - 1)))), ragged)]),
+        ],
+    )];
+    (body, TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) }, t)
+}
+
+/// A matmul kernel's name: `{stem}_{encoding}_k{k}_n{n}_{seq}`, with `_add` and
+/// the addend's broadcast after the stem's `matmul`.
+pub(super) fn matmul_name(stem: &str, encoding: &str, addend: Option<Broadcast>, k: u64, n: u64, seq: SeqMode) -> String {
+    let rest = stem.strip_prefix("matmul").unwrap_or(stem);
+    match addend {
+        None => format!("matmul{rest}_{encoding}_k{k}_n{n}_{}", seq.tag()),
+        Some(bc) => format!("matmul_add{rest}_{encoding}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
+    }
+}
+
 /// The kernel-name suffix of a float weight element type (`""`, `_bf16`, `_f16`).
 pub(super) fn float_suffix(w_elem: ElemType) -> &'static str {
     match w_elem {

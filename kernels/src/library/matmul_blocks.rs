@@ -13,7 +13,7 @@ use maxrun::format::WeightEncoding;
 
 use super::dequant::{declare, WeightParams, BLOCK, HALF};
 use super::elementwise::Broadcast;
-use super::matmul::{epilogue, COLS_PER_TASK, COL_TILE, ROW_TILE};
+use super::matmul::{column_tasks, epilogue, matmul_name, COLS_PER_TASK};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -94,49 +94,21 @@ fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, r0: VarId, j0: VarId, x: u3
 /// `x: f32[seq, k]` times the block-encoded `w: [n, k]` -> `out: f32[seq, n]`;
 /// with `addend`, `+ r` broadcast as given. Params: `x`, the weight's parts, `r`?, `out`.
 pub fn matmul_blocks(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
-    assert!(encoding.block() > 1, "{} is not a block encoding; use matmul.rs", encoding.name());
     let mut b = KernelBuilder::new();
+    let (x, w, addend, out) = block_params(&mut b, encoding, k, addend);
+    let ni = n as i64;
+    let (body, tasks, t) = column_tasks(&mut b, n, seq, &mut |b, rows, cols, r0, j0| tile(b, rows, cols, r0, j0, x, &w, out, ni, addend));
+    b.finish(matmul_name("matmul", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
+}
+
+/// The parameters of a block matmul: `x`, the weight's parts, `r`?, `out`.
+fn block_params(b: &mut KernelBuilder, encoding: WeightEncoding, k: u64, addend: Option<Broadcast>) -> (u32, WeightParams, Option<(u32, Broadcast)>, u32) {
+    assert!(encoding.block() > 1, "{} is not a block encoding; use matmul.rs", encoding.name());
     let x = b.param("x", ElemType::F32, false);
-    let w = declare(&mut b, "w", encoding, k);
+    let w = declare(b, "w", encoding, k);
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
-    let (t, jb, j0, j, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let ni = n as i64;
-    let row_tile = match seq {
-        SeqMode::Fixed(1) => 1,
-        _ => ROW_TILE as i64,
-    };
-    let ct = COL_TILE as i64;
-    let full_rows = tile(&mut b, row_tile, ct, r0, j0, x, &w, out, ni, addend);
-    let full_blocks = div(seq.expr(), i(row_tile));
-    let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
-        let mut body = vec![set(r0, mul(v(rb), i(row_tile)))];
-        body.extend(full_rows);
-        body
-    })];
-    if row_tile > 1 {
-        let tail_row = tile(&mut b, 1, ct, r0, j0, x, &w, out, ni, addend);
-        tiled.push(for_(r0, mul(full_blocks, i(row_tile)), seq.expr(), tail_row));
-    }
-    // Ragged last columns (n not a multiple of the tile): one output at a time.
-    let single = tile(&mut b, 1, 1, r0, j, x, &w, out, ni, addend);
-    let ragged = vec![for_(j, v(j0), min(add(v(j0), i(ct)), i(ni)), vec![for_(r0, i(0), seq.expr(), single)])];
-    let body = vec![for_(
-        jb,
-        i(0),
-        i((COLS_PER_TASK / COL_TILE) as i64),
-        vec![
-            set(j0, add(mul(v(t), i(COLS_PER_TASK as i64)), mul(v(jb), i(ct)))),
-            if_(lt(add(v(j0), i(ct - 1)), i(ni)), tiled),
-            if_(lt(v(j0), i(ni)), vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(ct - 1)))), ragged)]),
-        ],
-    )];
-    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
-    let name = match addend {
-        None => format!("matmul_{}_k{k}_n{n}_{}", encoding.name(), seq.tag()),
-        Some((_, bc)) => format!("matmul_add_{}_{}_k{k}_n{n}_{}", encoding.name(), format!("{bc:?}").to_lowercase(), seq.tag()),
-    };
-    b.finish(name, "matmul", tasks, t, body)
+    (x, w, addend, out)
 }
 
 /// The GPU form of [`matmul_blocks`], for artifacts without CPU code: each output
@@ -146,12 +118,8 @@ pub fn matmul_blocks(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Br
 /// would keep every thread of the warp doing the same work. Same parameters,
 /// tasks and result as [`matmul_blocks`].
 pub fn matmul_blocks_rowwise(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
-    assert!(encoding.block() > 1, "{} is not a block encoding; use matmul.rs", encoding.name());
     let mut b = KernelBuilder::new();
-    let x = b.param("x", ElemType::F32, false);
-    let w = declare(&mut b, "w", encoding, k);
-    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
-    let out = b.param("out", ElemType::F32, true);
+    let (x, w, addend, out) = block_params(&mut b, encoding, k, addend);
     let (t, j, r, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
     let (ki, ni) = (k as i64, n as i64);
     let dot = vec![
@@ -162,11 +130,7 @@ pub fn matmul_blocks_rowwise(k: u64, n: u64, encoding: WeightEncoding, addend: O
     let first = mul(v(t), i(COLS_PER_TASK as i64));
     let body = vec![for_(j, first.clone(), min(add(first, i(COLS_PER_TASK as i64)), i(ni)), vec![for_(r, i(0), seq.expr(), dot)])];
     let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
-    let name = match addend {
-        None => format!("matmul_rows_{}_k{k}_n{n}_{}", encoding.name(), seq.tag()),
-        Some((_, bc)) => format!("matmul_add_rows_{}_{}_k{k}_n{n}_{}", encoding.name(), format!("{bc:?}").to_lowercase(), seq.tag()),
-    };
-    b.finish(name, "matmul", tasks, t, body)
+    b.finish(matmul_name("matmul_rows", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
 }
 
 #[cfg(test)]

@@ -69,12 +69,8 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
 /// plus `r` broadcast as given when `addend` is set. `n` must be a multiple of
 /// [`PANEL`]. Params: `x`, `w`, `r`?, `out`.
 pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
-    assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
     let mut b = KernelBuilder::new();
-    let x = b.param("x", ElemType::F32, false);
-    let w = b.param("w", w_elem, false);
-    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
-    let out = b.param("out", ElemType::F32, true);
+    let (x, w, addend, out) = panel_params(&mut b, n, w_elem, addend);
     let (t, p0, pp, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let (ki, ni) = (k as i64, n as i64);
     let panels_total = (n / PANEL) as i64;
@@ -126,12 +122,8 @@ pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>,
 /// per-lane local accumulators would keep every thread doing the same work.
 /// Same parameters, tasks and result as [`matmul_panel`].
 pub fn matmul_panel_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
-    assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
     let mut b = KernelBuilder::new();
-    let x = b.param("x", ElemType::F32, false);
-    let w = b.param("w", w_elem, false);
-    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
-    let out = b.param("out", ElemType::F32, true);
+    let (x, w, addend, out) = panel_params(&mut b, n, w_elem, addend);
     let (t, j, r, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
     let (ki, ni, lanes) = (k as i64, n as i64, PANEL as i64);
     // Column j is lane j % PANEL of panel j / PANEL: element [j / PANEL][kk][j % PANEL].
@@ -151,6 +143,16 @@ pub fn matmul_panel_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Bro
         Some((_, bc)) => format!("matmul_add_panel_rows{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
     };
     b.finish(name, "matmul", tasks, t, body)
+}
+
+/// The parameters of a panel matmul: `x`, `w`, `r`?, `out`.
+fn panel_params(b: &mut KernelBuilder, n: u64, w_elem: ElemType, addend: Option<Broadcast>) -> (u32, u32, Option<(u32, Broadcast)>, u32) {
+    assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
+    let x = b.param("x", ElemType::F32, false);
+    let w = b.param("w", w_elem, false);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    (x, w, addend, out)
 }
 
 /// Packs row-major `w[n, k]` (elements of `elem_size` bytes) into `[n/PANEL][k][PANEL]`.
