@@ -31,19 +31,25 @@ pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(
 }
 
 /// The task structure of the tiled block matmuls (`matmul_blocks.rs`,
-/// `matmul_int8.rs`): task `t` owns [`COLS_PER_TASK`] output columns, walked in
-/// column tiles of [`COL_TILE`]; each full tile runs `tile(b, rows, cols, r0, j0)`
+/// `matmul_int8.rs`): task `t` owns `cols_per_task` output columns, walked in
+/// column tiles of `col_tile`; each full tile runs `tile(b, rows, cols, r0, j0)`
 /// over row tiles (one row at decode, [`ROW_TILE`] in prefill) and a last single
 /// row, ragged last columns one output at a time. Returns the body, the task
 /// count and the task variable.
-pub(super) fn column_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, tile: &mut dyn FnMut(&mut KernelBuilder, i64, i64, VarId, VarId) -> Vec<Stmt>) -> (Vec<Stmt>, TaskCount, VarId) {
+pub(super) fn column_tasks(
+    b: &mut KernelBuilder,
+    n: u64,
+    seq: SeqMode,
+    (cols_per_task, col_tile): (u64, u64),
+    tile: &mut dyn FnMut(&mut KernelBuilder, i64, i64, VarId, VarId) -> Vec<Stmt>,
+) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, jb, j0, j, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let ni = n as i64;
     let row_tile = match seq {
         SeqMode::Fixed(1) => 1,
         _ => ROW_TILE as i64,
     };
-    let ct = COL_TILE as i64;
+    let ct = col_tile as i64;
     let full_rows = tile(b, row_tile, ct, r0, j0);
     let full_blocks = div(seq.expr(), i(row_tile));
     let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
@@ -61,14 +67,14 @@ pub(super) fn column_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, tile: &m
     let body = vec![for_(
         jb,
         i(0),
-        i((COLS_PER_TASK / COL_TILE) as i64),
+        i((cols_per_task / col_tile) as i64),
         vec![
-            set(j0, add(mul(v(t), i(COLS_PER_TASK as i64)), mul(v(jb), i(ct)))),
+            set(j0, add(mul(v(t), i(cols_per_task as i64)), mul(v(jb), i(ct)))),
             if_(lt(add(v(j0), i(ct - 1)), i(ni)), tiled),
             if_(lt(v(j0), i(ni)), vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(ct - 1)))), ragged)]),
         ],
     )];
-    (body, TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) }, t)
+    (body, TaskCount { per_seq: 0, fixed: n.div_ceil(cols_per_task) }, t)
 }
 
 /// A matmul kernel's name: `{stem}_{encoding}_k{k}_n{n}_{seq}`, with `_add` and

@@ -13,7 +13,7 @@ use maxrun::format::WeightEncoding;
 
 use super::dequant::{declare, WeightParams, BLOCK, HALF};
 use super::elementwise::Broadcast;
-use super::matmul::{column_tasks, epilogue, matmul_name, COLS_PER_TASK};
+use super::matmul::{column_tasks, epilogue, matmul_name, COLS_PER_TASK, COL_TILE};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -97,7 +97,7 @@ pub fn matmul_blocks(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Br
     let mut b = KernelBuilder::new();
     let (x, w, addend, out) = block_params(&mut b, encoding, k, addend);
     let ni = n as i64;
-    let (body, tasks, t) = column_tasks(&mut b, n, seq, &mut |b, rows, cols, r0, j0| tile(b, rows, cols, r0, j0, x, &w, out, ni, addend));
+    let (body, tasks, t) = column_tasks(&mut b, n, seq, (COLS_PER_TASK, COL_TILE), &mut |b, rows, cols, r0, j0| tile(b, rows, cols, r0, j0, x, &w, out, ni, addend));
     b.finish(matmul_name("matmul", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
 }
 
