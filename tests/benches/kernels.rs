@@ -1,0 +1,141 @@
+//! Criterion benches of the decode GEMVs at SmolLM2's gate/up shape (k = 576,
+//! n = 3072), compiled by LLVM for this machine and run on one thread, with the
+//! weights' bytes as throughput (so criterion reports GB/s): float32 row-major
+//! and panel-packed, q4_1 and q8_0 with float activations, and q4_1 / q8_0 with
+//! int8 activations (the quantization launch included). The weights (1-7 MB) stay
+//! in this machine's L3 cache between iterations, so these figures are the
+//! kernels' compute throughput, the ceiling under the memory-bound decode
+//! figures of `maxrun bench`.
+//!
+//! `cargo bench -p maxc-tests --bench kernels` (docs/performance.md has figures).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use maxc_codegen::{llvm::compile_shared, CpuTarget};
+use maxc_kernels::interp::Buffer;
+use maxc_kernels::library::matmul::matmul;
+use maxc_kernels::library::matmul_blocks::matmul_blocks;
+use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
+use maxc_kernels::library::matmul_panel::matmul_panel;
+use maxc_kernels::library::quantize_activations::quantize_q8;
+use maxc_kernels::library::SeqMode;
+use maxc_kernels::{ElemType, Kernel};
+use maxrun::code::LoadedCode;
+use maxrun::format::{DType, WeightEncoding};
+
+const K: u64 = 576;
+const N: u64 = 3072;
+
+/// Deterministic bytes for a buffer of `n` elements of `elem` (values do not
+/// matter to the speed; f32 / f16 ones are kept finite and small).
+fn buffer(elem: ElemType, n: usize) -> Buffer {
+    match elem {
+        ElemType::F32 => Buffer::F32((0..n).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0).collect()),
+        ElemType::F16 => Buffer::F16((0..n).map(|i| half::f16::from_f32(((i % 97) as f32) / 1000.0).to_bits()).collect()),
+        ElemType::BF16 => Buffer::BF16((0..n).map(|i| half::bf16::from_f32(((i % 97) as f32) / 1000.0).to_bits()).collect()),
+        ElemType::I8 => Buffer::I8((0..n).map(|i| (i * 31 % 255) as i8).collect()),
+        ElemType::U8 => Buffer::U8((0..n).map(|i| (i * 31 % 256) as u8).collect()),
+        ElemType::I32 => Buffer::I32(vec![0; n]),
+    }
+}
+
+/// The elements of a weight part in `encoding` for `[N, K]`.
+fn part_sizes(encoding: WeightEncoding) -> Vec<(ElemType, usize)> {
+    encoding
+        .parts()
+        .iter()
+        .enumerate()
+        .map(|(p, (_, dtype, _))| {
+            let elem = match dtype {
+                DType::F32 => ElemType::F32,
+                DType::F16 => ElemType::F16,
+                DType::BF16 => ElemType::BF16,
+                DType::I8 => ElemType::I8,
+                DType::U8 => ElemType::U8,
+                DType::I32 => ElemType::I32,
+            };
+            (elem, encoding.part_elems(p, &[N, K]).unwrap() as usize)
+        })
+        .collect()
+}
+
+/// One benchmark: a sequence of kernel launches over shared buffers.
+struct Case {
+    name: &'static str,
+    weight_bytes: u64,
+    /// (kernel, indices of its arguments in `buffers`)
+    launches: Vec<(Kernel, Vec<usize>)>,
+    buffers: Vec<Buffer>,
+}
+
+fn cases() -> Vec<Case> {
+    let seq = SeqMode::Fixed(1);
+    let (k, n) = (K as usize, N as usize);
+    let mut out = Vec::new();
+    out.push(Case {
+        name: "f32_row_major",
+        weight_bytes: N * K * 4,
+        launches: vec![(matmul(K, N, ElemType::F32, seq), vec![0, 1, 2])],
+        buffers: vec![buffer(ElemType::F32, k), buffer(ElemType::F32, n * k), buffer(ElemType::F32, n)],
+    });
+    out.push(Case {
+        name: "f32_panel16",
+        weight_bytes: N * K * 4,
+        launches: vec![(matmul_panel(K, N, ElemType::F32, None, seq), vec![0, 1, 2])],
+        buffers: vec![buffer(ElemType::F32, k), buffer(ElemType::F32, n * k), buffer(ElemType::F32, n)],
+    });
+    for encoding in [WeightEncoding::Q4_1, WeightEncoding::Q8_0] {
+        let parts = part_sizes(encoding);
+        let weight_bytes: u64 = parts.iter().map(|(e, n)| e.size() * *n as u64).sum();
+        // Float activations: x, parts, out.
+        let mut buffers = vec![buffer(ElemType::F32, k)];
+        buffers.extend(parts.iter().map(|&(e, n)| buffer(e, n)));
+        buffers.push(buffer(ElemType::F32, n));
+        let args: Vec<usize> = (0..buffers.len()).collect();
+        out.push(Case {
+            name: if encoding == WeightEncoding::Q4_1 { "q4_1_float_activations" } else { "q8_0_float_activations" },
+            weight_bytes,
+            launches: vec![(matmul_blocks(K, N, encoding, None, seq), args)],
+            buffers,
+        });
+        // Int8 activations: x -> (q, s), then q, s, parts, out.
+        let form = dot_form(encoding, K).unwrap();
+        let mut buffers = vec![buffer(ElemType::F32, k), buffer(ElemType::I8, k), buffer(ElemType::F32, 2 * k / 32)];
+        buffers.extend(parts.iter().map(|&(e, n)| buffer(e, n)));
+        buffers.push(buffer(ElemType::F32, n));
+        let matmul_args: Vec<usize> = (1..buffers.len()).collect();
+        out.push(Case {
+            name: if encoding == WeightEncoding::Q4_1 { "q4_1_int8_activations" } else { "q8_0_int8_activations" },
+            weight_bytes,
+            launches: vec![(quantize_q8(K, form, seq), vec![0, 1, 2]), (matmul_int8(K, N, encoding, None, seq), matmul_args)],
+            buffers,
+        });
+    }
+    out
+}
+
+fn gemv(c: &mut Criterion) {
+    let target = CpuTarget::host();
+    let mut group = c.benchmark_group(format!("gemv_k{K}_n{N}_1thread"));
+    for mut case in cases() {
+        let kernels: Vec<Kernel> = case.launches.iter().map(|(k, _)| k.clone()).collect();
+        let code = LoadedCode::load(&compile_shared(&kernels, &target).unwrap().shared_object).unwrap();
+        let fns: Vec<_> = case.launches.iter().map(|(k, _)| code.kernel(&k.name).unwrap()).collect();
+        let ptrs: Vec<*mut u8> = case.buffers.iter_mut().map(Buffer::as_mut_ptr).collect();
+        let tables: Vec<Vec<*mut u8>> = case.launches.iter().map(|(_, args)| args.iter().map(|&a| ptrs[a]).collect()).collect();
+        let tasks: Vec<u64> = case.launches.iter().map(|(k, _)| k.tasks.eval(1)).collect();
+        let dims = [1i64];
+        group.throughput(Throughput::Bytes(case.weight_bytes));
+        group.bench_function(case.name, |b| {
+            b.iter(|| {
+                for ((f, table), &t) in fns.iter().zip(&tables).zip(&tasks) {
+                    // SAFETY: each buffer is sized for its kernel's parameters at seq = 1.
+                    unsafe { f(table.as_ptr(), dims.as_ptr(), 0, t) };
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gemv);
+criterion_main!(benches);
