@@ -115,6 +115,20 @@ pub enum Expr {
     Select(Box<Expr>, Box<Expr>, Box<Expr>),
 }
 
+impl Expr {
+    /// Whether the expression reads variable `var`.
+    pub fn mentions(&self, var: VarId) -> bool {
+        match self {
+            Expr::Var(x) => *x == var,
+            Expr::F32(_) | Expr::I64(_) | Expr::Seq => false,
+            Expr::Load { index, .. } => index.mentions(var),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.mentions(var) || b.mentions(var),
+            Expr::Un(_, a) => a.mentions(var),
+            Expr::Select(c, a, b) => c.mentions(var) || a.mentions(var) || b.mentions(var),
+        }
+    }
+}
+
 /// How a backend should treat a loop.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LoopHint {

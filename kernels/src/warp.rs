@@ -174,14 +174,14 @@ fn multiple_of_vector(e: &Expr, aligned: &HashSet<VarId>) -> bool {
 /// `var + offset` with `offset` a multiple of [`VECTOR`] not depending on `var`.
 fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) -> bool {
     let access = |param: u32, index: &Expr| -> bool {
-        if param >= LOCAL_BASE || !mentions(index, var) {
+        if param >= LOCAL_BASE || !index.mentions(var) {
             return true;
         }
         match index {
             Expr::Var(x) => *x == var,
             Expr::Bin(BinOp::Add, a, b) => {
                 let is_var = |e: &Expr| matches!(e, Expr::Var(x) if *x == var);
-                (is_var(a) && !mentions(b, var) && multiple_of_vector(b, aligned)) || (is_var(b) && !mentions(a, var) && multiple_of_vector(a, aligned))
+                (is_var(a) && !b.mentions(var) && multiple_of_vector(b, aligned)) || (is_var(b) && !a.mentions(var) && multiple_of_vector(a, aligned))
             }
             _ => false,
         }
@@ -201,13 +201,6 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
         Stmt::If { cond, then } => expr_ok(cond, &access) && accesses_allow_vectors(then, var, aligned),
         Stmt::For { .. } | Stmt::DotBlock { .. } => false,
     })
-}
-
-/// Whether `e` reads variable `var`.
-pub fn mentions(e: &Expr, var: VarId) -> bool {
-    let mut n = 0;
-    count_expr(e, var, &mut n);
-    n > 0
 }
 
 fn scan(kernel: &Kernel, stmts: &[Stmt], reductions: &mut Vec<(VarId, BinOp)>, stores: &mut bool) -> bool {

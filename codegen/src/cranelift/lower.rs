@@ -499,7 +499,7 @@ impl VectorLoop {
             match s {
                 Stmt::Set { var: acc, value } if kernel.vars.get(*acc as usize) == Some(&ValType::F32) => {
                     let term = Self::sum_term(*acc, value)?;
-                    if reductions.contains(acc) || mentions(term, *acc) {
+                    if reductions.contains(acc) || term.mentions(*acc) {
                         return None;
                     }
                     reductions.push(*acc);
@@ -556,17 +556,6 @@ impl VectorLoop {
 }
 
 /// Whether `e` reads variable `v`.
-fn mentions(e: &Expr, v: VarId) -> bool {
-    match e {
-        Expr::Var(x) => *x == v,
-        Expr::F32(_) | Expr::I64(_) | Expr::Seq => false,
-        Expr::Load { index, .. } => mentions(index, v),
-        Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => mentions(a, v) || mentions(b, v),
-        Expr::Un(_, a) => mentions(a, v),
-        Expr::Select(c, a, b) => mentions(c, v) || mentions(a, v) || mentions(b, v),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -196,7 +196,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 // hold whole tasks); threads past the end return.
                 let sreg = |name: &str| -> Result<inkwell::values::IntValue<'ctx>, CodegenError> {
                     let i32t = self.context.i32_type();
-                    let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, i32t.fn_type(&[], false), None));
+                    let f = self.declared(name, i32t.fn_type(&[], false), None);
                     let call = self.builder.build_call(f, &[], "sreg").map_err(llvm_err)?;
                     let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("special registers return i32") };
                     let v = v.into_int_value();
@@ -227,10 +227,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         Ok(())
     }
 
+    /// The module's declaration of function `name` of type `ty`, added on first use
+    /// (NVVM and x86 intrinsics, libm).
+    fn declared(&self, name: &str, ty: inkwell::types::FunctionType<'ctx>, linkage: Option<Linkage>) -> FunctionValue<'ctx> {
+        self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, ty, linkage))
+    }
+
     /// An NVVM intrinsic taking and returning f32 (`llvm.nvvm.ex2.approx.f`, ...).
     fn nvvm(&self, name: &str, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
         let f32t = self.context.f32_type();
-        let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, f32t.fn_type(&[f32t.into()], false), None));
+        let f = self.declared(name, f32t.fn_type(&[f32t.into()], false), None);
         let call = self.builder.build_call(f, &[x.into()], "nvvm").map_err(llvm_err)?;
         let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("nvvm math returns f32") };
         Ok(v)
@@ -296,8 +302,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let v = self.expr(value)?;
                 let v: BasicValueEnum = match self.kernel.buffer(*param).expect("validated").elem {
                     ElemType::F32 => v,
-                    ElemType::I32 => self.builder.build_int_truncate(v.into_int_value(), self.context.i32_type(), "trunc").map_err(llvm_err)?.into(),
-                    ElemType::I8 => self.builder.build_int_truncate(v.into_int_value(), self.context.i8_type(), "trunc").map_err(llvm_err)?.into(),
+                    elem @ (ElemType::I32 | ElemType::I8) => self.builder.build_int_truncate(v.into_int_value(), self.elem(elem).into_int_type(), "trunc").map_err(llvm_err)?.into(),
                     ElemType::BF16 | ElemType::F16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*param, index)?;
@@ -495,7 +500,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let b = &self.builder;
             let (u, s) = (b.build_bit_cast(u, i32v, "u").map_err(llvm_err)?, b.build_bit_cast(s, i32v, "s").map_err(llvm_err)?);
             let name = "llvm.x86.avx512.vpdpbusd.512";
-            let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None));
+            let f = self.declared(name, i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None);
             let call = b.build_call(f, &[i32v.const_zero().into(), u.into(), s.into()], "dot").map_err(llvm_err)?;
             let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("vpdpbusd returns a vector") };
             v.into_vector_value()
@@ -562,7 +567,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// that LLVM's load/store vectorizer joins the chunk's accesses.
     fn mark_alignment(&self, inst: Option<InstructionValue<'ctx>>, param: u32, index: &Expr) -> Result<(), CodegenError> {
         let (Some(inst), Some((var, u))) = (inst, self.chunk_copy) else { return Ok(()) };
-        if param >= LOCAL_BASE || !maxc_kernels::warp::mentions(index, var) {
+        if param >= LOCAL_BASE || !index.mentions(var) {
             return Ok(());
         }
         let size = self.kernel.buffer(param).expect("validated").elem.size() as u32;
@@ -575,12 +580,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     fn task_barrier(&self) -> Result<(), CodegenError> {
         let i32t = self.context.i32_type();
         if self.shared.is_some() {
-            let f = self.module.get_function("llvm.nvvm.barrier0").unwrap_or_else(|| self.module.add_function("llvm.nvvm.barrier0", self.context.void_type().fn_type(&[], false), None));
+            let f = self.declared("llvm.nvvm.barrier0", self.context.void_type().fn_type(&[], false), None);
             self.builder.build_call(f, &[], "").map_err(llvm_err)?;
         } else {
-            let sync = self.module.get_function("llvm.nvvm.bar.warp.sync").unwrap_or_else(|| {
-                self.module.add_function("llvm.nvvm.bar.warp.sync", self.context.void_type().fn_type(&[i32t.into()], false), None)
-            });
+            let sync = self.declared("llvm.nvvm.bar.warp.sync", self.context.void_type().fn_type(&[i32t.into()], false), None);
             self.builder.build_call(sync, &[i32t.const_all_ones().into()], "").map_err(llvm_err)?;
         }
         Ok(())
@@ -631,9 +634,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     fn warp_reduce(&self, r: VarId, op: BinOp) -> Result<inkwell::values::FloatValue<'ctx>, CodegenError> {
         let (f32t, i32t) = (self.context.f32_type(), self.context.i32_type());
         let name = "llvm.nvvm.shfl.sync.bfly.f32";
-        let shfl = self.module.get_function(name).unwrap_or_else(|| {
-            self.module.add_function(name, f32t.fn_type(&[i32t.into(), f32t.into(), i32t.into(), i32t.into()], false), None)
-        });
+        let shfl = self.declared(name, f32t.fn_type(&[i32t.into(), f32t.into(), i32t.into(), i32t.into()], false), None);
         let mut x = self.builder.build_load(f32t, self.slots[r as usize], "partial").map_err(llvm_err)?.into_float_value();
         let mut offset = maxc_kernels::warp::WARP as u64 / 2;
         while offset > 0 {
@@ -693,21 +694,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         v
     }
 
+    /// An LLVM intrinsic overloaded on its first argument's type, with fast-math flags.
     fn intrinsic(&self, name: &str, args: &[BasicValueEnum<'ctx>]) -> Result<BasicValueEnum<'ctx>, CodegenError> {
-        let intr = Intrinsic::find(name).ok_or_else(|| CodegenError::Llvm(format!("no intrinsic {name}")))?;
-        let types: Vec<BasicTypeEnum> = vec![args[0].get_type()];
-        let f = intr.get_declaration(self.module, &types).ok_or_else(|| CodegenError::Llvm(format!("no declaration for {name}")))?;
-        let args: Vec<_> = args.iter().map(|a| (*a).into()).collect();
-        let call = self.builder.build_call(f, &args, "call").map_err(llvm_err)?;
-        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else {
-            return Err(CodegenError::Llvm(format!("{name} returns nothing")));
-        };
-        Ok(self.fast(v))
+        Ok(self.fast(self.intrinsic_typed(name, args, &[args[0].get_type()])?))
     }
 
     fn libm(&self, name: &str, x: BasicValueEnum<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
         let f32t = self.context.f32_type();
-        let f = self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, f32t.fn_type(&[f32t.into()], false), Some(Linkage::External)));
+        let f = self.declared(name, f32t.fn_type(&[f32t.into()], false), Some(Linkage::External));
         let call = self.builder.build_call(f, &[x.into()], name).map_err(llvm_err)?;
         match call.try_as_basic_value() {
             inkwell::values::ValueKind::Basic(v) => Ok(v),

@@ -322,21 +322,10 @@ impl Scheduler<'_, '_, '_> {
             return Ok(q);
         }
         let x = self.input(v)?;
-        let rows = if self.one_row { 1 } else { self.max_seq };
-        let at = self.launches.len();
-        let (levels, scales) = (self.buffers.len() as u32, self.buffers.len() as u32 + 1);
         // i8 levels; f32 scales (every block's d, then every d * sum).
-        self.buffers.push(BufferInfo { bytes: rows * k, def: at, last_use: at });
-        self.buffers.push(BufferInfo { bytes: rows * 2 * (k / 32) * 4, def: at, last_use: at });
-        let kernel = quantize_q8(k, form, seq);
-        let (mut tasks, mut written) = (kernel.tasks, TaskCount { per_seq: 2 * (k / 32), fixed: 0 });
-        if self.one_row {
-            tasks = TaskCount { per_seq: 0, fixed: tasks.eval(1) };
-            written = TaskCount { per_seq: 0, fixed: written.eval(1) };
-        }
-        let args = vec![x, Arg::Buffer(levels), Arg::Buffer(scales)];
-        self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written });
-        let q = (Arg::Buffer(levels), Arg::Buffer(scales));
+        let scale_elems = 2 * (k / 32);
+        let outputs = self.launch_outputs(quantize_q8(k, form, seq), vec![x], &[k, scale_elems * 4], TaskCount { per_seq: scale_elems, fixed: 0 });
+        let q = (outputs[0], outputs[1]);
         self.quantized.insert((v.index(), form), q);
         Ok(q)
     }
@@ -360,6 +349,34 @@ impl Scheduler<'_, '_, '_> {
         Ok(Some(self.launch(kernel, args, n)))
     }
 
+    /// `x @ w^T` (plus `addend`, broadcast as given) for a weight `w`: the int8
+    /// form when enabled, else the kernel for the weight's encoding and layout,
+    /// with its GPU form recorded where the CPU one suits vector registers.
+    fn weight_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Arg> {
+        if let Some(out) = self.int8_matmul(x, w, addend, seq)? {
+            return Ok(out);
+        }
+        let ty = self.graph.ty(w);
+        let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
+        let (quant, bc) = (ty.quant, addend.map(|(_, bc)| bc));
+        let layout = self.matmul_layout(w);
+        let after: Vec<ValueId> = addend.map(|(r, _)| r).into_iter().collect();
+        let args = self.weight_args(&[x], w, &after, layout)?;
+        let (kernel, gpu_form) = match layout {
+            _ if quant.is_block() && self.weights.row_major_only => (matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq), None),
+            _ if quant.is_block() => (matmul_blocks(k, n, quant.encoding(), bc, seq), Some(matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq))),
+            Layout::Panel16 => (matmul_panel(k, n, elem_of(quant), bc, seq), Some(matmul_panel_rowwise(k, n, elem_of(quant), bc, seq))),
+            Layout::RowMajor => match bc {
+                None => (matmul(k, n, elem_of(quant), seq), None),
+                Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),
+            },
+        };
+        if let Some(gpu) = gpu_form {
+            self.kernels.set_gpu_form(&kernel, gpu);
+        }
+        Ok(self.launch(kernel, args, n))
+    }
+
     fn inputs(&mut self, vs: &[ValueId]) -> Result<Vec<Arg>> {
         vs.iter().map(|&v| self.input(v)).collect()
     }
@@ -378,20 +395,30 @@ impl Scheduler<'_, '_, '_> {
     }
 
     /// Like [`Scheduler::launch`] for an output of `written` elements (e.g. one pooled row).
-    fn launch_rows(&mut self, kernel: Kernel, mut args: Vec<Arg>, width: u64, written: TaskCount) -> Arg {
-        let b = self.buffers.len() as u32;
+    fn launch_rows(&mut self, kernel: Kernel, args: Vec<Arg>, width: u64, written: TaskCount) -> Arg {
+        self.launch_outputs(kernel, args, &[width * 4], written)[0]
+    }
+
+    /// Appends a launch of `kernel` on `args` plus one new output buffer per entry
+    /// of `bytes_per_row` (bytes per token), in order; `written` counts the f32
+    /// elements of the last one.
+    fn launch_outputs(&mut self, kernel: Kernel, mut args: Vec<Arg>, bytes_per_row: &[u64], written: TaskCount) -> Vec<Arg> {
         let at = self.launches.len();
         // A one-row value (the last token's, in a last-row plan) needs one row.
         let rows = if self.one_row { 1 } else { self.max_seq };
-        self.buffers.push(BufferInfo { bytes: rows * width * 4, def: at, last_use: at });
-        args.push(Arg::Buffer(b));
+        let mut outputs = Vec::with_capacity(bytes_per_row.len());
+        for &bytes in bytes_per_row {
+            outputs.push(Arg::Buffer(self.buffers.len() as u32));
+            self.buffers.push(BufferInfo { bytes: rows * bytes, def: at, last_use: at });
+        }
+        args.extend(&outputs);
         let (mut tasks, mut written) = (kernel.tasks, written);
         if self.one_row {
             tasks = TaskCount { per_seq: 0, fixed: tasks.eval(1) };
             written = TaskCount { per_seq: 0, fixed: written.eval(1) };
         }
         self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written });
-        Arg::Buffer(b)
+        outputs
     }
 }
 
@@ -516,52 +543,15 @@ fn schedule_impl<'g>(
                 };
                 s.launch(kernel, args, hidden)
             }
-            Op::MatMul => {
+            Op::MatMul | Op::MatMulAdd => {
                 if !s.interp.is_constant(node.inputs[1]) {
                     return Err(unsupported("a matmul whose right operand is not a weight".into()));
                 }
-                if let Some(out) = s.int8_matmul(node.inputs[0], node.inputs[1], None, seq)? {
-                    s.loc[id.index()] = Some(out);
-                    continue;
-                }
-                let w = graph.ty(node.inputs[1]);
-                let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
-                let layout = s.matmul_layout(node.inputs[1]);
-                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &[], layout)?;
-                let (kernel, gpu_form) = match layout {
-                    _ if w.quant.is_block() && s.weights.row_major_only => (matmul_blocks_rowwise(k, n, w.quant.encoding(), None, seq), None),
-                    _ if w.quant.is_block() => (matmul_blocks(k, n, w.quant.encoding(), None, seq), Some(matmul_blocks_rowwise(k, n, w.quant.encoding(), None, seq))),
-                    Layout::Panel16 => (matmul_panel(k, n, elem_of(w.quant), None, seq), Some(matmul_panel_rowwise(k, n, elem_of(w.quant), None, seq))),
-                    Layout::RowMajor => (matmul(k, n, elem_of(w.quant), seq), None),
-                };
-                if let Some(gpu) = gpu_form {
-                    s.kernels.set_gpu_form(&kernel, gpu);
-                }
-                s.launch(kernel, args, n)
-            }
-            Op::MatMulAdd => {
-                if !s.interp.is_constant(node.inputs[1]) {
-                    return Err(unsupported("a matmul whose right operand is not a weight".into()));
-                }
-                let w = graph.ty(node.inputs[1]);
-                let (n, k) = (static_dim(w.shape[0]), static_dim(w.shape[1]));
-                let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
-                if let Some(out) = s.int8_matmul(node.inputs[0], node.inputs[1], Some((node.inputs[2], bc)), seq)? {
-                    s.loc[id.index()] = Some(out);
-                    continue;
-                }
-                let layout = s.matmul_layout(node.inputs[1]);
-                let args = s.weight_args(&node.inputs[..1], node.inputs[1], &node.inputs[2..], layout)?;
-                let (kernel, gpu_form) = match layout {
-                    _ if w.quant.is_block() && s.weights.row_major_only => (matmul_blocks_rowwise(k, n, w.quant.encoding(), Some(bc), seq), None),
-                    _ if w.quant.is_block() => (matmul_blocks(k, n, w.quant.encoding(), Some(bc), seq), Some(matmul_blocks_rowwise(k, n, w.quant.encoding(), Some(bc), seq))),
-                    Layout::Panel16 => (matmul_panel(k, n, elem_of(w.quant), Some(bc), seq), Some(matmul_panel_rowwise(k, n, elem_of(w.quant), Some(bc), seq))),
-                    Layout::RowMajor => (matmul_add(k, n, bc, elem_of(w.quant), seq), None),
-                };
-                if let Some(gpu) = gpu_form {
-                    s.kernels.set_gpu_form(&kernel, gpu);
-                }
-                s.launch(kernel, args, n)
+                let addend = (node.op == Op::MatMulAdd).then(|| {
+                    let bc = if graph.ty(node.inputs[2]).shape.len() == 1 { Broadcast::Row } else { Broadcast::None };
+                    (node.inputs[2], bc)
+                });
+                s.weight_matmul(node.inputs[0], node.inputs[1], addend, seq)?
             }
             Op::SwiGlu => {
                 let w = out_width()?;
