@@ -309,6 +309,29 @@ mod tests {
         }
     }
 
+    /// Launch arguments in the arena must start 16-byte aligned (GPU kernels use
+    /// 16-byte vector accesses from a buffer's start), and a kernel's GPU threads
+    /// per task must be 1, a warp or four warps; anything else is corrupt.
+    #[test]
+    fn misaligned_arena_arguments_and_odd_thread_counts_are_refused() {
+        use crate::format::*;
+        let mesh = DeviceMesh { kind: DeviceKind::Cpu, ordinals: vec![0, 1] };
+        let with = |offset: u64, threads: u32| {
+            move |h: &mut Header| {
+                h.kernels = vec![KernelEntry { symbol: "k".into(), family: "copy".into(), num_params: 1, backend: "llvm".into(), gpu_threads_per_task: threads }];
+                let launch = Launch { kernel: 0, args: vec![BufferRef::Arena { offset }], tasks: TaskCount { per_seq: 0, fixed: 1 }, output_elems: TaskCount { per_seq: 0, fixed: 0 } };
+                h.sub_models[0].decode.launches = vec![launch];
+            }
+        };
+        for (offset, threads) in [(16, 1), (0, 32), (48, 128)] {
+            assert!(mesh_artifact_with(mesh.clone(), with(offset, threads)).is_ok(), "offset {offset}, {threads} threads");
+        }
+        for (offset, threads, what) in [(8, 1, "argument"), (4, 32, "argument"), (0, 64, "threads per task"), (0, 0, "threads per task")] {
+            let e = mesh_artifact_with(mesh.clone(), with(offset, threads)).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(what), "offset {offset}, {threads} threads: {e}");
+        }
+    }
+
     /// A GPU mesh on a CPU-only runner (or any runner here: no GPU) is refused
     /// with the mesh named; a build without `cuda` names the missing feature
     /// (scripts/test.sh runs this test in both builds).

@@ -30,6 +30,9 @@ pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(
     }
 }
 
+/// Builds one register tile: `(builder, rows, cols, first row, first column)`.
+pub(super) type TileBuilder<'t> = dyn FnMut(&mut KernelBuilder, i64, i64, VarId, VarId) -> Vec<Stmt> + 't;
+
 /// The task structure of the tiled block matmuls (`matmul_blocks.rs`,
 /// `matmul_int8.rs`): task `t` owns `cols_per_task` output columns, walked in
 /// column tiles of `col_tile`; each full tile runs `tile(b, rows, cols, r0, j0)`
@@ -41,7 +44,7 @@ pub(super) fn column_tasks(
     n: u64,
     seq: SeqMode,
     (cols_per_task, col_tile): (u64, u64),
-    tile: &mut dyn FnMut(&mut KernelBuilder, i64, i64, VarId, VarId) -> Vec<Stmt>,
+    tile: &mut TileBuilder<'_>,
 ) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, jb, j0, j, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let ni = n as i64;
