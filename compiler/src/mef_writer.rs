@@ -219,6 +219,10 @@ fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant:
         let size = e.parts[0].len() / (n * k);
         e.parts[0] = maxc_kernels::library::matmul_panel::pack_panels(&e.parts[0], n, k, size);
     }
+    if slot.layout == crate::schedule::Layout::Interleaved16 {
+        let (n, k) = (slot.shape[0] as usize, slot.shape[1] as usize);
+        e.parts = maxc_kernels::library::dequant::interleave_rows(slot.encoding.encoding(), &e.parts, n, k);
+    }
     Ok(e)
 }
 

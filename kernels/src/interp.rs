@@ -105,7 +105,7 @@ fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
                 collect_loops(body, out);
             }
             Stmt::If { then, .. } => collect_loops(then, out),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => {}
         }
     }
 }
@@ -137,6 +137,16 @@ fn run_impl(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end: u64
 }
 
 impl Machine<'_> {
+    /// Byte `at` of byte parameter `param`, as a signed (I8) or unsigned (U8) number.
+    fn byte(&self, param: u32, at: i64) -> i64 {
+        let (value, len) = match &self.bufs[param as usize] {
+            Buffer::I8(b) => (b.get(at as usize).map(|&x| x as i64), b.len()),
+            Buffer::U8(b) => (b.get(at as usize).map(|&x| x as i64), b.len()),
+            _ => unreachable!("dot operands are bytes (validated)"),
+        };
+        value.unwrap_or_else(|| panic!("kernel `{}`: dot reads byte {at} of {len} bytes", self.kernel.name))
+    }
+
     fn block(&mut self, stmts: &[Stmt]) {
         for s in stmts {
             match s {
@@ -188,17 +198,10 @@ impl Machine<'_> {
                 Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => {
                     let scales = [self.eval(&scales[0]).f(), self.eval(&scales[1]).f()];
                     let (w0, a0) = (self.eval(w_start).i(), self.eval(act_start).i());
-                    let byte = |param: u32, at: i64| -> i64 {
-                        match &self.bufs[param as usize] {
-                            Buffer::I8(b) => *b.get(at as usize).unwrap_or_else(|| panic!("kernel `{}`: dot reads byte {at} of {} bytes", self.kernel.name, b.len())) as i64,
-                            Buffer::U8(b) => *b.get(at as usize).unwrap_or_else(|| panic!("kernel `{}`: dot reads byte {at} of {} bytes", self.kernel.name, b.len())) as i64,
-                            _ => unreachable!("dot operands are bytes (validated)"),
-                        }
-                    };
-                    let w = |i: i64| byte(*weights, w0 + i);
+                    let w = |i: i64| self.byte(*weights, w0 + i);
                     let sums: Vec<f32> = (0..DOT_LANES)
                         .map(|g| {
-                            let dot: i64 = (4 * g..4 * g + 4).map(|i| form.level(&w, i) * byte(*act, a0 + i)).sum();
+                            let dot: i64 = (4 * g..4 * g + 4).map(|i| form.level(&w, i) * self.byte(*act, a0 + i)).sum();
                             scales[form.block_of_lane(g)] * dot as f32
                         })
                         .collect();
@@ -206,6 +209,15 @@ impl Machine<'_> {
                     for (g, x) in sums.into_iter().enumerate() {
                         a[g] += x;
                     }
+                }
+                Stmt::DotRows { out, weights, w_start, form, act, act_start } => {
+                    let (w0, a0) = (self.eval(w_start).i(), self.eval(act_start).i());
+                    let w = |at: i64| self.byte(*weights, w0 + at);
+                    let sums: Vec<f32> = (0..DOT_LANES)
+                        .map(|g| (0..RowsForm::VALUES).map(|t| form.level(&w, g, t) * self.byte(*act, a0 + t)).sum::<i64>() as f32)
+                        .collect();
+                    let Buffer::F32(o) = &mut self.locals[(*out - LOCAL_BASE) as usize] else { unreachable!("locals are f32") };
+                    o[..sums.len()].copy_from_slice(&sums);
                 }
             }
         }

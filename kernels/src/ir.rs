@@ -155,6 +155,69 @@ pub enum Stmt {
     /// at `w_start` (two blocks of 32 values); `A` the signed bytes of `act`.
     /// `acc` is a local of at least `DOT_LANES` elements.
     DotBlock { acc: u32, scales: [Expr; 2], weights: u32, w_start: Expr, form: DotForm, act: u32, act_start: Expr },
+    /// The int8 dot products of one block of 32 values of [`DOT_LANES`] weight rows
+    /// stored interleaved (layout `interleaved16`, see [`RowsForm`]) with one block
+    /// of activations (VNNI on x86: one `vpdpbusd` per 4 values of all 16 rows,
+    /// the activations broadcast): for row `g` in `0..DOT_LANES`,
+    /// `out[g] = sum over t in 0..32 of W[g][t] * A[act_start + t]` as f32, the
+    /// sum in exact integers. `W[g][t]` is `form`'s unsigned level of row `g`,
+    /// value `t`, in the bytes of `weights` at `w_start`; `A` the signed bytes of
+    /// `act`. `out` is a local of at least `DOT_LANES` elements (overwritten).
+    DotRows { out: u32, weights: u32, w_start: Expr, form: RowsForm, act: u32, act_start: Expr },
+}
+
+/// How a [`Stmt::DotRows`] finds the unsigned level `W[g][t]` (row `g` in
+/// `0..16`, value `t` in `0..32`) in the `16 * bytes per block` bytes `w` of one
+/// block of 16 interleaved rows: in chunks of 64 bytes, each chunk holding four
+/// values of every row (row `g` in bytes `4g..4g + 4`), so one 512-bit load
+/// feeds one dot step of all 16 rows.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RowsForm {
+    /// Q4_0 / Q4_1 levels: `W[g][t]` is the low nibble of byte
+    /// `64 (t / 8) + 4 g + t % 4` for `t % 8 < 4`, else its high nibble (4 chunks).
+    Nibbles,
+    /// Byte levels: `W[g][t]` is byte `64 (t / 4) + 4 g + t % 4` read as unsigned
+    /// (8 chunks; Q8_0 stores `q + 128`).
+    Bytes,
+}
+
+impl RowsForm {
+    /// Values of one row per block.
+    pub const VALUES: i64 = 32;
+
+    /// Byte index (within the block of 16 rows) holding `W[g][t]`, and whether it
+    /// is the high nibble.
+    pub fn byte_of(self, g: i64, t: i64) -> (i64, bool) {
+        match self {
+            RowsForm::Nibbles => (64 * (t / 8) + 4 * g + t % 4, t % 8 >= 4),
+            RowsForm::Bytes => (64 * (t / 4) + 4 * g + t % 4, false),
+        }
+    }
+
+    /// `W[g][t]` from the bytes `w` of the block.
+    pub fn level(self, w: &dyn Fn(i64) -> i64, g: i64, t: i64) -> i64 {
+        let (at, high) = self.byte_of(g, t);
+        let byte = w(at) as u8;
+        match (self, high) {
+            (RowsForm::Nibbles, false) => (byte & 15) as i64,
+            (RowsForm::Nibbles, true) => (byte >> 4) as i64,
+            (RowsForm::Bytes, _) => byte as i64,
+        }
+    }
+
+    /// Bytes of one block of 16 rows.
+    pub fn bytes(self) -> i64 {
+        match self {
+            RowsForm::Nibbles => 256,
+            RowsForm::Bytes => 512,
+        }
+    }
+
+    /// 64-byte chunks of one block of 16 rows (dot steps per chunk: 2 for
+    /// nibbles, low then high, 1 for bytes).
+    pub fn chunks(self) -> i64 {
+        self.bytes() / 64
+    }
 }
 
 /// Lanes of a [`Stmt::DotBlock`] accumulator (one 512-bit register of i32 / f32).
@@ -390,6 +453,20 @@ impl Kernel {
                         if self.type_of(e)? != ValType::F32 {
                             return Err("dot scales must be f32".into());
                         }
+                    }
+                    if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
+                        return Err("dot starts must be i64".into());
+                    }
+                }
+                Stmt::DotRows { out, weights, w_start, form: _, act, act_start } => {
+                    if *out < LOCAL_BASE || self.locals.get((out - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
+                        return Err(format!("dot output {out} is not a local of {DOT_LANES} elements"));
+                    }
+                    let w_elem = self.buffer(*weights).filter(|_| *weights < LOCAL_BASE).ok_or(format!("dot weights {weights} is not a parameter"))?.elem;
+                    let a_elem = self.buffer(*act).filter(|_| *act < LOCAL_BASE).ok_or(format!("dot activations {act} is not a parameter"))?.elem;
+                    // Weight bytes are read as unsigned whatever the part's declared type.
+                    if !matches!(w_elem, ElemType::U8 | ElemType::I8) || a_elem != ElemType::I8 {
+                        return Err(format!("row dots take byte weights and I8 activations, got {w_elem:?} and {a_elem:?}"));
                     }
                     if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
                         return Err("dot starts must be i64".into());

@@ -227,6 +227,9 @@ impl Artifact {
             let layout_ok = match w.layout.as_str() {
                 "row_major" => true,
                 "panel16" => float && w.shape.len() == 2 && w.shape[0] % 16 == 0,
+                "interleaved16" => {
+                    matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1) && w.shape.len() == 2 && w.shape[0] % 16 == 0 && w.shape[1] % 32 == 0
+                }
                 _ => false,
             };
             if !layout_ok {

@@ -258,8 +258,10 @@ pub struct WeightEntry {
     pub part: String,
     /// The element type of this part.
     pub dtype: DType,
-    /// How the elements are ordered: `row_major`, or `panel16` (a float matrix
-    /// `[n, k]` stored as `[n/16][k][16]` for the panel matmul; see docs/mef.md).
+    /// How the elements are ordered: `row_major`, `panel16` (a float matrix
+    /// `[n, k]` stored as `[n/16][k][16]` for the panel matmul), or
+    /// `interleaved16` (Q8_0 / Q4_0 / Q4_1 blocks of 16 rows stored together for
+    /// the int8 matmul); see docs/mef.md.
     pub layout: String,
     /// The logical shape of the whole tensor (the last axis is the one blocks run along).
     pub shape: Vec<u64>,
@@ -271,7 +273,7 @@ pub struct WeightEntry {
 }
 
 /// Element orders a weight may have.
-pub const LAYOUTS: [&str; 2] = ["row_major", "panel16"];
+pub const LAYOUTS: [&str; 3] = ["row_major", "panel16", "interleaved16"];
 
 /// How many elements of a part each logical row of `cols` values has.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

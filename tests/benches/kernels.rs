@@ -2,7 +2,8 @@
 //! n = 3072), compiled by LLVM for this machine and run on one thread, with the
 //! weights' bytes as throughput (so criterion reports GB/s): float32 row-major
 //! and panel-packed, q4_1 and q8_0 with float activations, and q4_1 / q8_0 with
-//! int8 activations (the quantization launch included). The weights (1-7 MB) stay
+//! int8 activations (the quantization launch included), row-major and
+//! interleaved by 16 rows. The weights (1-7 MB) stay
 //! in this machine's L3 cache between iterations, so these figures are the
 //! kernels' compute throughput, the ceiling under the memory-bound decode
 //! figures of `maxrun bench`.
@@ -14,7 +15,9 @@ use maxc_codegen::{llvm::compile_shared, CpuTarget};
 use maxc_kernels::interp::Buffer;
 use maxc_kernels::library::matmul::matmul;
 use maxc_kernels::library::matmul_blocks::matmul_blocks;
+use maxc_kernels::ir::DotForm;
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
+use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::matmul_panel;
 use maxc_kernels::library::quantize_activations::quantize_q8;
 use maxc_kernels::library::SeqMode;
@@ -106,7 +109,14 @@ fn cases() -> Vec<Case> {
         out.push(Case {
             name: if encoding == WeightEncoding::Q4_1 { "q4_1_int8_activations" } else { "q8_0_int8_activations" },
             weight_bytes,
-            launches: vec![(quantize_q8(K, form, seq), vec![0, 1, 2]), (matmul_int8(K, N, encoding, None, seq), matmul_args)],
+            launches: vec![(quantize_q8(K, form, seq), vec![0, 1, 2]), (matmul_int8(K, N, encoding, None, seq), matmul_args.clone())],
+            buffers: buffers.clone(),
+        });
+        // The same with weights interleaved by 16 rows (activations in natural order).
+        out.push(Case {
+            name: if encoding == WeightEncoding::Q4_1 { "q4_1_int8_interleaved16" } else { "q8_0_int8_interleaved16" },
+            weight_bytes,
+            launches: vec![(quantize_q8(K, DotForm::Int8, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq), matmul_args)],
             buffers,
         });
     }

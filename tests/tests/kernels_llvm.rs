@@ -7,15 +7,17 @@ use maxc_kernels::interp::{run, Buffer};
 use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
 use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
-use maxc_kernels::library::embedding::embedding;
+use maxc_kernels::library::embedding::{embedding, embedding_in};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
+use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::matmul_panel;
 use maxc_kernels::library::quantize_activations::quantize_q8;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::SeqMode;
+use maxc_kernels::ir::DotForm;
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
 use maxrun::format::WeightEncoding;
@@ -103,6 +105,25 @@ fn cases() -> Vec<Case> {
             let form = dot_form(encoding, k).unwrap();
             v.push(Case { kernel: quantize_q8(k, form, seq), sizes: vec![s * k as usize, s * k as usize, s * 2 * k as usize / 32], int_max: 1, seq: s as u64, tol: 1e-6 });
         }
+        // Weights interleaved by 16 rows (DotRows): 48 columns are one full task
+        // and a last single panel; k = 96 is three blocks. Their tables gathered.
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
+            let (k, n) = (96u64, 48u64);
+            let parts: Vec<usize> = (0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize).collect();
+            for addend in [None, Some(Broadcast::None)] {
+                let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
+                sizes.extend(&parts);
+                if addend.is_some() {
+                    sizes.push(s * n as usize);
+                }
+                sizes.push(s * n as usize);
+                v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+            }
+            let mut sizes = parts.clone();
+            sizes.extend([s, s * k as usize]);
+            v.push(Case { kernel: embedding_in(n, k, encoding, true, seq), sizes, int_max: n as i32, seq: s as u64, tol: 0.0 });
+        }
+        v.push(Case { kernel: quantize_q8(96, DotForm::Int8, seq), sizes: vec![s * 96, s * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: layer_norm(40, 1e-5, seq), sizes: vec![s * 40, 40, 40, s * 40], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -290,6 +311,9 @@ fn avx512_kernels_prefer_512_bit_vectors() {
 #[test]
 fn int8_dots_use_vnni_where_the_target_has_it() {
     let k = vec![matmul_int8(256, 16, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
+    let rows = vec![matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
+    let vnni = maxc_codegen::llvm::emit_llvm_ir(&rows, &CpuTarget::parse("cpu:x86-64-v4+avx512vnni").unwrap()).unwrap();
+    assert!(vnni.contains("@llvm.x86.avx512.vpdpbusd.512"), "no vpdpbusd for interleaved rows with avx512vnni");
     let vnni = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4+avx512vnni").unwrap()).unwrap();
     assert!(vnni.contains("@llvm.x86.avx512.vpdpbusd.512"), "no vpdpbusd with avx512vnni");
     let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();

@@ -130,6 +130,7 @@ impl Lowering<'_, '_> {
                     }
                 }
                 Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
+                Stmt::DotRows { out, weights, w_start, form, act, act_start } => self.dot_rows(*out, (*weights, w_start), *form, (*act, act_start))?,
                 Stmt::For { var, start, end, body, hint } => {
                     let (lo, hi) = (self.expr(start)?, self.expr(end)?);
                     let plan = if *hint == LoopHint::Vectorize { VectorLoop::analyze(self.kernel, *var, body) } else { None };
@@ -187,6 +188,34 @@ impl Lowering<'_, '_> {
             let old = self.b.ins().load(types::F32, flags, acc_base, (4 * g) as i32);
             let new = self.b.ins().fadd(old, scaled);
             self.b.ins().store(flags, new, acc_base, (4 * g) as i32);
+        }
+        Ok(())
+    }
+
+    /// A [`Stmt::DotRows`] in scalar code: per row, 32 unsigned levels (bytes or
+    /// nibbles, as `form` places them) times signed activation bytes, summed in
+    /// i32, converted and stored to the output local.
+    fn dot_rows(&mut self, out: u32, (weights, w_start): (u32, &Expr), form: RowsForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+        let flags = MemFlagsData::trusted();
+        let w_base = self.address(weights, w_start)?;
+        let a_base = self.address(act, act_start)?;
+        let out_base = self.locals[(out - LOCAL_BASE) as usize];
+        for g in 0..DOT_LANES {
+            let mut sum = self.b.ins().iconst(types::I32, 0);
+            for t in 0..RowsForm::VALUES {
+                let (at, high) = form.byte_of(g, t);
+                let byte = self.b.ins().uload8(types::I32, flags, w_base, at as i32);
+                let w = match (form, high) {
+                    (RowsForm::Nibbles, false) => self.b.ins().band_imm_u(byte, 15),
+                    (RowsForm::Nibbles, true) => self.b.ins().ushr_imm_u(byte, 4),
+                    (RowsForm::Bytes, _) => byte,
+                };
+                let a = self.b.ins().sload8(types::I32, flags, a_base, t as i32);
+                let p = self.b.ins().imul(w, a);
+                sum = self.b.ins().iadd(sum, p);
+            }
+            let f = self.b.ins().fcvt_from_sint(types::F32, sum);
+            self.b.ins().store(flags, f, out_base, (4 * g) as i32);
         }
         Ok(())
     }
@@ -259,7 +288,7 @@ impl Lowering<'_, '_> {
                     let addr = self.address(*param, index)?;
                     self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 }
-                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
+                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
             }
         }
         let i = self.b.use_var(v);

@@ -311,6 +311,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
             Stmt::For { .. } => self.lower_loop(s, None)?,
             Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
+            Stmt::DotRows { out, weights, w_start, form, act, act_start } => self.dot_rows(*out, (*weights, w_start), *form, (*act, act_start))?,
             Stmt::If { cond, then } => {
                 let c = self.expr(cond)?.into_int_value();
                 let then_bb = self.context.append_basic_block(self.function, "then");
@@ -472,19 +473,17 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Ok(v.into_vector_value())
         };
         let splat8 = |x: u64, n: u32| inkwell::types::VectorType::const_vector(&vec![i8t.const_int(x, false); n as usize]);
-        let indices = |f: &dyn Fn(u32) -> u32, n: u32| inkwell::types::VectorType::const_vector(&(0..n).map(|i| i32t.const_int(f(i) as u64, false)).collect::<Vec<_>>());
         let w = match form {
             DotForm::Int8 => load(byte_vec(values), w_ptr, 1)?,
             DotForm::NibblePairs => {
                 let packed = load(byte_vec(values / 2), w_ptr, 1)?;
                 let low = b.build_and(packed, splat8(15, values / 2), "low").map_err(llvm_err)?;
                 let high = b.build_right_shift(packed, splat8(4, values / 2), false, "high").map_err(llvm_err)?;
-                b.build_shuffle_vector(low, high, indices(&|i| i, values), "levels").map_err(llvm_err)?
+                b.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, values), "levels").map_err(llvm_err)?
             }
         };
         let a = load(byte_vec(values), a_ptr, 1)?;
         let vnni = matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni());
-        let i32v = i32t.vec_type(lanes);
         let sums = if vnni {
             let (u, s) = match form {
                 DotForm::NibblePairs => (w, a),
@@ -497,13 +496,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     (abs, signed)
                 }
             };
-            let b = &self.builder;
-            let (u, s) = (b.build_bit_cast(u, i32v, "u").map_err(llvm_err)?, b.build_bit_cast(s, i32v, "s").map_err(llvm_err)?);
-            let name = "llvm.x86.avx512.vpdpbusd.512";
-            let f = self.declared(name, i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None);
-            let call = b.build_call(f, &[i32v.const_zero().into(), u.into(), s.into()], "dot").map_err(llvm_err)?;
-            let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("vpdpbusd returns a vector") };
-            v.into_vector_value()
+            self.vpdpbusd(u, s)?
         } else {
             let wide = i32t.vec_type(values);
             let ww = match form {
@@ -512,15 +505,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             };
             let aw = b.build_int_s_extend(a, wide, "a32").map_err(llvm_err)?;
             let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
-            let mut sum: Option<inkwell::values::VectorValue<'ctx>> = None;
-            for t in 0..4 {
-                let part = b.build_shuffle_vector(products, products, indices(&|g| 4 * g + t, lanes), "part").map_err(llvm_err)?;
-                sum = Some(match sum {
-                    None => part,
-                    Some(s) => b.build_int_add(s, part, "sum").map_err(llvm_err)?,
-                });
-            }
-            sum.expect("four parts")
+            self.sum_fours(products)?
         };
         let b = &self.builder;
         let f32v = f32t.vec_type(lanes);
@@ -528,7 +513,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let pair = f32t.vec_type(2).get_undef();
         let pair = b.build_insert_element(pair, scale_a, i32t.const_zero(), "scale_a").map_err(llvm_err)?;
         let pair = b.build_insert_element(pair, scale_b, i32t.const_int(1, false), "scale_b").map_err(llvm_err)?;
-        let scale = b.build_shuffle_vector(pair, pair, indices(&|g| form.block_of_lane(g as i64) as u32, lanes), "scales").map_err(llvm_err)?;
+        let scale = b.build_shuffle_vector(pair, pair, shuffle_mask(self.context, &|g| form.block_of_lane(g as i64) as u32, lanes), "scales").map_err(llvm_err)?;
         let old = b.build_load(f32v, acc_ptr, "acc").map_err(llvm_err)?;
         old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
         let scaled = self.fast(b.build_float_mul(sums, scale, "scaled").map_err(llvm_err)?.into());
@@ -536,6 +521,91 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let st = b.build_store(acc_ptr, new).map_err(llvm_err)?;
         st.set_alignment(4).map_err(llvm_err)?;
         Ok(())
+    }
+
+    /// A [`Stmt::DotRows`] as vector code: per 64-byte chunk of levels (16 rows x
+    /// 4 values; nibbles give two, low and high), one dot step against the four
+    /// activation bytes of those values broadcast to all 16 rows: VNNI
+    /// `vpdpbusd` into one i32 accumulator where the target has it (levels are
+    /// unsigned, activations signed, as the instruction wants), otherwise widened
+    /// multiplies and a sum of each lane's four products; then converted to f32
+    /// and stored to the output local.
+    fn dot_rows(&mut self, out: u32, (weights, w_start): (u32, &Expr), form: RowsForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+        let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
+        let lanes = DOT_LANES as u32;
+        let i32v = i32t.vec_type(lanes);
+        let vnni = matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni());
+        let mut acc = i32v.const_zero();
+        for c in 0..form.chunks() {
+            let w_ptr = self.element_ptr(weights, &Expr::Bin(BinOp::Add, Box::new(w_start.clone()), Box::new(Expr::I64(64 * c))))?;
+            let chunk = self.byte_load(i8t.vec_type(64), w_ptr)?;
+            // (levels, first activation value) of each dot step of this chunk.
+            let steps = match form {
+                RowsForm::Bytes => vec![(chunk, 4 * c)],
+                RowsForm::Nibbles => {
+                    let b = &self.builder;
+                    let splat = |x: u64| inkwell::types::VectorType::const_vector(&[i8t.const_int(x, false); 64]);
+                    let low = b.build_and(chunk, splat(15), "low").map_err(llvm_err)?;
+                    let high = b.build_right_shift(chunk, splat(4), false, "high").map_err(llvm_err)?;
+                    vec![(low, 8 * c), (high, 8 * c + 4)]
+                }
+            };
+            for (levels, first) in steps {
+                let a_ptr = self.element_ptr(act, &Expr::Bin(BinOp::Add, Box::new(act_start.clone()), Box::new(Expr::I64(first))))?;
+                let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
+                let b = &self.builder;
+                let broadcast = b.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
+                let sums = if vnni {
+                    self.vpdpbusd(levels, broadcast)?
+                } else {
+                    let wide = i32t.vec_type(64);
+                    let b = &self.builder;
+                    let w = b.build_int_z_extend(levels, wide, "w32").map_err(llvm_err)?;
+                    let a = b.build_int_s_extend(broadcast, wide, "a32").map_err(llvm_err)?;
+                    let products = b.build_int_mul(w, a, "products").map_err(llvm_err)?;
+                    self.sum_fours(products)?
+                };
+                acc = self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)?;
+            }
+        }
+        let b = &self.builder;
+        let as_f32 = b.build_signed_int_to_float(acc, self.context.f32_type().vec_type(lanes), "dots").map_err(llvm_err)?;
+        let st = b.build_store(self.locals[(out - LOCAL_BASE) as usize], as_f32).map_err(llvm_err)?;
+        st.set_alignment(4).map_err(llvm_err)?;
+        Ok(())
+    }
+
+    /// A vector of bytes loaded from `ptr` (no alignment assumed).
+    fn byte_load(&self, ty: inkwell::types::VectorType<'ctx>, ptr: PointerValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let v = self.builder.build_load(ty, ptr, "bytes").map_err(llvm_err)?;
+        v.as_instruction_value().expect("a load").set_alignment(1).map_err(llvm_err)?;
+        Ok(v.into_vector_value())
+    }
+
+    /// VNNI `vpdpbusd` from zero: 16 i32 lanes, lane `g` the sum of the products of
+    /// unsigned bytes `4g..4g + 4` of `u` with the signed bytes of `s`.
+    fn vpdpbusd(&self, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let i32v = self.context.i32_type().vec_type(DOT_LANES as u32);
+        let b = &self.builder;
+        let (u, s) = (b.build_bit_cast(u, i32v, "u").map_err(llvm_err)?, b.build_bit_cast(s, i32v, "s").map_err(llvm_err)?);
+        let f = self.declared("llvm.x86.avx512.vpdpbusd.512", i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None);
+        let call = b.build_call(f, &[i32v.const_zero().into(), u.into(), s.into()], "dot").map_err(llvm_err)?;
+        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("vpdpbusd returns a vector") };
+        Ok(v.into_vector_value())
+    }
+
+    /// `<64 x i32>` products -> 16 lanes, lane `g` the sum of products `4g..4g + 4`.
+    fn sum_fours(&self, products: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let b = &self.builder;
+        let mut sum: Option<inkwell::values::VectorValue<'ctx>> = None;
+        for t in 0..4 {
+            let part = b.build_shuffle_vector(products, products, shuffle_mask(self.context, &|g| 4 * g + t, DOT_LANES as u32), "part").map_err(llvm_err)?;
+            sum = Some(match sum {
+                None => part,
+                Some(s) => b.build_int_add(s, part, "sum").map_err(llvm_err)?,
+            });
+        }
+        Ok(sum.expect("four parts"))
     }
 
     /// An overloaded intrinsic with explicit overload types.
@@ -913,4 +983,10 @@ fn set_fast(inst: InstructionValue<'_>) {
         let flags = FastMathFlags::AllowReassoc | FastMathFlags::AllowContract | FastMathFlags::NoSignedZeros;
         inst.set_fast_math_flags(flags).expect("checked can_use_fast_math_flags");
     }
+}
+
+/// A constant `<n x i32>` shuffle mask with element `i` equal to `f(i)`.
+fn shuffle_mask<'ctx>(context: &'ctx Context, f: &dyn Fn(u32) -> u32, n: u32) -> inkwell::values::VectorValue<'ctx> {
+    let i32t = context.i32_type();
+    inkwell::types::VectorType::const_vector(&(0..n).map(|i| i32t.const_int(f(i) as u64, false)).collect::<Vec<_>>())
 }

@@ -12,9 +12,12 @@ use std::collections::HashMap;
 use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
 use maxc_kernels::library::copy::{last_row, slice_columns};
 use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
-use maxc_kernels::library::embedding::{embedding, embedding_range};
+use maxc_kernels::ir::DotForm;
+use maxc_kernels::library::dequant::rows_form;
+use maxc_kernels::library::embedding::{embedding_in, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
+use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::quantize_activations::quantize_q8;
 use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
@@ -65,6 +68,9 @@ pub enum Layout {
     RowMajor,
     /// `[n/16][k][16]` for `matmul_panel` (float encodings, `n` a multiple of 16).
     Panel16,
+    /// Blocks of 16 rows interleaved for `matmul_interleaved` (Q8_0, Q4_0, Q4_1
+    /// with int8 activations; `maxc_kernels::library::dequant::rows_form`).
+    Interleaved16,
 }
 
 impl Layout {
@@ -72,6 +78,16 @@ impl Layout {
         match self {
             Layout::RowMajor => "row_major",
             Layout::Panel16 => "panel16",
+            Layout::Interleaved16 => "interleaved16",
+        }
+    }
+
+    /// The suffix of a weight's name in this layout (one tensor may be stored in several).
+    fn suffix(self) -> &'static str {
+        match self {
+            Layout::RowMajor => "",
+            Layout::Panel16 => "@panel16",
+            Layout::Interleaved16 => "@x16",
         }
     }
 }
@@ -88,9 +104,7 @@ impl WeightSlot {
         if let Some(sh) = shard {
             name.push_str(&format!("@shard{}/{}", sh.index, sh.devices));
         }
-        if layout == Layout::Panel16 {
-            name.push_str("@panel16");
-        }
+        name.push_str(layout.suffix());
         encoding
             .encoding()
             .parts()
@@ -257,7 +271,7 @@ struct Scheduler<'g, 'i, 'w> {
     /// The node being scheduled works on one row (the last token), with fixed task counts.
     one_row: bool,
     /// Int8 activations already computed: (value, form) -> (levels, scales).
-    quantized: HashMap<(usize, maxc_kernels::ir::DotForm), (Arg, Arg)>,
+    quantized: HashMap<(usize, DotForm), (Arg, Arg)>,
 }
 
 /// Arena bytes of a scratch buffer with `per_token` f32 per token of the step.
@@ -300,15 +314,24 @@ impl Scheduler<'_, '_, '_> {
         Ok(args)
     }
 
-    /// The weight-layout decision: a float matmul weight whose rows come in whole
-    /// panels, and that nothing reads row by row (a tied embedding table does), is
-    /// packed for `matmul_panel`, unless the artifact has GPU code only.
-    fn matmul_layout(&self, w: ValueId) -> Layout {
+    /// The weight-layout decision, one per weight for every kernel that reads it:
+    /// with int8 activations, a Q8_0 / Q4_0 / Q4_1 weight whose rows come in whole
+    /// groups of 16 is interleaved for `matmul_interleaved` (a tied embedding table
+    /// too: the gather reads that layout, unless the table is sharded by rows); a
+    /// float matmul weight whose rows come in whole panels, and that nothing reads
+    /// row by row, is packed for `matmul_panel`; never in GPU-only artifacts.
+    fn weight_layout(&self, w: ValueId) -> Layout {
         let ty = self.graph.ty(w);
-        let n = ty.shape.first().and_then(|d| d.fixed()).unwrap_or(0);
+        let dim = |i: usize| ty.shape.get(i).and_then(|d| d.fixed()).unwrap_or(0);
+        let (n, k) = (dim(0), dim(1));
         let float = !ty.quant.is_block();
-        let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
-        if float && n > 0 && n.is_multiple_of(PANEL) && !gathered && !self.weights.row_major_only {
+        let gathers: Vec<&crate::graph::Node> = self.graph.nodes.iter().filter(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w)).collect();
+        let sharded_gather = matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. }) && !gathers.is_empty();
+        if self.weights.row_major_only || ty.shape.len() != 2 {
+            Layout::RowMajor
+        } else if self.weights.int8_activations && !float && rows_form(ty.quant.encoding(), n, k).is_some() && !sharded_gather {
+            Layout::Interleaved16
+        } else if float && n > 0 && n.is_multiple_of(PANEL) && gathers.is_empty() {
             Layout::Panel16
         } else {
             Layout::RowMajor
@@ -317,7 +340,7 @@ impl Scheduler<'_, '_, '_> {
 
     /// Value `v` (`k` wide) quantized to int8 per block in `form`'s order: one
     /// `quantize_q8` launch per value and form, shared by every matmul reading it.
-    fn int8_activations(&mut self, v: ValueId, k: u64, form: maxc_kernels::ir::DotForm, seq: SeqMode) -> Result<(Arg, Arg)> {
+    fn int8_activations(&mut self, v: ValueId, k: u64, form: DotForm, seq: SeqMode) -> Result<(Arg, Arg)> {
         if let Some(&q) = self.quantized.get(&(v.index(), form)) {
             return Ok(q);
         }
@@ -331,21 +354,26 @@ impl Scheduler<'_, '_, '_> {
     }
 
     /// The int8-activation form of a matmul of `x` with block weight `w` (plus
-    /// `addend`), when enabled and the encoding has integer levels.
+    /// `addend`), when enabled and the encoding has integer levels: the
+    /// interleaved kernel where the weight has that layout, else block dots.
     fn int8_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Option<Arg>> {
         let ty = self.graph.ty(w);
         let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
-        let form = match (self.weights.int8_activations && ty.quant.is_block(), maxc_kernels::library::matmul_int8::dot_form(ty.quant.encoding(), k)) {
-            (true, Some(form)) => form,
+        if !(self.weights.int8_activations && ty.quant.is_block()) {
+            return Ok(None);
+        }
+        let (encoding, bc) = (ty.quant.encoding(), addend.map(|(_, bc)| bc));
+        let (form, layout, kernel) = match (self.weight_layout(w), maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
+            (Layout::Interleaved16, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq)),
+            (_, Some(form)) => (form, Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
             _ => return Ok(None),
         };
         let (q, scales) = self.int8_activations(x, k, form, seq)?;
         let mut args = vec![q, scales];
-        args.extend(self.weight_parts_in(w, Layout::RowMajor)?);
+        args.extend(self.weight_parts_in(w, layout)?);
         if let Some((r, _)) = addend {
             args.push(self.input(r)?);
         }
-        let kernel = maxc_kernels::library::matmul_int8::matmul_int8(k, n, ty.quant.encoding(), addend.map(|(_, bc)| bc), seq);
         Ok(Some(self.launch(kernel, args, n)))
     }
 
@@ -359,7 +387,7 @@ impl Scheduler<'_, '_, '_> {
         let ty = self.graph.ty(w);
         let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
         let (quant, bc) = (ty.quant, addend.map(|(_, bc)| bc));
-        let layout = self.matmul_layout(w);
+        let layout = self.weight_layout(w);
         let after: Vec<ValueId> = addend.map(|(r, _)| r).into_iter().collect();
         let args = self.weight_args(&[x], w, &after, layout)?;
         let (kernel, gpu_form) = match layout {
@@ -370,6 +398,7 @@ impl Scheduler<'_, '_, '_> {
                 None => (matmul(k, n, elem_of(quant), seq), None),
                 Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),
             },
+            Layout::Interleaved16 => unreachable!("interleaved weights are read by the int8 matmul (int8_matmul)"),
         };
         if let Some(gpu) = gpu_form {
             self.kernels.set_gpu_form(&kernel, gpu);
@@ -535,11 +564,12 @@ fn schedule_impl<'g>(
             Op::Embedding => {
                 let t = graph.ty(node.inputs[0]);
                 let (vocab, hidden) = (static_dim(t.shape[0]), static_dim(t.shape[1]));
-                let args = s.weight_args(&[], node.inputs[0], &node.inputs[1..], Layout::RowMajor)?;
+                let layout = s.weight_layout(node.inputs[0]);
+                let args = s.weight_args(&[], node.inputs[0], &node.inputs[1..], layout)?;
                 let kernel = match (&graph.node(node.inputs[0]).op, t.placement) {
                     (Op::Weight { shard: Some(sh), .. }, _) if sh.axis == 0 => embedding_range(vocab, sh.index as u64 * vocab, hidden, t.quant.encoding(), seq),
                     (_, crate::graph::Placement::Sharded { .. }) => return Err(unsupported("a sharded embedding table that is not a checkpoint weight".into())),
-                    _ => embedding(vocab, hidden, t.quant.encoding(), seq),
+                    _ => embedding_in(vocab, hidden, t.quant.encoding(), layout == Layout::Interleaved16, seq),
                 };
                 s.launch(kernel, args, hidden)
             }
@@ -743,7 +773,7 @@ fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v:
             let bits: String = values.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
             let mut slot = WeightSlot::plain(format!("const.{}", short_hash(&bits)), shape, WeightData::Values(values));
             if layout == Layout::Panel16 {
-                slot.name.push_str("@panel16");
+                slot.name.push_str(layout.suffix());
                 slot.layout = layout;
             }
             vec![slot]

@@ -33,13 +33,83 @@ pub struct WeightParams {
     pub encoding: WeightEncoding,
     pub parts: Vec<u32>,
     pub cols: i64,
+    /// Stored in layout `interleaved16` (blocks of 16 rows, see [`rows_form`]).
+    pub interleaved: Option<RowsForm>,
+}
+
+/// Rows of one interleaved block group (layout `interleaved16`).
+pub const INTERLEAVED_ROWS: i64 = DOT_LANES;
+
+/// The [`RowsForm`] of an encoding stored in layout `interleaved16` (docs/mef.md):
+/// Q8_0 (bytes `q + 128`), Q4_0 and Q4_1 (nibbles); every block of 32 values of 16
+/// consecutive rows is stored together, levels in the form's chunks, then scales
+/// (and minimums) as `[rows / 16][blocks][16]`. `None` for other encodings or
+/// shapes (`rows` not a multiple of 16).
+pub fn rows_form(encoding: WeightEncoding, rows: u64, cols: u64) -> Option<RowsForm> {
+    if !rows.is_multiple_of(INTERLEAVED_ROWS as u64) || !cols.is_multiple_of(BLOCK as u64) {
+        return None;
+    }
+    match encoding {
+        WeightEncoding::Q8_0 => Some(RowsForm::Bytes),
+        WeightEncoding::Q4_0 | WeightEncoding::Q4_1 => Some(RowsForm::Nibbles),
+        _ => None,
+    }
+}
+
+/// Reorders the row-major parts of a `[rows, cols]` weight in a block encoding
+/// into layout `interleaved16` (see [`rows_form`]); `parts` in the encoding's order.
+pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize, cols: usize) -> Vec<Vec<u8>> {
+    let form = rows_form(encoding, rows as u64, cols as u64).unwrap_or_else(|| panic!("{} [{rows}, {cols}] has no interleaved layout", encoding.name()));
+    let (g16, nb) = (INTERLEAVED_ROWS as usize, cols / BLOCK as usize);
+    let row_bytes = form.bytes() as usize / g16;
+    parts
+        .iter()
+        .enumerate()
+        .map(|(p, bytes)| {
+            let mut out = vec![0u8; bytes.len()];
+            if p == 0 {
+                // Levels: row r's block b (row_bytes bytes) spread over the group's chunks.
+                for r in 0..rows {
+                    for blk in 0..nb {
+                        let src = &bytes[(r * nb + blk) * row_bytes..][..row_bytes];
+                        let base = ((r / g16) * nb + blk) * form.bytes() as usize;
+                        for t in 0..BLOCK {
+                            let level = match form {
+                                // Row-major nibbles: value t of a block in byte t % 16, high nibble from 16.
+                                RowsForm::Nibbles => (src[(t % HALF) as usize] >> (4 * (t / HALF))) & 15,
+                                RowsForm::Bytes => src[t as usize] ^ 0x80,
+                            };
+                            let (at, high) = form.byte_of((r % g16) as i64, t);
+                            out[base + at as usize] |= if high { level << 4 } else { level };
+                        }
+                    }
+                }
+            } else {
+                // Per-block scalars (scales, minimums): [rows / 16][blocks][16].
+                let size = bytes.len() / (rows * nb);
+                for r in 0..rows {
+                    for blk in 0..nb {
+                        let dst = (((r / g16) * nb + blk) * g16 + r % g16) * size;
+                        out[dst..dst + size].copy_from_slice(&bytes[(r * nb + blk) * size..][..size]);
+                    }
+                }
+            }
+            out
+        })
+        .collect()
 }
 
 /// Declares the parameters of weight `name` with `cols` values per row.
 pub fn declare(b: &mut KernelBuilder, name: &str, encoding: WeightEncoding, cols: u64) -> WeightParams {
     assert_eq!(cols % encoding.block(), 0, "{name}: {cols} columns are not whole {} blocks", encoding.name());
     let parts = encoding.parts().iter().map(|(part, dtype, _)| b.param(&format!("{name}.{part}"), elem_of(*dtype), false)).collect();
-    WeightParams { encoding, parts, cols: cols as i64 }
+    WeightParams { encoding, parts, cols: cols as i64, interleaved: None }
+}
+
+/// Like [`declare`] for a weight `[rows, cols]` stored in layout `interleaved16`.
+pub fn declare_interleaved(b: &mut KernelBuilder, name: &str, encoding: WeightEncoding, rows: u64, cols: u64) -> WeightParams {
+    let form = rows_form(encoding, rows, cols).unwrap_or_else(|| panic!("{name}: {} [{rows}, {cols}] has no interleaved layout", encoding.name()));
+    WeightParams { interleaved: Some(form), ..declare(b, name, encoding, cols) }
 }
 
 /// The fp8 e4m3fn code `code` (an i64 in 0..256) as f32: exponent bias 7, three
@@ -70,7 +140,13 @@ impl WeightParams {
     /// The scale of block `blk` of `row`, and its additive minimum if the encoding has one.
     pub fn block_scale(&self, row: Expr, blk: Expr) -> (Expr, Option<Expr>) {
         let nb = self.blocks_per_row();
-        let block_index = || add(mul(row.clone(), i(nb)), blk.clone());
+        let block_index = || match self.interleaved {
+            None => add(mul(row.clone(), i(nb)), blk.clone()),
+            Some(_) => {
+                let g = INTERLEAVED_ROWS;
+                add(mul(add(mul(div(row.clone(), i(g)), i(nb)), blk.clone()), i(g)), rem(row.clone(), i(g)))
+            }
+        };
         match self.encoding {
             WeightEncoding::Q8_0 => (ld(self.part("scales"), block_index()), None),
             // q - 8 folded into the minimum: scale * (q - 8) = scale * q - 8 * scale.
@@ -122,6 +198,9 @@ impl WeightParams {
 
     /// The value at (`row`, `col`), decoded.
     pub fn value(&self, row: Expr, col: Expr) -> Expr {
+        if let Some(form) = self.interleaved {
+            return self.interleaved_value(form, row, col);
+        }
         match self.encoding {
             WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => {
                 ld(self.part("values"), add(mul(row, i(self.cols)), col))
@@ -137,6 +216,36 @@ impl WeightParams {
                     None => mul(scale, q),
                 }
             }
+        }
+    }
+}
+
+impl WeightParams {
+    /// [`WeightParams::value`] in layout `interleaved16`.
+    fn interleaved_value(&self, form: RowsForm, row: Expr, col: Expr) -> Expr {
+        let g = INTERLEAVED_ROWS;
+        let blk = div(col.clone(), i(BLOCK));
+        let t = rem(col, i(BLOCK));
+        let lane = rem(row.clone(), i(g));
+        let group_block = add(mul(div(row.clone(), i(g)), i(self.blocks_per_row())), blk.clone());
+        // RowsForm::byte_of with variable (row, t).
+        let (chunk_values, within) = match form {
+            RowsForm::Nibbles => (8, add(mul(div(t.clone(), i(8)), i(64)), add(mul(lane, i(4)), rem(t.clone(), i(4))))),
+            RowsForm::Bytes => (4, add(mul(div(t.clone(), i(4)), i(64)), add(mul(lane, i(4)), rem(t.clone(), i(4))))),
+        };
+        let byte = ld(self.part("quants"), add(mul(group_block, i(form.bytes())), within));
+        let q = match form {
+            RowsForm::Nibbles => {
+                let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(chunk_values))));
+                to_f32(select(high, shr(byte.clone(), i(4)), and(byte, i(15))))
+            }
+            // q + 128 stored in a signed byte: (byte & 255) - 128.
+            RowsForm::Bytes => to_f32(sub(and(byte, i(255)), i(128))),
+        };
+        let (scale, min) = self.block_scale(row, blk);
+        match min {
+            Some(m) => add(mul(scale, q), m),
+            None => mul(scale, q),
         }
     }
 }

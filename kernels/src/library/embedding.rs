@@ -3,7 +3,7 @@
 
 use maxrun::format::WeightEncoding;
 
-use super::dequant::declare;
+use super::dequant::{declare, declare_interleaved};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -13,8 +13,14 @@ use crate::ir::*;
 /// Ids are clamped into the vocabulary so that a bad id cannot read out of bounds
 /// (the runtime rejects such ids before running).
 pub fn embedding(vocab: u64, hidden: u64, encoding: WeightEncoding, seq: SeqMode) -> Kernel {
+    embedding_in(vocab, hidden, encoding, false, seq)
+}
+
+/// [`embedding`] of a table stored in layout `interleaved16` when `interleaved`
+/// (a tied lm_head packed for `matmul_interleaved`).
+pub fn embedding_in(vocab: u64, hidden: u64, encoding: WeightEncoding, interleaved: bool, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
-    let table = declare(&mut b, "table", encoding, hidden);
+    let table = if interleaved { declare_interleaved(&mut b, "table", encoding, vocab, hidden) } else { declare(&mut b, "table", encoding, hidden) };
     let ids = b.param("ids", ElemType::I32, false);
     let out = b.param("out", ElemType::F32, true);
     let (t, row, col) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
@@ -23,7 +29,7 @@ pub fn embedding(vocab: u64, hidden: u64, encoding: WeightEncoding, seq: SeqMode
         set(row, min(max(ld(ids, v(t)), i(0)), i(vocab as i64 - 1))),
         for_vec(col, i(0), i(h), vec![store(out, add(mul(v(t), i(h)), v(col)), table.value(v(row), v(col)))]),
     ];
-    let enc = encoding.name();
+    let enc = format!("{}{}", encoding.name(), if interleaved { "_x16" } else { "" });
     b.finish(format!("embedding_{enc}_v{vocab}_h{hidden}_{}", seq.tag()), "embedding", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
@@ -63,6 +69,28 @@ mod tests {
         ];
         run(&k, &mut bufs, 2);
         assert_eq!(bufs[2], Buffer::F32(vec![20.0, 21.0, 0.0, 1.0]));
+    }
+
+    /// A table in layout `interleaved16` gathers the same rows as the row-major one.
+    #[test]
+    fn interleaved_tables_gather_the_same_rows() {
+        use crate::library::dequant::interleave_rows;
+        use crate::library::test_util::*;
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
+            let (vocab, hidden) = (32usize, 64usize);
+            let parts = random_parts(encoding, vocab, hidden, 3);
+            let bytes: Vec<Vec<u8>> = parts.iter().map(buffer_bytes).collect();
+            let packed: Vec<Buffer> = interleave_rows(encoding, &bytes, vocab, hidden).iter().zip(&parts).map(|(p, like)| buffer_from_bytes(like, p)).collect();
+            let ids = Buffer::I32(vec![0, 17, 31, 5, 16]);
+            let gather = |interleaved: bool, table: &[Buffer]| {
+                let mut bufs = table.to_vec();
+                bufs.push(ids.clone());
+                bufs.push(Buffer::F32(vec![f32::NAN; 5 * hidden]));
+                run(&embedding_in(vocab as u64, hidden as u64, encoding, interleaved, SeqMode::Dynamic), &mut bufs, 5);
+                bufs.pop().unwrap()
+            };
+            assert_eq!(gather(true, &packed), gather(false, &parts), "{}", encoding.name());
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! each broadcast activation `PANELS_PER_TASK`.
 
 use super::elementwise::Broadcast;
-use super::matmul::{epilogue, float_suffix};
+use super::matmul::{epilogue, float_suffix, TileBuilder};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -65,24 +65,21 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
     body
 }
 
-/// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements `w_elem`),
-/// plus `r` broadcast as given when `addend` is set. `n` must be a multiple of
-/// [`PANEL`]. Params: `x`, `w`, `r`?, `out`.
-pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
-    let mut b = KernelBuilder::new();
-    let (x, w, addend, out) = panel_params(&mut b, n, w_elem, addend);
+/// The task structure of the panel-shaped matmuls (this file's and
+/// `matmul_interleaved.rs`): task `t` owns `panels_per_task` panels of [`PANEL`]
+/// output columns (`n` a multiple of [`PANEL`]); `tile(b, rows, panels, r0, p0)`
+/// runs over row tiles of `row_tile` (one row at decode) and a last row at a time;
+/// a last task with fewer panels takes them one at a time. Returns the body, the
+/// task count and the task variable.
+pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, (panels_per_task, row_tile): (i64, i64), tile: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, p0, pp, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let (ki, ni) = (k as i64, n as i64);
     let panels_total = (n / PANEL) as i64;
     let row_tile = match seq {
         SeqMode::Fixed(1) => 1,
-        _ => ROW_TILE,
+        _ => row_tile,
     };
-    let bufs = (x, w, out);
-    let ppt = PANELS_PER_TASK as i64;
-    // Full tasks: PANELS_PER_TASK panels at once; a last odd panel alone.
-    let rows_loop = |b: &mut KernelBuilder, panels: i64, p: VarId| -> Vec<Stmt> {
-        let full = tile(b, row_tile, panels, r0, p, bufs, (ki, ni), addend);
+    let mut rows_loop = |b: &mut KernelBuilder, panels: i64, p: VarId| -> Vec<Stmt> {
+        let full = tile(b, row_tile, panels, r0, p);
         let blocks = div(seq.expr(), i(row_tile));
         let mut s = vec![for_(rb, i(0), blocks.clone(), {
             let mut v_ = vec![set(r0, mul(v(rb), i(row_tile)))];
@@ -90,24 +87,31 @@ pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>,
             v_
         })];
         if row_tile > 1 {
-            let tail = tile(b, 1, panels, r0, p, bufs, (ki, ni), addend);
+            let tail = tile(b, 1, panels, r0, p);
             s.push(for_(r0, mul(blocks, i(row_tile)), seq.expr(), tail));
         }
         s
     };
-    let both = rows_loop(&mut b, ppt, p0);
-    let single = rows_loop(&mut b, 1, pp);
+    let all = rows_loop(b, panels_per_task, p0);
+    let single = rows_loop(b, 1, pp);
     let body = vec![
-        set(p0, mul(v(t), i(ppt))),
-        if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(p0), i(ppt))), Box::new(i(panels_total))), both),
-        if_(lt(v(p0), i(panels_total)), vec![if_(lt(i(panels_total), add(v(p0), i(ppt))), {
-            let mut s = vec![];
-            // The leftover panels one at a time.
-            s.push(for_(pp, v(p0), i(panels_total), single));
-            s
-        })]),
+        set(p0, mul(v(t), i(panels_per_task))),
+        if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(p0), i(panels_per_task))), Box::new(i(panels_total))), all),
+        // The leftover panels one at a time.
+        if_(lt(v(p0), i(panels_total)), vec![if_(lt(i(panels_total), add(v(p0), i(panels_per_task))), vec![for_(pp, v(p0), i(panels_total), single)])]),
     ];
-    let tasks = TaskCount { per_seq: 0, fixed: (n / PANEL).div_ceil(PANELS_PER_TASK) };
+    (body, TaskCount { per_seq: 0, fixed: (panels_total as u64).div_ceil(panels_per_task as u64) }, t)
+}
+
+/// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements `w_elem`),
+/// plus `r` broadcast as given when `addend` is set. `n` must be a multiple of
+/// [`PANEL`]. Params: `x`, `w`, `r`?, `out`.
+pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let (x, w, addend, out) = panel_params(&mut b, n, w_elem, addend);
+    let (ki, ni) = (k as i64, n as i64);
+    let bufs = (x, w, out);
+    let (body, tasks, t) = panel_tasks(&mut b, n, seq, (PANELS_PER_TASK as i64, ROW_TILE), &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend));
     let enc = float_suffix(w_elem);
     let name = match addend {
         None => format!("matmul_panel{enc}_k{k}_n{n}_{}", seq.tag()),

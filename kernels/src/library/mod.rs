@@ -12,6 +12,7 @@ pub mod embedding;
 pub mod matmul;
 pub mod matmul_blocks;
 pub mod matmul_int8;
+pub mod matmul_interleaved;
 pub mod matmul_panel;
 pub mod quantize_activations;
 pub mod rms_norm;
@@ -84,6 +85,28 @@ pub(crate) mod test_util {
                 }
             })
             .collect()
+    }
+
+    /// The little-endian bytes of a buffer (as the artifact stores them).
+    pub fn buffer_bytes(b: &Buffer) -> Vec<u8> {
+        match b {
+            Buffer::I8(v) => v.iter().map(|&x| x as u8).collect(),
+            Buffer::U8(v) => v.clone(),
+            Buffer::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Buffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            other => panic!("no bytes for {other:?}"),
+        }
+    }
+
+    /// A buffer of `like`'s element type from little-endian `bytes`.
+    pub fn buffer_from_bytes(like: &Buffer, bytes: &[u8]) -> Buffer {
+        match like {
+            Buffer::I8(_) => Buffer::I8(bytes.iter().map(|&x| x as i8).collect()),
+            Buffer::U8(_) => Buffer::U8(bytes.to_vec()),
+            Buffer::F16(_) => Buffer::F16(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()),
+            Buffer::F32(_) => Buffer::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            other => panic!("no bytes for {other:?}"),
+        }
     }
 
     pub fn close(a: &[f32], b: &[f32], tol: f32) {

@@ -19,7 +19,11 @@ const TINY: f32 = 1e-30;
 
 /// One task per row: `x: f32[seq, k]` -> `q: i8[seq, k]`, `s: f32[seq, 2 k / 32]`.
 pub fn quantize_q8(k: u64, form: DotForm, seq: SeqMode) -> Kernel {
-    assert_eq!(k % DOT_VALUES as u64, 0, "int8 activations need whole pairs of blocks ({k} values)");
+    let whole = match form {
+        DotForm::Int8 => BLOCK,
+        DotForm::NibblePairs => DOT_VALUES,
+    };
+    assert_eq!(k % whole as u64, 0, "int8 activations in {form:?} order need whole {whole}-value groups ({k} values)");
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
     let q = b.param("q", ElemType::I8, true);

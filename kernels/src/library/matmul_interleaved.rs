@@ -1,0 +1,164 @@
+//! Matmul / GEMV of int8-quantized activations with block weights stored
+//! interleaved by 16 rows (layout `interleaved16`: Q8_0, Q4_0, Q4_1; see
+//! [`super::dequant::rows_form`]), as llama.cpp's repacked CPU kernels compute:
+//! each 64-byte load of levels holds four values of 16 output rows, multiplied by
+//! four activation bytes broadcast to every row (`Stmt::DotRows`, VNNI
+//! `vpdpbusd` on x86). The 16 rows' sums of a block come out in 16 lanes, so a
+//! block costs one conversion and one multiply-add by the 16 rows' scales (one
+//! contiguous load of f16): no horizontal sums, no per-row scale broadcasts.
+//!
+//! Inputs are [`super::quantize_activations::quantize_q8`]'s outputs in natural
+//! order ([`DotForm::Int8`]): `q: i8[seq, k]`, `s: f32[seq, 2 k / 32]` (each
+//! block's `d`, then each block's `d * sum(q)`). Per block of row `j`:
+//! `d_w[j] d_a dot(W[j], q) + m_w[j] d_a sum(q)`, where the minimum `m_w` is
+//! Q4_1's stored one, `-8 d_w` for Q4_0 and `-128 d_w` for Q8_0 (its levels are
+//! stored as `q + 128`, unsigned, as the instruction wants them).
+//! Tasks own panels of 16 output columns (`matmul_panel.rs`'s task structure).
+
+use maxrun::format::WeightEncoding;
+
+use super::dequant::{declare_interleaved, WeightParams, BLOCK, INTERLEAVED_ROWS};
+use super::elementwise::Broadcast;
+use super::matmul::{epilogue, matmul_name};
+use super::matmul_panel::panel_tasks;
+use super::SeqMode;
+use crate::ir::dsl::*;
+use crate::ir::*;
+
+/// Panels of 16 output columns per task.
+pub const PANELS_PER_TASK: i64 = 2;
+/// Activation rows per register tile in prefill (each level vector feeds this many dots).
+pub const ROW_TILE: i64 = 4;
+
+/// The additive term of block `gb` (a group-block index) lane `l`, per unit of
+/// the activation block's `d * sum(q)`.
+fn minimum(w: &WeightParams, scale: Expr, gb: Expr, l: VarId) -> Expr {
+    match w.encoding {
+        WeightEncoding::Q4_1 => ld(w.part("mins"), add(v(l), mul(gb, i(INTERLEAVED_ROWS)))),
+        WeightEncoding::Q4_0 => mul(f(-8.0), scale),
+        WeightEncoding::Q8_0 => mul(f(-128.0), scale),
+        e => unreachable!("{} has no interleaved layout", e.name()),
+    }
+}
+
+/// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
+#[allow(clippy::too_many_arguments)]
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs): (u32, u32), w: &WeightParams, form: RowsForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+    let lanes = INTERLEAVED_ROWS;
+    let (k, nb) = (w.cols, w.blocks_per_row());
+    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
+    let dots: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
+    let (l, blk) = (b.var(ValType::I64), b.var(ValType::I64));
+    let (d_a, s_a): (Vec<VarId>, Vec<VarId>) = (0..rows).map(|_| (b.var(ValType::F32), b.var(ValType::F32))).unzip();
+    let group_blocks: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
+    let row = |r: i64| add(v(r0), i(r));
+    let mut body = Vec::new();
+    for &a in acc.iter().flatten() {
+        body.push(for_vec(l, i(0), i(lanes), vec![store(a, v(l), f(0.0))]));
+    }
+    let mut per_block = Vec::new();
+    for r in 0..rows {
+        let at = add(mul(row(r), i(2 * nb)), v(blk));
+        per_block.push(set(d_a[r as usize], ld(xs, at.clone())));
+        per_block.push(set(s_a[r as usize], ld(xs, add(at, i(nb)))));
+    }
+    for (p, &gb) in group_blocks.iter().enumerate() {
+        per_block.push(set(gb, add(mul(add(v(p0), i(p as i64)), i(nb)), v(blk))));
+    }
+    for r in 0..rows {
+        for (p, &gb) in group_blocks.iter().enumerate() {
+            per_block.push(Stmt::DotRows {
+                out: dots[r as usize][p],
+                weights: w.part("quants"),
+                w_start: mul(v(gb), i(form.bytes())),
+                form,
+                act: xq,
+                act_start: add(mul(row(r), i(k)), mul(v(blk), i(BLOCK))),
+            });
+        }
+    }
+    // One lane loop for the whole tile (as matmul_panel.rs): the block loop stays outside.
+    let mut lane_body = Vec::new();
+    for r in 0..rows as usize {
+        for (p, &gb) in group_blocks.iter().enumerate() {
+            // The lane is the first operand of the index (see dequant.rs).
+            let scale = ld(w.part("scales"), add(v(l), mul(v(gb), i(lanes))));
+            let term = add(mul(ld(dots[r][p], v(l)), mul(v(d_a[r]), scale.clone())), mul(v(s_a[r]), minimum(w, scale, v(gb), l)));
+            lane_body.push(store(acc[r][p], v(l), add(ld(acc[r][p], v(l)), term)));
+        }
+    }
+    per_block.push(for_vec(l, i(0), i(lanes), lane_body));
+    body.push(for_(blk, i(0), i(nb), per_block));
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (p, &a) in row_acc.iter().enumerate() {
+            let first_col = mul(add(v(p0), i(p as i64)), i(lanes));
+            let value = epilogue(ld(a, v(l)), row(r as i64), add(v(l), first_col.clone()), n, addend);
+            body.push(for_vec(l, i(0), i(lanes), vec![store(out, add(v(l), add(mul(row(r as i64), i(n)), first_col)), value)]));
+        }
+    }
+    body
+}
+
+/// `q, s` (int8 activations of `x: f32[seq, k]`, natural order) times `w: [n, k]`
+/// in `encoding` and layout `interleaved16` -> `out: f32[seq, n]`; with `addend`,
+/// `+ r` broadcast as given. Params: `q`, `s`, the weight's parts, `r`?, `out`.
+pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let xq = b.param("q", ElemType::I8, false);
+    let xs = b.param("s", ElemType::F32, false);
+    let w = declare_interleaved(&mut b, "w", encoding, n, k);
+    let form = w.interleaved.expect("declared interleaved");
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    let ni = n as i64;
+    let (body, tasks, t) = panel_tasks(&mut b, n, seq, (PANELS_PER_TASK, ROW_TILE), &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs), &w, form, out, ni, addend));
+    b.finish(matmul_name("matmul_i8x16", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::{run, Buffer};
+    use crate::library::dequant::interleave_rows;
+    use crate::library::matmul_blocks::matmul_blocks;
+    use crate::library::quantize_activations::quantize_q8;
+    use crate::library::test_util::*;
+
+    /// The interleaved int8 matmul equals the float block matmul (row-major
+    /// weights) on the dequantized activations, up to summation order; 48 columns
+    /// make one full task and a last single panel, 6 rows a row tile and two more.
+    #[test]
+    fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
+            let (k, n) = (96usize, 48usize);
+            let parts = random_parts(encoding, n, k, 7);
+            let bytes: Vec<Vec<u8>> = parts.iter().map(buffer_bytes).collect();
+            let packed: Vec<Buffer> = interleave_rows(encoding, &bytes, n, k).iter().zip(&parts).map(|(p, like)| buffer_from_bytes(like, p)).collect();
+            for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
+                let x = rand(m * k, 3);
+                let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * k]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
+                run(&quantize_q8(k as u64, DotForm::Int8, seq), &mut qbufs, m as u64);
+                let (Buffer::I8(q), Buffer::F32(s)) = (&qbufs[1], &qbufs[2]) else { unreachable!() };
+                let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * q[at] as f32).collect();
+                let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
+                let run_with = |kernel: &Kernel, first: Vec<Buffer>, weights: &[Buffer]| -> Vec<f32> {
+                    let mut bufs = first;
+                    bufs.extend(weights.iter().cloned());
+                    if addend.is_some() {
+                        bufs.push(Buffer::F32(r.clone()));
+                    }
+                    bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+                    run(kernel, &mut bufs, m as u64);
+                    let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+                    got
+                };
+                let got = run_with(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq), vec![qbufs[1].clone(), qbufs[2].clone()], &packed);
+                let want = run_with(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)], &parts);
+                let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= 2e-5 * scale, "{}: interleaved {g} vs row-major {w}", encoding.name());
+                }
+            }
+        }
+    }
+}
