@@ -210,14 +210,26 @@ impl Machine<'_> {
                         a[g] += x;
                     }
                 }
-                Stmt::DotRows { out, weights, w_start, form, act, act_start } => {
-                    let (w0, a0) = (self.eval(w_start).i(), self.eval(act_start).i());
-                    let w = |at: i64| self.byte(*weights, w0 + at);
-                    let sums: Vec<f32> = (0..DOT_LANES)
-                        .map(|g| (0..RowsForm::VALUES).map(|t| form.level(&w, g, t) * self.byte(*act, a0 + t)).sum::<i64>() as f32)
+                Stmt::DotRows(d) => {
+                    let (w0, a0) = (self.eval(&d.w_start).i(), self.eval(&d.act_start).i());
+                    let (scale, sum) = (self.eval(&d.act_scales[0]).f(), self.eval(&d.act_scales[1]).f());
+                    let (scales, s0) = (d.row_scales.0, self.eval(&d.row_scales.1).i());
+                    let w = |at: i64| self.byte(d.weights, w0 + at);
+                    let terms: Vec<f32> = (0..DOT_LANES)
+                        .map(|g| {
+                            let dot = (0..RowsForm::VALUES).map(|t| d.form.level(&w, g, t) * self.byte(d.act, a0 + t)).sum::<i64>() as f32;
+                            let row_scale = self.load(scales, s0 + g).f();
+                            let min = match &d.row_min {
+                                RowMin::Offset(o) => o * row_scale,
+                                RowMin::Stored { param, start } => self.load(*param, self.eval(start).i() + g).f(),
+                            };
+                            row_scale * scale * dot + min * sum
+                        })
                         .collect();
-                    let Buffer::F32(o) = &mut self.locals[(*out - LOCAL_BASE) as usize] else { unreachable!("locals are f32") };
-                    o[..sums.len()].copy_from_slice(&sums);
+                    let Buffer::F32(a) = &mut self.locals[(d.acc - LOCAL_BASE) as usize] else { unreachable!("locals are f32") };
+                    for (g, x) in terms.into_iter().enumerate() {
+                        a[g] += x;
+                    }
                 }
             }
         }
@@ -269,6 +281,11 @@ impl Machine<'_> {
             let total = warp_totals[1..].iter().fold(warp_totals[0], |a, &b| combine(*op, a, b));
             self.vars[*r as usize] = Val::F(combine(*op, before[k], total));
         }
+    }
+
+    /// Element `index` of buffer `param` (bounds-checked like a load).
+    fn load(&self, param: u32, index: i64) -> Val {
+        self.eval(&Expr::Load { param, index: Box::new(Expr::I64(index)) })
     }
 
     fn eval(&self, e: &Expr) -> Val {

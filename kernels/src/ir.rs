@@ -155,15 +155,41 @@ pub enum Stmt {
     /// at `w_start` (two blocks of 32 values); `A` the signed bytes of `act`.
     /// `acc` is a local of at least `DOT_LANES` elements.
     DotBlock { acc: u32, scales: [Expr; 2], weights: u32, w_start: Expr, form: DotForm, act: u32, act_start: Expr },
-    /// The int8 dot products of one block of 32 values of [`DOT_LANES`] weight rows
-    /// stored interleaved (layout `interleaved16`, see [`RowsForm`]) with one block
-    /// of activations (VNNI on x86: one `vpdpbusd` per 4 values of all 16 rows,
-    /// the activations broadcast): for row `g` in `0..DOT_LANES`,
-    /// `out[g] = sum over t in 0..32 of W[g][t] * A[act_start + t]` as f32, the
-    /// sum in exact integers. `W[g][t]` is `form`'s unsigned level of row `g`,
-    /// value `t`, in the bytes of `weights` at `w_start`; `A` the signed bytes of
-    /// `act`. `out` is a local of at least `DOT_LANES` elements (overwritten).
-    DotRows { out: u32, weights: u32, w_start: Expr, form: RowsForm, act: u32, act_start: Expr },
+    /// One block step of a GEMV over [`DOT_LANES`] weight rows stored interleaved
+    /// (layout `interleaved16`): integer dot products of the rows' block with one
+    /// activation block, scaled per row and added to a local (see [`RowDot`]).
+    DotRows(RowDot),
+}
+
+/// A [`Stmt::DotRows`]: for row `g` in `0..DOT_LANES`,
+/// `acc[g] += S[g] * act_scales[0] * dot_g + M[g] * act_scales[1]`, where
+/// `dot_g = sum over t in 0..32 of W[g][t] * A[act_start + t]` in exact integers
+/// (VNNI on x86: one `vpdpbusd` per 4 values of all 16 rows, the activation bytes
+/// broadcast), `W[g][t]` is `form`'s unsigned level of row `g`, value `t`, in the
+/// bytes of `weights` at `w_start`, `A` the signed bytes of `act`, `S[g]` the
+/// row's block scale at `row_scales.1 + g` of `row_scales.0`, and `M[g]` its
+/// minimum ([`RowMin`]). With int8 activations, `act_scales` are the activation
+/// block's `d` and `d * sum(q)`. `acc` is a local of at least `DOT_LANES` f32.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowDot {
+    pub acc: u32,
+    pub weights: u32,
+    pub w_start: Expr,
+    pub form: RowsForm,
+    pub act: u32,
+    pub act_start: Expr,
+    pub act_scales: [Expr; 2],
+    pub row_scales: (u32, Expr),
+    pub row_min: RowMin,
+}
+
+/// The per-row minimum `M[g]` of a [`RowDot`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum RowMin {
+    /// `M[g] = offset * S[g]` (Q4_0: -8, Q8_0 stored as `q + 128`: -128).
+    Offset(f32),
+    /// `M[g]` at `start + g` of parameter `param` (Q4_1's minimums).
+    Stored { param: u32, start: Expr },
 }
 
 /// How a [`Stmt::DotRows`] finds the unsigned level `W[g][t]` (row `g` in
@@ -458,16 +484,33 @@ impl Kernel {
                         return Err("dot starts must be i64".into());
                     }
                 }
-                Stmt::DotRows { out, weights, w_start, form: _, act, act_start } => {
-                    if *out < LOCAL_BASE || self.locals.get((out - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
-                        return Err(format!("dot output {out} is not a local of {DOT_LANES} elements"));
+                Stmt::DotRows(d) => {
+                    if d.acc < LOCAL_BASE || self.locals.get((d.acc - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
+                        return Err(format!("dot accumulator {} is not a local of {DOT_LANES} elements", d.acc));
                     }
-                    let w_elem = self.buffer(*weights).filter(|_| *weights < LOCAL_BASE).ok_or(format!("dot weights {weights} is not a parameter"))?.elem;
-                    let a_elem = self.buffer(*act).filter(|_| *act < LOCAL_BASE).ok_or(format!("dot activations {act} is not a parameter"))?.elem;
+                    let param_elem = |p: u32, what: &str| self.buffer(p).filter(|_| p < LOCAL_BASE).map(|b| b.elem).ok_or(format!("dot {what} {p} is not a parameter"));
+                    let (w_elem, a_elem) = (param_elem(d.weights, "weights")?, param_elem(d.act, "activations")?);
                     // Weight bytes are read as unsigned whatever the part's declared type.
                     if !matches!(w_elem, ElemType::U8 | ElemType::I8) || a_elem != ElemType::I8 {
                         return Err(format!("row dots take byte weights and I8 activations, got {w_elem:?} and {a_elem:?}"));
                     }
+                    let mut per_row = vec![&d.row_scales];
+                    let stored_min;
+                    if let RowMin::Stored { param, start } = &d.row_min {
+                        stored_min = (*param, start.clone());
+                        per_row.push(&stored_min);
+                    }
+                    for (p, start) in per_row {
+                        if !matches!(param_elem(*p, "row scales")?, ElemType::F32 | ElemType::F16 | ElemType::BF16) || self.type_of(start)? != ValType::I64 {
+                            return Err(format!("row scales {p} must be a float parameter with an i64 start"));
+                        }
+                    }
+                    for e in &d.act_scales {
+                        if self.type_of(e)? != ValType::F32 {
+                            return Err("dot scales must be f32".into());
+                        }
+                    }
+                    let (w_start, act_start) = (&d.w_start, &d.act_start);
                     if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
                         return Err("dot starts must be i64".into());
                     }

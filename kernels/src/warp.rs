@@ -99,7 +99,7 @@ fn visit(kernel: &Kernel, stmts: &[Stmt], aligned: &HashSet<VarId>, out: &mut Ve
                 visit(kernel, body, aligned, out, long);
             }
             Stmt::If { then, .. } => visit(kernel, then, aligned, out, long),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => {}
         }
     }
 }
@@ -153,7 +153,7 @@ fn collect_sets<'k>(stmts: &'k [Stmt], sets: &mut Vec<(VarId, &'k Expr)>, loop_v
                 collect_sets(body, sets, loop_vars);
             }
             Stmt::If { then, .. } => collect_sets(then, sets, loop_vars),
-            Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => {}
+            Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => {}
         }
     }
 }
@@ -199,7 +199,7 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
         Stmt::Set { value, .. } => expr_ok(value, &access),
         Stmt::Store { param, index, value } => access(*param, index) && expr_ok(index, &access) && expr_ok(value, &access),
         Stmt::If { cond, then } => expr_ok(cond, &access) && accesses_allow_vectors(then, var, aligned),
-        Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => false,
+        Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => false,
     })
 }
 
@@ -207,7 +207,7 @@ fn scan(kernel: &Kernel, stmts: &[Stmt], reductions: &mut Vec<(VarId, BinOp)>, s
     for s in stmts {
         match s {
             // A dot writes a local, which every lane must keep identical.
-            Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => return false,
+            Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => return false,
             Stmt::Store { param, .. } => {
                 if *param >= LOCAL_BASE {
                     return false;
@@ -254,8 +254,12 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
                     count_expr(e, var, n);
                 }
             }
-            Stmt::DotRows { w_start, act_start, .. } => {
-                for e in [w_start, act_start] {
+            Stmt::DotRows(d) => {
+                let min_start = match &d.row_min {
+                    RowMin::Stored { start, .. } => Some(start),
+                    RowMin::Offset(_) => None,
+                };
+                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start, &d.row_scales.1]).chain(min_start) {
                     count_expr(e, var, n);
                 }
             }

@@ -130,7 +130,7 @@ impl Lowering<'_, '_> {
                     }
                 }
                 Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
-                Stmt::DotRows { out, weights, w_start, form, act, act_start } => self.dot_rows(*out, (*weights, w_start), *form, (*act, act_start))?,
+                Stmt::DotRows(d) => self.dot_rows(d)?,
                 Stmt::For { var, start, end, body, hint } => {
                     let (lo, hi) = (self.expr(start)?, self.expr(end)?);
                     let plan = if *hint == LoopHint::Vectorize { VectorLoop::analyze(self.kernel, *var, body) } else { None };
@@ -193,19 +193,22 @@ impl Lowering<'_, '_> {
     }
 
     /// A [`Stmt::DotRows`] in scalar code: per row, 32 unsigned levels (bytes or
-    /// nibbles, as `form` places them) times signed activation bytes, summed in
-    /// i32, converted and stored to the output local.
-    fn dot_rows(&mut self, out: u32, (weights, w_start): (u32, &Expr), form: RowsForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+    /// nibbles, as the form places them) times signed activation bytes, summed in
+    /// i32, converted, scaled by the row's scale and the activation scale, plus
+    /// the row's minimum times the activation sum, added to the accumulator.
+    fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let flags = MemFlagsData::trusted();
-        let w_base = self.address(weights, w_start)?;
-        let a_base = self.address(act, act_start)?;
-        let out_base = self.locals[(out - LOCAL_BASE) as usize];
+        let w_base = self.address(d.weights, &d.w_start)?;
+        let a_base = self.address(d.act, &d.act_start)?;
+        let (act_scale, act_sum) = (self.expr(&d.act_scales[0])?, self.expr(&d.act_scales[1])?);
+        let acc_base = self.locals[(d.acc - LOCAL_BASE) as usize];
+        let at = |start: &Expr, g: i64| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(g)));
         for g in 0..DOT_LANES {
             let mut sum = self.b.ins().iconst(types::I32, 0);
             for t in 0..RowsForm::VALUES {
-                let (at, high) = form.byte_of(g, t);
+                let (at, high) = d.form.byte_of(g, t);
                 let byte = self.b.ins().uload8(types::I32, flags, w_base, at as i32);
-                let w = match (form, high) {
+                let w = match (d.form, high) {
                     (RowsForm::Nibbles, false) => self.b.ins().band_imm_u(byte, 15),
                     (RowsForm::Nibbles, true) => self.b.ins().ushr_imm_u(byte, 4),
                     (RowsForm::Bytes, _) => byte,
@@ -214,8 +217,22 @@ impl Lowering<'_, '_> {
                 let p = self.b.ins().imul(w, a);
                 sum = self.b.ins().iadd(sum, p);
             }
-            let f = self.b.ins().fcvt_from_sint(types::F32, sum);
-            self.b.ins().store(flags, f, out_base, (4 * g) as i32);
+            let dot = self.b.ins().fcvt_from_sint(types::F32, sum);
+            let row_scale = self.expr(&Expr::Load { param: d.row_scales.0, index: Box::new(at(&d.row_scales.1, g)) })?;
+            let min = match &d.row_min {
+                RowMin::Offset(o) => {
+                    let o = self.b.ins().f32const(*o);
+                    self.b.ins().fmul(o, row_scale)
+                }
+                RowMin::Stored { param, start } => self.expr(&Expr::Load { param: *param, index: Box::new(at(start, g)) })?,
+            };
+            let scaled = self.b.ins().fmul(dot, act_scale);
+            let left = self.b.ins().fmul(row_scale, scaled);
+            let right = self.b.ins().fmul(min, act_sum);
+            let term = self.b.ins().fadd(left, right);
+            let old = self.b.ins().load(types::F32, flags, acc_base, (4 * g) as i32);
+            let new = self.b.ins().fadd(old, term);
+            self.b.ins().store(flags, new, acc_base, (4 * g) as i32);
         }
         Ok(())
     }
@@ -288,7 +305,7 @@ impl Lowering<'_, '_> {
                     let addr = self.address(*param, index)?;
                     self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 }
-                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
+                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => unreachable!("VectorLoop::analyze admits sets and stores only"),
             }
         }
         let i = self.b.use_var(v);

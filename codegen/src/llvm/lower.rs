@@ -311,7 +311,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
             Stmt::For { .. } => self.lower_loop(s, None)?,
             Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
-            Stmt::DotRows { out, weights, w_start, form, act, act_start } => self.dot_rows(*out, (*weights, w_start), *form, (*act, act_start))?,
+            Stmt::DotRows(d) => self.dot_rows(d)?,
             Stmt::If { cond, then } => {
                 let c = self.expr(cond)?.into_int_value();
                 let then_bb = self.context.append_basic_block(self.function, "then");
@@ -496,7 +496,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     (abs, signed)
                 }
             };
-            self.vpdpbusd(u, s)?
+            self.vpdpbusd(self.context.i32_type().vec_type(lanes).const_zero(), u, s)?
         } else {
             let wide = i32t.vec_type(values);
             let ww = match form {
@@ -525,22 +525,23 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 
     /// A [`Stmt::DotRows`] as vector code: per 64-byte chunk of levels (16 rows x
     /// 4 values; nibbles give two, low and high), one dot step against the four
-    /// activation bytes of those values broadcast to all 16 rows: VNNI
-    /// `vpdpbusd` into one i32 accumulator where the target has it (levels are
-    /// unsigned, activations signed, as the instruction wants), otherwise widened
-    /// multiplies and a sum of each lane's four products; then converted to f32
-    /// and stored to the output local.
-    fn dot_rows(&mut self, out: u32, (weights, w_start): (u32, &Expr), form: RowsForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
-        let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
+    /// activation bytes of those values broadcast to all 16 rows, chained into one
+    /// i32 accumulator: VNNI `vpdpbusd` where the target has it (levels unsigned,
+    /// activations signed, as the instruction wants), otherwise widened multiplies
+    /// and a sum of each lane's four products. Then, in 16-lane f32 vectors:
+    /// converted, times the rows' scales (one vector load) and the activation
+    /// scale, plus the rows' minimums times the activation sum, added to `acc`.
+    fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
+        let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
-        let i32v = i32t.vec_type(lanes);
         let vnni = matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni());
-        let mut acc = i32v.const_zero();
-        for c in 0..form.chunks() {
-            let w_ptr = self.element_ptr(weights, &Expr::Bin(BinOp::Add, Box::new(w_start.clone()), Box::new(Expr::I64(64 * c))))?;
+        let offset = |e: &Expr, by: i64| Expr::Bin(BinOp::Add, Box::new(e.clone()), Box::new(Expr::I64(by)));
+        let mut acc = i32t.vec_type(lanes).const_zero();
+        for c in 0..d.form.chunks() {
+            let w_ptr = self.element_ptr(d.weights, &offset(&d.w_start, 64 * c))?;
             let chunk = self.byte_load(i8t.vec_type(64), w_ptr)?;
             // (levels, first activation value) of each dot step of this chunk.
-            let steps = match form {
+            let steps = match d.form {
                 RowsForm::Bytes => vec![(chunk, 4 * c)],
                 RowsForm::Nibbles => {
                     let b = &self.builder;
@@ -551,28 +552,89 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 }
             };
             for (levels, first) in steps {
-                let a_ptr = self.element_ptr(act, &Expr::Bin(BinOp::Add, Box::new(act_start.clone()), Box::new(Expr::I64(first))))?;
+                let a_ptr = self.element_ptr(d.act, &offset(&d.act_start, first))?;
                 let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
-                let b = &self.builder;
-                let broadcast = b.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                let sums = if vnni {
-                    self.vpdpbusd(levels, broadcast)?
+                let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
+                acc = if vnni {
+                    self.vpdpbusd(acc, levels, broadcast)?
                 } else {
                     let wide = i32t.vec_type(64);
                     let b = &self.builder;
                     let w = b.build_int_z_extend(levels, wide, "w32").map_err(llvm_err)?;
                     let a = b.build_int_s_extend(broadcast, wide, "a32").map_err(llvm_err)?;
                     let products = b.build_int_mul(w, a, "products").map_err(llvm_err)?;
-                    self.sum_fours(products)?
+                    let sums = self.sum_fours(products)?;
+                    self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)?
                 };
-                acc = self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)?;
             }
         }
+        let f32v = f32t.vec_type(lanes);
+        let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+            let one = b.build_insert_element(f32v.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
+            b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), name).map_err(llvm_err)
+        };
+        let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
+        let act_sum = self.expr(&d.act_scales[1])?.into_float_value();
+        let row_scales = self.float_vector(d.row_scales.0, &d.row_scales.1, lanes)?;
+        let mins = match &d.row_min {
+            RowMin::Stored { param, start } => Some(self.float_vector(*param, start, lanes)?),
+            RowMin::Offset(_) => None,
+        };
+        let acc_ptr = self.locals[(d.acc - LOCAL_BASE) as usize];
         let b = &self.builder;
-        let as_f32 = b.build_signed_int_to_float(acc, self.context.f32_type().vec_type(lanes), "dots").map_err(llvm_err)?;
-        let st = b.build_store(self.locals[(out - LOCAL_BASE) as usize], as_f32).map_err(llvm_err)?;
+        let fast = |v: inkwell::values::VectorValue<'ctx>| self.fast(v.into()).into_vector_value();
+        let dots = b.build_signed_int_to_float(acc, f32v, "dots").map_err(llvm_err)?;
+        let (scale, sum) = (splat(b, act_scale, "act_scale")?, splat(b, act_sum, "act_sum")?);
+        let scaled = fast(b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?);
+        let term = match (&d.row_min, mins) {
+            // S * (d * dot + offset * s)
+            (RowMin::Offset(o), _) => {
+                let off = fast(b.build_float_mul(sum, splat(b, f32t.const_float(*o as f64), "offset")?, "offsets").map_err(llvm_err)?);
+                let inner = fast(b.build_float_add(scaled, off, "inner").map_err(llvm_err)?);
+                fast(b.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?)
+            }
+            // S * d * dot + M * s
+            (RowMin::Stored { .. }, Some(mins)) => {
+                let left = fast(b.build_float_mul(row_scales, scaled, "left").map_err(llvm_err)?);
+                let right = fast(b.build_float_mul(mins, sum, "right").map_err(llvm_err)?);
+                fast(b.build_float_add(left, right, "term").map_err(llvm_err)?)
+            }
+            (RowMin::Stored { .. }, None) => unreachable!("loaded above"),
+        };
+        let old = b.build_load(f32v, acc_ptr, "acc").map_err(llvm_err)?;
+        old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
+        let new = fast(b.build_float_add(old.into_vector_value(), term, "acc").map_err(llvm_err)?);
+        let st = b.build_store(acc_ptr, new).map_err(llvm_err)?;
         st.set_alignment(4).map_err(llvm_err)?;
         Ok(())
+    }
+
+    /// `lanes` consecutive elements of float parameter `param` from `start`, as f32.
+    fn float_vector(&mut self, param: u32, start: &Expr, lanes: u32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let elem = self.kernel.buffer(param).expect("validated").elem;
+        let ptr = self.element_ptr(param, start)?;
+        let (i32t, f32v) = (self.context.i32_type(), self.context.f32_type().vec_type(lanes));
+        let b = &self.builder;
+        let raw = match elem {
+            ElemType::F32 => f32v,
+            ElemType::F16 => self.context.f16_type().vec_type(lanes),
+            ElemType::BF16 => self.context.i16_type().vec_type(lanes),
+            other => unreachable!("{other:?} is not a float element (validated)"),
+        };
+        let v = b.build_load(raw, ptr, "row_values").map_err(llvm_err)?;
+        v.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+        let v = v.into_vector_value();
+        Ok(match elem {
+            ElemType::F16 => b.build_float_ext(v, f32v, "fpext").map_err(llvm_err)?,
+            // bfloat16 is the top half of an f32: zero-extend, shift, reinterpret.
+            ElemType::BF16 => {
+                let wide = b.build_int_z_extend(v, i32t.vec_type(lanes), "zext").map_err(llvm_err)?;
+                let shift = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(16, false); lanes as usize]);
+                let shifted = b.build_left_shift(wide, shift, "shl").map_err(llvm_err)?;
+                b.build_bit_cast(shifted, f32v, "bf16").map_err(llvm_err)?.into_vector_value()
+            }
+            _ => v,
+        })
     }
 
     /// A vector of bytes loaded from `ptr` (no alignment assumed).
@@ -582,14 +644,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         Ok(v.into_vector_value())
     }
 
-    /// VNNI `vpdpbusd` from zero: 16 i32 lanes, lane `g` the sum of the products of
-    /// unsigned bytes `4g..4g + 4` of `u` with the signed bytes of `s`.
-    fn vpdpbusd(&self, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+    /// VNNI `vpdpbusd`: 16 i32 lanes, lane `g` of `acc` plus the sum of the products
+    /// of unsigned bytes `4g..4g + 4` of `u` with the signed bytes of `s`.
+    fn vpdpbusd(&self, acc: inkwell::values::VectorValue<'ctx>, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let i32v = self.context.i32_type().vec_type(DOT_LANES as u32);
         let b = &self.builder;
         let (u, s) = (b.build_bit_cast(u, i32v, "u").map_err(llvm_err)?, b.build_bit_cast(s, i32v, "s").map_err(llvm_err)?);
         let f = self.declared("llvm.x86.avx512.vpdpbusd.512", i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None);
-        let call = b.build_call(f, &[i32v.const_zero().into(), u.into(), s.into()], "dot").map_err(llvm_err)?;
+        let call = b.build_call(f, &[acc.into(), u.into(), s.into()], "dot").map_err(llvm_err)?;
         let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("vpdpbusd returns a vector") };
         Ok(v.into_vector_value())
     }

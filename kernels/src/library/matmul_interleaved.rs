@@ -30,26 +30,13 @@ pub const PANELS_PER_TASK: i64 = 2;
 /// Activation rows per register tile in prefill (each level vector feeds this many dots).
 pub const ROW_TILE: i64 = 4;
 
-/// The additive term of block `gb` (a group-block index) lane `l`, per unit of
-/// the activation block's `d * sum(q)`.
-fn minimum(w: &WeightParams, scale: Expr, gb: Expr, l: VarId) -> Expr {
-    match w.encoding {
-        WeightEncoding::Q4_1 => ld(w.part("mins"), add(v(l), mul(gb, i(INTERLEAVED_ROWS)))),
-        WeightEncoding::Q4_0 => mul(f(-8.0), scale),
-        WeightEncoding::Q8_0 => mul(f(-128.0), scale),
-        e => unreachable!("{} has no interleaved layout", e.name()),
-    }
-}
-
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
 fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs): (u32, u32), w: &WeightParams, form: RowsForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
     let lanes = INTERLEAVED_ROWS;
     let (k, nb) = (w.cols, w.blocks_per_row());
     let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
-    let dots: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
     let (l, blk) = (b.var(ValType::I64), b.var(ValType::I64));
-    let (d_a, s_a): (Vec<VarId>, Vec<VarId>) = (0..rows).map(|_| (b.var(ValType::F32), b.var(ValType::F32))).unzip();
     let group_blocks: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
     let row = |r: i64| add(v(r0), i(r));
     let mut body = Vec::new();
@@ -57,42 +44,38 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
         body.push(for_vec(l, i(0), i(lanes), vec![store(a, v(l), f(0.0))]));
     }
     let mut per_block = Vec::new();
-    for r in 0..rows {
-        let at = add(mul(row(r), i(2 * nb)), v(blk));
-        per_block.push(set(d_a[r as usize], ld(xs, at.clone())));
-        per_block.push(set(s_a[r as usize], ld(xs, add(at, i(nb)))));
-    }
     for (p, &gb) in group_blocks.iter().enumerate() {
         per_block.push(set(gb, add(mul(add(v(p0), i(p as i64)), i(nb)), v(blk))));
     }
     for r in 0..rows {
+        let s_at = add(mul(row(r), i(2 * nb)), v(blk));
         for (p, &gb) in group_blocks.iter().enumerate() {
-            per_block.push(Stmt::DotRows {
-                out: dots[r as usize][p],
+            // The 16 rows' scales (and minimums) of a block are consecutive.
+            let per_row = mul(v(gb), i(lanes));
+            per_block.push(Stmt::DotRows(RowDot {
+                acc: acc[r as usize][p],
                 weights: w.part("quants"),
                 w_start: mul(v(gb), i(form.bytes())),
                 form,
                 act: xq,
                 act_start: add(mul(row(r), i(k)), mul(v(blk), i(BLOCK))),
-            });
+                act_scales: [ld(xs, s_at.clone()), ld(xs, add(s_at.clone(), i(nb)))],
+                row_scales: (w.part("scales"), per_row.clone()),
+                row_min: match w.encoding {
+                    WeightEncoding::Q4_1 => RowMin::Stored { param: w.part("mins"), start: per_row },
+                    WeightEncoding::Q4_0 => RowMin::Offset(-8.0),
+                    WeightEncoding::Q8_0 => RowMin::Offset(-128.0),
+                    e => unreachable!("{} has no interleaved layout", e.name()),
+                },
+            }));
         }
     }
-    // One lane loop for the whole tile (as matmul_panel.rs): the block loop stays outside.
-    let mut lane_body = Vec::new();
-    for r in 0..rows as usize {
-        for (p, &gb) in group_blocks.iter().enumerate() {
-            // The lane is the first operand of the index (see dequant.rs).
-            let scale = ld(w.part("scales"), add(v(l), mul(v(gb), i(lanes))));
-            let term = add(mul(ld(dots[r][p], v(l)), mul(v(d_a[r]), scale.clone())), mul(v(s_a[r]), minimum(w, scale, v(gb), l)));
-            lane_body.push(store(acc[r][p], v(l), add(ld(acc[r][p], v(l)), term)));
-        }
-    }
-    per_block.push(for_vec(l, i(0), i(lanes), lane_body));
     body.push(for_(blk, i(0), i(nb), per_block));
     for (r, row_acc) in acc.iter().enumerate() {
         for (p, &a) in row_acc.iter().enumerate() {
             let first_col = mul(add(v(p0), i(p as i64)), i(lanes));
             let value = epilogue(ld(a, v(l)), row(r as i64), add(v(l), first_col.clone()), n, addend);
+            // The lane is the first operand of the index (see dequant.rs).
             body.push(for_vec(l, i(0), i(lanes), vec![store(out, add(v(l), add(mul(row(r as i64), i(n)), first_col)), value)]));
         }
     }
