@@ -168,7 +168,7 @@ fn bench_json_has_the_documented_fields() {
     let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("16"), os("-n"), os("8"), os("-r"), os("2"), os("--json"), os("--profile")]);
     assert_eq!(r.0, 0, "{}", r.2);
     let v: serde_json::Value = serde_json::from_str(&r.1).expect("one JSON object");
-    for key in ["prefill_tokens_per_s", "prefill_tokens_per_s_stddev", "decode_tokens_per_s", "decode_tokens_per_s_stddev", "read_bandwidth_gb_s"] {
+    for key in ["prefill_tokens_per_s", "prefill_tokens_per_s_stddev", "decode_tokens_per_s", "decode_tokens_per_s_stddev", "read_bandwidth_gb_s", "decode_roofline_fraction"] {
         assert!(v[key].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0), "{key}: {}", v[key]);
     }
     assert_eq!(v["prompt_tokens"], 16);
