@@ -74,13 +74,11 @@ mod tests {
     /// A table in layout `interleaved16` gathers the same rows as the row-major one.
     #[test]
     fn interleaved_tables_gather_the_same_rows() {
-        use crate::library::dequant::interleave_rows;
         use crate::library::test_util::*;
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
             let (vocab, hidden) = (32usize, 64usize);
             let parts = random_parts(encoding, vocab, hidden, 3);
-            let bytes: Vec<Vec<u8>> = parts.iter().map(buffer_bytes).collect();
-            let packed: Vec<Buffer> = interleave_rows(encoding, &bytes, vocab, hidden).iter().zip(&parts).map(|(p, like)| buffer_from_bytes(like, p)).collect();
+            let packed = interleaved_parts(encoding, &parts, vocab, hidden);
             let ids = Buffer::I32(vec![0, 17, 31, 5, 16]);
             let gather = |interleaved: bool, table: &[Buffer]| {
                 let mut bufs = table.to_vec();

@@ -144,21 +144,11 @@ mod tests {
                         }
                     }
                 }
-                let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
-                let run_with = |kernel: &Kernel, first: Vec<Buffer>| -> Vec<f32> {
-                    let mut bufs = first;
-                    bufs.extend(parts.iter().cloned());
-                    if addend.is_some() {
-                        bufs.push(Buffer::F32(r.clone()));
-                    }
-                    bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
-                    run(kernel, &mut bufs, m as u64);
-                    let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
-                    got
-                };
-                let got = run_with(&matmul_int8(k as u64, n as u64, encoding, addend, seq), vec![qbufs[1].clone(), qbufs[2].clone()]);
-                let want = run_with(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)]);
-                let float = run_with(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(x.clone())]);
+                let r_values = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
+                let r = addend.map(|_| &r_values[..]);
+                let got = run_matmul(&matmul_int8(k as u64, n as u64, encoding, addend, seq), vec![qbufs[1].clone(), qbufs[2].clone()], &parts, r, (m, n));
+                let want = run_matmul(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)], &parts, r, (m, n));
+                let float = run_matmul(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(x.clone())], &parts, r, (m, n));
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
                 for ((g, w), fl) in got.iter().zip(&want).zip(&float) {
                     assert!((g - w).abs() <= 2e-5 * scale, "{}: int8 {g} vs dequantized {w}", encoding.name());

@@ -102,7 +102,6 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
 mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
-    use crate::library::dequant::interleave_rows;
     use crate::library::matmul_blocks::matmul_blocks;
     use crate::library::quantize_activations::quantize_q8;
     use crate::library::test_util::*;
@@ -115,28 +114,17 @@ mod tests {
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
             let (k, n) = (96usize, 48usize);
             let parts = random_parts(encoding, n, k, 7);
-            let bytes: Vec<Vec<u8>> = parts.iter().map(buffer_bytes).collect();
-            let packed: Vec<Buffer> = interleave_rows(encoding, &bytes, n, k).iter().zip(&parts).map(|(p, like)| buffer_from_bytes(like, p)).collect();
+            let packed = interleaved_parts(encoding, &parts, n, k);
             for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
                 let x = rand(m * k, 3);
                 let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * k]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
                 run(&quantize_q8(k as u64, DotForm::Int8, seq), &mut qbufs, m as u64);
                 let (Buffer::I8(q), Buffer::F32(s)) = (&qbufs[1], &qbufs[2]) else { unreachable!() };
                 let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * q[at] as f32).collect();
-                let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
-                let run_with = |kernel: &Kernel, first: Vec<Buffer>, weights: &[Buffer]| -> Vec<f32> {
-                    let mut bufs = first;
-                    bufs.extend(weights.iter().cloned());
-                    if addend.is_some() {
-                        bufs.push(Buffer::F32(r.clone()));
-                    }
-                    bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
-                    run(kernel, &mut bufs, m as u64);
-                    let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
-                    got
-                };
-                let got = run_with(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq), vec![qbufs[1].clone(), qbufs[2].clone()], &packed);
-                let want = run_with(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)], &parts);
+                let r_values = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
+                let r = addend.map(|_| &r_values[..]);
+                let got = run_matmul(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq), vec![qbufs[1].clone(), qbufs[2].clone()], &packed, r, (m, n));
+                let want = run_matmul(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)], &parts, r, (m, n));
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
                 for (g, w) in got.iter().zip(&want) {
                     assert!((g - w).abs() <= 2e-5 * scale, "{}: interleaved {g} vs row-major {w}", encoding.name());

@@ -88,7 +88,7 @@ pub(crate) mod test_util {
     }
 
     /// The little-endian bytes of a buffer (as the artifact stores them).
-    pub fn buffer_bytes(b: &Buffer) -> Vec<u8> {
+    fn buffer_bytes(b: &Buffer) -> Vec<u8> {
         match b {
             Buffer::I8(v) => v.iter().map(|&x| x as u8).collect(),
             Buffer::U8(v) => v.clone(),
@@ -99,7 +99,7 @@ pub(crate) mod test_util {
     }
 
     /// A buffer of `like`'s element type from little-endian `bytes`.
-    pub fn buffer_from_bytes(like: &Buffer, bytes: &[u8]) -> Buffer {
+    fn buffer_from_bytes(like: &Buffer, bytes: &[u8]) -> Buffer {
         match like {
             Buffer::I8(_) => Buffer::I8(bytes.iter().map(|&x| x as i8).collect()),
             Buffer::U8(_) => Buffer::U8(bytes.to_vec()),
@@ -107,6 +107,27 @@ pub(crate) mod test_util {
             Buffer::F32(_) => Buffer::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
             other => panic!("no bytes for {other:?}"),
         }
+    }
+
+    /// Row-major `parts` of a `rows x cols` weight in `encoding`, reordered into
+    /// layout `interleaved16` by the packing function the compiler uses.
+    pub fn interleaved_parts(encoding: WeightEncoding, parts: &[Buffer], rows: usize, cols: usize) -> Vec<Buffer> {
+        let bytes: Vec<Vec<u8>> = parts.iter().map(buffer_bytes).collect();
+        crate::library::dequant::interleave_rows(encoding, &bytes, rows, cols).iter().zip(parts).map(|(p, like)| buffer_from_bytes(like, p)).collect()
+    }
+
+    /// Runs a matmul-family kernel on `first` (its activation inputs), then the
+    /// weight parts, the addend if any, and an `m x n` output; returns the output.
+    pub fn run_matmul(kernel: &crate::ir::Kernel, first: Vec<Buffer>, weights: &[Buffer], addend: Option<&[f32]>, (m, n): (usize, usize)) -> Vec<f32> {
+        let mut bufs = first;
+        bufs.extend(weights.iter().cloned());
+        if let Some(r) = addend {
+            bufs.push(Buffer::F32(r.to_vec()));
+        }
+        bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+        crate::interp::run(kernel, &mut bufs, m as u64);
+        let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!("the output is f32") };
+        got
     }
 
     pub fn close(a: &[f32], b: &[f32], tol: f32) {
