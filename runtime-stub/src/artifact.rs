@@ -42,6 +42,12 @@ pub enum ArtifactError {
     )]
     UnknownEncoding { path: PathBuf, weight: String, encoding: String },
     #[error(
+        "{path}: weight `{weight}` is stored in the layout `{layout}`, which this maxrun's kernels do not know \
+         (known: {}); run it with a newer maxrun or recompile it with this maxrun's maxc",
+        crate::format::LAYOUTS.join(", ")
+    )]
+    UnknownLayout { path: PathBuf, weight: String, layout: String },
+    #[error(
         "{path}: the artifact has no CPU code, only GPU code for {}; run it on a machine with an NVIDIA GPU \
          and driver, or recompile with a CPU fallback: --target cpu,cuda:{}",
         archs.join(", "), archs.first().map(String::as_str).unwrap_or("sm_90")
@@ -224,6 +230,9 @@ impl Artifact {
                 return Err(ArtifactError::UnknownEncoding { path: self.path.clone(), weight: w.name.clone(), encoding: w.encoding.clone() });
             };
             let float = matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16);
+            if !crate::format::LAYOUTS.contains(&w.layout.as_str()) {
+                return Err(ArtifactError::UnknownLayout { path: self.path.clone(), weight: w.name.clone(), layout: w.layout.clone() });
+            }
             let layout_ok = match w.layout.as_str() {
                 "row_major" => true,
                 "panel16" => float && w.shape.len() == 2 && w.shape[0] % 16 == 0,

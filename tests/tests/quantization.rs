@@ -265,6 +265,25 @@ fn maxrun_refuses_an_unknown_weight_encoding() {
     assert_clean_error(&r, 1, &["q9_9", &name, "do not know", "q4_k"]);
 }
 
+/// Likewise a weight layout this maxrun does not know (a newer maxc's packing).
+#[test]
+fn maxrun_refuses_an_unknown_weight_layout() {
+    let mef = compile("tiny-llama-layout", &fixture("tiny-llama"), "q8_0");
+    let bytes = std::fs::read(&mef).unwrap();
+    let artifact = maxrun::artifact::Artifact::from_bytes(&mef, bytes.clone()).unwrap();
+    let mut header = artifact.header.clone();
+    let w = header.weights.iter_mut().find(|w| w.layout == "row_major").unwrap();
+    w.layout = "tiles_x32".into(); // same length: the header keeps its size
+    let name = w.name.clone();
+    let prelude = maxrun::format::encode_header(&header);
+    let mut bad = bytes;
+    bad[..prelude.len()].copy_from_slice(&prelude);
+    let p = temp_dir("unknown-layout").join("m.mef");
+    std::fs::write(&p, bad).unwrap();
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("hi")]);
+    assert_clean_error(&r, 1, &["tiles_x32", &name, "do not know", "interleaved16"]);
+}
+
 /// maxc's quantizers reproduce llama.cpp's: the same rows of SmolLM2 (dequantized
 /// exactly from its Q4_1 file), quantized by maxc, decode to exactly the values
 /// of the blocks llama-quantize wrote (tests/golden/llama_cpp_quant, made by
