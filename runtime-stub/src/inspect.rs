@@ -25,11 +25,15 @@ pub fn report(a: &Artifact) -> Value {
     // Tensors and bytes per encoding; a block-quantized tensor counts once (its
     // first part) however many parts it is stored as.
     let mut per_encoding = serde_json::Map::new();
+    // Tensors per element order (`row_major`, `panel16`, `interleaved16`).
+    let mut per_layout = serde_json::Map::new();
     for w in &h.weights {
         let first_part = WeightEncoding::from_name(&w.encoding).is_none_or(|e| e.parts()[0].0 == w.part);
         let e = per_encoding.entry(w.encoding.clone()).or_insert(json!({"tensors": 0, "bytes": 0}));
         e["tensors"] = json!(e["tensors"].as_u64().unwrap() + u64::from(first_part));
         e["bytes"] = json!(e["bytes"].as_u64().unwrap() + w.len);
+        let l = per_layout.entry(w.layout.clone()).or_insert(json!(0));
+        *l = json!(l.as_u64().unwrap() + u64::from(first_part));
     }
     let kv_per_token = h.kv_cache.bytes_per_token() * h.sub_models.len() as u64;
     let mut arenas = 0;
@@ -72,7 +76,7 @@ pub fn report(a: &Artifact) -> Value {
             "code_bytes": a.section(SectionKind::Code).len(),
             "names": h.kernels.iter().map(|k| k.symbol.clone()).collect::<Vec<_>>(),
         },
-        "weights": {"count": h.weights.len(), "tensors": tensors, "bytes": weights_bytes, "by_encoding": per_encoding},
+        "weights": {"count": h.weights.len(), "tensors": tensors, "bytes": weights_bytes, "by_encoding": per_encoding, "by_layout": per_layout},
         "cpu_code": h.has_cpu_code(),
         "gpu": h.gpu_archs.iter().enumerate().map(|(i, arch)| json!({
             "arch": arch, "ptx_bytes": a.section(SectionKind::Ptx(i as u32)).len(),
@@ -141,6 +145,8 @@ pub fn render_text(r: &Value) -> String {
         .map(|(e, v)| format!("{} {e}", v["tensors"]))
         .collect();
     line("weights", format!("{} tensors in {} stored parts ({}), {}", r["weights"]["tensors"], r["weights"]["count"], by_encoding.join(", "), mib(r["weights"]["bytes"].as_u64().unwrap_or(0))));
+    let by_layout: Vec<String> = r["weights"]["by_layout"].as_object().into_iter().flatten().map(|(l, n)| format!("{n} {l}")).collect();
+    line("weight layouts", by_layout.join(", "));
     let m = &r["memory"];
     line("KV cache", format!("{} bytes per token, max length {}", m["kv_bytes_per_token"], m["max_length"]));
     line("memory at max length", mib(m["total_bytes_at_max_length"].as_u64().unwrap_or(0)));

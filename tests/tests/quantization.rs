@@ -212,6 +212,9 @@ fn int8_activations_stay_within_their_bounds() {
         assert!(names.contains(kernel), "no {kernel} in {names}");
     }
     assert!(!names.contains("matmul_i8_"), "row-major int8 kernels left in {names}");
+    // Every projection (7 per layer, stacked to 4) and the tied table; norms stay row-major.
+    let layouts = &report["weights"]["by_layout"];
+    assert_eq!(layouts["interleaved16"].as_u64(), Some(30 * 4 + 1), "{layouts}");
     // One copy of each tensor: the artifact is no bigger than the float-activation one.
     let float = compile_model("smollm2-q4_1-float-activations", &smollm2_gguf(), &["--quantization-encoding", "q4_1"]);
     assert_eq!(report["weights"]["bytes"], inspect(&float)["weights"]["bytes"]);
