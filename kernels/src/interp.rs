@@ -213,15 +213,22 @@ impl Machine<'_> {
                 Stmt::DotRows(d) => {
                     let (w0, a0) = (self.eval(&d.w_start).i(), self.eval(&d.act_start).i());
                     let (scale, sum) = (self.eval(&d.act_scales[0]).f(), self.eval(&d.act_scales[1]).f());
-                    let (scales, s0) = (d.row_scales.0, self.eval(&d.row_scales.1).i());
                     let w = |at: i64| self.byte(d.weights, w0 + at);
+                    let per_row = |r: &RowScale, g: i64| -> f32 {
+                        let value = self.load(r.values.0, self.eval(&r.values.1).i() + g).f();
+                        match &r.factors {
+                            None => value,
+                            Some((p, start)) => value * (self.byte(*p, self.eval(start).i() + g) as u8) as f32,
+                        }
+                    };
                     let terms: Vec<f32> = (0..DOT_LANES)
                         .map(|g| {
                             let dot = (0..RowsForm::VALUES).map(|t| d.form.level(&w, g, t) * self.byte(d.act, a0 + t)).sum::<i64>() as f32;
-                            let row_scale = self.load(scales, s0 + g).f();
+                            let row_scale = per_row(&d.row_scales, g);
                             let min = match &d.row_min {
                                 RowMin::Offset(o) => o * row_scale,
-                                RowMin::Stored { param, start } => self.load(*param, self.eval(start).i() + g).f(),
+                                RowMin::Stored(m) => per_row(m, g),
+                                RowMin::Subtracted(m) => -per_row(m, g),
                             };
                             row_scale * scale * dot + min * sum
                         })

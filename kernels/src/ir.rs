@@ -167,9 +167,9 @@ pub enum Stmt {
 /// (VNNI on x86: one `vpdpbusd` per 4 values of all 16 rows, the activation bytes
 /// broadcast), `W[g][t]` is `form`'s unsigned level of row `g`, value `t`, in the
 /// bytes of `weights` at `w_start`, `A` the signed bytes of `act`, `S[g]` the
-/// row's block scale at `row_scales.1 + g` of `row_scales.0`, and `M[g]` its
-/// minimum ([`RowMin`]). With int8 activations, `act_scales` are the activation
-/// block's `d` and `d * sum(q)`. `acc` is a local of at least `DOT_LANES` f32.
+/// row's block scale ([`RowScale`]) and `M[g]` its minimum ([`RowMin`]). With int8
+/// activations, `act_scales` are the activation block's `d` and `d * sum(q)`.
+/// `acc` is a local of at least `DOT_LANES` f32.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowDot {
     pub acc: u32,
@@ -179,8 +179,18 @@ pub struct RowDot {
     pub act: u32,
     pub act_start: Expr,
     pub act_scales: [Expr; 2],
-    pub row_scales: (u32, Expr),
+    pub row_scales: RowScale,
     pub row_min: RowMin,
+}
+
+/// Per-row values of a [`RowDot`]: for row `g`, element `values.1 + g` of the
+/// float parameter `values.0`, times element `factors.1 + g` of the byte
+/// parameter `factors.0` (read unsigned) when there are factors (Q4_K: a
+/// super-block's f16 scale times the block's 6-bit scale).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowScale {
+    pub values: (u32, Expr),
+    pub factors: Option<(u32, Expr)>,
 }
 
 /// The per-row minimum `M[g]` of a [`RowDot`].
@@ -188,8 +198,20 @@ pub struct RowDot {
 pub enum RowMin {
     /// `M[g] = offset * S[g]` (Q4_0: -8, Q8_0 stored as `q + 128`: -128).
     Offset(f32),
-    /// `M[g]` at `start + g` of parameter `param` (Q4_1's minimums).
-    Stored { param: u32, start: Expr },
+    /// `M[g]` is the stored value (Q4_1's minimums).
+    Stored(RowScale),
+    /// `M[g]` is minus the stored value (Q4_K: `value = scale * q - min`).
+    Subtracted(RowScale),
+}
+
+impl RowDot {
+    /// The per-row values it reads: its scales, and its minimums if stored.
+    pub fn per_row(&self) -> Vec<&RowScale> {
+        match &self.row_min {
+            RowMin::Offset(_) => vec![&self.row_scales],
+            RowMin::Stored(m) | RowMin::Subtracted(m) => vec![&self.row_scales, m],
+        }
+    }
 }
 
 /// How a [`Stmt::DotRows`] finds the unsigned level `W[g][t]` (row `g` in
@@ -494,15 +516,15 @@ impl Kernel {
                     if !matches!(w_elem, ElemType::U8 | ElemType::I8) || a_elem != ElemType::I8 {
                         return Err(format!("row dots take byte weights and I8 activations, got {w_elem:?} and {a_elem:?}"));
                     }
-                    let mut per_row = vec![&d.row_scales];
-                    let stored_min;
-                    if let RowMin::Stored { param, start } = &d.row_min {
-                        stored_min = (*param, start.clone());
-                        per_row.push(&stored_min);
-                    }
-                    for (p, start) in per_row {
+                    for r in d.per_row() {
+                        let (p, start) = &r.values;
                         if !matches!(param_elem(*p, "row scales")?, ElemType::F32 | ElemType::F16 | ElemType::BF16) || self.type_of(start)? != ValType::I64 {
                             return Err(format!("row scales {p} must be a float parameter with an i64 start"));
+                        }
+                        if let Some((p, start)) = &r.factors {
+                            if !matches!(param_elem(*p, "row factors")?, ElemType::U8 | ElemType::I8) || self.type_of(start)? != ValType::I64 {
+                                return Err(format!("row factors {p} must be a byte parameter with an i64 start"));
+                            }
                         }
                     }
                     for e in &d.act_scales {

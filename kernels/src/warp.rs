@@ -255,12 +255,13 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
                 }
             }
             Stmt::DotRows(d) => {
-                let min_start = match &d.row_min {
-                    RowMin::Stored { start, .. } => Some(start),
-                    RowMin::Offset(_) => None,
-                };
-                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start, &d.row_scales.1]).chain(min_start) {
+                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start]) {
                     count_expr(e, var, n);
+                }
+                for r in d.per_row() {
+                    for (_, e) in std::iter::once(&r.values).chain(&r.factors) {
+                        count_expr(e, var, n);
+                    }
                 }
             }
         }

@@ -237,7 +237,10 @@ impl Artifact {
                 "row_major" => true,
                 "panel16" => float && w.shape.len() == 2 && w.shape[0] % 16 == 0,
                 "interleaved16" => {
-                    matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1) && w.shape.len() == 2 && w.shape[0] % 16 == 0 && w.shape[1] % 32 == 0
+                    matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K)
+                        && w.shape.len() == 2
+                        && w.shape[0] % 16 == 0
+                        && w.shape[1] % encoding.block() == 0
                 }
                 _ => false,
             };

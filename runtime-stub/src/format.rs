@@ -260,8 +260,8 @@ pub struct WeightEntry {
     pub dtype: DType,
     /// How the elements are ordered: `row_major`, `panel16` (a float matrix
     /// `[n, k]` stored as `[n/16][k][16]` for the panel matmul), or
-    /// `interleaved16` (Q8_0 / Q4_0 / Q4_1 blocks of 16 rows stored together for
-    /// the int8 matmul); see docs/mef.md.
+    /// `interleaved16` (Q8_0 / Q4_0 / Q4_1 / Q4_K blocks of 16 rows stored
+    /// together for the int8 matmul); see docs/mef.md.
     pub layout: String,
     /// The logical shape of the whole tensor (the last axis is the one blocks run along).
     pub shape: Vec<u64>,

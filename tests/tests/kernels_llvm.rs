@@ -106,9 +106,10 @@ fn cases() -> Vec<Case> {
             v.push(Case { kernel: quantize_q8(k, form, seq), sizes: vec![s * k as usize, s * k as usize, s * 2 * k as usize / 32], int_max: 1, seq: s as u64, tol: 1e-6 });
         }
         // Weights interleaved by 16 rows (DotRows): 48 columns are one full task
-        // and a last single panel; k = 96 is three blocks. Their tables gathered.
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
-            let (k, n) = (96u64, 48u64);
+        // and a last single panel; k = 96 is three blocks (Q4_K: one super-block
+        // of 256). Their tables gathered.
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+            let (k, n) = (if encoding == WeightEncoding::Q4K { 256 } else { 96 }, 48u64);
             let parts: Vec<usize> = (0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize).collect();
             for addend in [None, Some(Broadcast::None)] {
                 let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];

@@ -203,6 +203,8 @@ fn artifact_size_is_the_quantized_weights_plus_code() {
 fn int8_activations_stay_within_their_bounds() {
     check_with("q4_1", &["--activation-encoding", "int8"], smollm2_only(), 0.9, 5e-2);
     check_with("q8_0", &["--activation-encoding", "int8"], smollm2_only(), 0.98, 1e-2);
+    // Q4_K (its 576-wide projections fall back to q4_1; down_proj keeps q4_k): interleaved too.
+    check_with("q4_k", &["--activation-encoding", "int8"], smollm2_only(), 0.9, 5e-2);
     // The plans really use the int8 kernels on weights interleaved by 16 rows,
     // the tied embedding table included (its gather reads that layout).
     let mef = compile_model("smollm2-int8-kernels", &smollm2_gguf(), &["--quantization-encoding", "q4_1", "--activation-encoding", "int8"]);

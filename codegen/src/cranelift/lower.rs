@@ -202,7 +202,6 @@ impl Lowering<'_, '_> {
         let a_base = self.address(d.act, &d.act_start)?;
         let (act_scale, act_sum) = (self.expr(&d.act_scales[0])?, self.expr(&d.act_scales[1])?);
         let acc_base = self.locals[(d.acc - LOCAL_BASE) as usize];
-        let at = |start: &Expr, g: i64| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(g)));
         for g in 0..DOT_LANES {
             let mut sum = self.b.ins().iconst(types::I32, 0);
             for t in 0..RowsForm::VALUES {
@@ -218,13 +217,17 @@ impl Lowering<'_, '_> {
                 sum = self.b.ins().iadd(sum, p);
             }
             let dot = self.b.ins().fcvt_from_sint(types::F32, sum);
-            let row_scale = self.expr(&Expr::Load { param: d.row_scales.0, index: Box::new(at(&d.row_scales.1, g)) })?;
+            let row_scale = self.row_value(&d.row_scales, g)?;
             let min = match &d.row_min {
                 RowMin::Offset(o) => {
                     let o = self.b.ins().f32const(*o);
                     self.b.ins().fmul(o, row_scale)
                 }
-                RowMin::Stored { param, start } => self.expr(&Expr::Load { param: *param, index: Box::new(at(start, g)) })?,
+                RowMin::Stored(m) => self.row_value(m, g)?,
+                RowMin::Subtracted(m) => {
+                    let m = self.row_value(m, g)?;
+                    self.b.ins().fneg(m)
+                }
             };
             let scaled = self.b.ins().fmul(dot, act_scale);
             let left = self.b.ins().fmul(row_scale, scaled);
@@ -235,6 +238,17 @@ impl Lowering<'_, '_> {
             self.b.ins().store(flags, new, acc_base, (4 * g) as i32);
         }
         Ok(())
+    }
+
+    /// Row `g`'s value of a [`RowScale`]: the float value, times the unsigned byte factor if any.
+    fn row_value(&mut self, r: &RowScale, g: i64) -> Result<Value, CodegenError> {
+        let at = |start: &Expr| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(g)));
+        let value = self.expr(&Expr::Load { param: r.values.0, index: Box::new(at(&r.values.1)) })?;
+        let Some((param, start)) = &r.factors else { return Ok(value) };
+        let byte = self.address(*param, &at(start))?;
+        let byte = self.b.ins().uload8(types::I32, MemFlagsData::trusted(), byte, 0);
+        let factor = self.b.ins().fcvt_from_uint(types::F32, byte);
+        Ok(self.b.ins().fmul(value, factor))
     }
 
     /// `for var in lo..hi { body }` with bounds evaluated once.

@@ -575,9 +575,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         };
         let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
         let act_sum = self.expr(&d.act_scales[1])?.into_float_value();
-        let row_scales = self.float_vector(d.row_scales.0, &d.row_scales.1, lanes)?;
+        let row_scales = self.row_values(&d.row_scales, lanes)?;
         let mins = match &d.row_min {
-            RowMin::Stored { param, start } => Some(self.float_vector(*param, start, lanes)?),
+            RowMin::Stored(m) | RowMin::Subtracted(m) => Some(self.row_values(m, lanes)?),
             RowMin::Offset(_) => None,
         };
         let acc_ptr = self.locals[(d.acc - LOCAL_BASE) as usize];
@@ -593,13 +593,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let inner = fast(b.build_float_add(scaled, off, "inner").map_err(llvm_err)?);
                 fast(b.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?)
             }
-            // S * d * dot + M * s
-            (RowMin::Stored { .. }, Some(mins)) => {
+            // S * d * dot +- M * s
+            (RowMin::Stored(_) | RowMin::Subtracted(_), Some(mins)) => {
                 let left = fast(b.build_float_mul(row_scales, scaled, "left").map_err(llvm_err)?);
                 let right = fast(b.build_float_mul(mins, sum, "right").map_err(llvm_err)?);
-                fast(b.build_float_add(left, right, "term").map_err(llvm_err)?)
+                match d.row_min {
+                    RowMin::Subtracted(_) => fast(b.build_float_sub(left, right, "term").map_err(llvm_err)?),
+                    _ => fast(b.build_float_add(left, right, "term").map_err(llvm_err)?),
+                }
             }
-            (RowMin::Stored { .. }, None) => unreachable!("loaded above"),
+            (_, None) => unreachable!("loaded above"),
         };
         let old = b.build_load(f32v, acc_ptr, "acc").map_err(llvm_err)?;
         old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
@@ -607,6 +610,18 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let st = b.build_store(acc_ptr, new).map_err(llvm_err)?;
         st.set_alignment(4).map_err(llvm_err)?;
         Ok(())
+    }
+
+    /// A [`RowScale`]'s `lanes` values as f32: the float values, times the byte
+    /// factors (unsigned) if any.
+    fn row_values(&mut self, r: &RowScale, lanes: u32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let values = self.float_vector(r.values.0, &r.values.1, lanes)?;
+        let Some((param, start)) = &r.factors else { return Ok(values) };
+        let ptr = self.element_ptr(*param, start)?;
+        let bytes = self.byte_load(self.context.i8_type().vec_type(lanes), ptr)?;
+        let b = &self.builder;
+        let factors = b.build_unsigned_int_to_float(bytes, self.context.f32_type().vec_type(lanes), "factors").map_err(llvm_err)?;
+        Ok(self.fast(b.build_float_mul(values, factors, "row_values").map_err(llvm_err)?.into()).into_vector_value())
     }
 
     /// `lanes` consecutive elements of float parameter `param` from `start`, as f32.

@@ -68,8 +68,8 @@ pub enum Layout {
     RowMajor,
     /// `[n/16][k][16]` for `matmul_panel` (float encodings, `n` a multiple of 16).
     Panel16,
-    /// Blocks of 16 rows interleaved for `matmul_interleaved` (Q8_0, Q4_0, Q4_1
-    /// with int8 activations; `maxc_kernels::library::dequant::rows_form`).
+    /// Blocks of 16 rows interleaved for `matmul_interleaved` (Q8_0, Q4_0, Q4_1,
+    /// Q4_K with int8 activations; `maxc_kernels::library::dequant::rows_form`).
     Interleaved16,
 }
 
@@ -315,7 +315,7 @@ impl Scheduler<'_, '_, '_> {
     }
 
     /// The weight-layout decision, one per weight for every kernel that reads it:
-    /// with int8 activations, a Q8_0 / Q4_0 / Q4_1 weight whose rows come in whole
+    /// with int8 activations, a Q8_0 / Q4_0 / Q4_1 / Q4_K weight whose rows come in whole
     /// groups of 16 is interleaved for `matmul_interleaved` (a tied embedding table
     /// too: the gather reads that layout, unless the table is sharded by rows); a
     /// float matmul weight whose rows come in whole panels, and that nothing reads

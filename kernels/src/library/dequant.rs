@@ -41,17 +41,18 @@ pub struct WeightParams {
 pub const INTERLEAVED_ROWS: i64 = DOT_LANES;
 
 /// The [`RowsForm`] of an encoding stored in layout `interleaved16` (docs/mef.md):
-/// Q8_0 (bytes `q + 128`), Q4_0 and Q4_1 (nibbles); every block of 32 values of 16
-/// consecutive rows is stored together, levels in the form's chunks, then scales
-/// (and minimums) as `[rows / 16][blocks][16]`. `None` for other encodings or
-/// shapes (`rows` not a multiple of 16).
+/// Q8_0 (bytes `q + 128`), Q4_0, Q4_1 and Q4_K (nibbles); every block of 32 values
+/// of 16 consecutive rows is stored together, levels in the form's chunks, then
+/// every per-block part (scales, minimums; Q4_K's per-super-block ones too) as
+/// `[rows / 16][blocks][16]`. `None` for other encodings or shapes (`rows` not a
+/// multiple of 16).
 pub fn rows_form(encoding: WeightEncoding, rows: u64, cols: u64) -> Option<RowsForm> {
-    if !rows.is_multiple_of(INTERLEAVED_ROWS as u64) || !cols.is_multiple_of(BLOCK as u64) {
+    if !rows.is_multiple_of(INTERLEAVED_ROWS as u64) || !cols.is_multiple_of(encoding.block()) {
         return None;
     }
     match encoding {
         WeightEncoding::Q8_0 => Some(RowsForm::Bytes),
-        WeightEncoding::Q4_0 | WeightEncoding::Q4_1 => Some(RowsForm::Nibbles),
+        WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => Some(RowsForm::Nibbles),
         _ => None,
     }
 }
@@ -85,12 +86,17 @@ pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize,
                     }
                 }
             } else {
-                // Per-block scalars (scales, minimums): [rows / 16][blocks][16].
-                let size = bytes.len() / (rows * nb);
+                // Per-block scalars (scales, minimums): [rows / 16][blocks][16],
+                // blocks of this part's own size (32, or Q4_K's 256).
+                let per_row = match encoding.parts()[p].2 {
+                    maxrun::format::PerRow::Every(n) => cols / n as usize,
+                    maxrun::format::PerRow::One => 1,
+                };
+                let size = bytes.len() / (rows * per_row);
                 for r in 0..rows {
-                    for blk in 0..nb {
-                        let dst = (((r / g16) * nb + blk) * g16 + r % g16) * size;
-                        out[dst..dst + size].copy_from_slice(&bytes[(r * nb + blk) * size..][..size]);
+                    for blk in 0..per_row {
+                        let dst = (((r / g16) * per_row + blk) * g16 + r % g16) * size;
+                        out[dst..dst + size].copy_from_slice(&bytes[(r * per_row + blk) * size..][..size]);
                     }
                 }
             }
@@ -157,7 +163,14 @@ impl WeightParams {
             WeightEncoding::Q4_1 => (ld(self.part("scales"), block_index()), Some(ld(self.part("mins"), block_index()))),
             WeightEncoding::Q4K => {
                 let sub_blocks = BLOCK * 8;
-                let super_index = add(mul(row.clone(), i(self.cols / sub_blocks)), div(blk.clone(), i(8)));
+                let supers = self.cols / sub_blocks;
+                let super_index = match self.interleaved {
+                    None => add(mul(row.clone(), i(supers)), div(blk.clone(), i(8))),
+                    Some(_) => {
+                        let g = INTERLEAVED_ROWS;
+                        add(mul(add(mul(div(row.clone(), i(g)), i(supers)), div(blk.clone(), i(8))), i(g)), rem(row.clone(), i(g)))
+                    }
+                };
                 let scale = mul(ld(self.part("scales"), super_index.clone()), to_f32(ld(self.part("sub_scales"), block_index())));
                 let min = mul(ld(self.part("mins"), super_index), to_f32(ld(self.part("sub_mins"), block_index())));
                 (scale, Some(un(UnOp::Neg, min)))

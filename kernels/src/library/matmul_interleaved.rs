@@ -1,5 +1,5 @@
 //! Matmul / GEMV of int8-quantized activations with block weights stored
-//! interleaved by 16 rows (layout `interleaved16`: Q8_0, Q4_0, Q4_1; see
+//! interleaved by 16 rows (layout `interleaved16`: Q8_0, Q4_0, Q4_1, Q4_K; see
 //! [`super::dequant::rows_form`]), as llama.cpp's repacked CPU kernels compute:
 //! each 64-byte load of levels holds four values of 16 output rows, multiplied by
 //! four activation bytes broadcast to every row (`Stmt::DotRows`, VNNI
@@ -12,7 +12,8 @@
 //! block's `d`, then each block's `d * sum(q)`). Per block of row `j`:
 //! `d_w[j] d_a dot(W[j], q) + m_w[j] d_a sum(q)`, where the minimum `m_w` is
 //! Q4_1's stored one, `-8 d_w` for Q4_0 and `-128 d_w` for Q8_0 (its levels are
-//! stored as `q + 128`, unsigned, as the instruction wants them).
+//! stored as `q + 128`, unsigned, as the instruction wants them); Q4_K's scale and
+//! minimum are its super-block's f16 ones times the block's 6-bit ones.
 //! Tasks own panels of 16 output columns (`matmul_panel.rs`'s task structure).
 
 use maxrun::format::WeightEncoding;
@@ -51,7 +52,19 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
         let s_at = add(mul(row(r), i(2 * nb)), v(blk));
         for (p, &gb) in group_blocks.iter().enumerate() {
             // The 16 rows' scales (and minimums) of a block are consecutive.
-            let per_row = mul(v(gb), i(lanes));
+            let per_row = |part: &str| (w.part(part), mul(v(gb), i(lanes)));
+            // Q4_K: a super-block's f16 scale and minimum times the block's 6-bit ones.
+            let per_super = |part: &str| (w.part(part), mul(add(mul(add(v(p0), i(p as i64)), i(nb / 8)), div(v(blk), i(8))), i(lanes)));
+            let (row_scales, row_min) = match w.encoding {
+                WeightEncoding::Q4_1 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Stored(RowScale { values: per_row("mins"), factors: None })),
+                WeightEncoding::Q4_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-8.0)),
+                WeightEncoding::Q8_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-128.0)),
+                WeightEncoding::Q4K => (
+                    RowScale { values: per_super("scales"), factors: Some(per_row("sub_scales")) },
+                    RowMin::Subtracted(RowScale { values: per_super("mins"), factors: Some(per_row("sub_mins")) }),
+                ),
+                e => unreachable!("{} has no interleaved layout", e.name()),
+            };
             per_block.push(Stmt::DotRows(RowDot {
                 acc: acc[r as usize][p],
                 weights: w.part("quants"),
@@ -60,13 +73,8 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 act: xq,
                 act_start: add(mul(row(r), i(k)), mul(v(blk), i(BLOCK))),
                 act_scales: [ld(xs, s_at.clone()), ld(xs, add(s_at.clone(), i(nb)))],
-                row_scales: (w.part("scales"), per_row.clone()),
-                row_min: match w.encoding {
-                    WeightEncoding::Q4_1 => RowMin::Stored { param: w.part("mins"), start: per_row },
-                    WeightEncoding::Q4_0 => RowMin::Offset(-8.0),
-                    WeightEncoding::Q8_0 => RowMin::Offset(-128.0),
-                    e => unreachable!("{} has no interleaved layout", e.name()),
-                },
+                row_scales,
+                row_min,
             }));
         }
     }
@@ -111,8 +119,9 @@ mod tests {
     /// make one full task and a last single panel, 6 rows a row tile and two more.
     #[test]
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
-            let (k, n) = (96usize, 48usize);
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+            // Q4_K's super-blocks need whole 256s.
+            let (k, n) = (if encoding == WeightEncoding::Q4K { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);
             let packed = interleaved_parts(encoding, &parts, n, k);
             for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
