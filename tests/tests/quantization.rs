@@ -250,22 +250,30 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
     assert!(!out.exists());
 }
 
-/// An artifact naming an encoding this maxrun does not know is refused by name
-/// (as a newer maxc could write), not run and not called corrupt.
-#[test]
-fn maxrun_refuses_an_unknown_weight_encoding() {
-    let mef = compile("tiny-llama-enc", &fixture("tiny-llama"), "q8_0");
+/// A tiny-llama q8_0 artifact whose first weight entry matching `pick` was
+/// changed by `edit` (to a string of the same length, so the header keeps its
+/// size); returns the new file and that weight's name.
+fn with_edited_weight(tag: &str, pick: impl Fn(&maxrun::format::WeightEntry) -> bool, edit: impl FnOnce(&mut maxrun::format::WeightEntry)) -> (PathBuf, String) {
+    let mef = compile(tag, &fixture("tiny-llama"), "q8_0");
     let bytes = std::fs::read(&mef).unwrap();
     let artifact = maxrun::artifact::Artifact::from_bytes(&mef, bytes.clone()).unwrap();
     let mut header = artifact.header.clone();
-    let w = header.weights.iter_mut().find(|w| w.encoding == "q8_0").unwrap();
-    w.encoding = "q9_9".into(); // same length: the header keeps its size
+    let w = header.weights.iter_mut().find(|w| pick(w)).unwrap();
+    edit(w);
     let name = w.name.clone();
     let prelude = maxrun::format::encode_header(&header);
     let mut bad = bytes;
     bad[..prelude.len()].copy_from_slice(&prelude);
-    let p = temp_dir("unknown-enc").join("m.mef");
+    let p = temp_dir(&format!("{tag}-edited")).join("m.mef");
     std::fs::write(&p, bad).unwrap();
+    (p, name)
+}
+
+/// An artifact naming an encoding this maxrun does not know is refused by name
+/// (as a newer maxc could write), not run and not called corrupt.
+#[test]
+fn maxrun_refuses_an_unknown_weight_encoding() {
+    let (p, name) = with_edited_weight("unknown-enc", |w| w.encoding == "q8_0", |w| w.encoding = "q9_9".into());
     let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("hi")]);
     assert_clean_error(&r, 1, &["q9_9", &name, "do not know", "q4_k"]);
 }
@@ -273,18 +281,7 @@ fn maxrun_refuses_an_unknown_weight_encoding() {
 /// Likewise a weight layout this maxrun does not know (a newer maxc's packing).
 #[test]
 fn maxrun_refuses_an_unknown_weight_layout() {
-    let mef = compile("tiny-llama-layout", &fixture("tiny-llama"), "q8_0");
-    let bytes = std::fs::read(&mef).unwrap();
-    let artifact = maxrun::artifact::Artifact::from_bytes(&mef, bytes.clone()).unwrap();
-    let mut header = artifact.header.clone();
-    let w = header.weights.iter_mut().find(|w| w.layout == "row_major").unwrap();
-    w.layout = "tiles_x32".into(); // same length: the header keeps its size
-    let name = w.name.clone();
-    let prelude = maxrun::format::encode_header(&header);
-    let mut bad = bytes;
-    bad[..prelude.len()].copy_from_slice(&prelude);
-    let p = temp_dir("unknown-layout").join("m.mef");
-    std::fs::write(&p, bad).unwrap();
+    let (p, name) = with_edited_weight("unknown-layout", |w| w.layout == "row_major", |w| w.layout = "tiles_x32".into());
     let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("hi")]);
     assert_clean_error(&r, 1, &["tiles_x32", &name, "do not know", "interleaved16"]);
 }
