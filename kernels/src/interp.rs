@@ -105,7 +105,7 @@ fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
                 collect_loops(body, out);
             }
             Stmt::If { then, .. } => collect_loops(then, out),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => {}
         }
     }
 }

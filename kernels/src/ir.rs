@@ -221,7 +221,7 @@ impl RowDot {
 /// feeds one dot step of all 16 rows.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RowsForm {
-    /// Q4_0 / Q4_1 levels: `W[g][t]` is the low nibble of byte
+    /// Q4_0 / Q4_1 / Q4_K levels: `W[g][t]` is the low nibble of byte
     /// `64 (t / 8) + 4 g + t % 4` for `t % 8 < 4`, else its high nibble (4 chunks).
     Nibbles,
     /// Byte levels: `W[g][t]` is byte `64 (t / 4) + 4 g + t % 4` read as unsigned
@@ -236,9 +236,16 @@ impl RowsForm {
     /// Byte index (within the block of 16 rows) holding `W[g][t]`, and whether it
     /// is the high nibble.
     pub fn byte_of(self, g: i64, t: i64) -> (i64, bool) {
+        let per_chunk = self.values_per_chunk();
+        (64 * (t / per_chunk) + 4 * g + t % 4, t % per_chunk >= 4)
+    }
+
+    /// Values of each row one 64-byte chunk holds (the high nibbles hold values
+    /// 4..8 of a chunk of nibbles).
+    pub fn values_per_chunk(self) -> i64 {
         match self {
-            RowsForm::Nibbles => (64 * (t / 8) + 4 * g + t % 4, t % 8 >= 4),
-            RowsForm::Bytes => (64 * (t / 4) + 4 * g + t % 4, false),
+            RowsForm::Nibbles => 8,
+            RowsForm::Bytes => 4,
         }
     }
 
@@ -444,6 +451,33 @@ impl Kernel {
         self.validate_block(&self.body).map_err(err)
     }
 
+    /// The element type of parameter `p` that a dot instruction reads as `what`.
+    fn dot_param(&self, p: u32, what: &str) -> Result<ElemType, String> {
+        self.buffer(p).filter(|_| p < LOCAL_BASE).map(|b| b.elem).ok_or(format!("dot {what} {p} is not a parameter"))
+    }
+
+    /// The operands every dot instruction has: an accumulator local of
+    /// [`DOT_LANES`], weight and I8 activation parameters with i64 starts, f32
+    /// scales. Returns the weights' element type for the form's own check.
+    fn validate_dot(&self, acc: u32, (weights, w_start): (u32, &Expr), (act, act_start): (u32, &Expr), scales: &[Expr]) -> Result<ElemType, String> {
+        if acc < LOCAL_BASE || self.locals.get((acc - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
+            return Err(format!("dot accumulator {acc} is not a local of {DOT_LANES} elements"));
+        }
+        let (w_elem, a_elem) = (self.dot_param(weights, "weights")?, self.dot_param(act, "activations")?);
+        if a_elem != ElemType::I8 {
+            return Err(format!("dots take I8 activations, got {a_elem:?}"));
+        }
+        for e in scales {
+            if self.type_of(e)? != ValType::F32 {
+                return Err("dot scales must be f32".into());
+            }
+        }
+        if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
+            return Err("dot starts must be i64".into());
+        }
+        Ok(w_elem)
+    }
+
     fn validate_block(&self, block: &[Stmt]) -> Result<(), String> {
         for s in block {
             match s {
@@ -488,53 +522,28 @@ impl Kernel {
                     self.validate_block(then)?;
                 }
                 Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => {
-                    if *acc < LOCAL_BASE || self.locals.get((acc - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
-                        return Err(format!("dot accumulator {acc} is not a local of {DOT_LANES} elements"));
-                    }
-                    let w_elem = self.buffer(*weights).filter(|_| *weights < LOCAL_BASE).ok_or(format!("dot weights {weights} is not a parameter"))?.elem;
-                    let a_elem = self.buffer(*act).filter(|_| *act < LOCAL_BASE).ok_or(format!("dot activations {act} is not a parameter"))?.elem;
+                    let w_elem = self.validate_dot(*acc, (*weights, w_start), (*act, act_start), scales)?;
                     let want_w = if *form == DotForm::Int8 { ElemType::I8 } else { ElemType::U8 };
-                    if w_elem != want_w || a_elem != ElemType::I8 {
-                        return Err(format!("dot {form:?} takes {want_w:?} weights and I8 activations, got {w_elem:?} and {a_elem:?}"));
-                    }
-                    for e in scales {
-                        if self.type_of(e)? != ValType::F32 {
-                            return Err("dot scales must be f32".into());
-                        }
-                    }
-                    if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
-                        return Err("dot starts must be i64".into());
+                    if w_elem != want_w {
+                        return Err(format!("dot {form:?} takes {want_w:?} weights, got {w_elem:?}"));
                     }
                 }
                 Stmt::DotRows(d) => {
-                    if d.acc < LOCAL_BASE || self.locals.get((d.acc - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
-                        return Err(format!("dot accumulator {} is not a local of {DOT_LANES} elements", d.acc));
-                    }
-                    let param_elem = |p: u32, what: &str| self.buffer(p).filter(|_| p < LOCAL_BASE).map(|b| b.elem).ok_or(format!("dot {what} {p} is not a parameter"));
-                    let (w_elem, a_elem) = (param_elem(d.weights, "weights")?, param_elem(d.act, "activations")?);
+                    let w_elem = self.validate_dot(d.acc, (d.weights, &d.w_start), (d.act, &d.act_start), &d.act_scales)?;
                     // Weight bytes are read as unsigned whatever the part's declared type.
-                    if !matches!(w_elem, ElemType::U8 | ElemType::I8) || a_elem != ElemType::I8 {
-                        return Err(format!("row dots take byte weights and I8 activations, got {w_elem:?} and {a_elem:?}"));
+                    if !matches!(w_elem, ElemType::U8 | ElemType::I8) {
+                        return Err(format!("row dots take byte weights, got {w_elem:?}"));
                     }
                     for r in d.per_row() {
                         let (p, start) = &r.values;
-                        if !matches!(param_elem(*p, "row scales")?, ElemType::F32 | ElemType::F16 | ElemType::BF16) || self.type_of(start)? != ValType::I64 {
+                        if !matches!(self.dot_param(*p, "row scales")?, ElemType::F32 | ElemType::F16 | ElemType::BF16) || self.type_of(start)? != ValType::I64 {
                             return Err(format!("row scales {p} must be a float parameter with an i64 start"));
                         }
                         if let Some((p, start)) = &r.factors {
-                            if !matches!(param_elem(*p, "row factors")?, ElemType::U8 | ElemType::I8) || self.type_of(start)? != ValType::I64 {
+                            if !matches!(self.dot_param(*p, "row factors")?, ElemType::U8 | ElemType::I8) || self.type_of(start)? != ValType::I64 {
                                 return Err(format!("row factors {p} must be a byte parameter with an i64 start"));
                             }
                         }
-                    }
-                    for e in &d.act_scales {
-                        if self.type_of(e)? != ValType::F32 {
-                            return Err("dot scales must be f32".into());
-                        }
-                    }
-                    let (w_start, act_start) = (&d.w_start, &d.act_start);
-                    if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
-                        return Err("dot starts must be i64".into());
                     }
                 }
             }

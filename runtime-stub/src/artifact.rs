@@ -230,9 +230,6 @@ impl Artifact {
                 return Err(ArtifactError::UnknownEncoding { path: self.path.clone(), weight: w.name.clone(), encoding: w.encoding.clone() });
             };
             let float = matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16);
-            if !crate::format::LAYOUTS.contains(&w.layout.as_str()) {
-                return Err(ArtifactError::UnknownLayout { path: self.path.clone(), weight: w.name.clone(), layout: w.layout.clone() });
-            }
             let layout_ok = match w.layout.as_str() {
                 "row_major" => true,
                 "panel16" => float && w.shape.len() == 2 && w.shape[0] % 16 == 0,
@@ -242,7 +239,7 @@ impl Artifact {
                         && w.shape[0] % 16 == 0
                         && w.shape[1] % encoding.block() == 0
                 }
-                _ => false,
+                _ => return Err(ArtifactError::UnknownLayout { path: self.path.clone(), weight: w.name.clone(), layout: w.layout.clone() }),
             };
             if !layout_ok {
                 return Err(corrupt(format!("weight `{}`", w.name), format!("layout `{}` for {} {:?}", w.layout, w.encoding, w.shape)));

@@ -464,61 +464,77 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let scale_b = self.expr(&scales[1])?.into_float_value();
         let w_ptr = self.element_ptr(weights, w_start)?;
         let a_ptr = self.element_ptr(act, act_start)?;
-        let acc_ptr = self.locals[(acc - LOCAL_BASE) as usize];
-        let b = &self.builder;
-        let byte_vec = |n: u32| i8t.vec_type(n);
-        let load = |ty: inkwell::types::VectorType<'ctx>, p: PointerValue<'ctx>, align: u32| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-            let v = b.build_load(ty, p, "bytes").map_err(llvm_err)?;
-            v.as_instruction_value().expect("a load").set_alignment(align).map_err(llvm_err)?;
-            Ok(v.into_vector_value())
-        };
-        let splat8 = |x: u64, n: u32| inkwell::types::VectorType::const_vector(&vec![i8t.const_int(x, false); n as usize]);
         let w = match form {
-            DotForm::Int8 => load(byte_vec(values), w_ptr, 1)?,
+            DotForm::Int8 => self.byte_load(i8t.vec_type(values), w_ptr)?,
             DotForm::NibblePairs => {
-                let packed = load(byte_vec(values / 2), w_ptr, 1)?;
-                let low = b.build_and(packed, splat8(15, values / 2), "low").map_err(llvm_err)?;
-                let high = b.build_right_shift(packed, splat8(4, values / 2), false, "high").map_err(llvm_err)?;
-                b.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, values), "levels").map_err(llvm_err)?
+                let (low, high) = self.nibbles(self.byte_load(i8t.vec_type(values / 2), w_ptr)?)?;
+                self.builder.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, values), "levels").map_err(llvm_err)?
             }
         };
-        let a = load(byte_vec(values), a_ptr, 1)?;
-        let vnni = matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni());
-        let sums = if vnni {
-            let (u, s) = match form {
-                DotForm::NibblePairs => (w, a),
-                DotForm::Int8 => {
-                    let abs = self.intrinsic_typed("llvm.abs", &[w.into(), self.context.bool_type().const_zero().into()], &[w.get_type().into()])?.into_vector_value();
-                    let b = &self.builder;
-                    let negative = b.build_int_compare(IntPredicate::SLT, w, byte_vec(values).const_zero(), "negative").map_err(llvm_err)?;
-                    let minus_a = b.build_int_neg(a, "minus_a").map_err(llvm_err)?;
-                    let signed = b.build_select(negative, minus_a, a, "signed").map_err(llvm_err)?.into_vector_value();
-                    (abs, signed)
-                }
-            };
-            self.vpdpbusd(self.context.i32_type().vec_type(lanes).const_zero(), u, s)?
-        } else {
-            let wide = i32t.vec_type(values);
-            let ww = match form {
-                DotForm::Int8 => b.build_int_s_extend(w, wide, "w32").map_err(llvm_err)?,
-                DotForm::NibblePairs => b.build_int_z_extend(w, wide, "w32").map_err(llvm_err)?,
-            };
-            let aw = b.build_int_s_extend(a, wide, "a32").map_err(llvm_err)?;
-            let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
-            self.sum_fours(products)?
+        let a = self.byte_load(i8t.vec_type(values), a_ptr)?;
+        let zero = i32t.vec_type(lanes).const_zero();
+        let sums = match form {
+            // vpdpbusd multiplies unsigned by signed bytes: Q8_0's signed weights as
+            // |w| times a * sign(w) (activations are never -128).
+            DotForm::Int8 if self.has_vnni() => {
+                let abs = self.intrinsic_typed("llvm.abs", &[w.into(), self.context.bool_type().const_zero().into()], &[w.get_type().into()])?.into_vector_value();
+                let b = &self.builder;
+                let negative = b.build_int_compare(IntPredicate::SLT, w, i8t.vec_type(values).const_zero(), "negative").map_err(llvm_err)?;
+                let minus_a = b.build_int_neg(a, "minus_a").map_err(llvm_err)?;
+                let signed = b.build_select(negative, minus_a, a, "signed").map_err(llvm_err)?.into_vector_value();
+                self.dot_fours(zero, abs, signed, false)?
+            }
+            DotForm::Int8 => self.dot_fours(zero, w, a, true)?,
+            DotForm::NibblePairs => self.dot_fours(zero, w, a, false)?,
         };
         let b = &self.builder;
-        let f32v = f32t.vec_type(lanes);
-        let sums = b.build_signed_int_to_float(sums, f32v, "sums").map_err(llvm_err)?;
+        let sums = b.build_signed_int_to_float(sums, f32t.vec_type(lanes), "sums").map_err(llvm_err)?;
         let pair = f32t.vec_type(2).get_undef();
         let pair = b.build_insert_element(pair, scale_a, i32t.const_zero(), "scale_a").map_err(llvm_err)?;
         let pair = b.build_insert_element(pair, scale_b, i32t.const_int(1, false), "scale_b").map_err(llvm_err)?;
         let scale = b.build_shuffle_vector(pair, pair, shuffle_mask(self.context, &|g| form.block_of_lane(g as i64) as u32, lanes), "scales").map_err(llvm_err)?;
-        let old = b.build_load(f32v, acc_ptr, "acc").map_err(llvm_err)?;
+        let scaled = self.fast(b.build_float_mul(sums, scale, "scaled").map_err(llvm_err)?.into()).into_vector_value();
+        self.add_to_local(acc, scaled)
+    }
+
+    /// Whether this lowering may use AVX-512 VNNI (`vpdpbusd`).
+    fn has_vnni(&self) -> bool {
+        matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni())
+    }
+
+    /// The low and high nibbles of a vector of bytes.
+    fn nibbles(&self, packed: inkwell::values::VectorValue<'ctx>) -> Result<(inkwell::values::VectorValue<'ctx>, inkwell::values::VectorValue<'ctx>), CodegenError> {
+        let i8t = self.context.i8_type();
+        let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i8t.const_int(x, false); packed.get_type().get_size() as usize]);
+        let b = &self.builder;
+        Ok((b.build_and(packed, splat(15), "low").map_err(llvm_err)?, b.build_right_shift(packed, splat(4), false, "high").map_err(llvm_err)?))
+    }
+
+    /// `acc` plus, per i32 lane `g`, the sum of the products of bytes `4g..4g + 4`
+    /// of `w` (signed if `signed_w`, else unsigned) with the signed bytes of `a`:
+    /// one `vpdpbusd` where the target has VNNI (`w` unsigned), otherwise widened
+    /// multiplies and a sum of each lane's four products.
+    fn dot_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>, signed_w: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        if self.has_vnni() && !signed_w {
+            return self.vpdpbusd(acc, w, a);
+        }
+        let wide = self.context.i32_type().vec_type(w.get_type().get_size());
+        let b = &self.builder;
+        let ww = if signed_w { b.build_int_s_extend(w, wide, "w32") } else { b.build_int_z_extend(w, wide, "w32") }.map_err(llvm_err)?;
+        let aw = b.build_int_s_extend(a, wide, "a32").map_err(llvm_err)?;
+        let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
+        let sums = self.sum_fours(products)?;
+        self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)
+    }
+
+    /// `local[0..16] += term` (a dot instruction's f32 accumulator).
+    fn add_to_local(&self, local: u32, term: inkwell::values::VectorValue<'ctx>) -> Result<(), CodegenError> {
+        let ptr = self.locals[(local - LOCAL_BASE) as usize];
+        let b = &self.builder;
+        let old = b.build_load(term.get_type(), ptr, "acc").map_err(llvm_err)?;
         old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
-        let scaled = self.fast(b.build_float_mul(sums, scale, "scaled").map_err(llvm_err)?.into());
-        let new = self.fast(b.build_float_add(old.into_vector_value(), scaled.into_vector_value(), "acc").map_err(llvm_err)?.into());
-        let st = b.build_store(acc_ptr, new).map_err(llvm_err)?;
+        let new = self.fast(b.build_float_add(old.into_vector_value(), term, "acc").map_err(llvm_err)?.into());
+        let st = b.build_store(ptr, new).map_err(llvm_err)?;
         st.set_alignment(4).map_err(llvm_err)?;
         Ok(())
     }
@@ -534,7 +550,6 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
-        let vnni = matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni());
         let offset = |e: &Expr, by: i64| Expr::Bin(BinOp::Add, Box::new(e.clone()), Box::new(Expr::I64(by)));
         let mut acc = i32t.vec_type(lanes).const_zero();
         for c in 0..d.form.chunks() {
@@ -544,10 +559,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let steps = match d.form {
                 RowsForm::Bytes => vec![(chunk, 4 * c)],
                 RowsForm::Nibbles => {
-                    let b = &self.builder;
-                    let splat = |x: u64| inkwell::types::VectorType::const_vector(&[i8t.const_int(x, false); 64]);
-                    let low = b.build_and(chunk, splat(15), "low").map_err(llvm_err)?;
-                    let high = b.build_right_shift(chunk, splat(4), false, "high").map_err(llvm_err)?;
+                    let (low, high) = self.nibbles(chunk)?;
                     vec![(low, 8 * c), (high, 8 * c + 4)]
                 }
             };
@@ -555,17 +567,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let a_ptr = self.element_ptr(d.act, &offset(&d.act_start, first))?;
                 let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
                 let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                acc = if vnni {
-                    self.vpdpbusd(acc, levels, broadcast)?
-                } else {
-                    let wide = i32t.vec_type(64);
-                    let b = &self.builder;
-                    let w = b.build_int_z_extend(levels, wide, "w32").map_err(llvm_err)?;
-                    let a = b.build_int_s_extend(broadcast, wide, "a32").map_err(llvm_err)?;
-                    let products = b.build_int_mul(w, a, "products").map_err(llvm_err)?;
-                    let sums = self.sum_fours(products)?;
-                    self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)?
-                };
+                acc = self.dot_fours(acc, levels, broadcast, false)?;
             }
         }
         let f32v = f32t.vec_type(lanes);
@@ -580,7 +582,6 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             RowMin::Stored(m) | RowMin::Subtracted(m) => Some(self.row_values(m, lanes)?),
             RowMin::Offset(_) => None,
         };
-        let acc_ptr = self.locals[(d.acc - LOCAL_BASE) as usize];
         let b = &self.builder;
         let fast = |v: inkwell::values::VectorValue<'ctx>| self.fast(v.into()).into_vector_value();
         let dots = b.build_signed_int_to_float(acc, f32v, "dots").map_err(llvm_err)?;
@@ -604,12 +605,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
             (_, None) => unreachable!("loaded above"),
         };
-        let old = b.build_load(f32v, acc_ptr, "acc").map_err(llvm_err)?;
-        old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
-        let new = fast(b.build_float_add(old.into_vector_value(), term, "acc").map_err(llvm_err)?);
-        let st = b.build_store(acc_ptr, new).map_err(llvm_err)?;
-        st.set_alignment(4).map_err(llvm_err)?;
-        Ok(())
+        self.add_to_local(d.acc, term)
     }
 
     /// A [`RowScale`]'s `lanes` values as f32: the float values, times the byte

@@ -325,13 +325,13 @@ impl Scheduler<'_, '_, '_> {
         let dim = |i: usize| ty.shape.get(i).and_then(|d| d.fixed()).unwrap_or(0);
         let (n, k) = (dim(0), dim(1));
         let float = !ty.quant.is_block();
-        let gathers: Vec<&crate::graph::Node> = self.graph.nodes.iter().filter(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w)).collect();
-        let sharded_gather = matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. }) && !gathers.is_empty();
+        let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
+        let sharded_gather = gathered && matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. });
         if self.weights.row_major_only || ty.shape.len() != 2 {
             Layout::RowMajor
         } else if self.weights.int8_activations && !float && rows_form(ty.quant.encoding(), n, k).is_some() && !sharded_gather {
             Layout::Interleaved16
-        } else if float && n > 0 && n.is_multiple_of(PANEL) && gathers.is_empty() {
+        } else if float && n > 0 && n.is_multiple_of(PANEL) && !gathered {
             Layout::Panel16
         } else {
             Layout::RowMajor

@@ -146,13 +146,7 @@ impl WeightParams {
     /// The scale of block `blk` of `row`, and its additive minimum if the encoding has one.
     pub fn block_scale(&self, row: Expr, blk: Expr) -> (Expr, Option<Expr>) {
         let nb = self.blocks_per_row();
-        let block_index = || match self.interleaved {
-            None => add(mul(row.clone(), i(nb)), blk.clone()),
-            Some(_) => {
-                let g = INTERLEAVED_ROWS;
-                add(mul(add(mul(div(row.clone(), i(g)), i(nb)), blk.clone()), i(g)), rem(row.clone(), i(g)))
-            }
-        };
+        let block_index = || self.per_block_index(row.clone(), blk.clone(), nb);
         match self.encoding {
             WeightEncoding::Q8_0 => (ld(self.part("scales"), block_index()), None),
             // q - 8 folded into the minimum: scale * (q - 8) = scale * q - 8 * scale.
@@ -163,14 +157,7 @@ impl WeightParams {
             WeightEncoding::Q4_1 => (ld(self.part("scales"), block_index()), Some(ld(self.part("mins"), block_index()))),
             WeightEncoding::Q4K => {
                 let sub_blocks = BLOCK * 8;
-                let supers = self.cols / sub_blocks;
-                let super_index = match self.interleaved {
-                    None => add(mul(row.clone(), i(supers)), div(blk.clone(), i(8))),
-                    Some(_) => {
-                        let g = INTERLEAVED_ROWS;
-                        add(mul(add(mul(div(row.clone(), i(g)), i(supers)), div(blk.clone(), i(8))), i(g)), rem(row.clone(), i(g)))
-                    }
-                };
+                let super_index = self.per_block_index(row.clone(), div(blk.clone(), i(8)), self.cols / sub_blocks);
                 let scale = mul(ld(self.part("scales"), super_index.clone()), to_f32(ld(self.part("sub_scales"), block_index())));
                 let min = mul(ld(self.part("mins"), super_index), to_f32(ld(self.part("sub_mins"), block_index())));
                 (scale, Some(un(UnOp::Neg, min)))
@@ -209,11 +196,40 @@ impl WeightParams {
         }
     }
 
+    /// Where a per-block part (scales, minimums) holds block `blk` of `row`, with
+    /// `blocks` of them per row: `[rows][blocks]`, or `[rows / 16][blocks][16]` in
+    /// layout `interleaved16`.
+    fn per_block_index(&self, row: Expr, blk: Expr, blocks: i64) -> Expr {
+        match self.interleaved {
+            None => add(mul(row, i(blocks)), blk),
+            Some(_) => {
+                let g = INTERLEAVED_ROWS;
+                add(mul(add(mul(div(row.clone(), i(g)), i(blocks)), blk), i(g)), rem(row, i(g)))
+            }
+        }
+    }
+
+    /// The stored number `q` (as f32) of value `t` of block `blk` of `row` in layout
+    /// `interleaved16`: the level at [`RowsForm::byte_of`] (row `row % 16`, value
+    /// `t`) of its group block.
+    fn interleaved_level(&self, form: RowsForm, row: Expr, blk: Expr, t: Expr) -> Expr {
+        let g = INTERLEAVED_ROWS;
+        let group_block = add(mul(div(row.clone(), i(g)), i(self.blocks_per_row())), blk);
+        let per_chunk = form.values_per_chunk();
+        let within = add(mul(div(t.clone(), i(per_chunk)), i(64)), add(mul(rem(row, i(g)), i(4)), rem(t.clone(), i(4))));
+        let byte = ld(self.part("quants"), add(mul(group_block, i(form.bytes())), within));
+        match form {
+            RowsForm::Nibbles => {
+                let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(per_chunk))));
+                to_f32(select(high, shr(byte.clone(), i(4)), and(byte, i(15))))
+            }
+            // q + 128 stored in a signed byte: (byte & 255) - 128.
+            RowsForm::Bytes => to_f32(sub(and(byte, i(255)), i(128))),
+        }
+    }
+
     /// The value at (`row`, `col`), decoded.
     pub fn value(&self, row: Expr, col: Expr) -> Expr {
-        if let Some(form) = self.interleaved {
-            return self.interleaved_value(form, row, col);
-        }
         match self.encoding {
             WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => {
                 ld(self.part("values"), add(mul(row, i(self.cols)), col))
@@ -221,44 +237,19 @@ impl WeightParams {
             _ => {
                 let blk = div(col.clone(), i(BLOCK));
                 let t = rem(col, i(BLOCK));
-                let (lo, hi) = self.block_pair(row.clone(), blk.clone(), rem(t.clone(), i(HALF)));
-                let q = select(lt(t, i(HALF)), lo, hi);
+                let q = match self.interleaved {
+                    Some(form) => self.interleaved_level(form, row.clone(), blk.clone(), t),
+                    None => {
+                        let (lo, hi) = self.block_pair(row.clone(), blk.clone(), rem(t.clone(), i(HALF)));
+                        select(lt(t, i(HALF)), lo, hi)
+                    }
+                };
                 let (scale, min) = self.block_scale(row, blk);
                 match min {
                     Some(m) => add(mul(scale, q), m),
                     None => mul(scale, q),
                 }
             }
-        }
-    }
-}
-
-impl WeightParams {
-    /// [`WeightParams::value`] in layout `interleaved16`.
-    fn interleaved_value(&self, form: RowsForm, row: Expr, col: Expr) -> Expr {
-        let g = INTERLEAVED_ROWS;
-        let blk = div(col.clone(), i(BLOCK));
-        let t = rem(col, i(BLOCK));
-        let lane = rem(row.clone(), i(g));
-        let group_block = add(mul(div(row.clone(), i(g)), i(self.blocks_per_row())), blk.clone());
-        // RowsForm::byte_of with variable (row, t).
-        let (chunk_values, within) = match form {
-            RowsForm::Nibbles => (8, add(mul(div(t.clone(), i(8)), i(64)), add(mul(lane, i(4)), rem(t.clone(), i(4))))),
-            RowsForm::Bytes => (4, add(mul(div(t.clone(), i(4)), i(64)), add(mul(lane, i(4)), rem(t.clone(), i(4))))),
-        };
-        let byte = ld(self.part("quants"), add(mul(group_block, i(form.bytes())), within));
-        let q = match form {
-            RowsForm::Nibbles => {
-                let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(chunk_values))));
-                to_f32(select(high, shr(byte.clone(), i(4)), and(byte, i(15))))
-            }
-            // q + 128 stored in a signed byte: (byte & 255) - 128.
-            RowsForm::Bytes => to_f32(sub(and(byte, i(255)), i(128))),
-        };
-        let (scale, min) = self.block_scale(row, blk);
-        match min {
-            Some(m) => add(mul(scale, q), m),
-            None => mul(scale, q),
         }
     }
 }

@@ -33,6 +33,28 @@ pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(
 /// Builds one register tile: `(builder, rows, cols, first row, first column)`.
 pub(super) type TileBuilder<'t> = dyn FnMut(&mut KernelBuilder, i64, i64, VarId, VarId) -> Vec<Stmt> + 't;
 
+/// The row loop of a register-tiled matmul task: row tiles of `row_tile` rows
+/// (one at decode, `seq = 1`) starting at `r0`, counted by `rb`, then the rows
+/// left over one at a time; `tile(b, rows)` builds one tile of `rows` rows at `r0`.
+pub(super) fn row_tiles(b: &mut KernelBuilder, seq: SeqMode, row_tile: i64, (rb, r0): (VarId, VarId), tile: &mut dyn FnMut(&mut KernelBuilder, i64) -> Vec<Stmt>) -> Vec<Stmt> {
+    let row_tile = match seq {
+        SeqMode::Fixed(1) => 1,
+        _ => row_tile,
+    };
+    let full_rows = tile(b, row_tile);
+    let full_blocks = div(seq.expr(), i(row_tile));
+    let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
+        let mut body = vec![set(r0, mul(v(rb), i(row_tile)))];
+        body.extend(full_rows);
+        body
+    })];
+    if row_tile > 1 {
+        let tail_row = tile(b, 1);
+        tiled.push(for_(r0, mul(full_blocks, i(row_tile)), seq.expr(), tail_row));
+    }
+    tiled
+}
+
 /// The task structure of the tiled block matmuls (`matmul_blocks.rs`,
 /// `matmul_int8.rs`): task `t` owns `cols_per_task` output columns, walked in
 /// column tiles of `col_tile`; each full tile runs `tile(b, rows, cols, r0, j0)`
@@ -48,22 +70,8 @@ pub(super) fn column_tasks(
 ) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, jb, j0, j, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let ni = n as i64;
-    let row_tile = match seq {
-        SeqMode::Fixed(1) => 1,
-        _ => ROW_TILE as i64,
-    };
     let ct = col_tile as i64;
-    let full_rows = tile(b, row_tile, ct, r0, j0);
-    let full_blocks = div(seq.expr(), i(row_tile));
-    let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
-        let mut body = vec![set(r0, mul(v(rb), i(row_tile)))];
-        body.extend(full_rows);
-        body
-    })];
-    if row_tile > 1 {
-        let tail_row = tile(b, 1, ct, r0, j0);
-        tiled.push(for_(r0, mul(full_blocks, i(row_tile)), seq.expr(), tail_row));
-    }
+    let tiled = row_tiles(b, seq, ROW_TILE as i64, (rb, r0), &mut |b, rows| tile(b, rows, ct, r0, j0));
     // Ragged last columns (n not a multiple of the tile): one output at a time.
     let single = tile(b, 1, 1, r0, j);
     let ragged = vec![for_(j, v(j0), min(add(v(j0), i(ct)), i(ni)), vec![for_(r0, i(0), seq.expr(), single)])];

@@ -10,7 +10,7 @@
 //! each broadcast activation `PANELS_PER_TASK`.
 
 use super::elementwise::Broadcast;
-use super::matmul::{epilogue, float_suffix, TileBuilder};
+use super::matmul::{epilogue, float_suffix, row_tiles, TileBuilder};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -68,32 +68,14 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
 /// The task structure of the panel-shaped matmuls (this file's and
 /// `matmul_interleaved.rs`): task `t` owns `panels_per_task` panels of [`PANEL`]
 /// output columns (`n` a multiple of [`PANEL`]); `tile(b, rows, panels, r0, p0)`
-/// runs over row tiles of `row_tile` (one row at decode) and a last row at a time;
+/// runs over [`row_tiles`] of `row_tile` rows;
 /// a last task with fewer panels takes them one at a time. Returns the body, the
 /// task count and the task variable.
 pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, (panels_per_task, row_tile): (i64, i64), tile: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, p0, pp, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let panels_total = (n / PANEL) as i64;
-    let row_tile = match seq {
-        SeqMode::Fixed(1) => 1,
-        _ => row_tile,
-    };
-    let mut rows_loop = |b: &mut KernelBuilder, panels: i64, p: VarId| -> Vec<Stmt> {
-        let full = tile(b, row_tile, panels, r0, p);
-        let blocks = div(seq.expr(), i(row_tile));
-        let mut s = vec![for_(rb, i(0), blocks.clone(), {
-            let mut v_ = vec![set(r0, mul(v(rb), i(row_tile)))];
-            v_.extend(full);
-            v_
-        })];
-        if row_tile > 1 {
-            let tail = tile(b, 1, panels, r0, p);
-            s.push(for_(r0, mul(blocks, i(row_tile)), seq.expr(), tail));
-        }
-        s
-    };
-    let all = rows_loop(b, panels_per_task, p0);
-    let single = rows_loop(b, 1, pp);
+    let all = row_tiles(b, seq, row_tile, (rb, r0), &mut |b, rows| tile(b, rows, panels_per_task, r0, p0));
+    let single = row_tiles(b, seq, row_tile, (rb, r0), &mut |b, rows| tile(b, rows, 1, r0, pp));
     let body = vec![
         set(p0, mul(v(t), i(panels_per_task))),
         if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(p0), i(panels_per_task))), Box::new(i(panels_total))), all),
