@@ -33,7 +33,10 @@ pub struct BenchReport {
     pub decode_tokens_per_s_stddev: f64,
     /// Bytes of weights read per decode step (every weight once).
     pub weight_bytes: u64,
-    /// Read bandwidth measured by streaming the mapped weights with `threads`
+    /// Where the weights were read from: "huge pages" (a private copy, the
+    /// default) or "file mapping" (`--mmap`, or an artifact too large to copy).
+    pub weights_memory: &'static str,
+    /// Read bandwidth measured by streaming the weights with `threads`
     /// threads (GB/s), just before each decode repetition; the mean.
     pub read_bandwidth_gb_s: f64,
     /// Decode tokens/s if every step only streamed the weights and the KV cache at that bandwidth.
@@ -97,6 +100,7 @@ pub fn run(
     weight_bytes: u64,
     kv_bytes_per_token: u64,
     vocab: u64,
+    weights_memory: &'static str,
 ) -> Result<BenchReport, SessionError> {
     let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
     // One untimed warm-up of each kind pages the weights in and spins the threads up.
@@ -149,10 +153,115 @@ pub fn run(
         decode_tokens_per_s: dm,
         decode_tokens_per_s_stddev: ds,
         weight_bytes,
+        weights_memory,
         read_bandwidth_gb_s: bw,
         decode_roofline_tokens_per_s: roofline,
         decode_roofline_fraction: fraction,
     })
+}
+
+/// Two artifacts measured turn about (`maxrun bench A --compare B`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ComparisonReport {
+    pub artifacts: [String; 2],
+    pub threads: usize,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub repetitions: u32,
+    /// Per artifact: mean and sample standard deviation of prefill tokens/s.
+    pub prefill_tokens_per_s: [(f64, f64); 2],
+    pub decode_tokens_per_s: [(f64, f64); 2],
+    /// The first artifact's tokens/s over the second's, each from the summed times
+    /// of all repetitions.
+    pub prefill_ratio: f64,
+    pub decode_ratio: f64,
+}
+
+/// Runs the benchmark on two sessions turn about: each repetition runs the
+/// prefill and then the decode test on one artifact, then on the other, the order
+/// alternating between repetitions (A B B A ...), so that a slow moment of the
+/// machine falls on both.
+pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [String; 2], vocab: u64) -> Result<ComparisonReport, SessionError> {
+    let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let [a, b] = sessions;
+    let mut sessions = [a, b];
+    for s in sessions.iter_mut() {
+        s.reset();
+        s.forward_last(&ids[..ids.len().min(16)])?;
+        s.reset();
+        s.forward(&[1])?;
+    }
+    let mut pp: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut tg: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for rep in 0..cfg.repetitions as usize {
+        for turn in 0..2 {
+            let which = if rep % 2 == 0 { turn } else { 1 - turn };
+            let s = &mut sessions[which];
+            if cfg.prompt_tokens > 0 {
+                s.reset();
+                let t = Instant::now();
+                s.forward_last(&ids)?;
+                pp[which].push(t.elapsed().as_secs_f64());
+            }
+            if cfg.generated_tokens > 0 {
+                s.reset();
+                let t = Instant::now();
+                for i in 0..cfg.generated_tokens {
+                    s.forward(&[((i * 31 + 7) % vocab) as u32])?;
+                }
+                tg[which].push(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let rates = |times: &[f64], tokens: u64| -> (f64, f64) {
+        if times.is_empty() {
+            return (0.0, 0.0);
+        }
+        mean_std(&times.iter().map(|t| tokens as f64 / t).collect::<Vec<_>>())
+    };
+    let ratio = |times: &[Vec<f64>; 2]| {
+        let (a, b) = (times[0].iter().sum::<f64>(), times[1].iter().sum::<f64>());
+        if a > 0.0 {
+            b / a
+        } else {
+            0.0
+        }
+    };
+    Ok(ComparisonReport {
+        artifacts,
+        threads: sessions[0].threads(),
+        prompt_tokens: cfg.prompt_tokens,
+        generated_tokens: cfg.generated_tokens,
+        repetitions: cfg.repetitions,
+        prefill_tokens_per_s: [rates(&pp[0], cfg.prompt_tokens), rates(&pp[1], cfg.prompt_tokens)],
+        decode_tokens_per_s: [rates(&tg[0], cfg.generated_tokens), rates(&tg[1], cfg.generated_tokens)],
+        prefill_ratio: ratio(&pp),
+        decode_ratio: ratio(&tg),
+    })
+}
+
+/// The comparison table: one row per artifact, then the ratios.
+pub fn render_comparison(r: &ComparisonReport) -> String {
+    let width = r.artifacts.iter().map(String::len).max().unwrap_or(8).max(8);
+    let mut s = String::new();
+    let (pp, tg) = (format!("pp{} t/s", r.prompt_tokens), format!("tg{} t/s", r.generated_tokens));
+    s.push_str(&format!("| {:<width$} | {:>7} | {:>20} | {:>20} |\n", "artifact", "threads", pp, tg));
+    s.push_str(&format!("| {:-<width$} | {:->7} | {:->20} | {:->20} |\n", "", "", "", ""));
+    for k in 0..2 {
+        let (p, t) = (r.prefill_tokens_per_s[k], r.decode_tokens_per_s[k]);
+        s.push_str(&format!(
+            "| {:<width$} | {:>7} | {:>20} | {:>20} |\n",
+            r.artifacts[k],
+            r.threads,
+            format!("{:.2} ± {:.2}", p.0, p.1),
+            format!("{:.2} ± {:.2}", t.0, t.1)
+        ));
+    }
+    s.push_str(&format!(
+        "\nfirst / second (summed times, {} repetitions turn about): prefill {:.3}x, decode {:.3}x\n",
+        r.repetitions, r.prefill_ratio, r.decode_ratio
+    ));
+    s
 }
 
 /// The llama-bench style table.
@@ -168,7 +277,8 @@ pub fn render(r: &BenchReport) -> String {
         let t = format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev);
         s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", r.model, r.threads, format!("tg{}", r.generated_tokens), t));
         s.push_str(&format!(
-            "\nread bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
+            "\nweights on {}; read bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
+            r.weights_memory,
             r.read_bandwidth_gb_s,
             r.threads,
             r.decode_roofline_tokens_per_s,

@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod format;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod huge;
 pub mod inspect;
 pub mod mesh_session;
 pub mod npy;

@@ -54,6 +54,16 @@ struct BenchArgs {
     /// Also print a table of kernels ranked by total time.
     #[arg(long)]
     profile: bool,
+    /// Run from a mapping of the file (no load-time copy; the page cache is shared
+    /// between processes) instead of a private copy on huge pages, which decodes
+    /// faster. Artifacts larger than half the available memory are always mapped.
+    #[arg(long)]
+    mmap: bool,
+    /// Compare with another artifact: the two run turn about in one process, so
+    /// that both see the same machine (a shared VM's bandwidth moves by tens of
+    /// percent between minutes); prints both and their ratios.
+    #[arg(long, value_name = "OTHER.mef")]
+    compare: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -137,6 +147,11 @@ struct RunArgs {
     /// driver and device are present, else the CPU code), cpu, gpu, gpu:N.
     #[arg(long, default_value = "auto")]
     device: Device,
+    /// Run from a mapping of the file (no load-time copy; the page cache is shared
+    /// between processes) instead of a private copy on huge pages, which decodes
+    /// faster. Artifacts larger than half the available memory are always mapped.
+    #[arg(long)]
+    mmap: bool,
 }
 
 /// Opens a session on the requested device, printing why `auto` fell back to the CPU.
@@ -147,6 +162,15 @@ fn open_runner<'a>(artifact: &'a Artifact, cli: &RunArgs) -> anyhow::Result<Runn
         eprintln!("maxrun: {note}");
     }
     Ok(runner)
+}
+
+/// Opens an artifact to run: a private copy on huge pages, or with `mmap` the file mapping.
+fn open_artifact(path: &std::path::Path, mmap: bool) -> Result<Artifact, maxrun::artifact::ArtifactError> {
+    if mmap {
+        Artifact::open(path)
+    } else {
+        Artifact::open_resident(path)
+    }
 }
 
 /// Exit code for a prompt that does not fit (documented in the README).
@@ -200,7 +224,10 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.repetitions == 0 || args.threads == Some(0) {
         return Err(anyhow!("--repetitions and --threads must be at least 1"));
     }
-    let artifact = Artifact::open(&args.artifact)?;
+    if args.profile && args.compare.is_some() {
+        return Err(anyhow!("--profile and --compare do not go together; profile each artifact on its own"));
+    }
+    let artifact = open_artifact(&args.artifact, args.mmap)?;
     let h = &artifact.header;
     let needed = args.prompt_tokens.max(args.generated_tokens);
     if needed > h.max_length {
@@ -211,15 +238,42 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let (mut session, _) = maxrun::runner::Runner::open(&artifact, threads, maxrun::runner::Device::Cpu)?;
     let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions };
+    if let Some(other_path) = &args.compare {
+        let other = open_artifact(other_path, args.mmap)?;
+        if needed > other.header.max_length {
+            return Err(anyhow!("the benchmark needs {needed} positions but {} supports {}", other_path.display(), other.header.max_length));
+        }
+        let (mut a, _) = maxrun::runner::Runner::open(&artifact, threads, maxrun::runner::Device::Cpu)?;
+        let (mut b, _) = maxrun::runner::Runner::open(&other, threads, maxrun::runner::Device::Cpu)?;
+        let names = [args.artifact.display().to_string(), other_path.display().to_string()];
+        let vocab = h.model.vocab_size.min(other.header.model.vocab_size);
+        let report = maxrun::bench::compare([&mut a, &mut b], cfg, names, vocab)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", maxrun::bench::render_comparison(&report));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (mut session, _) = maxrun::runner::Runner::open(&artifact, threads, maxrun::runner::Device::Cpu)?;
     if args.profile {
         session.cpu().ok_or_else(|| anyhow!("--profile runs on one CPU device; this artifact is split over {}", h.mesh.spec()))?.enable_profile();
     }
     let weights = artifact.section(maxrun::format::SectionKind::Weights(0));
+    let weights_memory = if artifact.is_resident() { "huge pages" } else { "file mapping" };
     let weight_bytes: u64 = h.weights.iter().map(|w| w.len).sum();
     let devices = h.sub_models.len() as u64;
-    let report = maxrun::bench::run(&mut session, cfg, &h.model.name, weights, weight_bytes, h.kv_cache.bytes_per_token() * devices, h.model.vocab_size)?;
+    let report = maxrun::bench::run(
+        &mut session,
+        cfg,
+        &h.model.name,
+        weights,
+        weight_bytes,
+        h.kv_cache.bytes_per_token() * devices,
+        h.model.vocab_size,
+        weights_memory,
+    )?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -263,7 +317,8 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     if cli.threads == Some(0) {
         return Err(anyhow!("--threads must be at least 1"));
     }
-    let artifact = Artifact::open(&artifact_path)?;
+    // A GPU run uploads the weights: no host copy.
+    let artifact = open_artifact(&artifact_path, cli.mmap || matches!(cli.device, Device::Gpu(_)))?;
     if cli.verify {
         verify_weights(&artifact)?;
     }

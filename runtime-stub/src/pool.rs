@@ -1,7 +1,10 @@
-//! A persistent thread pool for kernel launches: workers spin briefly, then park;
-//! each launch hands out its task range in chunks from a shared counter (so threads
-//! that finish early take more work: causal attention rows grow with position) and
-//! ends with one barrier. Launches with a single task run on the calling thread.
+//! A persistent thread pool for kernel launches: workers spin briefly, then park.
+//! Each launch splits its task range into one contiguous share per thread; a
+//! thread takes chunks of its own share from a counter only it touches (no cache
+//! line moves between cores per chunk, and each thread streams one contiguous part
+//! of the weights), then takes chunks from the other shares (so threads that finish
+//! early take more work: causal attention rows grow with position). One barrier
+//! ends the launch. Launches with a single task run on the calling thread.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -15,13 +18,20 @@ struct Job {
     kernel: Option<KernelFn>,
     args: *const *mut u8,
     dims: *const i64,
-    tasks: u64,
+}
+
+/// One thread's share of a launch: the next task not yet handed out and the end,
+/// on a cache line of its own.
+#[repr(align(128))]
+struct Share {
+    next: AtomicU64,
+    end: AtomicU64,
 }
 
 struct Shared {
     job: UnsafeCell<Job>,
-    /// The next task not yet handed out.
-    next: AtomicU64,
+    /// Per thread (the caller is 0): its share of the current launch's tasks.
+    shares: Vec<Share>,
     /// Tasks per hand-out.
     chunk: AtomicU64,
     generation: AtomicU64,
@@ -55,20 +65,25 @@ const SPINS: u32 = 20_000;
 /// the shared counter is touched rarely.
 const CHUNKS_PER_THREAD: u64 = 8;
 
-/// Runs chunks of the current job until none are left.
+/// Runs chunks of thread `me`'s share of the current job, then of the others'
+/// shares, until none are left.
 ///
 /// # Safety
 /// The job's pointers must satisfy the kernel's ABI for every task.
-unsafe fn drain(s: &Shared, job: &Job) {
+unsafe fn drain(s: &Shared, job: &Job, me: usize) {
     let kernel = job.kernel.expect("a published job has a kernel");
     let chunk = s.chunk.load(Ordering::Relaxed);
-    loop {
-        let b = s.next.fetch_add(chunk, Ordering::Relaxed);
-        if b >= job.tasks {
-            break;
+    let n = s.shares.len();
+    for share in (0..n).map(|k| &s.shares[(me + k) % n]) {
+        let end = share.end.load(Ordering::Relaxed);
+        loop {
+            let b = share.next.fetch_add(chunk, Ordering::Relaxed);
+            if b >= end {
+                break;
+            }
+            // SAFETY: forwarded from the caller.
+            unsafe { kernel(job.args, job.dims, b, (b + chunk).min(end)) };
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { kernel(job.args, job.dims, b, (b + chunk).min(job.tasks)) };
     }
 }
 
@@ -76,8 +91,8 @@ impl ThreadPool {
     pub fn new(threads: usize) -> Self {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
-            job: UnsafeCell::new(Job { kernel: None, args: std::ptr::null(), dims: std::ptr::null(), tasks: 0 }),
-            next: AtomicU64::new(0),
+            job: UnsafeCell::new(Job { kernel: None, args: std::ptr::null(), dims: std::ptr::null() }),
+            shares: (0..threads).map(|_| Share { next: AtomicU64::new(0), end: AtomicU64::new(0) }).collect(),
             chunk: AtomicU64::new(1),
             generation: AtomicU64::new(0),
             remaining: AtomicUsize::new(0),
@@ -111,9 +126,13 @@ impl ThreadPool {
             return;
         }
         // SAFETY: all workers finished the previous job (barrier below), so none reads `job`.
-        unsafe { *s.job.get() = Job { kernel: Some(kernel), args, dims, tasks } };
-        s.next.store(0, Ordering::Relaxed);
-        s.chunk.store((tasks / (s.threads as u64 * CHUNKS_PER_THREAD)).max(1), Ordering::Relaxed);
+        unsafe { *s.job.get() = Job { kernel: Some(kernel), args, dims } };
+        let threads = s.threads as u64;
+        for (t, share) in s.shares.iter().enumerate() {
+            share.next.store(tasks * t as u64 / threads, Ordering::Relaxed);
+            share.end.store(tasks * (t as u64 + 1) / threads, Ordering::Relaxed);
+        }
+        s.chunk.store((tasks / (threads * CHUNKS_PER_THREAD)).max(1), Ordering::Relaxed);
         s.remaining.store(s.threads - 1, Ordering::Release);
         {
             let _g = s.lock.lock().unwrap();
@@ -121,7 +140,7 @@ impl ThreadPool {
             s.wake.notify_all();
         }
         // SAFETY: forwarded from the caller.
-        unsafe { drain(s, &*s.job.get()) };
+        unsafe { drain(s, &*s.job.get(), 0) };
         let mut spins = 0u32;
         while s.remaining.load(Ordering::Acquire) != 0 {
             spins += 1;
@@ -134,7 +153,7 @@ impl ThreadPool {
     }
 }
 
-fn worker(s: Arc<Shared>, _index: usize) {
+fn worker(s: Arc<Shared>, index: usize) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
@@ -165,7 +184,7 @@ fn worker(s: Arc<Shared>, _index: usize) {
         // and the launcher guarantees the ABI for every task.
         unsafe {
             let job = *s.job.get();
-            drain(&s, &job);
+            drain(&s, &job, index);
         }
         s.remaining.fetch_sub(1, Ordering::AcqRel);
     }
@@ -203,8 +222,40 @@ mod tests {
             // SAFETY: `count` ignores its pointers.
             unsafe { pool.launch(count, std::ptr::null(), std::ptr::null(), 64) };
         }
-        for h in &HITS {
-            assert_eq!(h.load(Ordering::Relaxed), 100);
+        // Task counts that do not divide among the threads, and fewer tasks than threads.
+        for tasks in [2, 3, 5, 7, 11] {
+            // SAFETY: as above.
+            unsafe { pool.launch(count, std::ptr::null(), std::ptr::null(), tasks) };
         }
+        for (t, h) in HITS.iter().enumerate() {
+            let extra = [2, 3, 5, 7, 11].iter().filter(|&&n| t < n).count() as u64;
+            assert_eq!(h.load(Ordering::Relaxed), 100 + extra, "task {t}");
+        }
+    }
+
+    /// Which thread ran each task of the last launch.
+    static RAN_ON: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
+
+    unsafe extern "C" fn slow_first(_: *const *mut u8, _: *const i64, b: u64, e: u64) {
+        let me = if std::thread::current().name().is_some_and(|n| n.starts_with("maxrun-")) { 2 } else { 1 };
+        for t in b..e {
+            RAN_ON[t as usize].store(me, Ordering::Relaxed);
+            if t == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// A thread held up in its own share does not hold up the launch: the other
+    /// thread takes the rest of that share once its own is done.
+    #[test]
+    fn idle_threads_take_work_from_a_slow_share() {
+        let pool = ThreadPool::new(2);
+        // SAFETY: `slow_first` ignores its pointers.
+        unsafe { pool.launch(slow_first, std::ptr::null(), std::ptr::null(), 16) };
+        let ran: Vec<u64> = RAN_ON.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+        assert!(ran.iter().all(|&r| r != 0), "{ran:?}");
+        // The caller's share is tasks 0..8 and it sleeps in task 0: the worker ran the rest.
+        assert!(ran[1..8].iter().all(|&r| r == 2), "{ran:?}");
     }
 }

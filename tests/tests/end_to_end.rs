@@ -173,6 +173,7 @@ fn bench_json_has_the_documented_fields() {
     }
     assert_eq!(v["prompt_tokens"], 16);
     assert_eq!(v["generated_tokens"], 8);
+    assert_eq!(v["weights_memory"], "huge pages", "the default runs from a private copy");
     assert!(v["threads"].as_u64().unwrap() >= 1);
     // The profile ranks kernels of both plans; every decode kernel family appears.
     for family in ["matmul", "attention", "kv_store", "rms_norm", "rope", "embedding", "elementwise", "copy"] {
@@ -181,6 +182,45 @@ fn bench_json_has_the_documented_fields() {
     // A benchmark longer than the compiled context is refused up front.
     let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("100000")]);
     assert_clean_error(&r, 1, &["max_length"]);
+    // Two artifacts turn about: both measured, ratios from the same repetitions.
+    let other = artifact("tiny-qwen2");
+    let r = run_bin(
+        "maxrun",
+        &[os("bench"), mef.as_os_str(), os("--compare"), other.as_os_str(), os("-p"), os("8"), os("-n"), os("4"), os("-r"), os("2"), os("--json")],
+    );
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).expect("one JSON object");
+    assert_eq!(v["artifacts"][1].as_str().unwrap(), other.to_str().unwrap());
+    for key in ["prefill_ratio", "decode_ratio"] {
+        assert!(v[key].as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{key}: {}", v[key]);
+    }
+    for k in 0..2 {
+        assert!(v["decode_tokens_per_s"][k][0].as_f64().unwrap() > 0.0, "{}", v["decode_tokens_per_s"]);
+    }
+    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("--compare"), other.as_os_str(), os("--profile")]);
+    assert_clean_error(&r, 1, &["--compare"]);
+}
+
+/// The weights read from a private copy on huge pages (the default) and from the
+/// file mapping (`--mmap`) are the same bytes: the logits are bit-identical and
+/// the golden ones; bench says which it used.
+#[test]
+fn mapped_and_resident_weights_give_identical_logits() {
+    let mef = artifact("tiny-llama");
+    let golden = golden("tiny-llama");
+    let case = &cases(&golden)[0];
+    let (_, resident) = dump_logits(mef, case);
+    let ids: Vec<String> = ids(&case["input_ids"]).iter().map(u32::to_string).collect();
+    let npy = temp_dir("mmap").join("l.npy");
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--mmap"), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let (_, mapped) = maxrun::npy::read_f32(&npy).unwrap();
+    assert!(resident.iter().zip(&mapped).all(|(a, b)| a.to_bits() == b.to_bits()) && resident.len() == mapped.len());
+    assert_logits_close("tiny-llama --mmap", &mapped, &golden_logits("tiny-llama", case).1);
+    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("0"), os("-n"), os("4"), os("-r"), os("1"), os("--json"), os("--mmap")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    assert_eq!(v["weights_memory"], "file mapping");
 }
 
 #[test]

@@ -220,33 +220,63 @@ mod tests {
         (0..q.len()).map(|d| e.iter().zip(vals).map(|(w, v)| w / z * v[d]).sum()).collect()
     }
 
-    #[test]
-    fn grouped_query_attention_with_window_matches_naive_softmax() {
-        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true };
-        let (seq, kvw, qw) = (3usize, 8usize, 16usize);
+    /// Stores `seq` tokens at positions 0.. with `kv_store` (prefill or decode, token
+    /// by token) and runs attention over them: the output of every query head
+    /// equals naive softmax attention over its window.
+    fn check_attention(shape: AttentionShape, seq: usize, decode: bool) {
+        let (kvw, qw) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize);
+        let (hd, group, len) = (shape.head_dim as usize, (shape.heads / shape.kv_heads) as usize, shape.max_len as usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
-        let pos = vec![0, 1, 2];
-        let mut store_bufs = vec![
-            Buffer::F32(k.clone()),
-            Buffer::F32(v.clone()),
-            Buffer::I32(pos.clone()),
-            Buffer::F32(vec![0.0; 8 * kvw]),
-            Buffer::F32(vec![0.0; 8 * kvw]),
-        ];
-        run(&kv_store(kvw as u64, 8, SeqMode::Dynamic), &mut store_bufs, seq as u64);
-        let (kc, vc) = (store_bufs[3].clone(), store_bufs[4].clone());
-        let scratch = Buffer::F32(vec![f32::NAN; seq * 2 * shape.scratch_per_task() as usize]);
+        let (mut kc, mut vc) = (Buffer::F32(vec![0.0; len * kvw]), Buffer::F32(vec![0.0; len * kvw]));
+        let steps: Vec<(usize, usize)> = if decode { (0..seq).map(|s| (s, s + 1)).collect() } else { vec![(0, seq)] };
+        let mode = if decode { SeqMode::Fixed(1) } else { SeqMode::Dynamic };
+        for &(a, b) in &steps {
+            let pos: Vec<i32> = (a as i32..b as i32).collect();
+            let mut bufs = vec![Buffer::F32(k[a * kvw..b * kvw].to_vec()), Buffer::F32(v[a * kvw..b * kvw].to_vec()), Buffer::I32(pos), kc, vc];
+            run(&kv_store(kvw as u64, len as u64, mode), &mut bufs, (b - a) as u64);
+            vc = bufs.pop().unwrap();
+            kc = bufs.pop().unwrap();
+        }
+        // The key cache is transposed: row d holds every position's element d.
+        let Buffer::F32(keys) = &kc else { unreachable!() };
+        for d in 0..kvw {
+            for p in 0..len {
+                let want = if p < seq { k[p * kvw + d] } else { 0.0 };
+                assert_eq!(keys[d * len + p], want, "key row {d} position {p}");
+            }
+        }
+        let pos: Vec<i32> = (0..seq as i32).collect();
+        let scratch = Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
         let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, Buffer::F32(vec![0.0; seq * qw])];
         run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
         let Buffer::F32(got) = &bufs[5] else { unreachable!() };
         for s in 0..seq {
-            for h in 0..4 {
-                let kvh = h / 2;
-                let js: Vec<usize> = (s.saturating_sub(1)..=s).collect();
-                let keys: Vec<&[f32]> = js.iter().map(|&j| &k[j * kvw + kvh * 4..j * kvw + kvh * 4 + 4]).collect();
-                let vals: Vec<&[f32]> = js.iter().map(|&j| &v[j * kvw + kvh * 4..j * kvw + kvh * 4 + 4]).collect();
-                let want = naive(&q[s * qw + h * 4..s * qw + h * 4 + 4], &keys, &vals, 0.5);
-                close(&got[s * qw + h * 4..s * qw + h * 4 + 4], &want, 1e-5);
+            for h in 0..shape.heads as usize {
+                let kvh = h / group;
+                let from = shape.window.map_or(0, |w| (s + 1).saturating_sub(w as usize));
+                let keys: Vec<&[f32]> = (from..=s).map(|j| &k[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
+                let vals: Vec<&[f32]> = (from..=s).map(|j| &v[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
+                let want = naive(&q[s * qw + h * hd..s * qw + h * hd + hd], &keys, &vals, shape.scale);
+                close(&got[s * qw + h * hd..s * qw + h * hd + hd], &want, 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_query_attention_with_window_matches_naive_softmax() {
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true };
+        check_attention(shape, 3, false);
+    }
+
+    /// Longer caches with windows that start past position 0, a cache that the
+    /// sequence fills (max_len 16), and a cache longer than the sequence; prefill
+    /// and token-by-token decode stores.
+    #[test]
+    fn attention_over_longer_caches_prefill_and_decode() {
+        for (max_len, seq, window) in [(37, 37, None), (37, 30, Some(20)), (48, 40, Some(17)), (16, 16, None)] {
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true };
+            for decode in [false, true] {
+                check_attention(shape, seq, decode);
             }
         }
     }
