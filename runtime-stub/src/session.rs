@@ -80,6 +80,29 @@ struct PlanState {
     arena: AlignedBuf,
     /// Per launch: (calls, total seconds, bytes moved), when profiling.
     profile: Option<Vec<(u64, f64, u64)>>,
+    /// Per launch: the weight parts idle workers prefetch while it runs (the next
+    /// launch that streams weights over several tasks, wrapping around to the
+    /// next step); empty where nothing is prefetched (prefill: its matmuls are
+    /// compute-bound and keep every thread busy).
+    ahead: Vec<Vec<(usize, usize)>>,
+}
+
+/// For each launch of a decode `plan`, the weight parts of the next launch that
+/// reads at least 4 KiB of weights over more than one task ([`PlanState::ahead`]).
+fn prefetch_plan(artifact: &Artifact, plan: &Plan) -> Vec<Vec<(usize, usize)>> {
+    let parts = |l: &crate::format::Launch| -> Vec<(usize, usize)> {
+        l.args
+            .iter()
+            .filter_map(|a| match *a {
+                BufferRef::Weight(i) => artifact.weight_bytes(i as usize).as_ptr_range().into(),
+                _ => None,
+            })
+            .map(|r: std::ops::Range<*const u8>| (r.start as usize, r.end as usize - r.start as usize))
+            .collect()
+    };
+    let streams = |l: &crate::format::Launch| l.tasks.eval(1) > 1 && parts(l).iter().map(|p| p.1).sum::<usize>() >= 4096;
+    let n = plan.launches.len();
+    (0..n).map(|i| (1..=n).map(|d| &plan.launches[(i + d) % n]).find(|l| streams(l)).map(parts).unwrap_or_default()).collect()
 }
 
 /// One row of a kernel profile: a kernel's launches within one plan, summed.
@@ -140,10 +163,11 @@ impl<'a> Session<'a> {
         for k in &artifact.header.kernels {
             resolved.push(code.kernel(&k.symbol)?);
         }
-        let state = |plan: &Plan| PlanState {
+        let state = |plan: &Plan, decode: bool| PlanState {
             kernels: plan.launches.iter().map(|l| resolved[l.kernel as usize]).collect(),
             arena: AlignedBuf::new(plan.arena_bytes),
             profile: None,
+            ahead: if decode { prefetch_plan(artifact, plan) } else { vec![] },
         };
         let h = &artifact.header;
         let sub = &h.sub_models[device];
@@ -154,9 +178,9 @@ impl<'a> Session<'a> {
             device,
             hub,
             pool: ThreadPool::new(threads),
-            prefill: state(&sub.prefill),
-            decode: state(&sub.decode),
-            prefill_last: sub.prefill_last.as_ref().map(state),
+            prefill: state(&sub.prefill, false),
+            decode: state(&sub.decode, true),
+            prefill_last: sub.prefill_last.as_ref().map(|p| state(p, false)),
             _code: code,
             k_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
             v_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
@@ -327,6 +351,9 @@ impl<'a> Session<'a> {
             }
             // SAFETY: the compiler sized every buffer for `plan.max_seq` tokens and the
             // cache for `max_length` positions; both bounds were checked above.
+            if let Some(parts) = state.ahead.get(index).filter(|p| !p.is_empty()) {
+                self.pool.prefetch_ahead(parts);
+            }
             let started = state.profile.as_ref().map(|_| std::time::Instant::now());
             unsafe { self.pool.launch(*kernel, args.as_ptr(), dims.as_ptr(), launch.tasks.eval(seq)) };
             if let (Some(t), Some(p)) = (started, state.profile.as_mut()) {
