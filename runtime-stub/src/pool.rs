@@ -307,11 +307,12 @@ impl Drop for ThreadPool {
 mod tests {
     use super::*;
 
-    static HITS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+    /// Per test (`S`): how often each task ran (tests run in parallel).
+    static HITS: [[AtomicU64; 64]; 2] = [const { [const { AtomicU64::new(0) }; 64] }; 2];
 
-    unsafe extern "C" fn count(_: *const *mut u8, _: *const i64, b: u64, e: u64) {
+    unsafe extern "C" fn count<const S: usize>(_: *const *mut u8, _: *const i64, b: u64, e: u64) {
         for t in b..e {
-            HITS[t as usize].fetch_add(1, Ordering::Relaxed);
+            HITS[S][t as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -320,14 +321,14 @@ mod tests {
         let pool = ThreadPool::new(3);
         for _ in 0..100 {
             // SAFETY: `count` ignores its pointers.
-            unsafe { pool.launch(count, std::ptr::null(), std::ptr::null(), 64) };
+            unsafe { pool.launch(count::<0>, std::ptr::null(), std::ptr::null(), 64) };
         }
         // Task counts that do not divide among the threads, and fewer tasks than threads.
         for tasks in [2, 3, 5, 7, 11] {
             // SAFETY: as above.
-            unsafe { pool.launch(count, std::ptr::null(), std::ptr::null(), tasks) };
+            unsafe { pool.launch(count::<0>, std::ptr::null(), std::ptr::null(), tasks) };
         }
-        for (t, h) in HITS.iter().enumerate() {
+        for (t, h) in HITS[0].iter().enumerate() {
             let extra = [2, 3, 5, 7, 11].iter().filter(|&&n| t < n).count() as u64;
             assert_eq!(h.load(Ordering::Relaxed), 100 + extra, "task {t}");
         }
@@ -354,17 +355,9 @@ mod tests {
         pool.prefetch_ahead(&[(16, 1 << 40), (usize::MAX - 4096, 4096), (0, 0)]);
         for _ in 0..50 {
             // SAFETY: `count` ignores its pointers.
-            unsafe { pool.launch(count_b, std::ptr::null(), std::ptr::null(), 16) };
+            unsafe { pool.launch(count::<1>, std::ptr::null(), std::ptr::null(), 16) };
         }
-        assert!(HITS_B.iter().all(|h| h.load(Ordering::Relaxed) == 50));
-    }
-
-    static HITS_B: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
-
-    unsafe extern "C" fn count_b(_: *const *mut u8, _: *const i64, b: u64, e: u64) {
-        for t in b..e {
-            HITS_B[t as usize].fetch_add(1, Ordering::Relaxed);
-        }
+        assert!(HITS[1][..16].iter().all(|h| h.load(Ordering::Relaxed) == 50));
     }
 
     /// A thread held up in its own share does not hold up the launch: the other
