@@ -58,7 +58,7 @@ pub enum ArtifactError {
 }
 
 /// The bytes of an artifact: a read-only mapping, a private copy on huge pages
-/// (what runs read, see [`Artifact::open_resident`]), or memory (tests and fuzzing).
+/// (`maxrun --huge-pages`, see [`Artifact::open_resident`]), or memory (tests and fuzzing).
 enum Backing {
     Map(Mmap),
     Resident(HugeBuf),

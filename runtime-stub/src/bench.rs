@@ -33,8 +33,8 @@ pub struct BenchReport {
     pub decode_tokens_per_s_stddev: f64,
     /// Bytes of weights read per decode step (every weight once).
     pub weight_bytes: u64,
-    /// Where the weights were read from: "huge pages" (a private copy, the
-    /// default) or "file mapping" (`--mmap`, or an artifact too large to copy).
+    /// Where the weights were read from: "file mapping" (the default) or "huge
+    /// pages" (a private copy, `--huge-pages`).
     pub weights_memory: &'static str,
     /// Read bandwidth measured by streaming the weights with `threads`
     /// threads (GB/s), just before each decode repetition; the mean.

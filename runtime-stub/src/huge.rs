@@ -3,7 +3,7 @@
 //!
 //! Decode streams every weight once per token: with 4 KiB pages that is a TLB
 //! miss every 4 KiB (and the hardware prefetchers stop at every page boundary).
-//! maxrun reads the artifact into such a buffer to run it (`Artifact::open_resident`).
+//! `maxrun --huge-pages` reads the artifact into such a buffer (`Artifact::open_resident`).
 //! The KV cache stays on ordinary, lazily faulted pages: on huge pages, the first
 //! token's store into every row of the transposed key cache would make all of it
 //! resident at once, however long the context the artifact allows.

@@ -173,7 +173,7 @@ fn bench_json_has_the_documented_fields() {
     }
     assert_eq!(v["prompt_tokens"], 16);
     assert_eq!(v["generated_tokens"], 8);
-    assert_eq!(v["weights_memory"], "huge pages", "the default runs from a private copy");
+    assert_eq!(v["weights_memory"], "file mapping", "the default runs from the file mapping");
     assert!(v["threads"].as_u64().unwrap() >= 1);
     // The profile ranks kernels of both plans; every decode kernel family appears.
     for family in ["matmul", "attention", "kv_store", "rms_norm", "rope", "embedding", "elementwise", "copy"] {
@@ -201,26 +201,26 @@ fn bench_json_has_the_documented_fields() {
     assert_clean_error(&r, 1, &["--compare"]);
 }
 
-/// The weights read from a private copy on huge pages (the default) and from the
-/// file mapping (`--mmap`) are the same bytes: the logits are bit-identical and
-/// the golden ones; bench says which it used.
+/// The weights read from the file mapping (the default) and from a private copy
+/// on huge pages (`--huge-pages`) are the same bytes: the logits are bit-identical
+/// and the golden ones; bench says which it used.
 #[test]
 fn mapped_and_resident_weights_give_identical_logits() {
     let mef = artifact("tiny-llama");
     let golden = golden("tiny-llama");
     let case = &cases(&golden)[0];
-    let (_, resident) = dump_logits(mef, case);
+    let (_, mapped) = dump_logits(mef, case);
     let ids: Vec<String> = ids(&case["input_ids"]).iter().map(u32::to_string).collect();
-    let npy = temp_dir("mmap").join("l.npy");
-    let r = run_bin("maxrun", &[mef.as_os_str(), os("--mmap"), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
+    let npy = temp_dir("huge").join("l.npy");
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--huge-pages"), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
     assert_eq!(r.0, 0, "{}", r.2);
-    let (_, mapped) = maxrun::npy::read_f32(&npy).unwrap();
+    let (_, resident) = maxrun::npy::read_f32(&npy).unwrap();
     assert!(resident.iter().zip(&mapped).all(|(a, b)| a.to_bits() == b.to_bits()) && resident.len() == mapped.len());
-    assert_logits_close("tiny-llama --mmap", &mapped, &golden_logits("tiny-llama", case).1);
-    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("0"), os("-n"), os("4"), os("-r"), os("1"), os("--json"), os("--mmap")]);
+    assert_logits_close("tiny-llama --huge-pages", &resident, &golden_logits("tiny-llama", case).1);
+    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("0"), os("-n"), os("4"), os("-r"), os("1"), os("--json"), os("--huge-pages")]);
     assert_eq!(r.0, 0, "{}", r.2);
     let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
-    assert_eq!(v["weights_memory"], "file mapping");
+    assert_eq!(v["weights_memory"], "huge pages");
 }
 
 #[test]
