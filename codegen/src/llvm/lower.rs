@@ -17,7 +17,7 @@ use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
 use inkwell::targets::TargetMachine;
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValue, BasicValueEnum, FastMathFlags, FunctionValue, InstructionValue, PointerValue};
+use inkwell::values::{BasicValue, BasicValueEnum, FastMathFlags, FunctionValue, InstructionValue, MetadataValue, PointerValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use maxc_kernels::ir::*;
 
@@ -81,6 +81,24 @@ struct KernelLowering<'a, 'ctx> {
     shared: Option<PointerValue<'ctx>>,
     /// Loops lowered so far (the pre-order index of the next one).
     loops_seen: usize,
+    /// Per parameter: its alias scope list and the list of every other
+    /// parameter's scope (`!alias.scope`, `!noalias`), see [`Self::tag_alias`].
+    alias: Vec<(MetadataValue<'ctx>, MetadataValue<'ctx>)>,
+}
+
+/// One alias scope per kernel parameter, in one domain per kernel: the lists
+/// [`KernelLowering::tag_alias`] attaches.
+fn alias_scopes<'ctx>(context: &'ctx Context, kernel: &Kernel) -> Vec<(MetadataValue<'ctx>, MetadataValue<'ctx>)> {
+    let domain = context.metadata_node(&[context.metadata_string(&format!("maxc {} parameters", kernel.name)).into()]);
+    let scopes: Vec<MetadataValue<'ctx>> = (0..kernel.params.len())
+        .map(|p| context.metadata_node(&[context.metadata_string(&format!("maxc {} parameter {p}", kernel.name)).into(), domain.into()]))
+        .collect();
+    (0..scopes.len())
+        .map(|p| {
+            let others: Vec<_> = scopes.iter().enumerate().filter(|&(q, _)| q != p).map(|(_, s)| (*s).into()).collect();
+            (context.metadata_node(&[scopes[p].into()]), context.metadata_node(&others))
+        })
+        .collect()
 }
 
 impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
@@ -103,6 +121,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Flavor::Cpu(_) => maxc_kernels::warp::GpuMapping { threads: 1, loops: vec![] },
         };
         Ok(KernelLowering {
+            alias: alias_scopes(context, kernel),
             context,
             module,
             builder: context.create_builder(),
@@ -709,6 +728,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// buffers start 64-byte aligned and the offset is a multiple of `VECTOR`), so
     /// that LLVM's load/store vectorizer joins the chunk's accesses.
     fn mark_alignment(&self, inst: Option<InstructionValue<'ctx>>, param: u32, index: &Expr) -> Result<(), CodegenError> {
+        if let Some(inst) = inst {
+            self.tag_alias(inst, param)?;
+        }
         let (Some(inst), Some((var, u))) = (inst, self.chunk_copy) else { return Ok(()) };
         if param >= LOCAL_BASE || !index.mentions(var) {
             return Ok(());
@@ -716,6 +738,19 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let size = self.kernel.buffer(param).expect("validated").elem.size() as u32;
         let elems = if u == 0 { maxc_kernels::warp::VECTOR as u32 } else { 1 << (u as u32).trailing_zeros() };
         inst.set_alignment(size * elems).map_err(llvm_err)
+    }
+
+    /// Marks an access to parameter `param` as one that no access to another
+    /// parameter aliases. The runtime and the tests pass disjoint buffers: a
+    /// launch's outputs are placed clear of its inputs (`schedule/memory.rs`),
+    /// weights, caches, tokens and positions are separate allocations, and two
+    /// parameters that share a buffer are both read-only, which no reordering
+    /// can break. Without it LLVM guards each vector loop with run-time overlap
+    /// checks, or gives up on vectorizing loops that touch many parameters.
+    fn tag_alias(&self, inst: InstructionValue<'ctx>, param: u32) -> Result<(), CodegenError> {
+        let Some(&(scope, others)) = self.alias.get(param as usize) else { return Ok(()) };
+        inst.set_metadata(scope, self.context.get_kind_id("alias.scope")).map_err(llvm_err)?;
+        inst.set_metadata(others, self.context.get_kind_id("noalias")).map_err(llvm_err)
     }
 
     /// Synchronizes the task's threads: `bar.warp.sync` for a warp, `bar.sync 0`
