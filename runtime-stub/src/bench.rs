@@ -17,6 +17,23 @@ pub struct BenchConfig {
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     pub repetitions: u32,
+    /// Tokens already in the KV cache when each test starts (llama-bench's `-d`),
+    /// written by an untimed prefill.
+    pub depth: u64,
+}
+
+/// The token ids of an untimed prefill of `depth` tokens.
+fn depth_ids(depth: u64, vocab: u64) -> Vec<u32> {
+    (0..depth).map(|i| ((i * 104_729 + 7) % vocab) as u32).collect()
+}
+
+/// Empties the session's cache, then fills `depth` positions (untimed).
+fn start(session: &mut Runner<'_>, depth: &[u32]) -> Result<(), SessionError> {
+    session.reset();
+    if !depth.is_empty() {
+        session.forward_last(depth)?;
+    }
+    Ok(())
 }
 
 /// Bench results (the `--json` object).
@@ -27,6 +44,8 @@ pub struct BenchReport {
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     pub repetitions: u32,
+    /// Tokens in the KV cache before each test.
+    pub depth: u64,
     pub prefill_tokens_per_s: f64,
     pub prefill_tokens_per_s_stddev: f64,
     pub decode_tokens_per_s: f64,
@@ -103,6 +122,7 @@ pub fn run(
     weights_memory: &'static str,
 ) -> Result<BenchReport, SessionError> {
     let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let depth = depth_ids(cfg.depth, vocab);
     // One untimed warm-up of each kind pages the weights in and spins the threads up.
     session.reset();
     session.forward_last(&ids[..ids.len().min(16)])?;
@@ -113,7 +133,7 @@ pub fn run(
     let mut bws = Vec::new();
     for _ in 0..cfg.repetitions {
         if cfg.prompt_tokens > 0 {
-            session.reset();
+            start(session, &depth)?;
             let t = Instant::now();
             // As llama-bench: a prompt's work up to the logits generation needs (the last token's).
             session.forward_last(&ids)?;
@@ -122,8 +142,8 @@ pub fn run(
         if cfg.generated_tokens > 0 {
             // The VM's bandwidth moves by tens of percent between minutes: each
             // decode repetition is compared with a bandwidth measured just before it.
+            start(session, &depth)?;
             bws.push(read_bandwidth(weights, session.threads()));
-            session.reset();
             let t = Instant::now();
             for i in 0..cfg.generated_tokens {
                 session.forward(&[((i * 31 + 7) % vocab) as u32])?;
@@ -138,7 +158,7 @@ pub fn run(
     }
     let bw = bws.iter().sum::<f64>() / bws.len() as f64;
     // Bytes per decode step: all weights plus the KV cache up to the average position.
-    let per_step = weight_bytes as f64 + kv_bytes_per_token as f64 * cfg.generated_tokens as f64 / 2.0;
+    let per_step = weight_bytes as f64 + kv_bytes_per_token as f64 * (cfg.depth as f64 + cfg.generated_tokens as f64 / 2.0);
     let roofline = bw * 1e9 / per_step;
     // Each repetition against its own bandwidth, averaged.
     let fraction = tg.iter().zip(&bws).map(|(t, b)| t * per_step / (b * 1e9)).sum::<f64>() / tg.len().max(1) as f64;
@@ -148,6 +168,7 @@ pub fn run(
         prompt_tokens: cfg.prompt_tokens,
         generated_tokens: cfg.generated_tokens,
         repetitions: cfg.repetitions,
+        depth: cfg.depth,
         prefill_tokens_per_s: pm,
         prefill_tokens_per_s_stddev: ps,
         decode_tokens_per_s: dm,
@@ -168,6 +189,7 @@ pub struct ComparisonReport {
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     pub repetitions: u32,
+    pub depth: u64,
     /// Per artifact: mean and sample standard deviation of prefill tokens/s.
     pub prefill_tokens_per_s: [(f64, f64); 2],
     pub decode_tokens_per_s: [(f64, f64); 2],
@@ -183,6 +205,7 @@ pub struct ComparisonReport {
 /// machine falls on both.
 pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [String; 2], vocab: u64) -> Result<ComparisonReport, SessionError> {
     let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let depth = depth_ids(cfg.depth, vocab);
     let [a, b] = sessions;
     let mut sessions = [a, b];
     for s in sessions.iter_mut() {
@@ -198,13 +221,13 @@ pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [Str
             let which = if rep % 2 == 0 { turn } else { 1 - turn };
             let s = &mut sessions[which];
             if cfg.prompt_tokens > 0 {
-                s.reset();
+                start(s, &depth)?;
                 let t = Instant::now();
                 s.forward_last(&ids)?;
                 pp[which].push(t.elapsed().as_secs_f64());
             }
             if cfg.generated_tokens > 0 {
-                s.reset();
+                start(s, &depth)?;
                 let t = Instant::now();
                 for i in 0..cfg.generated_tokens {
                     s.forward(&[((i * 31 + 7) % vocab) as u32])?;
@@ -233,6 +256,7 @@ pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [Str
         prompt_tokens: cfg.prompt_tokens,
         generated_tokens: cfg.generated_tokens,
         repetitions: cfg.repetitions,
+        depth: cfg.depth,
         prefill_tokens_per_s: [rates(&pp[0], cfg.prompt_tokens), rates(&pp[1], cfg.prompt_tokens)],
         decode_tokens_per_s: [rates(&tg[0], cfg.generated_tokens), rates(&tg[1], cfg.generated_tokens)],
         prefill_ratio: ratio(&pp),
@@ -244,7 +268,7 @@ pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [Str
 pub fn render_comparison(r: &ComparisonReport) -> String {
     let width = r.artifacts.iter().map(String::len).max().unwrap_or(8).max(8);
     let mut s = String::new();
-    let (pp, tg) = (format!("pp{} t/s", r.prompt_tokens), format!("tg{} t/s", r.generated_tokens));
+    let (pp, tg) = (format!("{} t/s", test_name("pp", r.prompt_tokens, r.depth)), format!("{} t/s", test_name("tg", r.generated_tokens, r.depth)));
     s.push_str(&format!("| {:<width$} | {:>7} | {:>20} | {:>20} |\n", "artifact", "threads", pp, tg));
     s.push_str(&format!("| {:-<width$} | {:->7} | {:->20} | {:->20} |\n", "", "", "", ""));
     for k in 0..2 {
@@ -264,18 +288,27 @@ pub fn render_comparison(r: &ComparisonReport) -> String {
     s
 }
 
+/// A test's name as llama-bench prints it: `pp512`, or `pp512 @ d1024` at a depth.
+fn test_name(kind: &str, tokens: u64, depth: u64) -> String {
+    if depth == 0 {
+        format!("{kind}{tokens}")
+    } else {
+        format!("{kind}{tokens} @ d{depth}")
+    }
+}
+
 /// The llama-bench style table.
 pub fn render(r: &BenchReport) -> String {
     let mut s = String::new();
-    s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", "model", "threads", "test", "t/s"));
-    s.push_str(&format!("| {:-<28} | {:->7} | {:->8} | {:->20} |\n", "", "", "", ""));
+    s.push_str(&format!("| {:<28} | {:>7} | {:>14} | {:>20} |\n", "model", "threads", "test", "t/s"));
+    s.push_str(&format!("| {:-<28} | {:->7} | {:->14} | {:->20} |\n", "", "", "", ""));
     if r.prompt_tokens > 0 {
         let t = format!("{:.2} ± {:.2}", r.prefill_tokens_per_s, r.prefill_tokens_per_s_stddev);
-        s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", r.model, r.threads, format!("pp{}", r.prompt_tokens), t));
+        s.push_str(&format!("| {:<28} | {:>7} | {:>14} | {:>20} |\n", r.model, r.threads, test_name("pp", r.prompt_tokens, r.depth), t));
     }
     if r.generated_tokens > 0 {
         let t = format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev);
-        s.push_str(&format!("| {:<28} | {:>7} | {:>8} | {:>20} |\n", r.model, r.threads, format!("tg{}", r.generated_tokens), t));
+        s.push_str(&format!("| {:<28} | {:>7} | {:>14} | {:>20} |\n", r.model, r.threads, test_name("tg", r.generated_tokens, r.depth), t));
         s.push_str(&format!(
             "\nweights on {}; read bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
             r.weights_memory,

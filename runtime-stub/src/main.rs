@@ -48,6 +48,10 @@ struct BenchArgs {
     threads: Option<usize>,
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: u32,
+    /// Tokens already in the KV cache when each test starts (an untimed prefill),
+    /// as llama-bench's -d: decode and prefill speed deep into a context.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    depth: u64,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -231,7 +235,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let artifact = open_artifact(&args.artifact, args.huge_pages)?;
     let h = &artifact.header;
-    let needed = args.prompt_tokens.max(args.generated_tokens);
+    let needed = args.depth + args.prompt_tokens.max(args.generated_tokens);
     if needed > h.max_length {
         return Err(anyhow!(
             "the benchmark needs {needed} positions but {} supports {}; compile with --model-override transformer.max_length={needed}",
@@ -240,7 +244,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions };
+    let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions, depth: args.depth };
     if let Some(other_path) = &args.compare {
         let other = open_artifact(other_path, args.huge_pages)?;
         if needed > other.header.max_length {

@@ -182,6 +182,15 @@ fn bench_json_has_the_documented_fields() {
     // A benchmark longer than the compiled context is refused up front.
     let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("100000")]);
     assert_clean_error(&r, 1, &["max_length"]);
+    // At a depth: the tests start with that many tokens in the cache, and the
+    // depth counts toward the context.
+    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("8"), os("-n"), os("4"), os("-d"), os("16"), os("-r"), os("1"), os("--json")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).expect("one JSON object");
+    assert_eq!(v["depth"], 16);
+    assert!(v["decode_tokens_per_s"].as_f64().unwrap() > 0.0 && v["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+    let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("8"), os("-d"), os("100000")]);
+    assert_clean_error(&r, 1, &["max_length"]);
     // Two artifacts turn about: both measured, ratios from the same repetitions.
     let other = artifact("tiny-qwen2");
     let r = run_bin(
