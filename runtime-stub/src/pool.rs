@@ -84,8 +84,9 @@ impl std::fmt::Debug for ThreadPool {
 
 const SPINS: u32 = 20_000;
 
-/// Chunks per thread: small enough to balance uneven tasks, large enough that
-/// the shared counter is touched rarely.
+/// Chunks per thread's share: small enough that other threads can take over the
+/// end of a slow share (uneven tasks), large enough that a share's counter is
+/// touched rarely.
 const CHUNKS_PER_THREAD: u64 = 8;
 
 /// Runs chunks of thread `me`'s share of the current job, then of the others'
