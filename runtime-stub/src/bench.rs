@@ -22,9 +22,23 @@ pub struct BenchConfig {
     pub depth: u64,
 }
 
+/// The token ids of the prompt test (content does not change the work).
+fn prompt_ids(tokens: u64, vocab: u64) -> Vec<u32> {
+    (0..tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
 /// The token ids of an untimed prefill of `depth` tokens.
 fn depth_ids(depth: u64, vocab: u64) -> Vec<u32> {
     (0..depth).map(|i| ((i * 104_729 + 7) % vocab) as u32).collect()
+}
+
+/// One untimed step of each kind: pages the weights in and spins the threads up.
+fn warm_up(session: &mut Runner<'_>, prompt: &[u32]) -> Result<(), SessionError> {
+    session.reset();
+    session.forward_last(&prompt[..prompt.len().min(16)])?;
+    session.reset();
+    session.forward(&[1])?;
+    Ok(())
 }
 
 /// Empties the session's cache, then fills `depth` positions (untimed).
@@ -34,6 +48,23 @@ fn start(session: &mut Runner<'_>, depth: &[u32]) -> Result<(), SessionError> {
         session.forward_last(depth)?;
     }
     Ok(())
+}
+
+/// Seconds for the prompt test from where the cache stands: as llama-bench, a
+/// prompt's work up to the logits generation needs (the last token's).
+fn prefill_seconds(session: &mut Runner<'_>, prompt: &[u32]) -> Result<f64, SessionError> {
+    let t = Instant::now();
+    session.forward_last(prompt)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Seconds for `tokens` single-token decode steps from where the cache stands.
+fn decode_seconds(session: &mut Runner<'_>, tokens: u64, vocab: u64) -> Result<f64, SessionError> {
+    let t = Instant::now();
+    for i in 0..tokens {
+        session.forward(&[((i * 31 + 7) % vocab) as u32])?;
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// Bench results (the `--json` object).
@@ -121,34 +152,23 @@ pub fn run(
     vocab: u64,
     weights_memory: &'static str,
 ) -> Result<BenchReport, SessionError> {
-    let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let ids = prompt_ids(cfg.prompt_tokens, vocab);
     let depth = depth_ids(cfg.depth, vocab);
-    // One untimed warm-up of each kind pages the weights in and spins the threads up.
-    session.reset();
-    session.forward_last(&ids[..ids.len().min(16)])?;
-    session.reset();
-    session.forward(&[1])?;
+    warm_up(session, &ids)?;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     let mut bws = Vec::new();
     for _ in 0..cfg.repetitions {
         if cfg.prompt_tokens > 0 {
             start(session, &depth)?;
-            let t = Instant::now();
-            // As llama-bench: a prompt's work up to the logits generation needs (the last token's).
-            session.forward_last(&ids)?;
-            pp.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+            pp.push(cfg.prompt_tokens as f64 / prefill_seconds(session, &ids)?);
         }
         if cfg.generated_tokens > 0 {
             // The VM's bandwidth moves by tens of percent between minutes: each
             // decode repetition is compared with a bandwidth measured just before it.
             start(session, &depth)?;
             bws.push(read_bandwidth(weights, session.threads()));
-            let t = Instant::now();
-            for i in 0..cfg.generated_tokens {
-                session.forward(&[((i * 31 + 7) % vocab) as u32])?;
-            }
-            tg.push(cfg.generated_tokens as f64 / t.elapsed().as_secs_f64());
+            tg.push(cfg.generated_tokens as f64 / decode_seconds(session, cfg.generated_tokens, vocab)?);
         }
     }
     let (pm, ps) = if pp.is_empty() { (0.0, 0.0) } else { mean_std(&pp) };
@@ -204,15 +224,11 @@ pub struct ComparisonReport {
 /// alternating between repetitions (A B B A ...), so that a slow moment of the
 /// machine falls on both.
 pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [String; 2], vocab: u64) -> Result<ComparisonReport, SessionError> {
-    let ids: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let ids = prompt_ids(cfg.prompt_tokens, vocab);
     let depth = depth_ids(cfg.depth, vocab);
-    let [a, b] = sessions;
-    let mut sessions = [a, b];
+    let mut sessions = sessions;
     for s in sessions.iter_mut() {
-        s.reset();
-        s.forward_last(&ids[..ids.len().min(16)])?;
-        s.reset();
-        s.forward(&[1])?;
+        warm_up(s, &ids)?;
     }
     let mut pp: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut tg: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
@@ -222,17 +238,11 @@ pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [Str
             let s = &mut sessions[which];
             if cfg.prompt_tokens > 0 {
                 start(s, &depth)?;
-                let t = Instant::now();
-                s.forward_last(&ids)?;
-                pp[which].push(t.elapsed().as_secs_f64());
+                pp[which].push(prefill_seconds(s, &ids)?);
             }
             if cfg.generated_tokens > 0 {
                 start(s, &depth)?;
-                let t = Instant::now();
-                for i in 0..cfg.generated_tokens {
-                    s.forward(&[((i * 31 + 7) % vocab) as u32])?;
-                }
-                tg[which].push(t.elapsed().as_secs_f64());
+                tg[which].push(decode_seconds(s, cfg.generated_tokens, vocab)?);
             }
         }
     }

@@ -44,9 +44,8 @@ impl HugeBuf {
             if skew > 0 {
                 libc::munmap(raw as *mut libc::c_void, skew);
             }
-            if HUGE_PAGE - skew > 0 {
-                libc::munmap(raw.add(skew + mapped) as *mut libc::c_void, HUGE_PAGE - skew);
-            }
+            // The tail past the aligned buffer (never empty: `skew < HUGE_PAGE`).
+            libc::munmap(raw.add(skew + mapped) as *mut libc::c_void, HUGE_PAGE - skew);
         }
         // SAFETY: `skew < HUGE_PAGE`, inside the mapping.
         let ptr = unsafe { raw.add(skew) };
@@ -58,21 +57,6 @@ impl HugeBuf {
         Some(HugeBuf { ptr, mapped, len })
     }
 
-    /// A copy of `bytes` on huge pages.
-    pub fn copy_of(bytes: &[u8]) -> Option<Self> {
-        let mut b = Self::zeroed(bytes.len())?;
-        b.as_mut_slice().copy_from_slice(bytes);
-        Some(b)
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` bytes of our mapping (or a dangling pointer for 0 bytes).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
@@ -81,10 +65,6 @@ impl HugeBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, exclusively borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr
     }
 }
 
@@ -114,15 +94,13 @@ mod tests {
     fn buffers_are_zeroed_aligned_and_writable() {
         for len in [0, 1, 4096, HUGE_PAGE - 1, HUGE_PAGE, HUGE_PAGE + 3] {
             let mut b = HugeBuf::zeroed(len).unwrap();
-            assert_eq!(b.len(), len);
+            assert_eq!(b.as_slice().len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0), "{len}");
             if len > 0 {
-                assert_eq!(b.as_mut_ptr() as usize % HUGE_PAGE, 0, "{len}");
+                assert_eq!(b.as_slice().as_ptr() as usize % HUGE_PAGE, 0, "{len}");
                 b.as_mut_slice()[len - 1] = 7;
                 assert_eq!(b.as_slice()[len - 1], 7);
             }
         }
-        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
-        assert_eq!(HugeBuf::copy_of(&bytes).unwrap().as_slice(), &bytes[..]);
     }
 }

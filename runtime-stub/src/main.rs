@@ -58,17 +58,36 @@ struct BenchArgs {
     /// Also print a table of kernels ranked by total time.
     #[arg(long)]
     profile: bool,
+    #[command(flatten)]
+    memory: WeightsMemory,
+    /// Compare with another artifact: the two run turn about in one process, so
+    /// that both see the same machine (a shared VM's bandwidth moves by tens of
+    /// percent between minutes); prints both and their ratios.
+    #[arg(long, value_name = "OTHER.mef")]
+    compare: Option<PathBuf>,
+}
+
+/// Where a run reads the weights from (run and bench).
+#[derive(Args)]
+struct WeightsMemory {
     /// Read the artifact into private memory on transparent huge pages instead of
     /// running from the file mapping: decode 2-6% faster, at the cost of copying
     /// the file at start (about 0.1 s per 500 MB). Artifacts larger than half the
     /// available memory are mapped anyway.
     #[arg(long)]
     huge_pages: bool,
-    /// Compare with another artifact: the two run turn about in one process, so
-    /// that both see the same machine (a shared VM's bandwidth moves by tens of
-    /// percent between minutes); prints both and their ratios.
-    #[arg(long, value_name = "OTHER.mef")]
-    compare: Option<PathBuf>,
+}
+
+impl WeightsMemory {
+    /// Opens an artifact to run: the file mapping, or with `--huge-pages` a
+    /// private copy on huge pages (`on_gpu`: never, a GPU run uploads the weights).
+    fn open(&self, path: &std::path::Path, on_gpu: bool) -> Result<Artifact, maxrun::artifact::ArtifactError> {
+        if self.huge_pages && !on_gpu {
+            Artifact::open_resident(path)
+        } else {
+            Artifact::open(path)
+        }
+    }
 }
 
 #[derive(Args)]
@@ -152,12 +171,8 @@ struct RunArgs {
     /// driver and device are present, else the CPU code), cpu, gpu, gpu:N.
     #[arg(long, default_value = "auto")]
     device: Device,
-    /// Read the artifact into private memory on transparent huge pages instead of
-    /// running from the file mapping: decode 2-6% faster, at the cost of copying
-    /// the file at start (about 0.1 s per 500 MB). Artifacts larger than half the
-    /// available memory are mapped anyway.
-    #[arg(long)]
-    huge_pages: bool,
+    #[command(flatten)]
+    memory: WeightsMemory,
 }
 
 /// Opens a session on the requested device, printing why `auto` fell back to the CPU.
@@ -168,15 +183,6 @@ fn open_runner<'a>(artifact: &'a Artifact, cli: &RunArgs) -> anyhow::Result<Runn
         eprintln!("maxrun: {note}");
     }
     Ok(runner)
-}
-
-/// Opens an artifact to run: the file mapping, or with `huge_pages` a private copy on huge pages.
-fn open_artifact(path: &std::path::Path, huge_pages: bool) -> Result<Artifact, maxrun::artifact::ArtifactError> {
-    if huge_pages {
-        Artifact::open_resident(path)
-    } else {
-        Artifact::open(path)
-    }
 }
 
 /// Exit code for a prompt that does not fit (documented in the README).
@@ -226,6 +232,18 @@ fn verify_weights(artifact: &Artifact) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a benchmark that needs more positions than `artifact` (at `path`) has.
+fn fits_benchmark(path: &std::path::Path, artifact: &Artifact, needed: u64) -> anyhow::Result<()> {
+    let max = artifact.header.max_length;
+    if needed > max {
+        return Err(anyhow!(
+            "the benchmark needs {needed} positions but {} supports {max}; compile with --model-override transformer.max_length={needed}",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.repetitions == 0 || args.threads == Some(0) {
         return Err(anyhow!("--repetitions and --threads must be at least 1"));
@@ -233,23 +251,15 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.profile && args.compare.is_some() {
         return Err(anyhow!("--profile and --compare do not go together; profile each artifact on its own"));
     }
-    let artifact = open_artifact(&args.artifact, args.huge_pages)?;
+    let artifact = args.memory.open(&args.artifact, false)?;
     let h = &artifact.header;
     let needed = args.depth + args.prompt_tokens.max(args.generated_tokens);
-    if needed > h.max_length {
-        return Err(anyhow!(
-            "the benchmark needs {needed} positions but {} supports {}; compile with --model-override transformer.max_length={needed}",
-            args.artifact.display(),
-            h.max_length
-        ));
-    }
+    fits_benchmark(&args.artifact, &artifact, needed)?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions, depth: args.depth };
     if let Some(other_path) = &args.compare {
-        let other = open_artifact(other_path, args.huge_pages)?;
-        if needed > other.header.max_length {
-            return Err(anyhow!("the benchmark needs {needed} positions but {} supports {}", other_path.display(), other.header.max_length));
-        }
+        let other = args.memory.open(other_path, false)?;
+        fits_benchmark(other_path, &other, needed)?;
         let (mut a, _) = maxrun::runner::Runner::open(&artifact, threads, maxrun::runner::Device::Cpu)?;
         let (mut b, _) = maxrun::runner::Runner::open(&other, threads, maxrun::runner::Device::Cpu)?;
         let names = [args.artifact.display().to_string(), other_path.display().to_string()];
@@ -323,8 +333,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     if cli.threads == Some(0) {
         return Err(anyhow!("--threads must be at least 1"));
     }
-    // A GPU run uploads the weights: no host copy.
-    let artifact = open_artifact(&artifact_path, cli.huge_pages && !matches!(cli.device, Device::Gpu(_)))?;
+    let artifact = cli.memory.open(&artifact_path, matches!(cli.device, Device::Gpu(_)))?;
     if cli.verify {
         verify_weights(&artifact)?;
     }

@@ -100,9 +100,12 @@ fn prefetch_plan(artifact: &Artifact, plan: &Plan) -> Vec<Vec<(usize, usize)>> {
             .map(|r: std::ops::Range<*const u8>| (r.start as usize, r.end as usize - r.start as usize))
             .collect()
     };
-    let streams = |l: &crate::format::Launch| l.tasks.eval(1) > 1 && parts(l).iter().map(|p| p.1).sum::<usize>() >= 4096;
+    let streamed = |l: &crate::format::Launch| {
+        let p = parts(l);
+        (l.tasks.eval(1) > 1 && p.iter().map(|p| p.1).sum::<usize>() >= 4096).then_some(p)
+    };
     let n = plan.launches.len();
-    (0..n).map(|i| (1..=n).map(|d| &plan.launches[(i + d) % n]).find(|l| streams(l)).map(parts).unwrap_or_default()).collect()
+    (0..n).map(|i| (1..=n).find_map(|d| streamed(&plan.launches[(i + d) % n])).unwrap_or_default()).collect()
 }
 
 /// One row of a kernel profile: a kernel's launches within one plan, summed.
