@@ -138,10 +138,16 @@ pub fn compile_model(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
 /// `maxrun MEF --token-ids <case input_ids> --dump-logits`: (shape, logits) of one
 /// forward pass over a golden case; panics unless maxrun succeeds.
 pub fn dump_logits(mef: &Path, case: &Value) -> (Vec<usize>, Vec<f32>) {
+    dump_logits_with(mef, case, &[])
+}
+
+/// [`dump_logits`] with more maxrun flags (`extra`).
+pub fn dump_logits_with(mef: &Path, case: &Value, extra: &[&str]) -> (Vec<usize>, Vec<f32>) {
     let ids: Vec<String> = ids(&case["input_ids"]).iter().map(u32::to_string).collect();
     let npy = temp_dir("logits").join("l.npy");
     let ids = ids.join(",");
-    let args: [&std::ffi::OsStr; 5] = [mef.as_os_str(), "--token-ids".as_ref(), ids.as_ref(), "--dump-logits".as_ref(), npy.as_os_str()];
+    let mut args: Vec<&std::ffi::OsStr> = vec![mef.as_os_str(), "--token-ids".as_ref(), ids.as_ref(), "--dump-logits".as_ref(), npy.as_os_str()];
+    args.extend(extra.iter().map(|e| std::ffi::OsStr::new(*e)));
     let (code, _, err) = run_bin("maxrun", &args);
     assert_eq!(code, 0, "maxrun --dump-logits failed: {err}");
     maxrun::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))

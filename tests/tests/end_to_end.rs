@@ -219,11 +219,7 @@ fn mapped_and_resident_weights_give_identical_logits() {
     let golden = golden("tiny-llama");
     let case = &cases(&golden)[0];
     let (_, mapped) = dump_logits(mef, case);
-    let ids: Vec<String> = ids(&case["input_ids"]).iter().map(u32::to_string).collect();
-    let npy = temp_dir("huge").join("l.npy");
-    let r = run_bin("maxrun", &[mef.as_os_str(), os("--huge-pages"), os("--token-ids"), os(&ids.join(",")), os("--dump-logits"), npy.as_os_str()]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    let (_, resident) = maxrun::npy::read_f32(&npy).unwrap();
+    let (_, resident) = dump_logits_with(mef, case, &["--huge-pages"]);
     assert!(resident.iter().zip(&mapped).all(|(a, b)| a.to_bits() == b.to_bits()) && resident.len() == mapped.len());
     assert_logits_close("tiny-llama --huge-pages", &resident, &golden_logits("tiny-llama", case).1);
     let r = run_bin("maxrun", &[os("bench"), mef.as_os_str(), os("-p"), os("0"), os("-n"), os("4"), os("-r"), os("1"), os("--json"), os("--huge-pages")]);
