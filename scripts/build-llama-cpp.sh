@@ -13,10 +13,13 @@ if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-qua
   if [ ! -d "$cache/src" ]; then
     tarball="$cache/llama_cpp_python-$version.tar.gz"
     if [ ! -f "$tarball" ]; then
-      # The sdist's address, from PyPI's JSON API (pip download would try to build it).
-      url=$(curl -sSf "https://pypi.org/pypi/llama-cpp-python/$version/json" |
-        python3 -c 'import json,sys; print(next(u["url"] for u in json.load(sys.stdin)["urls"] if u["packagetype"] == "sdist"))')
-      curl -sSfL -o "$tarball.part" "$url" && mv "$tarball.part" "$tarball"
+      # The sdist's address and sha256 from PyPI's simple index (pip download
+      # would try to build it; the per-version JSON API is not always served).
+      link=$(curl -sSf "https://pypi.org/simple/llama-cpp-python/" | grep -o "https://[^\"]*/llama_cpp_python-$version.tar.gz#sha256=[0-9a-f]*" | head -1)
+      [ -n "$link" ] || { echo "build-llama-cpp: llama_cpp_python-$version.tar.gz is not in PyPI's simple index" >&2; exit 1; }
+      curl -sSfL -o "$tarball.part" "${link%%#*}"
+      echo "${link##*sha256=}  $tarball.part" | sha256sum -c --quiet
+      mv "$tarball.part" "$tarball"
     fi
     mkdir -p "$cache/src"
     tar -xzf "$cache"/llama_cpp_python-$version.tar.gz -C "$cache/src" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"

@@ -103,6 +103,17 @@ impl CpuTarget {
     pub fn has_avx512_vnni(&self) -> bool {
         self.has_feature("avx512vnni") && self.has_feature("avx512bw")
     }
+
+    /// Whether 512-bit byte and word multiply-adds (`vpmaddubsw` / `vpmaddwd` on
+    /// zmm) are available.
+    pub fn has_avx512_bw(&self) -> bool {
+        self.has_feature("avx512bw")
+    }
+
+    /// Whether 256-bit integer vectors (AVX2: `vpmaddubsw` / `vpmaddwd` on ymm) are available.
+    pub fn has_avx2(&self) -> bool {
+        self.has_feature("avx2")
+    }
 }
 
 /// NVIDIA architectures maxc emits PTX for (Volta and later: 64-bit atomics and

@@ -321,6 +321,79 @@ fn int8_dots_use_vnni_where_the_target_has_it() {
     assert!(!v3.contains("vpdpbusd"), "x86-64-v3 has no VNNI");
 }
 
+#[test]
+fn int8_dots_without_vnni_use_byte_multiply_adds() {
+    let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
+    let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
+    assert!(v3.contains("@llvm.x86.avx2.pmadd.ub.sw") && v3.contains("@llvm.x86.avx2.pmadd.wd"), "x86-64-v3 int8 dots are not vpmaddubsw / vpmaddwd");
+    let v4 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4").unwrap()).unwrap();
+    assert!(v4.contains("@llvm.x86.avx512.pmaddubs.w.512") && !v4.contains("vpdpbusd"), "x86-64-v4 without VNNI must use 512-bit vpmaddubsw");
+}
+
+/// Int8 dots with every weight and activation byte at an extreme (weight bytes
+/// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15): where a pair of
+/// products can exceed i16 (`vpmaddubsw` saturates), the result must still be
+/// the interpreter's, on this machine and on x86-64-v3.
+#[test]
+fn int8_dots_are_exact_at_extreme_bytes() {
+    let mut all = Vec::new();
+    for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
+        let s = if seq == SeqMode::Dynamic { 3usize } else { 1 };
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
+            let (k, n) = (96u64, 48u64);
+            let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
+            sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+            sizes.push(s * n as usize);
+            all.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+            let (k, n) = (256u64, 21u64);
+            let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
+            sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+            sizes.push(s * n as usize);
+            if encoding != WeightEncoding::Q4_0 {
+                all.push(Case { kernel: matmul_int8(k, n, encoding, None, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+            }
+        }
+    }
+    for spec in ["cpu", "cpu:x86-64-v3"] {
+        let target = CpuTarget::parse(spec).unwrap();
+        let kernels: Vec<Kernel> = all.iter().map(|c| c.kernel.clone()).collect();
+        let loaded = LoadedCode::load(&compile_shared(&kernels, &target).unwrap().shared_object).unwrap();
+        let mut rng = Rng(0x5eed);
+        for case in &all {
+            let f = loaded.kernel(&case.kernel.name).unwrap();
+            for trial in 0..6 {
+                // Activations (parameter 0) at +-127; weight bytes at 0xff (255 unsigned,
+                // both nibbles 15) in trial 0, 0x7f (127 signed) in trial 1, then drawn
+                // from 0x80, 0xff, 0x00, 0x7f (the extremes read signed or unsigned).
+                let weight = |rng: &mut Rng| match trial {
+                    0 => 0xffu8,
+                    1 => 0x7f,
+                    _ => [0x80, 0xff, 0x00, 0x7f][((rng.f() + 1.0) * 2.0) as usize % 4],
+                };
+                let mut expected: Vec<Buffer> = inputs(case, &mut rng)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(p, b)| match b {
+                        Buffer::I8(v) if p == 0 => Buffer::I8(v.iter().map(|_| if trial < 2 || rng.f() > 0.0 { 127 } else { -127 }).collect()),
+                        Buffer::I8(v) => Buffer::I8(v.iter().map(|_| weight(&mut rng) as i8).collect()),
+                        Buffer::U8(v) => Buffer::U8(v.iter().map(|_| weight(&mut rng)).collect()),
+                        other => other,
+                    })
+                    .collect();
+                let mut actual = expected.clone();
+                run(&case.kernel, &mut expected, case.seq);
+                let ptrs: Vec<*mut u8> = actual.iter_mut().map(Buffer::as_mut_ptr).collect();
+                let dims = [case.seq as i64];
+                // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
+                unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, case.kernel.tasks.eval(case.seq)) };
+                let (Buffer::F32(e), Buffer::F32(a)) = (expected.last().unwrap(), actual.last().unwrap()) else { panic!("f32 output") };                for (i, (x, y)) in e.iter().zip(a).enumerate() {
+                    assert!((x - y).abs() <= case.tol * (1.0 + x.abs()), "{spec} {} trial {trial} out[{i}]: interpreter {x}, llvm {y}", case.kernel.name);
+                }
+            }
+        }
+    }
+}
+
 /// Random shapes (property test): every family with random sizes, both backends.
 mod random_shapes {
     use super::*;

@@ -36,6 +36,20 @@ pub enum Flavor<'t> {
     Nvptx,
 }
 
+/// How a CPU target computes four-byte dot products (unsigned bytes times signed
+/// bytes, each i32 lane the sum of four products), the core of the int8 matmuls.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum ByteDots {
+    /// AVX-512 VNNI `vpdpbusd`: one instruction, exact for any unsigned byte.
+    Vnni,
+    /// `vpmaddubsw` then `vpmaddwd` by ones, on zmm (AVX-512BW) or two ymm halves
+    /// (AVX2), as llama.cpp does without VNNI: pairs of products are summed in
+    /// i16 with saturation, so the unsigned bytes must stay at most 128.
+    Madd { zmm: bool },
+    /// Widened i32 multiplies (other targets, and the GPU).
+    Widened,
+}
+
 /// The PTX kernel calling convention (LLVM's `CallingConv::PTX_Kernel`).
 const PTX_KERNEL_CC: u32 = 71;
 
@@ -469,12 +483,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// A [`Stmt::DotBlock`] as vector code: the 64 weight levels and activations as
-    /// `<64 x i8>`, the 16 four-byte dot products by VNNI `vpdpbusd` where the
-    /// target has it (Q8_0's signed weights through `|w|` and `a * sign(w)`, since
-    /// the instruction multiplies unsigned by signed bytes; activations are never
-    /// -128), otherwise widened multiplies and a sum of each lane's four products
-    /// (LLVM picks `pmaddubsw` / `pmaddwd` on AVX2); then converted, scaled per
-    /// block and added to the f32 accumulator.
+    /// `<64 x i8>`, the 16 four-byte dot products by [`ByteDots`] (Q8_0's signed
+    /// weights through `|w|` and `a * sign(w)` where the instructions multiply
+    /// unsigned by signed bytes; activations are never -128); then converted,
+    /// scaled per block and added to the f32 accumulator.
     fn dot_block(&mut self, acc: u32, scales: &[Expr; 2], (weights, w_start): (u32, &Expr), form: DotForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
         let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
@@ -493,14 +505,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let a = self.byte_load(i8t.vec_type(values), a_ptr)?;
         let zero = i32t.vec_type(lanes).const_zero();
         let sums = match form {
-            // vpdpbusd multiplies unsigned by signed bytes: Q8_0's signed weights as
-            // |w| times a * sign(w) (activations are never -128).
-            DotForm::Int8 if self.has_vnni() => {
-                let abs = self.intrinsic_typed("llvm.abs", &[w.into(), self.context.bool_type().const_zero().into()], &[w.get_type().into()])?.into_vector_value();
-                let b = &self.builder;
-                let negative = b.build_int_compare(IntPredicate::SLT, w, i8t.vec_type(values).const_zero(), "negative").map_err(llvm_err)?;
-                let minus_a = b.build_int_neg(a, "minus_a").map_err(llvm_err)?;
-                let signed = b.build_select(negative, minus_a, a, "signed").map_err(llvm_err)?.into_vector_value();
+            DotForm::Int8 if self.byte_dots() != ByteDots::Widened => {
+                let (abs, signed) = self.sign_moved(w, a)?;
                 self.dot_fours(zero, abs, signed, false)?
             }
             DotForm::Int8 => self.dot_fours(zero, w, a, true)?,
@@ -516,9 +522,27 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         self.add_to_local(acc, scaled)
     }
 
-    /// Whether this lowering may use AVX-512 VNNI (`vpdpbusd`).
-    fn has_vnni(&self) -> bool {
-        matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_vnni())
+    /// How this target computes four-byte dot products.
+    fn byte_dots(&self) -> ByteDots {
+        match self.flavor {
+            Flavor::Cpu(t) if t.has_avx512_vnni() => ByteDots::Vnni,
+            Flavor::Cpu(t) if t.has_avx512_bw() => ByteDots::Madd { zmm: true },
+            Flavor::Cpu(t) if t.has_avx2() => ByteDots::Madd { zmm: false },
+            _ => ByteDots::Widened,
+        }
+    }
+
+    /// Signed weight bytes `w` and signed activations `a` as `(|w|, a * sign(w))`:
+    /// the same products, with the weights unsigned (at most 128) as `vpdpbusd`
+    /// and `vpmaddubsw` want them. Exact while no activation is -128 (quantized
+    /// activations never are).
+    fn sign_moved(&self, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>) -> Result<(inkwell::values::VectorValue<'ctx>, inkwell::values::VectorValue<'ctx>), CodegenError> {
+        let abs = self.intrinsic_typed("llvm.abs", &[w.into(), self.context.bool_type().const_zero().into()], &[w.get_type().into()])?.into_vector_value();
+        let b = &self.builder;
+        let negative = b.build_int_compare(IntPredicate::SLT, w, w.get_type().const_zero(), "negative").map_err(llvm_err)?;
+        let minus_a = b.build_int_neg(a, "minus_a").map_err(llvm_err)?;
+        let signed = b.build_select(negative, minus_a, a, "signed").map_err(llvm_err)?.into_vector_value();
+        Ok((abs, signed))
     }
 
     /// The low and high nibbles of a vector of bytes.
@@ -531,11 +555,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 
     /// `acc` plus, per i32 lane `g`, the sum of the products of bytes `4g..4g + 4`
     /// of `w` (signed if `signed_w`, else unsigned) with the signed bytes of `a`:
-    /// one `vpdpbusd` where the target has VNNI (`w` unsigned), otherwise widened
-    /// multiplies and a sum of each lane's four products.
+    /// by [`ByteDots`] where `w` is unsigned (on the `Madd` form at most 128, so
+    /// that no pair of products saturates), otherwise widened multiplies and a sum
+    /// of each lane's four products.
     fn dot_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>, signed_w: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        if self.has_vnni() && !signed_w {
-            return self.vpdpbusd(acc, w, a);
+        let full = w.get_type().get_size() == DOT_VALUES as u32;
+        match self.byte_dots() {
+            ByteDots::Vnni if !signed_w && full => return self.vpdpbusd(acc, w, a),
+            ByteDots::Madd { zmm } if !signed_w && full => return self.pmadd_fours(acc, w, a, zmm),
+            _ => {}
         }
         let wide = self.context.i32_type().vec_type(w.get_type().get_size());
         let b = &self.builder;
@@ -544,6 +572,70 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
         let sums = self.sum_fours(products)?;
         self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)
+    }
+
+    /// `acc` plus the four-byte dot products of 64 unsigned bytes `u` (at most 128)
+    /// with 64 signed bytes `s` without VNNI: [`Self::pair_products`] then
+    /// [`Self::pair_sums`].
+    fn pmadd_fours(&self, acc: inkwell::values::VectorValue<'ctx>, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let fours = self.pair_sums(self.pair_products(u, s, zmm)?, zmm)?;
+        self.builder.build_int_add(acc, fours, "acc").map_err(llvm_err)
+    }
+
+    /// `vpmaddubsw` of 64 unsigned bytes `u` with 64 signed bytes `s` (on one zmm
+    /// register or two ymm halves): `<32 x i16>`, lane `j` the products of bytes
+    /// `2j` and `2j + 1` summed with signed saturation (exact while `u` is at
+    /// most 128: 2 * 128 * 128 fits).
+    fn pair_products(&self, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i8t, i16t) = (self.context.i8_type(), self.context.i16_type());
+        let (width, name) = if zmm { (64, "llvm.x86.avx512.pmaddubs.w.512") } else { (32, "llvm.x86.avx2.pmadd.ub.sw") };
+        let (bytes, words) = (i8t.vec_type(width), i16t.vec_type(width / 2));
+        let f = self.declared(name, words.fn_type(&[bytes.into(), bytes.into()], false), None);
+        let parts = self.halves(&[u, s], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
+    }
+
+    /// `vpmaddwd` of 32 i16 lanes by ones: 16 i32 lanes, lane `g` the sum of
+    /// lanes `2g` and `2g + 1` (so, after [`Self::pair_products`], of the
+    /// products of bytes `4g..4g + 4`).
+    fn pair_sums(&self, pairs: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
+        let (width, name) = if zmm { (32, "llvm.x86.avx512.pmaddw.d.512") } else { (16, "llvm.x86.avx2.pmadd.wd") };
+        let (words, dwords) = (i16t.vec_type(width), i32t.vec_type(width / 2));
+        let f = self.declared(name, dwords.fn_type(&[words.into(), words.into()], false), None);
+        let ones = inkwell::types::VectorType::const_vector(&vec![i16t.const_int(1, false); width as usize]);
+        let parts = self.halves(&[pairs], width)?.into_iter().map(|h| self.call_vector(f, &[h[0], ones])).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
+    }
+
+    /// The vectors `of` cut into parts of `width` lanes, part by part (one part
+    /// when they are that wide already).
+    fn halves(&self, of: &[inkwell::values::VectorValue<'ctx>], width: u32) -> Result<Vec<Vec<inkwell::values::VectorValue<'ctx>>>, CodegenError> {
+        let size = of[0].get_type().get_size();
+        (0..size / width)
+            .map(|h| {
+                of.iter()
+                    .map(|&v| if size == width { Ok(v) } else { self.builder.build_shuffle_vector(v, v, shuffle_mask(self.context, &|i| h * width + i, width), "part").map_err(llvm_err) })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Vectors of equal width laid end to end (one or two).
+    fn joined(&self, parts: Vec<inkwell::values::VectorValue<'ctx>>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        match parts[..] {
+            [one] => Ok(one),
+            [low, high] => self.builder.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, 2 * low.get_type().get_size()), "joined").map_err(llvm_err),
+            _ => unreachable!("64 bytes are one zmm or two ymm"),
+        }
+    }
+
+    /// A call of `f` on vector arguments that returns a vector.
+    fn call_vector(&self, f: FunctionValue<'ctx>, args: &[inkwell::values::VectorValue<'ctx>]) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let args: Vec<_> = args.iter().map(|&a| a.into()).collect();
+        let call = self.builder.build_call(f, &args, "call").map_err(llvm_err)?;
+        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("returns a vector") };
+        Ok(v.into_vector_value())
     }
 
     /// `local[0..16] += term` (a dot instruction's f32 accumulator).
@@ -561,16 +653,25 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// A [`Stmt::DotRows`] as vector code: per 64-byte chunk of levels (16 rows x
     /// 4 values; nibbles give two, low and high), one dot step against the four
     /// activation bytes of those values broadcast to all 16 rows, chained into one
-    /// i32 accumulator: VNNI `vpdpbusd` where the target has it (levels unsigned,
-    /// activations signed, as the instruction wants), otherwise widened multiplies
-    /// and a sum of each lane's four products. Then, in 16-lane f32 vectors:
+    /// i32 accumulator by [`ByteDots`] (levels unsigned, activations signed, as
+    /// the instructions want; Q8_0's levels, `w + 128`, are too large for
+    /// `vpmaddubsw`, so there the dot runs on the signed `w` and `128` times the
+    /// sum of the block's activation bytes is added, the same integer; nibbles
+    /// there keep their pair products in i16 over the whole block and widen them
+    /// once). Then, in 16-lane f32 vectors:
     /// converted, times the rows' scales (one vector load) and the activation
     /// scale, plus the rows' minimums times the activation sum, added to `acc`.
     fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
         let offset = |e: &Expr, by: i64| Expr::Bin(BinOp::Add, Box::new(e.clone()), Box::new(Expr::I64(by)));
-        let mut acc = i32t.vec_type(lanes).const_zero();
+        // Q8_0 on the Madd form: sum u * a = sum (u - 128) * a + 128 * sum a.
+        let signed_levels = d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. });
+        let mut acc = if signed_levels { self.splat_act_sum(d.act, &d.act_start, 128)? } else { i32t.vec_type(lanes).const_zero() };
+        let mut nibble_pairs = match (d.form, self.byte_dots()) {
+            (RowsForm::Nibbles, ByteDots::Madd { .. }) => Some(None),
+            _ => None,
+        };
         for c in 0..d.form.chunks() {
             let w_ptr = self.element_ptr(d.weights, &offset(&d.w_start, 64 * c))?;
             let chunk = self.byte_load(i8t.vec_type(64), w_ptr)?;
@@ -586,8 +687,29 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let a_ptr = self.element_ptr(d.act, &offset(&d.act_start, first))?;
                 let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
                 let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                acc = self.dot_fours(acc, levels, broadcast, false)?;
+                if let Some(words) = &mut nibble_pairs {
+                    // Nibbles on the Madd form: pair products summed in i16 over the
+                    // whole block (8 steps of at most 2 * 15 * 128: below 2^15).
+                    let ByteDots::Madd { zmm } = self.byte_dots() else { unreachable!("Madd only") };
+                    let products = self.pair_products(levels, broadcast, zmm)?;
+                    *words = Some(match words.take() {
+                        None => products,
+                        Some(w) => self.builder.build_int_add(w, products, "pairs").map_err(llvm_err)?,
+                    });
+                    continue;
+                }
+                acc = if signed_levels {
+                    let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
+                    let signed = self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
+                    let (abs, moved) = self.sign_moved(signed, broadcast)?;
+                    self.dot_fours(acc, abs, moved, false)?
+                } else {
+                    self.dot_fours(acc, levels, broadcast, false)?
+                };
             }
+        }
+        if let (Some(Some(words)), ByteDots::Madd { zmm }) = (nibble_pairs, self.byte_dots()) {
+            acc = self.pair_sums(words, zmm)?;
         }
         let f32v = f32t.vec_type(lanes);
         let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
@@ -625,6 +747,20 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             (_, None) => unreachable!("loaded above"),
         };
         self.add_to_local(d.acc, term)
+    }
+
+    /// `times` the sum of the [`RowsForm::VALUES`] activation bytes from `start`, in all
+    /// 16 i32 lanes.
+    fn splat_act_sum(&mut self, act: u32, start: &Expr, times: u64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
+        let ptr = self.element_ptr(act, start)?;
+        let bytes = self.byte_load(i8t.vec_type(RowsForm::VALUES as u32), ptr)?;
+        let wide = self.builder.build_int_s_extend(bytes, i32t.vec_type(RowsForm::VALUES as u32), "act32").map_err(llvm_err)?;
+        let sum = self.intrinsic_typed("llvm.vector.reduce.add", &[wide.into()], &[wide.get_type().into()])?.into_int_value();
+        let b = &self.builder;
+        let sum = b.build_int_mul(sum, i32t.const_int(times, false), "act_sum").map_err(llvm_err)?;
+        let one = b.build_insert_element(i32t.vec_type(DOT_LANES as u32).get_undef(), sum, i32t.const_zero(), "act_sum").map_err(llvm_err)?;
+        b.build_shuffle_vector(one, one, i32t.vec_type(DOT_LANES as u32).const_zero(), "act_sums").map_err(llvm_err)
     }
 
     /// A [`RowScale`]'s `lanes` values as f32: the float values, times the byte
