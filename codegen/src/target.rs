@@ -104,6 +104,11 @@ impl CpuTarget {
         self.has_feature("avx512vnni") && self.has_feature("avx512bw")
     }
 
+    /// Whether 256-bit VEX-encoded VNNI (`vpdpbusd` on ymm, AVX-VNNI) is available.
+    pub fn has_avx_vnni(&self) -> bool {
+        self.has_feature("avxvnni")
+    }
+
     /// Whether 512-bit byte and word multiply-adds (`vpmaddubsw` / `vpmaddwd` on
     /// zmm) are available.
     pub fn has_avx512_bw(&self) -> bool {

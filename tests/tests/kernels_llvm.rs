@@ -322,12 +322,17 @@ fn int8_dots_use_vnni_where_the_target_has_it() {
 }
 
 #[test]
-fn int8_dots_without_vnni_use_byte_multiply_adds() {
+fn int8_dots_use_byte_multiply_adds_without_vnni() {
     let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
     let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
     assert!(v3.contains("@llvm.x86.avx2.pmadd.ub.sw") && v3.contains("@llvm.x86.avx2.pmadd.wd"), "x86-64-v3 int8 dots are not vpmaddubsw / vpmaddwd");
     let v4 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4").unwrap()).unwrap();
     assert!(v4.contains("@llvm.x86.avx512.pmaddubs.w.512") && !v4.contains("vpdpbusd"), "x86-64-v4 without VNNI must use 512-bit vpmaddubsw");
+    // AVX-VNNI (no AVX-512): vpdpbusd on ymm halves, and LLVM selects it for that target.
+    let avx_vnni = CpuTarget::parse("cpu:x86-64-v3+avxvnni").unwrap();
+    let ir = maxc_codegen::llvm::emit_llvm_ir(&k, &avx_vnni).unwrap();
+    assert!(ir.contains("@llvm.x86.avx512.vpdpbusd.256") && !ir.contains("pmadd"), "x86-64-v3+avxvnni must use vpdpbusd on ymm");
+    assert!(!compile_shared(&k, &avx_vnni).unwrap().shared_object.is_empty());
 }
 
 /// Int8 dots with every weight and activation byte at an extreme (weight bytes

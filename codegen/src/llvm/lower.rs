@@ -40,8 +40,10 @@ pub enum Flavor<'t> {
 /// bytes, each i32 lane the sum of four products), the core of the int8 matmuls.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum ByteDots {
-    /// AVX-512 VNNI `vpdpbusd`: one instruction, exact for any unsigned byte.
-    Vnni,
+    /// VNNI `vpdpbusd`, exact for any unsigned byte: one instruction on zmm
+    /// (AVX-512 VNNI) or two on ymm halves (AVX-VNNI, Intel's cores without
+    /// AVX-512 since Alder Lake).
+    Vnni { zmm: bool },
     /// `vpmaddubsw` then `vpmaddwd` by ones, on zmm (AVX-512BW) or two ymm halves
     /// (AVX2), as llama.cpp does without VNNI: pairs of products are summed in
     /// i16 with saturation, so the unsigned bytes must stay at most 128.
@@ -525,7 +527,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// How this target computes four-byte dot products.
     fn byte_dots(&self) -> ByteDots {
         match self.flavor {
-            Flavor::Cpu(t) if t.has_avx512_vnni() => ByteDots::Vnni,
+            Flavor::Cpu(t) if t.has_avx512_vnni() => ByteDots::Vnni { zmm: true },
+            Flavor::Cpu(t) if t.has_avx_vnni() => ByteDots::Vnni { zmm: false },
             Flavor::Cpu(t) if t.has_avx512_bw() => ByteDots::Madd { zmm: true },
             Flavor::Cpu(t) if t.has_avx2() => ByteDots::Madd { zmm: false },
             _ => ByteDots::Widened,
@@ -561,7 +564,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     fn dot_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>, signed_w: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let full = w.get_type().get_size() == DOT_VALUES as u32;
         match self.byte_dots() {
-            ByteDots::Vnni if !signed_w && full => return self.vpdpbusd(acc, w, a),
+            ByteDots::Vnni { zmm } if !signed_w && full => return self.vpdpbusd(acc, w, a, zmm),
             ByteDots::Madd { zmm } if !signed_w && full => return self.pmadd_fours(acc, w, a, zmm),
             _ => {}
         }
@@ -811,15 +814,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// VNNI `vpdpbusd`: 16 i32 lanes, lane `g` of `acc` plus the sum of the products
-    /// of unsigned bytes `4g..4g + 4` of `u` with the signed bytes of `s`.
-    fn vpdpbusd(&self, acc: inkwell::values::VectorValue<'ctx>, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        let i32v = self.context.i32_type().vec_type(DOT_LANES as u32);
+    /// of unsigned bytes `4g..4g + 4` of `u` with the signed bytes of `s`, on one
+    /// zmm register or two ymm halves.
+    fn vpdpbusd(&self, acc: inkwell::values::VectorValue<'ctx>, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (width, name) = if zmm { (DOT_LANES as u32, "llvm.x86.avx512.vpdpbusd.512") } else { (DOT_LANES as u32 / 2, "llvm.x86.avx512.vpdpbusd.256") };
+        let i32v = self.context.i32_type().vec_type(width);
+        let f = self.declared(name, i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None);
         let b = &self.builder;
-        let (u, s) = (b.build_bit_cast(u, i32v, "u").map_err(llvm_err)?, b.build_bit_cast(s, i32v, "s").map_err(llvm_err)?);
-        let f = self.declared("llvm.x86.avx512.vpdpbusd.512", i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None);
-        let call = b.build_call(f, &[acc.into(), u.into(), s.into()], "dot").map_err(llvm_err)?;
-        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("vpdpbusd returns a vector") };
-        Ok(v.into_vector_value())
+        let (u, s) = (b.build_bit_cast(u, self.context.i32_type().vec_type(DOT_LANES as u32), "u").map_err(llvm_err)?, b.build_bit_cast(s, self.context.i32_type().vec_type(DOT_LANES as u32), "s").map_err(llvm_err)?);
+        let parts = self.halves(&[acc, u.into_vector_value(), s.into_vector_value()], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
     }
 
     /// `<64 x i32>` products -> 16 lanes, lane `g` the sum of products `4g..4g + 4`.
