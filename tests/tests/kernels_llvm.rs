@@ -199,28 +199,30 @@ fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>, all: Vec<Case
     for case in &all {
         let f = loaded.kernel(&case.kernel.name).unwrap();
         for trial in 0..3 {
-            let mut expected = inputs(case, &mut rng);
-            let mut actual = expected.clone();
-            run(&case.kernel, &mut expected, case.seq);
-            let ptrs: Vec<*mut u8> = actual.iter_mut().map(Buffer::as_mut_ptr).collect();
-            let dims = [case.seq as i64];
-            let tasks = case.kernel.tasks.eval(case.seq);
-            // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
-            unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, tasks) };
-            for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
-                match (e, a) {
-                    (Buffer::F32(e), Buffer::F32(a)) => {
-                        for (i, (x, y)) in e.iter().zip(a).enumerate() {
-                            assert!(
-                                (x - y).abs() <= case.tol * (1.0 + x.abs()),
-                                "{spec} {} trial {trial} param {p}[{i}]: interpreter {x}, llvm {y}",
-                                case.kernel.name
-                            );
-                        }
-                    }
-                    _ => assert_eq!(e, a, "{spec} {} param {p}", case.kernel.name),
+            assert_matches_interpreter(spec, f, case, inputs(case, &mut rng), trial);
+        }
+    }
+}
+
+/// Runs compiled kernel `f` and the interpreter on the same `inputs` and
+/// compares every parameter afterwards (floats within the case's tolerance).
+fn assert_matches_interpreter(spec: &str, f: maxrun::code::KernelFn, case: &Case, inputs: Vec<Buffer>, trial: usize) {
+    let mut expected = inputs;
+    let mut actual = expected.clone();
+    run(&case.kernel, &mut expected, case.seq);
+    let ptrs: Vec<*mut u8> = actual.iter_mut().map(Buffer::as_mut_ptr).collect();
+    let dims = [case.seq as i64];
+    let tasks = case.kernel.tasks.eval(case.seq);
+    // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
+    unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, tasks) };
+    for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
+        match (e, a) {
+            (Buffer::F32(e), Buffer::F32(a)) => {
+                for (i, (x, y)) in e.iter().zip(a).enumerate() {
+                    assert!((x - y).abs() <= case.tol * (1.0 + x.abs()), "{spec} {} trial {trial} param {p}[{i}]: interpreter {x}, llvm {y}", case.kernel.name);
                 }
             }
+            _ => assert_eq!(e, a, "{spec} {} param {p}", case.kernel.name),
         }
     }
 }
@@ -345,17 +347,16 @@ fn int8_dots_are_exact_at_extreme_bytes() {
     for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
         let s = if seq == SeqMode::Dynamic { 3usize } else { 1 };
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
-            let (k, n) = (96u64, 48u64);
-            let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
-            sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
-            sizes.push(s * n as usize);
-            all.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
-            let (k, n) = (256u64, 21u64);
-            let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
-            sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
-            sizes.push(s * n as usize);
+            // Activations, their scales, the weight parts, the output.
+            let case = |kernel: Kernel, k: u64, n: u64| {
+                let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
+                sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+                sizes.push(s * n as usize);
+                Case { kernel, sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) }
+            };
+            all.push(case(matmul_interleaved(96, 48, encoding, None, seq), 96, 48));
             if encoding != WeightEncoding::Q4_0 {
-                all.push(Case { kernel: matmul_int8(k, n, encoding, None, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                all.push(case(matmul_int8(256, 21, encoding, None, seq), 256, 21));
             }
         }
     }
@@ -375,7 +376,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                     1 => 0x7f,
                     _ => [0x80, 0xff, 0x00, 0x7f][((rng.f() + 1.0) * 2.0) as usize % 4],
                 };
-                let mut expected: Vec<Buffer> = inputs(case, &mut rng)
+                let extremes = inputs(case, &mut rng)
                     .into_iter()
                     .enumerate()
                     .map(|(p, b)| match b {
@@ -385,15 +386,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                         other => other,
                     })
                     .collect();
-                let mut actual = expected.clone();
-                run(&case.kernel, &mut expected, case.seq);
-                let ptrs: Vec<*mut u8> = actual.iter_mut().map(Buffer::as_mut_ptr).collect();
-                let dims = [case.seq as i64];
-                // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
-                unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, case.kernel.tasks.eval(case.seq)) };
-                let (Buffer::F32(e), Buffer::F32(a)) = (expected.last().unwrap(), actual.last().unwrap()) else { panic!("f32 output") };                for (i, (x, y)) in e.iter().zip(a).enumerate() {
-                    assert!((x - y).abs() <= case.tol * (1.0 + x.abs()), "{spec} {} trial {trial} out[{i}]: interpreter {x}, llvm {y}", case.kernel.name);
-                }
+                assert_matches_interpreter(spec, f, case, extremes, trial);
             }
         }
     }

@@ -594,7 +594,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (width, name) = if zmm { (64, "llvm.x86.avx512.pmaddubs.w.512") } else { (32, "llvm.x86.avx2.pmadd.ub.sw") };
         let (bytes, words) = (i8t.vec_type(width), i16t.vec_type(width / 2));
         let f = self.declared(name, words.fn_type(&[bytes.into(), bytes.into()], false), None);
-        let parts = self.halves(&[u, s], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        let parts = self.lane_parts(&[u, s], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
         self.joined(parts)
     }
 
@@ -607,13 +607,13 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (words, dwords) = (i16t.vec_type(width), i32t.vec_type(width / 2));
         let f = self.declared(name, dwords.fn_type(&[words.into(), words.into()], false), None);
         let ones = inkwell::types::VectorType::const_vector(&vec![i16t.const_int(1, false); width as usize]);
-        let parts = self.halves(&[pairs], width)?.into_iter().map(|h| self.call_vector(f, &[h[0], ones])).collect::<Result<Vec<_>, _>>()?;
+        let parts = self.lane_parts(&[pairs], width)?.into_iter().map(|h| self.call_vector(f, &[h[0], ones])).collect::<Result<Vec<_>, _>>()?;
         self.joined(parts)
     }
 
     /// The vectors `of` cut into parts of `width` lanes, part by part (one part
     /// when they are that wide already).
-    fn halves(&self, of: &[inkwell::values::VectorValue<'ctx>], width: u32) -> Result<Vec<Vec<inkwell::values::VectorValue<'ctx>>>, CodegenError> {
+    fn lane_parts(&self, of: &[inkwell::values::VectorValue<'ctx>], width: u32) -> Result<Vec<Vec<inkwell::values::VectorValue<'ctx>>>, CodegenError> {
         let size = of[0].get_type().get_size();
         (0..size / width)
             .map(|h| {
@@ -668,13 +668,17 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
         let offset = |e: &Expr, by: i64| Expr::Bin(BinOp::Add, Box::new(e.clone()), Box::new(Expr::I64(by)));
-        // Q8_0 on the Madd form: sum u * a = sum (u - 128) * a + 128 * sum a.
-        let signed_levels = d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. });
-        let mut acc = if signed_levels { self.splat_act_sum(d.act, &d.act_start, 128)? } else { i32t.vec_type(lanes).const_zero() };
-        let mut nibble_pairs = match (d.form, self.byte_dots()) {
-            (RowsForm::Nibbles, ByteDots::Madd { .. }) => Some(None),
+        // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a;
+        // nibbles with their pair products summed in i16 over the whole block
+        // (8 steps of at most 2 * 15 * 128: below 2^15), widened once after it.
+        let madd = match self.byte_dots() {
+            ByteDots::Madd { zmm } => Some(zmm),
             _ => None,
         };
+        let signed_levels = d.form == RowsForm::Bytes && madd.is_some();
+        let mut acc = if signed_levels { self.splat_act_sum(d.act, &d.act_start, 128)? } else { i32t.vec_type(lanes).const_zero() };
+        let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
+        let mut nibble_pairs: Option<inkwell::values::VectorValue<'ctx>> = None;
         for c in 0..d.form.chunks() {
             let w_ptr = self.element_ptr(d.weights, &offset(&d.w_start, 64 * c))?;
             let chunk = self.byte_load(i8t.vec_type(64), w_ptr)?;
@@ -690,19 +694,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let a_ptr = self.element_ptr(d.act, &offset(&d.act_start, first))?;
                 let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
                 let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                if let Some(words) = &mut nibble_pairs {
-                    // Nibbles on the Madd form: pair products summed in i16 over the
-                    // whole block (8 steps of at most 2 * 15 * 128: below 2^15).
-                    let ByteDots::Madd { zmm } = self.byte_dots() else { unreachable!("Madd only") };
+                if let (RowsForm::Nibbles, Some(zmm)) = (d.form, madd) {
                     let products = self.pair_products(levels, broadcast, zmm)?;
-                    *words = Some(match words.take() {
+                    nibble_pairs = Some(match nibble_pairs {
                         None => products,
                         Some(w) => self.builder.build_int_add(w, products, "pairs").map_err(llvm_err)?,
                     });
                     continue;
                 }
                 acc = if signed_levels {
-                    let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
                     let signed = self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
                     let (abs, moved) = self.sign_moved(signed, broadcast)?;
                     self.dot_fours(acc, abs, moved, false)?
@@ -711,7 +711,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 };
             }
         }
-        if let (Some(Some(words)), ByteDots::Madd { zmm }) = (nibble_pairs, self.byte_dots()) {
+        if let (Some(words), Some(zmm)) = (nibble_pairs, madd) {
             acc = self.pair_sums(words, zmm)?;
         }
         let f32v = f32t.vec_type(lanes);
@@ -818,11 +818,11 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// zmm register or two ymm halves.
     fn vpdpbusd(&self, acc: inkwell::values::VectorValue<'ctx>, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let (width, name) = if zmm { (DOT_LANES as u32, "llvm.x86.avx512.vpdpbusd.512") } else { (DOT_LANES as u32 / 2, "llvm.x86.avx512.vpdpbusd.256") };
-        let i32v = self.context.i32_type().vec_type(width);
-        let f = self.declared(name, i32v.fn_type(&[i32v.into(), i32v.into(), i32v.into()], false), None);
+        let (part, whole) = (self.context.i32_type().vec_type(width), acc.get_type());
+        let f = self.declared(name, part.fn_type(&[part.into(), part.into(), part.into()], false), None);
         let b = &self.builder;
-        let (u, s) = (b.build_bit_cast(u, self.context.i32_type().vec_type(DOT_LANES as u32), "u").map_err(llvm_err)?, b.build_bit_cast(s, self.context.i32_type().vec_type(DOT_LANES as u32), "s").map_err(llvm_err)?);
-        let parts = self.halves(&[acc, u.into_vector_value(), s.into_vector_value()], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        let (u, s) = (b.build_bit_cast(u, whole, "u").map_err(llvm_err)?, b.build_bit_cast(s, whole, "s").map_err(llvm_err)?);
+        let parts = self.lane_parts(&[acc, u.into_vector_value(), s.into_vector_value()], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
         self.joined(parts)
     }
 
