@@ -169,7 +169,9 @@ pub enum Stmt {
 /// bytes of `weights` at `w_start`, `A` the signed bytes of `act`, `S[g]` the
 /// row's block scale ([`RowScale`]) and `M[g]` its minimum ([`RowMin`]). With int8
 /// activations, `act_scales` are the activation block's `d` and `d * sum(q)`.
-/// `acc` is a local of at least `DOT_LANES` f32.
+/// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
+/// lowering also prefetches the levels that many bytes past each 64-byte chunk it
+/// reads (a hint with no effect on the result; it may point past the weights).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowDot {
     pub acc: u32,
@@ -181,6 +183,7 @@ pub struct RowDot {
     pub act_scales: [Expr; 2],
     pub row_scales: RowScale,
     pub row_min: RowMin,
+    pub prefetch_ahead: Option<i64>,
 }
 
 /// Per-row values of a [`RowDot`]: for row `g`, element `values.1 + g` of the

@@ -86,6 +86,9 @@ pub struct BenchReport {
     /// Where the weights were read from: "file mapping" (the default) or "huge
     /// pages" (a private copy, `--huge-pages`).
     pub weights_memory: &'static str,
+    /// Where the CPU KV cache lives: "huge pages", "ordinary pages", or "-" where
+    /// the artifact runs on a mesh or a GPU (`kv_cache.rs`).
+    pub kv_cache_memory: &'static str,
     /// Read bandwidth measured by streaming the weights with `threads`
     /// threads (GB/s), just before each decode repetition; the mean.
     pub read_bandwidth_gb_s: f64,
@@ -152,6 +155,11 @@ pub fn run(
     vocab: u64,
     weights_memory: &'static str,
 ) -> Result<BenchReport, SessionError> {
+    let kv_cache_memory = match session.cpu() {
+        Some(cpu) if cpu.kv_cache_on_huge_pages() => "huge pages",
+        Some(_) => "ordinary pages",
+        None => "-",
+    };
     let ids = prompt_ids(cfg.prompt_tokens, vocab);
     let depth = depth_ids(cfg.depth, vocab);
     warm_up(session, &ids)?;
@@ -195,6 +203,7 @@ pub fn run(
         decode_tokens_per_s_stddev: ds,
         weight_bytes,
         weights_memory,
+        kv_cache_memory,
         read_bandwidth_gb_s: bw,
         decode_roofline_tokens_per_s: roofline,
         decode_roofline_fraction: fraction,
@@ -320,8 +329,9 @@ pub fn render(r: &BenchReport) -> String {
         let t = format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev);
         s.push_str(&format!("| {:<28} | {:>7} | {:>14} | {:>20} |\n", r.model, r.threads, test_name("tg", r.generated_tokens, r.depth), t));
         s.push_str(&format!(
-            "\nweights on {}; read bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
+            "\nweights on {}, KV cache on {}; read bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
             r.weights_memory,
+            r.kv_cache_memory,
             r.read_bandwidth_gb_s,
             r.threads,
             r.decode_roofline_tokens_per_s,

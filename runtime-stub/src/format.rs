@@ -418,9 +418,9 @@ pub enum BufferRef {
     Tokens,
     /// The positions of this step, `i32[seq]`.
     Positions,
-    /// Layer `n`'s key cache, `f32[max_length, kv_width]`.
+    /// Layer `n`'s key cache, transposed: `f32[kv_width, max_length]`.
     KeyCache(u32),
-    /// Layer `n`'s value cache.
+    /// Layer `n`'s value cache, `f32[max_length, kv_width]`.
     ValueCache(u32),
 }
 

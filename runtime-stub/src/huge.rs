@@ -4,9 +4,8 @@
 //! Decode streams every weight once per token: with 4 KiB pages that is a TLB
 //! miss every 4 KiB (and the hardware prefetchers stop at every page boundary).
 //! `maxrun --huge-pages` reads the artifact into such a buffer (`Artifact::open_resident`).
-//! The KV cache stays on ordinary, lazily faulted pages: on huge pages, the first
-//! token's store into every row of the transposed key cache would make all of it
-//! resident at once, however long the context the artifact allows.
+//! The CPU KV cache lives in such buffers too where it is small beside the
+//! machine's memory (`kv_cache.rs` says when and why).
 
 /// The huge page size the buffers are aligned to.
 const HUGE_PAGE: usize = 2 << 20;
@@ -24,8 +23,15 @@ unsafe impl Send for HugeBuf {}
 unsafe impl Sync for HugeBuf {}
 
 impl HugeBuf {
-    /// Allocates `len` zeroed bytes; `None` if the system has no memory for them.
+    /// Allocates `len` zeroed bytes on huge pages where possible; `None` if the
+    /// system has no memory for them.
     pub fn zeroed(len: usize) -> Option<Self> {
+        Self::zeroed_on(len, true)
+    }
+
+    /// Allocates `len` zeroed bytes, 2 MiB aligned, asking for huge pages only with
+    /// `huge_pages` (otherwise ordinary pages, each faulted in on first touch).
+    pub fn zeroed_on(len: usize, huge_pages: bool) -> Option<Self> {
         if len == 0 {
             return Some(HugeBuf { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8, mapped: 0, len });
         }
@@ -50,10 +56,14 @@ impl HugeBuf {
         // SAFETY: `skew < HUGE_PAGE`, inside the mapping.
         let ptr = unsafe { raw.add(skew) };
         #[cfg(target_os = "linux")]
-        // SAFETY: advice on our own mapping; failure (no THP) leaves ordinary pages.
-        unsafe {
-            libc::madvise(ptr as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE);
+        if huge_pages {
+            // SAFETY: advice on our own mapping; failure (no THP) leaves ordinary pages.
+            unsafe {
+                libc::madvise(ptr as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE);
+            }
         }
+        #[cfg(not(target_os = "linux"))]
+        let _ = huge_pages;
         Some(HugeBuf { ptr, mapped, len })
     }
 
@@ -92,8 +102,8 @@ mod tests {
 
     #[test]
     fn buffers_are_zeroed_aligned_and_writable() {
-        for len in [0, 1, 4096, HUGE_PAGE - 1, HUGE_PAGE, HUGE_PAGE + 3] {
-            let mut b = HugeBuf::zeroed(len).unwrap();
+        for (len, huge_pages) in [0, 1, 4096, HUGE_PAGE - 1, HUGE_PAGE, HUGE_PAGE + 3].into_iter().flat_map(|l| [(l, true), (l, false)]) {
+            let mut b = HugeBuf::zeroed_on(len, huge_pages).unwrap();
             assert_eq!(b.as_slice().len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0), "{len}");
             if len > 0 {

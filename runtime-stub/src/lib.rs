@@ -16,6 +16,7 @@ pub mod format;
 pub mod gpu;
 pub mod huge;
 pub mod inspect;
+pub mod kv_cache;
 pub mod mesh_session;
 pub mod npy;
 pub mod pool;

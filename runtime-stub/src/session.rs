@@ -8,6 +8,7 @@ use crate::artifact::{Artifact, ArtifactError};
 use crate::code::{CodeError, KernelFn, LoadedCode};
 use crate::collectives::MeshHub;
 use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind, SubModel};
+use crate::kv_cache::KvCache;
 use crate::pool::ThreadPool;
 
 /// Errors while preparing or running a session.
@@ -25,6 +26,8 @@ pub enum SessionError {
     NonFinite { kernel: String, launch: usize, plan: &'static str, index: usize, value: f32 },
     #[error("GPU: {0}")]
     Gpu(String),
+    #[error("cannot allocate the KV cache: {bytes} bytes for the artifact's {max_length} positions; recompile with a smaller `transformer.max_length` (--model-override transformer.max_length=N)")]
+    KvCacheMemory { bytes: u64, max_length: u64 },
 }
 
 /// Refuses `ids` before any work: an id outside the vocabulary, or a sequence
@@ -133,8 +136,7 @@ pub struct Session<'a> {
     decode: PlanState,
     /// The prefill plan that computes only the last token's logits, if the artifact has one.
     prefill_last: Option<PlanState>,
-    k_cache: Vec<Vec<f32>>,
-    v_cache: Vec<Vec<f32>>,
+    kv_cache: KvCache,
     tokens: Vec<i32>,
     positions: Vec<i32>,
     /// Tokens already in the KV cache.
@@ -176,6 +178,8 @@ impl<'a> Session<'a> {
         let sub = &h.sub_models[device];
         let cache_len = (h.max_length * h.kv_cache.row_elems) as usize;
         let layers = h.kv_cache.layers as usize;
+        let kv_cache = KvCache::new(layers, cache_len)
+            .ok_or(SessionError::KvCacheMemory { bytes: 8 * layers as u64 * cache_len as u64, max_length: h.max_length })?;
         Ok(Session {
             artifact,
             device,
@@ -185,8 +189,7 @@ impl<'a> Session<'a> {
             decode: state(&sub.decode, true),
             prefill_last: sub.prefill_last.as_ref().map(|p| state(p, false)),
             _code: code,
-            k_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
-            v_cache: (0..layers).map(|_| vec![0.0; cache_len]).collect(),
+            kv_cache,
             tokens: Vec::with_capacity(sub.prefill.max_seq as usize),
             positions: Vec::with_capacity(sub.prefill.max_seq as usize),
             position: 0,
@@ -194,6 +197,11 @@ impl<'a> Session<'a> {
             logits: Vec::new(),
             check_nan: false,
         })
+    }
+
+    /// Whether the KV cache asked for huge pages (`kv_cache.rs`).
+    pub fn kv_cache_on_huge_pages(&self) -> bool {
+        self.kv_cache.on_huge_pages()
     }
 
     pub fn threads(&self) -> usize {
@@ -348,8 +356,8 @@ impl<'a> Session<'a> {
                     BufferRef::Weight(i) => self.artifact.weight_bytes(i as usize).as_ptr() as *mut u8,
                     BufferRef::Tokens => self.tokens.as_mut_ptr() as *mut u8,
                     BufferRef::Positions => self.positions.as_mut_ptr() as *mut u8,
-                    BufferRef::KeyCache(l) => self.k_cache[l as usize].as_mut_ptr() as *mut u8,
-                    BufferRef::ValueCache(l) => self.v_cache[l as usize].as_mut_ptr() as *mut u8,
+                    BufferRef::KeyCache(l) => self.kv_cache.keys(l as usize),
+                    BufferRef::ValueCache(l) => self.kv_cache.values(l as usize),
                 });
             }
             // SAFETY: the compiler sized every buffer for `plan.max_seq` tokens and the

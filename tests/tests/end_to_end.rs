@@ -174,6 +174,9 @@ fn bench_json_has_the_documented_fields() {
     assert_eq!(v["prompt_tokens"], 16);
     assert_eq!(v["generated_tokens"], 8);
     assert_eq!(v["weights_memory"], "file mapping", "the default runs from the file mapping");
+    // The tiny model's KV cache is a few hundred KiB: far below an eighth of any
+    // test machine's available memory, so it asks for huge pages.
+    assert_eq!(v["kv_cache_memory"], "huge pages");
     assert!(v["threads"].as_u64().unwrap() >= 1);
     // The profile ranks kernels of both plans; every decode kernel family appears.
     for family in ["matmul", "attention", "kv_store", "rms_norm", "rope", "embedding", "elementwise", "copy"] {

@@ -337,6 +337,23 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
     assert!(!compile_shared(&k, &avx_vnni).unwrap().shared_object.is_empty());
 }
 
+/// Decode GEMVs on interleaved blocks prefetch their levels a fixed distance
+/// ahead (`DECODE_PREFETCH_BYTES`); prefill, which reuses each level vector for
+/// several rows, does not. (That a prefetch past the end of the weights is
+/// harmless is `int8_dots_are_exact_at_extreme_bytes`'s decode cases: their
+/// weights are smaller than the distance.)
+#[test]
+fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
+    let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
+    for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_1] {
+        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Fixed(1))], &target).unwrap();
+        let ahead = format!("i64 {}", maxc_kernels::library::matmul_interleaved::DECODE_PREFETCH_BYTES);
+        assert!(decode.contains("@llvm.prefetch.p0") && decode.contains(&ahead), "{}: decode GEMV does not prefetch {ahead} ahead", encoding.name());
+        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Dynamic)], &target).unwrap();
+        assert!(!prefill.contains("@llvm.prefetch"), "{}: prefill matmul prefetches", encoding.name());
+    }
+}
+
 /// Int8 dots with every weight and activation byte at an extreme (weight bytes
 /// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15): where a pair of
 /// products can exceed i16 (`vpmaddubsw` saturates), the result must still be

@@ -664,6 +664,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// once). Then, in 16-lane f32 vectors:
     /// converted, times the rows' scales (one vector load) and the activation
     /// scale, plus the rows' minimums times the activation sum, added to `acc`.
+    /// With `prefetch_ahead` (CPU only), each chunk's load is preceded by a
+    /// `prefetcht0` that many bytes further on.
     fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
@@ -681,6 +683,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let mut nibble_pairs: Option<inkwell::values::VectorValue<'ctx>> = None;
         for c in 0..d.form.chunks() {
             let w_ptr = self.element_ptr(d.weights, &offset(&d.w_start, 64 * c))?;
+            if let (Some(ahead), Flavor::Cpu(_)) = (d.prefetch_ahead, &self.flavor) {
+                self.prefetch(w_ptr, ahead)?;
+            }
             let chunk = self.byte_load(i8t.vec_type(64), w_ptr)?;
             // (levels, first activation value) of each dot step of this chunk.
             let steps = match d.form {
@@ -995,6 +1000,22 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let kind = LLVMGetMDKindIDInContext(ctx, "llvm.loop".as_ptr() as *const _, 9);
             LLVMSetMetadata(latch.as_value_ref(), kind, LLVMMetadataAsValue(ctx, id));
         }
+    }
+
+    /// `llvm.prefetch` (read, keep in every cache level) of the byte `bytes` past
+    /// `at`. The address is formed without `inbounds`: it may lie past the buffer,
+    /// which a prefetch allows (it never faults).
+    fn prefetch(&self, at: PointerValue<'ctx>, bytes: i64) -> Result<(), CodegenError> {
+        let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
+        // SAFETY: a plain (not inbounds) byte offset; the pointer is only prefetched.
+        let ahead = unsafe { self.builder.build_gep(i8t, at, &[self.context.i64_type().const_int(bytes as u64, true)], "ahead") }.map_err(llvm_err)?;
+        let ptr_t = self.context.ptr_type(AddressSpace::default());
+        let ty = self.context.void_type().fn_type(&[ptr_t.into(), i32t.into(), i32t.into(), i32t.into()], false);
+        let f = self.declared("llvm.prefetch.p0", ty, None);
+        // (address, read, locality 3: all cache levels, data cache)
+        let args = [ahead.into(), i32t.const_zero().into(), i32t.const_int(3, false).into(), i32t.const_int(1, false).into()];
+        self.builder.build_call(f, &args, "").map_err(llvm_err)?;
+        Ok(())
     }
 
     fn element_ptr(&mut self, param: u32, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {

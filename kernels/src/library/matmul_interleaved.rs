@@ -31,9 +31,19 @@ pub const PANELS_PER_TASK: i64 = 2;
 /// Activation rows per register tile in prefill (each level vector feeds this many dots).
 pub const ROW_TILE: i64 = 4;
 
+/// How far ahead of its loads a decode GEMV prefetches its levels (bytes): one
+/// token's GEMV reads every weight once, from memory. A task's levels are
+/// contiguous and a thread takes consecutive tasks, so 4 KiB ahead lies in the
+/// same or the thread's next task. SmolLM2 q4_1+int8 decode on a Zen 3 VM (AVX2,
+/// 23-28 GB/s), `bench --compare`, both on huge pages: 1.06-1.12x at 4 KiB, 1.07-1.09x
+/// at 8 KiB, 0.99-1.03x at 2 KiB; `prefetchnta` no different; A/A 0.96-1.01x.
+/// (On a Zen 5 VM at 50-70 GB/s, 1-4 KiB ahead had gained nothing.) Prefill
+/// reuses each level vector for [`ROW_TILE`] rows and does not prefetch.
+pub const DECODE_PREFETCH_BYTES: i64 = 4096;
+
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs): (u32, u32), w: &WeightParams, form: RowsForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs): (u32, u32), w: &WeightParams, form: RowsForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let lanes = INTERLEAVED_ROWS;
     let (k, nb) = (w.cols, w.blocks_per_row());
     let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
@@ -75,6 +85,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 act_scales: [ld(xs, s_at.clone()), ld(xs, add(s_at.clone(), i(nb)))],
                 row_scales,
                 row_min,
+                prefetch_ahead,
             }));
         }
     }
@@ -102,7 +113,8 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
     let ni = n as i64;
-    let (body, tasks, t) = panel_tasks(&mut b, n, seq, (PANELS_PER_TASK, ROW_TILE), &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs), &w, form, out, ni, addend));
+    let prefetch = (seq == SeqMode::Fixed(1)).then_some(DECODE_PREFETCH_BYTES);
+    let (body, tasks, t) = panel_tasks(&mut b, n, seq, (PANELS_PER_TASK, ROW_TILE), &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs), &w, form, out, ni, addend, prefetch));
     b.finish(matmul_name("matmul_i8x16", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
 }
 

@@ -1,0 +1,105 @@
+//! The CPU KV cache: one key buffer and one value buffer holding every layer's
+//! rows for the artifact's whole context (`max_length` positions), zeroed, each
+//! layer at a fixed offset.
+//!
+//! Where the whole cache takes at most [`HUGE_PAGE_SHARE`] of the memory the
+//! system has available, it lives on transparent huge pages. A decode step
+//! stores one column of the transposed key cache (`[kv_width][max_length]` per
+//! layer: one float in each of `kv_width` rows `4 * max_length` bytes apart) and
+//! attention reads those rows back: on 4 KiB pages every row is a TLB miss of
+//! its own (192 per layer and step for SmolLM2). On huge pages SmolLM2 q4_1+int8
+//! decodes 1.07-1.10x faster (docs/performance.md, Decisions). The price is
+//! residency: the first token's key stores touch every huge page of the key
+//! cache, so all of it is resident from the start, where on small pages a long
+//! context fills in as it is used. Above the share the cache stays on ordinary,
+//! lazily faulted pages.
+
+use crate::huge::{available_memory, HugeBuf};
+
+/// The largest fraction of available memory (`MemAvailable`) the KV cache may
+/// take and still be placed on huge pages (1 / this).
+pub const HUGE_PAGE_SHARE: u64 = 8;
+
+/// Every layer's key and value rows for the artifact's whole context.
+pub struct KvCache {
+    keys: HugeBuf,
+    values: HugeBuf,
+    /// Bytes from one layer's keys (or values) to the next: the layer's floats
+    /// rounded up to whole cache lines.
+    layer_bytes: usize,
+    layers: usize,
+    huge_pages: bool,
+}
+
+impl KvCache {
+    /// Zeroed caches for `layers` layers of `layer_elems` floats each (keys and
+    /// values alike); `None` if the system has no memory for them.
+    pub fn new(layers: usize, layer_elems: usize) -> Option<Self> {
+        let layer_bytes = layer_elems.checked_mul(4)?.checked_next_multiple_of(64)?;
+        let total = layers.checked_mul(layer_bytes)?.checked_mul(2)? as u64;
+        let huge_pages = available_memory().is_some_and(|available| total <= available / HUGE_PAGE_SHARE);
+        let bytes = layers * layer_bytes;
+        Some(KvCache { keys: HugeBuf::zeroed_on(bytes, huge_pages)?, values: HugeBuf::zeroed_on(bytes, huge_pages)?, layer_bytes, layers, huge_pages })
+    }
+
+    /// Whether the cache asked for huge pages.
+    pub fn on_huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    /// The start of layer `layer`'s keys (kernels write through it).
+    pub fn keys(&mut self, layer: usize) -> *mut u8 {
+        assert!(layer < self.layers, "layer {layer} of a {}-layer KV cache", self.layers);
+        self.keys.as_mut_slice()[layer * self.layer_bytes..].as_mut_ptr()
+    }
+
+    /// The start of layer `layer`'s values (kernels write through it).
+    pub fn values(&mut self, layer: usize) -> *mut u8 {
+        assert!(layer < self.layers, "layer {layer} of a {}-layer KV cache", self.layers);
+        self.values.as_mut_slice()[layer * self.layer_bytes..].as_mut_ptr()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_are_disjoint_zeroed_and_aligned() {
+        let (layers, elems) = (3, 1000);
+        let mut cache = KvCache::new(layers, elems).unwrap();
+        let mut starts = Vec::new();
+        for l in 0..layers {
+            for p in [cache.keys(l), cache.values(l)] {
+                assert_eq!(p as usize % 64, 0);
+                // SAFETY: each layer holds `elems` floats from its start.
+                let rows = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, elems) };
+                assert!(rows.iter().all(|&x| x == 0.0));
+                rows.fill(l as f32 + 1.0);
+                starts.push(p as usize);
+            }
+        }
+        // Each layer still holds what was written to it: no two overlap.
+        for l in 0..layers {
+            for p in [cache.keys(l), cache.values(l)] {
+                // SAFETY: as above.
+                let rows = unsafe { std::slice::from_raw_parts(p as *const f32, elems) };
+                assert!(rows.iter().all(|&x| x == l as f32 + 1.0), "layer {l}");
+            }
+        }
+        starts.sort();
+        assert!(starts.windows(2).all(|w| w[1] - w[0] >= elems * 4));
+    }
+
+    #[test]
+    fn a_small_cache_goes_on_huge_pages_where_memory_is_known() {
+        let cache = KvCache::new(2, 1024).unwrap();
+        assert_eq!(cache.on_huge_pages(), available_memory().is_some_and(|a| a >= 16 * 1024 * HUGE_PAGE_SHARE));
+    }
+
+    #[test]
+    #[should_panic(expected = "layer 2 of a 2-layer KV cache")]
+    fn a_layer_past_the_last_is_refused() {
+        KvCache::new(2, 16).unwrap().keys(2);
+    }
+}
