@@ -271,6 +271,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let mut weights = WeightTable::default();
     weights.row_major_only = targets.cpu.is_none();
     weights.int8_activations = int8_activations;
+    weights.register_tile = targets.cpu.as_ref().map(|t| maxc_kernels::library::RegisterTile::for_cpu(t.has_avx512())).unwrap_or_default();
     let mut kernels = KernelSet::default();
     let mut schedules = Vec::with_capacity(graphs.len());
     for (index, graph) in graphs.iter().enumerate() {

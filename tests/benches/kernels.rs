@@ -20,7 +20,7 @@ use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::matmul_panel;
 use maxc_kernels::library::quantize_activations::quantize_q8;
-use maxc_kernels::library::SeqMode;
+use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
 use maxrun::format::{DType, WeightEncoding};
@@ -83,7 +83,7 @@ fn cases() -> Vec<Case> {
     out.push(Case {
         name: "f32_panel16",
         weight_bytes: N * K * 4,
-        launches: vec![(matmul_panel(K, N, ElemType::F32, None, seq), vec![0, 1, 2])],
+        launches: vec![(matmul_panel(K, N, ElemType::F32, None, seq, RegisterTile::ZMM), vec![0, 1, 2])],
         buffers: vec![buffer(ElemType::F32, k), buffer(ElemType::F32, n * k), buffer(ElemType::F32, n)],
     });
     for encoding in [WeightEncoding::Q4_1, WeightEncoding::Q8_0] {
@@ -116,7 +116,7 @@ fn cases() -> Vec<Case> {
         out.push(Case {
             name: if encoding == WeightEncoding::Q4_1 { "q4_1_int8_interleaved16" } else { "q8_0_int8_interleaved16" },
             weight_bytes,
-            launches: vec![(quantize_q8(K, DotForm::Int8, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq), matmul_args)],
+            launches: vec![(quantize_q8(K, DotForm::Int8, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq, RegisterTile::ZMM), matmul_args)],
             buffers,
         });
     }

@@ -16,7 +16,7 @@ use maxc_kernels::library::matmul_panel::matmul_panel;
 use maxc_kernels::library::quantize_activations::quantize_q8;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
-use maxc_kernels::library::SeqMode;
+use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
@@ -44,6 +44,15 @@ struct Case {
 /// Tolerance of a length-k reduction: reassociated sums of k products (inputs in
 /// [-2, 2]) differ from the sequential order by up to about k * eps times the sum
 /// of the magnitudes, which cancellation can make larger than the result itself.
+/// The register tiles a kernel of `seq` is built with: both in prefill (the
+/// AVX-512 and the AVX2 one, whatever this machine has), the one decode shape.
+fn register_tiles(seq: SeqMode) -> Vec<RegisterTile> {
+    match seq {
+        SeqMode::Fixed(1) => vec![RegisterTile::ZMM],
+        _ => vec![RegisterTile::ZMM, RegisterTile::YMM],
+    }
+}
+
 fn reduction_tol(k: u64) -> f32 {
     (4e-7 * k as f32).max(1e-5)
 }
@@ -66,10 +75,13 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: matmul(576, 19, ElemType::F32, seq), sizes: vec![s * 576, 19 * 576, s * 19], int_max: 1, seq: s as u64, tol: reduction_tol(576) });
         v.push(Case { kernel: matmul_add(64, 21, Broadcast::None, ElemType::F32, seq), sizes: vec![s * 64, 21 * 64, s * 21, s * 21], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
         v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, ElemType::BF16, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
-        // Panel-packed float weights (48 columns: a two-panel task and a single panel).
-        v.push(Case { kernel: matmul_panel(40, 48, ElemType::F32, None, seq), sizes: vec![s * 40, 48 * 40, s * 48], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
-        v.push(Case { kernel: matmul_panel(40, 32, ElemType::BF16, Some(Broadcast::Row), seq), sizes: vec![s * 40, 32 * 40, 32, s * 32], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
-        v.push(Case { kernel: matmul_panel(40, 16, ElemType::F32, Some(Broadcast::None), seq), sizes: vec![s * 40, 16 * 40, s * 16, s * 16], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+        // Panel-packed float weights (48 columns: a two-panel task and a single
+        // panel), in prefill with each target's register tile.
+        for tile in register_tiles(seq) {
+            v.push(Case { kernel: matmul_panel(40, 48, ElemType::F32, None, seq, tile), sizes: vec![s * 40, 48 * 40, s * 48], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+            v.push(Case { kernel: matmul_panel(40, 32, ElemType::BF16, Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 32 * 40, 32, s * 32], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+            v.push(Case { kernel: matmul_panel(40, 16, ElemType::F32, Some(Broadcast::None), seq, tile), sizes: vec![s * 40, 16 * 40, s * 16, s * 16], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+        }
         // Block-quantized weights: x, every part, [r], out.
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3] {
             let (k, n) = if encoding == WeightEncoding::Q4K { (512u64, 21u64) } else { (96, 21) };
@@ -118,7 +130,9 @@ fn cases() -> Vec<Case> {
                     sizes.push(s * n as usize);
                 }
                 sizes.push(s * n as usize);
-                v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                for tile in register_tiles(seq) {
+                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                }
             }
             let mut sizes = parts.clone();
             sizes.extend([s, s * k as usize]);
@@ -314,7 +328,7 @@ fn avx512_kernels_prefer_512_bit_vectors() {
 #[test]
 fn int8_dots_use_vnni_where_the_target_has_it() {
     let k = vec![matmul_int8(256, 16, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
-    let rows = vec![matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
+    let rows = vec![matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM)];
     let vnni = maxc_codegen::llvm::emit_llvm_ir(&rows, &CpuTarget::parse("cpu:x86-64-v4+avx512vnni").unwrap()).unwrap();
     assert!(vnni.contains("@llvm.x86.avx512.vpdpbusd.512"), "no vpdpbusd for interleaved rows with avx512vnni");
     let vnni = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4+avx512vnni").unwrap()).unwrap();
@@ -325,7 +339,7 @@ fn int8_dots_use_vnni_where_the_target_has_it() {
 
 #[test]
 fn int8_dots_use_byte_multiply_adds_without_vnni() {
-    let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
+    let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM)];
     let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
     assert!(v3.contains("@llvm.x86.avx2.pmadd.ub.sw") && v3.contains("@llvm.x86.avx2.pmadd.wd"), "x86-64-v3 int8 dots are not vpmaddubsw / vpmaddwd");
     let v4 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4").unwrap()).unwrap();
@@ -346,10 +360,10 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
 fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
     let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
     for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_1] {
-        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Fixed(1))], &target).unwrap();
+        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Fixed(1), RegisterTile::ZMM)], &target).unwrap();
         let ahead = format!("i64 {}", maxc_kernels::library::matmul_interleaved::DECODE_PREFETCH_BYTES);
         assert!(decode.contains("@llvm.prefetch.p0") && decode.contains(&ahead), "{}: decode GEMV does not prefetch {ahead} ahead", encoding.name());
-        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Dynamic)], &target).unwrap();
+        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Dynamic, RegisterTile::ZMM)], &target).unwrap();
         assert!(!prefill.contains("@llvm.prefetch"), "{}: prefill matmul prefetches", encoding.name());
     }
 }
@@ -371,7 +385,9 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                 sizes.push(s * n as usize);
                 Case { kernel, sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) }
             };
-            all.push(case(matmul_interleaved(96, 48, encoding, None, seq), 96, 48));
+            for tile in register_tiles(seq) {
+                all.push(case(matmul_interleaved(96, 48, encoding, None, seq, tile), 96, 48));
+            }
             if encoding != WeightEncoding::Q4_0 {
                 all.push(case(matmul_int8(256, 21, encoding, None, seq), 256, 21));
             }

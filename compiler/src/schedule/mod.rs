@@ -22,7 +22,7 @@ use maxc_kernels::library::quantize_activations::quantize_q8;
 use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
-use maxc_kernels::library::SeqMode;
+use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{Kernel, TaskCount};
 
 use crate::error::{Error, Result};
@@ -144,6 +144,9 @@ pub struct WeightTable {
     /// Quantize the activations of block-quantized matmuls to int8 per block and
     /// multiply with integer dot products (`--activation-encoding int8`).
     pub int8_activations: bool,
+    /// The prefill register tile of the panel and interleaved matmuls, sized to
+    /// the CPU target's vector registers.
+    pub register_tile: RegisterTile,
 }
 
 impl WeightTable {
@@ -364,7 +367,7 @@ impl Scheduler<'_, '_, '_> {
         }
         let (encoding, bc) = (ty.quant.encoding(), addend.map(|(_, bc)| bc));
         let (form, layout, kernel) = match (self.weight_layout(w), maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
-            (Layout::Interleaved16, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq)),
+            (Layout::Interleaved16, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile)),
             (_, Some(form)) => (form, Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
             _ => return Ok(None),
         };
@@ -393,7 +396,7 @@ impl Scheduler<'_, '_, '_> {
         let (kernel, gpu_form) = match layout {
             _ if quant.is_block() && self.weights.row_major_only => (matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq), None),
             _ if quant.is_block() => (matmul_blocks(k, n, quant.encoding(), bc, seq), Some(matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq))),
-            Layout::Panel16 => (matmul_panel(k, n, elem_of(quant), bc, seq), Some(matmul_panel_rowwise(k, n, elem_of(quant), bc, seq))),
+            Layout::Panel16 => (matmul_panel(k, n, elem_of(quant), bc, seq, self.weights.register_tile), Some(matmul_panel_rowwise(k, n, elem_of(quant), bc, seq))),
             Layout::RowMajor => match bc {
                 None => (matmul(k, n, elem_of(quant), seq), None),
                 Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),

@@ -21,15 +21,13 @@ use maxrun::format::WeightEncoding;
 use super::dequant::{declare_interleaved, WeightParams, BLOCK, INTERLEAVED_ROWS};
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, matmul_name};
-use super::matmul_panel::panel_tasks;
-use super::SeqMode;
+use super::matmul_panel::{panel_tasks, tile_tag};
+use super::{RegisterTile, SeqMode};
 use crate::ir::dsl::*;
 use crate::ir::*;
 
 /// Panels of 16 output columns per task.
 pub const PANELS_PER_TASK: i64 = 2;
-/// Activation rows per register tile in prefill (each level vector feeds this many dots).
-pub const ROW_TILE: i64 = 4;
 
 /// How far ahead of its loads a decode GEMV prefetches its levels (bytes): one
 /// token's GEMV reads every weight once, from memory. A task's levels are
@@ -38,7 +36,7 @@ pub const ROW_TILE: i64 = 4;
 /// 23-28 GB/s), `bench --compare`, both on huge pages: 1.06-1.12x at 4 KiB, 1.07-1.09x
 /// at 8 KiB, 0.99-1.03x at 2 KiB; `prefetchnta` no different; A/A 0.96-1.01x.
 /// (On a Zen 5 VM at 50-70 GB/s, 1-4 KiB ahead had gained nothing.) Prefill
-/// reuses each level vector for [`ROW_TILE`] rows and does not prefetch.
+/// reuses each level vector for a register tile's rows and does not prefetch.
 pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
@@ -103,8 +101,9 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
 
 /// `q, s` (int8 activations of `x: f32[seq, k]`, natural order) times `w: [n, k]`
 /// in `encoding` and layout `interleaved16` -> `out: f32[seq, n]`; with `addend`,
-/// `+ r` broadcast as given. Params: `q`, `s`, the weight's parts, `r`?, `out`.
-pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+/// `+ r` broadcast as given; prefill in register tiles of `register_tile`.
+/// Params: `q`, `s`, the weight's parts, `r`?, `out`.
+pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode, register_tile: RegisterTile) -> Kernel {
     let mut b = KernelBuilder::new();
     let xq = b.param("q", ElemType::I8, false);
     let xs = b.param("s", ElemType::F32, false);
@@ -114,8 +113,9 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     let out = b.param("out", ElemType::F32, true);
     let ni = n as i64;
     let prefetch = (seq == SeqMode::Fixed(1)).then_some(DECODE_PREFETCH_BYTES);
-    let (body, tasks, t) = panel_tasks(&mut b, n, seq, (PANELS_PER_TASK, ROW_TILE), &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs), &w, form, out, ni, addend, prefetch));
-    b.finish(matmul_name("matmul_i8x16", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
+    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs), &w, form, out, ni, addend, prefetch));
+    let name = matmul_name("matmul_i8x16", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq) + &tile_tag(seq, register_tile);
+    b.finish(name, "matmul", tasks, t, body)
 }
 
 #[cfg(test)]
@@ -136,7 +136,8 @@ mod tests {
             let (k, n) = (if encoding == WeightEncoding::Q4K { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);
             let packed = interleaved_parts(encoding, &parts, n, k);
-            for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
+            let cases = [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
+            for ((m, seq, addend), register_tile) in cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]) {
                 let x = rand(m * k, 3);
                 let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * k]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
                 run(&quantize_q8(k as u64, DotForm::Int8, seq), &mut qbufs, m as u64);
@@ -144,7 +145,7 @@ mod tests {
                 let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * q[at] as f32).collect();
                 let r_values = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
                 let r = addend.map(|_| &r_values[..]);
-                let got = run_matmul(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq), vec![qbufs[1].clone(), qbufs[2].clone()], &packed, r, (m, n));
+                let got = run_matmul(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq, register_tile), vec![qbufs[1].clone(), qbufs[2].clone()], &packed, r, (m, n));
                 let want = run_matmul(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)], &parts, r, (m, n));
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
                 for (g, w) in got.iter().zip(&want) {

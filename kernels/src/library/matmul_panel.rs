@@ -5,13 +5,14 @@
 //! For each k, a task broadcasts one activation per row against [`PANEL`]
 //! consecutive weights of each of its panels and accumulates [`PANEL`] outputs per
 //! register: no horizontal reductions, and every weight load is a contiguous
-//! vector. A task owns [`PANELS_PER_TASK`] panels; rows are tiled by
-//! [`ROW_TILE`] (decode: one row), so each weight vector feeds `ROW_TILE` FMAs and
-//! each broadcast activation `PANELS_PER_TASK`.
+//! vector. A task owns [`PANELS_PER_TASK`] panels; in prefill they are walked in
+//! [`RegisterTile`]s of `rows` x `panels` (sized to the target's registers), so
+//! each weight vector feeds `rows` FMAs and each broadcast activation `panels`;
+//! decode takes one row and all of the task's panels.
 
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, float_suffix, row_tiles, TileBuilder};
-use super::SeqMode;
+use super::{RegisterTile, SeqMode};
 use crate::ir::dsl::*;
 use crate::ir::*;
 
@@ -19,8 +20,6 @@ use crate::ir::*;
 pub const PANEL: u64 = 16;
 /// Panels per task.
 pub const PANELS_PER_TASK: u64 = 2;
-/// Rows per register tile in prefill.
-pub const ROW_TILE: i64 = 4;
 
 /// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
@@ -67,15 +66,28 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
 
 /// The task structure of the panel-shaped matmuls (this file's and
 /// `matmul_interleaved.rs`): task `t` owns `panels_per_task` panels of [`PANEL`]
-/// output columns (`n` a multiple of [`PANEL`]); `tile(b, rows, panels, r0, p0)`
-/// runs over [`row_tiles`] of `row_tile` rows;
-/// a last task with fewer panels takes them one at a time. Returns the body, the
-/// task count and the task variable.
-pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, (panels_per_task, row_tile): (i64, i64), tile: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
+/// output columns (`n` a multiple of [`PANEL`]), walked `register_tile.panels`
+/// at a time (all together at decode); `tile(b, rows, panels, r0, p0)` runs over
+/// [`row_tiles`] of `register_tile.rows` rows; a last task with fewer panels
+/// takes them one at a time. Returns the body, the task count and the task variable.
+pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_per_task: i64, register_tile: RegisterTile, tile: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, p0, pp, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let panels_total = (n / PANEL) as i64;
-    let all = row_tiles(b, seq, row_tile, (rb, r0), &mut |b, rows| tile(b, rows, panels_per_task, r0, p0));
-    let single = row_tiles(b, seq, row_tile, (rb, r0), &mut |b, rows| tile(b, rows, 1, r0, pp));
+    let group = if seq == SeqMode::Fixed(1) { panels_per_task } else { register_tile.panels };
+    assert!(group > 0 && panels_per_task % group == 0, "a task's {panels_per_task} panels are not whole tiles of {group}");
+    let mut all = Vec::new();
+    for first in (0..panels_per_task).step_by(group as usize) {
+        // The tile's first panel: the task's first, or a variable set to a later one.
+        let tile_p0 = if first == 0 {
+            p0
+        } else {
+            let at = b.var(ValType::I64);
+            all.push(set(at, add(v(p0), i(first))));
+            at
+        };
+        all.extend(row_tiles(b, seq, register_tile.rows, (rb, r0), &mut |b, rows| tile(b, rows, group, r0, tile_p0)));
+    }
+    let single = row_tiles(b, seq, register_tile.rows, (rb, r0), &mut |b, rows| tile(b, rows, 1, r0, pp));
     let body = vec![
         set(p0, mul(v(t), i(panels_per_task))),
         if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(p0), i(panels_per_task))), Box::new(i(panels_total))), all),
@@ -86,18 +98,19 @@ pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, (panels_p
 }
 
 /// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements `w_elem`),
-/// plus `r` broadcast as given when `addend` is set. `n` must be a multiple of
-/// [`PANEL`]. Params: `x`, `w`, `r`?, `out`.
-pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+/// plus `r` broadcast as given when `addend` is set, in prefill register tiles of
+/// `register_tile`. `n` must be a multiple of [`PANEL`]. Params: `x`, `w`, `r`?, `out`.
+pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode, register_tile: RegisterTile) -> Kernel {
     let mut b = KernelBuilder::new();
     let (x, w, addend, out) = panel_params(&mut b, n, w_elem, addend);
     let (ki, ni) = (k as i64, n as i64);
     let bufs = (x, w, out);
-    let (body, tasks, t) = panel_tasks(&mut b, n, seq, (PANELS_PER_TASK as i64, ROW_TILE), &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend));
+    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK as i64, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend));
     let enc = float_suffix(w_elem);
+    let shape = format!("k{k}_n{n}_{}{}", seq.tag(), tile_tag(seq, register_tile));
     let name = match addend {
-        None => format!("matmul_panel{enc}_k{k}_n{n}_{}", seq.tag()),
-        Some((_, bc)) => format!("matmul_add_panel{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
+        None => format!("matmul_panel{enc}_{shape}"),
+        Some((_, bc)) => format!("matmul_add_panel{enc}_{}_{shape}", format!("{bc:?}").to_lowercase()),
     };
     b.finish(name, "matmul", tasks, t, body)
 }
@@ -129,6 +142,15 @@ pub fn matmul_panel_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Bro
         Some((_, bc)) => format!("matmul_add_panel_rows{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
     };
     b.finish(name, "matmul", tasks, t, body)
+}
+
+/// The register tile's name suffix where it shapes the kernel (not at decode).
+pub(super) fn tile_tag(seq: SeqMode, register_tile: RegisterTile) -> String {
+    if seq == SeqMode::Fixed(1) {
+        String::new()
+    } else {
+        register_tile.tag()
+    }
 }
 
 /// The parameters of a panel matmul: `x`, `w`, `r`?, `out`.
@@ -171,7 +193,8 @@ mod tests {
         let w = rand(n * k, 2);
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let packed: Vec<f32> = pack_panels(&bytes, n, k, 4).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
+        let cases = [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
+        for ((m, seq, addend), register_tile) in cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]) {
             let x = rand(m * k, 1);
             let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 5);
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(packed.clone())];
@@ -180,7 +203,7 @@ mod tests {
             }
             bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
             let mut rowwise = bufs.clone();
-            run(&matmul_panel(k as u64, n as u64, ElemType::F32, addend, seq), &mut bufs, m as u64);
+            run(&matmul_panel(k as u64, n as u64, ElemType::F32, addend, seq, register_tile), &mut bufs, m as u64);
             run(&matmul_panel_rowwise(k as u64, n as u64, ElemType::F32, addend, seq), &mut rowwise, m as u64);
             let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
             let Some(Buffer::F32(got_rowwise)) = rowwise.pop() else { unreachable!() };

@@ -46,6 +46,56 @@ impl SeqMode {
     }
 }
 
+/// The register tile of the panel-shaped matmuls in prefill (`matmul_panel.rs`,
+/// `matmul_interleaved.rs`): `rows` activation rows times `panels` panels of 16
+/// output columns, each (row, panel) one 16-lane f32 accumulator. Sized to the
+/// target's vector registers: an accumulator is one zmm with AVX-512 (32
+/// registers) but two ymm with AVX2 (16 registers), where the AVX-512 tile's 16
+/// ymm accumulators alone fill the register file and LLVM spills in the inner
+/// loop (`llc -mcpu=znver3`: 20 spills and reloads per 16 FMAs in the float
+/// panel kernel, 226 in the Q4_1 int8 one). Decode kernels (one row) take a
+/// task's panels together whatever the tile.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RegisterTile {
+    pub rows: i64,
+    pub panels: i64,
+}
+
+/// [`RegisterTile::ZMM`], the tile of artifacts without CPU code (whose GPU forms ignore it).
+impl Default for RegisterTile {
+    fn default() -> Self {
+        RegisterTile::ZMM
+    }
+}
+
+impl RegisterTile {
+    /// AVX-512: 4 rows x 2 panels, 8 zmm accumulators.
+    pub const ZMM: RegisterTile = RegisterTile { rows: 4, panels: 2 };
+    /// AVX2: 4 rows x 1 panel, 8 ymm accumulators, 2 for a panel's weights, 4
+    /// broadcast activations (the shape of BLIS's Haswell kernels: one 16-wide
+    /// panel, the rest of the registers for rows).
+    pub const YMM: RegisterTile = RegisterTile { rows: 4, panels: 1 };
+
+    /// The tile for a CPU target: [`RegisterTile::ZMM`] with AVX-512, else [`RegisterTile::YMM`].
+    pub fn for_cpu(avx512: bool) -> RegisterTile {
+        if avx512 {
+            RegisterTile::ZMM
+        } else {
+            RegisterTile::YMM
+        }
+    }
+
+    /// A kernel-name suffix: empty for [`RegisterTile::ZMM`] (the names kernels
+    /// had before tiles were chosen per target), `_t{rows}x{panels}` otherwise.
+    pub fn tag(self) -> String {
+        if self == RegisterTile::ZMM {
+            String::new()
+        } else {
+            format!("_t{}x{}", self.rows, self.panels)
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod test_util {
     use crate::interp::Buffer;
