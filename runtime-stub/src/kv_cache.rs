@@ -36,9 +36,9 @@ impl KvCache {
     /// values alike); `None` if the system has no memory for them.
     pub fn new(layers: usize, layer_elems: usize) -> Option<Self> {
         let layer_bytes = layer_elems.checked_mul(4)?.checked_next_multiple_of(64)?;
-        let total = layers.checked_mul(layer_bytes)?.checked_mul(2)? as u64;
-        let huge_pages = available_memory().is_some_and(|available| total <= available / HUGE_PAGE_SHARE);
-        let bytes = layers * layer_bytes;
+        // Per buffer; keys and values together take twice this.
+        let bytes = layers.checked_mul(layer_bytes)?;
+        let huge_pages = available_memory().is_some_and(|available| 2 * bytes as u64 <= available / HUGE_PAGE_SHARE);
         Some(KvCache { keys: HugeBuf::zeroed_on(bytes, huge_pages)?, values: HugeBuf::zeroed_on(bytes, huge_pages)?, layer_bytes, layers, huge_pages })
     }
 
@@ -49,14 +49,20 @@ impl KvCache {
 
     /// The start of layer `layer`'s keys (kernels write through it).
     pub fn keys(&mut self, layer: usize) -> *mut u8 {
-        assert!(layer < self.layers, "layer {layer} of a {}-layer KV cache", self.layers);
-        self.keys.as_mut_slice()[layer * self.layer_bytes..].as_mut_ptr()
+        let at = self.layer_offset(layer);
+        self.keys.as_mut_slice()[at..].as_mut_ptr()
     }
 
     /// The start of layer `layer`'s values (kernels write through it).
     pub fn values(&mut self, layer: usize) -> *mut u8 {
+        let at = self.layer_offset(layer);
+        self.values.as_mut_slice()[at..].as_mut_ptr()
+    }
+
+    /// Where layer `layer` starts in either buffer.
+    fn layer_offset(&self, layer: usize) -> usize {
         assert!(layer < self.layers, "layer {layer} of a {}-layer KV cache", self.layers);
-        self.values.as_mut_slice()[layer * self.layer_bytes..].as_mut_ptr()
+        layer * self.layer_bytes
     }
 }
 

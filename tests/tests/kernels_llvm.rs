@@ -41,9 +41,6 @@ struct Case {
     tol: f32,
 }
 
-/// Tolerance of a length-k reduction: reassociated sums of k products (inputs in
-/// [-2, 2]) differ from the sequential order by up to about k * eps times the sum
-/// of the magnitudes, which cancellation can make larger than the result itself.
 /// The register tiles a kernel of `seq` is built with: both in prefill (the
 /// AVX-512 and the AVX2 one, whatever this machine has), the one decode shape.
 fn register_tiles(seq: SeqMode) -> Vec<RegisterTile> {
@@ -53,6 +50,9 @@ fn register_tiles(seq: SeqMode) -> Vec<RegisterTile> {
     }
 }
 
+/// Tolerance of a length-k reduction: reassociated sums of k products (inputs in
+/// [-2, 2]) differ from the sequential order by up to about k * eps times the sum
+/// of the magnitudes, which cancellation can make larger than the result itself.
 fn reduction_tol(k: u64) -> f32 {
     (4e-7 * k as f32).max(1e-5)
 }
