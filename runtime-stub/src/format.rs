@@ -418,9 +418,10 @@ pub enum BufferRef {
     Tokens,
     /// The positions of this step, `i32[seq]`.
     Positions,
-    /// Layer `n`'s key cache, transposed: `f32[kv_width, max_length]`.
+    /// Layer `n`'s key cache, `f32[kv_width * max_length]` (laid out by the
+    /// artifact's kernels; maxc's are `[kv_heads, max_length, head_dim]`).
     KeyCache(u32),
-    /// Layer `n`'s value cache, `f32[max_length, kv_width]`.
+    /// Layer `n`'s value cache, the same size and layout as the key cache.
     ValueCache(u32),
 }
 

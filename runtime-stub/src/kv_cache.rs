@@ -3,16 +3,20 @@
 //! layer at a fixed offset.
 //!
 //! Where the whole cache takes at most [`HUGE_PAGE_SHARE`] of the memory the
-//! system has available, it lives on transparent huge pages. A decode step
-//! stores one column of the transposed key cache (`[kv_width][max_length]` per
-//! layer: one float in each of `kv_width` rows `4 * max_length` bytes apart) and
-//! attention reads those rows back: on 4 KiB pages every row is a TLB miss of
-//! its own (192 per layer and step for SmolLM2). On huge pages SmolLM2 q4_1+int8
-//! decodes 1.07-1.10x faster (docs/performance.md, Decisions). The price is
-//! residency: the first token's key stores touch every huge page of the key
-//! cache, so all of it is resident from the start, where on small pages a long
-//! context fills in as it is used. Above the share the cache stays on ordinary,
-//! lazily faulted pages.
+//! system has available, it lives on transparent huge pages. Each layer's keys
+//! (and values) are laid out `[kv_heads][max_length][head_dim]` by the kernels
+//! that use them: a decode step stores one head row per KV head, `4 * max_length
+//! * head_dim` bytes apart, and attention reads each head's positions back as one
+//! run. Huge pages were chosen when the key cache was transposed
+//! (`[kv_width][max_length]`, one float in each of `kv_width` rows per step: on
+//! 4 KiB pages 192 TLB misses per layer and step for SmolLM2), where they made
+//! SmolLM2 q4_1+int8 decode 1.07-1.10x faster; with head rows a step touches
+//! `2 * kv_heads` pages per layer, and a long context's attention still reads
+//! fewer pages (docs/performance.md, Decisions). The price is residency: the
+//! first token's stores touch every huge page of the cache (a layer's keys are
+//! at most a few huge pages), so all of it is resident from the start, where on
+//! small pages a long context fills in as it is used. Above the share the cache
+//! stays on ordinary, lazily faulted pages.
 
 use crate::huge::{available_memory, HugeBuf};
 

@@ -145,7 +145,7 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: rms_norm(96, 32, 1e-6, seq), sizes: vec![s * 96, 32, s * 96], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rope(24, 8, seq), sizes: vec![s * 24, s, 4, s * 24], int_max: 40, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: slice_columns(12, 3, 5, seq), sizes: vec![s * 12, s * 5], int_max: 1, seq: s as u64, tol: 0.0 });
-        v.push(Case { kernel: kv_store(8, 64, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: kv_store(2, 4, 64, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
         for window in [None, Some(3)] {
             for (heads, kv_heads, head_dim) in [(4, 2, 4), (6, 2, 32)] {
                 let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4 };

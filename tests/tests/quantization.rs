@@ -73,7 +73,9 @@ fn check(encoding: &str, models: Vec<(&'static str, PathBuf)>, min_top1: f64, ma
     check_with(encoding, &[], models, min_top1, max_kl)
 }
 
-/// [`check`] with more `maxc compile` flags.
+/// [`check`] with more `maxc compile` flags; every flag but the encoding is
+/// outside the budgets (int8 activations), so there near ties count as
+/// agreements on SmolLM2 too, as on the random fixtures.
 fn check_with(encoding: &str, extra: &[&str], models: Vec<(&'static str, PathBuf)>, min_top1: f64, max_kl: f64) {
     for (name, model) in models {
         let mut flags = vec!["--quantization-encoding", encoding];
@@ -92,8 +94,8 @@ fn check_with(encoding: &str, extra: &[&str], models: Vec<(&'static str, PathBuf
         }
         let (top1, mean_kl) = (agree as f64 / n as f64, kl / n as f64);
         eprintln!("{name} {encoding} {extra:?}: top-1 {agree}/{n}, mean KL {mean_kl:.2e}, flips at clear margins {unexplained}");
-        let random_model = name.starts_with("tiny-");
-        let counted = if random_model { (n - unexplained) as f64 / n as f64 } else { top1 };
+        let near_ties_agree = name.starts_with("tiny-") || !extra.is_empty();
+        let counted = if near_ties_agree { (n - unexplained) as f64 / n as f64 } else { top1 };
         assert!(counted >= min_top1, "{name} {encoding}: top-1 agreement {top1} ({unexplained} flips at clear margins) < {min_top1}");
         assert!(mean_kl <= max_kl, "{name} {encoding}: mean KL {mean_kl} > {max_kl}");
         // The linear layers really are stored in the encoding (q4_k falls back to
@@ -198,7 +200,10 @@ fn artifact_size_is_the_quantized_weights_plus_code() {
 /// 32/32, KL 3.1e-3, inside the q4 budget; q8_0 32/32, KL 5.9e-3, above the
 /// q8_0 budget of 5e-3, which is why int8 activations are opt-in. The bounds
 /// here are the q4 budget and twice the q8_0 one; broken int8 math (a wrong
-/// nibble order, scale or minimum) is off by orders of magnitude.
+/// nibble order, scale or minimum) is off by orders of magnitude. A flip must
+/// be a near tie: since the KV cache's head-row layout (a different float
+/// summation order in attention) q8_0 turns over one, a golden margin of 0.16
+/// against a largest logit error of 0.65 at that position (KL 5.5e-3).
 #[test]
 fn int8_activations_stay_within_their_bounds() {
     check_with("q4_1", &["--activation-encoding", "int8"], smollm2_only(), 0.9, 5e-2);

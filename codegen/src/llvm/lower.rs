@@ -334,10 +334,21 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 self.builder.build_store(self.slots[*var as usize], v).map_err(llvm_err)?;
             }
             Stmt::Store { param, index, value } => {
-                let v = self.expr(value)?;
-                let v: BasicValueEnum = match self.kernel.buffer(*param).expect("validated").elem {
+                let elem = self.kernel.buffer(*param).expect("validated").elem;
+                // A float converted for an i8 / i32 buffer converts to i32 directly:
+                // `vcvttps2dq` on vectors, where f32 -> i64 has no AVX2 instruction and
+                // would scalarize the loop (quantized activation levels).
+                let v = match (value, elem) {
+                    (Expr::Un(UnOp::ToI64, x), ElemType::I32 | ElemType::I8) => {
+                        let x = self.expr(x)?.into_float_value();
+                        self.builder.build_float_to_signed_int(x, self.context.i32_type(), "fptosi").map_err(llvm_err)?.into()
+                    }
+                    _ => self.expr(value)?,
+                };
+                let v: BasicValueEnum = match elem {
                     ElemType::F32 => v,
-                    elem @ (ElemType::I32 | ElemType::I8) => self.builder.build_int_truncate(v.into_int_value(), self.elem(elem).into_int_type(), "trunc").map_err(llvm_err)?.into(),
+                    // (LLVM's builder returns an i32 unchanged when asked to truncate it to i32.)
+                    ElemType::I32 | ElemType::I8 => self.builder.build_int_truncate(v.into_int_value(), self.elem(elem).into_int_type(), "trunc").map_err(llvm_err)?.into(),
                     ElemType::BF16 | ElemType::F16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*param, index)?;
@@ -973,9 +984,26 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// `a op b` for a reduction's operator.
     fn float_op(&self, op: BinOp, a: inkwell::values::FloatValue<'ctx>, b: inkwell::values::FloatValue<'ctx>) -> Result<inkwell::values::FloatValue<'ctx>, CodegenError> {
         Ok(match op {
-            BinOp::Max => self.intrinsic("llvm.maxnum", &[a.into(), b.into()])?.into_float_value(),
+            BinOp::Max => self.min_max("llvm.maxnum", a, b)?.into_float_value(),
             _ => self.fast(self.builder.build_float_add(a, b, "sum").map_err(llvm_err)?.into()).into_float_value(),
         })
+    }
+
+    /// `llvm.maxnum` / `llvm.minnum` of two floats, flagged `nnan` (and the other
+    /// fast-math flags): LLVM 19 vectorizes a loop's max reduction (an attention
+    /// row's maximum score, a block's largest magnitude before quantization) only
+    /// on that promise, and turns a NaN-aware one into a serial chain of `vmaxss`
+    /// with NaN tests. A NaN operand makes the result unspecified instead of the
+    /// other operand; the NaN itself still reaches the outputs through the other
+    /// uses of the value that held it (`maxrun --check-nan` names the launch that
+    /// produced it first).
+    fn min_max(&self, name: &str, a: inkwell::values::FloatValue<'ctx>, b: inkwell::values::FloatValue<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let v = self.intrinsic(name, &[a.into(), b.into()])?;
+        if let Some(inst) = v.as_instruction_value() {
+            let flags = FastMathFlags::AllowReassoc | FastMathFlags::AllowContract | FastMathFlags::NoSignedZeros | FastMathFlags::NoNaNs;
+            inst.set_fast_math_flags(flags).expect("a float intrinsic call takes fast-math flags");
+        }
+        Ok(v)
     }
 
     /// Attaches `!llvm.loop !{self, !{"llvm.loop.vectorize.enable", i1 false}}` to
@@ -1084,8 +1112,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         BinOp::Sub => b.build_float_sub(x, y, "fsub").map_err(llvm_err)?.into(),
                         BinOp::Mul => b.build_float_mul(x, y, "fmul").map_err(llvm_err)?.into(),
                         BinOp::Div => b.build_float_div(x, y, "fdiv").map_err(llvm_err)?.into(),
-                        BinOp::Max => return self.intrinsic("llvm.maxnum", &[x.into(), y.into()]),
-                        BinOp::Min => return self.intrinsic("llvm.minnum", &[x.into(), y.into()]),
+                        BinOp::Max => return self.min_max("llvm.maxnum", x, y),
+                        BinOp::Min => return self.min_max("llvm.minnum", x, y),
                         BinOp::Rem | BinOp::Shl | BinOp::Shr | BinOp::And => unreachable!("integer-only (validated)"),
                     };
                     self.fast(v)

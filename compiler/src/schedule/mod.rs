@@ -646,11 +646,10 @@ fn schedule_impl<'g>(
                 s.launch(rope(w, *head_dim as u64, seq), args, w)
             }
             Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
-                let kv_width = *kv_heads as u64 * *head_dim as u64;
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
                 let (kc, vc) = (Arg::KeyCache(*layer), Arg::ValueCache(*layer));
-                let store = kv_store(kv_width, max_len, seq);
+                let store = kv_store(*kv_heads as u64, *head_dim as u64, max_len, seq);
                 let tasks = store.tasks;
                 let kernel = s.kernels.add(store);
                 let none = TaskCount { per_seq: 0, fixed: 0 };

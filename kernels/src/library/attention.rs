@@ -3,11 +3,14 @@
 //! attention for one (token, KV head) per task, covering the query heads that
 //! share that KV head.
 //!
-//! The key cache is stored transposed, `[kv_heads * head_dim, max_len]`, so the
-//! scores of a query against all keys are computed with the key positions as the
-//! vector dimension (no horizontal reduction per key); the value cache is
-//! `[max_len, kv_heads * head_dim]`, so the weighted sum of values is vectorized
-//! over the head dimension. Scores live in a scratch row of `max_len` floats per task.
+//! Both caches are laid out `[kv_heads, max_len, head_dim]`: one KV head's keys
+//! (and values) for every position are one contiguous run, so a task streams two
+//! runs of `positions * head_dim` floats, and a decode step's store is one
+//! contiguous head row per KV head in each cache (`2 * kv_heads * head_dim`
+//! floats on adjacent cache lines). Scores are dot products over the head
+//! dimension (a vector reduction per key position); the weighted sum of values is
+//! vectorized over the head dimension. Scores live in a scratch row of `max_len`
+//! floats per query head of the task.
 
 use super::SeqMode;
 use crate::ir::dsl::*;
@@ -43,38 +46,32 @@ impl AttentionShape {
     }
 }
 
-/// `k, v: f32[seq, kv_heads*hd]`, `pos: i32[seq]` -> `k_cache` (transposed) and `v_cache`
-/// (the runtime checks positions < max_len).
-pub fn kv_store(kv_width: u64, max_len: u64, seq: SeqMode) -> Kernel {
+/// Where element `d` of KV head `h` at position `p` lives in a cache laid out
+/// `[kv_heads, max_len, head_dim]`.
+fn cache_index(h: Expr, p: Expr, d: Expr, head_dim: i64, max_len: i64) -> Expr {
+    add(mul(add(mul(h, i(max_len)), p), i(head_dim)), d)
+}
+
+/// `k, v: f32[seq, kv_heads*hd]`, `pos: i32[seq]` -> `k_cache`, `v_cache`, both
+/// `[kv_heads, max_len, head_dim]` (the runtime checks positions < max_len). One
+/// task per token: it writes one contiguous head row per KV head in each cache.
+pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
     let k = b.param("k", ElemType::F32, false);
     let v_ = b.param("v", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
     let kc = b.param("k_cache", ElemType::F32, true);
     let vc = b.param("v_cache", ElemType::F32, true);
-    let (t, r, p, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let (w, len) = (kv_width as i64, max_len as i64);
-    let key = |d: Expr, r: VarId| store(kc, add(mul(d.clone(), i(len)), ld(pos, v(r))), ld(k, add(mul(v(r), i(w)), d)));
-    let value = |r: Expr, d: VarId| store(vc, add(mul(ld(pos, r.clone()), i(w)), v(d)), ld(v_, add(mul(r, i(w)), v(d))));
-    let (body, tasks) = match seq {
-        // Decode: one row; a single task (it is a few hundred floats).
-        SeqMode::Fixed(_) => (
-            vec![for_(r, i(0), seq.expr(), vec![for_vec(d, i(0), i(w), vec![key(v(d), r), value(v(r), d)])])],
-            TaskCount { per_seq: 0, fixed: 1 },
-        ),
-        // Prefill: task d < w writes row d of the transposed key cache (the
-        // positions of consecutive tokens are adjacent floats there), task w + r
-        // writes token r's value row; no two tasks write the same cache line
-        // except at row ends.
-        SeqMode::Dynamic => (
-            vec![
-                if_(lt(v(t), i(w)), vec![for_(r, i(0), seq.expr(), vec![key(v(t), r)])]),
-                if_(Expr::Cmp(CmpOp::Le, Box::new(i(w)), Box::new(v(t))), vec![set(p, sub(v(t), i(w))), for_vec(d, i(0), i(w), vec![value(v(p), d)])]),
-            ],
-            TaskCount { per_seq: 1, fixed: kv_width },
-        ),
-    };
-    b.finish(format!("kv_store_w{kv_width}_l{max_len}_{}", seq.tag()), "kv_store", tasks, t, body)
+    let (t, h, p, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let (hd, len, w) = (head_dim as i64, max_len as i64, (kv_heads * head_dim) as i64);
+    let at = cache_index(v(h), v(p), v(d), hd, len);
+    let from = add(add(mul(v(t), i(w)), mul(v(h), i(hd))), v(d));
+    let body = vec![
+        set(p, ld(pos, v(t))),
+        for_(h, i(0), i(kv_heads as i64), vec![for_vec(d, i(0), i(hd), vec![store(kc, at.clone(), ld(k, from.clone())), store(vc, at, ld(v_, from))])]),
+    ];
+    let name = format!("kv_store_kv{kv_heads}_d{head_dim}_l{max_len}_{}", seq.tag());
+    b.finish(name, "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
 /// `q: f32[seq, heads*hd]`, `pos: i32[seq]`, caches,
@@ -82,9 +79,9 @@ pub fn kv_store(kv_width: u64, max_len: u64, seq: SeqMode) -> Kernel {
 ///
 /// One task is one (token, KV head) and computes all `group = heads / kv_heads`
 /// query heads that share that KV head together, so each key and value row is
-/// read once per task, not once per query head. Scores: four rows of K^T per
-/// sweep over the score rows; output: four key positions per sweep over the
-/// output rows (the remainders one at a time).
+/// read once per task, not once per query head. Scores: one key row per step,
+/// dotted with every query head of the group; output: four key positions per
+/// sweep over the output rows (the remainders one at a time).
 pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::F32, false);
@@ -98,14 +95,14 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     let (s, g, p, start, end, j, d, jb, jj) =
         (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
     let (nh, nkv, hd, len) = (shape.heads as i64, shape.kv_heads as i64, shape.head_dim as i64, shape.max_len as i64);
-    let kvw = nkv * hd;
     let group = (nh / nkv) as usize;
     let fvars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::F32)).collect() };
     let ivars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::I64)).collect() };
-    // Per query head of the group: its q row offset, score row offset, max and sum.
+    // Per query head of the group: its q row offset, score row offset, max, sum
+    // and running dot product.
     let (qo, so) = (ivars(&mut b, group), ivars(&mut b, group));
-    let (m, l) = (fvars(&mut b, group), fvars(&mut b, group));
-    // Per (head, unrolled step): a q element or a probability; per step: a row offset.
+    let (m, l, dot) = (fvars(&mut b, group), fvars(&mut b, group), fvars(&mut b, group));
+    // Per (head, unrolled step): a probability; per step: a row offset.
     let coef: Vec<Vec<VarId>> = (0..group).map(|_| fvars(&mut b, 4)).collect();
     let rows = ivars(&mut b, 4);
     let pj = b.var(ValType::F32);
@@ -115,6 +112,8 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     };
     let score = |h: usize, j: Expr| add(j, v(so[h]));
     let o = |h: usize, d: Expr| add(d, v(qo[h]));
+    // The start of KV head g's row at position j in either cache.
+    let row = |j: Expr| cache_index(v(g), j, i(0), hd, len);
 
     let mut body = vec![
         set(s, div(v(t), i(nkv))),
@@ -128,32 +127,16 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
         let head = add(mul(v(g), i(group as i64)), i(h as i64));
         body.push(set(qo[h], mul(add(mul(v(s), i(nh)), head), i(hd))));
         body.push(set(so[h], mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(len))));
-        body.push(for_vec(j, v(start), v(end), vec![store(sc, score(h, v(j)), f(0.0))]));
     }
 
-    // Scores: s_h[j] = scale * sum_d q_h[d] K^T[d, j], four d per sweep.
-    let score_sweep = |b_rows: &[Expr], coef: &[Vec<VarId>], rows: &[VarId]| -> Vec<Stmt> {
-        let mut sweep = Vec::new();
-        for (u, d_u) in b_rows.iter().enumerate() {
-            for h in 0..group {
-                sweep.push(set(coef[h][u], mul(ld(q, o(h, d_u.clone())), f(shape.scale))));
-            }
-            sweep.push(set(rows[u], mul(add(mul(v(g), i(hd)), d_u.clone()), i(len))));
-        }
-        let mut lanes = Vec::new();
-        for h in 0..group {
-            let mut sum = ld(sc, score(h, v(j)));
-            for u in 0..b_rows.len() {
-                sum = add(sum, mul(v(coef[h][u]), ld(kc, add(v(j), v(rows[u])))));
-            }
-            lanes.push(store(sc, score(h, v(j)), sum));
-        }
-        sweep.push(for_vec(j, v(start), v(end), lanes));
-        sweep
-    };
-    let quad: Vec<Expr> = (0..4).map(|u| add(mul(v(d), i(4)), i(u))).collect();
-    body.push(for_(d, i(0), i(hd / 4), score_sweep(&quad, &coef, &rows)));
-    body.push(for_(d, i(hd / 4 * 4), i(hd), score_sweep(&[v(d)], &coef, &rows)));
+    // Scores: s_h[j] = scale * sum_d q_h[d] K[g, j, d], every head of the group
+    // against one key row.
+    let mut per_key = vec![set(rows[0], row(v(j)))];
+    per_key.extend((0..group).map(|h| set(dot[h], f(0.0))));
+    let lanes = (0..group).map(|h| set(dot[h], add(v(dot[h]), mul(ld(q, o(h, v(d))), ld(kc, add(v(rows[0]), v(d))))))).collect();
+    per_key.push(for_vec(d, i(0), i(hd), lanes));
+    per_key.extend((0..group).map(|h| store(sc, score(h, v(j)), mul(v(dot[h]), f(shape.scale)))));
+    body.push(for_(j, v(start), v(end), per_key));
 
     for h in 0..group {
         // Soft-capping (Gemma 2): s = tanh(s / c) * c.
@@ -173,14 +156,14 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
         body.push(for_vec(d, i(0), i(hd), vec![store(out, o(h, v(d)), f(0.0))]));
     }
 
-    // out_h = sum_j p_h[j] V[j] / l_h, four key positions per sweep.
+    // out_h = sum_j p_h[j] V[g, j] / l_h, four key positions per sweep.
     let out_sweep = |positions: &[Expr], coef: &[Vec<VarId>], rows: &[VarId]| -> Vec<Stmt> {
         let mut sweep = Vec::new();
         for (u, j_u) in positions.iter().enumerate() {
             for h in 0..group {
                 sweep.push(set(coef[h][u], ld(sc, score(h, j_u.clone()))));
             }
-            sweep.push(set(rows[u], add(mul(j_u.clone(), i(kvw)), mul(v(g), i(hd)))));
+            sweep.push(set(rows[u], row(j_u.clone())));
         }
         let mut lanes = Vec::new();
         for h in 0..group {
@@ -233,16 +216,20 @@ mod tests {
         for &(a, b) in &steps {
             let pos: Vec<i32> = (a as i32..b as i32).collect();
             let mut bufs = vec![Buffer::F32(k[a * kvw..b * kvw].to_vec()), Buffer::F32(v[a * kvw..b * kvw].to_vec()), Buffer::I32(pos), kc, vc];
-            run(&kv_store(kvw as u64, len as u64, mode), &mut bufs, (b - a) as u64);
+            run(&kv_store(shape.kv_heads, shape.head_dim, len as u64, mode), &mut bufs, (b - a) as u64);
             vc = bufs.pop().unwrap();
             kc = bufs.pop().unwrap();
         }
-        // The key cache is transposed: row d holds every position's element d.
-        let Buffer::F32(keys) = &kc else { unreachable!() };
-        for d in 0..kvw {
+        // Both caches are [kv_heads, max_len, head_dim]: head h's row at position p
+        // holds that token's elements h * hd .. (h + 1) * hd.
+        let (Buffer::F32(keys), Buffer::F32(values)) = (&kc, &vc) else { unreachable!() };
+        for h in 0..shape.kv_heads as usize {
             for p in 0..len {
-                let want = if p < seq { k[p * kvw + d] } else { 0.0 };
-                assert_eq!(keys[d * len + p], want, "key row {d} position {p}");
+                for d in 0..hd {
+                    let at = (h * len + p) * hd + d;
+                    let want = |x: &[f32]| if p < seq { x[p * kvw + h * hd + d] } else { 0.0 };
+                    assert_eq!((keys[at], values[at]), (want(&k), want(&v)), "head {h} position {p} element {d}");
+                }
             }
         }
         let pos: Vec<i32> = (0..seq as i32).collect();
