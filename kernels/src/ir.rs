@@ -93,7 +93,9 @@ pub enum UnOp {
     ToF32,
     /// Round toward negative infinity (f32 -> f32).
     Floor,
-    /// f32 -> i64, truncating toward zero.
+    /// f32 -> i64, truncating toward zero; defined for values below 2^31 in
+    /// magnitude (block levels, exponents), which lets the backends convert in
+    /// 32-bit lanes (`vcvttps2dq`; AVX2 has no vector f32 -> i64).
     ToI64,
     /// The f32 whose bits are the low 32 bits of an i64 (builds powers of two).
     BitsToF32,

@@ -335,19 +335,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
             Stmt::Store { param, index, value } => {
                 let elem = self.kernel.buffer(*param).expect("validated").elem;
-                // A float converted for an i8 / i32 buffer converts to i32 directly:
-                // `vcvttps2dq` on vectors, where f32 -> i64 has no AVX2 instruction and
-                // would scalarize the loop (quantized activation levels).
-                let v = match (value, elem) {
-                    (Expr::Un(UnOp::ToI64, x), ElemType::I32 | ElemType::I8) => {
-                        let x = self.expr(x)?.into_float_value();
-                        self.builder.build_float_to_signed_int(x, self.context.i32_type(), "fptosi").map_err(llvm_err)?.into()
-                    }
-                    _ => self.expr(value)?,
-                };
+                let v = self.expr(value)?;
                 let v: BasicValueEnum = match elem {
                     ElemType::F32 => v,
-                    // (LLVM's builder returns an i32 unchanged when asked to truncate it to i32.)
                     ElemType::I32 | ElemType::I8 => self.builder.build_int_truncate(v.into_int_value(), self.elem(elem).into_int_type(), "trunc").map_err(llvm_err)?.into(),
                     ElemType::BF16 | ElemType::F16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
@@ -1186,7 +1176,11 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     UnOp::Tanh => self.libm("tanhf", x)?,
                     UnOp::ToF32 => self.builder.build_signed_int_to_float(x.into_int_value(), self.context.f32_type(), "sitofp").map_err(llvm_err)?.into(),
                     UnOp::Floor => self.intrinsic("llvm.floor", &[x])?,
-                    UnOp::ToI64 => self.builder.build_float_to_signed_int(x.into_float_value(), self.context.i64_type(), "fptosi").map_err(llvm_err)?.into(),
+                    // In 32-bit lanes (defined below 2^31, `UnOp::ToI64`): `vcvttps2dq`.
+                    UnOp::ToI64 => {
+                        let narrow = self.builder.build_float_to_signed_int(x.into_float_value(), self.context.i32_type(), "fptosi").map_err(llvm_err)?;
+                        self.builder.build_int_s_extend(narrow, self.context.i64_type(), "sext").map_err(llvm_err)?.into()
+                    }
                     UnOp::BitsToF32 => {
                         let low = self.builder.build_int_truncate(x.into_int_value(), self.context.i32_type(), "low").map_err(llvm_err)?;
                         self.builder.build_bit_cast(low, self.context.f32_type(), "bits").map_err(llvm_err)?
@@ -1227,6 +1221,10 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
                     _ => (self.builder.build_int_z_extend(raw, i32t, "zext").map_err(llvm_err)?, true),
                 }
             }
+            Expr::Un(UnOp::ToI64, x) => {
+                let x = self.expr(x)?.into_float_value();
+                (self.builder.build_float_to_signed_int(x, i32t, "fptosi").map_err(llvm_err)?, false)
+            }
             Expr::Bin(op, a, b) => {
                 let high_bits_matter = matches!(op, BinOp::Shr);
                 let (x, xn) = self.narrow(a, low_bits && !high_bits_matter)?.expect("checked");
@@ -1251,6 +1249,8 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
         match e {
             Expr::I64(c) => low_bits || i32::try_from(*c).is_ok(),
             Expr::Load { param, .. } => matches!(self.kernel.buffer(*param).map(|b| b.elem), Some(ElemType::I8 | ElemType::U8)),
+            // Exact in i32 (`UnOp::ToI64` is defined below 2^31 only).
+            Expr::Un(UnOp::ToI64, _) => true,
             Expr::Bin(BinOp::And, a, b) => self.narrowable(a, low_bits) && self.narrowable(b, low_bits),
             // A logical shift of a non-negative value that fits in i32 is the same in
             // both widths; the shifted value's high bits matter, so it must fit.
