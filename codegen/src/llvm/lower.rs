@@ -540,8 +540,18 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// the same products, with the weights unsigned (at most 128) as `vpdpbusd`
     /// and `vpmaddubsw` want them. Exact while no activation is -128 (quantized
     /// activations never are).
+    ///
+    /// On AVX2 (`ByteDots::Madd` on ymm) `a * sign(w)` is one `vpsignb` per 32
+    /// bytes; elsewhere (AVX-512 has no zmm `vpsignb`) a compare, a negation and
+    /// a select, which LLVM makes three instructions.
     fn sign_moved(&self, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>) -> Result<(inkwell::values::VectorValue<'ctx>, inkwell::values::VectorValue<'ctx>), CodegenError> {
         let abs = self.intrinsic_typed("llvm.abs", &[w.into(), self.context.bool_type().const_zero().into()], &[w.get_type().into()])?.into_vector_value();
+        if self.byte_dots() == (ByteDots::Madd { zmm: false }) && matches!(w.get_type().get_size(), 32 | 64) {
+            let bytes = self.context.i8_type().vec_type(32);
+            let f = self.declared("llvm.x86.avx2.psign.b", bytes.fn_type(&[bytes.into(), bytes.into()], false), None);
+            let parts = self.lane_parts(&[a, w], 32)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+            return Ok((abs, self.joined(parts)?));
+        }
         let b = &self.builder;
         let negative = b.build_int_compare(IntPredicate::SLT, w, w.get_type().const_zero(), "negative").map_err(llvm_err)?;
         let minus_a = b.build_int_neg(a, "minus_a").map_err(llvm_err)?;
