@@ -37,13 +37,16 @@ pub struct KvCache {
 
 impl KvCache {
     /// Zeroed caches for `layers` layers of `layer_elems` floats each (keys and
-    /// values alike); `None` if the system has no memory for them.
-    pub fn new(layers: usize, layer_elems: usize) -> Option<Self> {
-        let layer_bytes = layer_elems.checked_mul(4)?.checked_next_multiple_of(64)?;
-        // Per buffer; keys and values together take twice this.
-        let bytes = layers.checked_mul(layer_bytes)?;
-        let huge_pages = available_memory().is_some_and(|available| 2 * bytes as u64 <= available / HUGE_PAGE_SHARE);
-        Some(KvCache { keys: HugeBuf::zeroed_on(bytes, huge_pages)?, values: HugeBuf::zeroed_on(bytes, huge_pages)?, layer_bytes, layers, huge_pages })
+    /// values alike); if the system has no memory for them, the bytes both
+    /// buffers needed (`u64::MAX` where that overflows).
+    pub fn new(layers: usize, layer_elems: usize) -> Result<Self, u64> {
+        let sizes = layer_elems.checked_mul(4).and_then(|b| b.checked_next_multiple_of(64)).and_then(|l| Some((l, layers.checked_mul(l)?)));
+        // `bytes` is per buffer; keys and values together take twice this.
+        let Some((layer_bytes, bytes)) = sizes else { return Err(u64::MAX) };
+        let total = (bytes as u64).saturating_mul(2);
+        let huge_pages = available_memory().is_some_and(|available| total <= available / HUGE_PAGE_SHARE);
+        let buffer = || HugeBuf::zeroed_on(bytes, huge_pages).ok_or(total);
+        Ok(KvCache { keys: buffer()?, values: buffer()?, layer_bytes, layers, huge_pages })
     }
 
     /// Whether the cache asked for huge pages.

@@ -178,8 +178,7 @@ impl<'a> Session<'a> {
         let sub = &h.sub_models[device];
         let cache_len = (h.max_length * h.kv_cache.row_elems) as usize;
         let layers = h.kv_cache.layers as usize;
-        let kv_cache = KvCache::new(layers, cache_len)
-            .ok_or(SessionError::KvCacheMemory { bytes: 8 * layers as u64 * cache_len as u64, max_length: h.max_length })?;
+        let kv_cache = KvCache::new(layers, cache_len).map_err(|bytes| SessionError::KvCacheMemory { bytes, max_length: h.max_length })?;
         Ok(Session {
             artifact,
             device,

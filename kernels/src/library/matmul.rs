@@ -37,10 +37,7 @@ pub(super) type TileBuilder<'t> = dyn FnMut(&mut KernelBuilder, i64, i64, VarId,
 /// (one at decode, `seq = 1`) starting at `r0`, counted by `rb`, then the rows
 /// left over one at a time; `tile(b, rows)` builds one tile of `rows` rows at `r0`.
 pub(super) fn row_tiles(b: &mut KernelBuilder, seq: SeqMode, row_tile: i64, (rb, r0): (VarId, VarId), tile: &mut dyn FnMut(&mut KernelBuilder, i64) -> Vec<Stmt>) -> Vec<Stmt> {
-    let row_tile = match seq {
-        SeqMode::Fixed(1) => 1,
-        _ => row_tile,
-    };
+    let row_tile = if seq.is_decode() { 1 } else { row_tile };
     let full_rows = tile(b, row_tile);
     let full_blocks = div(seq.expr(), i(row_tile));
     let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
@@ -168,10 +165,7 @@ fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Br
     let acc = b.var(ValType::F32);
     let (ki, ni) = (k as i64, n as i64);
     let bufs = (x, w, out);
-    let row_tile = match seq {
-        SeqMode::Fixed(1) => 1,
-        _ => ROW_TILE,
-    };
+    let row_tile = if seq.is_decode() { 1 } else { ROW_TILE };
     // Full tiles: row blocks of `row_tile`, then the leftover rows one at a time.
     let full_rows = tile(&mut b, row_tile, r0, j0, bufs, (ki, ni), addend);
     let tail_row = tile(&mut b, 1, r0, j0, bufs, (ki, ni), addend);

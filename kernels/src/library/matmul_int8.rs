@@ -107,7 +107,7 @@ pub fn matmul_int8(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broa
     // activation load and halves the tasks (SmolLM2 q4_1 decode +15% over 8 / 4,
     // no change for the float block matmul; 32 / 16 spills); prefill's 4-row
     // tiles keep 4 columns.
-    let tiling = if seq == SeqMode::Fixed(1) { (16, 8) } else { (COLS_PER_TASK, COL_TILE) };
+    let tiling = if seq.is_decode() { (16, 8) } else { (COLS_PER_TASK, COL_TILE) };
     let (body, tasks, t) = column_tasks(&mut b, n, seq, tiling, &mut |b, rows, cols, r0, j0| tile(b, rows, cols, (r0, j0), (xq, xs), &w, form, out, ni, addend));
     b.finish(matmul_name("matmul_i8", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
 }

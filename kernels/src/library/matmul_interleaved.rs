@@ -112,7 +112,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
     let ni = n as i64;
-    let prefetch = (seq == SeqMode::Fixed(1)).then_some(DECODE_PREFETCH_BYTES);
+    let prefetch = seq.is_decode().then_some(DECODE_PREFETCH_BYTES);
     let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs), &w, form, out, ni, addend, prefetch));
     let name = matmul_name("matmul_i8x16", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq) + &tile_tag(seq, register_tile);
     b.finish(name, "matmul", tasks, t, body)

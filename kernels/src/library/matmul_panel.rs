@@ -73,7 +73,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
 pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_per_task: i64, register_tile: RegisterTile, tile: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, p0, pp, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let panels_total = (n / PANEL) as i64;
-    let group = if seq == SeqMode::Fixed(1) { panels_per_task } else { register_tile.panels };
+    let group = if seq.is_decode() { panels_per_task } else { register_tile.panels };
     assert!(group > 0 && panels_per_task % group == 0, "a task's {panels_per_task} panels are not whole tiles of {group}");
     let mut all = Vec::new();
     for first in (0..panels_per_task).step_by(group as usize) {
@@ -146,7 +146,7 @@ pub fn matmul_panel_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Bro
 
 /// The register tile's name suffix where it shapes the kernel (not at decode).
 pub(super) fn tile_tag(seq: SeqMode, register_tile: RegisterTile) -> String {
-    if seq == SeqMode::Fixed(1) {
+    if seq.is_decode() {
         String::new()
     } else {
         register_tile.tag()

@@ -37,6 +37,12 @@ impl SeqMode {
         }
     }
 
+    /// Whether this is a decode kernel: one token per step, where matmuls are
+    /// GEMVs that stream their weights (no row tiles, prefetching ahead).
+    pub fn is_decode(self) -> bool {
+        self == SeqMode::Fixed(1)
+    }
+
     /// A name suffix: `sN` (dynamic) or `s1`.
     pub fn tag(self) -> String {
         match self {
