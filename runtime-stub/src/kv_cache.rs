@@ -24,12 +24,25 @@ use crate::huge::{available_memory, HugeBuf};
 /// take and still be placed on huge pages (1 / this).
 pub const HUGE_PAGE_SHARE: u64 = 8;
 
+/// Bytes added to each layer's stride (67 cache lines, an odd number) and
+/// before the first layer's values (33 lines). Without them every layer's
+/// rows for a position sit at the same address modulo the 2 MiB huge page
+/// (layers are `max_length * kv_width * 4` bytes apart, 1.5 MiB for SmolLM2 at
+/// 2048; keys and values in buffers aligned alike), so a decode step's 180 key
+/// and value rows (30 layers x 3 heads x 2) fall into the same four L2 sets and,
+/// depending on where the huge pages land physically, into the same L3 sets:
+/// on the Zen 3 VM the KV store took 17-20 us per layer in 4 of 6 processes
+/// and about 2 us in the others; with the skew, 1.6-3.5 us in all 6
+/// (docs/performance.md, Decisions).
+const LAYER_SKEW_BYTES: usize = 67 * 64;
+const VALUE_SKEW_BYTES: usize = 33 * 64;
+
 /// Every layer's key and value rows for the artifact's whole context.
 pub struct KvCache {
     keys: HugeBuf,
     values: HugeBuf,
     /// Bytes from one layer's keys (or values) to the next: the layer's floats
-    /// rounded up to whole cache lines.
+    /// rounded up to whole cache lines, plus [`LAYER_SKEW_BYTES`].
     layer_bytes: usize,
     layers: usize,
     huge_pages: bool,
@@ -40,7 +53,8 @@ impl KvCache {
     /// values alike); if the system has no memory for them, the bytes both
     /// buffers needed (`u64::MAX` where that overflows).
     pub fn new(layers: usize, layer_elems: usize) -> Result<Self, u64> {
-        let sizes = layer_elems.checked_mul(4).and_then(|b| b.checked_next_multiple_of(64)).and_then(|l| Some((l, layers.checked_mul(l)?)));
+        let layer_bytes = layer_elems.checked_mul(4).and_then(|b| b.checked_next_multiple_of(64)?.checked_add(LAYER_SKEW_BYTES));
+        let sizes = layer_bytes.and_then(|l| Some((l, layers.checked_mul(l)?.checked_add(VALUE_SKEW_BYTES)?)));
         // `bytes` is per buffer; keys and values together take twice this.
         let Some((layer_bytes, bytes)) = sizes else { return Err(u64::MAX) };
         let total = (bytes as u64).saturating_mul(2);
@@ -62,7 +76,7 @@ impl KvCache {
 
     /// The start of layer `layer`'s values (kernels write through it).
     pub fn values(&mut self, layer: usize) -> *mut u8 {
-        let at = self.layer_offset(layer);
+        let at = VALUE_SKEW_BYTES + self.layer_offset(layer);
         self.values.as_mut_slice()[at..].as_mut_ptr()
     }
 
@@ -107,7 +121,22 @@ mod tests {
     #[test]
     fn a_small_cache_goes_on_huge_pages_where_memory_is_known() {
         let cache = KvCache::new(2, 1024).unwrap();
-        assert_eq!(cache.on_huge_pages(), available_memory().is_some_and(|a| a >= 16 * 1024 * HUGE_PAGE_SHARE));
+        let both_buffers = 2 * (2 * (4096 + LAYER_SKEW_BYTES) + VALUE_SKEW_BYTES) as u64;
+        assert_eq!(cache.on_huge_pages(), available_memory().is_some_and(|a| a >= both_buffers * HUGE_PAGE_SHARE));
+    }
+
+    /// With a layer as long as a power of two of cache lines (SmolLM2's 1.5 MiB),
+    /// no two layers' keys or values start at the same offset within a 64 KiB
+    /// span (what picks an L2 set): a position's rows of all layers do not
+    /// compete for the same sets.
+    #[test]
+    fn layers_and_values_are_skewed_against_cache_aliasing() {
+        let (layers, elems) = (30, 3 * 2048 * 64);
+        let mut cache = KvCache::new(layers, elems).unwrap();
+        let mut offsets: Vec<usize> = (0..layers).flat_map(|l| [cache.keys(l) as usize % 65536, cache.values(l) as usize % 65536]).collect();
+        offsets.sort();
+        offsets.dedup();
+        assert_eq!(offsets.len(), 2 * layers);
     }
 
     #[test]
