@@ -105,7 +105,7 @@ fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
                 collect_loops(body, out);
             }
             Stmt::If { then, .. } => collect_loops(then, out),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => {}
         }
     }
 }
@@ -190,6 +190,8 @@ impl Machine<'_> {
                         }
                     }
                 }
+                // A hint: nothing to compute (and its index may lie past the buffer).
+                Stmt::Prefetch { .. } => {}
                 Stmt::If { cond, then } => {
                     if let Val::B(true) = self.eval(cond) {
                         self.block(then);

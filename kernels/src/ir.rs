@@ -161,6 +161,10 @@ pub enum Stmt {
     /// (layout `interleaved16`): integer dot products of the rows' block with one
     /// activation block, scaled per row and added to a local (see [`RowDot`]).
     DotRows(RowDot),
+    /// A hint that element `index` of parameter `param` is read soon: the CPU
+    /// backend prefetches its cache line (`prefetcht0`), the others do nothing.
+    /// Never faults, so `index` may lie past the buffer.
+    Prefetch { param: u32, index: Expr },
 }
 
 /// A [`Stmt::DotRows`]: for row `g` in `0..DOT_LANES`,
@@ -520,6 +524,12 @@ impl Kernel {
                     }
                     self.validate_block(body)?;
                 }
+                Stmt::Prefetch { param, index } => {
+                    self.buffer(*param).ok_or(format!("buffer {param} does not exist"))?;
+                    if self.type_of(index)? != ValType::I64 {
+                        return Err("prefetch index must be i64".into());
+                    }
+                }
                 Stmt::If { cond, then } => {
                     if self.type_of(cond)? != ValType::Bool {
                         return Err("if condition must be bool".into());
@@ -695,6 +705,9 @@ pub mod dsl {
     }
     pub fn if_(cond: Expr, then: Vec<Stmt>) -> Stmt {
         Stmt::If { cond, then }
+    }
+    pub fn prefetch(param: u32, index: Expr) -> Stmt {
+        Stmt::Prefetch { param, index }
     }
 }
 

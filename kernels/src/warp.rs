@@ -99,7 +99,7 @@ fn visit(kernel: &Kernel, stmts: &[Stmt], aligned: &HashSet<VarId>, out: &mut Ve
                 visit(kernel, body, aligned, out, long);
             }
             Stmt::If { then, .. } => visit(kernel, then, aligned, out, long),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => {}
         }
     }
 }
@@ -153,7 +153,7 @@ fn collect_sets<'k>(stmts: &'k [Stmt], sets: &mut Vec<(VarId, &'k Expr)>, loop_v
                 collect_sets(body, sets, loop_vars);
             }
             Stmt::If { then, .. } => collect_sets(then, sets, loop_vars),
-            Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => {}
+            Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => {}
         }
     }
 }
@@ -199,6 +199,8 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
         Stmt::Set { value, .. } => expr_ok(value, &access),
         Stmt::Store { param, index, value } => access(*param, index) && expr_ok(index, &access) && expr_ok(value, &access),
         Stmt::If { cond, then } => expr_ok(cond, &access) && accesses_allow_vectors(then, var, aligned),
+        // Emits nothing on the GPU.
+        Stmt::Prefetch { .. } => true,
         Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => false,
     })
 }
@@ -227,6 +229,7 @@ fn scan(kernel: &Kernel, stmts: &[Stmt], reductions: &mut Vec<(VarId, BinOp)>, s
                     return false;
                 }
             }
+            Stmt::Prefetch { .. } => {}
         }
     }
     true
@@ -249,6 +252,7 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
                 count_expr(cond, var, n);
                 count_reads(then, var, n);
             }
+            Stmt::Prefetch { .. } => {}
             Stmt::DotBlock { scales, w_start, act_start, .. } => {
                 for e in scales.iter().chain([w_start, act_start]) {
                     count_expr(e, var, n);

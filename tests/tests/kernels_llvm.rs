@@ -368,6 +368,22 @@ fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
     }
 }
 
+/// Decode attention prefetches each value row while it scores the key row of
+/// the same position (one prefetch per cache line of the row), on the CPU only;
+/// prefill attention does not. (`llvm_host_matches_interpreter` runs the decode
+/// kernel against the interpreter.)
+#[test]
+fn decode_attention_prefetches_value_rows() {
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len: 64, softcap: None, causal: true };
+    let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
+    let decode = maxc_codegen::llvm::emit_llvm_ir(&[attention(shape, SeqMode::Fixed(1))], &target).unwrap();
+    // Four per scored key (LLVM may unroll the key loop).
+    let prefetches = decode.matches("call void @llvm.prefetch.p0").count();
+    assert!(prefetches > 0 && prefetches % 4 == 0, "{prefetches} prefetches: want one per 64-byte line of a 64-float value row");
+    let prefill = maxc_codegen::llvm::emit_llvm_ir(&[attention(shape, SeqMode::Dynamic)], &target).unwrap();
+    assert!(!prefill.contains("@llvm.prefetch"), "prefill attention prefetches");
+}
+
 /// Int8 dots with every weight and activation byte at an extreme (weight bytes
 /// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15): where a pair of
 /// products can exceed i16 (`vpmaddubsw` saturates), the result must still be

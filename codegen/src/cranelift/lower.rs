@@ -110,6 +110,8 @@ impl Lowering<'_, '_> {
                     let v = self.expr(value)?;
                     self.b.def_var(self.vars[*var as usize], v);
                 }
+                // A hint Cranelift has no instruction for.
+                Stmt::Prefetch { .. } => {}
                 Stmt::Store { param, index, value } => {
                     let v = self.expr(value)?;
                     let addr = self.address(*param, index)?;
@@ -319,7 +321,7 @@ impl Lowering<'_, '_> {
                     let addr = self.address(*param, index)?;
                     self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 }
-                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => unreachable!("VectorLoop::analyze admits sets and stores only"),
+                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
             }
         }
         let i = self.b.use_var(v);

@@ -348,6 +348,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Stmt::For { .. } => self.lower_loop(s, None)?,
             Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
             Stmt::DotRows(d) => self.dot_rows(d)?,
+            Stmt::Prefetch { param, index } => {
+                if let Flavor::Cpu(_) = self.flavor {
+                    let idx = self.expr(index)?.into_int_value();
+                    let elem = self.elem(self.kernel.buffer(*param).expect("validated").elem);
+                    let base = if *param >= LOCAL_BASE { self.locals[(*param - LOCAL_BASE) as usize] } else { self.params[*param as usize] };
+                    // SAFETY: a plain (not inbounds) GEP; the pointer is only prefetched.
+                    let at = unsafe { self.builder.build_gep(elem, base, &[idx], "prefetch_at") }.map_err(llvm_err)?;
+                    self.prefetch(at, 0)?;
+                }
+            }
             Stmt::If { cond, then } => {
                 let c = self.expr(cond)?.into_int_value();
                 let then_bb = self.context.append_basic_block(self.function, "then");

@@ -132,6 +132,12 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     // Scores: s_h[j] = scale * sum_d q_h[d] K[g, j, d], every head of the group
     // against one key row.
     let mut per_key = vec![set(rows[0], row(v(j)))];
+    // Decode: while key row j is scored, its value row is fetched for the output
+    // sweep (one prefetch per cache line), so the value run streams beside the
+    // key run instead of after it.
+    if seq.is_decode() {
+        per_key.extend((0..(hd * 4 + 63) / 64).map(|c| prefetch(vc, add(v(rows[0]), i(c * 16)))));
+    }
     per_key.extend((0..group).map(|h| set(dot[h], f(0.0))));
     let lanes = (0..group).map(|h| set(dot[h], add(v(dot[h]), mul(ld(q, o(h, v(d))), ld(kc, add(v(rows[0]), v(d))))))).collect();
     per_key.push(for_vec(d, i(0), i(hd), lanes));
