@@ -35,6 +35,7 @@ pub const HUGE_PAGE_SHARE: u64 = 8;
 /// and about 2 us in the others; with the skew, 1.6-3.5 us in all 6
 /// (docs/performance.md, Decisions).
 const LAYER_SKEW_BYTES: usize = 67 * 64;
+/// Where the value buffer's first layer starts (see [`LAYER_SKEW_BYTES`]).
 const VALUE_SKEW_BYTES: usize = 33 * 64;
 
 /// Every layer's key and value rows for the artifact's whole context.

@@ -44,9 +44,10 @@ struct Case {
 /// The register tiles a kernel of `seq` is built with: both in prefill (the
 /// AVX-512 and the AVX2 one, whatever this machine has), the one decode shape.
 fn register_tiles(seq: SeqMode) -> Vec<RegisterTile> {
-    match seq {
-        SeqMode::Fixed(1) => vec![RegisterTile::ZMM],
-        _ => vec![RegisterTile::ZMM, RegisterTile::YMM],
+    if seq.is_decode() {
+        vec![RegisterTile::ZMM]
+    } else {
+        vec![RegisterTile::ZMM, RegisterTile::YMM]
     }
 }
 

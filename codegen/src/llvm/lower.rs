@@ -351,8 +351,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Stmt::Prefetch { param, index } => {
                 if let Flavor::Cpu(_) = self.flavor {
                     let idx = self.expr(index)?.into_int_value();
-                    let elem = self.elem(self.kernel.buffer(*param).expect("validated").elem);
-                    let base = if *param >= LOCAL_BASE { self.locals[(*param - LOCAL_BASE) as usize] } else { self.params[*param as usize] };
+                    let (elem, base) = self.buffer_base(*param);
                     // SAFETY: a plain (not inbounds) GEP; the pointer is only prefetched.
                     let at = unsafe { self.builder.build_gep(elem, base, &[idx], "prefetch_at") }.map_err(llvm_err)?;
                     self.prefetch(at, 0)?;
@@ -1058,10 +1057,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 
     fn element_ptr(&mut self, param: u32, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {
         let idx = self.expr(index)?.into_int_value();
-        let elem = self.elem(self.kernel.buffer(param).expect("validated").elem);
-        let base = if param >= LOCAL_BASE { self.locals[(param - LOCAL_BASE) as usize] } else { self.params[param as usize] };
+        let (elem, base) = self.buffer_base(param);
         // SAFETY: kernels index within their buffers (checked by the kernel interpreter in tests).
         unsafe { self.builder.build_in_bounds_gep(elem, base, &[idx], "elem") }.map_err(llvm_err)
+    }
+
+    /// A parameter's or local's element type and start.
+    fn buffer_base(&self, param: u32) -> (BasicTypeEnum<'ctx>, PointerValue<'ctx>) {
+        let elem = self.elem(self.kernel.buffer(param).expect("validated").elem);
+        let base = if param >= LOCAL_BASE { self.locals[(param - LOCAL_BASE) as usize] } else { self.params[param as usize] };
+        (elem, base)
     }
 
     fn fast(&self, v: BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx> {
