@@ -343,6 +343,8 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
     let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM)];
     let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
     assert!(v3.contains("@llvm.x86.avx2.pmadd.ub.sw") && v3.contains("@llvm.x86.avx2.pmadd.wd"), "x86-64-v3 int8 dots are not vpmaddubsw / vpmaddwd");
+    // Q8_0's signed weights move their sign onto the activations with one vpsignb.
+    assert!(v3.contains("@llvm.x86.avx2.psign.b"), "x86-64-v3 signed int8 dots do not use vpsignb");
     let v4 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4").unwrap()).unwrap();
     assert!(v4.contains("@llvm.x86.avx512.pmaddubs.w.512") && !v4.contains("vpdpbusd"), "x86-64-v4 without VNNI must use 512-bit vpmaddubsw");
     // AVX-VNNI (no AVX-512): vpdpbusd on ymm halves, and LLVM selects it for that target.
@@ -350,6 +352,17 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
     let ir = maxc_codegen::llvm::emit_llvm_ir(&k, &avx_vnni).unwrap();
     assert!(ir.contains("@llvm.x86.avx512.vpdpbusd.256") && !ir.contains("pmadd"), "x86-64-v3+avxvnni must use vpdpbusd on ymm");
     assert!(!compile_shared(&k, &avx_vnni).unwrap().shared_object.is_empty());
+}
+
+/// Activation quantization vectorizes on AVX2: its block maximum is a vector max
+/// reduction (`maxnum` flagged `nnan`; without the flag LLVM 19 keeps a serial
+/// chain) and its levels convert in 32-bit lanes (AVX2 has no vector f32 -> i64).
+#[test]
+fn activation_quantization_vectorizes_its_max_and_conversions() {
+    let ir = maxc_codegen::llvm::emit_llvm_ir(&[quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1))], &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
+    assert!(ir.contains("@llvm.vector.reduce.fmax"), "the block maximum is not a vector reduction");
+    let conversions: Vec<&str> = ir.lines().filter(|l| l.contains("fptosi")).collect();
+    assert!(!conversions.is_empty() && conversions.iter().all(|l| l.contains("fptosi <8 x float>") && l.trim_end().ends_with("x i32>")), "levels do not convert as <8 x float> -> <8 x i32>: {conversions:?}");
 }
 
 /// Decode GEMVs on interleaved blocks prefetch their levels a fixed distance
