@@ -2,8 +2,9 @@
 # Benchmarks SmolLM2-135M-Instruct in every encoding with maxrun and, back to
 # back, llama.cpp's llama-bench on GGUFs of the same types made by llama-quantize
 # from the same Q4_1 file. Prints one markdown table (docs/performance.md).
-# `ENC+int8` rows compile with --activation-encoding int8 (llama.cpp's scheme:
-# activations quantized per block, integer dot products).
+# Block encodings compile with the default int16 activations; `ENC+int8` rows
+# with --activation-encoding int8 (llama.cpp's scheme: activations quantized per
+# block to int8), `ENC+float32` rows with float activations (exact).
 #   scripts/bench-encodings.sh [-p 512] [-n 128] [-r 3] [-t 2]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,11 +19,11 @@ out=target/bench-encodings
 mkdir -p "$out"
 echo "| encoding | maxc pp$p | maxc tg$n | decode % of roofline | llama.cpp type | llama.cpp pp$p | llama.cpp tg$n |"
 echo "|---|---:|---:|---:|---|---:|---:|"
-for pair in float32:F32 bfloat16:BF16 q8_0:Q8_0 q8_0+int8:Q8_0 q4_1:Q4_1 q4_1+int8:Q4_1 q4_0:Q4_0 q4_0+int8:Q4_0 q4_k:Q4_K_S q4_k+int8:Q4_K_S float8_e4m3fn:-; do
+for pair in float32:F32 bfloat16:BF16 q8_0:Q8_0 q8_0+int8:Q8_0 q8_0+float32:Q8_0 q4_1:Q4_1 q4_1+int8:Q4_1 q4_1+float32:Q4_1 q4_0:Q4_0 q4_0+int8:Q4_0 q4_k:Q4_K_S q4_k+int8:Q4_K_S float8_e4m3fn:-; do
   enc=${pair%%:*} gtype=${pair#*:}
   activations=()
-  if [[ $enc == *+int8 ]]; then activations=(--activation-encoding int8); fi
-  target/release/maxc compile manifests/smollm2-135m.toml -o "$out/$enc.mef" --quantization-encoding "${enc%+int8}" "${activations[@]}" --quiet
+  if [[ $enc == *+* ]]; then activations=(--activation-encoding "${enc#*+}"); fi
+  target/release/maxc compile manifests/smollm2-135m.toml -o "$out/$enc.mef" --quantization-encoding "${enc%%+*}" "${activations[@]}" --quiet
   ours=$(target/release/maxrun bench "$out/$enc.mef" -p "$p" -n "$n" -r "$r" --threads "$t" --json)
   theirs="| - | - |"
   if [ "$gtype" != - ]; then

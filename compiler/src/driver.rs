@@ -192,9 +192,9 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         Some(name) => Some(crate::quant::parse_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.embedding_encoding", m))?),
         None => None,
     };
-    let int8_activations = match options.activation_encoding.clone().or(c.activation_encoding.clone()) {
-        Some(name) => crate::manifest::parse_activation_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.activation_encoding", m))?,
-        None => false,
+    let activations_named = match options.activation_encoding.clone().or(c.activation_encoding.clone()) {
+        Some(name) => Some(crate::manifest::parse_activation_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.activation_encoding", m))?),
+        None => None,
     };
     let devices_spec = options.devices.clone().or(c.devices.clone());
     let target_spec = options.target.clone().or(c.target.clone()).unwrap_or_else(|| "cpu".into());
@@ -204,14 +204,27 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let targets = maxc_codegen::TargetSpec::parse(&target_spec)?;
     let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
     let backend = options.backend.clone().unwrap_or_else(|| "llvm".into());
-    if int8_activations && !targets.gpus.is_empty() {
-        return Err(Error::invalid(&shown, "compile.activation_encoding", format!("int8 activations have CPU kernels only and `{target_spec}` has GPU code; use float32 (the default), or a cpu target")));
-    }
-    if int8_activations && !encoding.is_block() && embedding_encoding.is_none_or(|e| !e.is_block()) {
+    let block_weights = encoding.is_block() || embedding_encoding.is_some_and(|e| e.is_block());
+    // The default: int16 activations where they can apply (block weights, CPU
+    // code only), else float32 (docs/quantization.md, Int16 activations).
+    let activations = activations_named.unwrap_or(if block_weights && targets.gpus.is_empty() {
+        crate::schedule::ActivationEncoding::Int16
+    } else {
+        crate::schedule::ActivationEncoding::Float32
+    });
+    let integer_activations = activations != crate::schedule::ActivationEncoding::Float32;
+    if integer_activations && !targets.gpus.is_empty() {
         return Err(Error::invalid(
             &shown,
             "compile.activation_encoding",
-            format!("int8 activations multiply block-quantized weights, and `{encoding_name}` is not a block encoding; use --quantization-encoding q8_0, q4_0, q4_1 or q4_k"),
+            format!("{} activations have CPU kernels only and `{target_spec}` has GPU code; use float32 (the default), or a cpu target", activations.name()),
+        ));
+    }
+    if integer_activations && !block_weights {
+        return Err(Error::invalid(
+            &shown,
+            "compile.activation_encoding",
+            format!("{} activations multiply block-quantized weights, and `{encoding_name}` is not a block encoding; use --quantization-encoding q8_0, q4_0, q4_1 or q4_k", activations.name()),
         ));
     }
     if options.emit_ptx.is_some() && targets.gpus.is_empty() {
@@ -270,7 +283,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
 
     let mut weights = WeightTable::default();
     weights.row_major_only = targets.cpu.is_none();
-    weights.int8_activations = int8_activations;
+    weights.activations = activations;
     weights.register_tile = targets.cpu.as_ref().map(|t| maxc_kernels::library::RegisterTile::for_cpu(t.has_avx512())).unwrap_or_default();
     let mut kernels = KernelSet::default();
     let mut schedules = Vec::with_capacity(graphs.len());

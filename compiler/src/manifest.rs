@@ -198,13 +198,10 @@ fn check_encoding(path: &Path, field: &str, value: &Option<String>) -> Result<()
     }
 }
 
-/// `compile.activation_encoding`: whether block-quantized matmuls take int8 activations.
-pub fn parse_activation_encoding(name: &str) -> std::result::Result<bool, String> {
-    match name {
-        "float32" => Ok(false),
-        "int8" => Ok(true),
-        other => Err(format!("unknown activation encoding `{other}`; valid: float32, int8")),
-    }
+/// `compile.activation_encoding`: how block-quantized matmuls take their activations.
+pub fn parse_activation_encoding(name: &str) -> std::result::Result<crate::schedule::ActivationEncoding, String> {
+    use crate::schedule::ActivationEncoding as A;
+    [A::Float32, A::Int8, A::Int16].into_iter().find(|a| a.name() == name).ok_or_else(|| format!("unknown activation encoding `{name}`; valid: float32, int8, int16"))
 }
 
 /// Keys of `[compile]` that `transformer.<key>` overrides address.

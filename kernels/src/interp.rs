@@ -214,6 +214,11 @@ impl Machine<'_> {
                 }
                 Stmt::DotRows(d) => {
                     let (w0, a0) = (self.eval(&d.w_start).i(), self.eval(&d.act_start).i());
+                    let low = d.act_low.as_ref().map(|e| self.eval(e).i());
+                    let act = |t: i64| match low {
+                        None => self.byte(d.act, a0 + t),
+                        Some(l0) => HIGH_PLANE_WEIGHT * self.byte(d.act, a0 + t) + self.byte(d.act, l0 + t),
+                    };
                     let (scale, sum) = (self.eval(&d.act_scales[0]).f(), self.eval(&d.act_scales[1]).f());
                     let w = |at: i64| self.byte(d.weights, w0 + at);
                     let per_row = |r: &RowScale, g: i64| -> f32 {
@@ -225,7 +230,7 @@ impl Machine<'_> {
                     };
                     let terms: Vec<f32> = (0..DOT_LANES)
                         .map(|g| {
-                            let dot = (0..RowsForm::VALUES).map(|t| d.form.level(&w, g, t) * self.byte(d.act, a0 + t)).sum::<i64>() as f32;
+                            let dot = (0..RowsForm::VALUES).map(|t| d.form.level(&w, g, t) * act(t)).sum::<i64>() as f32;
                             let row_scale = per_row(&d.row_scales, g);
                             let min = match &d.row_min {
                                 RowMin::Offset(o) => o * row_scale,

@@ -175,6 +175,12 @@ pub enum Stmt {
 /// bytes of `weights` at `w_start`, `A` the signed bytes of `act`, `S[g]` the
 /// row's block scale ([`RowScale`]) and `M[g]` its minimum ([`RowMin`]). With int8
 /// activations, `act_scales` are the activation block's `d` and `d * sum(q)`.
+/// With `act_low`, the activations are 16-bit integers in two signed byte planes
+/// of `act`: `A[act_start + t]` counts [`HIGH_PLANE_WEIGHT`]s and the byte at
+/// `act_low + t` adds to that, so
+/// `dot_g = sum over t of W[g][t] * (255 A[act_start + t] + A[act_low + t])`,
+/// still exact (int16 activations: `act_scales` are the block's `d` and `d * sum(q)`
+/// of the whole 16-bit levels). Both planes meet the same unpacked levels.
 /// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
 /// lowering also prefetches the levels that many bytes past each 64-byte chunk it
 /// reads (a hint with no effect on the result; it may point past the weights).
@@ -186,6 +192,8 @@ pub struct RowDot {
     pub form: RowsForm,
     pub act: u32,
     pub act_start: Expr,
+    /// The low byte plane of 16-bit activations, if they have one.
+    pub act_low: Option<Expr>,
     pub act_scales: [Expr; 2],
     pub row_scales: RowScale,
     pub row_min: RowMin,
@@ -283,6 +291,11 @@ impl RowsForm {
         self.bytes() / 64
     }
 }
+
+/// What a high activation byte counts in a [`RowDot`] with two planes: 255, not
+/// 256, so that both bytes of a level in `-32512..=32512` stay in `-127..=127`
+/// (the byte dot instructions never see -128; see `quantize_activations.rs`).
+pub const HIGH_PLANE_WEIGHT: i64 = 255;
 
 /// Lanes of a [`Stmt::DotBlock`] accumulator (one 512-bit register of i32 / f32).
 pub const DOT_LANES: i64 = 16;
@@ -545,6 +558,9 @@ impl Kernel {
                 }
                 Stmt::DotRows(d) => {
                     let w_elem = self.validate_dot(d.acc, (d.weights, &d.w_start), (d.act, &d.act_start), &d.act_scales)?;
+                    if d.act_low.as_ref().is_some_and(|low| self.type_of(low) != Ok(ValType::I64)) {
+                        return Err("dot starts must be i64".into());
+                    }
                     // Weight bytes are read as unsigned whatever the part's declared type.
                     if !matches!(w_elem, ElemType::U8 | ElemType::I8) {
                         return Err(format!("row dots take byte weights, got {w_elem:?}"));

@@ -259,7 +259,7 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
                 }
             }
             Stmt::DotRows(d) => {
-                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start]) {
+                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start]).chain(&d.act_low) {
                     count_expr(e, var, n);
                 }
                 for r in d.per_row() {

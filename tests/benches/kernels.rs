@@ -3,7 +3,7 @@
 //! weights' bytes as throughput (so criterion reports GB/s): float32 row-major
 //! and panel-packed, q4_1 and q8_0 with float activations, and q4_1 / q8_0 with
 //! int8 activations (the quantization launch included), row-major and
-//! interleaved by 16 rows. The weights (1-7 MB) stay
+//! interleaved by 16 rows, and with int16 activations interleaved. The weights (1-7 MB) stay
 //! in this machine's L3 cache between iterations, so these figures are the
 //! kernels' compute throughput, the ceiling under the memory-bound decode
 //! figures of `maxrun bench`.
@@ -19,7 +19,7 @@ use maxc_kernels::ir::DotForm;
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::matmul_panel;
-use maxc_kernels::library::quantize_activations::quantize_q8;
+use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
@@ -116,7 +116,16 @@ fn cases() -> Vec<Case> {
         out.push(Case {
             name: if encoding == WeightEncoding::Q4_1 { "q4_1_int8_interleaved16" } else { "q8_0_int8_interleaved16" },
             weight_bytes,
-            launches: vec![(quantize_q8(K, DotForm::Int8, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq, RegisterTile::ZMM), matmul_args)],
+            launches: vec![(quantize_q8(K, DotForm::Int8, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq, RegisterTile::ZMM, ActivationLevels::Int8), matmul_args.clone())],
+            buffers: buffers.clone(),
+        });
+        // Int16 activations (two byte planes) on the interleaved weights.
+        let mut buffers = buffers;
+        buffers[1] = buffer(ElemType::I8, 2 * k);
+        out.push(Case {
+            name: if encoding == WeightEncoding::Q4_1 { "q4_1_int16_interleaved16" } else { "q8_0_int16_interleaved16" },
+            weight_bytes,
+            launches: vec![(quantize_q16(K, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq, RegisterTile::ZMM, ActivationLevels::Int16), matmul_args)],
             buffers,
         });
     }

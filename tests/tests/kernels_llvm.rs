@@ -13,7 +13,7 @@ use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise}
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::matmul_panel;
-use maxc_kernels::library::quantize_activations::quantize_q8;
+use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
@@ -132,7 +132,11 @@ fn cases() -> Vec<Case> {
                 }
                 sizes.push(s * n as usize);
                 for tile in register_tiles(seq) {
-                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, ActivationLevels::Int8), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                    // 16-bit activations: two byte planes per row.
+                    let mut sizes = sizes.clone();
+                    sizes[0] *= 2;
+                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, ActivationLevels::Int16), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
                 }
             }
             let mut sizes = parts.clone();
@@ -140,6 +144,7 @@ fn cases() -> Vec<Case> {
             v.push(Case { kernel: embedding_in(n, k, encoding, true, seq), sizes, int_max: n as i32, seq: s as u64, tol: 0.0 });
         }
         v.push(Case { kernel: quantize_q8(96, DotForm::Int8, seq), sizes: vec![s * 96, s * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
+        v.push(Case { kernel: quantize_q16(96, seq), sizes: vec![s * 96, s * 2 * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: layer_norm(40, 1e-5, seq), sizes: vec![s * 40, 40, 40, s * 40], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -329,7 +334,7 @@ fn avx512_kernels_prefer_512_bit_vectors() {
 #[test]
 fn int8_dots_use_vnni_where_the_target_has_it() {
     let k = vec![matmul_int8(256, 16, WeightEncoding::Q4_1, None, SeqMode::Fixed(1)), matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1))];
-    let rows = vec![matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM)];
+    let rows = vec![matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8)];
     let vnni = maxc_codegen::llvm::emit_llvm_ir(&rows, &CpuTarget::parse("cpu:x86-64-v4+avx512vnni").unwrap()).unwrap();
     assert!(vnni.contains("@llvm.x86.avx512.vpdpbusd.512"), "no vpdpbusd for interleaved rows with avx512vnni");
     let vnni = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4+avx512vnni").unwrap()).unwrap();
@@ -340,7 +345,7 @@ fn int8_dots_use_vnni_where_the_target_has_it() {
 
 #[test]
 fn int8_dots_use_byte_multiply_adds_without_vnni() {
-    let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM)];
+    let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8)];
     let v3 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
     assert!(v3.contains("@llvm.x86.avx2.pmadd.ub.sw") && v3.contains("@llvm.x86.avx2.pmadd.wd"), "x86-64-v3 int8 dots are not vpmaddubsw / vpmaddwd");
     // Q8_0's signed weights move their sign onto the activations with one vpsignb.
@@ -374,10 +379,10 @@ fn activation_quantization_vectorizes_its_max_and_conversions() {
 fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
     let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
     for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_1] {
-        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Fixed(1), RegisterTile::ZMM)], &target).unwrap();
+        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8)], &target).unwrap();
         let ahead = format!("i64 {}", maxc_kernels::library::matmul_interleaved::DECODE_PREFETCH_BYTES);
         assert!(decode.contains("@llvm.prefetch.p0") && decode.contains(&ahead), "{}: decode GEMV does not prefetch {ahead} ahead", encoding.name());
-        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Dynamic, RegisterTile::ZMM)], &target).unwrap();
+        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Dynamic, RegisterTile::ZMM, ActivationLevels::Int8)], &target).unwrap();
         assert!(!prefill.contains("@llvm.prefetch"), "{}: prefill matmul prefetches", encoding.name());
     }
 }
@@ -416,7 +421,10 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                 Case { kernel, sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) }
             };
             for tile in register_tiles(seq) {
-                all.push(case(matmul_interleaved(96, 48, encoding, None, seq, tile), 96, 48));
+                all.push(case(matmul_interleaved(96, 48, encoding, None, seq, tile, ActivationLevels::Int8), 96, 48));
+                let mut planes = case(matmul_interleaved(96, 48, encoding, None, seq, tile, ActivationLevels::Int16), 96, 48);
+                planes.sizes[0] *= 2;
+                all.push(planes);
             }
             if encoding != WeightEncoding::Q4_0 {
                 all.push(case(matmul_int8(256, 21, encoding, None, seq), 256, 21));

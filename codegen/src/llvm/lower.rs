@@ -698,9 +698,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             _ => None,
         };
         let signed_levels = d.form == RowsForm::Bytes && madd.is_some();
-        let mut acc = if signed_levels { self.splat_act_sum(d.act, &d.act_start, 128)? } else { i32t.vec_type(lanes).const_zero() };
+        // One accumulator per activation byte plane (16-bit activations have a
+        // high and a low one), each fed the same unpacked levels.
+        let planes: Vec<&Expr> = std::iter::once(&d.act_start).chain(&d.act_low).collect();
+        let mut accs = Vec::with_capacity(planes.len());
+        for &start in &planes {
+            accs.push(if signed_levels { self.splat_act_sum(d.act, start, 128)? } else { i32t.vec_type(lanes).const_zero() });
+        }
         let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
-        let mut nibble_pairs: Option<inkwell::values::VectorValue<'ctx>> = None;
+        let mut nibble_pairs: Vec<Option<inkwell::values::VectorValue<'ctx>>> = vec![None; planes.len()];
         for c in 0..d.form.chunks() {
             let w_ptr = self.element_ptr(d.weights, &offset(&d.w_start, 64 * c))?;
             if let (Some(ahead), Flavor::Cpu(_)) = (d.prefetch_ahead, &self.flavor) {
@@ -716,29 +722,46 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 }
             };
             for (levels, first) in steps {
-                let a_ptr = self.element_ptr(d.act, &offset(&d.act_start, first))?;
-                let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
-                let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                if let (RowsForm::Nibbles, Some(zmm)) = (d.form, madd) {
-                    let products = self.pair_products(levels, broadcast, zmm)?;
-                    nibble_pairs = Some(match nibble_pairs {
-                        None => products,
-                        Some(w) => self.builder.build_int_add(w, products, "pairs").map_err(llvm_err)?,
-                    });
-                    continue;
+                for (p, &start) in planes.iter().enumerate() {
+                    let a_ptr = self.element_ptr(d.act, &offset(start, first))?;
+                    let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
+                    let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
+                    if let (RowsForm::Nibbles, Some(zmm)) = (d.form, madd) {
+                        let products = self.pair_products(levels, broadcast, zmm)?;
+                        nibble_pairs[p] = Some(match nibble_pairs[p] {
+                            None => products,
+                            Some(w) => self.builder.build_int_add(w, products, "pairs").map_err(llvm_err)?,
+                        });
+                        continue;
+                    }
+                    accs[p] = if signed_levels {
+                        let signed = self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
+                        let (abs, moved) = self.sign_moved(signed, broadcast)?;
+                        self.dot_fours(accs[p], abs, moved, false)?
+                    } else {
+                        self.dot_fours(accs[p], levels, broadcast, false)?
+                    };
                 }
-                acc = if signed_levels {
-                    let signed = self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
-                    let (abs, moved) = self.sign_moved(signed, broadcast)?;
-                    self.dot_fours(acc, abs, moved, false)?
-                } else {
-                    self.dot_fours(acc, levels, broadcast, false)?
-                };
             }
         }
-        if let (Some(words), Some(zmm)) = (nibble_pairs, madd) {
-            acc = self.pair_sums(words, zmm)?;
+        if let Some(zmm) = madd {
+            for (acc, words) in accs.iter_mut().zip(nibble_pairs) {
+                if let Some(words) = words {
+                    *acc = self.pair_sums(words, zmm)?;
+                }
+            }
         }
+        // 16-bit activations: 255 times the high plane's dots plus the low one's
+        // (at most 32 * 255 * 32512 in magnitude: exact in i32).
+        let acc = match accs[..] {
+            [acc] => acc,
+            [high, low] => {
+                let weight = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(HIGH_PLANE_WEIGHT as u64, false); lanes as usize]);
+                let scaled = self.builder.build_int_mul(high, weight, "high").map_err(llvm_err)?;
+                self.builder.build_int_add(scaled, low, "dots16").map_err(llvm_err)?
+            }
+            _ => unreachable!("one or two activation planes"),
+        };
         let f32v = f32t.vec_type(lanes);
         let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
             let one = b.build_insert_element(f32v.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;

@@ -18,7 +18,7 @@ use maxc_kernels::library::embedding::{embedding_in, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
-use maxc_kernels::library::quantize_activations::quantize_q8;
+use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -129,6 +129,41 @@ fn elem_of(q: QuantScheme) -> maxc_kernels::ElemType {
     maxc_kernels::library::dequant::elem_of(q.encoding().parts()[0].1)
 }
 
+/// The activations of block-quantized matmuls (`compile.activation_encoding`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum ActivationEncoding {
+    /// Float activations times the decoded weight values (`matmul_blocks`).
+    #[default]
+    Float32,
+    /// Int8 levels per block of 32, llama.cpp's scheme: integer dot products
+    /// (`matmul_interleaved`, or `matmul_int8` for rows not in groups of 16).
+    Int8,
+    /// 16-bit levels per block of 32 in two byte planes: the int8 kernels'
+    /// dot instructions twice, float-like error (interleaved weights only; other
+    /// matmuls keep float activations).
+    Int16,
+}
+
+impl ActivationEncoding {
+    /// The name `--activation-encoding` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationEncoding::Float32 => "float32",
+            ActivationEncoding::Int8 => "int8",
+            ActivationEncoding::Int16 => "int16",
+        }
+    }
+
+    /// The integer levels, if the activations are quantized.
+    pub fn levels(self) -> Option<ActivationLevels> {
+        match self {
+            ActivationEncoding::Float32 => None,
+            ActivationEncoding::Int8 => Some(ActivationLevels::Int8),
+            ActivationEncoding::Int16 => Some(ActivationLevels::Int16),
+        }
+    }
+}
+
 /// Constants shared by a device's plans; each device of a mesh has its own.
 #[derive(Debug, Default)]
 pub struct WeightTable {
@@ -141,9 +176,10 @@ pub struct WeightTable {
     /// whole warp (`panel16` and the block matmul's per-lane accumulators suit
     /// the CPU's vector registers, not a warp).
     pub row_major_only: bool,
-    /// Quantize the activations of block-quantized matmuls to int8 per block and
-    /// multiply with integer dot products (`--activation-encoding int8`).
-    pub int8_activations: bool,
+    /// How block-quantized matmuls take their activations
+    /// (`--activation-encoding`): float, or quantized per block to integers and
+    /// multiplied with integer dot products.
+    pub activations: ActivationEncoding,
     /// The prefill register tile of the panel and interleaved matmuls, sized to
     /// the CPU target's vector registers.
     pub register_tile: RegisterTile,
@@ -274,7 +310,8 @@ struct Scheduler<'g, 'i, 'w> {
     /// The node being scheduled works on one row (the last token), with fixed task counts.
     one_row: bool,
     /// Int8 activations already computed: (value, form) -> (levels, scales).
-    quantized: HashMap<(usize, DotForm), (Arg, Arg)>,
+    /// Quantized activations by value and form (`None`: 16-bit planes).
+    quantized: HashMap<(usize, Option<DotForm>), (Arg, Arg)>,
 }
 
 /// Arena bytes of a scratch buffer with `per_token` f32 per token of the step.
@@ -332,7 +369,7 @@ impl Scheduler<'_, '_, '_> {
         let sharded_gather = gathered && matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. });
         if self.weights.row_major_only || ty.shape.len() != 2 {
             Layout::RowMajor
-        } else if self.weights.int8_activations && !float && rows_form(ty.quant.encoding(), n, k).is_some() && !sharded_gather {
+        } else if self.weights.activations.levels().is_some() && !float && rows_form(ty.quant.encoding(), n, k).is_some() && !sharded_gather {
             Layout::Interleaved16
         } else if float && n > 0 && n.is_multiple_of(PANEL) && !gathered {
             Layout::Panel16
@@ -341,37 +378,43 @@ impl Scheduler<'_, '_, '_> {
         }
     }
 
-    /// Value `v` (`k` wide) quantized to int8 per block in `form`'s order: one
-    /// `quantize_q8` launch per value and form, shared by every matmul reading it.
-    fn int8_activations(&mut self, v: ValueId, k: u64, form: DotForm, seq: SeqMode) -> Result<(Arg, Arg)> {
+    /// Value `v` (`k` wide) quantized per block: to int8 in `form`'s order
+    /// (`quantize_q8`), or with `form` `None` to 16-bit levels in two byte
+    /// planes (`quantize_q16`). One launch per value and form, shared by every
+    /// matmul reading it.
+    fn quantized_activations(&mut self, v: ValueId, k: u64, form: Option<DotForm>, seq: SeqMode) -> Result<(Arg, Arg)> {
         if let Some(&q) = self.quantized.get(&(v.index(), form)) {
             return Ok(q);
         }
         let x = self.input(v)?;
-        // i8 levels; f32 scales (every block's d, then every d * sum).
+        // Levels (one or two bytes per value); f32 scales (every block's d, then every d * sum).
         let scale_elems = 2 * (k / 32);
-        let outputs = self.launch_outputs(quantize_q8(k, form, seq), vec![x], &[k, scale_elems * 4], TaskCount { per_seq: scale_elems, fixed: 0 });
+        let (kernel, level_bytes) = match form {
+            Some(form) => (quantize_q8(k, form, seq), k),
+            None => (quantize_q16(k, seq), 2 * k),
+        };
+        let outputs = self.launch_outputs(kernel, vec![x], &[level_bytes, scale_elems * 4], TaskCount { per_seq: scale_elems, fixed: 0 });
         let q = (outputs[0], outputs[1]);
         self.quantized.insert((v.index(), form), q);
         Ok(q)
     }
 
-    /// The int8-activation form of a matmul of `x` with block weight `w` (plus
-    /// `addend`), when enabled and the encoding has integer levels: the
-    /// interleaved kernel where the weight has that layout, else block dots.
-    fn int8_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Option<Arg>> {
+    /// The integer-activation form of a matmul of `x` with block weight `w`
+    /// (plus `addend`), when enabled and the encoding has integer levels: the
+    /// interleaved kernel where the weight has that layout, else (int8 only)
+    /// block dots.
+    fn integer_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Option<Arg>> {
         let ty = self.graph.ty(w);
         let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
-        if !(self.weights.int8_activations && ty.quant.is_block()) {
-            return Ok(None);
-        }
+        let Some(levels) = self.weights.activations.levels().filter(|_| ty.quant.is_block()) else { return Ok(None) };
         let (encoding, bc) = (ty.quant.encoding(), addend.map(|(_, bc)| bc));
-        let (form, layout, kernel) = match (self.weight_layout(w), maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
-            (Layout::Interleaved16, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile)),
-            (_, Some(form)) => (form, Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
+        let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
+            (Layout::Interleaved16, ActivationLevels::Int8, _) => (Some(DotForm::Int8), Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
+            (Layout::Interleaved16, ActivationLevels::Int16, _) => (None, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
+            (_, ActivationLevels::Int8, Some(form)) => (Some(form), Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
             _ => return Ok(None),
         };
-        let (q, scales) = self.int8_activations(x, k, form, seq)?;
+        let (q, scales) = self.quantized_activations(x, k, form, seq)?;
         let mut args = vec![q, scales];
         args.extend(self.weight_parts_in(w, layout)?);
         if let Some((r, _)) = addend {
@@ -384,7 +427,7 @@ impl Scheduler<'_, '_, '_> {
     /// form when enabled, else the kernel for the weight's encoding and layout,
     /// with its GPU form recorded where the CPU one suits vector registers.
     fn weight_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Arg> {
-        if let Some(out) = self.int8_matmul(x, w, addend, seq)? {
+        if let Some(out) = self.integer_matmul(x, w, addend, seq)? {
             return Ok(out);
         }
         let ty = self.graph.ty(w);
@@ -401,7 +444,7 @@ impl Scheduler<'_, '_, '_> {
                 None => (matmul(k, n, elem_of(quant), seq), None),
                 Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),
             },
-            Layout::Interleaved16 => unreachable!("interleaved weights are read by the int8 matmul (int8_matmul)"),
+            Layout::Interleaved16 => unreachable!("interleaved weights are read by the integer matmul (integer_matmul)"),
         };
         if let Some(gpu) = gpu_form {
             self.kernels.set_gpu_form(&kernel, gpu);

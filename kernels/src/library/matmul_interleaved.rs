@@ -15,12 +15,19 @@
 //! stored as `q + 128`, unsigned, as the instruction wants them); Q4_K's scale and
 //! minimum are its super-block's f16 ones times the block's 6-bit ones.
 //! Tasks own panels of 16 output columns (`matmul_panel.rs`'s task structure).
+//!
+//! With 16-bit activations ([`ActivationLevels::Int16`], `quantize_q16`'s
+//! outputs: `q: i8[seq, 2 k]`, per row the high bytes then the low bytes) each
+//! `DotRows` multiplies both byte planes with the same unpacked levels
+//! (`RowDot::act_low`): twice the dot instructions of int8, the same weight
+//! loads and unpacking, one conversion and scaling per block.
 
 use maxrun::format::WeightEncoding;
 
 use super::dequant::{declare_interleaved, WeightParams, BLOCK, INTERLEAVED_ROWS};
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, matmul_name};
+use super::quantize_activations::ActivationLevels;
 use super::matmul_panel::{panel_tasks, tile_tag};
 use super::{RegisterTile, SeqMode};
 use crate::ir::dsl::*;
@@ -41,7 +48,7 @@ pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs): (u32, u32), w: &WeightParams, form: RowsForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs, levels): (u32, u32, ActivationLevels), w: &WeightParams, form: RowsForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let lanes = INTERLEAVED_ROWS;
     let (k, nb) = (w.cols, w.blocks_per_row());
     let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
@@ -79,7 +86,8 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 w_start: mul(v(gb), i(form.bytes())),
                 form,
                 act: xq,
-                act_start: add(mul(row(r), i(k)), mul(v(blk), i(BLOCK))),
+                act_start: add(mul(row(r), i(k * levels.bytes() as i64)), mul(v(blk), i(BLOCK))),
+                act_low: (levels == ActivationLevels::Int16).then(|| add(add(mul(row(r), i(2 * k)), i(k)), mul(v(blk), i(BLOCK)))),
                 act_scales: [ld(xs, s_at.clone()), ld(xs, add(s_at.clone(), i(nb)))],
                 row_scales,
                 row_min,
@@ -99,11 +107,12 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
     body
 }
 
-/// `q, s` (int8 activations of `x: f32[seq, k]`, natural order) times `w: [n, k]`
-/// in `encoding` and layout `interleaved16` -> `out: f32[seq, n]`; with `addend`,
-/// `+ r` broadcast as given; prefill in register tiles of `register_tile`.
-/// Params: `q`, `s`, the weight's parts, `r`?, `out`.
-pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode, register_tile: RegisterTile) -> Kernel {
+/// `q, s` (integer activations of `x: f32[seq, k]` with `levels`, natural
+/// order) times `w: [n, k]` in `encoding` and layout `interleaved16` ->
+/// `out: f32[seq, n]`; with `addend`, `+ r` broadcast as given; prefill in
+/// register tiles of `register_tile`. Params: `q`, `s`, the weight's parts,
+/// `r`?, `out`.
+pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode, register_tile: RegisterTile, levels: ActivationLevels) -> Kernel {
     let mut b = KernelBuilder::new();
     let xq = b.param("q", ElemType::I8, false);
     let xs = b.param("s", ElemType::F32, false);
@@ -113,8 +122,8 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     let out = b.param("out", ElemType::F32, true);
     let ni = n as i64;
     let prefetch = seq.is_decode().then_some(DECODE_PREFETCH_BYTES);
-    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs), &w, form, out, ni, addend, prefetch));
-    let name = matmul_name("matmul_i8x16", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq) + &tile_tag(seq, register_tile);
+    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs, levels), &w, form, out, ni, addend, prefetch));
+    let name = matmul_name(&format!("matmul_{}x16", levels.tag()), encoding.name(), addend.map(|(_, bc)| bc), k, n, seq) + &tile_tag(seq, register_tile);
     b.finish(name, "matmul", tasks, t, body)
 }
 
@@ -123,15 +132,17 @@ mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
     use crate::library::matmul_blocks::matmul_blocks;
-    use crate::library::quantize_activations::quantize_q8;
+    use crate::library::quantize_activations::{quantize_q16, quantize_q8};
     use crate::library::test_util::*;
 
-    /// The interleaved int8 matmul equals the float block matmul (row-major
-    /// weights) on the dequantized activations, up to summation order; 48 columns
-    /// make one full task and a last single panel, 6 rows a row tile and two more.
+    /// The interleaved int8 and int16 matmuls equal the float block matmul
+    /// (row-major weights) on the dequantized activations, up to summation order;
+    /// 48 columns make one full task and a last single panel, 6 rows a row tile
+    /// and two more.
     #[test]
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+        let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K];
+        for (encoding, levels) in encodings.into_iter().flat_map(|e| [(e, ActivationLevels::Int8), (e, ActivationLevels::Int16)]) {
             // Q4_K's super-blocks need whole 256s.
             let (k, n) = (if encoding == WeightEncoding::Q4K { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);
@@ -139,17 +150,26 @@ mod tests {
             let cases = [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
             for ((m, seq, addend), register_tile) in cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]) {
                 let x = rand(m * k, 3);
-                let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * k]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
-                run(&quantize_q8(k as u64, DotForm::Int8, seq), &mut qbufs, m as u64);
+                let width = k * levels.bytes() as usize;
+                let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * width]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
+                let quantize = match levels {
+                    ActivationLevels::Int8 => quantize_q8(k as u64, DotForm::Int8, seq),
+                    ActivationLevels::Int16 => quantize_q16(k as u64, seq),
+                };
+                run(&quantize, &mut qbufs, m as u64);
                 let (Buffer::I8(q), Buffer::F32(s)) = (&qbufs[1], &qbufs[2]) else { unreachable!() };
-                let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * q[at] as f32).collect();
+                let level = |at: usize| match levels {
+                    ActivationLevels::Int8 => q[at] as f32,
+                    ActivationLevels::Int16 => (HIGH_PLANE_WEIGHT as i32 * q[(at / k) * width + at % k] as i32 + q[(at / k) * width + k + at % k] as i32) as f32,
+                };
+                let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * level(at)).collect();
                 let r_values = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
                 let r = addend.map(|_| &r_values[..]);
-                let got = run_matmul(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq, register_tile), vec![qbufs[1].clone(), qbufs[2].clone()], &packed, r, (m, n));
+                let got = run_matmul(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq, register_tile, levels), vec![qbufs[1].clone(), qbufs[2].clone()], &packed, r, (m, n));
                 let want = run_matmul(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)], &parts, r, (m, n));
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
                 for (g, w) in got.iter().zip(&want) {
-                    assert!((g - w).abs() <= 2e-5 * scale, "{}: interleaved {g} vs row-major {w}", encoding.name());
+                    assert!((g - w).abs() <= 2e-5 * scale, "{} {levels:?}: interleaved {g} vs row-major {w}", encoding.name());
                 }
             }
         }
