@@ -17,6 +17,14 @@
 //! at most a few huge pages), so all of it is resident from the start, where on
 //! small pages a long context fills in as it is used. Above the share the cache
 //! stays on ordinary, lazily faulted pages.
+//!
+//! A cache on huge pages is written through once when it is created (zeros, as
+//! it already reads), as llama.cpp clears its cache buffer: on the Zen 3 VM the
+//! first write to each part of fresh memory was expensive when it came from a
+//! decode step's scattered row stores (the KV store took 16 us per layer instead
+//! of 2 in the first 128 tokens of a process, about 170 ms in all), and more
+//! than ten times cheaper per byte as one sequential pass at start
+//! (docs/performance.md, Decisions).
 
 use crate::huge::{available_memory, HugeBuf};
 
@@ -60,7 +68,14 @@ impl KvCache {
         let Some((layer_bytes, bytes)) = sizes else { return Err(u64::MAX) };
         let total = (bytes as u64).saturating_mul(2);
         let huge_pages = available_memory().is_some_and(|available| total <= available / HUGE_PAGE_SHARE);
-        let buffer = || HugeBuf::zeroed_on(bytes, huge_pages).ok_or(total);
+        let buffer = || {
+            let mut b = HugeBuf::zeroed_on(bytes, huge_pages).ok_or(total)?;
+            if huge_pages {
+                // One sequential first write (see the module docs).
+                b.as_mut_slice().fill(0);
+            }
+            Ok::<HugeBuf, u64>(b)
+        };
         Ok(KvCache { keys: buffer()?, values: buffer()?, layer_bytes, layers, huge_pages })
     }
 

@@ -364,10 +364,12 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
 /// chain) and its levels convert in 32-bit lanes (AVX2 has no vector f32 -> i64).
 #[test]
 fn activation_quantization_vectorizes_its_max_and_conversions() {
-    let ir = maxc_codegen::llvm::emit_llvm_ir(&[quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1))], &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
-    assert!(ir.contains("@llvm.vector.reduce.fmax"), "the block maximum is not a vector reduction");
-    let conversions: Vec<&str> = ir.lines().filter(|l| l.contains("fptosi")).collect();
-    assert!(!conversions.is_empty() && conversions.iter().all(|l| l.contains("fptosi <8 x float>") && l.trim_end().ends_with("x i32>")), "levels do not convert as <8 x float> -> <8 x i32>: {conversions:?}");
+    for kernel in [quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1)), quantize_q16(576, SeqMode::Fixed(1))] {
+        let ir = maxc_codegen::llvm::emit_llvm_ir(&[kernel.clone()], &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
+        assert!(ir.contains("@llvm.vector.reduce.fmax"), "{}: the block maximum is not a vector reduction", kernel.name);
+        let conversions: Vec<&str> = ir.lines().filter(|l| l.contains("fptosi")).collect();
+        assert!(!conversions.is_empty() && conversions.iter().all(|l| l.contains("fptosi <8 x float>") && l.trim_end().ends_with("x i32>")), "{}: levels do not convert as <8 x float> -> <8 x i32>: {conversions:?}", kernel.name);
+    }
 }
 
 /// Decode GEMVs on interleaved blocks prefetch their levels a fixed distance

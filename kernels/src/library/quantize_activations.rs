@@ -24,6 +24,18 @@ use crate::ir::*;
 /// Below this largest magnitude a block is all zeros.
 const TINY: f32 = 1e-30;
 
+/// The start of a block's quantization: its largest magnitude `amax` (the
+/// values `xv()` for `l` in `0..BLOCK`), `inv = top / amax` and the scale
+/// `d = amax / top`, both 0 where `amax` is 0 or below [`TINY`].
+fn block_scale(amax: VarId, inv: VarId, d: VarId, l: VarId, xv: &dyn Fn() -> Expr, top: f32) -> Vec<Stmt> {
+    vec![
+        set(amax, f(0.0)),
+        for_vec(l, i(0), i(BLOCK), vec![set(amax, max(v(amax), max(xv(), un(UnOp::Neg, xv()))))]),
+        set(inv, select(lt(f(TINY), v(amax)), div(f(top), v(amax)), f(0.0))),
+        set(d, select(lt(f(TINY), v(amax)), div(v(amax), f(top)), f(0.0))),
+    ]
+}
+
 /// One task per row: `x: f32[seq, k]` -> `q: i8[seq, k]`, `s: f32[seq, 2 k / 32]`.
 pub fn quantize_q8(k: u64, form: DotForm, seq: SeqMode) -> Kernel {
     let whole = match form {
@@ -36,7 +48,7 @@ pub fn quantize_q8(k: u64, form: DotForm, seq: SeqMode) -> Kernel {
     let q = b.param("q", ElemType::I8, true);
     let s = b.param("s", ElemType::F32, true);
     let (t, blk, l) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let (amax, inv, sum) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+    let (amax, inv, d, sum) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
     let ki = k as i64;
     let nb = ki / BLOCK;
     let xv = || ld(x, add(v(l), add(mul(v(t), i(ki)), mul(v(blk), i(BLOCK)))));
@@ -50,20 +62,14 @@ pub fn quantize_q8(k: u64, form: DotForm, seq: SeqMode) -> Kernel {
             add(mul(pair, i(DOT_VALUES)), add(mul(div(v(l), i(16)), i(32)), mul(half, i(16)))),
         ),
     };
-    let body = vec![for_(
-        blk,
-        i(0),
-        i(nb),
-        vec![
-            set(amax, f(0.0)),
-            for_vec(l, i(0), i(BLOCK), vec![set(amax, max(v(amax), max(xv(), un(UnOp::Neg, xv()))))]),
-            set(inv, select(lt(f(TINY), v(amax)), div(f(127.0), v(amax)), f(0.0))),
-            set(sum, f(0.0)),
-            for_vec(l, i(0), i(BLOCK), vec![store(q, add(mul(v(t), i(ki)), at), un(UnOp::ToI64, level())), set(sum, add(v(sum), level()))]),
-            store(s, add(mul(v(t), i(2 * nb)), v(blk)), select(lt(f(TINY), v(amax)), div(v(amax), f(127.0)), f(0.0))),
-            store(s, add(add(mul(v(t), i(2 * nb)), v(blk)), i(nb)), mul(select(lt(f(TINY), v(amax)), div(v(amax), f(127.0)), f(0.0)), v(sum))),
-        ],
-    )];
+    let mut per_block = block_scale(amax, inv, d, l, &xv, 127.0);
+    per_block.extend([
+        set(sum, f(0.0)),
+        for_vec(l, i(0), i(BLOCK), vec![store(q, add(mul(v(t), i(ki)), at), un(UnOp::ToI64, level())), set(sum, add(v(sum), level()))]),
+        store(s, add(mul(v(t), i(2 * nb)), v(blk)), v(d)),
+        store(s, add(add(mul(v(t), i(2 * nb)), v(blk)), i(nb)), mul(v(d), v(sum))),
+    ]);
+    let body = vec![for_(blk, i(0), i(nb), per_block)];
     let form_tag = match form {
         DotForm::Int8 => "i8",
         DotForm::NibblePairs => "pairs",
@@ -122,35 +128,28 @@ pub fn quantize_q16(k: u64, seq: SeqMode) -> Kernel {
     let high_at = add(mul(v(t), i(2 * ki)), value.clone());
     let low_at = add(add(mul(v(t), i(2 * ki)), i(ki)), value.clone());
     let scale_at = add(mul(v(t), i(2 * nb)), v(blk));
-    let body = vec![for_(
-        blk,
-        i(0),
-        i(nb),
-        vec![
-            set(amax, f(0.0)),
-            for_vec(l, i(0), i(BLOCK), vec![set(amax, max(v(amax), max(xv(), un(UnOp::Neg, xv()))))]),
-            set(inv, select(lt(f(TINY), v(amax)), div(f(Q16_MAX_LEVEL), v(amax)), f(0.0))),
-            set(d, select(lt(f(TINY), v(amax)), div(v(amax), f(Q16_MAX_LEVEL)), f(0.0))),
-            set(sum, f(0.0)),
-            // Levels, their high bytes and the low remainders are exact integers
-            // in f32. `level / 255` is never within 0.002 of a half (levels are
-            // integers), far beyond the product's rounding, so `high` is exact.
-            for_vec(
-                l,
-                i(0),
-                i(BLOCK),
-                vec![
-                    set(level, un(UnOp::Floor, add(mul(xv(), v(inv)), f(0.5)))),
-                    set(high, un(UnOp::Floor, add(mul(v(level), f(1.0 / HIGH_PLANE_WEIGHT as f32)), f(0.5)))),
-                    store(q, high_at, un(UnOp::ToI64, v(high))),
-                    store(q, low_at, un(UnOp::ToI64, sub(v(level), mul(v(high), f(HIGH_PLANE_WEIGHT as f32))))),
-                    set(sum, add(v(sum), v(level))),
-                ],
-            ),
-            store(s, scale_at.clone(), v(d)),
-            store(s, add(scale_at, i(nb)), mul(v(d), v(sum))),
-        ],
-    )];
+    let mut per_block = block_scale(amax, inv, d, l, &xv, Q16_MAX_LEVEL);
+    per_block.extend([
+        set(sum, f(0.0)),
+        // Levels, their high bytes and the low remainders are exact integers
+        // in f32. `level / 255` is never within 0.002 of a half (levels are
+        // integers), far beyond the product's rounding, so `high` is exact.
+        for_vec(
+            l,
+            i(0),
+            i(BLOCK),
+            vec![
+                set(level, un(UnOp::Floor, add(mul(xv(), v(inv)), f(0.5)))),
+                set(high, un(UnOp::Floor, add(mul(v(level), f(1.0 / HIGH_PLANE_WEIGHT as f32)), f(0.5)))),
+                store(q, high_at, un(UnOp::ToI64, v(high))),
+                store(q, low_at, un(UnOp::ToI64, sub(v(level), mul(v(high), f(HIGH_PLANE_WEIGHT as f32))))),
+                set(sum, add(v(sum), v(level))),
+            ],
+        ),
+        store(s, scale_at.clone(), v(d)),
+        store(s, add(scale_at, i(nb)), mul(v(d), v(sum))),
+    ]);
+    let body = vec![for_(blk, i(0), i(nb), per_block)];
     b.finish(format!("quantize_q16_k{k}_{}", seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
@@ -159,87 +158,76 @@ mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
 
-    #[test]
-    fn levels_scales_and_sums_like_llama_cpp_including_zero_and_denormal_blocks() {
-        let k = 128usize;
+    /// Two rows of `k` activations; in row 1, block 0 is all zero and block 1
+    /// all denormal.
+    fn rows_with_zero_and_denormal_blocks(k: usize) -> Vec<f32> {
         let mut x: Vec<f32> = (0..2 * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
-        // Row 1: block 0 all zero, block 1 all denormal.
-        for v in &mut x[k..k + 32] {
-            *v = 0.0;
-        }
-        for v in &mut x[k + 32..k + 64] {
-            *v = 1e-41;
-        }
-        for form in [DotForm::Int8, DotForm::NibblePairs] {
-            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![99; 2 * k]), Buffer::F32(vec![f32::NAN; 2 * 2 * k / 32])];
-            run(&quantize_q8(k as u64, form, SeqMode::Dynamic), &mut bufs, 2);
-            let (Buffer::I8(q), Buffer::F32(s)) = (&bufs[1], &bufs[2]) else { unreachable!() };
-            for row in 0..2 {
-                for blk in 0..k / 32 {
-                    let xs = &x[row * k + blk * 32..row * k + blk * 32 + 32];
-                    let amax = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                    let d = if amax > 1e-30 { amax / 127.0 } else { 0.0 };
-                    let si = row * 2 * (k / 32) + blk;
-                    assert_eq!(s[si], d, "{form:?} row {row} block {blk} scale");
-                    let mut sum = 0i64;
-                    for (t, v) in xs.iter().enumerate() {
-                        let want = if d == 0.0 { 0 } else { (v * (127.0 / amax) + 0.5).floor() as i64 };
-                        let pos = row * k + (blk / 2) * 64 + form.position((blk % 2) as i64, t as i64) as usize;
-                        assert_eq!(q[pos] as i64, want, "{form:?} row {row} block {blk} value {t}");
-                        assert!((-127..=127).contains(&want));
-                        sum += want;
-                    }
-                    assert_eq!(s[si + k / 32], d * sum as f32);
-                    assert!(s[si].is_finite() && s[si + k / 32].is_finite());
-                }
-            }
-        }
+        x[k..k + 32].fill(0.0);
+        x[k + 32..k + 64].fill(1e-41);
+        x
     }
 
-    /// Int16 levels: `round(x / d)` with `d = max |x| / 32512`, split into a
-    /// high and a low byte, both in -127..=127, `255 high + low`, in two planes, with the
-    /// block's `d` and `d * sum(level)`; zero and denormal blocks give zeros and
-    /// `d = 0`; every other value is within `d / 2` of `d * level`.
-    #[test]
-    fn fifteen_bit_levels_split_into_two_byte_planes() {
-        let k = 128usize;
-        let mut x: Vec<f32> = (0..2 * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
-        // Row 0 block 1 reaches both extremes exactly; row 1: block 0 all zero, block 1 all denormal.
-        x[40] = -9.5;
-        x[41] = 9.5;
-        for v in &mut x[k..k + 32] {
-            *v = 0.0;
-        }
-        for v in &mut x[k + 32..k + 64] {
-            *v = 1e-41;
-        }
-        let mut bufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![99; 2 * 2 * k]), Buffer::F32(vec![f32::NAN; 2 * 2 * k / 32])];
-        run(&quantize_q16(k as u64, SeqMode::Dynamic), &mut bufs, 2);
+    /// Runs `kernel` on the two rows `x` (`level_bytes` bytes of levels per value)
+    /// and checks every block: `d = max |x| / top` (0 below 1e-30), each level
+    /// (read by `level_of(q, row, block, t)`) `round(x / d)` within `-top..=top`
+    /// and within `d / 2` of the value, and `d * sum(level)`. Returns the levels.
+    fn check_blocks(kernel: &Kernel, x: &[f32], level_bytes: usize, top: f32, level_of: impl Fn(&[i8], usize, usize, usize) -> i64) -> Vec<i64> {
+        let k = x.len() / 2;
+        let mut bufs = vec![Buffer::F32(x.to_vec()), Buffer::I8(vec![99; 2 * level_bytes * k]), Buffer::F32(vec![f32::NAN; 2 * 2 * k / 32])];
+        run(kernel, &mut bufs, 2);
         let (Buffer::I8(q), Buffer::F32(s)) = (&bufs[1], &bufs[2]) else { unreachable!() };
-        let (mut saw_max, mut saw_min) = (false, false);
+        let mut levels = Vec::new();
         for row in 0..2 {
             for blk in 0..k / 32 {
                 let xs = &x[row * k + blk * 32..row * k + blk * 32 + 32];
                 let amax = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let d = if amax > 1e-30 { amax / 32512.0 } else { 0.0 };
+                let d = if amax > 1e-30 { amax / top } else { 0.0 };
                 let si = row * 2 * (k / 32) + blk;
-                assert_eq!(s[si], d, "row {row} block {blk} scale");
+                assert_eq!(s[si], d, "{}: row {row} block {blk} scale", kernel.name);
                 let mut sum = 0i64;
                 for (t, v) in xs.iter().enumerate() {
-                    let at = blk * 32 + t;
-                    let (high, low) = (q[row * 2 * k + at] as i64, q[row * 2 * k + k + at] as i64);
-                    assert!((-127..=127).contains(&high) && (-127..=127).contains(&low), "row {row} value {at}: bytes {high} {low}");
-                    let level = 255 * high + low;
-                    let want = if d == 0.0 { 0 } else { (v * (32512.0 / amax) + 0.5).floor() as i64 };
-                    assert_eq!(level, want, "row {row} value {at}");
-                    assert!(d == 0.0 || (v - d * level as f32).abs() <= d * 0.5 + 1e-6 * amax, "row {row} value {at}: {v} vs {}", d * level as f32);
-                    saw_max |= level == 32512;
-                    saw_min |= level == -32512;
+                    let level = level_of(q, row, blk, t);
+                    let want = if d == 0.0 { 0 } else { (v * (top / amax) + 0.5).floor() as i64 };
+                    assert_eq!(level, want, "{}: row {row} block {blk} value {t}", kernel.name);
+                    assert!(level.abs() as f32 <= top);
+                    assert!(d == 0.0 || (v - d * level as f32).abs() <= d * 0.5 + 1e-6 * amax, "{}: {v} vs {}", kernel.name, d * level as f32);
                     sum += level;
+                    levels.push(level);
                 }
                 assert_eq!(s[si + k / 32], d * sum as f32);
+                assert!(s[si].is_finite() && s[si + k / 32].is_finite());
             }
         }
-        assert!(saw_max && saw_min, "the extremes +-32512 were not reached");
+        levels
+    }
+
+    #[test]
+    fn levels_scales_and_sums_like_llama_cpp_including_zero_and_denormal_blocks() {
+        let k = 128usize;
+        let x = rows_with_zero_and_denormal_blocks(k);
+        for form in [DotForm::Int8, DotForm::NibblePairs] {
+            // Levels sit in the form's dot order within each pair of blocks.
+            check_blocks(&quantize_q8(k as u64, form, SeqMode::Dynamic), &x, 1, 127.0, |q, row, blk, t| q[row * k + (blk / 2) * 64 + form.position((blk % 2) as i64, t as i64) as usize] as i64);
+        }
+    }
+
+    /// Int16 levels: `round(x / d)` with `d = max |x| / 32512`, split into a
+    /// high and a low byte, both in -127..=127, `255 high + low`, in two planes
+    /// (a row's high bytes, then its low bytes), with the block's `d` and
+    /// `d * sum(level)`; zero and denormal blocks give zeros and `d = 0`.
+    #[test]
+    fn int16_levels_split_into_two_byte_planes() {
+        let k = 128usize;
+        let mut x = rows_with_zero_and_denormal_blocks(k);
+        // Row 0 block 1 reaches both extremes exactly.
+        x[40] = -9.5;
+        x[41] = 9.5;
+        let levels = check_blocks(&quantize_q16(k as u64, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
+            let at = blk * 32 + t;
+            let (high, low) = (q[row * 2 * k + at] as i64, q[row * 2 * k + k + at] as i64);
+            assert!((-127..=127).contains(&high) && (-127..=127).contains(&low), "row {row} value {at}: bytes {high} {low}");
+            255 * high + low
+        });
+        assert!(levels.contains(&32512) && levels.contains(&-32512), "the extremes +-32512 were not reached");
     }
 }
