@@ -155,6 +155,29 @@ mod tests {
         assert_eq!(offsets.len(), 2 * layers);
     }
 
+    /// A cache on huge pages is resident as soon as it exists (written through
+    /// once at creation), not filled in by the first decode steps' scattered
+    /// row stores (module docs); `mincore` reports every page of both buffers.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_cache_on_huge_pages_is_resident_from_creation() {
+        let cache = KvCache::new(8, 1 << 20).unwrap();
+        if !cache.on_huge_pages() {
+            return; // Too little memory here for the huge-page placement (32 MiB).
+        }
+        let page = 4096usize;
+        for buf in [&cache.keys, &cache.values] {
+            let bytes = buf.as_slice();
+            let mut resident = vec![0u8; bytes.len().div_ceil(page)];
+            // SAFETY: the range is the buffer's own mapping (page-aligned start), and
+            // `resident` has one byte per page of it.
+            let rc = unsafe { libc::mincore(bytes.as_ptr() as *mut libc::c_void, bytes.len(), resident.as_mut_ptr()) };
+            assert_eq!(rc, 0, "mincore failed");
+            let missing = resident.iter().filter(|&&r| r & 1 == 0).count();
+            assert_eq!(missing, 0, "{missing} of {} pages of a huge-page KV cache are not resident after creation", resident.len());
+        }
+    }
+
     #[test]
     #[should_panic(expected = "layer 2 of a 2-layer KV cache")]
     fn a_layer_past_the_last_is_refused() {
