@@ -90,10 +90,12 @@ struct CompileArgs {
     /// encoding when it is a float one, q8_0 with block encodings).
     #[arg(long, value_name = "ENCODING")]
     embedding_encoding: Option<String>,
-    /// Activations of block-quantized matmuls: float32 (default; exact float
-    /// math on the packed weights) or int8 (quantized per block of 32 and
-    /// multiplied with integer dot products, VNNI where the CPU has it, as
-    /// llama.cpp does; faster, less exact). CPU code only.
+    /// Activations of block-quantized matmuls: int16 (the default for CPU-only
+    /// artifacts: quantized per block of 32 to 16-bit levels, integer dot
+    /// products; logits within float32 tolerance), int8 (llama.cpp's scheme,
+    /// VNNI where the CPU has it: faster, less exact) or float32 (exact float
+    /// math on the packed weights; the default with GPU code). Integer
+    /// activations are CPU code only.
     #[arg(long, value_name = "ENCODING")]
     activation_encoding: Option<String>,
     /// Device mesh: cpu (default), cpu:0,1 (two CPU devices, each with its own
