@@ -147,8 +147,7 @@ mod tests {
             let (k, n) = (if encoding == WeightEncoding::Q4K { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);
             let packed = interleaved_parts(encoding, &parts, n, k);
-            let cases = [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
-            for ((m, seq, addend), register_tile) in cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]) {
+            for ((m, seq, addend), register_tile) in panel_cases() {
                 let x = rand(m * k, 3);
                 let width = k * levels.bytes() as usize;
                 let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * width]), Buffer::F32(vec![0.0; m * 2 * k / 32])];

@@ -193,8 +193,7 @@ mod tests {
         let w = rand(n * k, 2);
         let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
         let packed: Vec<f32> = pack_panels(&bytes, n, k, 4).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let cases = [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
-        for ((m, seq, addend), register_tile) in cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]) {
+        for ((m, seq, addend), register_tile) in panel_cases() {
             let x = rand(m * k, 1);
             let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 5);
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(packed.clone())];

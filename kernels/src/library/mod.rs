@@ -186,6 +186,17 @@ pub(crate) mod test_util {
         got
     }
 
+    /// The cases of the panel-shaped matmul tests, each with both register
+    /// tiles: (activation rows, seq mode, addend): 6 rows in prefill (a row
+    /// tile and 2 more), one token in decode with a per-column addend, 3 rows
+    /// with a full one.
+    pub fn panel_cases() -> Vec<((usize, super::SeqMode, Option<super::elementwise::Broadcast>), super::RegisterTile)> {
+        use super::elementwise::Broadcast;
+        use super::{RegisterTile, SeqMode};
+        let cases = [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
+        cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]).collect()
+    }
+
     pub fn close(a: &[f32], b: &[f32], tol: f32) {
         assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
