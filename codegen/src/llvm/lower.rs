@@ -722,6 +722,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 }
             };
             for (levels, first) in steps {
+                // Q8_0's signed levels, once for both planes.
+                let signed = if signed_levels { Some(self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?) } else { None };
                 for (p, &start) in planes.iter().enumerate() {
                     let a_ptr = self.element_ptr(d.act, &offset(start, first))?;
                     let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
@@ -734,12 +736,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         });
                         continue;
                     }
-                    accs[p] = if signed_levels {
-                        let signed = self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
-                        let (abs, moved) = self.sign_moved(signed, broadcast)?;
-                        self.dot_fours(accs[p], abs, moved, false)?
-                    } else {
-                        self.dot_fours(accs[p], levels, broadcast, false)?
+                    accs[p] = match signed {
+                        Some(signed) => {
+                            let (abs, moved) = self.sign_moved(signed, broadcast)?;
+                            self.dot_fours(accs[p], abs, moved, false)?
+                        }
+                        None => self.dot_fours(accs[p], levels, broadcast, false)?,
                     };
                 }
             }
