@@ -40,8 +40,10 @@ pub const HUGE_PAGE_SHARE: u64 = 8;
 /// and value rows (30 layers x 3 heads x 2) fall into the same four L2 sets and,
 /// depending on where the huge pages land physically, into the same L3 sets:
 /// on the Zen 3 VM the KV store took 17-20 us per layer in 4 of 6 processes
-/// and about 2 us in the others; with the skew, 1.6-3.5 us in all 6
-/// (docs/performance.md, Decisions).
+/// and about 2 us in the others; with the skew, 1.6-3.5 us in all 6. (That slow
+/// mode later turned out to follow first writes to fresh memory, fixed by the
+/// write-through in [`KvCache::new`]; the skew's own effect on it is not shown.
+/// docs/performance.md, Decisions.)
 const LAYER_SKEW_BYTES: usize = 67 * 64;
 /// Where the value buffer's first layer starts (see [`LAYER_SKEW_BYTES`]).
 const VALUE_SKEW_BYTES: usize = 33 * 64;
