@@ -181,6 +181,12 @@ pub enum Stmt {
 /// `dot_g = sum over t of W[g][t] * (255 A[act_start + t] + A[act_low + t])`,
 /// still exact (int16 activations: `act_scales` are the block's `d` and `d * sum(q)`
 /// of the whole 16-bit levels). Both planes meet the same unpacked levels.
+/// Contract: `act_scales[1]` is `act_scales[0]` times the sum of the block's
+/// activation levels (`sum over t of A[act_start + t]`, with `act_low` the 16-bit
+/// levels), as `quantize_q8` / `quantize_q16` write them. A lowering may rely on
+/// it: with `RowMin::Offset(o)` the term is then `S[g] * act_scales[0] * sum
+/// over t of (W[g][t] + o) * A[t]`, and the x86 AVX2 one computes Q8_0's
+/// (`o = -128`) that way, on the signed levels, without the activation sum.
 /// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
 /// lowering also prefetches the levels that many bytes past each 64-byte chunk it
 /// reads (a hint with no effect on the result; it may point past the weights).

@@ -197,6 +197,36 @@ fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
         .collect()
 }
 
+/// Random inputs of an interleaved matmul (`matmul[_add]_i8x16_*` / `_i16x16_*`:
+/// parameter 0 the activation levels, 1 their scales) made to keep
+/// `RowDot`'s contract, as `quantize_q8` / `quantize_q16` do: each block's
+/// second scale is its first times the sum of the block's levels (a lowering may
+/// fold Q8_0's -128 minimum into the dot on the strength of it). Other kernels'
+/// inputs are returned as they are.
+fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
+    let planes = match &case.kernel.name {
+        name if name.contains("_i16x16_") => 2,
+        name if name.contains("_i8x16_") => 1,
+        _ => return inputs,
+    };
+    let Buffer::I8(q) = inputs[0].clone() else { panic!("{}: parameter 0 is not i8 levels", case.kernel.name) };
+    let Buffer::F32(s) = &mut inputs[1] else { panic!("{}: parameter 1 is not f32 scales", case.kernel.name) };
+    let rows = case.seq as usize;
+    let k = q.len() / rows / planes;
+    let nb = k / 32;
+    for r in 0..rows {
+        for b in 0..nb {
+            let level = |t: usize| match planes {
+                1 => q[r * k + t] as i64,
+                _ => maxc_kernels::ir::HIGH_PLANE_WEIGHT * q[r * 2 * k + t] as i64 + q[r * 2 * k + k + t] as i64,
+            };
+            let sum: i64 = (32 * b..32 * b + 32).map(level).sum();
+            s[r * 2 * nb + nb + b] = s[r * 2 * nb + b] * sum as f32;
+        }
+    }
+    inputs
+}
+
 fn check_target(spec: &str) {
     let target = CpuTarget::parse(spec).unwrap();
     check_backend(spec, |kernels| compile_shared(kernels, &target).unwrap().shared_object);
@@ -227,7 +257,7 @@ fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>, all: Vec<Case
 /// Runs compiled kernel `f` and the interpreter on the same `inputs` and
 /// compares every parameter afterwards (floats within the case's tolerance).
 fn assert_matches_interpreter(spec: &str, f: maxrun::code::KernelFn, case: &Case, inputs: Vec<Buffer>, trial: usize) {
-    let mut expected = inputs;
+    let mut expected = with_activation_sums(case, inputs);
     let mut actual = expected.clone();
     run(&case.kernel, &mut expected, case.seq);
     let ptrs: Vec<*mut u8> = actual.iter_mut().map(Buffer::as_mut_ptr).collect();

@@ -678,8 +678,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// activation bytes of those values broadcast to all 16 rows, chained into one
     /// i32 accumulator by [`ByteDots`] (levels unsigned, activations signed, as
     /// the instructions want; Q8_0's levels, `w + 128`, are too large for
-    /// `vpmaddubsw`, so there the dot runs on the signed `w` and `128` times the
-    /// sum of the block's activation bytes is added, the same integer; nibbles
+    /// `vpmaddubsw`, so there the dot runs on the signed `w`, and with their
+    /// `-128 S` minimum that signed dot is the whole term (the activation sums'
+    /// contract, see [`RowDot`]); nibbles
     /// there keep their pair products in i16 over the whole block and widen them
     /// once). Then, in 16-lane f32 vectors:
     /// converted, times the rows' scales (one vector load) and the activation
@@ -690,7 +691,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
         let offset = |e: &Expr, by: i64| Expr::Bin(BinOp::Add, Box::new(e.clone()), Box::new(Expr::I64(by)));
-        // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a;
+        // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a
+        // (the second term cancels against the -128 minimum: `folded_offset`);
         // nibbles with their pair products summed in i16 over the whole block
         // (8 steps of at most 2 * 15 * 128: below 2^15), widened once after it.
         let madd = match self.byte_dots() {
@@ -698,12 +700,17 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             _ => None,
         };
         let signed_levels = d.form == RowsForm::Bytes && madd.is_some();
+        // Q8_0's minimum is -128 S: with the activation sums `act_scales[1]` are
+        // (RowDot's contract), `S * (d * sum u * a - 128 * d * sum a)` is
+        // `S * d * sum (u - 128) * a`, the signed dot itself. So that dot needs
+        // neither the 128 * sum a added back nor the offset term: both cancel.
+        let folded_offset = signed_levels && d.row_min == RowMin::Offset(-128.0);
         // One accumulator per activation byte plane (16-bit activations have a
         // high and a low one), each fed the same unpacked levels.
         let planes: Vec<&Expr> = std::iter::once(&d.act_start).chain(&d.act_low).collect();
         let mut accs = Vec::with_capacity(planes.len());
         for &start in &planes {
-            accs.push(if signed_levels { self.splat_act_sum(d.act, start, 128)? } else { i32t.vec_type(lanes).const_zero() });
+            accs.push(if signed_levels && !folded_offset { self.splat_act_sum(d.act, start, 128)? } else { i32t.vec_type(lanes).const_zero() });
         }
         let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
         let mut nibble_pairs: Vec<Option<inkwell::values::VectorValue<'ctx>>> = vec![None; planes.len()];
@@ -782,6 +789,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (scale, sum) = (splat(b, act_scale, "act_scale")?, splat(b, act_sum, "act_sum")?);
         let scaled = fast(b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?);
         let term = match (&d.row_min, mins) {
+            // S * d * (signed dot)
+            (RowMin::Offset(_), _) if folded_offset => fast(b.build_float_mul(row_scales, scaled, "term").map_err(llvm_err)?),
             // S * (d * dot + offset * s)
             (RowMin::Offset(o), _) => {
                 let off = fast(b.build_float_mul(sum, splat(b, f32t.const_float(*o as f64), "offset")?, "offsets").map_err(llvm_err)?);
