@@ -59,8 +59,10 @@ impl SeqMode {
 /// registers) but two ymm with AVX2 (16 registers), where the AVX-512 tile's 16
 /// ymm accumulators alone fill the register file and LLVM spills in the inner
 /// loop (`llc -mcpu=znver3`: 20 spills and reloads per 16 FMAs in the float
-/// panel kernel, 226 in the Q4_1 int8 one). Decode kernels (one row) take a
-/// task's panels together whatever the tile.
+/// panel kernel, 226 in the Q4_1 int8 one). Decode kernels (one row) ignore
+/// the tile: the float panel GEMV takes a task's panels together, the
+/// interleaved one takes them one after another (its integer accumulators per
+/// activation plane and broadcasts overflow AVX2's registers otherwise).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RegisterTile {
     pub rows: i64,
