@@ -214,10 +214,15 @@ impl Machine<'_> {
                 }
                 Stmt::DotRows(d) => {
                     let (w0, a0) = (self.eval(&d.w_start).i(), self.eval(&d.act_start).i());
-                    let low = d.act_low.as_ref().map(|e| self.eval(e).i());
-                    let act = |t: i64| match low {
-                        None => self.byte(d.act, a0 + t),
-                        Some(l0) => HIGH_PLANE_WEIGHT * self.byte(d.act, a0 + t) + self.byte(d.act, l0 + t),
+                    let low = match &d.act_levels {
+                        ActLevels::Planes { low } => Some(self.eval(low).i()),
+                        _ => None,
+                    };
+                    let act = |t: i64| match (&d.act_levels, low) {
+                        (ActLevels::Planes { .. }, Some(l0)) => HIGH_PLANE_WEIGHT * self.byte(d.act, a0 + t) + self.byte(d.act, l0 + t),
+                        // Little-endian: the low byte unsigned, the high one signed.
+                        (ActLevels::Words, _) => 256 * self.byte(d.act, a0 + 2 * t + 1) + (self.byte(d.act, a0 + 2 * t) as u8) as i64,
+                        _ => self.byte(d.act, a0 + t),
                     };
                     let (scale, sum) = (self.eval(&d.act_scales[0]).f(), self.eval(&d.act_scales[1]).f());
                     let w = |at: i64| self.byte(d.weights, w0 + at);
@@ -230,8 +235,18 @@ impl Machine<'_> {
                     };
                     let terms: Vec<f32> = (0..DOT_LANES)
                         .map(|g| {
-                            let dot = (0..RowsForm::VALUES).map(|t| d.form.level(&w, g, t) * act(t)).sum::<i64>() as f32;
                             let row_scale = per_row(&d.row_scales, g);
+                            // An integer offset is applied to the levels, exactly
+                            // (equal to the `offset * S * act_scales[1]` term under
+                            // RowDot's contract on the activation sums, without the
+                            // cancellation of two large float terms).
+                            if let RowMin::Offset(o) = d.row_min {
+                                if o.fract() == 0.0 {
+                                    let dot = (0..RowsForm::VALUES).map(|t| (d.form.level(&w, g, t) + o as i64) * act(t)).sum::<i64>() as f32;
+                                    return row_scale * scale * dot;
+                                }
+                            }
+                            let dot = (0..RowsForm::VALUES).map(|t| d.form.level(&w, g, t) * act(t)).sum::<i64>() as f32;
                             let min = match &d.row_min {
                                 RowMin::Offset(o) => o * row_scale,
                                 RowMin::Stored(m) => per_row(m, g),

@@ -175,18 +175,18 @@ pub enum Stmt {
 /// bytes of `weights` at `w_start`, `A` the signed bytes of `act`, `S[g]` the
 /// row's block scale ([`RowScale`]) and `M[g]` its minimum ([`RowMin`]). With int8
 /// activations, `act_scales` are the activation block's `d` and `d * sum(q)`.
-/// With `act_low`, the activations are 16-bit integers in two signed byte planes
-/// of `act`: `A[act_start + t]` counts [`HIGH_PLANE_WEIGHT`]s and the byte at
-/// `act_low + t` adds to that, so
-/// `dot_g = sum over t of W[g][t] * (255 A[act_start + t] + A[act_low + t])`,
-/// still exact (int16 activations: `act_scales` are the block's `d` and `d * sum(q)`
-/// of the whole 16-bit levels). Both planes meet the same unpacked levels.
+/// `A[act_start + t]` stands for level `t` of the block as `act_levels` stores
+/// it: a signed byte, or a 16-bit integer in two byte planes or in a
+/// little-endian word ([`ActLevels`]); the dot stays exact in i32 (int16
+/// activations: `act_scales` are the block's `d` and `d * sum(q)` of the whole
+/// 16-bit levels).
 /// Contract: `act_scales[1]` is `act_scales[0]` times the sum of the block's
-/// activation levels (`sum over t of A[act_start + t]`, with `act_low` the 16-bit
-/// levels), as `quantize_q8` / `quantize_q16` write them. A lowering may rely on
+/// activation levels, as `quantize_q8` / `quantize_q16` write them. A lowering may rely on
 /// it: with `RowMin::Offset(o)` the term is then `S[g] * act_scales[0] * sum
 /// over t of (W[g][t] + o) * A[t]`, and the x86 AVX2 one computes Q8_0's
-/// (`o = -128`) that way, on the signed levels, without the activation sum.
+/// (`o = -128`) that way, on the signed levels, without the activation sum; so
+/// does the interpreter for any integer offset (exact: no cancellation of
+/// `o * S * act_scales[1]` against a dot of unsigned levels).
 /// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
 /// lowering also prefetches the levels that many bytes past each 64-byte chunk it
 /// reads (a hint with no effect on the result; it may point past the weights).
@@ -198,12 +198,29 @@ pub struct RowDot {
     pub form: RowsForm,
     pub act: u32,
     pub act_start: Expr,
-    /// The low byte plane of 16-bit activations, if they have one.
-    pub act_low: Option<Expr>,
+    /// How the activation levels are stored.
+    pub act_levels: ActLevels,
     pub act_scales: [Expr; 2],
     pub row_scales: RowScale,
     pub row_min: RowMin,
     pub prefetch_ahead: Option<i64>,
+}
+
+/// How a [`RowDot`] finds activation level `A[t]` (`t` in `0..32`) in the bytes
+/// of `act`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ActLevels {
+    /// One signed byte each (int8): byte `act_start + t`.
+    Bytes,
+    /// 16-bit levels in two signed byte planes: byte `act_start + t` counts
+    /// [`HIGH_PLANE_WEIGHT`]s and byte `low + t` adds to that. Both planes meet
+    /// the weights' byte levels in byte dot instructions.
+    Planes { low: Expr },
+    /// 16-bit levels as little-endian words: bytes `act_start + 2t` (the low
+    /// byte, unsigned) and `act_start + 2t + 1` (the high byte, signed). The
+    /// weights' levels are widened to 16 bits and meet them in word dot
+    /// instructions (x86 `vpmaddwd`).
+    Words,
 }
 
 /// Per-row values of a [`RowDot`]: for row `g`, element `values.1 + g` of the
@@ -564,7 +581,7 @@ impl Kernel {
                 }
                 Stmt::DotRows(d) => {
                     let w_elem = self.validate_dot(d.acc, (d.weights, &d.w_start), (d.act, &d.act_start), &d.act_scales)?;
-                    if d.act_low.as_ref().is_some_and(|low| self.type_of(low) != Ok(ValType::I64)) {
+                    if matches!(&d.act_levels, ActLevels::Planes { low } if self.type_of(low) != Ok(ValType::I64)) {
                         return Err("dot starts must be i64".into());
                     }
                     // Weight bytes are read as unsigned whatever the part's declared type.

@@ -259,7 +259,11 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
                 }
             }
             Stmt::DotRows(d) => {
-                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start]).chain(&d.act_low) {
+                let low = match &d.act_levels {
+                    ActLevels::Planes { low } => Some(low),
+                    _ => None,
+                };
+                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start]).chain(low) {
                     count_expr(e, var, n);
                 }
                 for r in d.per_row() {

@@ -3,7 +3,8 @@
 //! weights' bytes as throughput (so criterion reports GB/s): float32 row-major
 //! and panel-packed, q4_1 and q8_0 with float activations, and q4_1 / q8_0 with
 //! int8 activations (the quantization launch included), row-major and
-//! interleaved by 16 rows, and with int16 activations interleaved. The weights (1-7 MB) stay
+//! interleaved by 16 rows, and with int16 activations interleaved (q8_0: as
+//! words, the default, and in byte planes). The weights (1-7 MB) stay
 //! in this machine's L3 cache between iterations, so these figures are the
 //! kernels' compute throughput, the ceiling under the memory-bound decode
 //! figures of `maxrun bench`.
@@ -119,15 +120,22 @@ fn cases() -> Vec<Case> {
             launches: vec![(quantize_q8(K, DotForm::Int8, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq, RegisterTile::ZMM, ActivationLevels::Int8), matmul_args.clone())],
             buffers: buffers.clone(),
         });
-        // Int16 activations (two byte planes) on the interleaved weights.
+        // Int16 activations on the interleaved weights: two byte planes (what
+        // nibble weights take), and words (what Q8_0 takes).
         let mut buffers = buffers;
         buffers[1] = buffer(ElemType::I8, 2 * k);
-        out.push(Case {
-            name: if encoding == WeightEncoding::Q4_1 { "q4_1_int16_interleaved16" } else { "q8_0_int16_interleaved16" },
-            weight_bytes,
-            launches: vec![(quantize_q16(K, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq, RegisterTile::ZMM, ActivationLevels::Int16), matmul_args)],
-            buffers,
-        });
+        let sixteens: &[(ActivationLevels, &'static str)] = match encoding {
+            WeightEncoding::Q4_1 => &[(ActivationLevels::Int16Planes, "q4_1_int16_interleaved16")],
+            _ => &[(ActivationLevels::Int16Planes, "q8_0_int16_planes_interleaved16"), (ActivationLevels::Int16Words, "q8_0_int16_interleaved16")],
+        };
+        for &(sixteen, name) in sixteens {
+            out.push(Case {
+                name,
+                weight_bytes,
+                launches: vec![(quantize_q16(K, sixteen, seq), vec![0, 1, 2]), (matmul_interleaved(K, N, encoding, None, seq, RegisterTile::ZMM, sixteen), matmul_args.clone())],
+                buffers: buffers.clone(),
+            });
+        }
     }
     out
 }

@@ -133,10 +133,12 @@ fn cases() -> Vec<Case> {
                 sizes.push(s * n as usize);
                 for tile in register_tiles(seq) {
                     v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, ActivationLevels::Int8), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
-                    // 16-bit activations: two byte planes per row.
+                    // 16-bit activations: two byte planes per row, or words.
                     let mut sizes = sizes.clone();
                     sizes[0] *= 2;
-                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, ActivationLevels::Int16), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                    for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
+                        v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, sixteen), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
+                    }
                 }
             }
             let mut sizes = parts.clone();
@@ -144,7 +146,9 @@ fn cases() -> Vec<Case> {
             v.push(Case { kernel: embedding_in(n, k, encoding, true, seq), sizes, int_max: n as i32, seq: s as u64, tol: 0.0 });
         }
         v.push(Case { kernel: quantize_q8(96, DotForm::Int8, seq), sizes: vec![s * 96, s * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
-        v.push(Case { kernel: quantize_q16(96, seq), sizes: vec![s * 96, s * 2 * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
+        for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
+            v.push(Case { kernel: quantize_q16(96, sixteen, seq), sizes: vec![s * 96, s * 2 * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
+        }
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: layer_norm(40, 1e-5, seq), sizes: vec![s * 40, 40, 40, s * 40], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -197,28 +201,30 @@ fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
         .collect()
 }
 
-/// Random inputs of an interleaved matmul (`matmul[_add]_i8x16_*` / `_i16x16_*`:
+/// Random inputs of an interleaved matmul (`matmul[_add]_{i8,i16,w16}x16_*`:
 /// parameter 0 the activation levels, 1 their scales) made to keep
 /// `RowDot`'s contract, as `quantize_q8` / `quantize_q16` do: each block's
 /// second scale is its first times the sum of the block's levels (a lowering may
 /// fold Q8_0's -128 minimum into the dot on the strength of it). Other kernels'
 /// inputs are returned as they are.
 fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
-    let planes = match &case.kernel.name {
-        name if name.contains("_i16x16_") => 2,
-        name if name.contains("_i8x16_") => 1,
+    let levels = match &case.kernel.name {
+        name if name.contains("_i16x16_") => ActivationLevels::Int16Planes,
+        name if name.contains("_w16x16_") => ActivationLevels::Int16Words,
+        name if name.contains("_i8x16_") => ActivationLevels::Int8,
         _ => return inputs,
     };
     let Buffer::I8(q) = inputs[0].clone() else { panic!("{}: parameter 0 is not i8 levels", case.kernel.name) };
     let Buffer::F32(s) = &mut inputs[1] else { panic!("{}: parameter 1 is not f32 scales", case.kernel.name) };
     let rows = case.seq as usize;
-    let k = q.len() / rows / planes;
+    let k = q.len() / rows / levels.bytes() as usize;
     let nb = k / 32;
     for r in 0..rows {
         for b in 0..nb {
-            let level = |t: usize| match planes {
-                1 => q[r * k + t] as i64,
-                _ => maxc_kernels::ir::HIGH_PLANE_WEIGHT * q[r * 2 * k + t] as i64 + q[r * 2 * k + k + t] as i64,
+            let level = |t: usize| match levels {
+                ActivationLevels::Int8 => q[r * k + t] as i64,
+                ActivationLevels::Int16Planes => maxc_kernels::ir::HIGH_PLANE_WEIGHT * q[r * 2 * k + t] as i64 + q[r * 2 * k + k + t] as i64,
+                ActivationLevels::Int16Words => i16::from_le_bytes([q[r * 2 * k + 2 * t] as u8, q[r * 2 * k + 2 * t + 1] as u8]) as i64,
             };
             let sum: i64 = (32 * b..32 * b + 32).map(level).sum();
             s[r * 2 * nb + nb + b] = s[r * 2 * nb + b] * sum as f32;
@@ -373,6 +379,20 @@ fn int8_dots_use_vnni_where_the_target_has_it() {
     assert!(!v3.contains("vpdpbusd"), "x86-64-v3 has no VNNI");
 }
 
+/// Int16 activations as words meet Q8_0's levels in word dots (`vpmaddwd`),
+/// ymm on x86-64-v3 and zmm on x86-64-v4, with no byte dots and no activation
+/// planes; decode and prefill.
+#[test]
+fn int16_words_use_word_dots() {
+    for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
+        let k = vec![matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, seq, RegisterTile::YMM, ActivationLevels::Int16Words)];
+        for (spec, dot) in [("cpu:x86-64-v3", "@llvm.x86.avx2.pmadd.wd"), ("cpu:x86-64-v4", "@llvm.x86.avx512.pmaddw.d.512")] {
+            let ir = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse(spec).unwrap()).unwrap();
+            assert!(ir.contains(dot) && !ir.contains("pmadd.ub.sw") && !ir.contains("pmaddubs"), "{spec} {seq:?}: words do not take {dot} alone");
+        }
+    }
+}
+
 #[test]
 fn int8_dots_use_byte_multiply_adds_without_vnni() {
     let k = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_interleaved(256, 32, WeightEncoding::Q4_1, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8), matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8)];
@@ -394,11 +414,12 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
 /// chain) and its levels convert in 32-bit lanes (AVX2 has no vector f32 -> i64).
 #[test]
 fn activation_quantization_vectorizes_its_max_and_conversions() {
-    for kernel in [quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1)), quantize_q16(576, SeqMode::Fixed(1))] {
+    for kernel in [quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1)), quantize_q16(576, ActivationLevels::Int16Planes, SeqMode::Fixed(1)), quantize_q16(576, ActivationLevels::Int16Words, SeqMode::Fixed(1))] {
         let ir = maxc_codegen::llvm::emit_llvm_ir(&[kernel.clone()], &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
         assert!(ir.contains("@llvm.vector.reduce.fmax"), "{}: the block maximum is not a vector reduction", kernel.name);
         let conversions: Vec<&str> = ir.lines().filter(|l| l.contains("fptosi")).collect();
-        assert!(!conversions.is_empty() && conversions.iter().all(|l| l.contains("fptosi <8 x float>") && l.trim_end().ends_with("x i32>")), "{}: levels do not convert as <8 x float> -> <8 x i32>: {conversions:?}", kernel.name);
+        let in_i32_lanes = |l: &str| (l.contains("fptosi <8 x float>") || l.contains("fptosi <16 x float>")) && l.trim_end().ends_with("x i32>");
+        assert!(!conversions.is_empty() && conversions.iter().all(|l| in_i32_lanes(l)), "{}: levels do not convert as <8 or 16 x float> -> i32 lanes: {conversions:?}", kernel.name);
     }
 }
 
@@ -454,9 +475,11 @@ fn int8_dots_are_exact_at_extreme_bytes() {
             };
             for tile in register_tiles(seq) {
                 all.push(case(matmul_interleaved(96, 48, encoding, None, seq, tile, ActivationLevels::Int8), 96, 48));
-                let mut planes = case(matmul_interleaved(96, 48, encoding, None, seq, tile, ActivationLevels::Int16), 96, 48);
-                planes.sizes[0] *= 2;
-                all.push(planes);
+                for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
+                    let mut wide = case(matmul_interleaved(96, 48, encoding, None, seq, tile, sixteen), 96, 48);
+                    wide.sizes[0] *= 2;
+                    all.push(wide);
+                }
             }
             if encoding != WeightEncoding::Q4_0 {
                 all.push(case(matmul_int8(256, 21, encoding, None, seq), 256, 21));

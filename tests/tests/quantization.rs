@@ -170,9 +170,11 @@ fn smollm2_q4_1_blocks_are_kept_native() {
             assert_logits_close(&format!("smollm2 native q4_1, {activations} activations, {}", case["name"]), &ours, &gold);
         }
     }
-    // The default really is int16: its quantization and matmul kernels.
+    // The default really is int16: its quantization and matmul kernels, in byte
+    // planes for the nibbles, as words for the Q8_0 lm_head.
     let names = inspect(&mef)["kernels"]["names"].to_string();
     assert!(names.contains("quantize_q16_k576_s1") && names.contains("matmul_i16x16_q4_1_k576_n3072_s1"), "{names}");
+    assert!(names.contains("quantize_w16_k576_s1") && names.contains("matmul_w16x16_q8_0_k576_n49152_s1"), "{names}");
     assert!(!inspect(&float)["kernels"]["names"].to_string().contains("quantize_q"), "float32 activations are quantized");
     let v = inspect(&mef);
     let enc = &v["weights"]["by_encoding"];

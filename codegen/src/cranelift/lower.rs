@@ -198,12 +198,16 @@ impl Lowering<'_, '_> {
     /// nibbles, as the form places them) times signed activation bytes, summed in
     /// i32, converted, scaled by the row's scale and the activation scale, plus
     /// the row's minimum times the activation sum, added to the accumulator.
-    /// 16-bit activations (`act_low`) multiply `255 * high + low` bytes.
+    /// 16-bit activations multiply `255 * high + low` bytes (`ActLevels::Planes`)
+    /// or little-endian words (`ActLevels::Words`).
     fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let flags = MemFlagsData::trusted();
         let w_base = self.address(d.weights, &d.w_start)?;
         let a_base = self.address(d.act, &d.act_start)?;
-        let low_base = d.act_low.as_ref().map(|e| self.address(d.act, e)).transpose()?;
+        let low_base = match &d.act_levels {
+            ActLevels::Planes { low } => Some(self.address(d.act, low)?),
+            _ => None,
+        };
         let (act_scale, act_sum) = (self.expr(&d.act_scales[0])?, self.expr(&d.act_scales[1])?);
         let acc_base = self.locals[(d.acc - LOCAL_BASE) as usize];
         for g in 0..DOT_LANES {
@@ -216,7 +220,10 @@ impl Lowering<'_, '_> {
                     (RowsForm::Nibbles, true) => self.b.ins().ushr_imm_u(byte, 4),
                     (RowsForm::Bytes, _) => byte,
                 };
-                let mut a = self.b.ins().sload8(types::I32, flags, a_base, t as i32);
+                let mut a = match d.act_levels {
+                    ActLevels::Words => self.b.ins().sload16(types::I32, flags, a_base, 2 * t as i32),
+                    _ => self.b.ins().sload8(types::I32, flags, a_base, t as i32),
+                };
                 if let Some(low_base) = low_base {
                     let high = self.b.ins().imul_imm_s(a, HIGH_PLANE_WEIGHT);
                     let low = self.b.ins().sload8(types::I32, flags, low_base, t as i32);

@@ -644,13 +644,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             .collect()
     }
 
-    /// Vectors of equal width laid end to end (one or two).
-    fn joined(&self, parts: Vec<inkwell::values::VectorValue<'ctx>>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        match parts[..] {
-            [one] => Ok(one),
-            [low, high] => self.builder.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, 2 * low.get_type().get_size()), "joined").map_err(llvm_err),
-            _ => unreachable!("64 bytes are one zmm or two ymm"),
+    /// Vectors of equal width laid end to end (a power of two of them).
+    fn joined(&self, mut parts: Vec<inkwell::values::VectorValue<'ctx>>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        assert!(parts.len().is_power_of_two(), "{} parts", parts.len());
+        while parts.len() > 1 {
+            parts = parts
+                .chunks(2)
+                .map(|p| self.builder.build_shuffle_vector(p[0], p[1], shuffle_mask(self.context, &|i| i, 2 * p[0].get_type().get_size()), "joined").map_err(llvm_err))
+                .collect::<Result<_, _>>()?;
         }
+        Ok(parts[0])
     }
 
     /// A call of `f` on vector arguments that returns a vector.
@@ -682,13 +685,146 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// `-128 S` minimum that signed dot is the whole term (the activation sums'
     /// contract, see [`RowDot`]); nibbles
     /// there keep their pair products in i16 over the whole block and widen them
-    /// once). Then, in 16-lane f32 vectors:
+    /// once). Byte planes take one such chain each ([`Self::byte_level_dots`]);
+    /// words take word dots instead ([`Self::word_dots`]). Then, in 16-lane f32 vectors:
     /// converted, times the rows' scales (one vector load) and the activation
     /// scale, plus the rows' minimums times the activation sum, added to `acc`.
     /// With `prefetch_ahead` (CPU only), each chunk's load is preceded by a
     /// `prefetcht0` that many bytes further on.
     fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
-        let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
+        let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
+        let lanes = DOT_LANES as u32;
+        let (acc, folded_offset) = match d.act_levels {
+            ActLevels::Words => (self.word_dots(d)?, false),
+            _ => self.byte_level_dots(d)?,
+        };
+        let f32v = f32t.vec_type(lanes);
+        let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+            let one = b.build_insert_element(f32v.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
+            b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), name).map_err(llvm_err)
+        };
+        let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
+        let act_sum = self.expr(&d.act_scales[1])?.into_float_value();
+        let row_scales = self.row_values(&d.row_scales, lanes)?;
+        let mins = match &d.row_min {
+            RowMin::Stored(m) | RowMin::Subtracted(m) => Some(self.row_values(m, lanes)?),
+            RowMin::Offset(_) => None,
+        };
+        let b = &self.builder;
+        let fast = |v: inkwell::values::VectorValue<'ctx>| self.fast(v.into()).into_vector_value();
+        let dots = b.build_signed_int_to_float(acc, f32v, "dots").map_err(llvm_err)?;
+        let (scale, sum) = (splat(b, act_scale, "act_scale")?, splat(b, act_sum, "act_sum")?);
+        let scaled = fast(b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?);
+        let term = match (&d.row_min, mins) {
+            // S * d * (signed dot)
+            (RowMin::Offset(_), _) if folded_offset => fast(b.build_float_mul(row_scales, scaled, "term").map_err(llvm_err)?),
+            // S * (d * dot + offset * s)
+            (RowMin::Offset(o), _) => {
+                let off = fast(b.build_float_mul(sum, splat(b, f32t.const_float(*o as f64), "offset")?, "offsets").map_err(llvm_err)?);
+                let inner = fast(b.build_float_add(scaled, off, "inner").map_err(llvm_err)?);
+                fast(b.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?)
+            }
+            // S * d * dot +- M * s
+            (RowMin::Stored(_) | RowMin::Subtracted(_), Some(mins)) => {
+                let left = fast(b.build_float_mul(row_scales, scaled, "left").map_err(llvm_err)?);
+                let right = fast(b.build_float_mul(mins, sum, "right").map_err(llvm_err)?);
+                match d.row_min {
+                    RowMin::Subtracted(_) => fast(b.build_float_sub(left, right, "term").map_err(llvm_err)?),
+                    _ => fast(b.build_float_add(left, right, "term").map_err(llvm_err)?),
+                }
+            }
+            (_, None) => unreachable!("loaded above"),
+        };
+        self.add_to_local(d.acc, term)
+    }
+
+    /// Chunk `c` of a [`RowDot`]'s 64-byte chunks of levels (prefetched ahead if
+    /// asked, on the CPU) as its dot steps: (the 64 unsigned levels, 16 rows x
+    /// 4 values, and the position of the step's first activation value). Bytes
+    /// are one step, nibbles two (low, then high).
+    fn chunk_steps(&mut self, d: &RowDot, c: i64) -> Result<Vec<(inkwell::values::VectorValue<'ctx>, i64)>, CodegenError> {
+        let offset = Expr::Bin(BinOp::Add, Box::new(d.w_start.clone()), Box::new(Expr::I64(64 * c)));
+        let w_ptr = self.element_ptr(d.weights, &offset)?;
+        if let (Some(ahead), Flavor::Cpu(_)) = (d.prefetch_ahead, &self.flavor) {
+            self.prefetch(w_ptr, ahead)?;
+        }
+        let chunk = self.byte_load(self.context.i8_type().vec_type(64), w_ptr)?;
+        Ok(match d.form {
+            RowsForm::Bytes => vec![(chunk, 4 * c)],
+            RowsForm::Nibbles => {
+                let (low, high) = self.nibbles(chunk)?;
+                vec![(low, 8 * c), (high, 8 * c + 4)]
+            }
+        })
+    }
+
+    /// The 16 rows' integer dots of a [`RowDot`] whose activations are words:
+    /// per dot step the 64 levels widened to i16 (x86: `vpmovzxbw`) and the
+    /// step's four activation words broadcast to every row. On x86, `vpmaddwd`
+    /// (zmm or ymm parts) gives 32 i32 lanes, lane `2g + h` row `g`'s products
+    /// of values `2h, 2h + 1` of the step, summed over the block (at most 16
+    /// products of 255 * 32512: exact) and folded into the 16 rows once at its
+    /// end; elsewhere widened multiplies summed per step. The levels are the
+    /// stored unsigned ones (Q8_0's minimum stays a term of its own).
+    fn word_dots(&mut self, d: &RowDot) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
+        let zmm = match self.byte_dots() {
+            ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } => Some(zmm),
+            ByteDots::Widened => None,
+        };
+        let mut pairs = i32t.vec_type(2 * DOT_LANES as u32).const_zero();
+        let mut fours = i32t.vec_type(DOT_LANES as u32).const_zero();
+        for c in 0..d.form.chunks() {
+            for (levels, first) in self.chunk_steps(d, c)? {
+                let a_ptr = self.element_ptr(d.act, &Expr::Bin(BinOp::Add, Box::new(d.act_start.clone()), Box::new(Expr::I64(2 * first))))?;
+                let four = self.builder.build_load(i16t.vec_type(4), a_ptr, "act_words").map_err(llvm_err)?;
+                four.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+                let four = four.into_vector_value();
+                let b = &self.builder;
+                let broadcast = b.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
+                let words = b.build_int_z_extend(levels, i16t.vec_type(64), "level_words").map_err(llvm_err)?;
+                match zmm {
+                    Some(zmm) => {
+                        let products = self.word_pair_products(words, broadcast, zmm)?;
+                        pairs = self.builder.build_int_add(pairs, products, "pairs").map_err(llvm_err)?;
+                    }
+                    None => {
+                        let wide = i32t.vec_type(64);
+                        let ww = b.build_int_z_extend(words, wide, "w32").map_err(llvm_err)?;
+                        let aw = b.build_int_s_extend(broadcast, wide, "a32").map_err(llvm_err)?;
+                        let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
+                        let sums = self.sum_fours(products)?;
+                        fours = self.builder.build_int_add(fours, sums, "fours").map_err(llvm_err)?;
+                    }
+                }
+            }
+        }
+        if zmm.is_none() {
+            return Ok(fours);
+        }
+        let b = &self.builder;
+        let even = b.build_shuffle_vector(pairs, pairs, shuffle_mask(self.context, &|g| 2 * g, DOT_LANES as u32), "even").map_err(llvm_err)?;
+        let odd = b.build_shuffle_vector(pairs, pairs, shuffle_mask(self.context, &|g| 2 * g + 1, DOT_LANES as u32), "odd").map_err(llvm_err)?;
+        b.build_int_add(even, odd, "dots").map_err(llvm_err)
+    }
+
+    /// `vpmaddwd` of 64 i16 lanes `a` and `b` (one zmm per 32 or two ymm per 16
+    /// lanes): 32 i32 lanes, lane `j` the sum of the products of lanes `2j` and
+    /// `2j + 1`.
+    fn word_pair_products(&self, a: inkwell::values::VectorValue<'ctx>, b: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
+        let (width, name) = if zmm { (32, "llvm.x86.avx512.pmaddw.d.512") } else { (16, "llvm.x86.avx2.pmadd.wd") };
+        let (words, dwords) = (i16t.vec_type(width), i32t.vec_type(width / 2));
+        let f = self.declared(name, dwords.fn_type(&[words.into(), words.into()], false), None);
+        let parts = self.lane_parts(&[a, b], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
+    }
+
+    /// The 16 rows' integer dots of a [`RowDot`] whose activations are bytes or
+    /// byte planes (see [`Self::dot_rows`]), and whether they already hold
+    /// Q8_0's -128 minimum (`folded_offset`: the signed levels' dot).
+    fn byte_level_dots(&mut self, d: &RowDot) -> Result<(inkwell::values::VectorValue<'ctx>, bool), CodegenError> {
+        let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
         let lanes = DOT_LANES as u32;
         let offset = |e: &Expr, by: i64| Expr::Bin(BinOp::Add, Box::new(e.clone()), Box::new(Expr::I64(by)));
         // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a
@@ -707,7 +843,11 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let folded_offset = signed_levels && d.row_min == RowMin::Offset(-128.0);
         // One accumulator per activation byte plane (16-bit activations have a
         // high and a low one), each fed the same unpacked levels.
-        let planes: Vec<&Expr> = std::iter::once(&d.act_start).chain(&d.act_low).collect();
+        let low = match &d.act_levels {
+            ActLevels::Planes { low } => Some(low),
+            _ => None,
+        };
+        let planes: Vec<&Expr> = std::iter::once(&d.act_start).chain(low).collect();
         let mut accs = Vec::with_capacity(planes.len());
         for &start in &planes {
             accs.push(if signed_levels && !folded_offset { self.splat_act_sum(d.act, start, 128)? } else { i32t.vec_type(lanes).const_zero() });
@@ -715,20 +855,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
         let mut nibble_pairs: Vec<Option<inkwell::values::VectorValue<'ctx>>> = vec![None; planes.len()];
         for c in 0..d.form.chunks() {
-            let w_ptr = self.element_ptr(d.weights, &offset(&d.w_start, 64 * c))?;
-            if let (Some(ahead), Flavor::Cpu(_)) = (d.prefetch_ahead, &self.flavor) {
-                self.prefetch(w_ptr, ahead)?;
-            }
-            let chunk = self.byte_load(i8t.vec_type(64), w_ptr)?;
-            // (levels, first activation value) of each dot step of this chunk.
-            let steps = match d.form {
-                RowsForm::Bytes => vec![(chunk, 4 * c)],
-                RowsForm::Nibbles => {
-                    let (low, high) = self.nibbles(chunk)?;
-                    vec![(low, 8 * c), (high, 8 * c + 4)]
-                }
-            };
-            for (levels, first) in steps {
+            for (levels, first) in self.chunk_steps(d, c)? {
                 // Q8_0's signed levels, once for both planes.
                 let signed = if signed_levels { Some(self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?) } else { None };
                 for (p, &start) in planes.iter().enumerate() {
@@ -771,45 +898,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
             _ => unreachable!("one or two activation planes"),
         };
-        let f32v = f32t.vec_type(lanes);
-        let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-            let one = b.build_insert_element(f32v.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
-            b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), name).map_err(llvm_err)
-        };
-        let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
-        let act_sum = self.expr(&d.act_scales[1])?.into_float_value();
-        let row_scales = self.row_values(&d.row_scales, lanes)?;
-        let mins = match &d.row_min {
-            RowMin::Stored(m) | RowMin::Subtracted(m) => Some(self.row_values(m, lanes)?),
-            RowMin::Offset(_) => None,
-        };
-        let b = &self.builder;
-        let fast = |v: inkwell::values::VectorValue<'ctx>| self.fast(v.into()).into_vector_value();
-        let dots = b.build_signed_int_to_float(acc, f32v, "dots").map_err(llvm_err)?;
-        let (scale, sum) = (splat(b, act_scale, "act_scale")?, splat(b, act_sum, "act_sum")?);
-        let scaled = fast(b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?);
-        let term = match (&d.row_min, mins) {
-            // S * d * (signed dot)
-            (RowMin::Offset(_), _) if folded_offset => fast(b.build_float_mul(row_scales, scaled, "term").map_err(llvm_err)?),
-            // S * (d * dot + offset * s)
-            (RowMin::Offset(o), _) => {
-                let off = fast(b.build_float_mul(sum, splat(b, f32t.const_float(*o as f64), "offset")?, "offsets").map_err(llvm_err)?);
-                let inner = fast(b.build_float_add(scaled, off, "inner").map_err(llvm_err)?);
-                fast(b.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?)
-            }
-            // S * d * dot +- M * s
-            (RowMin::Stored(_) | RowMin::Subtracted(_), Some(mins)) => {
-                let left = fast(b.build_float_mul(row_scales, scaled, "left").map_err(llvm_err)?);
-                let right = fast(b.build_float_mul(mins, sum, "right").map_err(llvm_err)?);
-                match d.row_min {
-                    RowMin::Subtracted(_) => fast(b.build_float_sub(left, right, "term").map_err(llvm_err)?),
-                    _ => fast(b.build_float_add(left, right, "term").map_err(llvm_err)?),
-                }
-            }
-            (_, None) => unreachable!("loaded above"),
-        };
-        self.add_to_local(d.acc, term)
+        Ok((acc, folded_offset))
     }
+
 
     /// `times` the sum of the [`RowsForm::VALUES`] activation bytes from `start`, in all
     /// 16 i32 lanes.

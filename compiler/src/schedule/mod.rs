@@ -24,6 +24,7 @@ use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{Kernel, TaskCount};
+use maxrun::format::WeightEncoding;
 
 use crate::error::{Error, Result};
 use crate::graph::rope::inv_freq;
@@ -138,9 +139,10 @@ pub enum ActivationEncoding {
     /// Int8 levels per block of 32, llama.cpp's scheme: integer dot products
     /// (`matmul_interleaved`, or `matmul_int8` for rows not in groups of 16).
     Int8,
-    /// 16-bit levels per block of 32 in two byte planes: the int8 kernels'
-    /// dot instructions twice, float-like error (interleaved weights only; other
-    /// matmuls keep float activations).
+    /// 16-bit levels per block of 32, float-like error (interleaved weights
+    /// only; other matmuls keep float activations): in two byte planes for
+    /// nibble weights (the int8 kernels' dot instructions twice), as words for
+    /// Q8_0 (one word dot per 16 weights).
     Int16,
 }
 
@@ -154,12 +156,13 @@ impl ActivationEncoding {
         }
     }
 
-    /// The integer levels, if the activations are quantized.
+    /// The integer levels, if the activations are quantized (16-bit ones as
+    /// planes; `integer_matmul` takes words where the weights are bytes).
     pub fn levels(self) -> Option<ActivationLevels> {
         match self {
             ActivationEncoding::Float32 => None,
             ActivationEncoding::Int8 => Some(ActivationLevels::Int8),
-            ActivationEncoding::Int16 => Some(ActivationLevels::Int16),
+            ActivationEncoding::Int16 => Some(ActivationLevels::Int16Planes),
         }
     }
 }
@@ -309,9 +312,9 @@ struct Scheduler<'g, 'i, 'w> {
     max_seq: u64,
     /// The node being scheduled works on one row (the last token), with fixed task counts.
     one_row: bool,
-    /// Int8 activations already computed: (value, form) -> (levels, scales).
-    /// Quantized activations by value and form (`None`: 16-bit planes).
-    quantized: HashMap<(usize, Option<DotForm>), (Arg, Arg)>,
+    /// Quantized activations already computed: (value, levels, int8 form) ->
+    /// (levels, scales).
+    quantized: HashMap<(usize, ActivationLevels, Option<DotForm>), (Arg, Arg)>,
 }
 
 /// Arena bytes of a scratch buffer with `per_token` f32 per token of the step.
@@ -379,23 +382,24 @@ impl Scheduler<'_, '_, '_> {
     }
 
     /// Value `v` (`k` wide) quantized per block: to int8 in `form`'s order
-    /// (`quantize_q8`), or with `form` `None` to 16-bit levels in two byte
-    /// planes (`quantize_q16`). One launch per value and form, shared by every
-    /// matmul reading it.
-    fn quantized_activations(&mut self, v: ValueId, k: u64, form: Option<DotForm>, seq: SeqMode) -> Result<(Arg, Arg)> {
-        if let Some(&q) = self.quantized.get(&(v.index(), form)) {
+    /// (`quantize_q8`), or to 16-bit levels stored as `levels` says
+    /// (`quantize_q16`: byte planes or words; `form` unused). One launch per
+    /// value and form, shared by every matmul reading it.
+    fn quantized_activations(&mut self, v: ValueId, k: u64, (levels, form): (ActivationLevels, DotForm), seq: SeqMode) -> Result<(Arg, Arg)> {
+        let key = (v.index(), levels, (levels == ActivationLevels::Int8).then_some(form));
+        if let Some(&q) = self.quantized.get(&key) {
             return Ok(q);
         }
         let x = self.input(v)?;
         // Levels (one or two bytes per value); f32 scales (every block's d, then every d * sum).
         let scale_elems = 2 * (k / 32);
-        let (kernel, level_bytes) = match form {
-            Some(form) => (quantize_q8(k, form, seq), k),
-            None => (quantize_q16(k, seq), 2 * k),
+        let kernel = match levels {
+            ActivationLevels::Int8 => quantize_q8(k, form, seq),
+            sixteen => quantize_q16(k, sixteen, seq),
         };
-        let outputs = self.launch_outputs(kernel, vec![x], &[level_bytes, scale_elems * 4], TaskCount { per_seq: scale_elems, fixed: 0 });
+        let outputs = self.launch_outputs(kernel, vec![x], &[k * levels.bytes(), scale_elems * 4], TaskCount { per_seq: scale_elems, fixed: 0 });
         let q = (outputs[0], outputs[1]);
-        self.quantized.insert((v.index(), form), q);
+        self.quantized.insert(key, q);
         Ok(q)
     }
 
@@ -408,13 +412,18 @@ impl Scheduler<'_, '_, '_> {
         let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
         let Some(levels) = self.weights.activations.levels().filter(|_| ty.quant.is_block()) else { return Ok(None) };
         let (encoding, bc) = (ty.quant.encoding(), addend.map(|(_, bc)| bc));
+        // 16-bit levels: as words for byte weights (Q8_0: widened once, one word
+        // dot per 16), in byte planes for nibbles (byte dots take them as they are).
+        let levels = match levels {
+            ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 => ActivationLevels::Int16Words,
+            other => other,
+        };
         let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
-            (Layout::Interleaved16, ActivationLevels::Int8, _) => (Some(DotForm::Int8), Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
-            (Layout::Interleaved16, ActivationLevels::Int16, _) => (None, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
-            (_, ActivationLevels::Int8, Some(form)) => (Some(form), Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
+            (Layout::Interleaved16, _, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
+            (_, ActivationLevels::Int8, Some(form)) => (form, Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
             _ => return Ok(None),
         };
-        let (q, scales) = self.quantized_activations(x, k, form, seq)?;
+        let (q, scales) = self.quantized_activations(x, k, (levels, form), seq)?;
         let mut args = vec![q, scales];
         args.extend(self.weight_parts_in(w, layout)?);
         if let Some((r, _)) = addend {

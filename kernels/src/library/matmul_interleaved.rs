@@ -17,15 +17,21 @@
 //! Tasks own panels of 16 output columns (`matmul_panel.rs`'s task structure);
 //! decode runs a task's panels one after another, prefill in register tiles.
 //!
-//! With 16-bit activations ([`ActivationLevels::Int16`], `quantize_q16`'s
-//! outputs: `q: i8[seq, 2 k]`, per row the high bytes then the low bytes) each
-//! `DotRows` multiplies both byte planes with the same unpacked levels
-//! (`RowDot::act_low`): twice the dot instructions of int8, the same weight
-//! loads and unpacking, one conversion and scaling per block.
+//! With 16-bit activations in two byte planes ([`ActivationLevels::Int16Planes`],
+//! `quantize_q16`'s outputs: `q: i8[seq, 2 k]`, per row the high bytes then the
+//! low bytes) each `DotRows` multiplies both planes with the same unpacked
+//! levels (`ActLevels::Planes`): twice the dot instructions of int8, the same
+//! weight loads and unpacking, one conversion and scaling per block. With the
+//! levels as words ([`ActivationLevels::Int16Words`], for Q8_0) the weight
+//! bytes are widened to words once per chunk and each 16 of them meet the
+//! activation words in one word dot (`ActLevels::Words`): int8's instruction
+//! count. Each activation row of a words tile keeps four accumulators (pairs
+//! of values per row, folded once per block), so prefill takes half the
+//! target's tile rows to stay in registers.
 
 use maxrun::format::WeightEncoding;
 
-use super::dequant::{declare_interleaved, WeightParams, BLOCK, INTERLEAVED_ROWS};
+use super::dequant::{declare_interleaved, WeightParams, INTERLEAVED_ROWS};
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, matmul_name};
 use super::quantize_activations::ActivationLevels;
@@ -66,6 +72,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
     }
     for r in 0..rows {
         let s_at = add(mul(row(r), i(2 * nb)), v(blk));
+        let (act_start, act_levels) = levels.block_start(row(r), v(blk), k);
         for (p, &gb) in group_blocks.iter().enumerate() {
             // The 16 rows' scales (and minimums) of a block are consecutive.
             let per_row = |part: &str| (w.part(part), mul(v(gb), i(lanes)));
@@ -87,8 +94,8 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 w_start: mul(v(gb), i(form.bytes())),
                 form,
                 act: xq,
-                act_start: add(mul(row(r), i(k * levels.bytes() as i64)), mul(v(blk), i(BLOCK))),
-                act_low: (levels == ActivationLevels::Int16).then(|| add(add(mul(row(r), i(2 * k)), i(k)), mul(v(blk), i(BLOCK)))),
+                act_start: act_start.clone(),
+                act_levels: act_levels.clone(),
                 act_scales: [ld(xs, s_at.clone()), ld(xs, add(s_at.clone(), i(nb)))],
                 row_scales,
                 row_min,
@@ -123,6 +130,10 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     let out = b.param("out", ElemType::F32, true);
     let ni = n as i64;
     let prefetch = seq.is_decode().then_some(DECODE_PREFETCH_BYTES);
+    let register_tile = match levels {
+        ActivationLevels::Int16Words => RegisterTile { rows: (register_tile.rows / 2).max(1), ..register_tile },
+        _ => register_tile,
+    };
     let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| {
         if !seq.is_decode() {
             return tile(b, rows, panels, (r0, p0), (xq, xs, levels), &w, form, out, ni, addend, prefetch);
@@ -157,14 +168,15 @@ mod tests {
     use crate::library::quantize_activations::{quantize_q16, quantize_q8};
     use crate::library::test_util::*;
 
-    /// The interleaved int8 and int16 matmuls equal the float block matmul
+    /// The interleaved int8 and int16 (planes, words) matmuls equal the float block matmul
     /// (row-major weights) on the dequantized activations, up to summation order;
     /// 48 columns make one full task and a last single panel, 6 rows a row tile
     /// and two more.
     #[test]
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
         let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K];
-        for (encoding, levels) in encodings.into_iter().flat_map(|e| [(e, ActivationLevels::Int8), (e, ActivationLevels::Int16)]) {
+        let all_levels = [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words];
+        for (encoding, levels) in encodings.into_iter().flat_map(|e| all_levels.map(|l| (e, l))) {
             // Q4_K's super-blocks need whole 256s.
             let (k, n) = (if encoding == WeightEncoding::Q4K { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);
@@ -175,13 +187,14 @@ mod tests {
                 let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * width]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
                 let quantize = match levels {
                     ActivationLevels::Int8 => quantize_q8(k as u64, DotForm::Int8, seq),
-                    ActivationLevels::Int16 => quantize_q16(k as u64, seq),
+                    sixteen => quantize_q16(k as u64, sixteen, seq),
                 };
                 run(&quantize, &mut qbufs, m as u64);
                 let (Buffer::I8(q), Buffer::F32(s)) = (&qbufs[1], &qbufs[2]) else { unreachable!() };
                 let level = |at: usize| match levels {
                     ActivationLevels::Int8 => q[at] as f32,
-                    ActivationLevels::Int16 => (HIGH_PLANE_WEIGHT as i32 * q[(at / k) * width + at % k] as i32 + q[(at / k) * width + k + at % k] as i32) as f32,
+                    ActivationLevels::Int16Planes => (HIGH_PLANE_WEIGHT as i32 * q[(at / k) * width + at % k] as i32 + q[(at / k) * width + k + at % k] as i32) as f32,
+                    ActivationLevels::Int16Words => i16::from_le_bytes([q[(at / k) * width + 2 * (at % k)] as u8, q[(at / k) * width + 2 * (at % k) + 1] as u8]) as f32,
                 };
                 let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * level(at)).collect();
                 let r_values = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);

@@ -14,7 +14,8 @@
 //! bytes in two planes, `255 * high + low` with both in `-127..=127` (the range
 //! the byte dot instructions take: never -128), 256 times finer than int8; the
 //! interleaved matmul's `DotRows` multiplies both planes with the same unpacked
-//! weight levels.
+//! weight levels. For byte weights (Q8_0) the same levels are stored as
+//! little-endian words instead, which word dot instructions take whole.
 
 use super::dequant::BLOCK;
 use super::SeqMode;
@@ -82,8 +83,13 @@ pub fn quantize_q8(k: u64, form: DotForm, seq: SeqMode) -> Kernel {
 pub enum ActivationLevels {
     /// `-127..=127` in one byte ([`quantize_q8`]), llama.cpp's scheme.
     Int8,
-    /// `-32512..=32512` in two byte planes ([`quantize_q16`]).
-    Int16,
+    /// `-32512..=32512` in two byte planes ([`quantize_q16`]): for weights
+    /// whose levels are nibbles, which byte dot instructions take as they are.
+    Int16Planes,
+    /// The same levels as little-endian 16-bit words ([`quantize_q16`]): for
+    /// byte weights (Q8_0), widened to words once and shared by the activation
+    /// rows of a register tile, one word dot instruction per 16 weights.
+    Int16Words,
 }
 
 impl ActivationLevels {
@@ -91,7 +97,7 @@ impl ActivationLevels {
     pub fn bytes(self) -> u64 {
         match self {
             ActivationLevels::Int8 => 1,
-            ActivationLevels::Int16 => 2,
+            ActivationLevels::Int16Planes | ActivationLevels::Int16Words => 2,
         }
     }
 
@@ -99,7 +105,26 @@ impl ActivationLevels {
     pub fn tag(self) -> &'static str {
         match self {
             ActivationLevels::Int8 => "i8",
-            ActivationLevels::Int16 => "i16",
+            ActivationLevels::Int16Planes => "i16",
+            ActivationLevels::Int16Words => "w16",
+        }
+    }
+
+    /// Where a `RowDot` finds block `blk` of activation row `row` (a row holds
+    /// `k` values): its `act_start` and how its levels are stored. The one
+    /// statement of the layouts [`quantize_q8`] (natural order) and
+    /// [`quantize_q16`] write: int8 `q: i8[seq, k]`; planes `q: i8[seq, 2 k]`, a
+    /// row's high bytes then its low bytes; words `q: i8[seq, 2 k]`, a row's
+    /// levels as little-endian words.
+    pub fn block_start(self, row: Expr, blk: Expr, k: i64) -> (Expr, ActLevels) {
+        let row_start = mul(row, i(k * self.bytes() as i64));
+        match self {
+            ActivationLevels::Int8 => (add(row_start, mul(blk, i(BLOCK))), ActLevels::Bytes),
+            ActivationLevels::Int16Planes => {
+                let plane_offset = mul(blk, i(BLOCK));
+                (add(row_start.clone(), plane_offset.clone()), ActLevels::Planes { low: add(add(row_start, i(k)), plane_offset) })
+            }
+            ActivationLevels::Int16Words => (add(row_start, mul(blk, i(2 * BLOCK))), ActLevels::Words),
         }
     }
 }
@@ -108,41 +133,56 @@ impl ActivationLevels {
 /// the level are 127.
 pub const Q16_MAX_LEVEL: f32 = (HIGH_PLANE_WEIGHT * 127 + 127) as f32;
 
-/// One task per row: `x: f32[seq, k]` -> `q: i8[seq, 2 k]` (per row the `k`
-/// high bytes `round(level / 255)`, then the `k` low bytes
-/// `level - 255 * high`, both in natural order and in `-127..=127`),
+/// One task per row: `x: f32[seq, k]` -> `q: i8[seq, 2 k]`,
 /// `s: f32[seq, 2 k / 32]` (every block's `d`, then every block's
-/// `d * sum(level)`), `level = round(x / d)`, `d = max |x| / 32512`.
-pub fn quantize_q16(k: u64, seq: SeqMode) -> Kernel {
+/// `d * sum(level)`), `level = round(x / d)`, `d = max |x| / 32512`. With
+/// [`ActivationLevels::Int16Planes`] a row of `q` holds the `k` high bytes
+/// `round(level / 255)`, then the `k` low bytes `level - 255 * high`, both in
+/// natural order and in `-127..=127`; with [`ActivationLevels::Int16Words`] the
+/// `k` levels as little-endian words (low byte `level mod 256`, high byte
+/// `floor(level / 256)`), in natural order.
+pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel {
+    assert!(levels_as != ActivationLevels::Int8, "quantize_q16 writes 16-bit levels");
     assert_eq!(k % BLOCK as u64, 0, "int16 activations need whole blocks of {BLOCK} values ({k} values)");
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
     let q = b.param("q", ElemType::I8, true);
     let s = b.param("s", ElemType::F32, true);
     let (t, blk, l) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let (amax, inv, d, sum, level, high) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+    let (amax, inv, d, sum) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+    let (level, high, low) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
     let ki = k as i64;
     let nb = ki / BLOCK;
     let value = add(v(l), mul(v(blk), i(BLOCK)));
     let xv = || ld(x, add(mul(v(t), i(ki)), value.clone()));
-    let high_at = add(mul(v(t), i(2 * ki)), value.clone());
-    let low_at = add(add(mul(v(t), i(2 * ki)), i(ki)), value.clone());
+    // Where a level's high and low bytes go, and what each holds.
+    let row_start = mul(v(t), i(2 * ki));
+    let (high_at, low_at, base) = match levels_as {
+        ActivationLevels::Int16Words => (add(add(row_start.clone(), mul(value.clone(), i(2))), i(1)), add(row_start, mul(value.clone(), i(2))), 256.0),
+        _ => (add(row_start.clone(), value.clone()), add(add(row_start, i(ki)), value.clone()), HIGH_PLANE_WEIGHT as f32),
+    };
     let scale_at = add(mul(v(t), i(2 * nb)), v(blk));
     let mut per_block = block_scale(amax, inv, d, l, &xv, Q16_MAX_LEVEL);
     per_block.extend([
         set(sum, f(0.0)),
         // Levels, their high bytes and the low remainders are exact integers
-        // in f32. `level / 255` is never within 0.002 of a half (levels are
-        // integers), far beyond the product's rounding, so `high` is exact.
+        // in f32. Planes: `level / 255` is never within 0.002 of a half (levels
+        // are integers), far beyond the product's rounding, so `high` is exact.
+        // Words: `level / 256` is exact; the low byte `0..=255` is stored as the
+        // signed byte of the same bits.
         for_vec(
             l,
             i(0),
             i(BLOCK),
             vec![
                 set(level, un(UnOp::Floor, add(mul(xv(), v(inv)), f(0.5)))),
-                set(high, un(UnOp::Floor, add(mul(v(level), f(1.0 / HIGH_PLANE_WEIGHT as f32)), f(0.5)))),
+                match levels_as {
+                    ActivationLevels::Int16Words => set(high, un(UnOp::Floor, mul(v(level), f(1.0 / 256.0)))),
+                    _ => set(high, un(UnOp::Floor, add(mul(v(level), f(1.0 / HIGH_PLANE_WEIGHT as f32)), f(0.5)))),
+                },
+                set(low, sub(v(level), mul(v(high), f(base)))),
                 store(q, high_at, un(UnOp::ToI64, v(high))),
-                store(q, low_at, un(UnOp::ToI64, sub(v(level), mul(v(high), f(HIGH_PLANE_WEIGHT as f32))))),
+                store(q, low_at, un(UnOp::ToI64, select(lt(v(low), f(128.0)), v(low), sub(v(low), f(256.0))))),
                 set(sum, add(v(sum), v(level))),
             ],
         ),
@@ -150,7 +190,11 @@ pub fn quantize_q16(k: u64, seq: SeqMode) -> Kernel {
         store(s, add(scale_at, i(nb)), mul(v(d), v(sum))),
     ]);
     let body = vec![for_(blk, i(0), i(nb), per_block)];
-    b.finish(format!("quantize_q16_k{k}_{}", seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+    let name = match levels_as {
+        ActivationLevels::Int16Words => "quantize_w16",
+        _ => "quantize_q16",
+    };
+    b.finish(format!("{name}_k{k}_{}", seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
 #[cfg(test)]
@@ -222,12 +266,33 @@ mod tests {
         // Row 0 block 1 reaches both extremes exactly.
         x[40] = -9.5;
         x[41] = 9.5;
-        let levels = check_blocks(&quantize_q16(k as u64, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
+        let levels = check_blocks(&quantize_q16(k as u64, ActivationLevels::Int16Planes, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
             let at = blk * 32 + t;
             let (high, low) = (q[row * 2 * k + at] as i64, q[row * 2 * k + k + at] as i64);
             assert!((-127..=127).contains(&high) && (-127..=127).contains(&low), "row {row} value {at}: bytes {high} {low}");
             255 * high + low
         });
         assert!(levels.contains(&32512) && levels.contains(&-32512), "the extremes +-32512 were not reached");
+    }
+
+    /// The same levels as little-endian words: a row's `k` levels in natural
+    /// order, two bytes each, the planes' levels exactly (same `d`, same
+    /// rounding), negative ones included.
+    #[test]
+    fn int16_levels_as_little_endian_words_equal_the_planes_levels() {
+        let k = 128usize;
+        let mut x = rows_with_zero_and_denormal_blocks(k);
+        x[40] = -9.5;
+        x[41] = 9.5;
+        let planes = check_blocks(&quantize_q16(k as u64, ActivationLevels::Int16Planes, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
+            let at = blk * 32 + t;
+            255 * q[row * 2 * k + at] as i64 + q[row * 2 * k + k + at] as i64
+        });
+        let words = check_blocks(&quantize_q16(k as u64, ActivationLevels::Int16Words, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
+            let at = row * 2 * k + 2 * (blk * 32 + t);
+            i16::from_le_bytes([q[at] as u8, q[at + 1] as u8]) as i64
+        });
+        assert_eq!(words, planes);
+        assert!(words.iter().any(|&l| l < 0 && l % 256 != 0), "no negative level with a nonzero low byte was checked");
     }
 }
