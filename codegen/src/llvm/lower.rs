@@ -610,11 +610,18 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// `2j` and `2j + 1` summed with signed saturation (exact while `u` is at
     /// most 128: 2 * 128 * 128 fits).
     fn pair_products(&self, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        let (i8t, i16t) = (self.context.i8_type(), self.context.i16_type());
-        let (width, name) = if zmm { (64, "llvm.x86.avx512.pmaddubs.w.512") } else { (32, "llvm.x86.avx2.pmadd.ub.sw") };
-        let (bytes, words) = (i8t.vec_type(width), i16t.vec_type(width / 2));
-        let f = self.declared(name, words.fn_type(&[bytes.into(), bytes.into()], false), None);
-        let parts = self.lane_parts(&[u, s], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        let name = if zmm { "llvm.x86.avx512.pmaddubs.w.512" } else { "llvm.x86.avx2.pmadd.ub.sw" };
+        self.pairwise_in_parts(name, self.context.i8_type(), self.context.i16_type(), &[u, s], zmm)
+    }
+
+    /// An x86 instruction `name` that sums adjacent pairs of its inputs' lanes
+    /// (elements `from`) into lanes of twice their width (elements `to`), on
+    /// 512-bit parts of `args` (`zmm`) or 256-bit ones, the results laid end to end.
+    fn pairwise_in_parts(&self, name: &str, from: inkwell::types::IntType<'ctx>, to: inkwell::types::IntType<'ctx>, args: &[inkwell::values::VectorValue<'ctx>], zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let width = (if zmm { 512 } else { 256 }) / from.get_bit_width();
+        let (input, output) = (from.vec_type(width), to.vec_type(width / 2));
+        let f = self.declared(name, output.fn_type(&vec![input.into(); args.len()], false), None);
+        let parts = self.lane_parts(args, width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
         self.joined(parts)
     }
 
@@ -622,13 +629,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// lanes `2g` and `2g + 1` (so, after [`Self::pair_products`], of the
     /// products of bytes `4g..4g + 4`).
     fn pair_sums(&self, pairs: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
-        let (width, name) = if zmm { (32, "llvm.x86.avx512.pmaddw.d.512") } else { (16, "llvm.x86.avx2.pmadd.wd") };
-        let (words, dwords) = (i16t.vec_type(width), i32t.vec_type(width / 2));
-        let f = self.declared(name, dwords.fn_type(&[words.into(), words.into()], false), None);
-        let ones = inkwell::types::VectorType::const_vector(&vec![i16t.const_int(1, false); width as usize]);
-        let parts = self.lane_parts(&[pairs], width)?.into_iter().map(|h| self.call_vector(f, &[h[0], ones])).collect::<Result<Vec<_>, _>>()?;
-        self.joined(parts)
+        let ones = inkwell::types::VectorType::const_vector(&vec![self.context.i16_type().const_int(1, false); pairs.get_type().get_size() as usize]);
+        self.word_pair_products(pairs, ones, zmm)
     }
 
     /// The vectors `of` cut into parts of `width` lanes, part by part (one part
@@ -812,12 +814,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// lanes): 32 i32 lanes, lane `j` the sum of the products of lanes `2j` and
     /// `2j + 1`.
     fn word_pair_products(&self, a: inkwell::values::VectorValue<'ctx>, b: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
-        let (width, name) = if zmm { (32, "llvm.x86.avx512.pmaddw.d.512") } else { (16, "llvm.x86.avx2.pmadd.wd") };
-        let (words, dwords) = (i16t.vec_type(width), i32t.vec_type(width / 2));
-        let f = self.declared(name, dwords.fn_type(&[words.into(), words.into()], false), None);
-        let parts = self.lane_parts(&[a, b], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
-        self.joined(parts)
+        let name = if zmm { "llvm.x86.avx512.pmaddw.d.512" } else { "llvm.x86.avx2.pmadd.wd" };
+        self.pairwise_in_parts(name, self.context.i16_type(), self.context.i32_type(), &[a, b], zmm)
     }
 
     /// The 16 rows' integer dots of a [`RowDot`] whose activations are bytes or

@@ -258,9 +258,10 @@ mod tests {
     /// Int16 levels: `round(x / d)` with `d = max |x| / 32512`, split into a
     /// high and a low byte, both in -127..=127, `255 high + low`, in two planes
     /// (a row's high bytes, then its low bytes), with the block's `d` and
-    /// `d * sum(level)`; zero and denormal blocks give zeros and `d = 0`.
+    /// `d * sum(level)`; zero and denormal blocks give zeros and `d = 0`. The
+    /// words layout holds the same levels.
     #[test]
-    fn int16_levels_split_into_two_byte_planes() {
+    fn int16_levels_split_into_two_byte_planes_or_words() {
         let k = 128usize;
         let mut x = rows_with_zero_and_denormal_blocks(k);
         // Row 0 block 1 reaches both extremes exactly.
@@ -273,26 +274,13 @@ mod tests {
             255 * high + low
         });
         assert!(levels.contains(&32512) && levels.contains(&-32512), "the extremes +-32512 were not reached");
-    }
-
-    /// The same levels as little-endian words: a row's `k` levels in natural
-    /// order, two bytes each, the planes' levels exactly (same `d`, same
-    /// rounding), negative ones included.
-    #[test]
-    fn int16_levels_as_little_endian_words_equal_the_planes_levels() {
-        let k = 128usize;
-        let mut x = rows_with_zero_and_denormal_blocks(k);
-        x[40] = -9.5;
-        x[41] = 9.5;
-        let planes = check_blocks(&quantize_q16(k as u64, ActivationLevels::Int16Planes, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
-            let at = blk * 32 + t;
-            255 * q[row * 2 * k + at] as i64 + q[row * 2 * k + k + at] as i64
-        });
+        // As little-endian words: a row's `k` levels in natural order, two bytes
+        // each, the planes' levels exactly (same `d`, same rounding).
         let words = check_blocks(&quantize_q16(k as u64, ActivationLevels::Int16Words, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
             let at = row * 2 * k + 2 * (blk * 32 + t);
             i16::from_le_bytes([q[at] as u8, q[at + 1] as u8]) as i64
         });
-        assert_eq!(words, planes);
+        assert_eq!(words, levels);
         assert!(words.iter().any(|&l| l < 0 && l % 256 != 0), "no negative level with a nonzero low byte was checked");
     }
 }
