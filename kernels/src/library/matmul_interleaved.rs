@@ -51,7 +51,9 @@ pub const PANELS_PER_TASK: i64 = 2;
 /// same or the thread's next task. SmolLM2 q4_1+int8 decode on a Zen 3 VM (AVX2,
 /// 23-28 GB/s), `bench --compare`, both on huge pages: 1.06-1.12x at 4 KiB, 1.07-1.09x
 /// at 8 KiB, 0.99-1.03x at 2 KiB; `prefetchnta` no different; A/A 0.96-1.01x.
-/// (On a Zen 5 VM at 50-70 GB/s, 1-4 KiB ahead had gained nothing.) Prefill
+/// (On a Zen 5 VM at 50-70 GB/s, 1-4 KiB ahead had gained nothing.) Rechecked
+/// after the eleventh session's faster GEMVs, SmolLM2 q8_0 (int16 words) decode
+/// against 4 KiB: 8 KiB 1.04x then 0.98x, 16 KiB 0.99x, A/A 1.01x. Prefill
 /// reuses each level vector for a register tile's rows and does not prefetch.
 pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 
