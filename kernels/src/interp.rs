@@ -233,20 +233,21 @@ impl Machine<'_> {
                             Some((p, start)) => value * (self.byte(*p, self.eval(start).i() + g) as u8) as f32,
                         }
                     };
+                    // An integer offset is applied to the levels, exactly (equal
+                    // to the `offset * S * act_scales[1]` term under RowDot's
+                    // contract on the activation sums, without the cancellation
+                    // of two large float terms).
+                    let level_offset = match d.row_min {
+                        RowMin::Offset(o) if o.fract() == 0.0 => Some(o as i64),
+                        _ => None,
+                    };
                     let terms: Vec<f32> = (0..DOT_LANES)
                         .map(|g| {
                             let row_scale = per_row(&d.row_scales, g);
-                            // An integer offset is applied to the levels, exactly
-                            // (equal to the `offset * S * act_scales[1]` term under
-                            // RowDot's contract on the activation sums, without the
-                            // cancellation of two large float terms).
-                            if let RowMin::Offset(o) = d.row_min {
-                                if o.fract() == 0.0 {
-                                    let dot = (0..RowsForm::VALUES).map(|t| (d.form.level(&w, g, t) + o as i64) * act(t)).sum::<i64>() as f32;
-                                    return row_scale * scale * dot;
-                                }
+                            let dot = (0..RowsForm::VALUES).map(|t| (d.form.level(&w, g, t) + level_offset.unwrap_or(0)) * act(t)).sum::<i64>() as f32;
+                            if level_offset.is_some() {
+                                return row_scale * scale * dot;
                             }
-                            let dot = (0..RowsForm::VALUES).map(|t| d.form.level(&w, g, t) * act(t)).sum::<i64>() as f32;
                             let min = match &d.row_min {
                                 RowMin::Offset(o) => o * row_scale,
                                 RowMin::Stored(m) => per_row(m, g),

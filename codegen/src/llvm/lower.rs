@@ -745,8 +745,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// 4 values, and the position of the step's first activation value). Bytes
     /// are one step, nibbles two (low, then high).
     fn chunk_steps(&mut self, d: &RowDot, c: i64) -> Result<Vec<(inkwell::values::VectorValue<'ctx>, i64)>, CodegenError> {
-        let offset = Expr::Bin(BinOp::Add, Box::new(d.w_start.clone()), Box::new(Expr::I64(64 * c)));
-        let w_ptr = self.element_ptr(d.weights, &offset)?;
+        let w_ptr = self.element_ptr(d.weights, &dsl::add(d.w_start.clone(), dsl::i(64 * c)))?;
         if let (Some(ahead), Flavor::Cpu(_)) = (d.prefetch_ahead, &self.flavor) {
             self.prefetch(w_ptr, ahead)?;
         }
@@ -778,7 +777,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let mut fours = i32t.vec_type(DOT_LANES as u32).const_zero();
         for c in 0..d.form.chunks() {
             for (levels, first) in self.chunk_steps(d, c)? {
-                let a_ptr = self.element_ptr(d.act, &Expr::Bin(BinOp::Add, Box::new(d.act_start.clone()), Box::new(Expr::I64(2 * first))))?;
+                let a_ptr = self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(2 * first)))?;
                 let four = self.builder.build_load(i16t.vec_type(4), a_ptr, "act_words").map_err(llvm_err)?;
                 four.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
                 let four = four.into_vector_value();
@@ -824,7 +823,6 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     fn byte_level_dots(&mut self, d: &RowDot) -> Result<(inkwell::values::VectorValue<'ctx>, bool), CodegenError> {
         let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
         let lanes = DOT_LANES as u32;
-        let offset = |e: &Expr, by: i64| Expr::Bin(BinOp::Add, Box::new(e.clone()), Box::new(Expr::I64(by)));
         // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a
         // (the second term cancels against the -128 minimum: `folded_offset`);
         // nibbles with their pair products summed in i16 over the whole block
@@ -857,7 +855,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 // Q8_0's signed levels, once for both planes.
                 let signed = if signed_levels { Some(self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?) } else { None };
                 for (p, &start) in planes.iter().enumerate() {
-                    let a_ptr = self.element_ptr(d.act, &offset(start, first))?;
+                    let a_ptr = self.element_ptr(d.act, &dsl::add(start.clone(), dsl::i(first)))?;
                     let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
                     let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
                     if let (RowsForm::Nibbles, Some(zmm)) = (d.form, madd) {
@@ -898,7 +896,6 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         };
         Ok((acc, folded_offset))
     }
-
 
     /// `times` the sum of the [`RowsForm::VALUES`] activation bytes from `start`, in all
     /// 16 i32 lanes.

@@ -147,11 +147,10 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
         // the block's activation broadcasts, which LLVM keeps for both, are more
         // than AVX2's 16 ymm registers (the q4_1 int16 block loop moved 56
         // vectors to and from the stack per block on x86-64-v3, 2 after), and one
-        // panel's levels are one
-        // contiguous stream; the broadcasts reloaded per panel cost load slots
-        // only. Zen 3 VM, criterion turn about: q4_1 int16 +8-13%, q8_0 int16
-        // +15-40%, q8_0 int8 +17-48%; `bench --compare` decode q4_1 1.12x, q8_0
-        // 1.05x (docs/performance.md).
+        // panel's levels are one contiguous stream; the broadcasts reloaded per
+        // panel cost load slots only. Zen 3 VM, criterion turn about: q4_1 int16
+        // +8-13%, q8_0 int16 +15-40%, q8_0 int8 +17-48%; `bench --compare` decode
+        // q4_1 1.12x, q8_0 1.05x (docs/performance.md).
         let mut all = Vec::new();
         for p in 0..panels {
             let at = b.var(ValType::I64);
