@@ -63,6 +63,35 @@ fn smollm2_from_gguf_matches_golden() {
     check_golden("smollm2-135m");
 }
 
+/// The README's main job (`scripts/run.sh`) compiles manifests/smollm2-135m.toml,
+/// which keeps the GGUF's Q4_1 blocks: every linear layer stays Q4_1 (no float32
+/// copy, no requantization), and since those blocks are what the golden reference
+/// dequantized, logits and greedy texts still match the golden ones.
+#[test]
+fn default_manifest_keeps_q4_1_blocks_and_matches_golden() {
+    let manifest = workspace_root().join("manifests/smollm2-135m.toml");
+    let mef = temp_dir("default-manifest").join("model.mef");
+    let r = run_bin("maxc", &[os("compile"), manifest.as_os_str(), os("-o"), mef.as_os_str(), os("--quiet")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let by_encoding = &v["weights"]["by_encoding"];
+    // The linear layers in Q4_1, the tied embedding / lm_head in Q8_0 (the file's).
+    assert_eq!(by_encoding["q8_0"]["tensors"].as_u64(), Some(1), "{by_encoding}");
+    assert!(by_encoding["q4_1"]["tensors"].as_u64().unwrap() > 0, "{by_encoding}");
+    assert!(by_encoding.get("float32").is_none_or(|f| f["bytes"].as_u64().unwrap() < 1 << 20), "only small tensors stay float32: {by_encoding}");
+    assert!(v["file_bytes"].as_u64().unwrap() < 110 << 20, "a 4-bit artifact, not float32's 515 MiB");
+    let golden = golden("smollm2-135m");
+    for (i, case) in cases(&golden).iter().enumerate() {
+        let what = format!("default manifest case {i}");
+        assert_logits_close(&what, &dump_logits(&mef, case).1, &golden_logits("smollm2-135m", case).1);
+        let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(case["prompt"].as_str().unwrap()), os("-n"), os("24")]);
+        assert_eq!(r.0, 0, "{what}: {}", r.2);
+        assert_eq!(r.1, case["greedy_text"].as_str().unwrap(), "{what}: greedy text");
+    }
+}
+
 #[test]
 fn smollm2_answers_the_chat_case() {
     let mef = artifact("smollm2-135m");
