@@ -385,6 +385,7 @@ impl Machine<'_> {
                     UnOp::Floor => Val::F(x.f().floor()),
                     UnOp::ToI64 => Val::I(x.f() as i64),
                     UnOp::BitsToF32 => Val::F(f32::from_bits(x.i() as u32)),
+                    UnOp::HalfBitsToF32 => Val::F(half::f16::from_bits(x.i() as u16).to_f32()),
                     UnOp::Neg => match x {
                         Val::F(f) => Val::F(-f),
                         Val::I(i) => Val::I(-i),

@@ -99,6 +99,10 @@ pub enum UnOp {
     ToI64,
     /// The f32 whose bits are the low 32 bits of an i64 (builds powers of two).
     BitsToF32,
+    /// The value, as f32, of the IEEE 754 half whose bits are the low 16 bits of
+    /// an i64: exact for every half, subnormals included (`vcvtph2ps` on x86 with
+    /// F16C; fp8 e4m3 decodes through it, `dequant::e4m3_to_f32`).
+    HalfBitsToF32,
 }
 
 /// A scalar expression.
@@ -127,6 +131,17 @@ impl Expr {
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.mentions(var) || b.mentions(var),
             Expr::Un(_, a) => a.mentions(var),
             Expr::Select(c, a, b) => c.mentions(var) || a.mentions(var) || b.mentions(var),
+        }
+    }
+
+    /// Whether unary operator `op` occurs in the expression.
+    pub fn applies(&self, op: UnOp) -> bool {
+        match self {
+            Expr::F32(_) | Expr::I64(_) | Expr::Var(_) | Expr::Seq => false,
+            Expr::Load { index, .. } => index.applies(op),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.applies(op) || b.applies(op),
+            Expr::Un(o, a) => *o == op || a.applies(op),
+            Expr::Select(c, a, b) => c.applies(op) || a.applies(op) || b.applies(op),
         }
     }
 }
@@ -465,8 +480,8 @@ impl Kernel {
             Expr::Un(op, a) => {
                 let t = self.type_of(a)?;
                 match op {
-                    UnOp::ToF32 | UnOp::BitsToF32 if t == I64 => F32,
-                    UnOp::ToF32 | UnOp::BitsToF32 => return Err(format!("{op:?} takes an i64")),
+                    UnOp::ToF32 | UnOp::BitsToF32 | UnOp::HalfBitsToF32 if t == I64 => F32,
+                    UnOp::ToF32 | UnOp::BitsToF32 | UnOp::HalfBitsToF32 => return Err(format!("{op:?} takes an i64")),
                     UnOp::ToI64 if t == F32 => I64,
                     UnOp::ToI64 => return Err("to_i64 takes an f32".into()),
                     UnOp::Neg if t != Bool => t,

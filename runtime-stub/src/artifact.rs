@@ -261,10 +261,10 @@ impl Artifact {
             let Some(encoding) = WeightEncoding::from_name(&w.encoding) else {
                 return Err(ArtifactError::UnknownEncoding { path: self.path.clone(), weight: w.name.clone(), encoding: w.encoding.clone() });
             };
-            let float = matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16);
+            let panels = matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 | WeightEncoding::Float8E4M3);
             let layout_ok = match w.layout.as_str() {
                 "row_major" => true,
-                "panel16" => float && w.shape.len() == 2 && w.shape[0] % 16 == 0,
+                "panel16" => panels && w.shape.len() == 2 && w.shape[0] % 16 == 0,
                 "interleaved16" => {
                     matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K)
                         && w.shape.len() == 2

@@ -259,7 +259,7 @@ pub struct WeightEntry {
     /// The element type of this part.
     pub dtype: DType,
     /// How the elements are ordered: `row_major`, `panel16` (a float matrix
-    /// `[n, k]` stored as `[n/16][k][16]` for the panel matmul), or
+    /// `[n, k]`, or fp8's codes, stored as `[n/16][k][16]` for the panel matmul), or
     /// `interleaved16` (Q8_0 / Q4_0 / Q4_1 / Q4_K blocks of 16 rows stored
     /// together for the int8 matmul); see docs/mef.md.
     pub layout: String,

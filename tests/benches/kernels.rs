@@ -19,7 +19,7 @@ use maxc_kernels::library::matmul_blocks::matmul_blocks;
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
-use maxc_kernels::library::matmul_panel::matmul_panel;
+use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
 use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{ElemType, Kernel};
@@ -84,8 +84,21 @@ fn cases() -> Vec<Case> {
     out.push(Case {
         name: "f32_panel16",
         weight_bytes: N * K * 4,
-        launches: vec![(matmul_panel(K, N, ElemType::F32, None, seq, RegisterTile::ZMM), vec![0, 1, 2])],
+        launches: vec![(matmul_panel(K, N, PanelWeights::Float(ElemType::F32), None, seq, RegisterTile::ZMM), vec![0, 1, 2])],
         buffers: vec![buffer(ElemType::F32, k), buffer(ElemType::F32, n * k), buffer(ElemType::F32, n)],
+    });
+    out.push(Case {
+        name: "bf16_panel16",
+        weight_bytes: N * K * 2,
+        launches: vec![(matmul_panel(K, N, PanelWeights::Float(ElemType::BF16), None, seq, RegisterTile::ZMM), vec![0, 1, 2])],
+        buffers: vec![buffer(ElemType::F32, k), buffer(ElemType::BF16, n * k), buffer(ElemType::F32, n)],
+    });
+    // fp8 codes (as signed bytes) and one scale per column.
+    out.push(Case {
+        name: "float8_e4m3fn_panel16",
+        weight_bytes: N * K + N * 4,
+        launches: vec![(matmul_panel(K, N, PanelWeights::Float8E4M3, None, seq, RegisterTile::ZMM), vec![0, 1, 2, 3])],
+        buffers: vec![buffer(ElemType::F32, k), buffer(ElemType::I8, n * k), buffer(ElemType::F32, n), buffer(ElemType::F32, n)],
     });
     for encoding in [WeightEncoding::Q4_1, WeightEncoding::Q8_0] {
         let parts = part_sizes(encoding);

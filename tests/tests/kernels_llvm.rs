@@ -12,7 +12,7 @@ use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
-use maxc_kernels::library::matmul_panel::matmul_panel;
+use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
 use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -79,9 +79,10 @@ fn cases() -> Vec<Case> {
         // Panel-packed float weights (48 columns: a two-panel task and a single
         // panel), in prefill with each target's register tile.
         for tile in register_tiles(seq) {
-            v.push(Case { kernel: matmul_panel(40, 48, ElemType::F32, None, seq, tile), sizes: vec![s * 40, 48 * 40, s * 48], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
-            v.push(Case { kernel: matmul_panel(40, 32, ElemType::BF16, Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 32 * 40, 32, s * 32], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
-            v.push(Case { kernel: matmul_panel(40, 16, ElemType::F32, Some(Broadcast::None), seq, tile), sizes: vec![s * 40, 16 * 40, s * 16, s * 16], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+            v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float(ElemType::F32), None, seq, tile), sizes: vec![s * 40, 48 * 40, s * 48], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+            v.push(Case { kernel: matmul_panel(40, 32, PanelWeights::Float(ElemType::BF16), Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 32 * 40, 32, s * 32], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+            v.push(Case { kernel: matmul_panel(40, 16, PanelWeights::Float(ElemType::F32), Some(Broadcast::None), seq, tile), sizes: vec![s * 40, 16 * 40, s * 16, s * 16], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
+            v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float8E4M3, Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 48 * 40, 48, 48, s * 48], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
         }
         // Block-quantized weights: x, every part, [r], out.
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3] {
@@ -389,6 +390,20 @@ fn int16_words_use_word_dots() {
         for (spec, dot) in [("cpu:x86-64-v3", "@llvm.x86.avx2.pmadd.wd"), ("cpu:x86-64-v4", "@llvm.x86.avx512.pmaddw.d.512")] {
             let ir = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse(spec).unwrap()).unwrap();
             assert!(ir.contains(dot) && !ir.contains("pmadd.ub.sw") && !ir.contains("pmaddubs"), "{spec} {seq:?}: words do not take {dot} alone");
+        }
+    }
+}
+
+/// fp8 panels convert their codes as halves a panel (16 lanes) at a time
+/// (`vcvtph2ps`), decode and prefill; left to itself, LLVM 19 picks 4 lanes
+/// with the integer work on xmm quarters (a third of the speed).
+#[test]
+fn float8_panels_convert_whole_vectors_of_halves() {
+    for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
+        let k = vec![matmul_panel(256, 32, PanelWeights::Float8E4M3, None, seq, RegisterTile::YMM)];
+        for spec in ["cpu:x86-64-v3", "cpu:x86-64-v4"] {
+            let ir = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse(spec).unwrap()).unwrap();
+            assert!(ir.contains("fpext <16 x half>"), "{spec} {seq:?}: no 16-lane half conversion");
         }
     }
 }

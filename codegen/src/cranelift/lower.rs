@@ -524,6 +524,11 @@ impl Lowering<'_, '_> {
                         let low = self.b.ins().ireduce(types::I32, x);
                         self.b.ins().bitcast(types::F32, MemFlagsData::new(), low)
                     }
+                    UnOp::HalfBitsToF32 => {
+                        let low = self.b.ins().ireduce(types::I32, x);
+                        let half_bits = self.b.ins().band_imm_u(low, 0xffff);
+                        self.f16_to_f32(half_bits)
+                    }
                 }
             }
             Expr::Select(c, x, y) => {

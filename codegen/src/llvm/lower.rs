@@ -413,6 +413,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         if *hint == LoopHint::Serial && body.iter().any(|b| matches!(b, Stmt::For { hint: LoopHint::Vectorize, .. })) {
             self.forbid_vectorization(latch);
         }
+        // Half conversions (fp8 panels): LLVM 19's cost model prices a vector
+        // `fpext half` above its `vcvtph2ps` and picks 4 lanes, with the integer
+        // work on xmm quarters (a third of the speed); ask for 16 lanes, a panel's
+        // width (the integer work in one ymm; two f32 ymm on AVX2, one zmm on AVX-512).
+        if let (LoopHint::Vectorize, Flavor::Cpu(target)) = (*hint, self.flavor) {
+            if target.has_feature("f16c") && converts_halves(body) {
+                self.vectorize_width(latch, 16);
+            }
+        }
         self.builder.position_at_end(exit);
         Ok(())
     }
@@ -1136,8 +1145,19 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// Attaches `!llvm.loop !{self, !{"llvm.loop.vectorize.enable", i1 false}}` to
-    /// a loop's back edge (a self-referential loop ID, built with a temporary node).
+    /// a loop's back edge.
     fn forbid_vectorization(&self, latch: InstructionValue<'ctx>) {
+        self.loop_options(latch, &[("llvm.loop.vectorize.enable", 1, 0)]);
+    }
+
+    /// Asks the loop vectorizer for `lanes` lanes in the loop of `latch`.
+    fn vectorize_width(&self, latch: InstructionValue<'ctx>, lanes: u64) {
+        self.loop_options(latch, &[("llvm.loop.vectorize.enable", 1, 1), ("llvm.loop.vectorize.width", 32, lanes)]);
+    }
+
+    /// Attaches `!llvm.loop !{self, !{key, iBITS value}, ...}` to a loop's back
+    /// edge (a self-referential loop ID, built with a temporary node).
+    fn loop_options(&self, latch: InstructionValue<'ctx>, options: &[(&str, u32, u64)]) {
         use inkwell::llvm_sys::core::*;
         use inkwell::llvm_sys::debuginfo::{LLVMMetadataReplaceAllUsesWith, LLVMTemporaryMDNode};
         use inkwell::values::AsValueRef;
@@ -1145,14 +1165,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         // replaced (and so freed by LLVM) before anything else can see it.
         unsafe {
             let ctx = self.context.raw();
-            let key = "llvm.loop.vectorize.enable";
-            let name = LLVMMDStringInContext2(ctx, key.as_ptr() as *const _, key.len());
-            let no = LLVMValueAsMetadata(LLVMConstInt(LLVMInt1TypeInContext(ctx), 0, 0));
-            let mut option = [name, no];
-            let option = LLVMMDNodeInContext2(ctx, option.as_mut_ptr(), 2);
             let temporary = LLVMTemporaryMDNode(ctx, std::ptr::null_mut(), 0);
-            let mut operands = [temporary, option];
-            let id = LLVMMDNodeInContext2(ctx, operands.as_mut_ptr(), 2);
+            let mut operands = vec![temporary];
+            for &(key, bits, value) in options {
+                let name = LLVMMDStringInContext2(ctx, key.as_ptr() as *const _, key.len());
+                let value = LLVMValueAsMetadata(LLVMConstInt(LLVMIntTypeInContext(ctx, bits), value, 0));
+                let mut option = [name, value];
+                operands.push(LLVMMDNodeInContext2(ctx, option.as_mut_ptr(), 2));
+            }
+            let id = LLVMMDNodeInContext2(ctx, operands.as_mut_ptr(), operands.len());
             LLVMMetadataReplaceAllUsesWith(temporary, id);
             let kind = LLVMGetMDKindIDInContext(ctx, "llvm.loop".as_ptr() as *const _, 9);
             LLVMSetMetadata(latch.as_value_ref(), kind, LLVMMetadataAsValue(ctx, id));
@@ -1305,6 +1326,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let (v, _) = self.narrow(x, true)?.expect("checked");
                 self.builder.build_bit_cast(v, self.context.f32_type(), "bits").map_err(llvm_err)?
             }
+            Expr::Un(UnOp::HalfBitsToF32, x) if self.narrow(x, true)?.is_some() => {
+                let (v, _) = self.narrow(x, true)?.expect("checked");
+                self.half_bits_to_f32(v)?
+            }
             Expr::Un(op, x) => {
                 let x = self.expr(x)?;
                 match op {
@@ -1330,6 +1355,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         let low = self.builder.build_int_truncate(x.into_int_value(), self.context.i32_type(), "low").map_err(llvm_err)?;
                         self.builder.build_bit_cast(low, self.context.f32_type(), "bits").map_err(llvm_err)?
                     }
+                    UnOp::HalfBitsToF32 => self.half_bits_to_f32(x.into_int_value())?,
                 }
             }
             Expr::Select(c, x, y) => {
@@ -1342,6 +1368,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 }
 
 impl<'ctx> KernelLowering<'_, 'ctx> {
+    /// The half whose bits are the low 16 bits of `bits` (any integer width),
+    /// widened to f32: `vcvtph2ps` on x86 with F16C, `cvt.f32.f16` on NVPTX.
+    fn half_bits_to_f32(&mut self, bits: inkwell::values::IntValue<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
+        let low = self.builder.build_int_truncate(bits, self.context.i16_type(), "half_bits").map_err(llvm_err)?;
+        let half = self.builder.build_bit_cast(low, self.context.f16_type(), "half").map_err(llvm_err)?;
+        Ok(self.builder.build_float_ext(half.into_float_value(), self.context.f32_type(), "fpext").map_err(llvm_err)?.into())
+    }
+
     /// `e` computed in i32 when that gives the same result as the IR's i64:
     /// byte loads and, for non-negative values, `and` / `shr` by constants; when
     /// only the low 32 bits matter (`low_bits`: a bitcast to f32 follows), also
@@ -1431,4 +1465,14 @@ fn set_fast(inst: InstructionValue<'_>) {
 fn shuffle_mask<'ctx>(context: &'ctx Context, f: &dyn Fn(u32) -> u32, n: u32) -> inkwell::values::VectorValue<'ctx> {
     let i32t = context.i32_type();
     inkwell::types::VectorType::const_vector(&(0..n).map(|i| i32t.const_int(f(i) as u64, false)).collect::<Vec<_>>())
+}
+
+/// Whether statements `body` (and the loops in them) convert halves to f32.
+fn converts_halves(body: &[Stmt]) -> bool {
+    body.iter().any(|s| match s {
+        Stmt::Set { value, .. } => value.applies(UnOp::HalfBitsToF32),
+        Stmt::Store { index, value, .. } => index.applies(UnOp::HalfBitsToF32) || value.applies(UnOp::HalfBitsToF32),
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => converts_halves(body),
+        Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => false,
+    })
 }

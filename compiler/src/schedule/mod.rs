@@ -19,7 +19,7 @@ use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
-use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PANEL};
+use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PanelWeights, PANEL};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
@@ -67,7 +67,8 @@ pub struct WeightSlot {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
     RowMajor,
-    /// `[n/16][k][16]` for `matmul_panel` (float encodings, `n` a multiple of 16).
+    /// `[n/16][k][16]` for `matmul_panel` (float and fp8 encodings, `n` a
+    /// multiple of 16; fp8's per-row scales stay as they are).
     Panel16,
     /// Blocks of 16 rows interleaved for `matmul_interleaved` (Q8_0, Q4_0, Q4_1,
     /// Q4_K with int8 activations; `maxc_kernels::library::dequant::rows_form`).
@@ -361,20 +362,21 @@ impl Scheduler<'_, '_, '_> {
     /// with int8 activations, a Q8_0 / Q4_0 / Q4_1 / Q4_K weight whose rows come in whole
     /// groups of 16 is interleaved for `matmul_interleaved` (a tied embedding table
     /// too: the gather reads that layout, unless the table is sharded by rows); a
-    /// float matmul weight whose rows come in whole panels, and that nothing reads
-    /// row by row, is packed for `matmul_panel`; never in GPU-only artifacts.
+    /// float or fp8 matmul weight whose rows come in whole panels, and that nothing
+    /// reads row by row, is packed for `matmul_panel`; never in GPU-only artifacts.
     fn weight_layout(&self, w: ValueId) -> Layout {
         let ty = self.graph.ty(w);
         let dim = |i: usize| ty.shape.get(i).and_then(|d| d.fixed()).unwrap_or(0);
         let (n, k) = (dim(0), dim(1));
         let float = !ty.quant.is_block();
+        let panels = PanelWeights::of(ty.quant.encoding()).is_some();
         let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
         let sharded_gather = gathered && matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. });
         if self.weights.row_major_only || ty.shape.len() != 2 {
             Layout::RowMajor
         } else if self.weights.activations.levels().is_some() && !float && rows_form(ty.quant.encoding(), n, k).is_some() && !sharded_gather {
             Layout::Interleaved16
-        } else if float && n > 0 && n.is_multiple_of(PANEL) && !gathered {
+        } else if panels && n > 0 && n.is_multiple_of(PANEL) && !gathered {
             Layout::Panel16
         } else {
             Layout::RowMajor
@@ -446,9 +448,12 @@ impl Scheduler<'_, '_, '_> {
         let after: Vec<ValueId> = addend.map(|(r, _)| r).into_iter().collect();
         let args = self.weight_args(&[x], w, &after, layout)?;
         let (kernel, gpu_form) = match layout {
+            Layout::Panel16 => {
+                let weights = PanelWeights::of(quant.encoding()).expect("panel16 weights have a panel form (weight_layout)");
+                (matmul_panel(k, n, weights, bc, seq, self.weights.register_tile), Some(matmul_panel_rowwise(k, n, weights, bc, seq)))
+            }
             _ if quant.is_block() && self.weights.row_major_only => (matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq), None),
             _ if quant.is_block() => (matmul_blocks(k, n, quant.encoding(), bc, seq), Some(matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq))),
-            Layout::Panel16 => (matmul_panel(k, n, elem_of(quant), bc, seq, self.weights.register_tile), Some(matmul_panel_rowwise(k, n, elem_of(quant), bc, seq))),
             Layout::RowMajor => match bc {
                 None => (matmul(k, n, elem_of(quant), seq), None),
                 Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),

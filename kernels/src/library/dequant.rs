@@ -120,15 +120,28 @@ pub fn declare_interleaved(b: &mut KernelBuilder, name: &str, encoding: WeightEn
 
 /// The fp8 e4m3fn code `code` (an i64 in 0..256) as f32: exponent bias 7, three
 /// mantissa bits, subnormals `m * 2^-9`. Codes 0x7f / 0xff (NaN) are never written.
+///
+/// The code's fields move into a half's (sign bit 7 to 15, exponent and mantissa
+/// bits 0..7 to 7..14): that half is the e4m3 value times 2^-8 (exponent bias 15
+/// against 7), e4m3 subnormals landing on half subnormals, and the product with
+/// 256 is exact. Four integer operations and a `vcvtph2ps` lane on x86, where
+/// fields rebiased into an f32 need a select for the subnormals and a sign multiply.
 pub fn e4m3_to_f32(code: Expr) -> Expr {
-    let magnitude_bits = and(code.clone(), i(0x7f));
-    let exponent = shr(magnitude_bits.clone(), i(3));
-    // Normal numbers: move exponent and mantissa into an f32's fields, rebias 7 -> 127.
-    let normal = un(UnOp::BitsToF32, add(shl(magnitude_bits, i(20)), i(120 << 23)));
-    let subnormal = mul(to_f32(and(code.clone(), i(7))), f(1.0 / 512.0));
-    let magnitude = select(eq(exponent, i(0)), subnormal, normal);
-    let sign = sub(f(1.0), mul(f(2.0), to_f32(shr(code, i(7)))));
-    mul(magnitude, sign)
+    mul(un(UnOp::HalfBitsToF32, e4m3_half_bits(code)), f(256.0))
+}
+
+/// The bits of the half whose value is fp8 e4m3fn code `code`'s times 2^-8
+/// (see [`e4m3_to_f32`]).
+pub fn e4m3_half_bits(code: Expr) -> Expr {
+    add(shl(and(code.clone(), i(0x7f)), i(7)), shl(and(code, i(0x80)), i(8)))
+}
+
+/// [`e4m3_half_bits`] of a code loaded as a signed byte (`I8`: bits 8.. copy
+/// the sign): shifted left by 7, the low 16 bits hold the sign in bit 15 and
+/// again in bit 14, which the mask clears. Two operations after a sign-extending
+/// load (`vpmovsxbw`, `vpsllw`, `vpand` on x86).
+pub fn e4m3_half_bits_of_signed(code: Expr) -> Expr {
+    and(shl(code, i(7)), i(0xbf80))
 }
 
 impl WeightParams {

@@ -1,6 +1,10 @@
 //! Matmul / GEMV on panel-packed float weights: `out[m, n] = x[m, k] @ w[n, k]^T`
 //! with `w` stored as `[n / PANEL][k][PANEL]` (the weight-layout pass packs it so
-//! at compile time; docs/mef.md, layout `panel16`).
+//! at compile time; docs/mef.md, layout `panel16`). The elements are f32, bf16 or
+//! f16 values, or fp8 e4m3fn codes with one scale per output column
+//! ([`PanelWeights`]): a code decodes to a half's bits in two integer operations
+//! and one conversion (`dequant::e4m3_half_bits_of_signed`), and the column's
+//! scale multiplies the sum once, in the epilogue.
 //!
 //! For each k, a task broadcasts one activation per row against [`PANEL`]
 //! consecutive weights of each of its panels and accumulates [`PANEL`] outputs per
@@ -10,6 +14,9 @@
 //! each weight vector feeds `rows` FMAs and each broadcast activation `panels`;
 //! decode takes one row and all of the task's panels.
 
+use maxrun::format::WeightEncoding;
+
+use super::dequant::e4m3_half_bits_of_signed;
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, float_suffix, row_tiles, TileBuilder};
 use super::{RegisterTile, SeqMode};
@@ -21,9 +28,67 @@ pub const PANEL: u64 = 16;
 /// Panels per task.
 pub const PANELS_PER_TASK: u64 = 2;
 
+/// What a panel's elements are.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PanelWeights {
+    /// Values: `F32`, `BF16` or `F16` elements.
+    Float(ElemType),
+    /// fp8 e4m3fn codes, read as signed bytes (`I8`: the sign extension is half
+    /// the decoding), and a parameter of one f32 scale per output column (the
+    /// `float8_e4m3fn` encoding: weight-only, per channel).
+    Float8E4M3,
+}
+
+impl PanelWeights {
+    /// The panel form of weights stored in `encoding`, if it has one.
+    pub fn of(encoding: WeightEncoding) -> Option<PanelWeights> {
+        match encoding {
+            WeightEncoding::Float32 => Some(PanelWeights::Float(ElemType::F32)),
+            WeightEncoding::BFloat16 => Some(PanelWeights::Float(ElemType::BF16)),
+            WeightEncoding::Float16 => Some(PanelWeights::Float(ElemType::F16)),
+            WeightEncoding::Float8E4M3 => Some(PanelWeights::Float8E4M3),
+            WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => None,
+        }
+    }
+
+    /// The kernel-name suffix (`""`, `_bf16`, `_f16`, `_float8_e4m3fn`).
+    fn suffix(self) -> &'static str {
+        match self {
+            PanelWeights::Float(elem) => float_suffix(elem),
+            PanelWeights::Float8E4M3 => "_float8_e4m3fn",
+        }
+    }
+}
+
+/// The weight parameters of a panel matmul: the panels, and the column scales of fp8 codes.
+#[derive(Copy, Clone)]
+struct PanelParams {
+    w: u32,
+    scales: Option<u32>,
+}
+
+impl PanelParams {
+    /// Element `index` of the panels as f32, up to the column factor [`Self::finish`] applies.
+    fn element(self, index: Expr) -> Expr {
+        match self.scales {
+            None => ld(self.w, index),
+            // The code's value times 2^-8; the factor 256 rides on the column scale.
+            Some(_) => un(UnOp::HalfBitsToF32, e4m3_half_bits_of_signed(ld(self.w, index))),
+        }
+    }
+
+    /// Column `col`'s sum of [`Self::element`] products, scaled to the output.
+    fn finish(self, sum: Expr, col: Expr) -> Expr {
+        match self.scales {
+            None => sum,
+            Some(scales) => mul(sum, mul(ld(scales, col), f(256.0))),
+        }
+    }
+}
+
 /// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (u32, u32, u32), (k, n): (i64, i64), addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (u32, PanelParams, u32), (k, n): (i64, i64), addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
     let lanes = PANEL as i64;
     let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(PANEL)).collect()).collect();
     let (l, kk) = (b.var(ValType::I64), b.var(ValType::I64));
@@ -47,7 +112,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
     for (r, row_acc) in acc.iter().enumerate() {
         for (p, &a) in row_acc.iter().enumerate() {
             // The lane is the first operand of the index (see dequant.rs: LLVM keeps it consecutive).
-            let wv = ld(w, add(v(l), v(bases[p])));
+            let wv = w.element(add(v(l), v(bases[p])));
             lane_body.push(store(a, v(l), add(ld(a, v(l)), mul(v(xs[r]), wv))));
         }
     }
@@ -57,7 +122,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
         for (p, &a) in row_acc.iter().enumerate() {
             let row = add(v(r0), i(r as i64));
             let col = add(mul(add(v(p0), i(p as i64)), i(lanes)), v(l));
-            let value = epilogue(ld(a, v(l)), row.clone(), col.clone(), n, addend);
+            let value = epilogue(w.finish(ld(a, v(l)), col.clone()), row.clone(), col.clone(), n, addend);
             body.push(for_vec(l, i(0), i(lanes), vec![store(out, add(v(l), add(mul(row, i(n)), mul(add(v(p0), i(p as i64)), i(lanes)))), value)]));
         }
     }
@@ -97,16 +162,17 @@ pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_pe
     (body, TaskCount { per_seq: 0, fixed: (panels_total as u64).div_ceil(panels_per_task as u64) }, t)
 }
 
-/// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements `w_elem`),
-/// plus `r` broadcast as given when `addend` is set, in prefill register tiles of
-/// `register_tile`. `n` must be a multiple of [`PANEL`]. Params: `x`, `w`, `r`?, `out`.
-pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode, register_tile: RegisterTile) -> Kernel {
+/// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements as
+/// `weights` says), plus `r` broadcast as given when `addend` is set, in prefill
+/// register tiles of `register_tile`. `n` must be a multiple of [`PANEL`].
+/// Params: `x`, `w`, `scales` (fp8 only), `r`?, `out`.
+pub fn matmul_panel(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadcast>, seq: SeqMode, register_tile: RegisterTile) -> Kernel {
     let mut b = KernelBuilder::new();
-    let (x, w, addend, out) = panel_params(&mut b, n, w_elem, addend);
+    let (x, w, addend, out) = panel_params(&mut b, n, weights, addend);
     let (ki, ni) = (k as i64, n as i64);
     let bufs = (x, w, out);
     let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK as i64, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend));
-    let enc = float_suffix(w_elem);
+    let enc = weights.suffix();
     let shape = format!("k{k}_n{n}_{}{}", seq.tag(), tile_tag(seq, register_tile));
     let name = match addend {
         None => format!("matmul_panel{enc}_{shape}"),
@@ -120,23 +186,23 @@ pub fn matmul_panel(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>,
 /// plain reduction the GPU mapping deals to a warp's lanes, where the CPU form's
 /// per-lane local accumulators would keep every thread doing the same work.
 /// Same parameters, tasks and result as [`matmul_panel`].
-pub fn matmul_panel_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+pub fn matmul_panel_rowwise(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
-    let (x, w, addend, out) = panel_params(&mut b, n, w_elem, addend);
+    let (x, w, addend, out) = panel_params(&mut b, n, weights, addend);
     let (t, j, r, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
     let (ki, ni, lanes) = (k as i64, n as i64, PANEL as i64);
     // Column j is lane j % PANEL of panel j / PANEL: element [j / PANEL][kk][j % PANEL].
-    let weight = ld(w, add(mul(add(mul(div(v(j), i(lanes)), i(ki)), v(kk)), i(lanes)), rem(v(j), i(lanes))));
+    let weight = w.element(add(mul(add(mul(div(v(j), i(lanes)), i(ki)), v(kk)), i(lanes)), rem(v(j), i(lanes))));
     let dot = vec![
         set(acc, f(0.0)),
         for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(mul(v(r), i(ki)), v(kk))), weight)))]),
-        store(out, add(mul(v(r), i(ni)), v(j)), epilogue(v(acc), v(r), v(j), ni, addend)),
+        store(out, add(mul(v(r), i(ni)), v(j)), epilogue(w.finish(v(acc), v(j)), v(r), v(j), ni, addend)),
     ];
     let per_task = (PANELS_PER_TASK * PANEL) as i64;
     let first = mul(v(t), i(per_task));
     let body = vec![for_(j, first.clone(), min(add(first, i(per_task)), i(ni)), vec![for_(r, i(0), seq.expr(), dot)])];
     let tasks = TaskCount { per_seq: 0, fixed: (n / PANEL).div_ceil(PANELS_PER_TASK) };
-    let enc = float_suffix(w_elem);
+    let enc = weights.suffix();
     let name = match addend {
         None => format!("matmul_panel_rows{enc}_k{k}_n{n}_{}", seq.tag()),
         Some((_, bc)) => format!("matmul_add_panel_rows{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
@@ -153,11 +219,14 @@ pub(super) fn tile_tag(seq: SeqMode, register_tile: RegisterTile) -> String {
     }
 }
 
-/// The parameters of a panel matmul: `x`, `w`, `r`?, `out`.
-fn panel_params(b: &mut KernelBuilder, n: u64, w_elem: ElemType, addend: Option<Broadcast>) -> (u32, u32, Option<(u32, Broadcast)>, u32) {
+/// The parameters of a panel matmul: `x`, `w`, `scales` (fp8), `r`?, `out`.
+fn panel_params(b: &mut KernelBuilder, n: u64, weights: PanelWeights, addend: Option<Broadcast>) -> (u32, PanelParams, Option<(u32, Broadcast)>, u32) {
     assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
     let x = b.param("x", ElemType::F32, false);
-    let w = b.param("w", w_elem, false);
+    let w = match weights {
+        PanelWeights::Float(elem) => PanelParams { w: b.param("w", elem, false), scales: None },
+        PanelWeights::Float8E4M3 => PanelParams { w: b.param("w.quants", ElemType::I8, false), scales: Some(b.param("w.scales", ElemType::F32, false)) },
+    };
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
     (x, w, addend, out)
@@ -185,41 +254,66 @@ mod tests {
     use crate::interp::{run, Buffer};
     use crate::library::test_util::*;
 
+    /// An fp8 e4m3fn code's value, from the format's definition.
+    fn e4m3_reference(code: u8) -> f32 {
+        let (e, m) = (((code >> 3) & 15) as i32, (code & 7) as f32);
+        let magnitude = if e == 0 { m / 8.0 * 2f32.powi(-6) } else { (1.0 + m / 8.0) * 2f32.powi(e - 7) };
+        if code & 0x80 != 0 {
+            -magnitude
+        } else {
+            magnitude
+        }
+    }
+
+    /// Float32 panels and fp8 codes with column scales, every task shape, row
+    /// tile and addend, packed and row-wise forms, against the naive product of
+    /// the decoded row-major weights.
     #[test]
     fn packed_matmul_matches_the_naive_one() {
         // 48 columns = one full task (2 panels) and one single panel; 6 rows = a
         // row tile and 2 more.
         let (k, n) = (9usize, 48usize);
-        let w = rand(n * k, 2);
-        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let packed: Vec<f32> = pack_panels(&bytes, n, k, 4).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        for ((m, seq, addend), register_tile) in panel_cases() {
-            let x = rand(m * k, 1);
-            let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 5);
-            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(packed.clone())];
-            if addend.is_some() {
-                bufs.push(Buffer::F32(r.clone()));
-            }
-            bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
-            let mut rowwise = bufs.clone();
-            run(&matmul_panel(k as u64, n as u64, ElemType::F32, addend, seq, register_tile), &mut bufs, m as u64);
-            run(&matmul_panel_rowwise(k as u64, n as u64, ElemType::F32, addend, seq), &mut rowwise, m as u64);
-            let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
-            let Some(Buffer::F32(got_rowwise)) = rowwise.pop() else { unreachable!() };
-            let mut want = vec![0.0; m * n];
-            for row in 0..m {
-                for j in 0..n {
-                    let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
-                    want[row * n + j] = dot
-                        + match addend {
-                            None => 0.0,
-                            Some(Broadcast::Row) => r[j],
-                            Some(_) => r[row * n + j],
-                        };
+        let values = rand(n * k, 2);
+        let value_bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // Every code but the NaNs (0x7f, 0xff), subnormals and both signs included.
+        let codes: Vec<u8> = (0..n * k).map(|i| (i * 37 % 256) as u8).map(|c| if c & 0x7f == 0x7f { c ^ 1 } else { c }).collect();
+        // Decoded weights of magnitude at most 448 * 0.0017 (about 0.76), like the float ones.
+        let scales: Vec<f32> = (0..n).map(|j| 0.001 + j as f32 / 65536.0).collect();
+        let decoded: Vec<f32> = codes.iter().enumerate().map(|(i, &c)| e4m3_reference(c) * scales[i / k]).collect();
+        let forms = [
+            (PanelWeights::Float(ElemType::F32), values.clone(), vec![Buffer::F32(pack_panels(&value_bytes, n, k, 4).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())]),
+            (PanelWeights::Float8E4M3, decoded, vec![Buffer::I8(pack_panels(&codes, n, k, 1).into_iter().map(|c| c as i8).collect()), Buffer::F32(scales.clone())]),
+        ];
+        for (weights, w, packed) in forms {
+            for ((m, seq, addend), register_tile) in panel_cases() {
+                let x = rand(m * k, 1);
+                let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 5);
+                let mut bufs = vec![Buffer::F32(x.clone())];
+                bufs.extend(packed.iter().cloned());
+                if addend.is_some() {
+                    bufs.push(Buffer::F32(r.clone()));
                 }
+                bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+                let mut rowwise = bufs.clone();
+                run(&matmul_panel(k as u64, n as u64, weights, addend, seq, register_tile), &mut bufs, m as u64);
+                run(&matmul_panel_rowwise(k as u64, n as u64, weights, addend, seq), &mut rowwise, m as u64);
+                let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+                let Some(Buffer::F32(got_rowwise)) = rowwise.pop() else { unreachable!() };
+                let mut want = vec![0.0; m * n];
+                for row in 0..m {
+                    for j in 0..n {
+                        let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
+                        want[row * n + j] = dot
+                            + match addend {
+                                None => 0.0,
+                                Some(Broadcast::Row) => r[j],
+                                Some(_) => r[row * n + j],
+                            };
+                    }
+                }
+                close(&got, &want, 1e-5);
+                close(&got_rowwise, &want, 1e-5);
             }
-            close(&got, &want, 1e-5);
-            close(&got_rowwise, &want, 1e-5);
         }
     }
 }
