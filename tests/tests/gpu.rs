@@ -40,6 +40,8 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
         // The block-quantized kernels (q4_1 layers, q8_0 embedding) and bf16.
         ("smollm2-q4_1", smollm2_gguf(), &["--quantization-encoding", "q4_1"]),
         ("smollm2-bf16", smollm2_gguf(), &["--quantization-encoding", "bfloat16"]),
+        // fp8 codes decoded through halves (`cvt.f32.f16`) in the lane-split block GEMV.
+        ("smollm2-fp8", smollm2_gguf(), &["--quantization-encoding", "float8_e4m3fn"]),
     ];
     for (tag, model, extra) in cases {
         let (mef, ptx) = compile_with_ptx(&format!("ptx-{tag}"), &model, "cuda:sm_80,sm_90", extra);
@@ -89,6 +91,23 @@ fn fat_artifact_runs_its_cpu_code_and_matches_the_golden_logits() {
             assert_logits_close(&format!("fat {name} {}", case["name"]), &ours, &gold);
         }
     }
+}
+
+/// A fat fp8 artifact: the CPU code reads the codes in panels, and the PTX runs
+/// the panel GEMV's lane-split form under the same symbol, converting the
+/// codes through halves; ptxas accepts it.
+#[test]
+fn fat_fp8_artifact_runs_panel_gemvs_on_both_sides() {
+    let (mef, ptx) = compile_with_ptx("fat-fp8", &smollm2_gguf(), "cpu,cuda:sm_90", &["--quantization-encoding", "float8_e4m3fn"]);
+    assemble(&ptx, "sm_90");
+    let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
+    let start = text.find(".entry matmul_panel_float8_e4m3fn_k576_n960_s1(").expect("the fp8 panel GEMV is in the PTX");
+    let end = text[start + 1..].find(".entry").map_or(text.len(), |e| start + 1 + e);
+    for needle in ["shfl.sync.bfly", "cvt.f32.f16"] {
+        assert!(text[start..end].contains(needle), "the fat artifact's GPU fp8 panel GEMV has no `{needle}`");
+    }
+    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
+    assert!(r.1.contains("panel16"), "no panel16 weights in the fat fp8 artifact");
 }
 
 #[test]
