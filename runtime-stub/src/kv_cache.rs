@@ -5,9 +5,9 @@
 //! Where the whole cache takes at most [`HUGE_PAGE_SHARE`] of the memory the
 //! system has available, it lives on transparent huge pages. Each layer's keys
 //! (and values) are laid out `[kv_heads][max_length][head_dim]` by the kernels
-//! that use them: a decode step stores one head row per KV head, `4 * max_length
-//! * head_dim` bytes apart, and attention reads each head's positions back as one
-//! run. Huge pages were chosen when the key cache was transposed
+//! that use them: a decode step stores one head row per KV head,
+//! `4 * max_length * head_dim` bytes apart, and attention reads each head's
+//! positions back as one run. Huge pages were chosen when the key cache was transposed
 //! (`[kv_width][max_length]`, one float in each of `kv_width` rows per step: on
 //! 4 KiB pages 192 TLB misses per layer and step for SmolLM2), where they made
 //! SmolLM2 q4_1+int8 decode 1.07-1.10x faster; with head rows a step touches

@@ -247,16 +247,10 @@ mod tests {
         let (m, k, n) = (5usize, 4usize, 9usize);
         let (x, w) = (rand(m * k, 3), rand(n * k, 4));
         for (bc, r) in [(Broadcast::None, rand(m * n, 5)), (Broadcast::Row, rand(n, 6))] {
-            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(w.clone()), Buffer::F32(r.clone()), Buffer::F32(vec![0.0; m * n])];
+            let mut bufs = matmul_buffers(&x, &[Buffer::F32(w.clone())], &r, Some(bc), m * n);
             run(&matmul_add(k as u64, n as u64, bc, ElemType::F32, SeqMode::Dynamic), &mut bufs, m as u64);
             let Buffer::F32(got) = &bufs[3] else { unreachable!() };
-            for row in 0..m {
-                for j in 0..n {
-                    let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
-                    let want = dot + if bc == Broadcast::Row { r[j] } else { r[row * n + j] };
-                    assert!((got[row * n + j] - want).abs() < 1e-5);
-                }
-            }
+            close(got, &naive_matmul(&x, &w, &r, (m, k, n), Some(bc)), 1e-5);
         }
     }
 }

@@ -164,29 +164,13 @@ mod tests {
             for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
                 let x = rand(m * k, 3);
                 let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
-                let mut bufs = vec![Buffer::F32(x.clone())];
-                bufs.extend(parts.iter().cloned());
-                if addend.is_some() {
-                    bufs.push(Buffer::F32(r.clone()));
-                }
-                bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+                let mut bufs = matmul_buffers(&x, &parts, &r, addend, m * n);
                 let mut rowwise = bufs.clone();
                 run(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), &mut bufs, m as u64);
                 run(&matmul_blocks_rowwise(k as u64, n as u64, encoding, addend, seq), &mut rowwise, m as u64);
                 let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
                 let Some(Buffer::F32(got_rowwise)) = rowwise.pop() else { unreachable!() };
-                let mut want = vec![0.0; m * n];
-                for row in 0..m {
-                    for j in 0..n {
-                        let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
-                        want[row * n + j] = dot
-                            + match addend {
-                                None => 0.0,
-                                Some(Broadcast::Row) => r[j],
-                                Some(_) => r[row * n + j],
-                            };
-                    }
-                }
+                let want = naive_matmul(&x, &w, &r, (m, k, n), addend);
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
                 for (form, got) in [("lanes", &got), ("rowwise", &got_rowwise)] {
                     let err = got.iter().zip(&want).fold(0.0f32, |a, (g, w)| a.max((g - w).abs()));

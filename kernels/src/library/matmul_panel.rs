@@ -288,29 +288,13 @@ mod tests {
             for ((m, seq, addend), register_tile) in panel_cases() {
                 let x = rand(m * k, 1);
                 let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 5);
-                let mut bufs = vec![Buffer::F32(x.clone())];
-                bufs.extend(packed.iter().cloned());
-                if addend.is_some() {
-                    bufs.push(Buffer::F32(r.clone()));
-                }
-                bufs.push(Buffer::F32(vec![f32::NAN; m * n]));
+                let mut bufs = matmul_buffers(&x, &packed, &r, addend, m * n);
                 let mut rowwise = bufs.clone();
                 run(&matmul_panel(k as u64, n as u64, weights, addend, seq, register_tile), &mut bufs, m as u64);
                 run(&matmul_panel_rowwise(k as u64, n as u64, weights, addend, seq), &mut rowwise, m as u64);
                 let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
                 let Some(Buffer::F32(got_rowwise)) = rowwise.pop() else { unreachable!() };
-                let mut want = vec![0.0; m * n];
-                for row in 0..m {
-                    for j in 0..n {
-                        let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
-                        want[row * n + j] = dot
-                            + match addend {
-                                None => 0.0,
-                                Some(Broadcast::Row) => r[j],
-                                Some(_) => r[row * n + j],
-                            };
-                    }
-                }
+                let want = naive_matmul(&x, &w, &r, (m, k, n), addend);
                 close(&got, &want, 1e-5);
                 close(&got_rowwise, &want, 1e-5);
             }

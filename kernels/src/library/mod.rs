@@ -199,6 +199,38 @@ pub(crate) mod test_util {
         cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]).collect()
     }
 
+    /// A matmul's buffers: `x`, the weight's parts, `r` when there is an addend,
+    /// and an output of `out_len` NaNs.
+    pub fn matmul_buffers(x: &[f32], parts: &[Buffer], r: &[f32], addend: Option<super::elementwise::Broadcast>, out_len: usize) -> Vec<Buffer> {
+        let mut bufs = vec![Buffer::F32(x.to_vec())];
+        bufs.extend(parts.iter().cloned());
+        if addend.is_some() {
+            bufs.push(Buffer::F32(r.to_vec()));
+        }
+        bufs.push(Buffer::F32(vec![f32::NAN; out_len]));
+        bufs
+    }
+
+    /// The naive `x[m, k] @ w[n, k]^T` plus `r` broadcast as `addend` says: every
+    /// matmul test's reference.
+    pub fn naive_matmul(x: &[f32], w: &[f32], r: &[f32], (m, k, n): (usize, usize, usize), addend: Option<super::elementwise::Broadcast>) -> Vec<f32> {
+        use super::elementwise::Broadcast;
+        let mut want = vec![0.0; m * n];
+        for row in 0..m {
+            for j in 0..n {
+                let dot: f32 = (0..k).map(|q| x[row * k + q] * w[j * k + q]).sum();
+                want[row * n + j] = dot
+                    + match addend {
+                        None => 0.0,
+                        Some(Broadcast::Row) => r[j],
+                        Some(Broadcast::Scalar) => r[0],
+                        Some(Broadcast::None) => r[row * n + j],
+                    };
+            }
+        }
+        want
+    }
+
     pub fn close(a: &[f32], b: &[f32], tol: f32) {
         assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
