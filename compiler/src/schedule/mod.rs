@@ -9,7 +9,7 @@ pub mod memory;
 
 use std::collections::HashMap;
 
-use maxc_kernels::library::attention::{attention, kv_store, AttentionShape};
+use maxc_kernels::library::attention::{attention, attention_combine, attention_partial, kv_store, AttentionShape, DECODE_SPLITS};
 use maxc_kernels::library::copy::{last_row, slice_columns};
 use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::ir::DotForm;
@@ -721,8 +721,19 @@ fn schedule_impl<'g>(
                     softcap: *softcap,
                     causal: *causal,
                 };
-                let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                s.launch(attention(shape, seq), vec![q, pos, kc, vc, scratch], out_width()?)
+                if seq.is_decode() && shape.causal {
+                    // Flash-decoding: a task per (KV head, chunk of positions),
+                    // then a merge (docs/performance.md, Decisions).
+                    let splits = DECODE_SPLITS;
+                    let scratch = s.scratch(shape.split_scratch_per_token(splits));
+                    let per_token = shape.partials_per_token(splits);
+                    let written = TaskCount { per_seq: per_token, fixed: 0 };
+                    let partials = s.launch_outputs(attention_partial(shape, splits, seq), vec![q, pos, kc, vc, scratch], &[per_token * 4], written)[0];
+                    s.launch(attention_combine(shape, splits, seq), vec![partials, pos], out_width()?)
+                } else {
+                    let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
+                    s.launch(attention(shape, seq), vec![q, pos, kc, vc, scratch], out_width()?)
+                }
             }
             Op::Slice { axis: 1, start, len } => {
                 let width = graph.ty(node.inputs[0]).last_dim().expect("static width");

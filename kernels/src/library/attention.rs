@@ -11,6 +11,12 @@
 //! dimension (a vector reduction per key position); the weighted sum of values is
 //! vectorized over the head dimension. Scores live in a scratch row of `max_len`
 //! floats per query head of the task.
+//!
+//! Decode has one token, so one task per KV head leaves threads idle (SmolLM2: 3
+//! tasks). `attention_partial` splits each KV head's positions into chunks, one
+//! task each, writing every query head's unnormalized output with the chunk's
+//! max and sum of exponentials, and `attention_combine` merges the chunks
+//! (flash-decoding).
 
 use super::SeqMode;
 use crate::ir::dsl::*;
@@ -74,6 +80,48 @@ pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, seq: SeqMode) -> Ker
     b.finish(name, "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
+/// Decode attention splits each KV head's positions into at most this many
+/// chunks, one task each (flash-decoding): a step has `kv_heads * DECODE_SPLITS`
+/// tasks to share between threads instead of `kv_heads` (SmolLM2: 3, so with two
+/// threads one of them did two thirds of the work), and a combine kernel merges
+/// the chunks' softmax parts.
+pub const DECODE_SPLITS: u64 = 16;
+
+/// No chunk of a split decode attention is shorter than this many positions
+/// (but the last), so short contexts are not cut into slivers whose partial
+/// results cost more to write and merge than they save.
+pub const MIN_SPLIT_POSITIONS: u64 = 32;
+
+/// Floats per query head in a split attention's partial results: the head's
+/// unnormalized output row, then its running max and its sum of exponentials.
+pub fn partial_row(head_dim: u64) -> u64 {
+    head_dim + 2
+}
+
+impl AttentionShape {
+    /// Positions one task scores: every position of the cache, or with `splits`
+    /// the longest chunk (`max(ceil(max_len / splits), MIN_SPLIT_POSITIONS)`,
+    /// at most `max_len`).
+    fn scored_positions(&self, splits: Option<u64>) -> u64 {
+        match splits {
+            None => self.max_len,
+            Some(n) => self.max_len.div_ceil(n).max(MIN_SPLIT_POSITIONS).min(self.max_len),
+        }
+    }
+
+    /// Scratch floats per token of [`attention_partial`] with `splits` chunks:
+    /// a score row per query head, per chunk, per KV head.
+    pub fn split_scratch_per_token(&self, splits: u64) -> u64 {
+        self.kv_heads * splits * self.heads / self.kv_heads * self.scored_positions(Some(splits))
+    }
+
+    /// Floats per token of [`attention_partial`]'s output: a partial row per
+    /// query head and chunk.
+    pub fn partials_per_token(&self, splits: u64) -> u64 {
+        self.heads * splits * partial_row(self.head_dim)
+    }
+}
+
 /// `q: f32[seq, heads*hd]`, `pos: i32[seq]`, caches,
 /// `scratch: f32[seq*kv_heads, group*max_len]` -> `out: f32[seq, heads*hd]`.
 ///
@@ -83,50 +131,104 @@ pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, seq: SeqMode) -> Ker
 /// dotted with every query head of the group; output: four key positions per
 /// sweep over the output rows (the remainders one at a time).
 pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
+    attention_over(shape, seq, None)
+}
+
+/// How many chunks a split attention cuts `n` visible positions into: one per
+/// [`MIN_SPLIT_POSITIONS`] started, at most `splits`.
+fn chunks_used(n: Expr, splits: i64) -> Expr {
+    min(div(add(n, i(MIN_SPLIT_POSITIONS as i64 - 1)), i(MIN_SPLIT_POSITIONS as i64)), i(splits))
+}
+
+/// Positions per chunk (the last may be shorter): `n` over [`chunks_used`], rounded up.
+fn chunk_positions(n: Expr, splits: i64) -> Expr {
+    let used = chunks_used(n.clone(), splits);
+    div(sub(add(n, used.clone()), i(1)), used)
+}
+
+/// The first and one-past-last visible position of a token at position `p`.
+fn visible(shape: &AttentionShape, p: Expr) -> (Expr, Expr) {
+    let start = match shape.window {
+        None => i(0),
+        Some(w) => max(sub(add(p.clone(), i(1)), i(w as i64)), i(0)),
+    };
+    (start, add(p, i(1)))
+}
+
+/// Causal attention in `splits` chunks of positions per (token, KV head) task,
+/// the first half of flash-decoding: `q`, `pos`, caches,
+/// `scratch: f32[seq, split_scratch_per_token]` ->
+/// `partials: f32[seq, kv_heads, splits, group, head_dim + 2]`, each query head's
+/// output over its chunk before normalization, the chunk's max score and its sum
+/// of `exp(score - max)`. The token's `n` visible positions make
+/// `min(ceil(n / MIN_SPLIT_POSITIONS), splits)` chunks of equal length (the last
+/// may be shorter); the tasks of the other chunks write nothing, and
+/// [`attention_combine`] reads only the chunks there are.
+pub fn attention_partial(shape: AttentionShape, splits: u64, seq: SeqMode) -> Kernel {
+    assert!(shape.causal && splits >= 1, "split attention is for causal attention");
+    attention_over(shape, seq, Some(splits))
+}
+
+fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>) -> Kernel {
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
     let kc = b.param("k_cache", ElemType::F32, false);
     let vc = b.param("v_cache", ElemType::F32, false);
     let sc = b.param("scratch", ElemType::F32, true);
-    let out = b.param("out", ElemType::F32, true);
+    let out = b.param(if splits.is_some() { "partials" } else { "out" }, ElemType::F32, true);
     let ivar = |b: &mut KernelBuilder| b.var(ValType::I64);
     let t = ivar(&mut b);
     let (s, g, p, start, end, j, d, jb, jj) =
         (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
     let (nh, nkv, hd, len) = (shape.heads as i64, shape.kv_heads as i64, shape.head_dim as i64, shape.max_len as i64);
     let group = (nh / nkv) as usize;
+    let row_len = shape.scored_positions(splits) as i64;
     let fvars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::F32)).collect() };
     let ivars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::I64)).collect() };
-    // Per query head of the group: its q row offset, score row offset, max, sum
-    // and running dot product.
-    let (qo, so) = (ivars(&mut b, group), ivars(&mut b, group));
+    // Per query head of the group: its q row offset, output offset, score row
+    // offset, max, sum and running dot product.
+    let (qo, oo, so) = (ivars(&mut b, group), ivars(&mut b, group), ivars(&mut b, group));
     let (m, l, dot) = (fvars(&mut b, group), fvars(&mut b, group), fvars(&mut b, group));
     // Per (head, unrolled step): a probability; per step: a row offset.
     let coef: Vec<Vec<VarId>> = (0..group).map(|_| fvars(&mut b, 4)).collect();
     let rows = ivars(&mut b, 4);
     let pj = b.var(ValType::F32);
-    let start_expr = match shape.window {
-        None => i(0),
-        Some(w) => max(sub(add(v(p), i(1)), i(w as i64)), i(0)),
-    };
-    let score = |h: usize, j: Expr| add(j, v(so[h]));
+    let start_expr = visible(&shape, v(p)).0;
+    // Score rows are indexed from the task's first position.
+    let score = |h: usize, j: Expr| add(sub(j, v(start)), v(so[h]));
     let o = |h: usize, d: Expr| add(d, v(qo[h]));
+    let o_out = |h: usize, d: Expr| add(d, v(oo[h]));
     // The start of KV head g's row at position j in either cache.
     let row = |j: Expr| cache_index(v(g), j, i(0), hd, len);
 
+    let split = splits.unwrap_or(1) as i64;
     let mut body = vec![
-        set(s, div(v(t), i(nkv))),
-        set(g, rem(v(t), i(nkv))),
+        set(s, div(v(t), i(nkv * split))),
+        set(g, rem(v(t), i(nkv * split))),
         set(p, ld(pos, v(s))),
         set(start, start_expr),
         // Causal: keys up to this token; bidirectional: up to the step's last token.
         set(end, if shape.causal { add(v(p), i(1)) } else { add(ld(pos, sub(seq.expr(), i(1))), i(1)) }),
     ];
+    if splits.is_some() {
+        // g is (KV head, chunk) here: chunk c of the n = end - start positions.
+        let (c, chunk) = (ivar(&mut b), ivar(&mut b));
+        body.extend([
+            set(c, rem(v(g), i(split))),
+            set(g, div(v(g), i(split))),
+            set(chunk, chunk_positions(sub(v(end), v(start)), split)),
+            set(start, min(add(v(start), mul(v(c), v(chunk))), v(end))),
+            set(end, min(add(v(start), v(chunk)), v(end))),
+        ]);
+    }
+    let prelude = body.len();
+    let out_row = partial_row(shape.head_dim) as i64;
     for h in 0..group {
         let head = add(mul(v(g), i(group as i64)), i(h as i64));
         body.push(set(qo[h], mul(add(mul(v(s), i(nh)), head), i(hd))));
-        body.push(set(so[h], mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(len))));
+        body.push(set(oo[h], if splits.is_some() { mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(out_row)) } else { v(qo[h]) }));
+        body.push(set(so[h], mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(row_len))));
     }
 
     // Scores: s_h[j] = scale * sum_d q_h[d] K[g, j, d], every head of the group
@@ -159,7 +261,7 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
             v(end),
             vec![set(pj, fast_exp(sub(ld(sc, score(h, v(j))), v(m[h])))), store(sc, score(h, v(j)), v(pj)), set(l[h], add(v(l[h]), v(pj)))],
         ));
-        body.push(for_vec(d, i(0), i(hd), vec![store(out, o(h, v(d)), f(0.0))]));
+        body.push(for_vec(d, i(0), i(hd), vec![store(out, o_out(h, v(d)), f(0.0))]));
     }
 
     // out_h = sum_j p_h[j] V[g, j] / l_h, four key positions per sweep.
@@ -173,11 +275,11 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
         }
         let mut lanes = Vec::new();
         for h in 0..group {
-            let mut sum = ld(out, o(h, v(d)));
+            let mut sum = ld(out, o_out(h, v(d)));
             for u in 0..positions.len() {
                 sum = add(sum, mul(v(coef[h][u]), ld(vc, add(v(d), v(rows[u])))));
             }
-            lanes.push(store(out, o(h, v(d)), sum));
+            lanes.push(store(out, o_out(h, v(d)), sum));
         }
         sweep.push(for_vec(d, i(0), i(hd), lanes));
         sweep
@@ -187,11 +289,78 @@ pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
     body.push(for_(jj, i(0), v(jb), out_sweep(&four, &coef, &rows)));
     body.push(for_(j, add(v(start), mul(v(jb), i(4))), v(end), out_sweep(&[v(j)], &coef, &rows)));
     for h in 0..group {
-        body.push(set(l[h], div(f(1.0), v(l[h]))));
-        body.push(for_vec(d, i(0), i(hd), vec![store(out, o(h, v(d)), mul(ld(out, o(h, v(d))), v(l[h])))]));
+        if splits.is_some() {
+            // The chunk's softmax parts, for the combine.
+            body.push(store(out, o_out(h, i(hd)), v(m[h])));
+            body.push(store(out, o_out(h, i(hd + 1)), v(l[h])));
+        } else {
+            body.push(set(l[h], div(f(1.0), v(l[h]))));
+            body.push(for_vec(d, i(0), i(hd), vec![store(out, o_out(h, v(d)), mul(ld(out, o_out(h, v(d))), v(l[h])))]));
+        }
     }
-    let tasks = TaskCount { per_seq: shape.kv_heads, fixed: 0 };
-    b.finish(format!("attention_{}_{}", shape.tag(), seq.tag()), "attention", tasks, t, body)
+    if splits.is_some() {
+        // A chunk past the token's last one returns at once (the combine does not
+        // read it): at short contexts most tasks are such (one in 16 at 32
+        // positions), and their setup alone cost 18% of the kernel.
+        let work = body.split_off(prelude);
+        body.push(if_(lt(v(start), v(end)), work));
+    }
+    let tasks = TaskCount { per_seq: shape.kv_heads * splits.unwrap_or(1), fixed: 0 };
+    let name = match splits {
+        None => format!("attention_{}_{}", shape.tag(), seq.tag()),
+        Some(n) => format!("attention_split{n}_{}_{}", shape.tag(), seq.tag()),
+    };
+    b.finish(name, "attention", tasks, t, body)
+}
+
+/// The second half of flash-decoding: `partials` of [`attention_partial`] with
+/// `splits` chunks, `pos: i32[seq]` (how many chunks each token's parts fill)
+/// -> `out: f32[seq, heads*hd]`. One task per token, every
+/// query head in turn: `out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c` with `M` the
+/// largest chunk max, exactly softmax attention over all the chunks' positions.
+pub fn attention_combine(shape: AttentionShape, splits: u64, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let part = b.param("partials", ElemType::F32, false);
+    let pos = b.param("pos", ElemType::I32, false);
+    let out = b.param("out", ElemType::F32, true);
+    let (t, s, hq, c, base, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let used = b.var(ValType::I64);
+    let (big_m, sum, w) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+    let (nh, nkv, hd) = (shape.heads as i64, shape.kv_heads as i64, shape.head_dim as i64);
+    let (group, row, n) = (nh / nkv, partial_row(shape.head_dim) as i64, splits as i64);
+    // Query head hq = g * group + h reads rows ((s * kv_heads + g) * splits + c) * group + h.
+    let chunk_row = |c: Expr| {
+        let g = div(v(hq), i(group));
+        let h = rem(v(hq), i(group));
+        mul(add(mul(add(mul(add(mul(v(s), i(nkv)), g), i(n)), c), i(group)), h), i(row))
+    };
+    let o = |d: Expr| add(mul(add(mul(v(s), i(nh)), v(hq)), i(hd)), d);
+    let per_head = vec![
+        set(big_m, f(-3.0e38)),
+        for_(c, i(0), v(used), vec![set(big_m, max(v(big_m), ld(part, add(chunk_row(v(c)), i(hd)))))]),
+        set(sum, f(0.0)),
+        for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), f(0.0))]),
+        for_(
+            c,
+            i(0),
+            v(used),
+            vec![
+                set(base, chunk_row(v(c))),
+                set(w, fast_exp(sub(ld(part, add(v(base), i(hd))), v(big_m)))),
+                set(sum, add(v(sum), mul(v(w), ld(part, add(v(base), i(hd + 1)))))),
+                for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), add(ld(out, o(v(d))), mul(v(w), ld(part, add(v(base), v(d))))))]),
+            ],
+        ),
+        set(sum, div(f(1.0), v(sum))),
+        for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), mul(ld(out, o(v(d))), v(sum)))]),
+    ];
+    let (first, end) = visible(&shape, ld(pos, v(t)));
+    let body = vec![set(s, v(t)), set(used, chunks_used(sub(end, first), n)), for_(hq, i(0), i(nh), per_head)];
+    // One task per token: a decode step's merge (a few KiB) runs on the calling
+    // thread, where a launch of a task per head cost more in hand-outs and the
+    // barrier than the merge itself.
+    let tasks = TaskCount { per_seq: 1, fixed: 0 };
+    b.finish(format!("attention_combine{splits}_{}_{}", shape.tag(), seq.tag()), "attention_combine", tasks, t, body)
 }
 
 #[cfg(test)]
@@ -200,9 +369,11 @@ mod tests {
     use crate::interp::{run, Buffer};
     use crate::library::test_util::*;
 
-    /// Naive softmax attention for one query row against keys 0..=p.
-    fn naive(q: &[f32], keys: &[&[f32]], vals: &[&[f32]], scale: f32) -> Vec<f32> {
-        let s: Vec<f32> = keys.iter().map(|k| q.iter().zip(*k).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+    /// Naive softmax attention (soft-capped scores where asked) for one query row
+    /// against keys 0..=p.
+    fn naive(q: &[f32], keys: &[&[f32]], vals: &[&[f32]], scale: f32, softcap: Option<f32>) -> Vec<f32> {
+        let cap = |x: f32| softcap.map_or(x, |c| (x / c).tanh() * c);
+        let s: Vec<f32> = keys.iter().map(|k| cap(q.iter().zip(*k).map(|(a, b)| a * b).sum::<f32>() * scale)).collect();
         let mx = s.iter().copied().fold(f32::MIN, f32::max);
         let e: Vec<f32> = s.iter().map(|x| (x - mx).exp()).collect();
         let z: f32 = e.iter().sum();
@@ -212,7 +383,7 @@ mod tests {
     /// Stores `seq` tokens at positions 0.. with `kv_store` (prefill or decode, token
     /// by token) and runs attention over them: the output of every query head
     /// equals naive softmax attention over its window.
-    fn check_attention(shape: AttentionShape, seq: usize, decode: bool) {
+    fn check_attention(shape: AttentionShape, seq: usize, decode: bool, splits: Option<u64>) {
         let (kvw, qw) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize);
         let (hd, group, len) = (shape.head_dim as usize, (shape.heads / shape.kv_heads) as usize, shape.max_len as usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
@@ -239,17 +410,32 @@ mod tests {
             }
         }
         let pos: Vec<i32> = (0..seq as i32).collect();
-        let scratch = Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
-        let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, Buffer::F32(vec![0.0; seq * qw])];
-        run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
-        let Buffer::F32(got) = &bufs[5] else { unreachable!() };
+        let got = match splits {
+            None => {
+                let scratch = Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
+                let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, Buffer::F32(vec![0.0; seq * qw])];
+                run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
+                bufs.swap_remove(5)
+            }
+            Some(n) => {
+                // Every token at once: each one's own causal range is split.
+                let scratch = Buffer::F32(vec![f32::NAN; seq * shape.split_scratch_per_token(n) as usize]);
+                let partials = Buffer::F32(vec![f32::NAN; seq * shape.partials_per_token(n) as usize]);
+                let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, partials];
+                run(&attention_partial(shape, n, SeqMode::Dynamic), &mut bufs, seq as u64);
+                let mut bufs = vec![bufs.swap_remove(5), Buffer::I32((0..seq as i32).collect()), Buffer::F32(vec![f32::NAN; seq * qw])];
+                run(&attention_combine(shape, n, SeqMode::Dynamic), &mut bufs, seq as u64);
+                bufs.swap_remove(2)
+            }
+        };
+        let Buffer::F32(got) = &got else { unreachable!() };
         for s in 0..seq {
             for h in 0..shape.heads as usize {
                 let kvh = h / group;
                 let from = shape.window.map_or(0, |w| (s + 1).saturating_sub(w as usize));
                 let keys: Vec<&[f32]> = (from..=s).map(|j| &k[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
                 let vals: Vec<&[f32]> = (from..=s).map(|j| &v[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
-                let want = naive(&q[s * qw + h * hd..s * qw + h * hd + hd], &keys, &vals, shape.scale);
+                let want = naive(&q[s * qw + h * hd..s * qw + h * hd + hd], &keys, &vals, shape.scale, shape.softcap);
                 close(&got[s * qw + h * hd..s * qw + h * hd + hd], &want, 1e-5);
             }
         }
@@ -258,7 +444,7 @@ mod tests {
     #[test]
     fn grouped_query_attention_with_window_matches_naive_softmax() {
         let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true };
-        check_attention(shape, 3, false);
+        check_attention(shape, 3, false, None);
     }
 
     /// Longer caches with windows that start past position 0, a cache that the
@@ -269,8 +455,19 @@ mod tests {
         for (max_len, seq, window) in [(37, 37, None), (37, 30, Some(20)), (48, 40, Some(17)), (16, 16, None)] {
             let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true };
             for decode in [false, true] {
-                check_attention(shape, seq, decode);
+                check_attention(shape, seq, decode, None);
             }
+        }
+    }
+
+    /// Flash-decoding: every token's positions in chunks (one chunk, several,
+    /// chunks past the end, windows that start past position 0, soft-capping)
+    /// merged by the combine kernel equal naive softmax attention.
+    #[test]
+    fn split_attention_and_combine_match_naive_softmax() {
+        for (max_len, seq, window, splits, softcap) in [(8, 8, None, 1, None), (40, 40, None, 3, None), (150, 150, None, 4, None), (150, 140, Some(70), 2, Some(2.5)), (300, 300, Some(200), 16, None)] {
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap, causal: true };
+            check_attention(shape, seq, false, Some(splits));
         }
     }
 }
