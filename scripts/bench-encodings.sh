@@ -19,7 +19,7 @@ out=target/bench-encodings
 mkdir -p "$out"
 echo "| encoding | maxc pp$p | maxc tg$n | decode % of roofline | llama.cpp type | llama.cpp pp$p | llama.cpp tg$n |"
 echo "|---|---:|---:|---:|---|---:|---:|"
-for pair in float32:F32 bfloat16:BF16 q8_0:Q8_0 q8_0+int8:Q8_0 q8_0+float32:Q8_0 q4_1:Q4_1 q4_1+int8:Q4_1 q4_1+float32:Q4_1 q4_0:Q4_0 q4_0+int8:Q4_0 q4_k:Q4_K_S q4_k+int8:Q4_K_S float8_e4m3fn:-; do
+for pair in float32:F32 bfloat16:BF16 float16:F16 q8_0:Q8_0 q8_0+int8:Q8_0 q8_0+float32:Q8_0 q4_1:Q4_1 q4_1+int8:Q4_1 q4_1+float32:Q4_1 q4_0:Q4_0 q4_0+int8:Q4_0 q4_k:Q4_K_S q4_k+int8:Q4_K_S float8_e4m3fn:-; do
   enc=${pair%%:*} gtype=${pair#*:}
   activations=()
   if [[ $enc == *+* ]]; then activations=(--activation-encoding "${enc#*+}"); fi

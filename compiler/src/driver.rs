@@ -139,6 +139,8 @@ pub struct CompileOptions<'a> {
     pub embedding_encoding: Option<String>,
     /// `--activation-encoding`, overriding the manifest's.
     pub activation_encoding: Option<String>,
+    /// `--kv-cache-encoding`, overriding the manifest's.
+    pub kv_cache_encoding: Option<String>,
     /// `--backend`: `llvm` (default) or `cranelift`.
     pub backend: Option<String>,
     /// `--devices`, overriding the manifest's `compile.devices`.
@@ -195,6 +197,10 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let activations_named = match options.activation_encoding.clone().or(c.activation_encoding.clone()) {
         Some(name) => Some(crate::manifest::parse_activation_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.activation_encoding", m))?),
         None => None,
+    };
+    let kv_encoding = match options.kv_cache_encoding.clone().or(c.kv_cache_encoding.clone()) {
+        Some(name) => crate::manifest::parse_kv_cache_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.kv_cache_encoding", m))?,
+        None => mef::KvEncoding::Float32,
     };
     let devices_spec = options.devices.clone().or(c.devices.clone());
     let target_spec = options.target.clone().or(c.target.clone()).unwrap_or_else(|| "cpu".into());
@@ -286,16 +292,17 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     weights.activations = activations;
     weights.register_tile = targets.cpu.as_ref().map(|t| maxc_kernels::library::RegisterTile::for_cpu(t.has_avx512())).unwrap_or_default();
     let mut kernels = KernelSet::default();
+    let cache = crate::schedule::KvCacheSpec::new(max_length, kv_encoding);
     let mut schedules = Vec::with_capacity(graphs.len());
     for (index, graph) in graphs.iter().enumerate() {
         weights.device = index as u32;
         let mut interp = crate::interp::Interpreter::new(graph, &fe.model.weights);
-        let prefill = schedule(graph, &mut interp, SeqMode::Dynamic, max_seq, max_length, &mut weights, &mut kernels)?;
-        let decode = schedule(graph, &mut interp, SeqMode::Fixed(1), 1, max_length, &mut weights, &mut kernels)?;
+        let prefill = schedule(graph, &mut interp, SeqMode::Dynamic, max_seq, cache, &mut weights, &mut kernels)?;
+        let decode = schedule(graph, &mut interp, SeqMode::Fixed(1), 1, cache, &mut weights, &mut kernels)?;
         // Generation needs only the last token's logits of a prompt: a third plan stops
         // computing the other rows at the final norm (the lm_head is 14% of prefill).
         let prefill_last = match crate::schedule::last_row_cut(graph, &interp) {
-            Some(cut) => Some(crate::schedule::schedule_last_row(graph, &mut interp, cut, max_seq, max_length, &mut weights, &mut kernels)?),
+            Some(cut) => Some(crate::schedule::schedule_last_row(graph, &mut interp, cut, max_seq, cache, &mut weights, &mut kernels)?),
             None => None,
         };
         schedules.push((prefill, decode, prefill_last));
@@ -329,7 +336,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             logits: arena(s.logits),
         }
     };
-    let kv_layout = mef::KvCacheLayout { layers: kv.layers, row_elems: kv.row_elems };
+    let kv_layout = mef::KvCacheLayout { layers: kv.layers, row_elems: kv.row_elems, encoding: kv_encoding };
     let sub_models: Vec<mef::SubModel> = schedules
         .iter()
         .enumerate()
@@ -510,7 +517,8 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
         run_pipeline(&mut g, &PipelineOptions::default())?;
         let mut interp = crate::interp::Interpreter::new(&g, &model.weights);
         let (mut w, mut k) = (Default::default(), Default::default());
-        crate::schedule::schedule(&g, &mut interp, maxc_kernels::library::SeqMode::Fixed(1), 1, 1, &mut w, &mut k)?;
+        let cache = crate::schedule::KvCacheSpec { max_len: 1, elem: maxc_kernels::ElemType::F32 };
+        crate::schedule::schedule(&g, &mut interp, maxc_kernels::library::SeqMode::Fixed(1), 1, cache, &mut w, &mut k)?;
         crate::schedule::kv_shape(&g).map(|_| ())
     });
     if let Err(e) = result {

@@ -98,6 +98,11 @@ struct CompileArgs {
     /// activations are CPU code only.
     #[arg(long, value_name = "ENCODING")]
     activation_encoding: Option<String>,
+    /// The KV cache's element type: float32 (default, exact) or float16 (half
+    /// the cache memory and the bytes attention reads, as llama.cpp's default;
+    /// keys and values rounded to nearest even).
+    #[arg(long, value_name = "ENCODING")]
+    kv_cache_encoding: Option<String>,
     /// Device mesh: cpu (default), cpu:0,1 (two CPU devices, each with its own
     /// threads and weight shard), gpu:0,1,2,3. One sub-model per device.
     #[arg(long, value_name = "DEVICES")]
@@ -196,6 +201,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         encoding: args.quantization_encoding.clone(),
         embedding_encoding: args.embedding_encoding.clone(),
         activation_encoding: args.activation_encoding.clone(),
+        kv_cache_encoding: args.kv_cache_encoding.clone(),
         backend: args.backend.clone(),
         devices: args.devices.clone(),
         attention_sharding: args.attention_sharding.clone(),

@@ -59,6 +59,10 @@ pub struct CompileSection {
     /// Activations of block-quantized matmuls: `float32` (default) or `int8`
     /// (quantized per block, integer dot products; CPU code only).
     pub activation_encoding: Option<String>,
+    /// The KV cache's element type: `float32` (default, exact) or `float16`
+    /// (half the memory and the bytes attention reads; values rounded to
+    /// nearest even).
+    pub kv_cache_encoding: Option<String>,
     /// The longest sequence (prompt + generated) the artifact supports.
     pub max_length: Option<u32>,
     pub max_batch_size: Option<u32>,
@@ -160,6 +164,9 @@ impl Manifest {
         if let Some(a) = &self.compile.activation_encoding {
             parse_activation_encoding(a).map_err(|m| Error::invalid(path, "compile.activation_encoding", m))?;
         }
+        if let Some(k) = &self.compile.kv_cache_encoding {
+            parse_kv_cache_encoding(k).map_err(|m| Error::invalid(path, "compile.kv_cache_encoding", m))?;
+        }
         if self.compile.max_length == Some(0) {
             return Err(Error::invalid(path, "compile.max_length", "must be at least 1"));
         }
@@ -204,9 +211,23 @@ pub fn parse_activation_encoding(name: &str) -> std::result::Result<crate::sched
     [A::Float32, A::Int8, A::Int16].into_iter().find(|a| a.name() == name).ok_or_else(|| format!("unknown activation encoding `{name}`; valid: float32, int8, int16"))
 }
 
+/// `compile.kv_cache_encoding`: the KV cache's element type.
+pub fn parse_kv_cache_encoding(name: &str) -> std::result::Result<maxrun::format::KvEncoding, String> {
+    maxrun::format::KvEncoding::from_name(name).ok_or_else(|| format!("unknown KV cache encoding `{name}`; valid: float32, float16"))
+}
+
 /// Keys of `[compile]` that `transformer.<key>` overrides address.
-const COMPILE_KEYS: &[&str] =
-    &["target", "devices", "attention_sharding", "quantization_encoding", "embedding_encoding", "activation_encoding", "max_length", "max_batch_size"];
+const COMPILE_KEYS: &[&str] = &[
+    "target",
+    "devices",
+    "attention_sharding",
+    "quantization_encoding",
+    "embedding_encoding",
+    "activation_encoding",
+    "kv_cache_encoding",
+    "max_length",
+    "max_batch_size",
+];
 const MODEL_KEYS: &[&str] = &["path", "name", "architecture"];
 
 /// Applies one `--model-override KEY=VALUE`.

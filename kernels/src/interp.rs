@@ -172,7 +172,11 @@ impl Machine<'_> {
                             let len = b.len();
                             *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i8
                         }
-                        Buffer::BF16(_) | Buffer::F16(_) | Buffer::U8(_) => {
+                        Buffer::F16(b) => {
+                            let len = b.len();
+                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = half::f16::from_f32(v.f()).to_bits()
+                        }
+                        Buffer::BF16(_) | Buffer::U8(_) => {
                             unreachable!("weight-only parameters are never stored (validated)")
                         }
                     }

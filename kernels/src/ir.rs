@@ -19,7 +19,8 @@ pub enum ElemType {
     I32,
     /// bfloat16 storage; loads widen to f32 (weights only, never stored).
     BF16,
-    /// IEEE half storage; loads widen to f32 (weights only, never stored).
+    /// IEEE half storage; loads widen to f32, stores round an f32 to nearest
+    /// even (f16 weights, and the KV cache with `--kv-cache-encoding float16`).
     F16,
     /// Signed bytes; loads sign-extend to i64, stores truncate an i64 (quantized
     /// weights, and activations quantized to int8 at run time).
@@ -131,6 +132,17 @@ impl Expr {
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.mentions(var) || b.mentions(var),
             Expr::Un(_, a) => a.mentions(var),
             Expr::Select(c, a, b) => c.mentions(var) || a.mentions(var) || b.mentions(var),
+        }
+    }
+
+    /// Whether the expression loads from a parameter for which `param` holds.
+    pub fn loads(&self, param: &impl Fn(u32) -> bool) -> bool {
+        match self {
+            Expr::F32(_) | Expr::I64(_) | Expr::Var(_) | Expr::Seq => false,
+            Expr::Load { param: p, index } => param(*p) || index.loads(param),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.loads(param) || b.loads(param),
+            Expr::Un(_, a) => a.loads(param),
+            Expr::Select(c, a, b) => c.loads(param) || a.loads(param) || b.loads(param),
         }
     }
 
@@ -556,9 +568,9 @@ impl Kernel {
                         return Err("store index must be i64".into());
                     }
                     let want = match p.elem {
-                        ElemType::F32 => ValType::F32,
+                        ElemType::F32 | ElemType::F16 => ValType::F32,
                         ElemType::I32 | ElemType::I8 => ValType::I64,
-                        ElemType::BF16 | ElemType::F16 | ElemType::U8 => {
+                        ElemType::BF16 | ElemType::U8 => {
                             return Err(format!("store to weight-only parameter `{}` ({:?})", p.name, p.elem))
                         }
                     };

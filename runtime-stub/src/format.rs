@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 3;
+pub const FORMAT_MAJOR: u32 = 4;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
@@ -494,13 +494,49 @@ impl CollectiveOp {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KvCacheLayout {
     pub layers: u64,
-    /// f32 elements per position per layer (kv_heads * head_dim) for keys, and again for values.
+    /// Elements per position per layer (kv_heads * head_dim) for keys, and again for values.
     pub row_elems: u64,
+    /// The elements' type.
+    pub encoding: KvEncoding,
 }
 
 impl KvCacheLayout {
     pub fn bytes_per_token(&self) -> u64 {
-        2 * self.layers * self.row_elems * 4
+        2 * self.layers * self.row_elems * self.encoding.bytes()
+    }
+
+    /// Bytes of one layer's keys (or values) for `max_length` positions,
+    /// `None` where that overflows.
+    pub fn layer_bytes(&self, max_length: u64) -> Option<u64> {
+        max_length.checked_mul(self.row_elems)?.checked_mul(self.encoding.bytes())
+    }
+}
+
+/// The KV cache's element type (`maxc compile --kv-cache-encoding`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvEncoding {
+    Float32,
+    /// IEEE half: keys and values rounded to nearest even when stored.
+    Float16,
+}
+
+impl KvEncoding {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvEncoding::Float32 => "float32",
+            KvEncoding::Float16 => "float16",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [KvEncoding::Float32, KvEncoding::Float16].into_iter().find(|e| e.name() == name)
+    }
+
+    pub fn bytes(self) -> u64 {
+        match self {
+            KvEncoding::Float32 => 4,
+            KvEncoding::Float16 => 2,
+        }
     }
 }
 

@@ -113,7 +113,7 @@ struct GpuDevice {
     decode: GpuPlan,
     prefill_last: Option<GpuPlan>,
     _weights: Vec<CudaSlice<u8>>,
-    _caches: Vec<CudaSlice<f32>>,
+    _caches: Vec<CudaSlice<u8>>,
     tokens: CudaSlice<i32>,
     positions: CudaSlice<i32>,
     dims: CudaSlice<i64>,
@@ -152,9 +152,10 @@ impl GpuDevice {
         for (&i, w) in mine.iter().zip(&weights) {
             weight_ptrs[i] = w.device_ptr(&stream).0;
         }
-        let cache_len = (h.max_length * h.kv_cache.row_elems).max(1) as usize;
+        // Bytes: f32 or f16 elements, as the artifact's KV encoding says.
+        let cache_bytes = h.kv_cache.layer_bytes(h.max_length).unwrap_or(u64::MAX).max(1) as usize;
         let layers = h.kv_cache.layers as usize;
-        let caches: Vec<CudaSlice<f32>> = (0..2 * layers).map(|_| stream.alloc_zeros::<f32>(cache_len)).collect::<Result<_, _>>().map_err(driver_err)?;
+        let caches: Vec<CudaSlice<u8>> = (0..2 * layers).map(|_| stream.alloc_zeros::<u8>(cache_bytes)).collect::<Result<_, _>>().map_err(driver_err)?;
         let max_seq = m.prefill.max_seq.max(1) as usize;
         let tokens = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;
         let positions = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;

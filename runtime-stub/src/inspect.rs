@@ -85,6 +85,7 @@ pub fn report(a: &Artifact) -> Value {
             "weights_bytes": weights_bytes,
             "activation_arena_bytes": arenas,
             "kv_bytes_per_token": kv_per_token,
+            "kv_encoding": h.kv_cache.encoding.name(),
             "max_length": h.max_length,
             "total_bytes_at_max_length": weights_bytes + arenas + kv_per_token * h.max_length,
         },
@@ -148,7 +149,7 @@ pub fn render_text(r: &Value) -> String {
     let by_layout: Vec<String> = r["weights"]["by_layout"].as_object().into_iter().flatten().map(|(l, n)| format!("{n} {l}")).collect();
     line("weight layouts", by_layout.join(", "));
     let m = &r["memory"];
-    line("KV cache", format!("{} bytes per token, max length {}", m["kv_bytes_per_token"], m["max_length"]));
+    line("KV cache", format!("{} bytes per token ({}), max length {}", m["kv_bytes_per_token"], m["kv_encoding"].as_str().unwrap_or("?"), m["max_length"]));
     line("memory at max length", mib(m["total_bytes_at_max_length"].as_u64().unwrap_or(0)));
     for sec in r["sections"].as_array().into_iter().flatten() {
         line(&format!("section {}", sec["kind"].as_str().unwrap_or("")), format!("{} bytes at {}, xxh3 {}", sec["bytes"], sec["offset"], sec["xxh3"].as_str().unwrap_or("")));

@@ -60,11 +60,12 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Zeroed caches for `layers` layers of `layer_elems` floats each (keys and
-    /// values alike); if the system has no memory for them, the bytes both
-    /// buffers needed (`u64::MAX` where that overflows).
-    pub fn new(layers: usize, layer_elems: usize) -> Result<Self, u64> {
-        let layer_bytes = layer_elems.checked_mul(4).and_then(|b| b.checked_next_multiple_of(64)?.checked_add(LAYER_SKEW_BYTES));
+    /// Zeroed caches for `layers` layers of `layer_bytes` bytes each (keys and
+    /// values alike: f32 or f16 elements, as the artifact says); if the system
+    /// has no memory for them, the bytes both buffers needed (`u64::MAX` where
+    /// that overflows).
+    pub fn new(layers: usize, layer_bytes: usize) -> Result<Self, u64> {
+        let layer_bytes = layer_bytes.checked_next_multiple_of(64).and_then(|b| b.checked_add(LAYER_SKEW_BYTES));
         let sizes = layer_bytes.and_then(|l| Some((l, layers.checked_mul(l)?.checked_add(VALUE_SKEW_BYTES)?)));
         // `bytes` is per buffer; keys and values together take twice this.
         let Some((layer_bytes, bytes)) = sizes else { return Err(u64::MAX) };
@@ -112,7 +113,7 @@ mod tests {
     #[test]
     fn layers_are_disjoint_zeroed_and_aligned() {
         let (layers, elems) = (3, 1000);
-        let mut cache = KvCache::new(layers, elems).unwrap();
+        let mut cache = KvCache::new(layers, elems * 4).unwrap();
         let mut starts = Vec::new();
         for l in 0..layers {
             for p in [cache.keys(l), cache.values(l)] {
@@ -138,7 +139,7 @@ mod tests {
 
     #[test]
     fn a_small_cache_goes_on_huge_pages_where_memory_is_known() {
-        let cache = KvCache::new(2, 1024).unwrap();
+        let cache = KvCache::new(2, 1024 * 4).unwrap();
         let both_buffers = 2 * (2 * (4096 + LAYER_SKEW_BYTES) + VALUE_SKEW_BYTES) as u64;
         assert_eq!(cache.on_huge_pages(), available_memory().is_some_and(|a| a >= both_buffers * HUGE_PAGE_SHARE));
     }
@@ -150,7 +151,7 @@ mod tests {
     #[test]
     fn layers_and_values_are_skewed_against_cache_aliasing() {
         let (layers, elems) = (30, 3 * 2048 * 64);
-        let mut cache = KvCache::new(layers, elems).unwrap();
+        let mut cache = KvCache::new(layers, elems * 4).unwrap();
         let mut offsets: Vec<usize> = (0..layers).flat_map(|l| [cache.keys(l) as usize % 65536, cache.values(l) as usize % 65536]).collect();
         offsets.sort();
         offsets.dedup();
@@ -163,7 +164,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_cache_on_huge_pages_is_resident_from_creation() {
-        let cache = KvCache::new(8, 1 << 20).unwrap();
+        let cache = KvCache::new(8, 4 << 20).unwrap();
         if !cache.on_huge_pages() {
             return; // Too little memory here for the huge-page placement (32 MiB).
         }
@@ -183,6 +184,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "layer 2 of a 2-layer KV cache")]
     fn a_layer_past_the_last_is_refused() {
-        KvCache::new(2, 16).unwrap().keys(2);
+        KvCache::new(2, 64).unwrap().keys(2);
     }
 }

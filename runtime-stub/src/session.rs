@@ -176,9 +176,12 @@ impl<'a> Session<'a> {
         };
         let h = &artifact.header;
         let sub = &h.sub_models[device];
-        let cache_len = (h.max_length * h.kv_cache.row_elems) as usize;
+        let layer_bytes = h.kv_cache.layer_bytes(h.max_length).and_then(|b| usize::try_from(b).ok());
         let layers = h.kv_cache.layers as usize;
-        let kv_cache = KvCache::new(layers, cache_len).map_err(|bytes| SessionError::KvCacheMemory { bytes, max_length: h.max_length })?;
+        let kv_cache = layer_bytes
+            .ok_or(u64::MAX)
+            .and_then(|b| KvCache::new(layers, b))
+            .map_err(|bytes| SessionError::KvCacheMemory { bytes, max_length: h.max_length })?;
         Ok(Session {
             artifact,
             device,

@@ -42,6 +42,8 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
         ("smollm2-bf16", smollm2_gguf(), &["--quantization-encoding", "bfloat16"]),
         // fp8 codes decoded through halves (`cvt.f32.f16`) in the lane-split block GEMV.
         ("smollm2-fp8", smollm2_gguf(), &["--quantization-encoding", "float8_e4m3fn"]),
+        // An f16 KV cache: stores round (`cvt.rn.f16.f32`), attention widens.
+        ("tiny-llama-kv-f16", fixture("tiny-llama"), &["--kv-cache-encoding", "float16"]),
     ];
     for (tag, model, extra) in cases {
         let (mef, ptx) = compile_with_ptx(&format!("ptx-{tag}"), &model, "cuda:sm_80,sm_90", extra);
@@ -54,6 +56,12 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
             // rows of down_proj four-warp tasks meeting in shared memory.
             let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
             for needle in ["ld.global.v4.f32", "shfl.sync.bfly", ".shared", "bar.sync", "bar.warp.sync"] {
+                assert!(text.contains(needle), "{tag}: no `{needle}` in the PTX");
+            }
+        }
+        if tag == "tiny-llama-kv-f16" {
+            let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
+            for needle in [".entry kv_store_kv2_d16_l", "cvt.rn.f16.f32", "cvt.f32.f16", ".entry attention_split16_"] {
                 assert!(text.contains(needle), "{tag}: no `{needle}` in the PTX");
             }
         }

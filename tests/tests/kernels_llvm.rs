@@ -159,10 +159,12 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: rms_norm(96, 32, 1e-6, seq), sizes: vec![s * 96, 32, s * 96], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rope(24, 8, seq), sizes: vec![s * 24, s, 4, s * 24], int_max: 40, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: slice_columns(12, 3, 5, seq), sizes: vec![s * 12, s * 5], int_max: 1, seq: s as u64, tol: 0.0 });
-        v.push(Case { kernel: kv_store(2, 4, 64, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
+        for cache in [ElemType::F32, ElemType::F16] {
+            v.push(Case { kernel: kv_store(2, 4, 64, cache, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
+        }
         for window in [None, Some(3)] {
-            for (heads, kv_heads, head_dim) in [(4, 2, 4), (6, 2, 32)] {
-                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4 };
+            for (heads, kv_heads, head_dim, cache) in [(4, 2, 4, ElemType::F32), (6, 2, 32, ElemType::F32), (6, 2, 32, ElemType::F16)] {
+                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4, cache };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 // Positions are drawn below 40 and the caches hold 40 random positions.
                 let sizes = vec![s * qw, s, 40 * kvw, 40 * kvw, s * kv_heads as usize * shape.scratch_per_task() as usize, s * qw];
@@ -478,7 +480,7 @@ fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
 /// kernel against the interpreter.)
 #[test]
 fn decode_attention_prefetches_value_rows() {
-    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len: 64, softcap: None, causal: true };
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len: 64, softcap: None, causal: true, cache: ElemType::F32 };
     let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
     let decode = maxc_codegen::llvm::emit_llvm_ir(&[attention(shape, SeqMode::Fixed(1))], &target).unwrap();
     // Four per scored key (LLVM may unroll the key loop).
@@ -573,6 +575,7 @@ mod random_shapes {
             max_len,
             softcap: (window % 2 == 1).then_some(2.5),
             causal: window != 3,
+            cache: if window % 2 == 0 { ElemType::F16 } else { ElemType::F32 },
         };
         let seq = SeqMode::Dynamic;
         vec![
@@ -606,5 +609,60 @@ mod random_shapes {
             check_cases("llvm", |ks| compile_shared(ks, &target).unwrap().shared_object, random_cases(k, n, s, heads, group, hd2, window), seed);
             check_cases("cranelift", |ks| maxc_codegen::cranelift::compile_shared(ks).unwrap().shared_object, random_cases(k, n, s, heads, group, hd2, window), seed);
         }
+    }
+}
+
+/// Stores to an f16 buffer (the `--kv-cache-encoding float16` cache) round to
+/// the nearest half, ties to even, on every backend: LLVM's `fptrunc`
+/// (`vcvtps2ph` with F16C, a libgcc call without), Cranelift's integer
+/// rounding, and the interpreter, all bit for bit against the `half` crate, at
+/// the edges (ties at both ends of the normal range and among subnormals,
+/// overflow to infinity, the largest half, signed zeros, NaN) and on random values.
+#[test]
+fn f16_stores_round_to_nearest_even_on_every_backend() {
+    use maxc_kernels::ir::dsl::*;
+    use maxc_kernels::{KernelBuilder, TaskCount, ValType};
+    let mut values: Vec<f32> = vec![
+        0.0, -0.0, 1.0, -1.0, 65504.0, 65519.9, 65520.0, -65520.0, 1e6, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE,
+        2f32.powi(-14), 2f32.powi(-24), 2f32.powi(-25), 3.0 * 2f32.powi(-25), 5.0 * 2f32.powi(-25), 2f32.powi(-26), 1023.5 * 2f32.powi(-24),
+        1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 2048.0 + 1.0, 2048.0 + 3.0, -(1.0 + 2f32.powi(-11)), 0.1, 1.0 / 3.0,
+    ];
+    let mut rng = Rng(0xf16);
+    // Random magnitudes over every exponent a half has and some beyond.
+    values.extend((0..4000).map(|_| rng.f() * 2f32.powf(rng.f() * 24.0)));
+    values.push(f32::NAN);
+    let n = values.len();
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("out", ElemType::F16, true);
+    let (t, j) = (b.var(ValType::I64), b.var(ValType::I64));
+    let kernel = b.finish("store_f16".into(), "test", TaskCount { per_seq: 0, fixed: 1 }, t, vec![for_vec(j, i(0), i(n as i64), vec![store(out, v(j), ld(x, v(j)))])]);
+    let want: Vec<u16> = values.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+    let check = |spec: &str, got: &[u16]| {
+        for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let nan = |h: u16| h & 0x7c00 == 0x7c00 && h & 0x3ff != 0;
+            assert!(g == w || (nan(g) && nan(w)), "{spec}: f16 of {:e} is {g:04x}, want {w:04x}", values[k]);
+        }
+    };
+    let mut bufs = vec![Buffer::F32(values.clone()), Buffer::F16(vec![0; n])];
+    run(&kernel, &mut bufs, 1);
+    let Buffer::F16(got) = &bufs[1] else { unreachable!() };
+    check("interpreter", got);
+    let objects = [
+        ("cpu", compile_shared(std::slice::from_ref(&kernel), &CpuTarget::parse("cpu").unwrap()).unwrap().shared_object),
+        ("cpu:x86-64-v3", compile_shared(std::slice::from_ref(&kernel), &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap().shared_object),
+        ("cpu:x86-64", compile_shared(std::slice::from_ref(&kernel), &CpuTarget::parse("cpu:x86-64").unwrap()).unwrap().shared_object),
+        ("cranelift", maxc_codegen::cranelift::compile_shared(std::slice::from_ref(&kernel)).unwrap().shared_object),
+    ];
+    for (spec, object) in objects {
+        let loaded = LoadedCode::load(&object).unwrap();
+        let f = loaded.kernel("store_f16").unwrap();
+        let mut x = values.clone();
+        let mut got = vec![0u16; n];
+        let ptrs = [x.as_mut_ptr() as *mut u8, got.as_mut_ptr() as *mut u8];
+        let dims = [1i64];
+        // SAFETY: both buffers hold `n` elements, as the kernel reads and writes.
+        unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, 1) };
+        check(spec, &got);
     }
 }

@@ -116,6 +116,13 @@ fn float16_meets_its_error_budget() {
     check("float16", all_models(), 0.99, 1e-3);
 }
 
+/// The f16 KV cache (`--kv-cache-encoding float16`, float32 weights) against
+/// the float16 weights' budget (top-1 >= 99%, KL <= 1e-3) on every fixture.
+#[test]
+fn f16_kv_cache_meets_the_float16_budget() {
+    check_with("float32", &["--kv-cache-encoding", "float16"], all_models(), 0.99, 1e-3);
+}
+
 #[test]
 fn q8_0_meets_its_error_budget() {
     check("q8_0", all_models(), 0.98, 5e-3);
@@ -262,6 +269,21 @@ fn integer_activations_are_refused_where_they_cannot_apply() {
         args.extend(extra.iter().map(|s| os(s)));
         let r = run_bin("maxc", &args);
         assert_clean_error(&r, 1, &needles);
+        assert!(!out.exists());
+    }
+}
+
+/// A KV cache encoding maxc has no kernels for, from the flag or the manifest
+/// (through `--model-override`), names the field and the valid ones; no file.
+#[test]
+fn unknown_kv_cache_encodings_are_refused() {
+    let model = fixture("tiny-llama");
+    for (extra, value) in [(["--kv-cache-encoding", "bfloat16"], "bfloat16"), (["--model-override", "transformer.kv_cache_encoding=int8"], "int8")] {
+        let out = temp_dir("kv-refused").join("m.mef");
+        let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str()];
+        args.extend(extra.iter().map(|s| os(s)));
+        let r = run_bin("maxc", &args);
+        assert_clean_error(&r, 1, &["kv_cache_encoding", value, "float32, float16"]);
         assert!(!out.exists());
     }
 }

@@ -126,7 +126,11 @@ impl Lowering<'_, '_> {
                         ElemType::I8 => {
                             self.b.ins().istore8(flags, v, addr, 0);
                         }
-                        ElemType::BF16 | ElemType::F16 | ElemType::U8 => {
+                        ElemType::F16 => {
+                            let h = self.f32_to_f16(v);
+                            self.b.ins().istore16(flags, h, addr, 0);
+                        }
+                        ElemType::BF16 | ElemType::U8 => {
                             unreachable!("weight-only parameters are never stored (validated)")
                         }
                     }
@@ -411,6 +415,46 @@ impl Lowering<'_, '_> {
     }
 
     /// IEEE half bits (in an i32) to f32, subnormals and specials included.
+    /// The bits of the half nearest to f32 `x` (ties to even), in the low 16
+    /// bits of an i32: overflow to infinity, NaN stays NaN, subnormal halves
+    /// rounded like normal ones. Computed in integers: Cranelift has no
+    /// portable f32 -> f16 conversion.
+    fn f32_to_f16(&mut self, x: Value) -> Value {
+        let i = self.b.ins();
+        let bits = i.bitcast(types::I32, MemFlagsData::new(), x);
+        let sign = self.b.ins().ushr_imm_u(bits, 16);
+        let sign = self.b.ins().band_imm_u(sign, 0x8000);
+        let abs = self.b.ins().band_imm_u(bits, 0x7fff_ffff);
+        // Normal halves (|x| >= 2^-14): drop 13 mantissa bits with rounding,
+        // rebias the exponent by 127 - 15; a carry out of the mantissa bumps the
+        // exponent, up to infinity (0x7c00) at 65520 and above.
+        let lsb = self.b.ins().ushr_imm_u(abs, 13);
+        let lsb = self.b.ins().band_imm_u(lsb, 1);
+        let rounded = self.b.ins().iadd_imm_s(abs, 0x0fff);
+        let rounded = self.b.ins().iadd(rounded, lsb);
+        let normal = self.b.ins().ushr_imm_u(rounded, 13);
+        let normal = self.b.ins().iadd_imm_s(normal, -((127 - 15) << 10));
+        let inf = self.b.ins().iconst(types::I32, 0x7c00);
+        let too_big = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, normal, 0x7c00);
+        let normal = self.b.ins().select(too_big, inf, normal);
+        // Subnormal halves (|x| < 2^-14): |x| * 2^24 rounded to an integer is
+        // the half's bits (exact in f32, and f32 rounds ties to even).
+        let abs_f = self.b.ins().bitcast(types::F32, MemFlagsData::new(), abs);
+        let scale = self.b.ins().f32const(2f32.powi(24));
+        let scaled = self.b.ins().fmul(abs_f, scale);
+        let scaled = self.b.ins().nearest(scaled);
+        let sub = self.b.ins().fcvt_to_sint_sat(types::I32, scaled);
+        let is_sub = self.b.ins().icmp_imm_u(IntCC::UnsignedLessThan, abs, 0x3880_0000);
+        let finite = self.b.ins().select(is_sub, sub, normal);
+        // Infinity and NaN (a quiet NaN keeps a mantissa bit).
+        let is_nan = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThan, abs, 0x7f80_0000);
+        let nan = self.b.ins().iconst(types::I32, 0x7e00);
+        let special = self.b.ins().select(is_nan, nan, inf);
+        let is_special = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, abs, 0x7f80_0000);
+        let magnitude = self.b.ins().select(is_special, special, finite);
+        self.b.ins().bor(sign, magnitude)
+    }
+
     fn f16_to_f32(&mut self, h: Value) -> Value {
         let e = self.b.ins().ushr_imm_u(h, 10);
         let e = self.b.ins().band_imm_u(e, 0x1f);

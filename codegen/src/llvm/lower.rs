@@ -339,7 +339,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let v: BasicValueEnum = match elem {
                     ElemType::F32 => v,
                     ElemType::I32 | ElemType::I8 => self.builder.build_int_truncate(v.into_int_value(), self.elem(elem).into_int_type(), "trunc").map_err(llvm_err)?.into(),
-                    ElemType::BF16 | ElemType::F16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
+                    // Round to nearest even: vcvtps2ph with F16C, cvt.rn.f16.f32 on NVPTX.
+                    ElemType::F16 => self.builder.build_float_trunc(v.into_float_value(), self.context.f16_type(), "fptrunc").map_err(llvm_err)?.into(),
+                    ElemType::BF16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*param, index)?;
                 let st = self.builder.build_store(p, v).map_err(llvm_err)?;
@@ -413,12 +415,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         if *hint == LoopHint::Serial && body.iter().any(|b| matches!(b, Stmt::For { hint: LoopHint::Vectorize, .. })) {
             self.forbid_vectorization(latch);
         }
-        // Half conversions (fp8 panels): LLVM 19's cost model prices a vector
-        // `fpext half` above its `vcvtph2ps` and picks 4 lanes, with the integer
-        // work on xmm quarters (a third of the speed); ask for 16 lanes, a panel's
-        // width (the integer work in one ymm; two f32 ymm on AVX2, one zmm on AVX-512).
+        // Half conversions (fp8 panels, f16 weights, an f16 KV cache): LLVM 19's
+        // cost model prices a vector `fpext half` above its `vcvtph2ps` and picks
+        // 4 lanes, with the rest of the loop on xmm quarters (fp8 panels: a third
+        // of the speed; f16 KV cache attention: prefill at depth 0.8x the f32
+        // cache's); ask for 16 lanes, a panel's width (the integer work in one
+        // ymm; two f32 ymm on AVX2, one zmm on AVX-512).
         if let (LoopHint::Vectorize, Flavor::Cpu(target)) = (*hint, self.flavor) {
-            if target.has_feature("f16c") && converts_halves(body) {
+            if target.has_feature("f16c") && converts_halves(self.kernel, body) {
                 self.vectorize_width(latch, 16);
             }
         }
@@ -1468,11 +1472,13 @@ fn shuffle_mask<'ctx>(context: &'ctx Context, f: &dyn Fn(u32) -> u32, n: u32) ->
 }
 
 /// Whether statements `body` (and the loops in them) convert halves to f32.
-fn converts_halves(body: &[Stmt]) -> bool {
+fn converts_halves(kernel: &Kernel, body: &[Stmt]) -> bool {
+    let half = |p: u32| kernel.buffer(p).is_some_and(|b| b.elem == ElemType::F16);
+    let converts = |e: &Expr| e.applies(UnOp::HalfBitsToF32) || e.loads(&half);
     body.iter().any(|s| match s {
-        Stmt::Set { value, .. } => value.applies(UnOp::HalfBitsToF32),
-        Stmt::Store { index, value, .. } => index.applies(UnOp::HalfBitsToF32) || value.applies(UnOp::HalfBitsToF32),
-        Stmt::For { body, .. } | Stmt::If { then: body, .. } => converts_halves(body),
+        Stmt::Set { value, .. } => converts(value),
+        Stmt::Store { param, index, value } => half(*param) || converts(index) || converts(value),
+        Stmt::For { body, .. } | Stmt::If { then: body, .. } => converts_halves(kernel, body),
         Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => false,
     })
 }

@@ -511,18 +511,36 @@ impl Scheduler<'_, '_, '_> {
     }
 }
 
-/// Schedules `graph` for `seq` with plans sized for `max_seq` tokens per step and a
-/// KV cache of `max_len` positions.
+/// The KV cache the kernels address: positions, and the element type.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct KvCacheSpec {
+    pub max_len: u64,
+    /// `F32`, or `F16` (`--kv-cache-encoding float16`).
+    pub elem: maxc_kernels::ElemType,
+}
+
+impl KvCacheSpec {
+    pub fn new(max_len: u64, encoding: maxrun::format::KvEncoding) -> Self {
+        let elem = match encoding {
+            maxrun::format::KvEncoding::Float32 => maxc_kernels::ElemType::F32,
+            maxrun::format::KvEncoding::Float16 => maxc_kernels::ElemType::F16,
+        };
+        KvCacheSpec { max_len, elem }
+    }
+}
+
+/// Schedules `graph` for `seq` with plans sized for `max_seq` tokens per step and
+/// the KV cache `cache`.
 pub fn schedule<'g>(
     graph: &'g Graph,
     interp: &mut crate::interp::Interpreter<'g>,
     seq: SeqMode,
     max_seq: u64,
-    max_len: u64,
+    cache: KvCacheSpec,
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
-    schedule_impl(graph, interp, seq, max_seq, max_len, weights, kernels, None)
+    schedule_impl(graph, interp, seq, max_seq, cache, weights, kernels, None)
 }
 
 /// Where a prefill plan that returns only the last token's logits can drop to one
@@ -551,11 +569,11 @@ pub fn schedule_last_row<'g>(
     interp: &mut crate::interp::Interpreter<'g>,
     cut: ValueId,
     max_seq: u64,
-    max_len: u64,
+    cache: KvCacheSpec,
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
-    schedule_impl(graph, interp, SeqMode::Dynamic, max_seq, max_len, weights, kernels, Some(cut))
+    schedule_impl(graph, interp, SeqMode::Dynamic, max_seq, cache, weights, kernels, Some(cut))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -564,11 +582,12 @@ fn schedule_impl<'g>(
     interp: &mut crate::interp::Interpreter<'g>,
     step_seq: SeqMode,
     max_seq: u64,
-    max_len: u64,
+    cache: KvCacheSpec,
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
     cut: Option<ValueId>,
 ) -> Result<Schedule> {
+    let max_len = cache.max_len;
     let mut s = Scheduler {
         graph,
         interp,
@@ -706,7 +725,7 @@ fn schedule_impl<'g>(
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
                 let (kc, vc) = (Arg::KeyCache(*layer), Arg::ValueCache(*layer));
-                let store = kv_store(*kv_heads as u64, *head_dim as u64, max_len, seq);
+                let store = kv_store(*kv_heads as u64, *head_dim as u64, max_len, cache.elem, seq);
                 let tasks = store.tasks;
                 let kernel = s.kernels.add(store);
                 let none = TaskCount { per_seq: 0, fixed: 0 };
@@ -720,6 +739,7 @@ fn schedule_impl<'g>(
                     max_len,
                     softcap: *softcap,
                     causal: *causal,
+                    cache: cache.elem,
                 };
                 if seq.is_decode() && shape.causal {
                     // Flash-decoding: a task per (KV head, chunk of positions),

@@ -36,6 +36,9 @@ pub struct AttentionShape {
     pub softcap: Option<f32>,
     /// `false` for encoders: every token sees every token of the step.
     pub causal: bool,
+    /// The KV cache's element type: `F32`, or `F16` (`--kv-cache-encoding
+    /// float16`: stores round to nearest even, loads widen).
+    pub cache: ElemType,
 }
 
 impl AttentionShape {
@@ -43,12 +46,20 @@ impl AttentionShape {
         let w = self.window.map_or("full".to_string(), |w| format!("w{w}"));
         let cap = self.softcap.map_or(String::new(), |c| format!("_c{:08x}", c.to_bits()));
         let cap = if self.causal { cap } else { format!("{cap}_bidi") };
-        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len)
+        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len, cache_tag(self.cache))
     }
 
     /// Scratch floats per task: a score row for each query head of the group.
     pub fn scratch_per_task(&self) -> u64 {
         self.heads / self.kv_heads * self.max_len
+    }
+}
+
+/// The kernel-name suffix of a KV cache element type (none for f32).
+fn cache_tag(cache: ElemType) -> &'static str {
+    match cache {
+        ElemType::F16 => "_f16",
+        _ => "",
     }
 }
 
@@ -61,13 +72,14 @@ fn cache_index(h: Expr, p: Expr, d: Expr, head_dim: i64, max_len: i64) -> Expr {
 /// `k, v: f32[seq, kv_heads*hd]`, `pos: i32[seq]` -> `k_cache`, `v_cache`, both
 /// `[kv_heads, max_len, head_dim]` (the runtime checks positions < max_len). One
 /// task per token: it writes one contiguous head row per KV head in each cache.
-pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, seq: SeqMode) -> Kernel {
+pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, cache: ElemType, seq: SeqMode) -> Kernel {
+    assert!(matches!(cache, ElemType::F32 | ElemType::F16), "a KV cache of {cache:?}");
     let mut b = KernelBuilder::new();
     let k = b.param("k", ElemType::F32, false);
     let v_ = b.param("v", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
-    let kc = b.param("k_cache", ElemType::F32, true);
-    let vc = b.param("v_cache", ElemType::F32, true);
+    let kc = b.param("k_cache", cache, true);
+    let vc = b.param("v_cache", cache, true);
     let (t, h, p, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let (hd, len, w) = (head_dim as i64, max_len as i64, (kv_heads * head_dim) as i64);
     let at = cache_index(v(h), v(p), v(d), hd, len);
@@ -76,7 +88,7 @@ pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, seq: SeqMode) -> Ker
         set(p, ld(pos, v(t))),
         for_(h, i(0), i(kv_heads as i64), vec![for_vec(d, i(0), i(hd), vec![store(kc, at.clone(), ld(k, from.clone())), store(vc, at, ld(v_, from))])]),
     ];
-    let name = format!("kv_store_kv{kv_heads}_d{head_dim}_l{max_len}_{}", seq.tag());
+    let name = format!("kv_store_kv{kv_heads}_d{head_dim}_l{max_len}{}_{}", cache_tag(cache), seq.tag());
     b.finish(name, "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
@@ -173,8 +185,8 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>) -> K
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
-    let kc = b.param("k_cache", ElemType::F32, false);
-    let vc = b.param("v_cache", ElemType::F32, false);
+    let kc = b.param("k_cache", shape.cache, false);
+    let vc = b.param("v_cache", shape.cache, false);
     let sc = b.param("scratch", ElemType::F32, true);
     let out = b.param(if splits.is_some() { "partials" } else { "out" }, ElemType::F32, true);
     let ivar = |b: &mut KernelBuilder| b.var(ValType::I64);
@@ -387,19 +399,32 @@ mod tests {
         let (kvw, qw) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize);
         let (hd, group, len) = (shape.head_dim as usize, (shape.heads / shape.kv_heads) as usize, shape.max_len as usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
-        let (mut kc, mut vc) = (Buffer::F32(vec![0.0; len * kvw]), Buffer::F32(vec![0.0; len * kvw]));
+        let half = shape.cache == ElemType::F16;
+        let empty = || if half { Buffer::F16(vec![0; len * kvw]) } else { Buffer::F32(vec![0.0; len * kvw]) };
+        let (mut kc, mut vc) = (empty(), empty());
         let steps: Vec<(usize, usize)> = if decode { (0..seq).map(|s| (s, s + 1)).collect() } else { vec![(0, seq)] };
         let mode = if decode { SeqMode::Fixed(1) } else { SeqMode::Dynamic };
         for &(a, b) in &steps {
             let pos: Vec<i32> = (a as i32..b as i32).collect();
             let mut bufs = vec![Buffer::F32(k[a * kvw..b * kvw].to_vec()), Buffer::F32(v[a * kvw..b * kvw].to_vec()), Buffer::I32(pos), kc, vc];
-            run(&kv_store(shape.kv_heads, shape.head_dim, len as u64, mode), &mut bufs, (b - a) as u64);
+            run(&kv_store(shape.kv_heads, shape.head_dim, len as u64, shape.cache, mode), &mut bufs, (b - a) as u64);
             vc = bufs.pop().unwrap();
             kc = bufs.pop().unwrap();
         }
+        // What the cache holds of each value: an f16 cache the nearest half (ties
+        // to even, by the `half` crate); attention sees those values.
+        let cached = |x: &[f32]| -> Vec<f32> { x.iter().map(|&x| if half { ::half::f16::from_f32(x).to_f32() } else { x }).collect() };
+        let (k, v) = (cached(&k), cached(&v));
+        let widen = |b: &Buffer| -> Vec<f32> {
+            match b {
+                Buffer::F32(x) => x.clone(),
+                Buffer::F16(x) => x.iter().map(|&h| ::half::f16::from_bits(h).to_f32()).collect(),
+                _ => unreachable!(),
+            }
+        };
         // Both caches are [kv_heads, max_len, head_dim]: head h's row at position p
         // holds that token's elements h * hd .. (h + 1) * hd.
-        let (Buffer::F32(keys), Buffer::F32(values)) = (&kc, &vc) else { unreachable!() };
+        let (keys, values) = (widen(&kc), widen(&vc));
         for h in 0..shape.kv_heads as usize {
             for p in 0..len {
                 for d in 0..hd {
@@ -443,8 +468,20 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_with_window_matches_naive_softmax() {
-        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true };
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true, cache: ElemType::F32 };
         check_attention(shape, 3, false, None);
+    }
+
+    /// An f16 KV cache: the stores keep the nearest half of every key and value
+    /// (checked element by element), and attention (whole, split and merged)
+    /// equals naive softmax attention over those halves.
+    #[test]
+    fn f16_cache_holds_rounded_values_and_attention_reads_them() {
+        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window: None, max_len: 80, softcap: None, causal: true, cache: ElemType::F16 };
+        for decode in [false, true] {
+            check_attention(shape, 70, decode, None);
+        }
+        check_attention(shape, 80, false, Some(3));
     }
 
     /// Longer caches with windows that start past position 0, a cache that the
@@ -453,7 +490,7 @@ mod tests {
     #[test]
     fn attention_over_longer_caches_prefill_and_decode() {
         for (max_len, seq, window) in [(37, 37, None), (37, 30, Some(20)), (48, 40, Some(17)), (16, 16, None)] {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true };
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true, cache: ElemType::F32 };
             for decode in [false, true] {
                 check_attention(shape, seq, decode, None);
             }
@@ -466,7 +503,7 @@ mod tests {
     #[test]
     fn split_attention_and_combine_match_naive_softmax() {
         for (max_len, seq, window, splits, softcap) in [(8, 8, None, 1, None), (40, 40, None, 3, None), (150, 150, None, 4, None), (150, 140, Some(70), 2, Some(2.5)), (300, 300, Some(200), 16, None)] {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap, causal: true };
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap, causal: true, cache: ElemType::F32 };
             check_attention(shape, seq, false, Some(splits));
         }
     }
