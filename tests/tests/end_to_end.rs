@@ -66,7 +66,8 @@ fn smollm2_from_gguf_matches_golden() {
 /// The README's main job (`scripts/run.sh`) compiles manifests/smollm2-135m.toml,
 /// which keeps the GGUF's Q4_1 blocks: every linear layer stays Q4_1 (no float32
 /// copy, no requantization), and since those blocks are what the golden reference
-/// dequantized, logits and greedy texts still match the golden ones.
+/// dequantized, logits and greedy texts still match the golden ones, with the
+/// manifest's f16 KV cache too.
 #[test]
 fn default_manifest_keeps_q4_1_blocks_and_matches_golden() {
     let manifest = workspace_root().join("manifests/smollm2-135m.toml");
@@ -82,6 +83,7 @@ fn default_manifest_keeps_q4_1_blocks_and_matches_golden() {
     assert!(by_encoding["q4_1"]["tensors"].as_u64().unwrap() > 0, "{by_encoding}");
     assert!(by_encoding.get("float32").is_none_or(|f| f["bytes"].as_u64().unwrap() < 1 << 20), "only small tensors stay float32: {by_encoding}");
     assert!(v["file_bytes"].as_u64().unwrap() < 110 << 20, "a 4-bit artifact, not float32's 515 MiB");
+    assert_eq!(v["memory"]["kv_encoding"], "float16", "{}", v["memory"]);
     let golden = golden("smollm2-135m");
     for (i, case) in cases(&golden).iter().enumerate() {
         let what = format!("default manifest case {i}");
