@@ -246,9 +246,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
             std::process::id()
         ));
         let other_jobs = if jobs == 1 { 2 } else { 1 };
-        let result = with_threads(other_jobs, || maxc::driver::compile(manifest, &again, &compile_options))
-            .map_err(anyhow::Error::from)
-            .and_then(|_| compare_artifacts(&output, &again));
+        let result = with_threads(other_jobs, || maxc::driver::compile(manifest, &again, &compile_options)).and_then(|_| compare_artifacts(&output, &again));
         let _ = std::fs::remove_file(&again);
         result?;
         eprintln!("reproducible: a second build with {other_jobs} thread(s) is byte-identical");

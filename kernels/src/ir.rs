@@ -167,6 +167,9 @@ pub enum LoopHint {
 }
 
 /// A statement.
+// `DotRows` is the largest variant by far; statements are built a few hundred
+// per kernel at compile time, so its size is not worth a box at every match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Stmt {
     /// Assigns a scalar variable (declared in [`Kernel::vars`]).

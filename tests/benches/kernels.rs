@@ -74,13 +74,12 @@ struct Case {
 fn cases() -> Vec<Case> {
     let seq = SeqMode::Fixed(1);
     let (k, n) = (K as usize, N as usize);
-    let mut out = Vec::new();
-    out.push(Case {
+    let mut out = vec![Case {
         name: "f32_row_major",
         weight_bytes: N * K * 4,
         launches: vec![(matmul(K, N, ElemType::F32, seq), vec![0, 1, 2])],
         buffers: vec![buffer(ElemType::F32, k), buffer(ElemType::F32, n * k), buffer(ElemType::F32, n)],
-    });
+    }];
     out.push(Case {
         name: "f32_panel16",
         weight_bytes: N * K * 4,
@@ -135,7 +134,6 @@ fn cases() -> Vec<Case> {
         });
         // Int16 activations on the interleaved weights: two byte planes (what
         // nibble weights take), and words (what Q8_0 takes).
-        let mut buffers = buffers;
         buffers[1] = buffer(ElemType::I8, 2 * k);
         let sixteens: &[(ActivationLevels, &'static str)] = match encoding {
             WeightEncoding::Q4_1 => &[(ActivationLevels::Int16Planes, "q4_1_int16_interleaved16")],

@@ -129,7 +129,7 @@ pub fn run_bin_env(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) 
 pub fn compile_model(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
     let out = temp_dir(tag).join("model.mef");
     let mut args: Vec<&std::ffi::OsStr> = vec!["compile".as_ref(), "--model".as_ref(), model.as_os_str(), "-o".as_ref(), out.as_os_str()];
-    args.extend(extra.iter().map(|s| std::ffi::OsStr::new(s)));
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
     let (code, _, err) = run_bin("maxc", &args);
     assert_eq!(code, 0, "maxc compile failed: {err}");
     out

@@ -226,7 +226,7 @@ fn dump_ir_writes_every_pass() {
     assert!(launches.contains("decode: 57 launches, 18 per layer + 3"), "{launches}");
     assert!(launches.contains("attention 3, attention_combine 3,"), "{launches}");
     for n in names.iter().filter(|n| n.ends_with(".mxir")) {
-        let text = std::fs::read_to_string(out.join(&n)).unwrap();
+        let text = std::fs::read_to_string(out.join(n)).unwrap();
         maxc::graph::verify::verify(&maxc::graph::text::parse(&text).unwrap()).unwrap();
     }
 }

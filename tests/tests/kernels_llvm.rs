@@ -449,7 +449,7 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
 #[test]
 fn activation_quantization_vectorizes_its_max_and_conversions() {
     for kernel in [quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1)), quantize_q16(576, ActivationLevels::Int16Planes, SeqMode::Fixed(1)), quantize_q16(576, ActivationLevels::Int16Words, SeqMode::Fixed(1))] {
-        let ir = maxc_codegen::llvm::emit_llvm_ir(&[kernel.clone()], &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
+        let ir = maxc_codegen::llvm::emit_llvm_ir(std::slice::from_ref(&kernel), &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
         assert!(ir.contains("@llvm.vector.reduce.fmax"), "{}: the block maximum is not a vector reduction", kernel.name);
         let conversions: Vec<&str> = ir.lines().filter(|l| l.contains("fptosi")).collect();
         let in_i32_lanes = |l: &str| (l.contains("fptosi <8 x float>") || l.contains("fptosi <16 x float>")) && l.trim_end().ends_with("x i32>");
@@ -485,7 +485,7 @@ fn decode_attention_prefetches_value_rows() {
     let decode = maxc_codegen::llvm::emit_llvm_ir(&[attention(shape, SeqMode::Fixed(1))], &target).unwrap();
     // Four per scored key (LLVM may unroll the key loop).
     let prefetches = decode.matches("call void @llvm.prefetch.p0").count();
-    assert!(prefetches > 0 && prefetches % 4 == 0, "{prefetches} prefetches: want one per 64-byte line of a 64-float value row");
+    assert!(prefetches > 0 && prefetches.is_multiple_of(4), "{prefetches} prefetches: want one per 64-byte line of a 64-float value row");
     let prefill = maxc_codegen::llvm::emit_llvm_ir(&[attention(shape, SeqMode::Dynamic)], &target).unwrap();
     assert!(!prefill.contains("@llvm.prefetch"), "prefill attention prefetches");
 }
@@ -575,7 +575,7 @@ mod random_shapes {
             max_len,
             softcap: (window % 2 == 1).then_some(2.5),
             causal: window != 3,
-            cache: if window % 2 == 0 { ElemType::F16 } else { ElemType::F32 },
+            cache: if window.is_multiple_of(2) { ElemType::F16 } else { ElemType::F32 },
         };
         let seq = SeqMode::Dynamic;
         vec![

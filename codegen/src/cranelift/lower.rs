@@ -365,7 +365,7 @@ impl Lowering<'_, '_> {
     /// An f32 expression as an `f32x4` of lanes `i..i+4` (`var` = `i`).
     fn vexpr(&mut self, e: &Expr, var: VarId) -> Result<Value, CodegenError> {
         Ok(match e {
-            Expr::Load { param, index } if stride(self.kernel, index, var) == Some(1) => {
+            Expr::Load { param, index } if stride(index, var) == Some(1) => {
                 let addr = self.address(*param, index)?;
                 // Not `aligned`: lanes i..i+4 of a row start anywhere (movups, not movaps).
                 self.b.ins().load(types::F32X4, MemFlagsData::new().with_notrap(), addr, 0)
@@ -587,13 +587,13 @@ impl Lowering<'_, '_> {
 /// How an index expression moves with loop variable `var`: `Some(k)` when it is
 /// `k * var + (something invariant)`, `None` when it is not affine in `var` or
 /// reads memory or variables that could change inside the loop.
-fn stride(kernel: &Kernel, e: &Expr, var: VarId) -> Option<i64> {
+fn stride(e: &Expr, var: VarId) -> Option<i64> {
     match e {
         Expr::Var(v) if *v == var => Some(1),
         Expr::Var(_) | Expr::I64(_) | Expr::Seq => Some(0),
-        Expr::Bin(BinOp::Add, a, b) => Some(stride(kernel, a, var)? + stride(kernel, b, var)?),
-        Expr::Bin(BinOp::Sub, a, b) => Some(stride(kernel, a, var)? - stride(kernel, b, var)?),
-        Expr::Bin(BinOp::Mul, a, b) => match (stride(kernel, a, var)?, stride(kernel, b, var)?) {
+        Expr::Bin(BinOp::Add, a, b) => Some(stride(a, var)? + stride(b, var)?),
+        Expr::Bin(BinOp::Sub, a, b) => Some(stride(a, var)? - stride(b, var)?),
+        Expr::Bin(BinOp::Mul, a, b) => match (stride(a, var)?, stride(b, var)?) {
             (0, 0) => Some(0),
             (s, 0) => if let Expr::I64(c) = **b { Some(s * c) } else { None },
             (0, s) => if let Expr::I64(c) = **a { Some(s * c) } else { None },
@@ -629,7 +629,7 @@ impl VectorLoop {
                     }
                     reductions.push(*acc);
                 }
-                Stmt::Store { param, index, .. } if kernel.buffer(*param).map(|b| b.elem) == Some(ElemType::F32) && stride(kernel, index, var) == Some(1) => {
+                Stmt::Store { param, index, .. } if kernel.buffer(*param).map(|b| b.elem) == Some(ElemType::F32) && stride(index, var) == Some(1) => {
                     stored.push((*param, index));
                 }
                 _ => return None,
@@ -670,7 +670,7 @@ impl VectorLoop {
             Expr::Load { param, index } => {
                 let f32_data = kernel.buffer(*param).map(|b| b.elem) == Some(ElemType::F32);
                 let unaliased = stored.iter().all(|(p, at)| p != param || *at == &**index);
-                let st = stride(kernel, index, var);
+                let st = stride(index, var);
                 f32_data && unaliased && (st == Some(1) || (st == Some(0) && stored.iter().all(|(p, _)| p != param)))
             }
             Expr::Bin(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min, a, b) => ok(a) && ok(b),

@@ -56,7 +56,7 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
             if x.shape.last() != w.shape.first() || w.shape != b.shape {
                 return Err("layer_norm weight and bias must match the last dim".into());
             }
-            if !(*eps >= 0.0) {
+            if eps.is_nan() || *eps < 0.0 {
                 return Err("layer_norm eps must be >= 0".into());
             }
             same_float(x, w)?;
@@ -143,7 +143,7 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
             if group == 0 || width % group != 0 {
                 return Err(format!("rms_norm weight length {group} does not divide the last dim {width}"));
             }
-            if !(*eps >= 0.0) {
+            if eps.is_nan() || *eps < 0.0 {
                 return Err("rms_norm eps must be >= 0".into());
             }
             same_float(x, w)?;

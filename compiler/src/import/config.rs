@@ -279,7 +279,7 @@ impl ModelConfig {
                 match per_type {
                     Some(p) => {
                         let field = |kind: &str| -> Result<(f64, RopeScaling)> {
-                            let sub = p.get(kind).filter(|v| v.is_object()).ok_or_else(|| Error::invalid(path, &format!("rope_parameters.{kind}"), "missing"))?;
+                            let sub = p.get(kind).filter(|v| v.is_object()).ok_or_else(|| Error::invalid(path, format!("rope_parameters.{kind}"), "missing"))?;
                             let t = Fields { json: sub, path }.f64_opt("rope_theta")?.unwrap_or(10000.0);
                             Ok((t, parse_rope_scaling(sub, path, &format!("rope_parameters.{kind}"))?))
                         };
@@ -338,20 +338,20 @@ impl ModelConfig {
 
     /// Checks the relations between fields that every builder relies on.
     pub fn validate(&self, path: &Path) -> Result<()> {
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(Error::invalid(
                 path,
                 "num_key_value_heads",
                 format!("{} does not divide num_attention_heads = {}", self.num_kv_heads, self.num_heads),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::invalid(path, "head_dim", format!("{} must be even for rotary embeddings", self.head_dim)));
         }
-        if !(self.rms_norm_eps >= 0.0) {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
             return Err(Error::invalid(path, "rms_norm_eps", "must be >= 0"));
         }
-        if !(self.rope_theta > 0.0) {
+        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err(Error::invalid(path, "rope_theta", "must be > 0"));
         }
         Ok(())

@@ -48,7 +48,7 @@ impl StorageType {
     /// Bytes needed for `n` elements, or `None` when `n` is not a whole number of blocks.
     pub fn bytes_for(self, n: usize) -> Option<usize> {
         let (per, bytes) = self.block();
-        (n % per == 0).then(|| n / per * bytes)
+        n.is_multiple_of(per).then(|| n / per * bytes)
     }
 
     pub fn name(self) -> &'static str {

@@ -159,7 +159,7 @@ mod tests {
         let x = rand(8, 9);
         for (op, func) in [
             (Unary::Silu, (|x: f32| x / (1.0 + (-x).exp())) as fn(f32) -> f32),
-            (Unary::GeluTanh, |x: f32| 0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x * x * x)).tanh())),
+            (Unary::GeluTanh, |x: f32| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())),
         ] {
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(vec![0.0; 8])];
             run(&unary(op, 4, SeqMode::Dynamic), &mut bufs, 2);

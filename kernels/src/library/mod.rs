@@ -188,11 +188,14 @@ pub(crate) mod test_util {
         got
     }
 
+    /// One panel-shaped matmul test case: activation rows, sequence mode, addend.
+    pub type PanelCase = (usize, super::SeqMode, Option<super::elementwise::Broadcast>);
+
     /// The cases of the panel-shaped matmul tests, each with both register
     /// tiles: (activation rows, seq mode, addend): 6 rows in prefill (a row
     /// tile and 2 more), one token in decode with a per-column addend, 3 rows
     /// with a full one.
-    pub fn panel_cases() -> Vec<((usize, super::SeqMode, Option<super::elementwise::Broadcast>), super::RegisterTile)> {
+    pub fn panel_cases() -> Vec<(PanelCase, super::RegisterTile)> {
         use super::elementwise::Broadcast;
         use super::{RegisterTile, SeqMode};
         let cases = [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
