@@ -89,6 +89,9 @@ pub struct BenchReport {
     /// Where the CPU KV cache lives: "huge pages", "ordinary pages", or "-" where
     /// the artifact runs on a mesh or a GPU (`kv_cache.rs`).
     pub kv_cache_memory: &'static str,
+    /// The KV cache's element type (`float32` or `float16`, the artifact's
+    /// `kv_cache.encoding`).
+    pub kv_cache_encoding: &'static str,
     /// Read bandwidth measured by streaming the weights with `threads`
     /// threads (GB/s), just before each decode repetition; the mean.
     pub read_bandwidth_gb_s: f64,
@@ -144,17 +147,18 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 }
 
 /// Runs the benchmark (`weights`: a section to measure read bandwidth on;
-/// `weight_bytes`: what one decode step reads over all devices). Token ids are a fixed, valid sequence (content does not change the work).
+/// `weight_bytes`: what one decode step reads over all devices; `kv`: KV bytes per token over all devices and the cache encoding). Token ids are a fixed, valid sequence (content does not change the work).
 pub fn run(
     session: &mut Runner<'_>,
     cfg: BenchConfig,
     model: &str,
     weights: &[u8],
     weight_bytes: u64,
-    kv_bytes_per_token: u64,
+    kv: (u64, &'static str),
     vocab: u64,
     weights_memory: &'static str,
 ) -> Result<BenchReport, SessionError> {
+    let (kv_bytes_per_token, kv_cache_encoding) = kv;
     let kv_cache_memory = match session.cpu() {
         Some(cpu) if cpu.kv_cache_on_huge_pages() => "huge pages",
         Some(_) => "ordinary pages",
@@ -204,6 +208,7 @@ pub fn run(
         weight_bytes,
         weights_memory,
         kv_cache_memory,
+        kv_cache_encoding,
         read_bandwidth_gb_s: bw,
         decode_roofline_tokens_per_s: roofline,
         decode_roofline_fraction: fraction,
@@ -329,8 +334,9 @@ pub fn render(r: &BenchReport) -> String {
         let t = format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev);
         s.push_str(&format!("| {:<28} | {:>7} | {:>14} | {:>20} |\n", r.model, r.threads, test_name("tg", r.generated_tokens, r.depth), t));
         s.push_str(&format!(
-            "\nweights on {}, KV cache on {}; read bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
+            "\nweights on {}, {} KV cache on {}; read bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
             r.weights_memory,
+            r.kv_cache_encoding,
             r.kv_cache_memory,
             r.read_bandwidth_gb_s,
             r.threads,

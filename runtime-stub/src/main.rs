@@ -286,7 +286,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         &h.model.name,
         weights,
         weight_bytes,
-        h.kv_cache.bytes_per_token() * devices,
+        (h.kv_cache.bytes_per_token() * devices, h.kv_cache.encoding.name()),
         h.model.vocab_size,
         weights_memory,
     )?;

@@ -223,6 +223,7 @@ fn bench_json_has_the_documented_fields() {
     // The tiny model's KV cache is a few hundred KiB: far below an eighth of any
     // test machine's available memory, so it asks for huge pages.
     assert_eq!(v["kv_cache_memory"], "huge pages");
+    assert_eq!(v["kv_cache_encoding"], "float32", "the compiler's default cache");
     assert!(v["threads"].as_u64().unwrap() >= 1);
     // The profile ranks kernels of both plans; every decode kernel family appears.
     for family in ["matmul", "attention", "kv_store", "rms_norm", "rope", "embedding", "elementwise", "copy"] {
