@@ -136,11 +136,14 @@ struct RunArgs {
     /// Sampling temperature; 0 is greedy (default: the artifact's generation config).
     #[arg(long)]
     temperature: Option<f32>,
-    #[arg(long)]
+    /// Sample only among the K most likely tokens; 0 keeps them all (default: the artifact's generation config, else 0).
+    #[arg(long, value_name = "K")]
     top_k: Option<u32>,
-    #[arg(long)]
+    /// Sample only among the most likely tokens whose probabilities add up to P, in (0, 1]; 1 keeps them all (default: the artifact's generation config, else 1).
+    #[arg(long, value_name = "P")]
     top_p: Option<f32>,
-    #[arg(long)]
+    /// Drop tokens less likely than P times the most likely one, in [0, 1]; 0 keeps them all (default: the artifact's generation config, else 0).
+    #[arg(long, value_name = "P")]
     min_p: Option<f32>,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]

@@ -63,6 +63,32 @@ fn smollm2_from_gguf_matches_golden() {
     check_golden("smollm2-135m");
 }
 
+/// Sampling through the binary: filters that leave one token (top-k 1, top-p 0,
+/// min-p 1) give the golden greedy text at any temperature and seed; a seed
+/// reproduces its text; different seeds at temperature 1 do not all agree.
+#[test]
+fn sampling_filters_seeds_and_the_greedy_limit() {
+    let mef = artifact("smollm2-135m");
+    let golden = golden("smollm2-135m");
+    let case = &cases(&golden)[0];
+    let prompt = case["prompt"].as_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![mef.as_os_str(), os("--prompt"), os(prompt), os("-n"), os("24")];
+        args.extend(extra.iter().map(|a| os(a)));
+        let r = run_bin("maxrun", &args);
+        assert_eq!(r.0, 0, "{extra:?}: {}", r.2);
+        r.1
+    };
+    for filter in [&["--top-k", "1"][..], &["--top-p", "0"], &["--min-p", "1"]] {
+        let args: Vec<&str> = ["--temperature", "1.5", "--seed", "9"].iter().chain(filter).copied().collect();
+        assert_eq!(run(&args), case["greedy_text"].as_str().unwrap(), "{filter:?} leaves the most likely token alone");
+    }
+    let sampled = |seed: &str| run(&["--temperature", "1", "--top-p", "0.95", "--seed", seed]);
+    let texts: Vec<String> = ["1", "2", "3", "4"].into_iter().map(sampled).collect();
+    assert_eq!(sampled("1"), texts[0], "a seed reproduces its text");
+    assert!(texts.iter().any(|t| t != &texts[0]), "four seeds at temperature 1 drew the same text: {texts:?}");
+}
+
 /// The README's main job (`scripts/run.sh`) compiles manifests/smollm2-135m.toml,
 /// which keeps the GGUF's Q4_1 blocks: every linear layer stays Q4_1 (no float32
 /// copy, no requantization), and since those blocks are what the golden reference
