@@ -109,6 +109,42 @@ pub fn plan_mesh(
     Ok((mesh, split, notes))
 }
 
+/// What the compile does with a checkpoint's block-quantized matrices (GGUF),
+/// for the user: with no encoding named (`encoding` None) they become float32,
+/// so say which encoding keeps the file's most common kernel-ready blocks; and
+/// name the tensors of block types without kernels (dequantized, then encoded
+/// as asked).
+fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, encoding: Option<crate::graph::QuantScheme>) -> Vec<String> {
+    use crate::import::StorageType;
+    let mut counts: std::collections::BTreeMap<&'static str, (StorageType, usize)> = Default::default();
+    for name in weights.names() {
+        let entry = weights.get(name).expect("a listed tensor");
+        if entry.shape.len() == 2 && !matches!(entry.storage, StorageType::F32 | StorageType::F16 | StorageType::BF16) {
+            counts.entry(entry.storage.name()).or_insert((entry.storage, 0)).1 += 1;
+        }
+    }
+    let list = |pick: &dyn Fn(StorageType) -> bool| -> String {
+        counts.iter().filter(|(_, (t, _))| pick(*t)).map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ")
+    };
+    let mut notes = Vec::new();
+    let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    let encoding_name = |q: crate::graph::QuantScheme| q.encoding().name();
+    match encoding {
+        None if !counts.is_empty() => {
+            let native = counts.values().filter_map(|(t, n)| t.native_scheme().map(|q| (q, *n))).max_by_key(|(_, n)| *n);
+            let keep = native.map_or(String::new(), |(q, _)| format!("; --quantization-encoding {} keeps its {} blocks as they are", encoding_name(q), q.encoding().name().to_uppercase()));
+            notes.push(format!("{file} stores matrices in blocks ({}); with no quantization_encoding they become float32{keep}", list(&|_| true)));
+        }
+        _ => {}
+    }
+    let unsupported = list(&|t| t.native_scheme().is_none());
+    if !unsupported.is_empty() {
+        let target = encoding.map_or("float32".to_string(), |q| encoding_name(q).to_string());
+        notes.push(format!("{file}: {unsupported} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {target} like float weights"));
+    }
+    notes
+}
+
 /// Loads a manifest file, or the default manifest for `--model PATH`.
 pub fn load_manifest(manifest: Option<&Path>, model: Option<&Path>, overrides: &[String]) -> Result<LoadedManifest> {
     match (manifest, model) {
@@ -268,7 +304,9 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     };
     let m = &manifest.manifest;
     let model = import(&m.model.path, m.model.architecture.as_deref())?;
-    let (mesh, split_attention, notes) = plan_mesh(&shown, devices_spec.as_deref(), attention_spec.as_deref(), &model.config)?;
+    let (mesh, split_attention, mut notes) = plan_mesh(&shown, devices_spec.as_deref(), attention_spec.as_deref(), &model.config)?;
+    let encoding_named = options.encoding.is_some() || c.quantization_encoding.is_some();
+    notes.extend(block_storage_notes(&m.model.path, &model.weights, encoding_named.then_some(encoding)));
     if mesh.kind == maxrun::format::DeviceKind::Gpu && targets.gpus.is_empty() {
         return Err(Error::invalid(&shown, "compile.devices", format!("`{}` needs GPU code; add it with --target cuda:sm_90 (or cpu,cuda:sm_90)", mesh.spec())));
     }

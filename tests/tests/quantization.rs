@@ -358,3 +358,43 @@ fn quantizers_reproduce_llama_cpp_blocks() {
         assert_eq!(differ, 0, "{file}: {differ} of {} values differ from llama.cpp's", ours.len());
     }
 }
+
+/// maxc reads the GGUF block types it has no kernels for (Q5_0, Q5_1, Q2_K, Q3_K,
+/// Q5_K, Q6_K) as llama.cpp does: the blocks llama-quantize wrote for SmolLM2
+/// dequantize to the values of ggml's own `dequantize_row_*`
+/// (tests/golden/llama_cpp_dequant, made by make.py there). ggml's build may
+/// fuse a multiply-add into one rounding where maxc rounds twice, so values may
+/// differ by a rounding of the row's scale (far below a level's step, which a
+/// wrong bit or nibble would miss by).
+#[test]
+fn dequantizers_reproduce_llama_cpp_values() {
+    use maxc::import::weights::{dequantize, StorageType};
+    let unhex = |hex: &str| -> Vec<u8> { (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect() };
+    let types = [
+        ("q5_0", StorageType::Q5_0),
+        ("q5_1", StorageType::Q5_1),
+        ("q2_k", StorageType::Q2K),
+        ("q3_k", StorageType::Q3K),
+        ("q5_k", StorageType::Q5K),
+        ("q6_k", StorageType::Q6K),
+    ];
+    for (file, storage) in types {
+        let path = workspace_root().join("tests/golden/llama_cpp_dequant").join(format!("{file}.json"));
+        let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(g["type"].as_str().unwrap(), storage.name());
+        let n = g["rows"].as_u64().unwrap() as usize * g["cols"].as_u64().unwrap() as usize;
+        let blocks = unhex(g["blocks_hex"].as_str().unwrap());
+        assert_eq!(storage.bytes_for(n), Some(blocks.len()), "{file}: block size");
+        let theirs: Vec<f32> = unhex(g["values_f32_le_hex"].as_str().unwrap()).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let ours = dequantize(storage, &blocks, n);
+        assert_eq!(ours.len(), n);
+        let scale = theirs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let (mut exact, mut worst) = (0, 0.0f32);
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            assert!((a - b).abs() <= scale * 1e-6, "{file}: value {i} is {a}, llama.cpp's {b}");
+            exact += (a == b) as usize;
+            worst = worst.max((a - b).abs());
+        }
+        assert!(exact * 10 >= n * 9, "{file}: only {exact} of {n} values bit-identical (worst {worst:e})");
+    }
+}

@@ -158,14 +158,26 @@ fn ggml_type(id: u32) -> std::result::Result<StorageType, &'static str> {
         8 => Ok(StorageType::Q8_0),
         12 => Ok(StorageType::Q4K),
         30 => Ok(StorageType::BF16),
-        6 => Err("Q5_0"),
-        7 => Err("Q5_1"),
+        6 => Ok(StorageType::Q5_0),
+        7 => Ok(StorageType::Q5_1),
+        10 => Ok(StorageType::Q2K),
+        11 => Ok(StorageType::Q3K),
+        13 => Ok(StorageType::Q5K),
+        14 => Ok(StorageType::Q6K),
         9 => Err("Q8_1"),
-        10 => Err("Q2_K"),
-        11 => Err("Q3_K"),
-        13 => Err("Q5_K"),
-        14 => Err("Q6_K"),
         15 => Err("Q8_K"),
+        16 => Err("IQ2_XXS"),
+        17 => Err("IQ2_XS"),
+        18 => Err("IQ3_XXS"),
+        19 => Err("IQ1_S"),
+        20 => Err("IQ4_NL"),
+        21 => Err("IQ3_S"),
+        22 => Err("IQ2_S"),
+        23 => Err("IQ4_XS"),
+        29 => Err("IQ1_M"),
+        34 => Err("TQ1_0"),
+        35 => Err("TQ2_0"),
+        39 => Err("MXFP4"),
         _ => Err("unknown"),
     }
 }
@@ -227,11 +239,19 @@ impl GgufFile {
             .collect();
         if let Some(first) = unsupported.first() {
             let name = first.split(' ').next().unwrap_or_default().to_string();
-            let more = if unsupported.len() > 1 { format!(" {} tensors in all: {}", unsupported.len(), unsupported.join(", ")) } else { String::new() };
+            // The first few, and how many in all (a model-wide type names every layer).
+            const LISTED: usize = 6;
+            let more = match unsupported.len() {
+                1 => String::new(),
+                n if n <= LISTED => format!(" {n} tensors in all: {}", unsupported.join(", ")),
+                n => format!(" {n} tensors in all: {}, and {} more", unsupported[..LISTED].join(", "), n - LISTED),
+            };
             return Err(Error::invalid(
                 path,
                 name,
-                format!("{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K.{more}"),
+                format!(
+                    "{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K (kept as they are), Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K (dequantized, then encoded as the compile asks); requantize the file to one of them (llama-quantize --allow-requantize) or compile the Hugging Face checkpoint.{more}"
+                ),
             ));
         }
         let mut tensors = Vec::with_capacity(infos.len());
@@ -475,9 +495,10 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_tensor_type_is_named() {
-        let p = write("k.gguf", &tiny_gguf(&[("blk.0.attn_q.weight", &[256, 2], 13, 352)]));
+        // IQ4_XS: super-blocks of 256 in 136 bytes.
+        let p = write("k.gguf", &tiny_gguf(&[("blk.0.attn_q.weight", &[256, 2], 23, 272)]));
         let e = GgufFile::open(&p).err().unwrap().to_string();
-        assert!(e.contains("blk.0.attn_q.weight") && e.contains("Q5_K") && e.contains("not supported"), "{e}");
+        assert!(e.contains("blk.0.attn_q.weight") && e.contains("IQ4_XS") && e.contains("not supported") && e.contains("llama-quantize"), "{e}");
     }
 
     #[test]

@@ -30,6 +30,24 @@ pub enum StorageType {
     /// GGUF Q4_K: super-blocks of 256 (f16 d, f16 dmin, 12 bytes of packed 6-bit
     /// sub-block scales and minimums, 128 bytes of nibbles: 144 bytes).
     Q4K,
+    /// GGUF Q5_0: blocks of 32 5-bit values, offset 16, one f16 scale (f16 d,
+    /// 4 bytes of fifth bits, 16 of nibbles: 22 bytes). Read by dequantizing.
+    Q5_0,
+    /// GGUF Q5_1: blocks of 32 5-bit values with f16 scale and minimum (24 bytes).
+    /// Read by dequantizing.
+    Q5_1,
+    /// GGUF Q2_K: super-blocks of 256 (16 bytes of 4-bit sub-block scales and
+    /// minimums, 64 of 2-bit values, f16 d, f16 dmin: 84 bytes). Read by dequantizing.
+    Q2K,
+    /// GGUF Q3_K: super-blocks of 256 (32 bytes of high bits, 64 of 2-bit low
+    /// parts, 12 of packed 6-bit signed scales, f16 d: 110 bytes). Read by dequantizing.
+    Q3K,
+    /// GGUF Q5_K: super-blocks of 256 (f16 d, f16 dmin, 12 bytes of 6-bit scales
+    /// and minimums, 32 of fifth bits, 128 of nibbles: 176 bytes). Read by dequantizing.
+    Q5K,
+    /// GGUF Q6_K: super-blocks of 256 (128 bytes of low nibbles, 64 of high
+    /// 2-bit parts, 16 int8 sub-block scales, f16 d: 210 bytes). Read by dequantizing.
+    Q6K,
 }
 
 impl StorageType {
@@ -42,6 +60,12 @@ impl StorageType {
             StorageType::Q4_0 => (32, 18),
             StorageType::Q4_1 => (32, 20),
             StorageType::Q4K => (256, 144),
+            StorageType::Q5_0 => (32, 22),
+            StorageType::Q5_1 => (32, 24),
+            StorageType::Q2K => (256, 84),
+            StorageType::Q3K => (256, 110),
+            StorageType::Q5K => (256, 176),
+            StorageType::Q6K => (256, 210),
         }
     }
 
@@ -60,6 +84,12 @@ impl StorageType {
             StorageType::Q4_0 => "Q4_0",
             StorageType::Q4_1 => "Q4_1",
             StorageType::Q4K => "Q4_K",
+            StorageType::Q5_0 => "Q5_0",
+            StorageType::Q5_1 => "Q5_1",
+            StorageType::Q2K => "Q2_K",
+            StorageType::Q3K => "Q3_K",
+            StorageType::Q5K => "Q5_K",
+            StorageType::Q6K => "Q6_K",
         }
     }
 
@@ -73,6 +103,9 @@ impl StorageType {
             StorageType::Q4_0 => Some(QuantScheme::Q4_0),
             StorageType::Q4_1 => Some(QuantScheme::Q4_1),
             StorageType::Q4K => Some(QuantScheme::Q4K),
+            // No kernels compute on these blocks: they are dequantized exactly
+            // at import and encoded as the compile asks.
+            StorageType::Q5_0 | StorageType::Q5_1 | StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => None,
         }
     }
 }
@@ -244,7 +277,8 @@ impl WeightStore {
     }
 }
 
-/// GGUF blocks re-laid out as the parts of the matching encoding.
+/// GGUF blocks re-laid out as the parts of the matching encoding (only for types
+/// with a [`StorageType::native_scheme`]).
 fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
     let mut parts: Vec<Vec<u8>> = vec![Vec::new(); storage.native_scheme().map_or(1, |s| s.encoding().parts().len())];
     match storage {
@@ -287,6 +321,9 @@ fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
                     }
                 }
             }
+        }
+        StorageType::Q5_0 | StorageType::Q5_1 | StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => {
+            unreachable!("{} blocks have no native encoding", storage.name())
         }
     }
     Encoded { parts }
@@ -361,9 +398,121 @@ pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
                 }
             }
         }
+        StorageType::Q5_0 | StorageType::Q5_1 => {
+            // dequantize_row_q5_0 / _1: value j of 32 takes bit j of the 32-bit
+            // little-endian qh as its fifth bit (16 for Q5_0's offset).
+            let with_min = storage == StorageType::Q5_1;
+            let head = if with_min { 4 } else { 2 };
+            for block in bytes.chunks_exact(if with_min { 24 } else { 22 }) {
+                let d = f16_at(block, 0);
+                let qh = u32::from_le_bytes(block[head..head + 4].try_into().unwrap());
+                let qs = &block[head + 4..];
+                let level = |j: usize, nibble: u8| (nibble | (((qh >> j) & 1) << 4) as u8) as i32;
+                let low = qs.iter().enumerate().map(|(j, &q)| level(j, q & 0x0f));
+                let high = qs.iter().enumerate().map(|(j, &q)| level(j + 16, q >> 4));
+                if with_min {
+                    let m = f16_at(block, 2);
+                    let levels: Vec<i32> = low.chain(high).collect();
+                    out.extend(levels.iter().map(|&x| x as f32 * d + m));
+                } else {
+                    out.extend(low.chain(high).map(|x| (x - 16) as f32 * d));
+                }
+            }
+        }
+        StorageType::Q2K => {
+            // dequantize_row_q2_K: per half of 128, four 2-bit planes of its 32
+            // bytes; each plane is two sub-blocks of 16 with a 4-bit scale and min.
+            for block in bytes.chunks_exact(84) {
+                let (scales, qs) = (&block[..16], &block[16..80]);
+                let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+                let mut is = 0;
+                for q in qs.chunks_exact(32) {
+                    for shift in [0, 2, 4, 6] {
+                        for half in [&q[..16], &q[16..]] {
+                            let sc = scales[is];
+                            is += 1;
+                            let (dl, ml) = (d * (sc & 0xf) as f32, dmin * (sc >> 4) as f32);
+                            out.extend(half.iter().map(|&b| dl * ((b >> shift) & 3) as f32 - ml));
+                        }
+                    }
+                }
+            }
+        }
+        StorageType::Q3K => {
+            // dequantize_row_q3_K: 2-bit low parts as Q2_K's, a high bit from
+            // hmask (bit n of byte l; clear means minus 4), 16 signed 6-bit scales.
+            for block in bytes.chunks_exact(110) {
+                let (hmask, qs, packed) = (&block[..32], &block[32..96], &block[96..108]);
+                let d = f16_at(block, 108);
+                let scales = q3_k_scales(packed);
+                let (mut is, mut bit) = (0, 0);
+                for q in qs.chunks_exact(32) {
+                    for shift in [0, 2, 4, 6] {
+                        for (offset, half) in [(0, &q[..16]), (16, &q[16..])] {
+                            let dl = d * (scales[is] as i32 - 32) as f32;
+                            is += 1;
+                            out.extend(half.iter().enumerate().map(|(l, &b)| {
+                                let high = if hmask[offset + l] >> bit & 1 == 1 { 0 } else { 4 };
+                                dl * (((b >> shift) & 3) as i32 - high) as f32
+                            }));
+                        }
+                        bit += 1;
+                    }
+                }
+            }
+        }
+        StorageType::Q5K => {
+            // dequantize_row_q5_K: Q4_K's scales and nibbles with a fifth bit
+            // from qh (bits 2c and 2c+1 of byte l for chunk c's two sub-blocks).
+            for block in bytes.chunks_exact(176) {
+                let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+                let (packed, qh, qs) = (&block[4..16], &block[16..48], &block[48..]);
+                for (c, chunk) in qs.chunks_exact(32).enumerate() {
+                    for (half, shift) in [(0, 0), (1, 4)] {
+                        let (sc, m) = q4_k_scale_min(2 * c + half, packed);
+                        let (scale, min) = (d * sc as f32, dmin * m as f32);
+                        let high_bit = 2 * c + half;
+                        out.extend(chunk.iter().zip(qh).map(|(&q, &h)| scale * (((q >> shift) & 15) + ((h >> high_bit) & 1) * 16) as f32 - min));
+                    }
+                }
+            }
+        }
+        StorageType::Q6K => {
+            // dequantize_row_q6_K: per half of 128, value l + 32 * k takes a
+            // nibble of ql[l + 32 * (k % 2)] (low for k < 2) and bits 2k, 2k+1 of
+            // qh[l], minus 32, times d and the int8 scale of its sub-block of 16.
+            for block in bytes.chunks_exact(210) {
+                let (ql, qh, scales) = (&block[..128], &block[128..192], &block[192..208]);
+                let d = f16_at(block, 208);
+                for n in 0..2 {
+                    let (ql, qh, sc) = (&ql[64 * n..64 * n + 64], &qh[32 * n..32 * n + 32], &scales[8 * n..8 * n + 8]);
+                    for k in 0..4 {
+                        out.extend((0..32).map(|l| {
+                            let byte = ql[l + 32 * (k % 2)];
+                            let low = if k < 2 { byte & 0xf } else { byte >> 4 };
+                            let q = (low | ((qh[l] >> (2 * k)) & 3) << 4) as i32 - 32;
+                            d * sc[l / 16 + 2 * k] as i8 as f32 * q as f32
+                        }));
+                    }
+                }
+            }
+        }
     }
     debug_assert_eq!(out.len(), n);
     out
+}
+
+/// llama.cpp's unpacking of Q3_K's 12 bytes into 16 6-bit scales (0..=63, 32
+/// meaning 1): the low 4 bits of scale j from byte j % 8 (low nibble for j < 8,
+/// high after), its top 2 bits from byte 8 + j % 4 at bit 2 * (j / 4).
+fn q3_k_scales(packed: &[u8]) -> [u8; 16] {
+    let mut scales = [0u8; 16];
+    for (j, s) in scales.iter_mut().enumerate() {
+        let low = if j < 8 { packed[j] & 0xf } else { packed[j - 8] >> 4 };
+        let high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        *s = low | high << 4;
+    }
+    scales
 }
 
 /// Undoes llama.cpp's `permute(w, n_head)` on the rows of a Q or K projection.
