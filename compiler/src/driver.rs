@@ -110,11 +110,11 @@ pub fn plan_mesh(
 }
 
 /// What the compile does with a checkpoint's block-quantized matrices (GGUF),
-/// for the user: with no encoding named (`encoding` None) they become float32,
-/// so say which encoding keeps the file's most common kernel-ready blocks; and
-/// name the tensors of block types without kernels (dequantized, then encoded
-/// as asked).
-fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, encoding: Option<crate::graph::QuantScheme>) -> Vec<String> {
+/// for the user, given the linear layers' encoding as named (`None`: not named,
+/// so float32): with none named, which encoding keeps the file's most common
+/// kernel-ready blocks (or `stored`, when some have no kernels); and what
+/// becomes of the tensors of block types without kernels.
+fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, named: Option<&str>) -> Vec<String> {
     use crate::import::StorageType;
     let mut counts: std::collections::BTreeMap<&'static str, (StorageType, usize)> = Default::default();
     for name in weights.names() {
@@ -126,21 +126,35 @@ fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, encodi
     let list = |pick: &dyn Fn(StorageType) -> bool| -> String {
         counts.iter().filter(|(_, (t, _))| pick(*t)).map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ")
     };
+    let unsupported = list(&|t| t.native_scheme().is_none());
     let mut notes = Vec::new();
     let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
-    let encoding_name = |q: crate::graph::QuantScheme| q.encoding().name();
-    match encoding {
-        None if !counts.is_empty() => {
+    if named.is_none() && !counts.is_empty() {
+        let keep = if unsupported.is_empty() {
             let native = counts.values().filter_map(|(t, n)| t.native_scheme().map(|q| (q, *n))).max_by_key(|(_, n)| *n);
-            let keep = native.map_or(String::new(), |(q, _)| format!("; --quantization-encoding {} keeps its {} blocks as they are", encoding_name(q), q.encoding().name().to_uppercase()));
-            notes.push(format!("{file} stores matrices in blocks ({}); with no quantization_encoding they become float32{keep}", list(&|_| true)));
-        }
-        _ => {}
+            native.map_or(String::new(), |(q, _)| format!("; --quantization-encoding {} keeps its {} blocks as they are", q.encoding().name(), q.encoding().name().to_uppercase()))
+        } else {
+            format!("; --quantization-encoding {} keeps every matrix's blocks where maxc has kernels for them", crate::quant::STORED)
+        };
+        notes.push(format!("{file} stores matrices in blocks ({}); with no quantization_encoding they become float32{keep}", list(&|_| true)));
     }
-    let unsupported = list(&|t| t.native_scheme().is_none());
     if !unsupported.is_empty() {
-        let target = encoding.map_or("float32".to_string(), |q| encoding_name(q).to_string());
-        notes.push(format!("{file}: {unsupported} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {target} like float weights"));
+        let fate = match named {
+            Some(crate::quant::STORED) => {
+                let wider = |q: crate::graph::QuantScheme| counts.values().any(|(t, _)| t.native_scheme().is_none() && crate::quant::stored_scheme(*t) == q);
+                let mut fates = Vec::new();
+                if wider(crate::graph::QuantScheme::Q8_0) {
+                    fates.push("q8_0 (5- and 6-bit blocks)");
+                }
+                if wider(crate::graph::QuantScheme::Q4K) {
+                    fates.push("q4_k (2- and 3-bit blocks)");
+                }
+                fates.join(" and ")
+            }
+            Some(name) => name.to_string(),
+            None => "float32".to_string(),
+        };
+        notes.push(format!("{file}: {unsupported} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {fate}"));
     }
     notes
 }
@@ -225,7 +239,15 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
     let c = manifest.manifest.compile.clone();
     let encoding_name = options.encoding.clone().or(c.quantization_encoding.clone()).unwrap_or_else(|| "float32".into());
-    let encoding = crate::quant::parse_encoding(&encoding_name).map_err(|m| Error::invalid(&shown, "compile.quantization_encoding", m))?;
+    let linear_encoding = crate::quant::parse_linear_encoding(&encoding_name).map_err(|m| Error::invalid(&shown, "compile.quantization_encoding", m))?;
+    let m = &manifest.manifest;
+    let model = import(&m.model.path, m.model.architecture.as_deref())?;
+    // `stored`: each weight's encoding from its storage in the checkpoint.
+    let stored: Option<std::sync::Arc<std::collections::HashMap<String, crate::graph::QuantScheme>>> = linear_encoding.is_none().then(|| {
+        let w = &model.weights;
+        std::sync::Arc::new(w.names().map(|n| (n.to_string(), crate::quant::stored_scheme(w.get(n).expect("a listed tensor").storage))).collect())
+    });
+    let encoding = linear_encoding.unwrap_or(crate::graph::QuantScheme::None);
     let embedding_encoding = match options.embedding_encoding.clone().or(c.embedding_encoding.clone()) {
         Some(name) => Some(crate::quant::parse_encoding(&name).map_err(|m| Error::invalid(&shown, "compile.embedding_encoding", m))?),
         None => None,
@@ -246,7 +268,8 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let targets = maxc_codegen::TargetSpec::parse(&target_spec)?;
     let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
     let backend = options.backend.clone().unwrap_or_else(|| "llvm".into());
-    let block_weights = encoding.is_block() || embedding_encoding.is_some_and(|e| e.is_block());
+    let block_weights =
+        encoding.is_block() || embedding_encoding.is_some_and(|e| e.is_block()) || stored.as_ref().is_some_and(|s| s.values().any(|q| q.is_block()));
     // The default: int16 activations where they can apply (block weights, CPU
     // code only), else float32 (docs/quantization.md, Int16 activations).
     let activations = activations_named.unwrap_or(if block_weights && targets.gpus.is_empty() {
@@ -295,18 +318,16 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         }
     }
 
-    let pipeline = PipelineOptions { encoding, embedding_encoding, ..options.pipeline.clone() };
+    let pipeline = PipelineOptions { encoding, embedding_encoding, stored, ..options.pipeline.clone() };
     let mut phases: Vec<(&'static str, f64, u64)> = Vec::new();
     let mut clock = std::time::Instant::now();
     let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64, u64)>| {
         phases.push((name, clock.elapsed().as_secs_f64(), peak_rss_bytes()));
         clock = std::time::Instant::now();
     };
-    let m = &manifest.manifest;
-    let model = import(&m.model.path, m.model.architecture.as_deref())?;
     let (mesh, split_attention, mut notes) = plan_mesh(&shown, devices_spec.as_deref(), attention_spec.as_deref(), &model.config)?;
     let encoding_named = options.encoding.is_some() || c.quantization_encoding.is_some();
-    notes.extend(block_storage_notes(&m.model.path, &model.weights, encoding_named.then_some(encoding)));
+    notes.extend(block_storage_notes(&m.model.path, &model.weights, encoding_named.then_some(encoding_name.as_str())));
     if mesh.kind == maxrun::format::DeviceKind::Gpu && targets.gpus.is_empty() {
         return Err(Error::invalid(&shown, "compile.devices", format!("`{}` needs GPU code; add it with --target cuda:sm_90 (or cpu,cuda:sm_90)", mesh.spec())));
     }
@@ -520,7 +541,7 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
     let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
     let c = &manifest.manifest.compile;
     let mut problems = Vec::new();
-    if let Some(Err(m)) = c.quantization_encoding.as_deref().map(crate::quant::parse_encoding) {
+    if let Some(Err(m)) = c.quantization_encoding.as_deref().map(crate::quant::parse_linear_encoding) {
         problems.push(Error::invalid(&shown, "compile.quantization_encoding", m));
     }
     if let Some(Err(m)) = c.embedding_encoding.as_deref().map(crate::quant::parse_encoding) {

@@ -195,11 +195,18 @@ impl Manifest {
 }
 
 fn check_encoding(path: &Path, field: &str, value: &Option<String>) -> Result<()> {
+    // The linear layers may also keep the checkpoint's own encodings.
+    let linear = field.ends_with("quantization_encoding");
     match value {
+        Some(v) if linear && v == crate::quant::STORED => Ok(()),
         Some(v) if maxrun::format::WeightEncoding::from_name(v).is_none() => Err(Error::invalid(
             path,
             field,
-            format!("unknown encoding `{v}`; valid encodings: {}", maxrun::format::WeightEncoding::all_names()),
+            format!(
+                "unknown encoding `{v}`; valid encodings: {}{}",
+                maxrun::format::WeightEncoding::all_names(),
+                if linear { format!(", {}", crate::quant::STORED) } else { String::new() }
+            ),
         )),
         _ => Ok(()),
     }
@@ -329,6 +336,15 @@ mod tests {
     fn wrong_type_is_an_error_naming_the_field() {
         let err = load("[model]\npath = \"x\"\n[compile]\nmax_length = \"long\"\n", &[]).unwrap_err().to_string();
         assert!(err.contains("compile.max_length") && err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn stored_is_a_linear_encoding_only() {
+        assert!(load("[model]\npath = \"x\"\n[compile]\nquantization_encoding = \"stored\"\n", &[]).is_ok());
+        let err = load("[model]\npath = \"x\"\n[compile]\nembedding_encoding = \"stored\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("compile.embedding_encoding") && err.contains("stored") && err.contains("q8_0"), "{err}");
+        let err = load("[model]\npath = \"x\"\n[compile]\nquantization_encoding = \"q3\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("q4_k, float8_e4m3fn, stored"), "the linear encodings list `stored`: {err}");
     }
 
     #[test]

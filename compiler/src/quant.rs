@@ -21,6 +21,41 @@ pub fn parse_encoding(name: &str) -> Result<QuantScheme, String> {
         .ok_or_else(|| format!("unknown encoding `{name}`; supported: {}", WeightEncoding::all_names()))
 }
 
+/// `--quantization-encoding stored`: every matrix keeps its checkpoint's
+/// encoding where maxc has kernels for it, else takes the nearest more precise
+/// one ([`stored_scheme`]).
+pub const STORED: &str = "stored";
+
+/// A linear layers' encoding name: `Ok(None)` for [`STORED`], else as
+/// [`parse_encoding`].
+pub fn parse_linear_encoding(name: &str) -> Result<Option<QuantScheme>, String> {
+    if name == STORED {
+        return Ok(None);
+    }
+    parse_encoding(name).map(Some).map_err(|m| format!("{m}, {STORED}"))
+}
+
+/// The encoding a matrix stored as `storage` keeps under [`STORED`]: its own
+/// where maxc computes on it (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K), float32 for
+/// F32, q8_0 for the 5- and 6-bit blocks (Q5_0, Q5_1, Q5_K, Q6_K) and q4_k for
+/// the 2- and 3-bit ones (Q2_K, Q3_K): never less precise than the file.
+pub fn stored_scheme(storage: crate::import::StorageType) -> QuantScheme {
+    use crate::import::StorageType as S;
+    match storage {
+        S::F32 => QuantScheme::None,
+        S::Q5_0 | S::Q5_1 | S::Q5K | S::Q6K => QuantScheme::Q8_0,
+        S::Q2K | S::Q3K => QuantScheme::Q4K,
+        native => native.native_scheme().expect("every other storage type has kernels"),
+    }
+}
+
+/// Bits per value of an encoding (scales included), to pick the most precise
+/// of several.
+pub fn bits_per_value(q: QuantScheme) -> f32 {
+    // One row of 256 values: a whole block of every encoding.
+    q.encoding().bytes(&[1, 256]).expect("256 values are whole blocks") as f32 * 8.0 / 256.0
+}
+
 /// A tensor in its stored form: one byte array per part of its encoding.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Encoded {
@@ -372,6 +407,27 @@ fn encode_f8_e4m3(values: &[f32], cols: usize) -> Vec<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn stored_encodings_are_never_less_precise_than_the_file() {
+        use crate::import::StorageType as S;
+        let order = [QuantScheme::None, QuantScheme::F16, QuantScheme::Q8_0, QuantScheme::F8E4M3, QuantScheme::Q4_1, QuantScheme::Q4K, QuantScheme::Q4_0];
+        assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
+        assert_eq!(bits_per_value(QuantScheme::Q8_0), 8.5);
+        // File bits per value: Q5_0 5.5, Q5_1 6, Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
+        for (storage, want) in [(S::Q5_0, QuantScheme::Q8_0), (S::Q5_1, QuantScheme::Q8_0), (S::Q5K, QuantScheme::Q8_0), (S::Q6K, QuantScheme::Q8_0), (S::Q2K, QuantScheme::Q4K), (S::Q3K, QuantScheme::Q4K)] {
+            assert_eq!(stored_scheme(storage), want, "{storage:?}");
+            let (per, bytes) = storage.block();
+            assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
+        }
+        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K] {
+            assert_eq!(Some(stored_scheme(storage)), storage.native_scheme(), "{storage:?} keeps its blocks");
+        }
+        assert_eq!(stored_scheme(S::F32), QuantScheme::None);
+        assert_eq!(parse_linear_encoding("stored"), Ok(None));
+        assert_eq!(parse_linear_encoding("q4_k"), Ok(Some(QuantScheme::Q4K)));
+        assert!(parse_linear_encoding("q5_k").unwrap_err().contains("stored"));
+    }
+
     use super::*;
 
     fn roundtrip(scheme: QuantScheme, values: &[f32], cols: usize) -> Vec<f32> {

@@ -398,3 +398,32 @@ fn dequantizers_reproduce_llama_cpp_values() {
         assert!(exact * 10 >= n * 9, "{file}: only {exact} of {n} values bit-identical (worst {worst:e})");
     }
 }
+
+/// `--quantization-encoding stored` keeps each matrix's checkpoint encoding
+/// where maxc has kernels for it: SmolLM2's GGUF compiles to its own Q4_1 layers
+/// and Q8_0 embedding (so the golden logits, within the float32 tolerance), and
+/// the same values as Q5_1 blocks (no kernels) become q8_0, never less precise
+/// than the file, so they meet q8_0's budget.
+#[test]
+fn stored_encoding_keeps_the_checkpoints_blocks() {
+    let golden = golden("smollm2-135m");
+    let mef = compile_model("smollm2-stored", &smollm2_gguf(), &["--quantization-encoding", "stored"]);
+    let by = inspect(&mef)["weights"]["by_encoding"].clone();
+    assert_eq!(by["q8_0"]["tensors"].as_u64(), Some(1), "the Q8_0 embedding: {by}");
+    assert!(by["q4_1"]["tensors"].as_u64().unwrap() > 0, "{by}");
+    assert!(by.get("float32").is_none_or(|f| f["bytes"].as_u64().unwrap() < 1 << 20), "only norms stay float32: {by}");
+    for (i, case) in cases(&golden).iter().enumerate() {
+        assert_logits_close(&format!("stored case {i}"), &dump_logits(&mef, case).1, &golden_logits("smollm2-135m", case).1);
+    }
+
+    let mef = compile_model("smollm2-q5_1-stored", &smollm2_as_q5_1(), &["--quantization-encoding", "stored"]);
+    let by = inspect(&mef)["weights"]["by_encoding"].clone();
+    assert!(by.get("q4_1").is_none() && by["q8_0"]["tensors"].as_u64().unwrap() > 1, "Q5_1 becomes q8_0: {by}");
+    let (mut n, mut agree, mut kl) = (0, 0, 0.0);
+    for case in cases(&golden) {
+        let (shape, ours) = dump_logits(&mef, case);
+        let (cn, ca, ck, _) = compare(&ours, &golden_logits("smollm2-135m", case).1, shape[1]);
+        (n, agree, kl) = (n + cn, agree + ca, kl + ck);
+    }
+    assert!(agree as f64 >= 0.98 * n as f64 && kl / n as f64 <= 5e-3, "Q5_1 stored as q8_0: top-1 {agree}/{n}, mean KL {}", kl / n as f64);
+}

@@ -35,7 +35,7 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
 /// The graph passes, in order, with linear weights stored as `encoding` (and the
 /// embedding / lm_head as the quantize pass's default for it).
 pub fn pipeline_for(encoding: crate::graph::QuantScheme) -> Vec<Box<dyn Pass>> {
-    pipeline_with(encoding, None, None)
+    pipeline_with(encoding, None, None, None)
 }
 
 /// The graph passes, in order, with linear weights stored as `encoding` and the
@@ -45,6 +45,7 @@ pub fn pipeline_with(
     encoding: crate::graph::QuantScheme,
     embedding: Option<crate::graph::QuantScheme>,
     shard: Option<crate::sharding::ShardTarget>,
+    stored: Option<std::sync::Arc<std::collections::HashMap<String, crate::graph::QuantScheme>>>,
 ) -> Vec<Box<dyn Pass>> {
     let mut passes: Vec<Box<dyn Pass>> = vec![Box::new(canonicalize::Canonicalize), Box::new(const_fold::ConstantFold), Box::new(cse::Cse)];
     if let Some(target) = shard.filter(|t| t.devices > 1) {
@@ -55,7 +56,7 @@ pub fn pipeline_with(
         Box::new(fuse_swiglu::FuseSwiGlu),
         Box::new(fuse_matmul_add::FuseMatMulAdd),
         Box::new(dce::Dce),
-        Box::new(quantize::Quantize { encoding, embedding }),
+        Box::new(quantize::Quantize { encoding, embedding, stored }),
     ]);
     passes
 }
@@ -63,7 +64,7 @@ pub fn pipeline_with(
 /// Every pass name, in pipeline order, including `shard` (which runs only on a mesh).
 pub fn pass_names() -> Vec<&'static str> {
     let mesh = crate::sharding::ShardTarget { index: 0, devices: 2, split_attention: true };
-    pipeline_with(crate::graph::QuantScheme::None, None, Some(mesh)).iter().map(|p| p.name()).collect()
+    pipeline_with(crate::graph::QuantScheme::None, None, Some(mesh), None).iter().map(|p| p.name()).collect()
 }
 
 /// Finds a pass by name.
@@ -84,6 +85,10 @@ pub struct PipelineOptions<'a> {
     pub encoding: crate::graph::QuantScheme,
     /// The storage encoding of the embedding table and lm_head (`None`: default).
     pub embedding_encoding: Option<crate::graph::QuantScheme>,
+    /// `--quantization-encoding stored`: each weight's encoding by name (the
+    /// checkpoint's own, or the nearest more precise one with kernels), in place
+    /// of `encoding`.
+    pub stored: Option<std::sync::Arc<std::collections::HashMap<String, crate::graph::QuantScheme>>>,
     /// Build the graph of this device of a mesh (`None`: one device).
     pub shard: Option<crate::sharding::ShardTarget>,
 }
@@ -96,7 +101,7 @@ pub fn run_pipeline(graph: &mut Graph, options: &PipelineOptions<'_>) -> Result<
         dump(dir, "00-input", graph)?;
     }
     verify(graph)?;
-    for (i, pass) in pipeline_with(options.encoding, options.embedding_encoding, options.shard).iter().enumerate() {
+    for (i, pass) in pipeline_with(options.encoding, options.embedding_encoding, options.shard, options.stored.clone()).iter().enumerate() {
         pass.run(graph)?;
         if verify_each {
             verify(graph).map_err(|e| Error::Verify(format!("after pass `{}`: {e}", pass.name())))?;

@@ -11,6 +11,11 @@
 //! whole 32-blocks but not 256-blocks, e.g. SmolLM2's 576-wide projections; llama.cpp
 //! falls back to q5_0 there), anything else to float32.
 //!
+//! `--quantization-encoding stored` instead keeps each weight's checkpoint
+//! encoding where there are kernels for it (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K),
+//! and the nearest more precise one otherwise (GGUF Q5 / Q6_K: q8_0; Q2_K /
+//! Q3_K: q4_k; F32: float32); a stacked projection takes its most precise part's.
+//!
 //! Only the types' `quant` changes; the interpreter, the scheduler and the writer
 //! all read values through it, so the reference interpreter remains the oracle.
 
@@ -23,6 +28,28 @@ pub struct Quantize {
     pub encoding: QuantScheme,
     /// The encoding of the embedding table and lm_head; `None` picks the default.
     pub embedding: Option<QuantScheme>,
+    /// `--quantization-encoding stored`: each weight's encoding by name, for
+    /// every weight (the embedding and lm_head too, unless `embedding` names one);
+    /// a stack of weights takes its most precise part's.
+    pub stored: Option<std::sync::Arc<std::collections::HashMap<String, QuantScheme>>>,
+}
+
+/// Under `stored`, the encoding of weight `w` (a stack: its most precise part's).
+fn stored_encoding(graph: &Graph, w: ValueId, stored: &std::collections::HashMap<String, QuantScheme>) -> QuantScheme {
+    match &graph.node(w).op {
+        Op::Weight { name, .. } => stored.get(name).copied().unwrap_or(QuantScheme::None),
+        Op::Concat { .. } => graph
+            .node(w)
+            .inputs
+            .iter()
+            .map(|&i| stored_encoding(graph, i, stored))
+            .fold(None, |best: Option<QuantScheme>, q| match best {
+                Some(b) if crate::quant::bits_per_value(b) >= crate::quant::bits_per_value(q) => Some(b),
+                _ => Some(q),
+            })
+            .unwrap_or(QuantScheme::None),
+        _ => QuantScheme::None,
+    }
 }
 
 /// The encoding a weight with rows of `cols` values gets when `wanted` is asked for.
@@ -64,7 +91,7 @@ impl Pass for Quantize {
 
     fn run(&self, graph: &mut Graph) -> Result<()> {
         let embedding = self.embedding.unwrap_or(if self.encoding.is_block() { QuantScheme::Q8_0 } else { self.encoding });
-        if self.encoding == QuantScheme::None && embedding == QuantScheme::None {
+        if self.encoding == QuantScheme::None && embedding == QuantScheme::None && self.stored.is_none() {
             return Ok(());
         }
         // The lm_head is the weight of the matmul that produces the logits.
@@ -99,7 +126,13 @@ impl Pass for Quantize {
             if other_use[w.index()] || chosen.iter().any(|(v, _)| *v == w) {
                 continue;
             }
-            let wanted = if Some(w) == lm_head || tables.contains(&w) { embedding } else { self.encoding };
+            let table = Some(w) == lm_head || tables.contains(&w);
+            let wanted = match &self.stored {
+                Some(_) if table && self.embedding.is_some() => embedding,
+                Some(stored) => stored_encoding(graph, w, stored),
+                None if table => embedding,
+                None => self.encoding,
+            };
             let cols = graph.ty(w).last_dim().unwrap_or(1);
             chosen.push((w, fitting(wanted, cols)));
         }
