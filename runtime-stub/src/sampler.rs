@@ -47,7 +47,9 @@ impl Rng {
 /// NaNs are never the largest, and a row of NaNs gives 0).
 pub fn argmax(logits: &[f32]) -> u32 {
     let best = max(logits);
-    logits.iter().position(|&l| l == best).unwrap_or(0) as u32
+    // The first block of 64 that holds it (a vector compare each), then its place there.
+    let block = logits.chunks(64).position(|c| c.iter().fold(false, |hit, &l| hit | (l == best))).unwrap_or(0);
+    (block * 64 + logits[block * 64..].iter().position(|&l| l == best).unwrap_or(0)) as u32
 }
 
 /// `e^x` for `x <= 0` (`-inf` included), within 2 ulp of the exact value, and 0
@@ -92,17 +94,33 @@ fn sum(values: &[f32]) -> f32 {
     parts.iter().sum::<f32>() + tail
 }
 
-/// The largest value, NaNs ignored (-inf for none), in eight interleaved parts.
+/// The largest value, NaNs ignored (-inf for none), in eight interleaved parts
+/// (with AVX2 where the machine has it: the same result).
 fn max(values: &[f32]) -> f32 {
-    let mut parts = [f32::NEG_INFINITY; 8];
-    let chunks = values.chunks_exact(8);
-    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for chunk in chunks {
-        for (p, &v) in parts.iter_mut().zip(chunk) {
-            *p = p.max(v);
+    #[inline(always)]
+    fn each(values: &[f32]) -> f32 {
+        let mut parts = [f32::NEG_INFINITY; 8];
+        let chunks = values.chunks_exact(8);
+        let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for chunk in chunks {
+            for (p, &v) in parts.iter_mut().zip(chunk) {
+                *p = p.max(v);
+            }
+        }
+        parts.iter().copied().fold(tail, f32::max)
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2(values: &[f32]) -> f32 {
+            each(values)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the machine has AVX2, checked just above.
+            return unsafe { avx2(values) };
         }
     }
-    parts.iter().copied().fold(tail, f32::max)
+    each(values)
 }
 
 /// The total weight of the tokens weighing at least `floor`.
@@ -309,6 +327,17 @@ mod tests {
     #[test]
     fn greedy_takes_the_first_maximum() {
         assert_eq!(sample(&[1.0, 3.0, 3.0, 2.0], &SamplingParams::default(), &mut Rng::new(0)), 1);
+    }
+
+    #[test]
+    fn argmax_finds_the_first_maximum_in_any_block() {
+        let mut row = vec![0.5f32; 200];
+        (row[130], row[190], row[3]) = (2.0, 2.0, f32::NAN);
+        assert_eq!(argmax(&row), 130, "NaNs never win; the first of equal maxima does");
+        row[199] = 3.0;
+        assert_eq!(argmax(&row), 199, "the tail past the last whole block");
+        assert_eq!(argmax(&[f32::NAN; 3]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
     }
 
     #[test]
