@@ -109,54 +109,36 @@ pub fn plan_mesh(
     Ok((mesh, split, notes))
 }
 
-/// What the compile does with a checkpoint's block-quantized matrices (GGUF),
-/// for the user, given the linear layers' encoding as named (`None`: not named,
-/// so float32): with none named, which encoding keeps the file's most common
-/// kernel-ready blocks (or `stored`, when some have no kernels); and what
-/// becomes of the tensors of block types without kernels.
-fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, named: Option<&str>) -> Vec<String> {
+/// What becomes of a checkpoint's matrices stored in GGUF block types that maxc
+/// has no kernels for, under the linear layers' encoding `named`, for the user.
+fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, named: &str) -> Vec<String> {
     use crate::import::StorageType;
     let mut counts: std::collections::BTreeMap<&'static str, (StorageType, usize)> = Default::default();
     for name in weights.names() {
         let entry = weights.get(name).expect("a listed tensor");
-        if entry.shape.len() == 2 && !matches!(entry.storage, StorageType::F32 | StorageType::F16 | StorageType::BF16) {
+        if entry.shape.len() == 2 && entry.storage.native_scheme().is_none() && entry.storage != StorageType::F32 {
             counts.entry(entry.storage.name()).or_insert((entry.storage, 0)).1 += 1;
         }
     }
-    let list = |pick: &dyn Fn(StorageType) -> bool| -> String {
-        counts.iter().filter(|(_, (t, _))| pick(*t)).map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ")
-    };
-    let unsupported = list(&|t| t.native_scheme().is_none());
-    let mut notes = Vec::new();
+    if counts.is_empty() {
+        return Vec::new();
+    }
     let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
-    if named.is_none() && !counts.is_empty() {
-        let keep = if unsupported.is_empty() {
-            let native = counts.values().filter_map(|(t, n)| t.native_scheme().map(|q| (q, *n))).max_by_key(|(_, n)| *n);
-            native.map_or(String::new(), |(q, _)| format!("; --quantization-encoding {} keeps its {} blocks as they are", q.encoding().name(), q.encoding().name().to_uppercase()))
-        } else {
-            format!("; --quantization-encoding {} keeps every matrix's blocks where maxc has kernels for them", crate::quant::STORED)
-        };
-        notes.push(format!("{file} stores matrices in blocks ({}); with no quantization_encoding they become float32{keep}", list(&|_| true)));
-    }
-    if !unsupported.is_empty() {
-        let fate = match named {
-            Some(crate::quant::STORED) => {
-                let wider = |q: crate::graph::QuantScheme| counts.values().any(|(t, _)| t.native_scheme().is_none() && crate::quant::stored_scheme(*t) == q);
-                let mut fates = Vec::new();
-                if wider(crate::graph::QuantScheme::Q8_0) {
-                    fates.push("q8_0 (5- and 6-bit blocks)");
-                }
-                if wider(crate::graph::QuantScheme::Q4K) {
-                    fates.push("q4_k (2- and 3-bit blocks)");
-                }
-                fates.join(" and ")
-            }
-            Some(name) => name.to_string(),
-            None => "float32".to_string(),
-        };
-        notes.push(format!("{file}: {unsupported} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {fate}"));
-    }
-    notes
+    let listed = counts.iter().map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ");
+    let fate = if named == crate::quant::STORED {
+        let widened = |q: crate::graph::QuantScheme| counts.values().any(|(t, _)| crate::quant::stored_scheme(*t) == q);
+        let mut fates = Vec::new();
+        if widened(crate::graph::QuantScheme::Q8_0) {
+            fates.push("q8_0 (5- and 6-bit blocks)");
+        }
+        if widened(crate::graph::QuantScheme::Q4K) {
+            fates.push("q4_k (2- and 3-bit blocks)");
+        }
+        format!("{}, the nearest more precise encoding with kernels (--quantization-encoding names another)", fates.join(" and "))
+    } else {
+        named.to_string()
+    };
+    vec![format!("{file}: {listed} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {fate}")]
 }
 
 /// Loads a manifest file, or the default manifest for `--model PATH`.
@@ -238,7 +220,14 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
 
     let shown = manifest.source.clone().unwrap_or_else(|| std::path::PathBuf::from("<--model>"));
     let c = manifest.manifest.compile.clone();
-    let encoding_name = options.encoding.clone().or(c.quantization_encoding.clone()).unwrap_or_else(|| "float32".into());
+    // A GGUF keeps its blocks unless told otherwise (as MAX infers the encoding
+    // from GGUF weights); other checkpoints compile to float32.
+    let gguf = manifest.manifest.model.path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let encoding_name = options
+        .encoding
+        .clone()
+        .or(c.quantization_encoding.clone())
+        .unwrap_or_else(|| if gguf { crate::quant::STORED.into() } else { "float32".into() });
     let linear_encoding = crate::quant::parse_linear_encoding(&encoding_name).map_err(|m| Error::invalid(&shown, "compile.quantization_encoding", m))?;
     let m = &manifest.manifest;
     let model = import(&m.model.path, m.model.architecture.as_deref())?;
@@ -326,8 +315,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         clock = std::time::Instant::now();
     };
     let (mesh, split_attention, mut notes) = plan_mesh(&shown, devices_spec.as_deref(), attention_spec.as_deref(), &model.config)?;
-    let encoding_named = options.encoding.is_some() || c.quantization_encoding.is_some();
-    notes.extend(block_storage_notes(&m.model.path, &model.weights, encoding_named.then_some(encoding_name.as_str())));
+    notes.extend(block_storage_notes(&m.model.path, &model.weights, &encoding_name));
     if mesh.kind == maxrun::format::DeviceKind::Gpu && targets.gpus.is_empty() {
         return Err(Error::invalid(&shown, "compile.devices", format!("`{}` needs GPU code; add it with --target cuda:sm_90 (or cpu,cuda:sm_90)", mesh.spec())));
     }

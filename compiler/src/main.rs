@@ -82,10 +82,11 @@ struct CompileArgs {
     /// Write each GPU architecture's PTX module to DIR/<arch>.ptx (with --target cuda:...).
     #[arg(long, value_name = "DIR")]
     emit_ptx: Option<PathBuf>,
-    /// Storage of the linear layers' weights: float32 (default), bfloat16, float16,
-    /// q8_0, q4_0, q4_1, q4_k, float8_e4m3fn; a GGUF already in that block type keeps its blocks.
-    /// `stored`: every weight keeps the checkpoint's encoding where maxc has kernels for it, else
-    /// the nearest more precise one (GGUF Q5 / Q6_K: q8_0; Q2_K / Q3_K: q4_k).
+    /// Storage of the linear layers' weights: float32 (the default for Hugging Face checkpoints),
+    /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn; a GGUF already in that block type
+    /// keeps its blocks. `stored` (the default for GGUF files): every weight keeps the checkpoint's
+    /// encoding where maxc has kernels for it, else the nearest more precise one (GGUF Q5 / Q6_K:
+    /// q8_0; Q2_K / Q3_K: q4_k).
     #[arg(long, value_name = "ENCODING")]
     quantization_encoding: Option<String>,
     /// Storage of the embedding table and lm_head (default: the linear layers'

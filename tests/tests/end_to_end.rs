@@ -19,7 +19,9 @@ fn artifact(fixture_name: &str) -> &'static Path {
     map.entry(fixture_name.to_string())
         .or_insert_with(|| {
             let model = if fixture_name == "smollm2-135m" { smollm2_gguf() } else { fixture(fixture_name) };
-            Box::leak(compile_model(fixture_name, &model, &[]).into_boxed_path())
+            // float32 weights, the exact path (a GGUF's default keeps its Q4_1
+            // blocks: the default-manifest and stored-encoding tests cover that).
+            Box::leak(compile_model(fixture_name, &model, &["--quantization-encoding", "float32"]).into_boxed_path())
         })
 }
 
@@ -65,18 +67,17 @@ fn smollm2_from_gguf_matches_golden() {
 
 /// A GGUF of a block type maxc has no kernels for (Q5_1) compiles, by exact
 /// dequantization at import: SmolLM2 rewritten as Q5_1 holds the golden values,
-/// so its logits are the golden ones (within the fixtures' float32 tolerance),
-/// and the compile's notes say what became of the blocks.
+/// so with float32 weights its logits are the golden ones (within the fixtures'
+/// float32 tolerance), and the compile's notes say what became of the blocks.
 #[test]
 fn gguf_q5_1_blocks_import_exactly() {
     let gguf = smollm2_as_q5_1();
     let golden = golden("smollm2-135m");
     let mef = temp_dir("smollm2-q5_1-mef").join("model.mef");
-    let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str()]);
+    let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os("float32")]);
     assert_eq!(r.0, 0, "{}", r.2);
     // The compile says what became of the blocks.
-    assert!(r.2.contains("210 Q5_1 matrices have no kernels in maxc; they are dequantized exactly"), "{}", r.2);
-    assert!(r.2.contains("with no quantization_encoding they become float32; --quantization-encoding stored keeps every matrix's blocks"), "{}", r.2);
+    assert!(r.2.contains("210 Q5_1 matrices have no kernels in maxc; they are dequantized exactly, then encoded as float32"), "{}", r.2);
     for (i, case) in cases(&golden).iter().enumerate() {
         let (shape, ours) = dump_logits(&mef, case);
         let (gshape, gold) = golden_logits("smollm2-135m", case);

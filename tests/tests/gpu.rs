@@ -36,7 +36,7 @@ fn assemble(ptx: &Path, arch: &str) {
 fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
     let cases: Vec<(&str, std::path::PathBuf, &[&str])> = vec![
         ("tiny-llama", fixture("tiny-llama"), &[]),
-        ("smollm2-f32", smollm2_gguf(), &[]),
+        ("smollm2-f32", smollm2_gguf(), &["--quantization-encoding", "float32"]),
         // The block-quantized kernels (q4_1 layers, q8_0 embedding) and bf16.
         ("smollm2-q4_1", smollm2_gguf(), &["--quantization-encoding", "q4_1"]),
         ("smollm2-bf16", smollm2_gguf(), &["--quantization-encoding", "bfloat16"]),
@@ -82,7 +82,8 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
 #[test]
 fn fat_artifact_runs_its_cpu_code_and_matches_the_golden_logits() {
     for (name, model) in [("tiny-llama", fixture("tiny-llama")), ("smollm2-135m", smollm2_gguf())] {
-        let (mef, ptx) = compile_with_ptx(&format!("fat-{name}"), &model, "cpu,cuda:sm_90", &[]);
+        // float32 weights (a GGUF's default is its own blocks): the panel GEMV below.
+        let (mef, ptx) = compile_with_ptx(&format!("fat-{name}"), &model, "cpu,cuda:sm_90", &["--quantization-encoding", "float32"]);
         assemble(&ptx, "sm_90");
         if name == "smollm2-135m" {
             // The CPU code packs the weights in panels; the PTX runs the lane-split

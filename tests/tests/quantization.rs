@@ -399,15 +399,16 @@ fn dequantizers_reproduce_llama_cpp_values() {
     }
 }
 
-/// `--quantization-encoding stored` keeps each matrix's checkpoint encoding
-/// where maxc has kernels for it: SmolLM2's GGUF compiles to its own Q4_1 layers
-/// and Q8_0 embedding (so the golden logits, within the float32 tolerance), and
-/// the same values as Q5_1 blocks (no kernels) become q8_0, never less precise
-/// than the file, so they meet q8_0's budget.
+/// `--quantization-encoding stored`, a GGUF's default, keeps each matrix's
+/// checkpoint encoding where maxc has kernels for it: SmolLM2's GGUF compiled
+/// with no flags keeps its own Q4_1 layers and Q8_0 embedding (so the golden
+/// logits, within the float32 tolerance), and the same values as Q5_1 blocks
+/// (no kernels) become q8_0, never less precise than the file, so they meet
+/// q8_0's budget; the compile says so.
 #[test]
 fn stored_encoding_keeps_the_checkpoints_blocks() {
     let golden = golden("smollm2-135m");
-    let mef = compile_model("smollm2-stored", &smollm2_gguf(), &["--quantization-encoding", "stored"]);
+    let mef = compile_model("smollm2-stored", &smollm2_gguf(), &[]);
     let by = inspect(&mef)["weights"]["by_encoding"].clone();
     assert_eq!(by["q8_0"]["tensors"].as_u64(), Some(1), "the Q8_0 embedding: {by}");
     assert!(by["q4_1"]["tensors"].as_u64().unwrap() > 0, "{by}");
@@ -416,7 +417,10 @@ fn stored_encoding_keeps_the_checkpoints_blocks() {
         assert_logits_close(&format!("stored case {i}"), &dump_logits(&mef, case).1, &golden_logits("smollm2-135m", case).1);
     }
 
-    let mef = compile_model("smollm2-q5_1-stored", &smollm2_as_q5_1(), &["--quantization-encoding", "stored"]);
+    let mef = temp_dir("smollm2-q5_1-stored").join("model.mef");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), smollm2_as_q5_1().as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os("stored")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert!(r.2.contains("210 Q5_1 matrices have no kernels in maxc; they are dequantized exactly, then encoded as q8_0 (5- and 6-bit blocks)"), "{}", r.2);
     let by = inspect(&mef)["weights"]["by_encoding"].clone();
     assert!(by.get("q4_1").is_none() && by["q8_0"]["tensors"].as_u64().unwrap() > 1, "Q5_1 becomes q8_0: {by}");
     let (mut n, mut agree, mut kl) = (0, 0, 0.0);
