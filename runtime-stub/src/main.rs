@@ -433,7 +433,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     loop {
         // With --stop, the text is cut at the first stop string and the last few
         // characters are held back until they cannot start one.
-        let text = tokenizer.decode(&generated, false).map_err(|e| anyhow!("decoding: {e}"))?;
+        let text = tokenizer.decode(without_end(&generated, &eos), false).map_err(|e| anyhow!("decoding: {e}"))?;
         if let Some(at) = cli.stops.iter().filter_map(|s| text.find(s.as_str())).min() {
             emit(&text[..at], &mut printed, &mut out, true)?;
             stopped = true;
@@ -452,7 +452,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         generated.push(next);
     }
     if !stopped {
-        let text = tokenizer.decode(&generated, false).map_err(|e| anyhow!("decoding: {e}"))?;
+        let text = tokenizer.decode(without_end(&generated, &eos), false).map_err(|e| anyhow!("decoding: {e}"))?;
         emit(&text, &mut printed, &mut out, true)?;
     }
     if out.is_terminal() {
@@ -547,6 +547,16 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The generated tokens to print: all but a final end-of-sequence token (which
+/// ends the text, as in chat replies and llama.cpp, rather than showing as
+/// `<|im_end|>`); special tokens elsewhere are printed.
+fn without_end<'a>(generated: &'a [u32], eos: &[u32]) -> &'a [u32] {
+    match generated.split_last() {
+        Some((last, rest)) if eos.contains(last) => rest,
+        _ => generated,
+    }
 }
 
 /// `--embed` / `--embed-file`: one JSON array per text, in input order.
