@@ -222,7 +222,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let c = manifest.manifest.compile.clone();
     // A GGUF keeps its blocks unless told otherwise (as MAX infers the encoding
     // from GGUF weights); other checkpoints compile to float32.
-    let gguf = manifest.manifest.model.path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let gguf = crate::import::is_gguf(&manifest.manifest.model.path);
     let encoding_name = options
         .encoding
         .clone()

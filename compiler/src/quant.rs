@@ -407,27 +407,6 @@ fn encode_f8_e4m3(values: &[f32], cols: usize) -> Vec<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn stored_encodings_are_never_less_precise_than_the_file() {
-        use crate::import::StorageType as S;
-        let order = [QuantScheme::None, QuantScheme::F16, QuantScheme::Q8_0, QuantScheme::F8E4M3, QuantScheme::Q4_1, QuantScheme::Q4K, QuantScheme::Q4_0];
-        assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
-        assert_eq!(bits_per_value(QuantScheme::Q8_0), 8.5);
-        // File bits per value: Q5_0 5.5, Q5_1 6, Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
-        for (storage, want) in [(S::Q5_0, QuantScheme::Q8_0), (S::Q5_1, QuantScheme::Q8_0), (S::Q5K, QuantScheme::Q8_0), (S::Q6K, QuantScheme::Q8_0), (S::Q2K, QuantScheme::Q4K), (S::Q3K, QuantScheme::Q4K)] {
-            assert_eq!(stored_scheme(storage), want, "{storage:?}");
-            let (per, bytes) = storage.block();
-            assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
-        }
-        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K] {
-            assert_eq!(Some(stored_scheme(storage)), storage.native_scheme(), "{storage:?} keeps its blocks");
-        }
-        assert_eq!(stored_scheme(S::F32), QuantScheme::None);
-        assert_eq!(parse_linear_encoding("stored"), Ok(None));
-        assert_eq!(parse_linear_encoding("q4_k"), Ok(Some(QuantScheme::Q4K)));
-        assert!(parse_linear_encoding("q5_k").unwrap_err().contains("stored"));
-    }
-
     use super::*;
 
     fn roundtrip(scheme: QuantScheme, values: &[f32], cols: usize) -> Vec<f32> {
@@ -520,5 +499,26 @@ mod tests {
         for (a, b) in x[2 * cols..].iter().zip(&y[2 * cols..]) {
             assert!((a - b).abs() <= amax / 16.0, "{a} -> {b}");
         }
+    }
+
+    #[test]
+    fn stored_encodings_are_never_less_precise_than_the_file() {
+        use crate::import::StorageType as S;
+        let order = [QuantScheme::None, QuantScheme::F16, QuantScheme::Q8_0, QuantScheme::F8E4M3, QuantScheme::Q4_1, QuantScheme::Q4K, QuantScheme::Q4_0];
+        assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
+        assert_eq!(bits_per_value(QuantScheme::Q8_0), 8.5);
+        // File bits per value: Q5_0 5.5, Q5_1 6, Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
+        for (storage, want) in [(S::Q5_0, QuantScheme::Q8_0), (S::Q5_1, QuantScheme::Q8_0), (S::Q5K, QuantScheme::Q8_0), (S::Q6K, QuantScheme::Q8_0), (S::Q2K, QuantScheme::Q4K), (S::Q3K, QuantScheme::Q4K)] {
+            assert_eq!(stored_scheme(storage), want, "{storage:?}");
+            let (per, bytes) = storage.block();
+            assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
+        }
+        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K] {
+            assert_eq!(Some(stored_scheme(storage)), storage.native_scheme(), "{storage:?} keeps its blocks");
+        }
+        assert_eq!(stored_scheme(S::F32), QuantScheme::None);
+        assert_eq!(parse_linear_encoding("stored"), Ok(None));
+        assert_eq!(parse_linear_encoding("q4_k"), Ok(Some(QuantScheme::Q4K)));
+        assert!(parse_linear_encoding("q5_k").unwrap_err().contains("stored"));
     }
 }

@@ -43,6 +43,32 @@ impl Rng {
     }
 }
 
+/// Defines a function whose body is compiled twice: with AVX2, taken at run
+/// time where the machine has it, and for baseline x86-64 (SSE2) elsewhere. The
+/// same operations either way (Rust never fuses a multiply and an add), so the
+/// same results and the same draws on every machine.
+macro_rules! avx2_where_present {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn each($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    each($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the machine has AVX2, checked just above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            each($($arg),*)
+        }
+    };
+}
+
 /// The index of the largest logit (the first one on ties, as `argmax` does;
 /// NaNs are never the largest, and a row of NaNs gives 0).
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -94,11 +120,9 @@ fn sum(values: &[f32]) -> f32 {
     parts.iter().sum::<f32>() + tail
 }
 
-/// The largest value, NaNs ignored (-inf for none), in eight interleaved parts
-/// (with AVX2 where the machine has it: the same result).
-fn max(values: &[f32]) -> f32 {
-    #[inline(always)]
-    fn each(values: &[f32]) -> f32 {
+avx2_where_present! {
+    /// The largest value, NaNs ignored (-inf for none), in eight interleaved parts.
+    fn max(values: &[f32]) -> f32 {
         let mut parts = [f32::NEG_INFINITY; 8];
         let chunks = values.chunks_exact(8);
         let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -109,21 +133,10 @@ fn max(values: &[f32]) -> f32 {
         }
         parts.iter().copied().fold(tail, f32::max)
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        fn avx2(values: &[f32]) -> f32 {
-            each(values)
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the machine has AVX2, checked just above.
-            return unsafe { avx2(values) };
-        }
-    }
-    each(values)
 }
 
-/// The total weight of the tokens weighing at least `floor`.
+/// The total weight of the tokens weighing at least `floor`, in eight
+/// interleaved parts.
 fn mass_from(weights: &[f32], floor: f32) -> f32 {
     let mut parts = [0.0f32; 8];
     let chunks = weights.chunks_exact(8);
@@ -136,28 +149,13 @@ fn mass_from(weights: &[f32], floor: f32) -> f32 {
     parts.iter().sum::<f32>() + tail
 }
 
-/// `weights[i] = exp(logits[i] / t - top)`: with AVX2 where the machine has it
-/// (the same operations, eight lanes at a time, so the same bits and the same
-/// draws as on any other x86-64), else SSE2's four.
-fn scaled_weights(logits: &[f32], t: f32, top: f32, weights: &mut [f32]) {
-    #[inline(always)]
-    fn each(logits: &[f32], t: f32, top: f32, weights: &mut [f32]) {
+avx2_where_present! {
+    /// `weights[i] = exp(logits[i] / t - top)`.
+    fn scaled_weights(logits: &[f32], t: f32, top: f32, weights: &mut [f32]) {
         for (w, &l) in weights.iter_mut().zip(logits) {
             *w = exp_nonpositive(l / t - top);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        fn avx2(logits: &[f32], t: f32, top: f32, weights: &mut [f32]) {
-            each(logits, t, top, weights)
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the machine has AVX2, checked just above.
-            return unsafe { avx2(logits, t, top, weights) };
-        }
-    }
-    each(logits, t, top, weights)
 }
 
 /// Candidates in descending order of likelihood, ties to the lower token id.
@@ -171,6 +169,12 @@ fn more_likely(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
 pub struct Candidates {
     pub ids: Vec<u32>,
     pub weights: Vec<f32>,
+}
+
+/// The id of candidate `i`: `ids[i]`, or `i` itself while the candidates are
+/// every token (`ids` is `None`).
+fn id_at(ids: &Option<Vec<u32>>, i: usize) -> u32 {
+    ids.as_ref().map_or(i as u32, |ids| ids[i])
 }
 
 /// Candidates in token id order, split into ids and weights.
@@ -228,12 +232,12 @@ fn filter(logits: &[f32], p: &SamplingParams) -> (Option<Vec<u32>>, Vec<f32>) {
     let mut weights = vec![0.0f32; logits.len()];
     scaled_weights(&logits, t, top, &mut weights);
     let total = sum(&weights);
-    let (mut ids, mut weights) = (ids, weights);
+    let mut ids = ids;
     if p.min_p > 0.0 {
         // Relative to the most likely token's weight, which is 1 (and stays).
         let floor = p.min_p.min(1.0);
         let (kept_ids, kept_weights) =
-            weights.iter().enumerate().filter(|c| *c.1 >= floor).map(|(i, &w)| (ids.as_ref().map_or(i as u32, |ids| ids[i]), w)).unzip();
+            weights.iter().enumerate().filter(|c| *c.1 >= floor).map(|(i, &w)| (id_at(&ids, i), w)).unzip();
         (ids, weights) = (Some(kept_ids), kept_weights);
     }
     if p.top_p >= 1.0 {
@@ -251,7 +255,7 @@ fn filter(logits: &[f32], p: &SamplingParams) -> (Option<Vec<u32>>, Vec<f32>) {
         .find(|&floor| mass_from(&weights, floor) >= target * (1.0 + 1e-4))
         .unwrap_or(0.0);
     let mut pairs: Vec<(u32, f32)> =
-        weights.iter().enumerate().filter(|c| *c.1 >= floor).map(|(i, &w)| (ids.as_ref().map_or(i as u32, |ids| ids[i]), w)).collect();
+        weights.iter().enumerate().filter(|c| *c.1 >= floor).map(|(i, &w)| (id_at(&ids, i), w)).collect();
     let n = pairs.len();
     let mut k = n.min(64);
     loop {
@@ -289,7 +293,7 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
         return argmax(logits);
     }
     let (ids, weights) = filter(logits, p);
-    let id = |i: usize| ids.as_ref().map_or(i as u32, |ids| ids[i]);
+    let id = |i: usize| id_at(&ids, i);
     let blocks: Vec<f32> = weights.chunks(DRAW_BLOCK).map(sum).collect();
     let mut r = rng.next_f32() * blocks.iter().sum::<f32>();
     let mut last = 0;

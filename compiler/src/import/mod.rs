@@ -33,6 +33,11 @@ pub struct ImportedModel {
     pub input_files: Vec<PathBuf>,
 }
 
+/// Whether `path` names a GGUF file (by its extension, as [`import`] reads it).
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
 /// Imports the model at `path`: an HF directory or a `.gguf` file.
 pub fn import(path: &Path, architecture: Option<&str>) -> Result<ImportedModel> {
     if !path.exists() {
@@ -44,7 +49,7 @@ pub fn import(path: &Path, architecture: Option<&str>) -> Result<ImportedModel> 
     }
     let mut model = if path.is_dir() {
         hf::import_dir(path, architecture)?
-    } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+    } else if is_gguf(path) {
         import_gguf(path, architecture)?
     } else {
         return Err(Error::invalid(path, "model.path", "is neither a directory nor a .gguf file"));

@@ -384,16 +384,20 @@ pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
                 out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
             }
         }
-        StorageType::Q4K => {
+        StorageType::Q4K | StorageType::Q5K => {
             // dequantize_row_q4_K: y = d * sc * q - dmin * m per sub-block of 32.
-            for block in bytes.chunks_exact(144) {
+            // dequantize_row_q5_K: the same, with a fifth bit of q (16) from the
+            // 32 bytes of qh after the scales: bit 2c + half of byte l.
+            let qh_len = if storage == StorageType::Q5K { 32 } else { 0 };
+            for block in bytes.chunks_exact(storage.block().1) {
                 let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
-                let (packed, qs) = (&block[4..16], &block[16..]);
+                let (packed, qh, qs) = (&block[4..16], &block[16..16 + qh_len], &block[16 + qh_len..]);
                 for (c, chunk) in qs.chunks_exact(32).enumerate() {
                     for (half, shift) in [(0, 0), (1, 4)] {
                         let (sc, m) = q4_k_scale_min(2 * c + half, packed);
                         let (scale, min) = (d * sc as f32, dmin * m as f32);
-                        out.extend(chunk.iter().map(|&q| scale * ((q >> shift) & 15) as f32 - min));
+                        let fifth = |l: usize| qh.get(l).map_or(0, |h| ((h >> (2 * c + half)) & 1) * 16);
+                        out.extend(chunk.iter().enumerate().map(|(l, &q)| scale * (((q >> shift) & 15) + fifth(l)) as f32 - min));
                     }
                 }
             }
@@ -403,20 +407,15 @@ pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
             // little-endian qh as its fifth bit (16 for Q5_0's offset).
             let with_min = storage == StorageType::Q5_1;
             let head = if with_min { 4 } else { 2 };
-            for block in bytes.chunks_exact(if with_min { 24 } else { 22 }) {
+            for block in bytes.chunks_exact(storage.block().1) {
                 let d = f16_at(block, 0);
+                let m = if with_min { f16_at(block, 2) } else { 0.0 };
                 let qh = u32::from_le_bytes(block[head..head + 4].try_into().unwrap());
                 let qs = &block[head + 4..];
                 let level = |j: usize, nibble: u8| (nibble | (((qh >> j) & 1) << 4) as u8) as i32;
-                let low = qs.iter().enumerate().map(|(j, &q)| level(j, q & 0x0f));
-                let high = qs.iter().enumerate().map(|(j, &q)| level(j + 16, q >> 4));
-                if with_min {
-                    let m = f16_at(block, 2);
-                    let levels: Vec<i32> = low.chain(high).collect();
-                    out.extend(levels.iter().map(|&x| x as f32 * d + m));
-                } else {
-                    out.extend(low.chain(high).map(|x| (x - 16) as f32 * d));
-                }
+                let value = |x: i32| if with_min { x as f32 * d + m } else { (x - 16) as f32 * d };
+                out.extend(qs.iter().enumerate().map(|(j, &q)| value(level(j, q & 0x0f))));
+                out.extend(qs.iter().enumerate().map(|(j, &q)| value(level(j + 16, q >> 4))));
             }
         }
         StorageType::Q2K => {
@@ -457,22 +456,6 @@ pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
                             }));
                         }
                         bit += 1;
-                    }
-                }
-            }
-        }
-        StorageType::Q5K => {
-            // dequantize_row_q5_K: Q4_K's scales and nibbles with a fifth bit
-            // from qh (bits 2c and 2c+1 of byte l for chunk c's two sub-blocks).
-            for block in bytes.chunks_exact(176) {
-                let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
-                let (packed, qh, qs) = (&block[4..16], &block[16..48], &block[48..]);
-                for (c, chunk) in qs.chunks_exact(32).enumerate() {
-                    for (half, shift) in [(0, 0), (1, 4)] {
-                        let (sc, m) = q4_k_scale_min(2 * c + half, packed);
-                        let (scale, min) = (d * sc as f32, dmin * m as f32);
-                        let high_bit = 2 * c + half;
-                        out.extend(chunk.iter().zip(qh).map(|(&q, &h)| scale * (((q >> shift) & 15) + ((h >> high_bit) & 1) * 16) as f32 - min));
                     }
                 }
             }

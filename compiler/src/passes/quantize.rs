@@ -43,10 +43,8 @@ fn stored_encoding(graph: &Graph, w: ValueId, stored: &std::collections::HashMap
             .inputs
             .iter()
             .map(|&i| stored_encoding(graph, i, stored))
-            .fold(None, |best: Option<QuantScheme>, q| match best {
-                Some(b) if crate::quant::bits_per_value(b) >= crate::quant::bits_per_value(q) => Some(b),
-                _ => Some(q),
-            })
+            // The first of the most precise.
+            .reduce(|best, q| if crate::quant::bits_per_value(q) > crate::quant::bits_per_value(best) { q } else { best })
             .unwrap_or(QuantScheme::None),
         _ => QuantScheme::None,
     }
