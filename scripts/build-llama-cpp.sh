@@ -13,13 +13,10 @@ if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-qua
   if [ ! -d "$cache/src" ]; then
     tarball="$cache/llama_cpp_python-$version.tar.gz"
     if [ ! -f "$tarball" ]; then
-      # The sdist's address and sha256 from PyPI's simple index (pip download
-      # would try to build it; the per-version JSON API is not always served).
-      link=$(curl -sSf "https://pypi.org/simple/llama-cpp-python/" | grep -o "https://[^\"]*/llama_cpp_python-$version.tar.gz#sha256=[0-9a-f]*" | head -1)
-      [ -n "$link" ] || { echo "build-llama-cpp: llama_cpp_python-$version.tar.gz is not in PyPI's simple index" >&2; exit 1; }
-      curl -sSfL -o "$tarball.part" "${link%%#*}"
-      echo "${link##*sha256=}  $tarball.part" | sha256sum -c --quiet
-      mv "$tarball.part" "$tarball"
+      # The sdist through pip's own configured index (pip checks its hash);
+      # only llama-cpp-python itself as source: its build requirements (fetched
+      # to read the sdist's metadata) come as wheels.
+      python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$cache"
     fi
     mkdir -p "$cache/src"
     tar -xzf "$cache"/llama_cpp_python-$version.tar.gz -C "$cache/src" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"

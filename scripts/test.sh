@@ -17,4 +17,8 @@ cargo test --workspace -j2 "$@"
 # own unit tests, e.g. the message a GPU mesh gets there.
 if [ "$#" -eq 0 ]; then
     cargo test -p maxrun --no-default-features --lib -j2
+    # The GPU check's dry run (docs/gpu.md): every fixture at every encoding,
+    # fat artifacts run on the CPU against the goldens, GPU-only ones compiled
+    # and assembled by ptxas.
+    GPU_CHECK_BIN="$root/target/debug" GPU_CHECK_OUT="$TMPDIR/gpu-check" scripts/gpu-check.sh --device cpu
 fi

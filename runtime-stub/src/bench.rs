@@ -67,10 +67,23 @@ fn decode_seconds(session: &mut Runner<'_>, tokens: u64, vocab: u64) -> Result<f
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// The memory bandwidth a decode step can at best stream at, in GB/s: on the
+/// CPU the weights read by the session's threads, on a GPU a device-to-device
+/// copy (bytes read plus bytes written).
+fn bandwidth(session: &Runner<'_>, weights: &[u8]) -> Result<f64, SessionError> {
+    match session {
+        #[cfg(feature = "cuda")]
+        Runner::Gpu(gpu) => gpu.copy_bandwidth().map_err(|e| SessionError::Gpu(e.to_string())),
+        _ => Ok(read_bandwidth(weights, session.threads())),
+    }
+}
+
 /// Bench results (the `--json` object).
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
     pub model: String,
+    /// Where it ran: `threads: N`, `devices: N, threads: M` or `GPU: NAME`.
+    pub device: String,
     pub threads: usize,
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
@@ -83,17 +96,18 @@ pub struct BenchReport {
     pub decode_tokens_per_s_stddev: f64,
     /// Bytes of weights read per decode step (every weight once).
     pub weight_bytes: u64,
-    /// Where the weights were read from: "file mapping" (the default) or "huge
-    /// pages" (a private copy, `--huge-pages`).
+    /// Where the weights were read from: "file mapping" (the default), "huge
+    /// pages" (a private copy, `--huge-pages`) or "device memory" (a GPU).
     pub weights_memory: &'static str,
-    /// Where the CPU KV cache lives: "huge pages", "ordinary pages", or "-" where
-    /// the artifact runs on a mesh or a GPU (`kv_cache.rs`).
+    /// Where the KV cache lives: "huge pages", "ordinary pages" (`kv_cache.rs`),
+    /// "device memory" on a GPU, or "-" where the artifact runs on a CPU mesh.
     pub kv_cache_memory: &'static str,
     /// The KV cache's element type (`float32` or `float16`, the artifact's
     /// `kv_cache.encoding`).
     pub kv_cache_encoding: &'static str,
-    /// Read bandwidth measured by streaming the weights with `threads`
-    /// threads (GB/s), just before each decode repetition; the mean.
+    /// Bandwidth measured just before each decode repetition (GB/s), the mean:
+    /// on the CPU streaming the weights with `threads` threads, on a GPU a
+    /// device-to-device copy counting bytes read and written.
     pub read_bandwidth_gb_s: f64,
     /// Decode tokens/s if every step only streamed the weights and the KV cache at that bandwidth.
     pub decode_roofline_tokens_per_s: f64,
@@ -159,11 +173,14 @@ pub fn run(
     weights_memory: &'static str,
 ) -> Result<BenchReport, SessionError> {
     let (kv_bytes_per_token, kv_cache_encoding) = kv;
+    let on_gpu = session.describe().starts_with("GPU");
     let kv_cache_memory = match session.cpu() {
         Some(cpu) if cpu.kv_cache_on_huge_pages() => "huge pages",
         Some(_) => "ordinary pages",
+        None if on_gpu => "device memory",
         None => "-",
     };
+    let weights_memory = if on_gpu { "device memory" } else { weights_memory };
     let ids = prompt_ids(cfg.prompt_tokens, vocab);
     let depth = depth_ids(cfg.depth, vocab);
     warm_up(session, &ids)?;
@@ -179,14 +196,14 @@ pub fn run(
             // The VM's bandwidth moves by tens of percent between minutes: each
             // decode repetition is compared with a bandwidth measured just before it.
             start(session, &depth)?;
-            bws.push(read_bandwidth(weights, session.threads()));
+            bws.push(bandwidth(session, weights)?);
             tg.push(cfg.generated_tokens as f64 / decode_seconds(session, cfg.generated_tokens, vocab)?);
         }
     }
     let (pm, ps) = if pp.is_empty() { (0.0, 0.0) } else { mean_std(&pp) };
     let (dm, ds) = if tg.is_empty() { (0.0, 0.0) } else { mean_std(&tg) };
     if bws.is_empty() {
-        bws.push(read_bandwidth(weights, session.threads()));
+        bws.push(bandwidth(session, weights)?);
     }
     let bw = bws.iter().sum::<f64>() / bws.len() as f64;
     // Bytes per decode step: all weights plus the KV cache up to the average position.
@@ -196,6 +213,7 @@ pub fn run(
     let fraction = tg.iter().zip(&bws).map(|(t, b)| t * per_step / (b * 1e9)).sum::<f64>() / tg.len().max(1) as f64;
     Ok(BenchReport {
         model: model.to_string(),
+        device: session.describe(),
         threads: session.threads(),
         prompt_tokens: cfg.prompt_tokens,
         generated_tokens: cfg.generated_tokens,
@@ -334,12 +352,13 @@ pub fn render(r: &BenchReport) -> String {
         let t = format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev);
         s.push_str(&format!("| {:<28} | {:>7} | {:>14} | {:>20} |\n", r.model, r.threads, test_name("tg", r.generated_tokens, r.depth), t));
         s.push_str(&format!(
-            "\nweights on {}, {} KV cache on {}; read bandwidth {:.1} GB/s ({} threads); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
+            "\nweights on {}, {} KV cache on {}; {} bandwidth {:.1} GB/s ({}); decode roofline {:.1} tok/s; decode at {:.0}% of it\n",
             r.weights_memory,
             r.kv_cache_encoding,
             r.kv_cache_memory,
+            if r.device.starts_with("GPU") { "device copy" } else { "read" },
             r.read_bandwidth_gb_s,
-            r.threads,
+            r.device,
             r.decode_roofline_tokens_per_s,
             100.0 * r.decode_roofline_fraction
         ));

@@ -17,10 +17,19 @@
 //! `GpuDevice` per sub-model, each with only its own weights, and the plans'
 //! collectives as NCCL all-reduce / all-gather group calls (NCCL, like the driver,
 //! is loaded at run time). Neither path has run on a GPU yet (docs/gpu.md).
+//!
+//! A decode step is hundreds of small launches, each costing a few microseconds
+//! of launch overhead on the host. On one device the decode plan is therefore
+//! captured once into a CUDA graph and replayed per token: every launch of a
+//! decode step has the same grid and the same arguments (the token, its position
+//! and the sequence length live in device memory at fixed addresses, and the
+//! launch grid of a decode step does not depend on the position), so only the
+//! three uploads change between steps. `MAXRUN_CUDA_GRAPHS=0` turns the graph
+//! off (launch by launch, as prefill always runs).
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::artifact::Artifact;
 use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind, SubModel};
@@ -112,6 +121,8 @@ struct GpuDevice {
     prefill: GpuPlan,
     decode: GpuPlan,
     prefill_last: Option<GpuPlan>,
+    /// The decode plan's launches captured as one graph (made at the first decode step).
+    decode_graph: Option<CudaGraph>,
     _weights: Vec<CudaSlice<u8>>,
     _caches: Vec<CudaSlice<u8>>,
     tokens: CudaSlice<i32>,
@@ -136,6 +147,11 @@ impl GpuDevice {
     /// uploads the sub-model's weights.
     fn open(artifact: &Artifact, ordinal: usize, sub: usize) -> Result<Self, GpuError> {
         let ctx = CudaContext::new(ordinal).map_err(driver_err)?;
+        // SAFETY: every buffer of this device is used on its one stream only, so
+        // the ordering cudarc's per-buffer events would enforce holds anyway; and
+        // those events (recorded at each launch) cannot be waited on across a
+        // graph capture's boundary.
+        unsafe { ctx.disable_event_tracking() };
         let cc = ctx.compute_capability().map_err(driver_err)?;
         let h = &artifact.header;
         let m = &h.sub_models[sub];
@@ -143,7 +159,8 @@ impl GpuDevice {
         let ptx = std::str::from_utf8(artifact.section(SectionKind::Ptx(module_index as u32))).map_err(driver_err)?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver_err)?;
         let functions: Vec<CudaFunction> = h.kernels.iter().map(|k| module.load_function(&k.symbol)).collect::<Result<_, _>>().map_err(driver_err)?;
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(driver_err)?;
 
         // Only this sub-model's weights; the others' entries get no device copy.
         let mine: Vec<usize> = (0..h.weights.len()).filter(|&i| h.weights[i].device as usize == sub).collect();
@@ -190,7 +207,54 @@ impl GpuDevice {
         let prefill_last = m.prefill_last.as_ref().map(plan).transpose()?;
         stream.synchronize().map_err(driver_err)?;
         let name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
-        Ok(GpuDevice { ctx, stream, prefill, decode, prefill_last, _weights: weights, _caches: caches, tokens, positions, dims, name })
+        Ok(GpuDevice { ctx, stream, prefill, decode, prefill_last, decode_graph: None, _weights: weights, _caches: caches, tokens, positions, dims, name })
+    }
+
+    /// Enqueues every launch of a step of `seq` tokens (asynchronous).
+    fn launch_all(&self, plan: &Plan, which: Which, seq: u64) -> Result<(), GpuError> {
+        (0..plan.launches.len()).try_for_each(|index| self.launch(plan, which, index, seq))
+    }
+
+    /// Captures the launches of a step of `seq` tokens into a graph without
+    /// running them. The capture is always ended, also when a launch fails.
+    fn capture(&self, plan: &Plan, which: Which, seq: u64) -> Result<CudaGraph, GpuError> {
+        self.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver_err)?;
+        let enqueued = self.launch_all(plan, which, seq);
+        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(driver_err);
+        enqueued?;
+        let graph = graph?.ok_or_else(|| GpuError::Driver("the decode plan's capture gave no graph".into()))?;
+        graph.upload().map_err(driver_err)?;
+        Ok(graph)
+    }
+
+    /// Runs one decode step of the plan: replays its graph, capturing it first.
+    fn replay_decode(&mut self, plan: &Plan) -> Result<(), GpuError> {
+        if self.decode_graph.is_none() {
+            self.decode_graph = Some(self.capture(plan, Which::Decode, 1)?);
+        }
+        self.decode_graph.as_ref().expect("captured just above").launch().map_err(driver_err)
+    }
+
+    /// Device-to-device copy bandwidth in GB/s, counting the bytes read and the
+    /// bytes written (what a decode step's weight reads can at best approach):
+    /// the best of five copies of 256 MiB, timed with events.
+    fn copy_bandwidth(&self) -> Result<f64, GpuError> {
+        const BYTES: usize = 256 << 20;
+        let s = &self.stream;
+        let src = s.alloc_zeros::<u8>(BYTES).map_err(driver_err)?;
+        let mut dst = s.alloc_zeros::<u8>(BYTES).map_err(driver_err)?;
+        s.memcpy_dtod(&src, &mut dst).map_err(driver_err)?;
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let (start, end) = (self.ctx.new_event(timing).map_err(driver_err)?, self.ctx.new_event(timing).map_err(driver_err)?);
+        let mut best = 0.0f64;
+        for _ in 0..5 {
+            start.record(s).map_err(driver_err)?;
+            s.memcpy_dtod(&src, &mut dst).map_err(driver_err)?;
+            end.record(s).map_err(driver_err)?;
+            let ms = start.elapsed_ms(&end).map_err(driver_err)? as f64;
+            best = best.max(2.0 * BYTES as f64 / (ms / 1e3) / 1e9);
+        }
+        Ok(best)
     }
 
     fn state(&self, which: Which) -> &GpuPlan {
@@ -274,6 +338,13 @@ pub struct GpuSession<'a> {
     pub counts: RunCounts,
     logits: Vec<f32>,
     pub device_name: String,
+    /// Whether decode steps replay a CUDA graph (one device, no collectives).
+    graphs: bool,
+}
+
+/// Whether `MAXRUN_CUDA_GRAPHS` leaves CUDA graphs on (anything but `0`, `off`, `false`).
+pub fn graphs_enabled(setting: Option<&str>) -> bool {
+    !matches!(setting.map(str::trim), Some("0" | "off" | "false"))
 }
 
 impl std::fmt::Debug for GpuSession<'_> {
@@ -298,7 +369,8 @@ impl<'a> GpuSession<'a> {
         probe()?;
         let device = GpuDevice::open(artifact, ordinal, 0)?;
         let device_name = device.name.clone();
-        Ok(GpuSession { artifact, devices: vec![device], comms: vec![], gather_scratch: vec![], position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
+        let graphs = graphs_enabled(std::env::var("MAXRUN_CUDA_GRAPHS").ok().as_deref());
+        Ok(GpuSession { artifact, devices: vec![device], comms: vec![], gather_scratch: vec![], position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name, graphs })
     }
 
     /// Opens the mesh's GPUs (the ordinals the artifact names), one sub-model each,
@@ -336,7 +408,13 @@ impl<'a> GpuSession<'a> {
             .max(1) as usize;
         let gather_scratch = devices.iter().map(|d| d.stream.alloc_zeros::<f32>(largest)).collect::<Result<_, _>>().map_err(driver_err)?;
         let device_name = format!("{} x {}", devices.len(), devices[0].name);
-        Ok(GpuSession { artifact, devices, comms, gather_scratch, position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name })
+        // Collectives are NCCL group calls between the launches: a mesh runs eagerly.
+        Ok(GpuSession { artifact, devices, comms, gather_scratch, position: 0, counts: RunCounts::default(), logits: Vec::new(), device_name, graphs: false })
+    }
+
+    /// The first device's copy bandwidth in GB/s (bytes read plus bytes written).
+    pub fn copy_bandwidth(&self) -> Result<f64, GpuError> {
+        self.devices[0].copy_bandwidth()
     }
 
     /// Forgets the sequence.
@@ -390,6 +468,10 @@ impl<'a> GpuSession<'a> {
             d.upload(ids, self.position)?;
         }
         let launches = plans[0].launches.len();
+        if which == Which::Decode && self.graphs && self.devices.len() == 1 && plans[0].collectives.is_empty() {
+            self.devices[0].replay_decode(plans[0])?;
+            return self.finish_step(&plans, which, seq);
+        }
         let mut next = 0;
         for index in 0..=launches {
             while plans[0].collectives.get(next).is_some_and(|c| c.before_launch as usize == index) {
@@ -403,6 +485,12 @@ impl<'a> GpuSession<'a> {
                 }
             }
         }
+        self.finish_step(&plans, which, seq)
+    }
+
+    /// Reads the step's logits back and counts the step.
+    fn finish_step(&mut self, plans: &[&Plan], which: Which, seq: u64) -> Result<(), GpuError> {
+        let h = &self.artifact.header;
         let n = if which == Which::PrefillLast { h.model.vocab_size as usize } else { logits_len(h, seq) };
         self.logits.extend(self.devices[0].read_logits(plans[0], which, n)?);
         self.position += seq;
@@ -490,6 +578,15 @@ mod tests {
         assert_eq!(pick_module(&archs, (8, 9)), Some(0), "an Ada GPU JIT-compiles the sm_80 PTX");
         assert_eq!(pick_module(&archs, (12, 0)), Some(1));
         assert_eq!(pick_module(&archs, (7, 5)), None);
+    }
+
+    #[test]
+    fn cuda_graphs_are_on_unless_turned_off() {
+        assert!(graphs_enabled(None));
+        assert!(graphs_enabled(Some("1")));
+        for off in ["0", "off", "false", " 0 "] {
+            assert!(!graphs_enabled(Some(off)), "{off}");
+        }
     }
 
     #[test]

