@@ -11,6 +11,7 @@ pub mod chat;
 pub mod code;
 pub mod collectives;
 pub mod cpu;
+pub mod engine;
 pub mod format;
 #[cfg(feature = "cuda")]
 pub mod gpu;

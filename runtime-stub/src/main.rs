@@ -3,13 +3,13 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 
 use anyhow::{anyhow, Context};
 use clap::{Args, Parser, Subcommand};
 
 use maxrun::artifact::Artifact;
-use maxrun::sampler::{sample, Rng, SamplingParams};
+use maxrun::engine::{Engine, Event, GenerationParams, Request};
+use maxrun::sampler::SamplingParams;
 use maxrun::runner::{Device, Runner};
 
 #[derive(Parser)]
@@ -183,12 +183,23 @@ struct RunArgs {
     memory: WeightsMemory,
 }
 
-/// Opens a session on the requested device, printing why `auto` fell back to the CPU.
+/// Opens a session on the requested device, printing why `auto` fell back to the
+/// CPU, with `--check-nan` and `--profile` applied (CPU sessions).
 fn open_runner<'a>(artifact: &'a Artifact, cli: &RunArgs) -> anyhow::Result<Runner<'a>> {
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let (runner, note) = Runner::open(artifact, threads, cli.device)?;
+    let (mut runner, note) = Runner::open(artifact, threads, cli.device)?;
     if let Some(note) = note {
         eprintln!("maxrun: {note}");
+    }
+    match runner.cpu() {
+        Some(cpu) => {
+            cpu.check_nan = cli.check_nan;
+            if cli.profile {
+                cpu.enable_profile();
+            }
+        }
+        None if cli.check_nan || cli.profile => eprintln!("maxrun: --check-nan and --profile run on one CPU device; ignored on the GPU and on device meshes"),
+        None => {}
     }
     Ok(runner)
 }
@@ -372,7 +383,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow!("{} is a sentence encoder: use --embed TEXT or --embed-file FILE", artifact_path.display()));
     }
     if cli.chat {
-        return chat(&cli, &artifact, &tokenizer);
+        return chat(&cli, &artifact, tokenizer);
     }
     let ids: Vec<u32> = match (&cli.prompt, &cli.token_ids) {
         (Some(p), _) => tokenizer.encode(p.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
@@ -390,16 +401,6 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow!("--token-ids: token id {bad} is outside the vocabulary of {} tokens", h.model.vocab_size));
     }
     let mut session = open_runner(&artifact, &cli)?;
-    match session.cpu() {
-        Some(cpu) => {
-            cpu.check_nan = cli.check_nan;
-            if cli.profile {
-                cpu.enable_profile();
-            }
-        }
-        None if cli.check_nan || cli.profile => eprintln!("maxrun: --check-nan and --profile run on one CPU device; ignored on the GPU and on device meshes"),
-        None => {}
-    }
 
     if let Some(path) = &cli.dump_logits {
         let logits = session.forward(&ids)?.to_vec();
@@ -408,103 +409,71 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    let g = &h.generation;
-    let params = sampling_params(&cli, g);
-    let max_new = cli.max_new_tokens.or(g.max_new_tokens).unwrap_or(128) as u64;
-    let budget = max_new.min(h.max_length - ids.len() as u64);
-    let mut rng = Rng::new(cli.seed);
-    let vocab = h.model.vocab_size as usize;
-
-    let eos = h.tokenizer.eos_token_ids.clone();
-    let mut row = vec![0.0f32; vocab];
-    let mut recent: std::collections::VecDeque<u32> = ids.iter().rev().take(REPEAT_WINDOW).rev().copied().collect();
-    let mut pick = |logits: &[f32], rng: &mut Rng| {
-        row.copy_from_slice(&logits[logits.len() - vocab..]);
-        if let Some(p) = cli.repeat_penalty {
-            for &t in &recent {
-                let x = &mut row[t as usize];
-                *x = if *x > 0.0 { *x / p } else { *x * p };
-            }
-        }
-        if cli.ignore_eos {
-            for &e in &eos {
-                if let Some(x) = row.get_mut(e as usize) {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-        }
-        let next = sample(&row, &params, rng);
-        if recent.len() == REPEAT_WINDOW {
-            recent.pop_front();
-        }
-        recent.push_back(next);
-        next
-    };
-    let start = Instant::now();
-    let logits = session.forward_last(&ids)?;
-    let mut next = pick(logits, &mut rng);
-    let prefill_s = start.elapsed().as_secs_f64();
-    let mut generated = vec![next];
-    let mut printed = String::new();
+    let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(128) as usize;
+    let params = generation_params(&cli, &h.generation, max_new);
+    let mut engine = Engine::serial(&artifact, session, tokenizer);
+    engine.submit(Request::new(ids.clone(), params))?;
     let mut out = std::io::stdout().lock();
-    let decode_start = Instant::now();
-    let hold = cli.stops.iter().map(|s| s.chars().count()).max().unwrap_or(1) - 1;
-    let mut stopped = false;
-    loop {
-        // With --stop, the text is cut at the first stop string and the last few
-        // characters are held back until they cannot start one.
-        let text = tokenizer.decode(without_end(&generated, &eos), false).map_err(|e| anyhow!("decoding: {e}"))?;
-        if let Some(at) = cli.stops.iter().filter_map(|s| text.find(s.as_str())).min() {
-            emit(&text[..at], &mut printed, &mut out, true)?;
-            stopped = true;
-            break;
+    let mut held = String::new();
+    let (usage, reason) = loop {
+        let mut finished = None;
+        for event in engine.step()? {
+            match event {
+                Event::Token { text, .. } => print_text(&mut out, &mut held, &text, cli.no_stream)?,
+                Event::Finished { text, usage, reason, .. } => {
+                    print_text(&mut out, &mut held, &text, cli.no_stream)?;
+                    finished = Some((usage, reason));
+                }
+                Event::Logits { .. } => {}
+            }
         }
-        if !cli.no_stream {
-            let keep = text.chars().count().saturating_sub(hold);
-            let visible: String = text.chars().take(keep).collect();
-            emit(&visible, &mut printed, &mut out, false)?;
+        if let Some(f) = finished {
+            break f;
         }
-        if eos.contains(&next) || generated.len() as u64 >= budget {
-            break;
-        }
-        let logits = session.forward(&[next])?;
-        next = pick(logits, &mut rng);
-        generated.push(next);
-    }
-    if !stopped {
-        let text = tokenizer.decode(without_end(&generated, &eos), false).map_err(|e| anyhow!("decoding: {e}"))?;
-        emit(&text, &mut printed, &mut out, true)?;
-    }
+    };
+    out.write_all(held.as_bytes())?;
     if out.is_terminal() {
         writeln!(out)?;
     }
     out.flush()?;
-    let decode_s = decode_start.elapsed().as_secs_f64();
-    if generated.len() as u64 == budget && budget < max_new {
+    if reason == maxrun::engine::FinishReason::Length && usage.completion_tokens < max_new {
         eprintln!("note: stopped at the artifact's maximum context length of {} tokens", h.max_length);
     }
-    let decode_tokens = generated.len() - 1;
+    let decode_tokens = usage.completion_tokens.saturating_sub(1);
+    let runner = engine.runner().expect("a serial engine");
     eprintln!(
         "prompt: {} tokens, {:.1} tok/s | time to first token: {:.0} ms | generated: {} tokens, {:.1} tok/s | {} | plan runs: prefill {}, decode {}",
         ids.len(),
-        ids.len() as f64 / prefill_s,
-        prefill_s * 1e3,
-        generated.len(),
-        if decode_tokens > 0 { decode_tokens as f64 / decode_s } else { 0.0 },
-        session.describe(),
-        session.counts().prefill,
-        session.counts().decode,
+        ids.len() as f64 / usage.time_to_first_token,
+        usage.time_to_first_token * 1e3,
+        usage.completion_tokens,
+        if decode_tokens > 0 { decode_tokens as f64 / usage.decode_seconds } else { 0.0 },
+        runner.describe(),
+        runner.counts().prefill,
+        runner.counts().decode,
     );
-    if let (true, Some(cpu)) = (cli.profile, session.cpu()) {
+    if let (true, Some(cpu)) = (cli.profile, runner.cpu()) {
         eprint!("{}", render_profile(&cpu.profile()));
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints `text` now, or with `--no-stream` keeps it in `held` for the end.
+fn print_text(out: &mut impl Write, held: &mut String, text: &str, no_stream: bool) -> anyhow::Result<()> {
+    if no_stream {
+        held.push_str(text);
+    } else if !text.is_empty() {
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
 /// `--chat`: reads user messages from stdin, answers each with the chat template
-/// applied to the whole conversation, feeding only the tokens the cache lacks.
-fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -> anyhow::Result<ExitCode> {
-    use maxrun::chat::{common_prefix, render, Message};
+/// applied to the whole conversation. The engine's serial backend keeps the
+/// conversation's tokens in the KV cache and runs only what a new turn adds.
+fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) -> anyhow::Result<ExitCode> {
+    use maxrun::chat::{render, Message};
     use std::io::BufRead;
     let h = &artifact.header;
     let template = std::str::from_utf8(artifact.section(maxrun::format::SectionKind::ChatTemplate))?;
@@ -513,17 +482,13 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -
     }
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let (bos, eos_text) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
-    let g = &h.generation;
-    let params = sampling_params(cli, g);
-    let max_new = cli.max_new_tokens.or(g.max_new_tokens).unwrap_or(256) as usize;
-    let mut session = open_runner(artifact, cli)?;
-    let mut rng = Rng::new(cli.seed);
-    let vocab = h.model.vocab_size as usize;
+    let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(256) as usize;
+    let session = open_runner(artifact, cli)?;
+    let mut engine = Engine::serial(artifact, session, tokenizer);
     let mut messages: Vec<Message> = cli.system.iter().map(|s| Message::new("system", s)).collect();
-    let mut cached: Vec<u32> = Vec::new();
     let interactive = std::io::stdin().is_terminal();
     let mut out = std::io::stdout().lock();
-    let mut turn = 0;
+    let mut turn = 0u64;
     if interactive {
         eprint!("> ");
     }
@@ -535,48 +500,55 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: &tokenizers::Tokenizer) -
         turn += 1;
         messages.push(Message::new("user", line.trim_end()));
         let prompt = render(template, &messages, true, &bos, &eos_text).map_err(|e| anyhow!("the chat template failed: {e}"))?;
-        let ids = tokenizer.encode(prompt.as_str(), false).map_err(|e| anyhow!("tokenizing: {e}"))?.get_ids().to_vec();
-        // Reuse the cached conversation; at least one token must run to get logits.
-        let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
+        let ids = engine.tokenizer().encode(prompt.as_str(), false).map_err(|e| anyhow!("tokenizing: {e}"))?.get_ids().to_vec();
         if ids.len() as u64 + 1 > h.max_length {
             eprintln!("the conversation reached the maximum context length of {} tokens", h.max_length);
             break;
         }
-        session.truncate(keep as u64);
-        cached.truncate(keep);
-        let logits = session.forward_last(&ids[keep..])?;
-        cached.extend_from_slice(&ids[keep..]);
-        let mut next = sample(&logits[logits.len() - vocab..], &params, &mut rng);
-        let mut reply: Vec<u32> = Vec::new();
-        let mut printed = String::new();
-        while !h.tokenizer.eos_token_ids.contains(&next) && reply.len() < max_new && (cached.len() as u64) < h.max_length {
-            reply.push(next);
-            stream(tokenizer, &reply, &mut printed, &mut out, false)?;
-            let logits = session.forward(&[next])?;
-            cached.push(next);
-            next = sample(logits, &params, &mut rng);
-        }
-        stream(tokenizer, &reply, &mut printed, &mut out, true)?;
+        // Each turn has a prompt's parameters, with a seed of its own (the
+        // conversation replays the same with the same --seed).
+        let mut params = generation_params(cli, &h.generation, max_new);
+        params.seed = cli.seed.wrapping_add(turn - 1);
+        engine.submit(Request::new(ids, params))?;
+        let (mut reply, mut held) = (String::new(), String::new());
+        let usage = loop {
+            let mut finished = None;
+            for event in engine.step()? {
+                match event {
+                    Event::Token { text, .. } => {
+                        reply.push_str(&text);
+                        print_text(&mut out, &mut held, &text, cli.no_stream)?;
+                    }
+                    Event::Finished { text, usage, .. } => {
+                        reply.push_str(&text);
+                        print_text(&mut out, &mut held, &text, cli.no_stream)?;
+                        finished = Some(usage);
+                    }
+                    Event::Logits { .. } => {}
+                }
+            }
+            if let Some(u) = finished {
+                break u;
+            }
+        };
+        out.write_all(held.as_bytes())?;
         writeln!(out)?;
         out.flush()?;
-        eprintln!("turn {turn}: {} prompt tokens ({keep} reused from the cache), {} generated", ids.len() - keep, reply.len());
-        let text = tokenizer.decode(&reply, true).map_err(|e| anyhow!("decoding: {e}"))?;
-        messages.push(Message::new("assistant", &text));
+        eprintln!(
+            "turn {turn}: {} prompt tokens ({} reused from the cache), {} generated",
+            usage.prompt_tokens - usage.cached_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens
+        );
+        messages.push(Message::new("assistant", &reply));
         if interactive {
             eprint!("> ");
         }
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The generated tokens to print: all but a final end-of-sequence token (which
-/// ends the text, as in chat replies and llama.cpp, rather than showing as
-/// `<|im_end|>`); special tokens elsewhere are printed.
-fn without_end<'a>(generated: &'a [u32], eos: &[u32]) -> &'a [u32] {
-    match generated.split_last() {
-        Some((last, rest)) if eos.contains(last) => rest,
-        _ => generated,
+    if let (true, Some(cpu)) = (cli.profile, engine.runner().and_then(|r| r.cpu())) {
+        eprint!("{}", render_profile(&cpu.profile()));
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `--embed` / `--embed-file`: one JSON array per text, in input order.
@@ -622,40 +594,17 @@ fn sampling_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults) -> Sam
     }
 }
 
-/// Tokens of context the repeat penalty looks back over.
-const REPEAT_WINDOW: usize = 64;
-
-/// Prints the part of the decoded text not printed yet. Text ending in an
-/// incomplete UTF-8 sequence (U+FFFD) is held back until more tokens arrive.
-fn stream(
-    tokenizer: &tokenizers::Tokenizer,
-    ids: &[u32],
-    printed: &mut String,
-    out: &mut impl Write,
-    last: bool,
-) -> anyhow::Result<()> {
-    let text = tokenizer.decode(ids, false).map_err(|e| anyhow!("decoding: {e}"))?;
-    emit(&text, printed, out, last)
-}
-
-/// Prints what of `text` goes beyond `printed` (see [`stream`]).
-fn emit(text: &str, printed: &mut String, out: &mut impl Write, last: bool) -> anyhow::Result<()> {
-    let text = text.to_string();
-    if !last && text.ends_with('\u{FFFD}') {
-        return Ok(());
+/// What the command line asks of each generation (`--prompt` and every `--chat` turn).
+fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_tokens: usize) -> GenerationParams {
+    GenerationParams {
+        sampling: sampling_params(cli, g),
+        seed: cli.seed,
+        max_tokens,
+        stop: cli.stops.clone(),
+        ignore_eos: cli.ignore_eos,
+        repeat_penalty: cli.repeat_penalty,
+        ..GenerationParams::default()
     }
-    if let Some(new) = text.strip_prefix(printed.as_str()) {
-        out.write_all(new.as_bytes())?;
-        out.flush()?;
-        *printed = text;
-    } else if last {
-        // The decoding of earlier tokens changed; print what differs at the end.
-        let common = printed.chars().zip(text.chars()).take_while(|(a, b)| a == b).count();
-        let tail: String = text.chars().skip(common).collect();
-        out.write_all(tail.as_bytes())?;
-        *printed = text;
-    }
-    Ok(())
 }
 
 /// The `--profile` table: kernels ranked by total time, per plan.

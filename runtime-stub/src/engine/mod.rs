@@ -1,0 +1,327 @@
+//! The engine: requests in, tokens out. `maxrun --prompt`, `--chat`, `bench`
+//! and the server all drive it, so a parameter means the same everywhere.
+//!
+//! A request is a prompt (token ids) and its [`GenerationParams`]. Each
+//! [`Engine::step`] advances every request it can by one step of the model and
+//! returns what happened as [`Event`]s: tokens with the text they made visible,
+//! prompt logits where a request asked for them, and the end of a request with
+//! its usage. Requests join ([`Engine::submit`]) and leave ([`Engine::cancel`])
+//! between steps.
+//!
+//! Two backends run the steps (docs/serving.md):
+//! - **batched** (`batch.rs`): the artifact's batch plans over a paged KV cache.
+//!   Each step holds the decode rows of every running request plus chunks of new
+//!   prompts ([`scheduler`]), so the weights are read once per step for all of
+//!   them; prompts that share a prefix share its KV blocks ([`blocks`]).
+//! - **serial** (`serial.rs`): one request at a time on any artifact (GPU, a CPU
+//!   mesh, or without batch plans) through the single-stream plans, reusing the
+//!   cached prefix of the previous request (a chat's earlier turns). This is
+//!   `maxrun --prompt` and `--chat`: the single-stream plans are the fastest way
+//!   to run one sequence.
+
+pub mod generation;
+pub mod serial;
+pub mod text;
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tokenizers::Tokenizer;
+
+use crate::artifact::Artifact;
+use crate::session::SessionError;
+pub use generation::{FinishReason, Generation, GenerationParams, TokenLogprob};
+pub use text::DecodeError;
+
+/// A request's id, unique within an engine.
+pub type RequestId = u64;
+
+/// A generation request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: GenerationParams,
+    /// Also return the logits of every prompt position (tests compare them).
+    pub all_logits: bool,
+}
+
+impl Request {
+    pub fn new(prompt: Vec<u32>, params: GenerationParams) -> Request {
+        Request { prompt, params, all_logits: false }
+    }
+}
+
+/// Token counts and times of a finished request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Generated tokens, an end-of-sequence token included.
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from a cache instead of being computed.
+    pub cached_tokens: usize,
+    /// Seconds from submission to the first token.
+    pub time_to_first_token: f64,
+    /// Seconds from the first token to the last.
+    pub decode_seconds: f64,
+}
+
+/// What a step produced.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A new token of request `id` and the text it made visible.
+    Token { id: RequestId, token: u32, text: String, logprob: Option<TokenLogprob> },
+    /// The logits of one prompt position (requests with `all_logits`).
+    Logits { id: RequestId, position: usize, logits: Vec<f32> },
+    /// Request `id` ended; `text` is the rest of its reply (what streaming held
+    /// back while it could still start a stop string).
+    Finished { id: RequestId, reason: FinishReason, text: String, usage: Usage },
+}
+
+/// Why a request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the prompt is empty: it has no tokens to condition on")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    BadToken { id: u32, vocab: u64 },
+    #[error("prompt is too long: {tokens} tokens exceeds the maximum context length of {max} tokens")]
+    PromptTooLong { tokens: usize, max: usize },
+}
+
+/// Why a step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
+/// Counters for stats lines and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stats {
+    pub steps: u64,
+    /// Rows computed: prompt rows (and recomputed ones) and decode rows.
+    pub prompt_rows: u64,
+    pub decode_rows: u64,
+    pub requests_finished: u64,
+    pub preemptions: u64,
+    /// Requests waiting for room, and running.
+    pub waiting: usize,
+    pub running: usize,
+    /// KV blocks of the batched backend's pool (0 on the serial backend).
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    /// Prompt positions looked up in the prefix cache, and found.
+    pub prefix_queried_tokens: u64,
+    pub prefix_hit_tokens: u64,
+}
+
+/// A request in flight.
+struct Active {
+    generation: Generation,
+    all_logits: bool,
+    submitted: Instant,
+    first_token: Option<Instant>,
+    cached_tokens: usize,
+}
+
+enum Backend<'a> {
+    Serial(serial::Serial<'a>),
+}
+
+/// The engine over one artifact.
+pub struct Engine<'a> {
+    backend: Backend<'a>,
+    tokenizer: Tokenizer,
+    artifact: &'a Artifact,
+    requests: HashMap<RequestId, Active>,
+    next_id: RequestId,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Engine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("requests", &self.requests.len()).field("stats", &self.stats).finish()
+    }
+}
+
+/// The artifact's tokenizer.
+pub fn load_tokenizer(artifact: &Artifact) -> Result<Tokenizer, String> {
+    let json = artifact.tokenizer_json().map_err(|e| e.to_string())?;
+    json.parse().map_err(|e| format!("{}: the artifact's tokenizer does not load: {e}", artifact.path.display()))
+}
+
+impl<'a> Engine<'a> {
+    /// An engine that runs one request at a time on `runner`.
+    pub fn serial(artifact: &'a Artifact, runner: crate::runner::Runner<'a>, tokenizer: Tokenizer) -> Engine<'a> {
+        Engine::with_backend(artifact, Backend::Serial(serial::Serial::new(runner)), tokenizer)
+    }
+
+    fn with_backend(artifact: &'a Artifact, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
+        Engine { backend, tokenizer, artifact, requests: HashMap::new(), next_id: 1, stats: Stats::default() }
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn artifact(&self) -> &'a Artifact {
+        self.artifact
+    }
+
+    /// The serial backend's runner (profiles, NaN checks, its description).
+    pub fn runner(&mut self) -> Option<&mut crate::runner::Runner<'a>> {
+        match &mut self.backend {
+            Backend::Serial(s) => Some(s.runner()),
+        }
+    }
+
+    /// Where it runs, for stats lines.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Serial(s) => s.describe(),
+        }
+    }
+
+    /// Queues a request; refused when it cannot run on this artifact.
+    pub fn submit(&mut self, request: Request) -> Result<RequestId, SubmitError> {
+        let h = &self.artifact.header;
+        let max_length = h.max_length as usize;
+        if request.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some(&id) = request.prompt.iter().find(|&&id| id as u64 >= h.model.vocab_size) {
+            return Err(SubmitError::BadToken { id, vocab: h.model.vocab_size });
+        }
+        if request.prompt.len() > max_length {
+            return Err(SubmitError::PromptTooLong { tokens: request.prompt.len(), max: max_length });
+        }
+        let id = self.next_id;
+        match &mut self.backend {
+            Backend::Serial(s) => s.add(id, &request),
+        }
+        self.next_id += 1;
+        let generation = Generation::new(&request.prompt, request.params, &h.tokenizer.eos_token_ids, max_length);
+        self.requests.insert(id, Active { generation, all_logits: request.all_logits, submitted: Instant::now(), first_token: None, cached_tokens: 0 });
+        Ok(id)
+    }
+
+    /// Ends a request now, giving its KV blocks back; `false` if it is unknown
+    /// (already finished). No event follows.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if self.requests.remove(&id).is_none() {
+            return false;
+        }
+        match &mut self.backend {
+            Backend::Serial(s) => s.remove(id),
+        }
+        true
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Requests in flight.
+    pub fn requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats;
+        match &self.backend {
+            Backend::Serial(b) => {
+                s.waiting = b.waiting();
+                s.running = usize::from(b.busy());
+            }
+        }
+        s
+    }
+
+    /// Runs one step; returns what it produced (nothing when no request is in flight).
+    pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = Vec::new();
+        // Requests that cannot take a single token (a prompt that fills the
+        // context) end at once.
+        let done: Vec<RequestId> = self.requests.iter().filter(|(_, a)| a.generation.finished().is_some()).map(|(&id, _)| id).collect();
+        for id in done {
+            self.finish(id, &mut events)?;
+        }
+        if self.requests.is_empty() {
+            return Ok(events);
+        }
+        let output = match &mut self.backend {
+            Backend::Serial(s) => s.step()?,
+        };
+        self.stats.steps += 1;
+        self.stats.prompt_rows += output.prompt_rows as u64;
+        self.stats.decode_rows += output.decode_rows as u64;
+        let vocab = self.artifact.header.model.vocab_size as usize;
+        for (i, out) in output.rows.iter().enumerate() {
+            let row = &output.logits[i * vocab..(i + 1) * vocab];
+            let Some(active) = self.requests.get_mut(&out.id) else { continue };
+            active.cached_tokens = active.cached_tokens.max(out.cached_tokens);
+            if active.all_logits && out.position < active.generation.prompt_tokens() {
+                events.push(Event::Logits { id: out.id, position: out.position, logits: row.to_vec() });
+            }
+            if !out.next {
+                continue;
+            }
+            let sampled = active.generation.next(row, &self.tokenizer)?;
+            active.first_token.get_or_insert_with(Instant::now);
+            events.push(Event::Token { id: out.id, token: sampled.token, text: sampled.text, logprob: sampled.logprob });
+            match sampled.finish {
+                Some(_) => self.finish(out.id, &mut events)?,
+                None => match &mut self.backend {
+                    Backend::Serial(s) => s.append(out.id, sampled.token),
+                },
+            }
+        }
+        Ok(events)
+    }
+
+    /// Ends request `id`: its last text and usage, its KV given back.
+    fn finish(&mut self, id: RequestId, events: &mut Vec<Event>) -> Result<(), EngineError> {
+        let Some(mut active) = self.requests.remove(&id) else { return Ok(()) };
+        match &mut self.backend {
+            Backend::Serial(s) => s.finish(id),
+        }
+        let g = &mut active.generation;
+        let text = g.finish_text(&self.tokenizer)?;
+        let now = Instant::now();
+        let first = active.first_token.unwrap_or(now);
+        let usage = Usage {
+            prompt_tokens: g.prompt_tokens(),
+            completion_tokens: g.generated().len(),
+            cached_tokens: active.cached_tokens,
+            time_to_first_token: first.duration_since(active.submitted).as_secs_f64(),
+            decode_seconds: now.duration_since(first).as_secs_f64(),
+        };
+        self.stats.requests_finished += 1;
+        events.push(Event::Finished { id, reason: g.finished().unwrap_or(FinishReason::Length), text, usage });
+        Ok(())
+    }
+}
+
+/// One logits row a backend's step returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputRow {
+    pub id: RequestId,
+    pub position: usize,
+    /// The request's last token: its logits pick the next one.
+    pub next: bool,
+    /// Prompt tokens the request found cached so far.
+    pub cached_tokens: usize,
+}
+
+/// What a backend's step computed: a logits row per output row.
+#[derive(Debug, Default)]
+pub struct StepOutput {
+    pub rows: Vec<OutputRow>,
+    /// `[rows, vocab]`.
+    pub logits: Vec<f32>,
+    pub prompt_rows: usize,
+    pub decode_rows: usize,
+}
