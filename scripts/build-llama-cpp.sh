@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench from the source bundled in the PyPI sdist of
-# llama-cpp-python (the peer we benchmark against; see docs/performance.md).
-# CPU only, native ISA, AMX off (it is advertised on some VMs but faults).
-#   scripts/build-llama-cpp.sh   -> .cache/llama.cpp/build/bin/llama-bench (and llama-quantize)
+# Builds llama.cpp's llama-bench, llama-server and llama-quantize from the source
+# bundled in the PyPI sdist of llama-cpp-python (the peer we benchmark against;
+# see docs/performance.md). CPU only, native ISA, AMX off (it is advertised on
+# some VMs but faults).
+#   scripts/build-llama-cpp.sh   -> .cache/llama.cpp/build/bin/llama-bench (and llama-server, llama-quantize)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="$root/.cache/llama.cpp"
 version=0.3.36
 mkdir -p "$cache"
-if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-quantize" ]; then
+if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-quantize" ] || [ ! -x "$cache/build/bin/llama-server" ]; then
   command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >/dev/null; }
   if [ ! -d "$cache/src" ]; then
     tarball="$cache/llama_cpp_python-$version.tar.gz"
@@ -23,7 +24,7 @@ if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-qua
   fi
   cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-  cmake --build "$cache/build" --target llama-bench llama-quantize -j2 >/dev/null
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
+  cmake --build "$cache/build" --target llama-bench llama-quantize llama-server -j2 >/dev/null
 fi
 echo "$cache/build/bin/llama-bench"

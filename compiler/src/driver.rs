@@ -210,6 +210,31 @@ pub fn peak_rss_bytes() -> u64 {
 pub const PREFILL_CHUNK: u64 = 128;
 /// The default `max_length` cap when the manifest sets none.
 pub const DEFAULT_MAX_LENGTH: u64 = 4096;
+/// Positions per block of the batched engine's paged KV cache (vLLM's default).
+pub const KV_BLOCK_SIZE: u64 = 16;
+/// The batched engine's rows per step when `compile.max_batch_tokens` is not set.
+pub const DEFAULT_MAX_BATCH_TOKENS: u64 = 256;
+/// The batched engine's sequences per step when `compile.max_sequences` is not set.
+pub const DEFAULT_MAX_SEQUENCES: u64 = 16;
+
+/// The batched engine's limits (`compile.max_batch_tokens`, `compile.max_sequences`)
+/// for an artifact of `max_length` positions; `None` where there are no batch
+/// plans (a mesh of several devices, an encoder).
+pub fn batch_limits(shown: &Path, c: &crate::manifest::CompileSection, max_length: u64, devices: u32, encoder: bool) -> Result<Option<maxrun::format::BatchLimits>> {
+    let max_sequences = c.max_sequences.map_or(DEFAULT_MAX_SEQUENCES, u64::from);
+    let max_rows = c.max_batch_tokens.map_or(DEFAULT_MAX_BATCH_TOKENS.max(max_sequences), u64::from);
+    if max_rows < max_sequences {
+        return Err(crate::Error::invalid(
+            shown,
+            "compile.max_batch_tokens",
+            format!("{max_rows} rows per step cannot hold a decode row for each of compile.max_sequences = {max_sequences} sequences; raise it to at least {max_sequences}"),
+        ));
+    }
+    if devices > 1 || encoder {
+        return Ok(None);
+    }
+    Ok(Some(maxrun::format::BatchLimits { block_size: KV_BLOCK_SIZE, blocks_per_sequence: max_length.div_ceil(KV_BLOCK_SIZE), max_rows, max_sequences }))
+}
 
 /// Compiles the manifest's model into an artifact at `output`.
 pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions<'_>) -> Result<CompileReport> {
@@ -333,6 +358,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let max_length = c.max_length.map(u64::from).unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
     // Encoders attend in both directions, so a sequence cannot be split into chunks.
     let max_seq = if cfg.encoder.is_some() { max_length } else { PREFILL_CHUNK.min(max_length) };
+    let batch = batch_limits(&shown, &c, max_length, devices, cfg.encoder.is_some())?;
 
     let mut weights = WeightTable::default();
     weights.row_major_only = targets.cpu.is_none();
@@ -348,12 +374,26 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         let decode = schedule(graph, &mut interp, SeqMode::Fixed(1), 1, cache, &mut weights, &mut kernels)?;
         // Generation needs only the last token's logits of a prompt: a third plan stops
         // computing the other rows at the final norm (the lm_head is 14% of prefill).
-        let prefill_last = match crate::schedule::last_row_cut(graph, &interp) {
+        let cut = crate::schedule::last_row_cut(graph, &interp);
+        let prefill_last = match cut {
             Some(cut) => Some(crate::schedule::schedule_last_row(graph, &mut interp, cut, max_seq, cache, &mut weights, &mut kernels)?),
             None => None,
         };
-        schedules.push((prefill, decode, prefill_last));
+        // The batched engine's plans: a mixed step (prompt chunks beside decode
+        // rows) and a decode step, both over a paged KV cache.
+        let batch_plans = match (batch, cut) {
+            (Some(b), Some(cut)) => {
+                let paging = maxc_kernels::library::attention::Paging { block_size: b.block_size, blocks_per_seq: b.blocks_per_sequence };
+                let mode = |decode| crate::schedule::BatchMode { paging, decode, max_outputs: b.max_sequences };
+                let mixed = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(false), b.max_rows, cache, &mut weights, &mut kernels)?;
+                let decode = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true), b.max_sequences, cache, &mut weights, &mut kernels)?;
+                Some((mixed, decode))
+            }
+            _ => None,
+        };
+        schedules.push((prefill, decode, prefill_last, batch_plans));
     }
+    let batch = batch.filter(|_| schedules.iter().all(|s| s.3.is_some()));
     let kv = kv_shape(&fe.graph)?;
 
     let to_plan = |s: &Schedule| -> mef::Plan {
@@ -365,6 +405,10 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             Arg::Positions => mef::BufferRef::Positions,
             Arg::KeyCache(l) => mef::BufferRef::KeyCache(l),
             Arg::ValueCache(l) => mef::BufferRef::ValueCache(l),
+            Arg::Slots => mef::BufferRef::Slots,
+            Arg::RowSequences => mef::BufferRef::RowSequences,
+            Arg::BlockTables => mef::BufferRef::BlockTables,
+            Arg::LogitRows => mef::BufferRef::LogitRows,
         };
         let arena = |b: u32| mef::BufferRef::Arena { offset: offsets[b as usize] };
         mef::Plan {
@@ -373,7 +417,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             launches: s
                 .launches
                 .iter()
-                .map(|l| mef::Launch { kernel: l.kernel, args: l.args.iter().map(arg).collect(), tasks: l.tasks, output_elems: l.output_elems })
+                .map(|l| mef::Launch { kernel: l.kernel, args: l.args.iter().map(arg).collect(), tasks: l.tasks, output_elems: l.output_elems, rows: l.rows })
                 .collect(),
             collectives: s
                 .collectives
@@ -387,12 +431,13 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     let sub_models: Vec<mef::SubModel> = schedules
         .iter()
         .enumerate()
-        .map(|(d, (prefill, decode, last))| mef::SubModel {
+        .map(|(d, (prefill, decode, last, batch))| mef::SubModel {
             name: if devices > 1 { format!("shard{d}") } else { "model".into() },
             device: format!("{}:{}", mesh.kind.name(), mesh.ordinals[d]),
             prefill: to_plan(prefill),
             decode: to_plan(decode),
             prefill_last: last.as_ref().map(to_plan),
+            batch: batch.as_ref().map(|(mixed, decode)| mef::BatchPlans { mixed: to_plan(mixed), decode: to_plan(decode) }),
             weight_bytes: 0,
             kv_bytes_per_token: kv_layout.bytes_per_token(),
         })
@@ -495,6 +540,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         },
         max_length,
         gpu_archs: targets.gpus.iter().map(|g| g.arch.clone()).collect(),
+        batch,
     };
     let report = CompileReport {
         artifact_bytes: 0,
@@ -541,6 +587,10 @@ pub fn check(manifest: &LoadedManifest, target: Option<&str>) -> Vec<crate::Erro
     let spec = target.map(str::to_string).or(c.target.clone()).unwrap_or_else(|| "cpu".into());
     if let Err(e) = maxc_codegen::TargetSpec::parse(&spec) {
         problems.push(e.into());
+    }
+    // The batch limits depend on the model only through which plans exist.
+    if let Err(e) = batch_limits(&shown, c, c.max_length.map_or(DEFAULT_MAX_LENGTH, u64::from), 1, false) {
+        problems.push(e);
     }
     let m = &manifest.manifest;
     let model = match import(&m.model.path, m.model.architecture.as_deref()) {

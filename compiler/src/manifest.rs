@@ -65,7 +65,11 @@ pub struct CompileSection {
     pub kv_cache_encoding: Option<String>,
     /// The longest sequence (prompt + generated) the artifact supports.
     pub max_length: Option<u32>,
-    pub max_batch_size: Option<u32>,
+    /// Rows per step of the batched engine's mixed plan (prompt chunks plus
+    /// decode rows; default 256).
+    pub max_batch_tokens: Option<u32>,
+    /// Sequences per step of the batched engine (default 16).
+    pub max_sequences: Option<u32>,
 }
 
 /// `[generation]`: sampling defaults recorded in the artifact.
@@ -170,8 +174,10 @@ impl Manifest {
         if self.compile.max_length == Some(0) {
             return Err(Error::invalid(path, "compile.max_length", "must be at least 1"));
         }
-        if self.compile.max_batch_size == Some(0) {
-            return Err(Error::invalid(path, "compile.max_batch_size", "must be at least 1"));
+        for (field, value) in [("compile.max_batch_tokens", self.compile.max_batch_tokens), ("compile.max_sequences", self.compile.max_sequences)] {
+            if value == Some(0) {
+                return Err(Error::invalid(path, field, "must be at least 1"));
+            }
         }
         for (name, c) in &self.components {
             check_encoding(path, &format!("components.{name}.quantization_encoding"), &c.quantization_encoding)?;
@@ -233,7 +239,8 @@ const COMPILE_KEYS: &[&str] = &[
     "activation_encoding",
     "kv_cache_encoding",
     "max_length",
-    "max_batch_size",
+    "max_batch_tokens",
+    "max_sequences",
 ];
 const MODEL_KEYS: &[&str] = &["path", "name", "architecture"];
 

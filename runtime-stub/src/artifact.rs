@@ -285,8 +285,20 @@ impl Artifact {
                 ));
             }
         }
-        let plans = h.sub_models.iter().enumerate().flat_map(|(d, m)| [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten().map(move |p| (d, p)));
-        for (device, plan) in plans {
+        if h.sub_models.iter().any(|m| m.batch.is_some()) != h.batch.is_some() {
+            return Err(corrupt("batch plans".into(), "the header's batch limits and the sub-models' batch plans disagree".into()));
+        }
+        if let Some(b) = &h.batch {
+            let blocks = h.max_length.div_ceil(b.block_size.max(1));
+            if b.block_size == 0 || b.blocks_per_sequence != blocks || b.max_sequences == 0 || b.max_rows < b.max_sequences || b.block_bytes(&h.kv_cache).is_none() {
+                return Err(corrupt("batch limits".into(), format!("{b:?} for a context of {} positions", h.max_length)));
+            }
+        }
+        let plans = h.sub_models.iter().enumerate().flat_map(|(d, m)| {
+            let batch = m.batch.as_ref().map(|b| [&b.mixed, &b.decode]).into_iter().flatten().map(|p| (p, true));
+            [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten().map(|p| (p, false)).chain(batch).map(move |(p, batch)| (d, p, batch))
+        });
+        for (device, plan, batch) in plans {
             // A buffer of `elems` f32 at the largest step lies inside the arena.
             let arena_ok = |r: &BufferRef, elems: u64| {
                 matches!(*r, BufferRef::Arena { offset } if elems.checked_mul(4).and_then(|b| b.checked_add(offset)).is_some_and(|end| end <= plan.arena_bytes))
@@ -302,7 +314,7 @@ impl Artifact {
             }
             for l in &plan.launches {
                 let k = self.header.kernels.get(l.kernel as usize);
-                if k.is_none_or(|k| k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32 | 128)) {
+                if k.is_none_or(|k| k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32 | 128)) || (l.rows == crate::format::RowCount::Logits && !batch) {
                     return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel, argument count or GPU threads per task", l.kernel)));
                 }
                 for a in &l.args {
@@ -312,6 +324,8 @@ impl Artifact {
                         // Kernels may use 16-byte vector accesses from a buffer's start (GPU).
                         BufferRef::Arena { offset } => offset < plan.arena_bytes && offset % 16 == 0,
                         BufferRef::Tokens | BufferRef::Positions => true,
+                        // The batch step's inputs exist in batch plans only.
+                        BufferRef::Slots | BufferRef::RowSequences | BufferRef::BlockTables | BufferRef::LogitRows => batch,
                     };
                     if !ok {
                         return Err(corrupt("launch plan".into(), format!("argument {a:?} is out of range")));

@@ -377,3 +377,145 @@ mod tests {
         assert!((s - 2.138).abs() < 1e-3);
     }
 }
+
+/// The batched engine under load (`maxrun bench --concurrency N`).
+#[derive(Copy, Clone, Debug)]
+pub struct ConcurrencyConfig {
+    /// Sequences submitted together.
+    pub sequences: usize,
+    /// Prompt tokens of each (after the shared prefix).
+    pub prompt_tokens: u64,
+    /// Tokens each generates.
+    pub generated_tokens: u64,
+    /// Tokens every prompt starts with (the prefix-cache case; 0: none).
+    pub shared_prefix: u64,
+    pub repetitions: u32,
+}
+
+/// Results of a concurrency run (the `--json` object).
+#[derive(Clone, Debug, Serialize)]
+pub struct ConcurrencyReport {
+    pub model: String,
+    pub device: String,
+    pub sequences: usize,
+    pub prompt_tokens: u64,
+    pub shared_prefix: u64,
+    pub generated_tokens: u64,
+    pub repetitions: u32,
+    /// Generated tokens of all sequences over the decode-only steps' time: the
+    /// aggregate decode rate while every sequence decodes.
+    pub decode_tokens_per_s: f64,
+    pub decode_tokens_per_s_stddev: f64,
+    /// The aggregate over the number of sequences.
+    pub decode_tokens_per_s_per_sequence: f64,
+    /// Mean wall time of a decode-only step (one token for every running sequence), ms.
+    pub decode_step_ms: f64,
+    /// All prompt tokens over the time until the last sequence's first token.
+    pub prefill_tokens_per_s: f64,
+    /// Time to first token over all sequences of all repetitions, ms.
+    pub time_to_first_token_ms_mean: f64,
+    pub time_to_first_token_ms_max: f64,
+    /// Prompt tokens found in the prefix cache over those looked up.
+    pub prefix_hit_tokens: u64,
+    pub prefix_queried_tokens: u64,
+    pub preemptions: u64,
+}
+
+/// Runs `cfg.sequences` requests together on `engine`, `cfg.repetitions` times.
+/// Each prompt is a distinct sequence of valid ids (after `shared_prefix` ids
+/// common to all); each generates `generated_tokens` greedily with end-of-sequence
+/// suppressed.
+pub fn concurrency(engine: &mut crate::engine::Engine<'_>, cfg: ConcurrencyConfig, model: &str, vocab: u64) -> Result<ConcurrencyReport, crate::engine::EngineError> {
+    use crate::engine::{Event, GenerationParams, Request};
+    let prefix = depth_ids(cfg.shared_prefix, vocab);
+    let (mut rates, mut step_ms, mut ttft, mut prefill_rates) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let params = GenerationParams { max_tokens: cfg.generated_tokens as usize, ignore_eos: true, ..GenerationParams::default() };
+    let before = engine.stats();
+    for rep in 0..cfg.repetitions {
+        let start = Instant::now();
+        for s in 0..cfg.sequences {
+            // Distinct prompts (so that only the shared prefix is shared), and new
+            // ones each repetition (so that it is not served from the prefix cache).
+            let salt = (rep as u64 * cfg.sequences as u64 + s as u64) * 7_919 + 1;
+            let own: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 104_723 + salt * 31 + 11) % vocab) as u32).collect();
+            let prompt = [prefix.clone(), own].concat();
+            engine.submit(Request::new(prompt, params.clone())).map_err(|e| crate::engine::EngineError::Session(crate::session::SessionError::Gpu(e.to_string())))?;
+        }
+        let (mut decode_time, mut decode_tokens, mut decode_steps) = (0.0f64, 0u64, 0u64);
+        let mut started = 0usize;
+        let mut prefill_done = None;
+        while engine.has_work() {
+            let prompt_rows = engine.stats().prompt_rows;
+            let t = Instant::now();
+            let events = engine.step()?;
+            let dt = t.elapsed().as_secs_f64();
+            let tokens = events.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
+            for e in &events {
+                if let Event::Finished { usage, .. } = e {
+                    ttft.push(usage.time_to_first_token * 1e3);
+                }
+            }
+            if engine.stats().prompt_rows == prompt_rows && started == cfg.sequences {
+                decode_time += dt;
+                decode_tokens += tokens;
+                decode_steps += 1;
+            }
+            started += events.iter().filter(|e| matches!(e, Event::Token { .. })).count().min(cfg.sequences - started.min(cfg.sequences));
+            if started >= cfg.sequences && prefill_done.is_none() {
+                prefill_done = Some(start.elapsed().as_secs_f64());
+            }
+        }
+        if decode_time > 0.0 {
+            rates.push(decode_tokens as f64 / decode_time);
+            step_ms.push(decode_time * 1e3 / decode_steps as f64);
+        }
+        if let Some(p) = prefill_done {
+            prefill_rates.push((cfg.prompt_tokens + cfg.shared_prefix) as f64 * cfg.sequences as f64 / p);
+        }
+    }
+    let after = engine.stats();
+    let (rate, sd) = if rates.is_empty() { (0.0, 0.0) } else { mean_std(&rates) };
+    let mean = |x: &[f64]| if x.is_empty() { 0.0 } else { x.iter().sum::<f64>() / x.len() as f64 };
+    Ok(ConcurrencyReport {
+        model: model.to_string(),
+        device: engine.describe(),
+        sequences: cfg.sequences,
+        prompt_tokens: cfg.prompt_tokens,
+        shared_prefix: cfg.shared_prefix,
+        generated_tokens: cfg.generated_tokens,
+        repetitions: cfg.repetitions,
+        decode_tokens_per_s: rate,
+        decode_tokens_per_s_stddev: sd,
+        decode_tokens_per_s_per_sequence: rate / cfg.sequences as f64,
+        decode_step_ms: mean(&step_ms),
+        prefill_tokens_per_s: mean(&prefill_rates),
+        time_to_first_token_ms_mean: mean(&ttft),
+        time_to_first_token_ms_max: ttft.iter().copied().fold(0.0, f64::max),
+        prefix_hit_tokens: after.prefix_hit_tokens - before.prefix_hit_tokens,
+        prefix_queried_tokens: after.prefix_queried_tokens - before.prefix_queried_tokens,
+        preemptions: after.preemptions - before.preemptions,
+    })
+}
+
+/// The concurrency table.
+pub fn render_concurrency(r: &ConcurrencyReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!("| {:<28} | {:>4} | {:>14} | {:>20} | {:>9} | {:>10} | {:>9} |\n", "model", "seqs", "test", "decode t/s (all)", "per seq", "step ms", "TTFT ms"));
+    s.push_str(&format!("| {:-<28} | {:->4} | {:->14} | {:->20} | {:->9} | {:->10} | {:->9} |\n", "", "", "", "", "", "", ""));
+    let test = if r.shared_prefix > 0 { format!("pp{}+{} tg{}", r.shared_prefix, r.prompt_tokens, r.generated_tokens) } else { format!("pp{} tg{}", r.prompt_tokens, r.generated_tokens) };
+    s.push_str(&format!(
+        "| {:<28} | {:>4} | {:>14} | {:>20} | {:>9.2} | {:>10.2} | {:>9.1} |\n",
+        r.model,
+        r.sequences,
+        test,
+        format!("{:.2} ± {:.2}", r.decode_tokens_per_s, r.decode_tokens_per_s_stddev),
+        r.decode_tokens_per_s_per_sequence,
+        r.decode_step_ms,
+        r.time_to_first_token_ms_mean
+    ));
+    s.push_str(&format!(
+        "\n{}; prefill {:.1} tok/s over all prompts; TTFT max {:.1} ms; prefix cache {} of {} prompt tokens; {} preemptions\n",
+        r.device, r.prefill_tokens_per_s, r.time_to_first_token_ms_max, r.prefix_hit_tokens, r.prefix_queried_tokens, r.preemptions
+    ));
+    s
+}

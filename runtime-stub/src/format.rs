@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 4;
+pub const FORMAT_MAJOR: u32 = 5;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
@@ -47,6 +47,46 @@ pub struct Header {
     /// NVIDIA architectures (`sm_90`) with a PTX module in the artifact, in the
     /// order of their `Ptx(i)` sections; empty for CPU-only artifacts.
     pub gpu_archs: Vec<String>,
+    /// What the batch plans of [`SubModel::batch`] hold (`None` without them:
+    /// encoders and device meshes).
+    pub batch: Option<BatchLimits>,
+}
+
+/// The shape of the batched engine's steps (docs/serving.md): how the paged KV
+/// cache is cut into blocks and how many rows and sequences a step holds.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchLimits {
+    /// Positions per KV block.
+    pub block_size: u64,
+    /// Entries of a block table: the most blocks one sequence holds
+    /// (`max_length / block_size`, rounded up).
+    pub blocks_per_sequence: u64,
+    /// Rows of a mixed step (`compile.max_batch_tokens`).
+    pub max_rows: u64,
+    /// Sequences per step (`compile.max_sequences`): the decode plan's rows,
+    /// and the rows whose logits a step returns.
+    pub max_sequences: u64,
+}
+
+impl BatchLimits {
+    /// Bytes of one KV block of one layer's keys (or values).
+    pub fn block_bytes(&self, kv: &KvCacheLayout) -> Option<u64> {
+        self.block_size.checked_mul(kv.row_elems)?.checked_mul(kv.encoding.bytes())
+    }
+}
+
+/// The plans of the batched engine: steps of many sequences over a paged KV
+/// cache (inputs: tokens, positions, [`BufferRef::Slots`],
+/// [`BufferRef::RowSequences`], [`BufferRef::BlockTables`] and
+/// [`BufferRef::LogitRows`]), returning `[logit rows, vocab]` logits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchPlans {
+    /// Steps that hold prompt rows (chunks of prompts beside decode rows): up to
+    /// [`BatchLimits::max_rows`] rows, attention over each row's positions.
+    pub mixed: Plan,
+    /// Steps of decode rows only: up to [`BatchLimits::max_sequences`] rows,
+    /// attention split over chunks of positions (flash-decoding).
+    pub decode: Plan,
 }
 
 impl Header {
@@ -119,6 +159,8 @@ pub struct SubModel {
     /// what generation needs from a prompt. `None` when the model has no such cut
     /// (encoders).
     pub prefill_last: Option<Plan>,
+    /// The batched engine's plans ([`Header::batch`] says their limits).
+    pub batch: Option<BatchPlans>,
     /// Bytes of this device's weights section.
     pub weight_bytes: u64,
     /// KV-cache bytes per token on this device.
@@ -128,7 +170,13 @@ pub struct SubModel {
 impl SubModel {
     /// The largest activation arena of its plans.
     pub fn arena_bytes(&self) -> u64 {
-        [Some(&self.prefill), Some(&self.decode), self.prefill_last.as_ref()].into_iter().flatten().map(|p| p.arena_bytes).max().unwrap_or(0)
+        self.plans().map(|p| p.arena_bytes).max().unwrap_or(0)
+    }
+
+    /// Every plan: prefill, decode, the last-token prefill and the batch plans where present.
+    pub fn plans(&self) -> impl Iterator<Item = &Plan> {
+        let batch = self.batch.as_ref().map(|b| [&b.mixed, &b.decode]).into_iter().flatten();
+        [Some(&self.prefill), Some(&self.decode), self.prefill_last.as_ref()].into_iter().flatten().chain(batch)
     }
 }
 
@@ -421,8 +469,31 @@ pub enum BufferRef {
     /// Layer `n`'s key cache, `f32[kv_width * max_length]` (laid out by the
     /// artifact's kernels; maxc's are `[kv_heads, max_length, head_dim]`).
     KeyCache(u32),
-    /// Layer `n`'s value cache, the same size and layout as the key cache.
+    /// Layer `n`'s value cache, the same size and layout as the key cache (in
+    /// batch plans both are pools of blocks: `[blocks, kv_heads, block_size,
+    /// head_dim]`).
     ValueCache(u32),
+    /// A batch step's KV slot for each row, `i32[rows]`: block `slot / block_size`,
+    /// offset `slot % block_size`.
+    Slots,
+    /// A batch step's sequence of each row (its index among the step's sequences), `i32[rows]`.
+    RowSequences,
+    /// A batch step's block tables, `i32[sequences, blocks_per_sequence]`.
+    BlockTables,
+    /// The rows of a batch step whose logits it returns, `i32[logit rows]`.
+    LogitRows,
+}
+
+/// Which of a step's row counts a launch's tasks and outputs follow.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowCount {
+    /// The step's rows: the kernel sees `dims[0]`.
+    #[default]
+    Step,
+    /// The rows whose logits a batch step returns: the kernel gets a `dims`
+    /// pointer one element on, so its sequence length is `dims[1]` (the launches
+    /// after a batch plan's gather of those rows).
+    Logits,
 }
 
 /// One kernel launch.
@@ -435,6 +506,8 @@ pub struct Launch {
     /// f32 elements the launch writes to its last argument (`per_seq * seq + fixed`;
     /// zero when it writes only the KV cache). `maxrun --check-nan` scans them.
     pub output_elems: TaskCount,
+    /// What `seq` is for `tasks` and `output_elems`, and which `dims` the kernel sees.
+    pub rows: RowCount,
 }
 
 /// A linear launch plan for steps of up to `max_seq` tokens.

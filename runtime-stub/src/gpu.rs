@@ -195,6 +195,9 @@ impl GpuDevice {
                         BufferRef::Positions => positions_ptr,
                         BufferRef::KeyCache(layer) => cache_ptrs[layer as usize],
                         BufferRef::ValueCache(layer) => cache_ptrs[layers + layer as usize],
+                        BufferRef::Slots | BufferRef::RowSequences | BufferRef::BlockTables | BufferRef::LogitRows => {
+                            unreachable!("batch steps' inputs are in batch plans, which the GPU session does not run")
+                        }
                     })
                     .collect();
                 args.push(stream.clone_htod(&table).map_err(driver_err)?);

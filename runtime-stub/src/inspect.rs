@@ -47,7 +47,22 @@ pub fn report(a: &Artifact) -> Value {
             j["outputs"] = json!([{"name": "logits", "dtype": "f32", "shape": [1, h.model.vocab_size]}]);
             plans.insert("prefill_last".into(), j);
         }
-        let arena = m.prefill.arena_bytes + m.decode.arena_bytes + m.prefill_last.as_ref().map_or(0, |p| p.arena_bytes);
+        if let Some(b) = &m.batch {
+            for (name, p) in [("batch_mixed", &b.mixed), ("batch_decode", &b.decode)] {
+                let mut j = plan_json(p, h.model.vocab_size);
+                j["inputs"] = json!([
+                    {"name": "tokens", "dtype": "i32", "shape": ["rows"]},
+                    {"name": "positions", "dtype": "i32", "shape": ["rows"]},
+                    {"name": "slots", "dtype": "i32", "shape": ["rows"]},
+                    {"name": "row_sequences", "dtype": "i32", "shape": ["rows"]},
+                    {"name": "block_tables", "dtype": "i32", "shape": ["sequences", h.batch.map_or(0, |l| l.blocks_per_sequence)]},
+                    {"name": "logit_rows", "dtype": "i32", "shape": ["logit_rows"]},
+                ]);
+                j["outputs"] = json!([{"name": "logits", "dtype": "f32", "shape": ["logit_rows", h.model.vocab_size]}]);
+                plans.insert(name.into(), j);
+            }
+        }
+        let arena: u64 = m.plans().map(|p| p.arena_bytes).sum();
         arenas += arena;
         let weight_bytes: u64 = h.weights.iter().filter(|w| w.device as usize == d).map(|w| w.len).sum();
         sub_models.push(json!({
@@ -94,6 +109,14 @@ pub fn report(a: &Artifact) -> Value {
         })).collect::<Vec<_>>(),
         "generation": h.generation,
         "tokenizer": h.tokenizer,
+        "batch": h.batch.map(|b| json!({
+            "block_size": b.block_size,
+            "blocks_per_sequence": b.blocks_per_sequence,
+            "max_batch_tokens": b.max_rows,
+            "max_sequences": b.max_sequences,
+            // Keys plus values of every layer.
+            "kv_bytes_per_block": b.block_bytes(&h.kv_cache).map(|x| x * 2 * h.kv_cache.layers),
+        })),
     })
 }
 
@@ -135,8 +158,22 @@ pub fn render_text(r: &Value) -> String {
         }
     }
     for (name, plan) in r["sub_models"][0]["plans"].as_object().into_iter().flatten() {
-        let shape: Vec<String> = plan["outputs"][0]["shape"].as_array().into_iter().flatten().map(|d| d.as_str().map_or(d.to_string(), str::to_string)).collect();
-        line(&format!("plan {name}"), format!("tokens i32[seq], positions i32[seq] -> logits f32[{}]; seq <= {}; {} launches; arena {}", shape.join(", "), plan["max_seq"], plan["launches"], mib(plan["arena_bytes"].as_u64().unwrap_or(0))));
+        let dims = |v: &Value| -> String { v.as_array().into_iter().flatten().map(|d| d.as_str().map_or(d.to_string(), str::to_string)).collect::<Vec<_>>().join(", ") };
+        let inputs: Vec<String> = plan["inputs"].as_array().into_iter().flatten().map(|i| format!("{} {}[{}]", i["name"].as_str().unwrap_or(""), i["dtype"].as_str().unwrap_or(""), dims(&i["shape"]))).collect();
+        let rows = if name.starts_with("batch") { "rows" } else { "seq" };
+        line(
+            &format!("plan {name}"),
+            format!("{} -> logits f32[{}]; {rows} <= {}; {} launches; arena {}", inputs.join(", "), dims(&plan["outputs"][0]["shape"]), plan["max_seq"], plan["launches"], mib(plan["arena_bytes"].as_u64().unwrap_or(0))),
+        );
+    }
+    if let Some(b) = r["batch"].as_object() {
+        line(
+            "batched engine",
+            format!(
+                "{} sequences, {} rows per step; KV blocks of {} positions, {} bytes each (all layers' keys and values), up to {} per sequence",
+                b["max_sequences"], b["max_batch_tokens"], b["block_size"], b["kv_bytes_per_block"], b["blocks_per_sequence"]
+            ),
+        );
     }
     line("kernels", format!("{} kernels, {} bytes of code", r["kernels"]["count"], r["kernels"]["code_bytes"]));
     let by_encoding: Vec<String> = r["weights"]["by_encoding"]

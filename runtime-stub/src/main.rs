@@ -65,6 +65,19 @@ struct BenchArgs {
     /// percent between minutes); prints both and their ratios.
     #[arg(long, value_name = "OTHER.mef")]
     compare: Option<PathBuf>,
+    /// Run N sequences together through the batched engine (prompts of -p
+    /// tokens, then -n tokens each) and report the aggregate decode rate, the
+    /// time per step and the time to first token.
+    #[arg(long, value_name = "N")]
+    concurrency: Option<usize>,
+    /// With --concurrency: every prompt starts with the same N tokens (the
+    /// prefix-cache case).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "concurrency")]
+    shared_prefix: u64,
+    /// With --concurrency: the KV pool's size in bytes (default: every sequence
+    /// at the full context, at most a quarter of the available memory).
+    #[arg(long, value_name = "BYTES", requires = "concurrency")]
+    kv_cache_memory: Option<u64>,
     /// Where to run, as for a run: auto (the GPU when the artifact has GPU code
     /// and a CUDA driver and device are present), cpu, gpu, gpu:N. On a GPU the
     /// roofline divides by a device-to-device copy's bandwidth.
@@ -275,6 +288,9 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let needed = args.depth + args.prompt_tokens.max(args.generated_tokens);
     fits_benchmark(&args.artifact, &artifact, needed)?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if let Some(n) = args.concurrency {
+        return bench_concurrency(&args, &artifact, n, threads);
+    }
     let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions, depth: args.depth };
     if let Some(other_path) = &args.compare {
         let other = args.memory.open(other_path, false)?;
@@ -322,6 +338,43 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if args.profile {
         eprint!("{}", render_profile(&session.cpu().map(|s| s.profile()).unwrap_or_default()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `maxrun bench --concurrency N`: the batched engine with N sequences.
+fn bench_concurrency(args: &BenchArgs, artifact: &Artifact, n: usize, threads: usize) -> anyhow::Result<ExitCode> {
+    if n == 0 {
+        return Err(anyhow!("--concurrency must be at least 1"));
+    }
+    if args.compare.is_some() || args.depth > 0 {
+        return Err(anyhow!("--concurrency runs one artifact from an empty cache; leave out --compare and --depth"));
+    }
+    if args.generated_tokens == 0 || args.prompt_tokens + args.shared_prefix == 0 {
+        return Err(anyhow!("--concurrency needs -n of at least 1 and a prompt (-p or --shared-prefix)"));
+    }
+    fits_benchmark(&args.artifact, artifact, args.shared_prefix + args.prompt_tokens + args.generated_tokens)?;
+    let tokenizer = maxrun::engine::load_tokenizer(artifact).map_err(|e| anyhow!(e))?;
+    let mut engine = Engine::batched(artifact, threads, args.kv_cache_memory, tokenizer)?;
+    let cfg = maxrun::bench::ConcurrencyConfig {
+        sequences: n,
+        prompt_tokens: args.prompt_tokens,
+        generated_tokens: args.generated_tokens,
+        shared_prefix: args.shared_prefix,
+        repetitions: args.repetitions,
+    };
+    let h = &artifact.header;
+    if args.profile {
+        engine.enable_profile();
+    }
+    let report = maxrun::bench::concurrency(&mut engine, cfg, &h.model.name, h.model.vocab_size)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", maxrun::bench::render_concurrency(&report));
+    }
+    if args.profile {
+        eprint!("{}", render_profile(&engine.profile()));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -244,6 +244,7 @@ mod tests {
             prefill: plan.clone(),
             decode: plan.clone(),
             prefill_last: None,
+            batch: None,
             weight_bytes: 0,
             kv_bytes_per_token: 0,
         };
@@ -271,6 +272,7 @@ mod tests {
             generation: GenerationDefaults::default(),
             max_length: 8,
             gpu_archs: vec!["sm_90".into()],
+            batch: None,
         };
         edit(&mut header);
         let mut at = align_section(encode_header(&header).len() as u64);
@@ -319,7 +321,7 @@ mod tests {
         let with = |offset: u64, threads: u32| {
             move |h: &mut Header| {
                 h.kernels = vec![KernelEntry { symbol: "k".into(), family: "copy".into(), num_params: 1, backend: "llvm".into(), gpu_threads_per_task: threads }];
-                let launch = Launch { kernel: 0, args: vec![BufferRef::Arena { offset }], tasks: TaskCount { per_seq: 0, fixed: 1 }, output_elems: TaskCount { per_seq: 0, fixed: 0 } };
+                let launch = Launch { kernel: 0, args: vec![BufferRef::Arena { offset }], tasks: TaskCount { per_seq: 0, fixed: 1 }, output_elems: TaskCount { per_seq: 0, fixed: 0 }, rows: RowCount::Step };
                 h.sub_models[0].decode.launches = vec![launch];
             }
         };

@@ -78,7 +78,7 @@ impl AlignedBuf {
     }
 }
 
-struct PlanState {
+pub(crate) struct PlanState {
     kernels: Vec<KernelFn>,
     arena: AlignedBuf,
     /// Per launch: (calls, total seconds, bytes moved), when profiling.
@@ -88,6 +88,169 @@ struct PlanState {
     /// next step); empty where nothing is prefetched (prefill: its matmuls are
     /// compute-bound and keep every thread busy).
     ahead: Vec<Vec<(usize, usize)>>,
+}
+
+impl PlanState {
+    /// The state of `plan`: its kernels resolved, its arena, and with `decode`
+    /// the weights idle workers prefetch.
+    pub(crate) fn new(artifact: &Artifact, plan: &Plan, resolved: &[KernelFn], decode: bool) -> PlanState {
+        PlanState {
+            kernels: plan.launches.iter().map(|l| resolved[l.kernel as usize]).collect(),
+            arena: AlignedBuf::new(plan.arena_bytes),
+            profile: None,
+            ahead: if decode { prefetch_plan(artifact, plan) } else { vec![] },
+        }
+    }
+
+    /// Starts timing every launch of `plan` (this state's plan).
+    pub(crate) fn enable_profile(&mut self, plan: &Plan) {
+        self.profile = Some(vec![(0, 0.0, 0); plan.launches.len()]);
+    }
+
+    /// The first `n` floats of the plan's output (its logits) after a run.
+    pub(crate) fn output(&mut self, plan: &Plan, n: usize) -> &[f32] {
+        let arena = self.arena.ptr();
+        match plan.logits {
+            // SAFETY: the plan's logits buffer holds the step's output floats.
+            BufferRef::Arena { offset } => unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, n) },
+            other => panic!("logits in {other:?}: the compiler places them in the arena"),
+        }
+    }
+}
+
+/// Checks the CPU, loads the artifact's code and resolves every kernel (in the
+/// header's order).
+pub(crate) fn load_kernels(artifact: &Artifact) -> Result<(LoadedCode, Vec<KernelFn>), SessionError> {
+    artifact.check_cpu()?;
+    let code = LoadedCode::load(artifact.section(SectionKind::Code))?;
+    let resolved = artifact.header.kernels.iter().map(|k| code.kernel(&k.symbol)).collect::<Result<_, _>>()?;
+    Ok((code, resolved))
+}
+
+/// One row per kernel and plan of the profiled `plans` (name, plan, its state),
+/// slowest first; kernels of plans under the same name are summed.
+pub(crate) fn profile_rows<'p>(h: &crate::format::Header, plans: impl Iterator<Item = (&'static str, &'p Plan, &'p PlanState)>) -> Vec<ProfileRow> {
+    let mut rows: Vec<ProfileRow> = Vec::new();
+    for (name, plan, state) in plans {
+        let Some(times) = &state.profile else { continue };
+        for (launch, &(calls, secs, bytes)) in plan.launches.iter().zip(times) {
+            let k = &h.kernels[launch.kernel as usize];
+            match rows.iter_mut().find(|r| r.plan == name && r.kernel == k.symbol) {
+                Some(r) => {
+                    r.calls += calls;
+                    r.seconds += secs;
+                    r.bytes += bytes;
+                }
+                None => rows.push(ProfileRow { plan: name, kernel: k.symbol.clone(), family: k.family.clone(), calls, seconds: secs, bytes }),
+            }
+        }
+    }
+    rows.retain(|r| r.calls > 0);
+    rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    rows
+}
+
+/// The buffers a step's launches read besides the arena, the weights and the KV
+/// cache: empty where a plan does not use them (the batch inputs of single-stream plans).
+#[derive(Default)]
+pub(crate) struct StepInputs<'b> {
+    pub tokens: &'b [i32],
+    pub positions: &'b [i32],
+    pub slots: &'b [i32],
+    pub row_sequences: &'b [i32],
+    pub block_tables: &'b [i32],
+    pub logit_rows: &'b [i32],
+}
+
+/// What one plan's run shares with the others: the artifact, the threads, the
+/// KV cache and the run-time checks.
+pub(crate) struct Run<'r> {
+    pub artifact: &'r Artifact,
+    pub pool: &'r ThreadPool,
+    pub kv_cache: &'r mut KvCache,
+    pub check_nan: bool,
+    pub plan_name: &'static str,
+}
+
+impl Run<'_> {
+    /// Runs every launch of `plan` for a step of `dims[0]` rows (`dims[1]`: rows
+    /// with logits, for the launches that follow them), calling `exchange` for
+    /// the plan's collectives at their places.
+    pub(crate) fn plan(
+        &mut self,
+        plan: &Plan,
+        state: &mut PlanState,
+        inputs: &StepInputs<'_>,
+        dims: [i64; 2],
+        exchange: &mut dyn FnMut(*mut u8, &crate::format::CollectiveStep),
+    ) -> Result<(), SessionError> {
+        let header = &self.artifact.header;
+        let arena = state.arena.ptr();
+        let mut args: Vec<*mut u8> = Vec::with_capacity(8);
+        let mut collectives = plan.collectives.iter().peekable();
+        let input = |s: &[i32]| s.as_ptr() as *mut u8;
+        for (index, (launch, kernel)) in plan.launches.iter().zip(&state.kernels).enumerate() {
+            while let Some(c) = collectives.next_if(|c| c.before_launch as usize == index) {
+                exchange(arena, c);
+            }
+            args.clear();
+            for a in &launch.args {
+                args.push(match *a {
+                    // SAFETY: offsets were validated against the arena size at open.
+                    BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) },
+                    BufferRef::Weight(i) => self.artifact.weight_bytes(i as usize).as_ptr() as *mut u8,
+                    BufferRef::Tokens => input(inputs.tokens),
+                    BufferRef::Positions => input(inputs.positions),
+                    BufferRef::KeyCache(l) => self.kv_cache.keys(l as usize),
+                    BufferRef::ValueCache(l) => self.kv_cache.values(l as usize),
+                    BufferRef::Slots => input(inputs.slots),
+                    BufferRef::RowSequences => input(inputs.row_sequences),
+                    BufferRef::BlockTables => input(inputs.block_tables),
+                    BufferRef::LogitRows => input(inputs.logit_rows),
+                });
+            }
+            if let Some(parts) = state.ahead.get(index).filter(|p| !p.is_empty()) {
+                self.pool.prefetch_ahead(parts);
+            }
+            // A launch over the rows with logits sees `dims[1]` as its length.
+            let (rows, dims_at) = match launch.rows {
+                crate::format::RowCount::Step => (dims[0] as u64, 0),
+                crate::format::RowCount::Logits => (dims[1] as u64, 1),
+            };
+            let started = state.profile.as_ref().map(|_| std::time::Instant::now());
+            // SAFETY: the compiler sized every buffer for `plan.max_seq` rows and the
+            // caches for their positions; the caller checked both bounds.
+            unsafe { self.pool.launch(*kernel, args.as_ptr(), dims[dims_at..].as_ptr(), launch.tasks.eval(rows)) };
+            if let (Some(t), Some(p)) = (started, state.profile.as_mut()) {
+                let weights: u64 = launch
+                    .args
+                    .iter()
+                    .map(|a| match a {
+                        BufferRef::Weight(i) => header.weights[*i as usize].len,
+                        _ => 0,
+                    })
+                    .sum();
+                p[index].0 += 1;
+                p[index].1 += t.elapsed().as_secs_f64();
+                p[index].2 += weights + launch.output_elems.eval(rows) * 4;
+            }
+            let written = launch.output_elems.eval(rows) as usize;
+            if self.check_nan && written > 0 {
+                if let Some(&BufferRef::Arena { offset }) = launch.args.last() {
+                    // SAFETY: the launch wrote `written` floats there (the compiler sized it).
+                    let out = unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, written) };
+                    if let Some((at, &value)) = out.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                        let kernel = header.kernels[launch.kernel as usize].symbol.clone();
+                        return Err(SessionError::NonFinite { kernel, launch: index, plan: self.plan_name, index: at, value });
+                    }
+                }
+            }
+        }
+        while let Some(c) = collectives.next() {
+            exchange(arena, c);
+        }
+        Ok(())
+    }
 }
 
 /// For each launch of a decode `plan`, the weight parts of the next launch that
@@ -162,18 +325,8 @@ impl<'a> Session<'a> {
     /// A session for sub-model `device` of a sharded artifact, exchanging data with
     /// the sessions of the other devices through `hub` (`None` on one device).
     pub fn on_device(artifact: &'a Artifact, threads: usize, device: usize, hub: Option<std::sync::Arc<MeshHub>>) -> Result<Self, SessionError> {
-        artifact.check_cpu()?;
-        let code = LoadedCode::load(artifact.section(SectionKind::Code))?;
-        let mut resolved = Vec::with_capacity(artifact.header.kernels.len());
-        for k in &artifact.header.kernels {
-            resolved.push(code.kernel(&k.symbol)?);
-        }
-        let state = |plan: &Plan, decode: bool| PlanState {
-            kernels: plan.launches.iter().map(|l| resolved[l.kernel as usize]).collect(),
-            arena: AlignedBuf::new(plan.arena_bytes),
-            profile: None,
-            ahead: if decode { prefetch_plan(artifact, plan) } else { vec![] },
-        };
+        let (code, resolved) = load_kernels(artifact)?;
+        let state = |plan: &Plan, decode: bool| PlanState::new(artifact, plan, &resolved, decode);
         let h = &artifact.header;
         let sub = &h.sub_models[device];
         let layer_bytes = h.kv_cache.layer_bytes(h.max_length).and_then(|b| usize::try_from(b).ok());
@@ -234,36 +387,18 @@ impl<'a> Session<'a> {
     /// Starts timing every launch (adds a clock read per launch).
     pub fn enable_profile(&mut self) {
         let sub = self.sub();
-        self.prefill.profile = Some(vec![(0, 0.0, 0); sub.prefill.launches.len()]);
-        self.decode.profile = Some(vec![(0, 0.0, 0); sub.decode.launches.len()]);
+        self.prefill.enable_profile(&sub.prefill);
+        self.decode.enable_profile(&sub.decode);
         if let (Some(state), Some(plan)) = (self.prefill_last.as_mut(), sub.prefill_last.as_ref()) {
-            state.profile = Some(vec![(0, 0.0, 0); plan.launches.len()]);
+            state.enable_profile(plan);
         }
     }
 
     /// The profile so far, one row per kernel and plan, slowest first.
     pub fn profile(&self) -> Vec<ProfileRow> {
-        let h = &self.artifact.header;
         let sub = self.sub();
-        let mut rows: Vec<ProfileRow> = Vec::new();
         let last = sub.prefill_last.as_ref().zip(self.prefill_last.as_ref()).map(|(p, s)| ("prefill", p, s));
-        for (name, plan, state) in [("prefill", &sub.prefill, &self.prefill), ("decode", &sub.decode, &self.decode)].into_iter().chain(last) {
-            let Some(times) = &state.profile else { continue };
-            for (launch, &(calls, secs, bytes)) in plan.launches.iter().zip(times) {
-                let k = &h.kernels[launch.kernel as usize];
-                match rows.iter_mut().find(|r| r.plan == name && r.kernel == k.symbol) {
-                    Some(r) => {
-                        r.calls += calls;
-                        r.seconds += secs;
-                        r.bytes += bytes;
-                    }
-                    None => rows.push(ProfileRow { plan: name, kernel: k.symbol.clone(), family: k.family.clone(), calls, seconds: secs, bytes }),
-                }
-            }
-        }
-        rows.retain(|r| r.calls > 0);
-        rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-        rows
+        profile_rows(&self.artifact.header, [("prefill", &sub.prefill, &self.prefill), ("decode", &sub.decode, &self.decode)].into_iter().chain(last))
     }
 
     /// Forgets the sequence (the cache is overwritten as positions are reused).
@@ -326,87 +461,34 @@ impl<'a> Session<'a> {
         self.tokens.extend(ids.iter().map(|&i| i as i32));
         self.positions.clear();
         self.positions.extend((self.position..self.position + seq).map(|p| p as i32));
-        let arena = state.arena.ptr();
-        let dims = [seq as i64];
-        let mut args: Vec<*mut u8> = Vec::with_capacity(8);
-        let mut collectives = plan.collectives.iter().peekable();
-        let at_arena = |r: &BufferRef| match *r {
-            // SAFETY: collective buffers were validated against the arena at open.
-            BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) as *mut f32 },
-            other => panic!("collective buffer {other:?}: the compiler places them in the arena"),
-        };
-        let mut exchange = |before: usize| {
-            while let Some(c) = collectives.next_if(|c| c.before_launch as usize == before) {
-                let hub = self.hub.as_ref().expect("plans with collectives run on a mesh");
-                let (input, output) = (at_arena(&c.input), at_arena(&c.output));
-                // SAFETY: the compiler sized both buffers for `plan.max_seq` tokens.
-                unsafe {
-                    match c.op {
-                        CollectiveOp::AllReduceSum { elems } => hub.all_reduce_sum(self.device, input, output, elems.eval(seq) as usize),
-                        CollectiveOp::AllGather { rows, cols } => hub.all_gather(self.device, input, output, rows.eval(seq) as usize, cols as usize),
-                    }
+        let inputs = StepInputs { tokens: &self.tokens, positions: &self.positions, ..StepInputs::default() };
+        let hub = self.hub.as_deref();
+        let device = self.device;
+        let mut exchange = |arena: *mut u8, c: &crate::format::CollectiveStep| {
+            let hub = hub.expect("plans with collectives run on a mesh");
+            let at_arena = |r: &BufferRef| match *r {
+                // SAFETY: collective buffers were validated against the arena at open.
+                BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) as *mut f32 },
+                other => panic!("collective buffer {other:?}: the compiler places them in the arena"),
+            };
+            let (input, output) = (at_arena(&c.input), at_arena(&c.output));
+            // SAFETY: the compiler sized both buffers for `plan.max_seq` tokens.
+            unsafe {
+                match c.op {
+                    CollectiveOp::AllReduceSum { elems } => hub.all_reduce_sum(device, input, output, elems.eval(seq) as usize),
+                    CollectiveOp::AllGather { rows, cols } => hub.all_gather(device, input, output, rows.eval(seq) as usize, cols as usize),
                 }
             }
         };
-        for (index, (launch, kernel)) in plan.launches.iter().zip(&state.kernels).enumerate() {
-            exchange(index);
-            args.clear();
-            for a in &launch.args {
-                args.push(match *a {
-                    // SAFETY: offsets were validated against the arena size at open.
-                    BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) },
-                    BufferRef::Weight(i) => self.artifact.weight_bytes(i as usize).as_ptr() as *mut u8,
-                    BufferRef::Tokens => self.tokens.as_mut_ptr() as *mut u8,
-                    BufferRef::Positions => self.positions.as_mut_ptr() as *mut u8,
-                    BufferRef::KeyCache(l) => self.kv_cache.keys(l as usize),
-                    BufferRef::ValueCache(l) => self.kv_cache.values(l as usize),
-                });
-            }
-            // SAFETY: the compiler sized every buffer for `plan.max_seq` tokens and the
-            // cache for `max_length` positions; both bounds were checked above.
-            if let Some(parts) = state.ahead.get(index).filter(|p| !p.is_empty()) {
-                self.pool.prefetch_ahead(parts);
-            }
-            let started = state.profile.as_ref().map(|_| std::time::Instant::now());
-            unsafe { self.pool.launch(*kernel, args.as_ptr(), dims.as_ptr(), launch.tasks.eval(seq)) };
-            if let (Some(t), Some(p)) = (started, state.profile.as_mut()) {
-                let weights: u64 = launch
-                    .args
-                    .iter()
-                    .map(|a| match a {
-                        BufferRef::Weight(i) => header.weights[*i as usize].len,
-                        _ => 0,
-                    })
-                    .sum();
-                p[index].0 += 1;
-                p[index].1 += t.elapsed().as_secs_f64();
-                p[index].2 += weights + launch.output_elems.eval(seq) * 4;
-            }
-            let written = launch.output_elems.eval(seq) as usize;
-            if self.check_nan && written > 0 {
-                if let Some(&BufferRef::Arena { offset }) = launch.args.last() {
-                    // SAFETY: the launch wrote `written` floats there (the compiler sized it).
-                    let out = unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, written) };
-                    if let Some((at, &value)) = out.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                        let kernel = header.kernels[launch.kernel as usize].symbol.clone();
-                        let plan = if prefill { "prefill" } else { "decode" };
-                        return Err(SessionError::NonFinite { kernel, launch: index, plan, index: at, value });
-                    }
-                }
-            }
-        }
-        exchange(plan.launches.len());
+        let name = if prefill { "prefill" } else { "decode" };
+        let mut run = Run { artifact: self.artifact, pool: &self.pool, kv_cache: &mut self.kv_cache, check_nan: self.check_nan, plan_name: name };
+        run.plan(plan, state, &inputs, [seq as i64, 0], &mut exchange)?;
         let n = match header.model.embedding_width {
             Some(width) => width as usize,
             None if which == Which::PrefillLast => header.model.vocab_size as usize,
             None => (seq * header.model.vocab_size) as usize,
         };
-        let logits = match plan.logits {
-            // SAFETY: the plan's logits buffer holds seq * vocab floats.
-            BufferRef::Arena { offset } => unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, n) },
-            other => panic!("logits in {other:?}: the compiler places them in the arena"),
-        };
-        self.logits.extend_from_slice(logits);
+        self.logits.extend_from_slice(state.output(plan, n));
         self.position += seq;
         if prefill {
             self.counts.prefill += 1;

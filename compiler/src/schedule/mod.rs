@@ -2,15 +2,17 @@
 //! the kernel library, with constants placed in the weights table and activations
 //! assigned to one arena by [`memory::plan_arena`].
 //!
-//! The same graph is scheduled twice: a prefill plan for any sequence length up to
-//! `max_seq`, and a decode plan specialized to `seq = 1`.
+//! The same graph is scheduled several times: a prefill plan for any sequence
+//! length up to `max_seq`, a decode plan specialized to `seq = 1`, a prefill plan
+//! that computes only the last row's logits, and the batched engine's plans
+//! ([`schedule_batch`]: many sequences per step over a paged KV cache).
 
 pub mod memory;
 
 use std::collections::HashMap;
 
-use maxc_kernels::library::attention::{attention, attention_combine, attention_partial, kv_store, AttentionShape, DECODE_SPLITS};
-use maxc_kernels::library::copy::{last_row, slice_columns};
+use maxc_kernels::library::attention::{attention, attention_combine, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, Paging, DECODE_SPLITS};
+use maxc_kernels::library::copy::{gather_rows, last_row, slice_columns};
 use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::library::dequant::rows_form;
@@ -213,6 +215,11 @@ pub enum Arg {
     Positions,
     KeyCache(u32),
     ValueCache(u32),
+    /// The batch step's inputs (see `maxrun::format::BufferRef`).
+    Slots,
+    RowSequences,
+    BlockTables,
+    LogitRows,
 }
 
 /// An activation buffer: `bytes` for `max_seq` tokens, live over launches `def..=last_use`.
@@ -231,6 +238,8 @@ pub struct ScheduledLaunch {
     pub tasks: TaskCount,
     /// f32 elements written to the last argument.
     pub output_elems: TaskCount,
+    /// Whether `tasks` and `output_elems` count the step's rows or its rows with logits.
+    pub rows: maxrun::format::RowCount,
 }
 
 /// A collective between launches: before launch `before_launch`.
@@ -313,6 +322,11 @@ struct Scheduler<'g, 'i, 'w> {
     max_seq: u64,
     /// The node being scheduled works on one row (the last token), with fixed task counts.
     one_row: bool,
+    /// A batch plan: the KV cache's blocks, whether it is the decode plan, and
+    /// the most rows with logits a step has.
+    batch: Option<BatchMode>,
+    /// The node being scheduled works on the batch step's rows with logits.
+    logit_rows: bool,
     /// Quantized activations already computed: (value, levels, int8 form) ->
     /// (levels, scales).
     quantized: HashMap<(usize, ActivationLevels, Option<DotForm>), (Arg, Arg)>,
@@ -494,7 +508,13 @@ impl Scheduler<'_, '_, '_> {
     fn launch_outputs(&mut self, kernel: Kernel, mut args: Vec<Arg>, bytes_per_row: &[u64], written: TaskCount) -> Vec<Arg> {
         let at = self.launches.len();
         // A one-row value (the last token's, in a last-row plan) needs one row.
-        let rows = if self.one_row { 1 } else { self.max_seq };
+        let rows = if self.one_row {
+            1
+        } else if self.logit_rows {
+            self.batch.expect("logit rows are a batch plan's").max_outputs
+        } else {
+            self.max_seq
+        };
         let mut outputs = Vec::with_capacity(bytes_per_row.len());
         for &bytes in bytes_per_row {
             outputs.push(Arg::Buffer(self.buffers.len() as u32));
@@ -506,7 +526,8 @@ impl Scheduler<'_, '_, '_> {
             tasks = TaskCount { per_seq: 0, fixed: tasks.eval(1) };
             written = TaskCount { per_seq: 0, fixed: written.eval(1) };
         }
-        self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written });
+        let rows = if self.logit_rows { maxrun::format::RowCount::Logits } else { maxrun::format::RowCount::Step };
+        self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written, rows });
         outputs
     }
 }
@@ -540,7 +561,35 @@ pub fn schedule<'g>(
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
-    schedule_impl(graph, interp, seq, max_seq, cache, weights, kernels, None)
+    schedule_impl(graph, interp, seq, max_seq, cache, weights, kernels, None, None)
+}
+
+/// What a batch plan is scheduled for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BatchMode {
+    pub paging: Paging,
+    /// The decode plan (every row its sequence's last token: split attention),
+    /// or the mixed one (prompt chunks too).
+    pub decode: bool,
+    /// Rows with logits per step (the step's sequences at most).
+    pub max_outputs: u64,
+}
+
+/// A batch plan ([`maxrun::format::BatchPlans`]): steps of up to `max_rows` rows
+/// of many sequences over a paged KV cache; from the value `cut` (see
+/// [`last_row_cut`]) on, only the rows whose logits the step returns.
+#[allow(clippy::too_many_arguments)]
+pub fn schedule_batch<'g>(
+    graph: &'g Graph,
+    interp: &mut crate::interp::Interpreter<'g>,
+    cut: ValueId,
+    mode: BatchMode,
+    max_rows: u64,
+    cache: KvCacheSpec,
+    weights: &mut WeightTable,
+    kernels: &mut KernelSet,
+) -> Result<Schedule> {
+    schedule_impl(graph, interp, SeqMode::Dynamic, max_rows, cache, weights, kernels, Some(cut), Some(mode))
 }
 
 /// Where a prefill plan that returns only the last token's logits can drop to one
@@ -573,7 +622,7 @@ pub fn schedule_last_row<'g>(
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
-    schedule_impl(graph, interp, SeqMode::Dynamic, max_seq, cache, weights, kernels, Some(cut))
+    schedule_impl(graph, interp, SeqMode::Dynamic, max_seq, cache, weights, kernels, Some(cut), None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -586,6 +635,7 @@ fn schedule_impl<'g>(
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
     cut: Option<ValueId>,
+    batch: Option<BatchMode>,
 ) -> Result<Schedule> {
     let max_len = cache.max_len;
     let mut s = Scheduler {
@@ -600,6 +650,8 @@ fn schedule_impl<'g>(
         buffers: vec![],
         max_seq,
         one_row: false,
+        batch,
+        logit_rows: false,
         quantized: HashMap::new(),
     };
     let static_dim = |d: Dim| d.fixed().expect("non-leading dims are static");
@@ -612,21 +664,29 @@ fn schedule_impl<'g>(
             continue;
         }
         // In a last-row plan, the first reader of `cut` takes the last row of it; from
-        // there on, kernels for one row (decode's) with fixed task counts.
+        // there on, kernels for one row (decode's) with fixed task counts. In a batch
+        // plan it takes the rows whose logits the step returns, and the kernels
+        // from there on run over those rows.
         if let Some(c) = cut {
             if node.inputs.first() == Some(&c) && !single[c.index()] {
                 let width = graph.ty(c).last_dim().expect("static width");
                 let src = s.input(c)?;
-                s.one_row = true;
-                let row = s.launch_rows(last_row(width), vec![src], width, TaskCount { per_seq: 0, fixed: width });
-                s.loc[c.index()] = Some(row);
+                let rows = if s.batch.is_some() {
+                    s.logit_rows = true;
+                    s.launch(gather_rows(width), vec![src, Arg::LogitRows], width)
+                } else {
+                    s.one_row = true;
+                    s.launch_rows(last_row(width), vec![src], width, TaskCount { per_seq: 0, fixed: width })
+                };
+                s.loc[c.index()] = Some(rows);
                 single[c.index()] = true;
             }
         }
-        let one_row = node.inputs.iter().any(|i| single[i.index()]);
-        single[id.index()] = one_row;
-        s.one_row = one_row;
-        let seq = if one_row { SeqMode::Fixed(1) } else { step_seq };
+        let after_cut = node.inputs.iter().any(|i| single[i.index()]);
+        single[id.index()] = after_cut;
+        s.one_row = after_cut && s.batch.is_none();
+        s.logit_rows = after_cut && s.batch.is_some();
+        let seq = if s.one_row { SeqMode::Fixed(1) } else { step_seq };
         let out_width = || -> Result<u64> {
             match node.ty.shape.as_slice() {
                 [Dim::Sym(SymDim::Seq), Dim::Fixed(w)] => Ok(*w),
@@ -725,11 +785,14 @@ fn schedule_impl<'g>(
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
                 let (kc, vc) = (Arg::KeyCache(*layer), Arg::ValueCache(*layer));
-                let store = kv_store(*kv_heads as u64, *head_dim as u64, max_len, cache.elem, seq);
+                let (store, store_args) = match s.batch {
+                    Some(b) => (kv_store_paged(*kv_heads as u64, *head_dim as u64, b.paging, cache.elem), vec![k, v, Arg::Slots, kc, vc]),
+                    None => (kv_store(*kv_heads as u64, *head_dim as u64, max_len, cache.elem, seq), vec![k, v, pos, kc, vc]),
+                };
                 let tasks = store.tasks;
                 let kernel = s.kernels.add(store);
                 let none = TaskCount { per_seq: 0, fixed: 0 };
-                s.launches.push(ScheduledLaunch { kernel, args: vec![k, v, pos, kc, vc], tasks, output_elems: none });
+                s.launches.push(ScheduledLaunch { kernel, args: store_args, tasks, output_elems: none, rows: maxrun::format::RowCount::Step });
                 let shape = AttentionShape {
                     heads: *heads as u64,
                     kv_heads: *kv_heads as u64,
@@ -741,7 +804,24 @@ fn schedule_impl<'g>(
                     causal: *causal,
                     cache: cache.elem,
                 };
-                if seq.is_decode() && shape.causal {
+                if let Some(b) = s.batch {
+                    if !shape.causal {
+                        return Err(unsupported("bidirectional attention in a batch plan".into()));
+                    }
+                    let paged = [q, pos, Arg::RowSequences, Arg::BlockTables, kc, vc];
+                    if b.decode {
+                        // Decode rows: flash-decoding, as the single-stream decode plan.
+                        let splits = DECODE_SPLITS;
+                        let scratch = s.scratch(shape.split_scratch_per_token(splits));
+                        let per_token = shape.partials_per_token(splits);
+                        let written = TaskCount { per_seq: per_token, fixed: 0 };
+                        let partials = s.launch_outputs(attention_paged(shape, b.paging, Some(splits)), [&paged[..], &[scratch]].concat(), &[per_token * 4], written)[0];
+                        s.launch(attention_combine(shape, splits, seq), vec![partials, pos], out_width()?)
+                    } else {
+                        let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
+                        s.launch(attention_paged(shape, b.paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
+                    }
+                } else if seq.is_decode() && shape.causal {
                     // Flash-decoding: a task per (KV head, chunk of positions),
                     // then a merge (docs/performance.md, Decisions).
                     let splits = DECODE_SPLITS;
@@ -768,6 +848,7 @@ fn schedule_impl<'g>(
                 s.launch(slice_columns(width, *index as u64 * len, len, seq), args, len)
             }
             Op::ShardSlice { axis, .. } => return Err(unsupported(format!("a shard slice along axis {axis} of activations"))),
+            Op::AllReduce | Op::AllGather { axis: 1, .. } if s.batch.is_some() => return Err(unsupported("a collective in a batch plan (batch plans are for one device)".into())),
             Op::AllReduce | Op::AllGather { axis: 1, .. } => {
                 let src = match s.input(node.inputs[0])? {
                     Arg::Buffer(b) => b,

@@ -92,6 +92,59 @@ pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, cache: ElemType, seq
     b.finish(name, "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
+/// The KV cache of a batch plan: per layer, blocks of `block_size` positions
+/// from one pool, laid out `[blocks, kv_heads, block_size, head_dim]` (a KV head's
+/// positions of one block are one run). Row `t` of a step belongs to the step's
+/// sequence `seqs[t]`, whose block `b` is `tables[seqs[t] * blocks_per_seq + b]`;
+/// its keys and values are stored at `slots[t]` (block `slot / block_size`,
+/// offset `slot % block_size`). Many sequences of different lengths share a step
+/// and the pool, and no sequence reserves the whole context.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Paging {
+    pub block_size: u64,
+    pub blocks_per_seq: u64,
+}
+
+impl Paging {
+    fn tag(&self) -> String {
+        format!("_pb{}x{}", self.block_size, self.blocks_per_seq)
+    }
+
+    /// Floats (or halves) of one block of one layer's keys: `kv_heads * block_size * head_dim`.
+    pub fn block_elems(&self, kv_heads: u64, head_dim: u64) -> u64 {
+        kv_heads * self.block_size * head_dim
+    }
+}
+
+/// Where element `d` of KV head `h` at offset `off` of block `block` lives in a
+/// paged cache ([`Paging`]).
+fn paged_index(block: Expr, h: Expr, off: Expr, d: Expr, kv_heads: i64, head_dim: i64, block_size: i64) -> Expr {
+    add(mul(add(mul(add(mul(block, i(kv_heads)), h), i(block_size)), off), i(head_dim)), d)
+}
+
+/// `k, v: f32[rows, kv_heads*hd]`, `slots: i32[rows]` -> a paged `k_cache`,
+/// `v_cache` ([`Paging`]; the runtime gives each row a slot of a block its
+/// sequence holds). One task per row: one head row per KV head in each cache.
+pub fn kv_store_paged(kv_heads: u64, head_dim: u64, paging: Paging, cache: ElemType) -> Kernel {
+    assert!(matches!(cache, ElemType::F32 | ElemType::F16), "a KV cache of {cache:?}");
+    let mut b = KernelBuilder::new();
+    let k = b.param("k", ElemType::F32, false);
+    let v_ = b.param("v", ElemType::F32, false);
+    let slots = b.param("slots", ElemType::I32, false);
+    let kc = b.param("k_cache", cache, true);
+    let vc = b.param("v_cache", cache, true);
+    let (t, h, slot, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let (hd, bs, w) = (head_dim as i64, paging.block_size as i64, (kv_heads * head_dim) as i64);
+    let at = paged_index(div(v(slot), i(bs)), v(h), rem(v(slot), i(bs)), v(d), kv_heads as i64, hd, bs);
+    let from = add(add(mul(v(t), i(w)), mul(v(h), i(hd))), v(d));
+    let body = vec![
+        set(slot, ld(slots, v(t))),
+        for_(h, i(0), i(kv_heads as i64), vec![for_vec(d, i(0), i(hd), vec![store(kc, at.clone(), ld(k, from.clone())), store(vc, at, ld(v_, from))])]),
+    ];
+    let name = format!("kv_store_paged_kv{kv_heads}_d{head_dim}_b{}{}_sN", paging.block_size, cache_tag(cache));
+    b.finish(name, "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
 /// Decode attention splits each KV head's positions into at most this many
 /// chunks, one task each (flash-decoding): a step has `kv_heads * DECODE_SPLITS`
 /// tasks to share between threads instead of `kv_heads` (SmolLM2: 3, so with two
@@ -143,7 +196,16 @@ impl AttentionShape {
 /// dotted with every query head of the group; output: four key positions per
 /// sweep over the output rows (the remainders one at a time).
 pub fn attention(shape: AttentionShape, seq: SeqMode) -> Kernel {
-    attention_over(shape, seq, None)
+    attention_over(shape, seq, None, None)
+}
+
+/// [`attention`] (`splits: None`) or [`attention_partial`] over a paged cache
+/// for the rows of a batch step: `q`, `pos`, `seqs: i32[rows]`, `tables:
+/// i32[sequences, blocks_per_seq]`, caches, scratch -> `out` or `partials`,
+/// each row over its own sequence's positions ([`Paging`]).
+pub fn attention_paged(shape: AttentionShape, paging: Paging, splits: Option<u64>) -> Kernel {
+    assert!(shape.causal, "paged attention is for causal attention");
+    attention_over(shape, SeqMode::Dynamic, splits, Some(paging))
 }
 
 /// How many chunks a split attention cuts `n` visible positions into: one per
@@ -178,13 +240,14 @@ fn visible(shape: &AttentionShape, p: Expr) -> (Expr, Expr) {
 /// [`attention_combine`] reads only the chunks there are.
 pub fn attention_partial(shape: AttentionShape, splits: u64, seq: SeqMode) -> Kernel {
     assert!(shape.causal && splits >= 1, "split attention is for causal attention");
-    attention_over(shape, seq, Some(splits))
+    attention_over(shape, seq, Some(splits), None)
 }
 
-fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>) -> Kernel {
+fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, paging: Option<Paging>) -> Kernel {
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
+    let tables = paging.map(|_| (b.param("seqs", ElemType::I32, false), b.param("tables", ElemType::I32, false)));
     let kc = b.param("k_cache", shape.cache, false);
     let vc = b.param("v_cache", shape.cache, false);
     let sc = b.param("scratch", ElemType::F32, true);
@@ -211,14 +274,26 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>) -> K
     let score = |h: usize, j: Expr| add(sub(j, v(start)), v(so[h]));
     let o = |h: usize, d: Expr| add(d, v(qo[h]));
     let o_out = |h: usize, d: Expr| add(d, v(oo[h]));
-    // The start of KV head g's row at position j in either cache.
-    let row = |j: Expr| cache_index(v(g), j, i(0), hd, len);
+    // The start of KV head g's row at position j in either cache: the token's
+    // sequence's row of the block tables starts at `table` when paged.
+    let table = ivar(&mut b);
+    let row = |j: Expr| match (paging, tables) {
+        (Some(pg), Some((_, tb))) => {
+            let bs = pg.block_size as i64;
+            paged_index(ld(tb, add(v(table), div(j.clone(), i(bs)))), v(g), rem(j, i(bs)), i(0), nkv, hd, bs)
+        }
+        _ => cache_index(v(g), j, i(0), hd, len),
+    };
 
     let split = splits.unwrap_or(1) as i64;
     let mut body = vec![
         set(s, div(v(t), i(nkv * split))),
         set(g, rem(v(t), i(nkv * split))),
         set(p, ld(pos, v(s))),
+        set(table, match (paging, tables) {
+            (Some(pg), Some((seqs, _))) => mul(ld(seqs, v(s)), i(pg.blocks_per_seq as i64)),
+            _ => i(0),
+        }),
         set(start, start_expr),
         // Causal: keys up to this token; bidirectional: up to the step's last token.
         set(end, if shape.causal { add(v(p), i(1)) } else { add(ld(pos, sub(seq.expr(), i(1))), i(1)) }),
@@ -249,7 +324,7 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>) -> K
     // Decode: while key row j is scored, its value row is fetched for the output
     // sweep (one prefetch per cache line), so the value run streams beside the
     // key run instead of after it.
-    if seq.is_decode() {
+    if seq.is_decode() || (splits.is_some() && paging.is_some()) {
         per_key.extend((0..(hd * 4 + 63) / 64).map(|c| prefetch(vc, add(v(rows[0]), i(c * 16)))));
     }
     per_key.extend((0..group).map(|h| set(dot[h], f(0.0))));
@@ -318,9 +393,10 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>) -> K
         body.push(if_(lt(v(start), v(end)), work));
     }
     let tasks = TaskCount { per_seq: shape.kv_heads * splits.unwrap_or(1), fixed: 0 };
+    let paged = paging.map_or(String::new(), |p| p.tag());
     let name = match splits {
-        None => format!("attention_{}_{}", shape.tag(), seq.tag()),
-        Some(n) => format!("attention_split{n}_{}_{}", shape.tag(), seq.tag()),
+        None => format!("attention_{}{paged}_{}", shape.tag(), seq.tag()),
+        Some(n) => format!("attention_split{n}_{}{paged}_{}", shape.tag(), seq.tag()),
     };
     b.finish(name, "attention", tasks, t, body)
 }
@@ -462,6 +538,90 @@ mod tests {
                 let vals: Vec<&[f32]> = (from..=s).map(|j| &v[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
                 let want = naive(&q[s * qw + h * hd..s * qw + h * hd + hd], &keys, &vals, shape.scale, shape.softcap);
                 close(&got[s * qw + h * hd..s * qw + h * hd + hd], &want, 1e-5);
+            }
+        }
+    }
+
+    /// A batch step over a paged cache: three sequences of different lengths in
+    /// scattered blocks of one pool. One `kv_store_paged` launch stores every
+    /// row of all three (their rows interleaved); then attention (whole and
+    /// split + combined) for every row equals naive softmax attention over its
+    /// own sequence's positions up to its own, and only blocks the sequences
+    /// hold are touched (the rest of the pool stays NaN).
+    #[test]
+    fn paged_attention_follows_each_sequences_block_table() {
+        let paging = Paging { block_size: 4, blocks_per_seq: 5 };
+        for (window, softcap, cache) in [(None, None, ElemType::F32), (Some(6), Some(3.0), ElemType::F32), (None, None, ElemType::F16)] {
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len: 20, softcap, causal: true, cache };
+            let (kvw, qw, hd) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize, shape.head_dim as usize);
+            let group = (shape.heads / shape.kv_heads) as usize;
+            let lens = [5usize, 13, 3];
+            // Each sequence's blocks, scattered over a pool of 12.
+            let tables: Vec<Vec<i32>> = vec![vec![7, 2], vec![0, 11, 5, 9], vec![4]];
+            let pool = 12usize;
+            // Rows: the three sequences' positions, round robin.
+            let mut rows: Vec<(usize, usize)> = Vec::new();
+            for p in 0..*lens.iter().max().unwrap() {
+                for (s, &n) in lens.iter().enumerate() {
+                    if p < n {
+                        rows.push((s, p));
+                    }
+                }
+            }
+            let n = rows.len();
+            let (q, k, v) = (rand(n * qw, 11), rand(n * kvw, 12), rand(n * kvw, 13));
+            let bs = paging.block_size as usize;
+            let slots: Vec<i32> = rows.iter().map(|&(s, p)| tables[s][p / bs] * bs as i32 + (p % bs) as i32).collect();
+            let seqs: Vec<i32> = rows.iter().map(|&(s, _)| s as i32).collect();
+            let pos: Vec<i32> = rows.iter().map(|&(_, p)| p as i32).collect();
+            let mut flat = vec![0i32; 3 * paging.blocks_per_seq as usize];
+            for (s, t) in tables.iter().enumerate() {
+                flat[s * 5..s * 5 + t.len()].copy_from_slice(t);
+            }
+            let elems = pool * paging.block_elems(shape.kv_heads, shape.head_dim) as usize;
+            let half = cache == ElemType::F16;
+            let poisoned = || if half { Buffer::F16(vec![::half::f16::NAN.to_bits(); elems]) } else { Buffer::F32(vec![f32::NAN; elems]) };
+            let mut bufs = vec![Buffer::F32(k.clone()), Buffer::F32(v.clone()), Buffer::I32(slots), poisoned(), poisoned()];
+            run(&kv_store_paged(shape.kv_heads, shape.head_dim, paging, cache), &mut bufs, n as u64);
+            let vc = bufs.pop().unwrap();
+            let kc = bufs.pop().unwrap();
+            // Blocks no sequence holds are untouched.
+            let block = paging.block_elems(shape.kv_heads, shape.head_dim) as usize;
+            for b in [1, 3, 6, 8, 10] {
+                let untouched = match &kc {
+                    Buffer::F32(x) => x[b * block..(b + 1) * block].iter().all(|x| x.is_nan()),
+                    Buffer::F16(x) => x[b * block..(b + 1) * block].iter().all(|&h| ::half::f16::from_bits(h).is_nan()),
+                    _ => unreachable!(),
+                };
+                assert!(untouched, "block {b} was written");
+            }
+            let cached = |x: &[f32]| -> Vec<f32> { x.iter().map(|&x| if half { ::half::f16::from_f32(x).to_f32() } else { x }).collect() };
+            let (k, v) = (cached(&k), cached(&v));
+            // Whole attention, and split attention merged by the combine.
+            let scratch = Buffer::F32(vec![f32::NAN; n * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
+            let mut b1 = vec![Buffer::F32(q.clone()), Buffer::I32(pos.clone()), Buffer::I32(seqs.clone()), Buffer::I32(flat.clone()), kc.clone(), vc.clone(), scratch, Buffer::F32(vec![0.0; n * qw])];
+            run(&attention_paged(shape, paging, None), &mut b1, n as u64);
+            let splits = 3;
+            let scratch = Buffer::F32(vec![f32::NAN; n * shape.split_scratch_per_token(splits) as usize]);
+            let partials = Buffer::F32(vec![f32::NAN; n * shape.partials_per_token(splits) as usize]);
+            let mut b2 = vec![Buffer::F32(q.clone()), Buffer::I32(pos.clone()), Buffer::I32(seqs), Buffer::I32(flat), kc, vc, scratch, partials];
+            run(&attention_paged(shape, paging, Some(splits)), &mut b2, n as u64);
+            let mut b3 = vec![b2.swap_remove(7), Buffer::I32(pos), Buffer::F32(vec![f32::NAN; n * qw])];
+            run(&attention_combine(shape, splits, SeqMode::Dynamic), &mut b3, n as u64);
+            for got in [&b1[7], &b3[2]] {
+                let Buffer::F32(got) = got else { unreachable!() };
+                for (r, &(s, p)) in rows.iter().enumerate() {
+                    // This sequence's rows up to position p, in position order.
+                    let mine: Vec<usize> = (0..=p).map(|j| rows.iter().position(|&x| x == (s, j)).unwrap()).collect();
+                    let from = window.map_or(0, |w| (p + 1).saturating_sub(w as usize));
+                    for h in 0..shape.heads as usize {
+                        let kvh = h / group;
+                        let keys: Vec<&[f32]> = mine[from..].iter().map(|&j| &k[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
+                        let vals: Vec<&[f32]> = mine[from..].iter().map(|&j| &v[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
+                        let want = naive(&q[r * qw + h * hd..r * qw + h * hd + hd], &keys, &vals, shape.scale, softcap);
+                        close(&got[r * qw + h * hd..r * qw + h * hd + hd], &want, 1e-5);
+                    }
+                }
             }
         }
     }

@@ -19,7 +19,10 @@
 //!   `maxrun --prompt` and `--chat`: the single-stream plans are the fastest way
 //!   to run one sequence.
 
+pub mod batch;
+pub mod blocks;
 pub mod generation;
+pub mod scheduler;
 pub mod serial;
 pub mod text;
 
@@ -86,6 +89,8 @@ pub enum SubmitError {
     BadToken { id: u32, vocab: u64 },
     #[error("prompt is too long: {tokens} tokens exceeds the maximum context length of {max} tokens")]
     PromptTooLong { tokens: usize, max: usize },
+    #[error("{0}")]
+    Batch(#[from] scheduler::AddError),
 }
 
 /// Why a step failed.
@@ -128,6 +133,7 @@ struct Active {
 
 enum Backend<'a> {
     Serial(serial::Serial<'a>),
+    Batched(Box<batch::Batched<'a>>),
 }
 
 /// The engine over one artifact.
@@ -158,6 +164,18 @@ impl<'a> Engine<'a> {
         Engine::with_backend(artifact, Backend::Serial(serial::Serial::new(runner)), tokenizer)
     }
 
+    /// An engine that batches requests over the artifact's batch plans on the
+    /// CPU, with a KV pool of `kv_bytes` bytes (`None`: [`batch::default_kv_bytes`]).
+    pub fn batched(artifact: &'a Artifact, threads: usize, kv_bytes: Option<u64>, tokenizer: Tokenizer) -> Result<Engine<'a>, batch::BatchError> {
+        let b = batch::Batched::new(artifact, threads, kv_bytes)?;
+        Ok(Engine::with_backend(artifact, Backend::Batched(Box::new(b)), tokenizer))
+    }
+
+    /// Whether steps run many requests together.
+    pub fn is_batched(&self) -> bool {
+        matches!(self.backend, Backend::Batched(_))
+    }
+
     fn with_backend(artifact: &'a Artifact, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
         Engine { backend, tokenizer, artifact, requests: HashMap::new(), next_id: 1, stats: Stats::default() }
     }
@@ -174,6 +192,27 @@ impl<'a> Engine<'a> {
     pub fn runner(&mut self) -> Option<&mut crate::runner::Runner<'a>> {
         match &mut self.backend {
             Backend::Serial(s) => Some(s.runner()),
+            Backend::Batched(_) => None,
+        }
+    }
+
+    /// Times every launch (the batched backend's; the serial one's through its runner).
+    pub fn enable_profile(&mut self) {
+        match &mut self.backend {
+            Backend::Serial(s) => {
+                if let Some(cpu) = s.runner().cpu() {
+                    cpu.enable_profile();
+                }
+            }
+            Backend::Batched(b) => b.enable_profile(),
+        }
+    }
+
+    /// The kernels' times so far, slowest first (empty unless profiling on the CPU).
+    pub fn profile(&mut self) -> Vec<crate::session::ProfileRow> {
+        match &mut self.backend {
+            Backend::Serial(s) => s.runner().cpu().map(|c| c.profile()).unwrap_or_default(),
+            Backend::Batched(b) => b.profile(),
         }
     }
 
@@ -181,6 +220,7 @@ impl<'a> Engine<'a> {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Serial(s) => s.describe(),
+            Backend::Batched(b) => b.describe(),
         }
     }
 
@@ -200,6 +240,7 @@ impl<'a> Engine<'a> {
         let id = self.next_id;
         match &mut self.backend {
             Backend::Serial(s) => s.add(id, &request),
+            Backend::Batched(b) => b.add(id, &request)?,
         }
         self.next_id += 1;
         let generation = Generation::new(&request.prompt, request.params, &h.tokenizer.eos_token_ids, max_length);
@@ -215,6 +256,7 @@ impl<'a> Engine<'a> {
         }
         match &mut self.backend {
             Backend::Serial(s) => s.remove(id),
+            Backend::Batched(b) => b.remove(id),
         }
         true
     }
@@ -236,6 +278,7 @@ impl<'a> Engine<'a> {
                 s.waiting = b.waiting();
                 s.running = usize::from(b.busy());
             }
+            Backend::Batched(b) => b.fill_stats(&mut s),
         }
         s
     }
@@ -254,6 +297,7 @@ impl<'a> Engine<'a> {
         }
         let output = match &mut self.backend {
             Backend::Serial(s) => s.step()?,
+            Backend::Batched(b) => b.step()?,
         };
         self.stats.steps += 1;
         self.stats.prompt_rows += output.prompt_rows as u64;
@@ -276,6 +320,7 @@ impl<'a> Engine<'a> {
                 Some(_) => self.finish(out.id, &mut events)?,
                 None => match &mut self.backend {
                     Backend::Serial(s) => s.append(out.id, sampled.token),
+                    Backend::Batched(b) => b.append(out.id, sampled.token),
                 },
             }
         }
@@ -287,6 +332,7 @@ impl<'a> Engine<'a> {
         let Some(mut active) = self.requests.remove(&id) else { return Ok(()) };
         match &mut self.backend {
             Backend::Serial(s) => s.finish(id),
+            Backend::Batched(b) => b.remove(id),
         }
         let g = &mut active.generation;
         let text = g.finish_text(&self.tokenizer)?;

@@ -1,0 +1,551 @@
+//! Continuous batching: which rows each step of the batched engine runs.
+//!
+//! Sequences join and leave between steps. A step is filled in this order,
+//! within the artifact's limits (rows per step, sequences per step, rows whose
+//! logits come back) and a cap on prompt rows per step, so that one long prompt
+//! cannot stall the others' decoding:
+//!
+//! 1. every running sequence with one token left to compute (a decode row),
+//!    oldest first;
+//! 2. the next chunk of each running sequence still in its prompt (chunked
+//!    prefill), oldest first;
+//! 3. waiting sequences, first come first served, while the step has room: each
+//!    first takes the cached blocks of its longest cached prefix, then a chunk of
+//!    what is left.
+//!
+//! Positions live in blocks of the [`BlockPool`]. A decode row that needs a new
+//! block when none is free preempts the newest running sequence: its blocks are
+//! given back (its full blocks stay cached, so its prefix is likely still there
+//! when it runs again), and it goes back to the front of the queue to compute
+//! its tokens again (vLLM's preemption by recomputation). Prompt chunks never
+//! preempt; they shrink to the blocks there are, or wait.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::blocks::{chain_hash, BlockHash, BlockId, BlockPool};
+
+/// A sequence's id (the engine's request id).
+pub type SeqId = u64;
+
+/// What the artifact's batch plans and the pool allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Entries of a block table: blocks one sequence can hold.
+    pub blocks_per_sequence: usize,
+    /// Rows per step (the mixed plan's rows).
+    pub max_rows: usize,
+    /// Sequences per step, and running sequences at once.
+    pub max_sequences: usize,
+    /// Rows whose logits come back per step.
+    pub max_logit_rows: usize,
+    /// Prompt rows per step.
+    pub max_prompt_rows: usize,
+}
+
+/// Why a sequence was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddError {
+    #[error("the prompt is empty")]
+    Empty,
+    #[error("{tokens} tokens need {blocks} KV blocks of {block_size} positions, more than a sequence can hold ({max})")]
+    TooLong { tokens: usize, blocks: usize, block_size: usize, max: usize },
+    #[error("{tokens} tokens need {blocks} KV blocks of {block_size} positions, but the KV pool has {capacity}; give the engine more KV cache memory")]
+    PoolTooSmall { tokens: usize, blocks: usize, block_size: usize, capacity: usize },
+    #[error("a sequence with id {0} is already scheduled")]
+    Duplicate(SeqId),
+}
+
+struct Sequence {
+    /// The prompt, then every token generated so far.
+    tokens: Vec<u32>,
+    /// Positions whose keys and values are in the cache.
+    computed: usize,
+    blocks: Vec<BlockId>,
+    /// The keys of the first blocks (full and computed), a chain.
+    keys: Vec<BlockHash>,
+    /// Logits of every position come back (tests), not just the next token's.
+    all_logits: bool,
+    /// When it was last admitted: the newest is preempted first.
+    admitted: u64,
+    /// Prompt positions it found in the prefix cache when last admitted.
+    cached: usize,
+}
+
+impl Sequence {
+    fn remaining(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+}
+
+/// One row of a step: a token at a position of a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub token: u32,
+    pub position: u32,
+    /// Where its key and value go: block `slot / block_size`, offset `slot % block_size`.
+    pub slot: u32,
+    /// Its sequence's index in [`Step::seqs`] (and row of [`Step::tables`]).
+    pub seq: u32,
+}
+
+/// A row whose logits come back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogitRow {
+    pub seq: SeqId,
+    pub position: usize,
+    /// The sequence's last token: its logits give the next token.
+    pub next: bool,
+}
+
+/// The work of one step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    pub rows: Vec<Row>,
+    pub seqs: Vec<SeqId>,
+    /// Per sequence of the step, its block table: `blocks_per_sequence` entries
+    /// (those past its blocks are 0).
+    pub tables: Vec<i32>,
+    /// Indices into `rows` whose logits come back, with what they are.
+    pub logit_rows: Vec<u32>,
+    pub outputs: Vec<LogitRow>,
+    /// Every row is a sequence's only remaining token.
+    pub decode_only: bool,
+    /// Rows of prompts (or of recomputation after a preemption).
+    pub prompt_rows: usize,
+}
+
+/// The scheduler: the pool, the queue and the running sequences.
+pub struct Scheduler {
+    limits: Limits,
+    pub pool: BlockPool,
+    seqs: HashMap<SeqId, Sequence>,
+    waiting: VecDeque<SeqId>,
+    /// In admission order.
+    running: Vec<SeqId>,
+    admissions: u64,
+    /// Sequences preempted so far.
+    pub preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(limits: Limits, blocks: usize) -> Scheduler {
+        assert!(limits.max_sequences > 0 && limits.max_rows >= limits.max_sequences && limits.max_logit_rows >= limits.max_sequences && limits.max_prompt_rows > 0);
+        Scheduler { limits, pool: BlockPool::new(blocks, limits.block_size), seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), admissions: 0, preemptions: 0 }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Queues a sequence of `tokens` (its prompt).
+    pub fn add(&mut self, id: SeqId, tokens: Vec<u32>, all_logits: bool) -> Result<(), AddError> {
+        if tokens.is_empty() {
+            return Err(AddError::Empty);
+        }
+        if self.seqs.contains_key(&id) {
+            return Err(AddError::Duplicate(id));
+        }
+        let bs = self.limits.block_size;
+        let blocks = tokens.len().div_ceil(bs);
+        if blocks > self.limits.blocks_per_sequence {
+            return Err(AddError::TooLong { tokens: tokens.len(), blocks, block_size: bs, max: self.limits.blocks_per_sequence });
+        }
+        if blocks > self.pool.capacity() {
+            return Err(AddError::PoolTooSmall { tokens: tokens.len(), blocks, block_size: bs, capacity: self.pool.capacity() });
+        }
+        self.seqs.insert(id, Sequence { tokens, computed: 0, blocks: vec![], keys: vec![], all_logits, admitted: 0, cached: 0 });
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Appends a generated token to a sequence (computed by a later step).
+    pub fn append(&mut self, id: SeqId, token: u32) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.tokens.push(token);
+        }
+    }
+
+    /// Whether `id` can take one more token: its blocks would still fit a table.
+    pub fn can_grow(&self, id: SeqId) -> bool {
+        self.seqs.get(&id).is_some_and(|s| s.tokens.len() < self.limits.blocks_per_sequence * self.limits.block_size)
+    }
+
+    /// Ends a sequence (finished or cancelled) and gives its blocks back.
+    pub fn remove(&mut self, id: SeqId) -> bool {
+        let Some(s) = self.seqs.remove(&id) else { return false };
+        for b in s.blocks {
+            self.pool.release(b);
+        }
+        self.waiting.retain(|&w| w != id);
+        self.running.retain(|&r| r != id);
+        true
+    }
+
+    /// Sequences waiting to be admitted (preempted ones included).
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences admitted and holding blocks.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether any sequence is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// Positions of `id` that came from the prefix cache when it was last admitted.
+    pub fn cached_tokens(&self, id: SeqId) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.cached)
+    }
+
+    /// The tokens of a sequence (prompt and generated).
+    pub fn tokens(&self, id: SeqId) -> Option<&[u32]> {
+        self.seqs.get(&id).map(|s| s.tokens.as_slice())
+    }
+
+    /// Gives back every block of `id` and puts it at the front of the queue.
+    fn preempt(&mut self, id: SeqId) {
+        let s = self.seqs.get_mut(&id).expect("a running sequence");
+        for b in s.blocks.drain(..) {
+            self.pool.release(b);
+        }
+        s.keys.clear();
+        s.computed = 0;
+        self.running.retain(|&r| r != id);
+        self.waiting.push_front(id);
+        self.preemptions += 1;
+    }
+
+    /// Makes sure `id` holds the blocks for its first `upto` positions, taking
+    /// free ones; `None` if the pool has too few.
+    fn reserve(&mut self, id: SeqId, upto: usize) -> Option<()> {
+        let need = upto.div_ceil(self.limits.block_size);
+        let s = self.seqs.get(&id).expect("a scheduled sequence");
+        let more = need.saturating_sub(s.blocks.len());
+        if more > self.pool.available() {
+            return None;
+        }
+        let taken: Vec<BlockId> = (0..more).map(|_| self.pool.allocate().expect("counted above")).collect();
+        self.seqs.get_mut(&id).expect("a scheduled sequence").blocks.extend(taken);
+        Some(())
+    }
+
+    /// The positions `id` can cover with the blocks it holds plus those free.
+    fn coverable(&self, id: SeqId) -> usize {
+        let s = &self.seqs[&id];
+        (s.blocks.len() + self.pool.available()) * self.limits.block_size
+    }
+
+    /// Forms the next step; `None` when there is nothing to run.
+    pub fn schedule(&mut self) -> Option<Step> {
+        let l = self.limits;
+        let mut plan: Vec<(SeqId, usize)> = Vec::new();
+        let (mut rows_left, mut logits_left) = (l.max_rows, l.max_logit_rows);
+        // 1. Decode rows, oldest first; a missing block preempts the newest.
+        let order = self.running.clone();
+        for id in order {
+            if !self.running.contains(&id) || self.seqs[&id].remaining() != 1 {
+                continue;
+            }
+            if plan.len() == l.max_sequences || rows_left == 0 || logits_left == 0 {
+                break;
+            }
+            loop {
+                let upto = self.seqs[&id].computed + 1;
+                if self.reserve(id, upto).is_some() {
+                    plan.push((id, 1));
+                    rows_left -= 1;
+                    logits_left -= 1;
+                    break;
+                }
+                let victim = self.running.iter().copied().filter(|r| !plan.iter().any(|p| p.0 == *r)).max_by_key(|r| self.seqs[r].admitted).expect("the sequence itself is running");
+                self.preempt(victim);
+                if victim == id {
+                    break;
+                }
+            }
+        }
+        // 2. Prompt chunks of running sequences, then 3. admissions, in what
+        // the decode rows left of the step.
+        let mut prompt_left = rows_left.min(l.max_prompt_rows);
+        let order = self.running.clone();
+        for id in order {
+            if prompt_left == 0 || logits_left == 0 {
+                break;
+            }
+            if plan.iter().any(|p| p.0 == id) || self.seqs[&id].remaining() <= 1 {
+                continue;
+            }
+            if let Some(n) = self.chunk(id, prompt_left, logits_left) {
+                prompt_left -= n;
+                logits_left -= self.logits_of(id, n);
+                plan.push((id, n));
+            }
+        }
+        while prompt_left > 0 && logits_left > 0 && self.running.len() < l.max_sequences && plan.len() < l.max_sequences {
+            let Some(&id) = self.waiting.front() else { break };
+            // The longest cached prefix, leaving at least one token to compute
+            // (its logits are what the sequence needs next).
+            let s = &self.seqs[&id];
+            let (blocks, keys) = self.pool.take_prefix(&s.tokens, (s.tokens.len() - 1) / l.block_size);
+            let s = self.seqs.get_mut(&id).expect("waiting");
+            s.computed = blocks.len() * l.block_size;
+            s.cached = s.computed;
+            s.blocks = blocks;
+            s.keys = keys;
+            match self.chunk(id, prompt_left, logits_left) {
+                Some(n) => {
+                    self.waiting.pop_front();
+                    self.admissions += 1;
+                    self.seqs.get_mut(&id).expect("admitted").admitted = self.admissions;
+                    self.running.push(id);
+                    prompt_left -= n;
+                    logits_left -= self.logits_of(id, n);
+                    plan.push((id, n));
+                }
+                None => {
+                    // Not even one block: it stays first in line, its prefix given back.
+                    let s = self.seqs.get_mut(&id).expect("waiting");
+                    let blocks = std::mem::take(&mut s.blocks);
+                    s.keys.clear();
+                    s.computed = 0;
+                    for b in blocks {
+                        self.pool.release(b);
+                    }
+                    break;
+                }
+            }
+        }
+        if plan.is_empty() {
+            return None;
+        }
+        Some(self.build(&plan))
+    }
+
+    /// Rows with logits among the next `n` rows of `id`.
+    fn logits_of(&self, id: SeqId, n: usize) -> usize {
+        let s = &self.seqs[&id];
+        if s.all_logits {
+            n
+        } else {
+            usize::from(n == s.remaining())
+        }
+    }
+
+    /// The next chunk of `id`: at most `rows` rows (and `logits` rows with logits
+    /// for an all-logits sequence), shrunk to the blocks it can get, which it
+    /// takes. `None` when not one row fits.
+    fn chunk(&mut self, id: SeqId, rows: usize, logits: usize) -> Option<usize> {
+        let s = &self.seqs[&id];
+        let mut n = s.remaining().min(rows);
+        if s.all_logits {
+            n = n.min(logits);
+        }
+        let start = s.computed;
+        n = n.min(self.coverable(id).saturating_sub(start));
+        if n == 0 {
+            return None;
+        }
+        self.reserve(id, start + n).expect("fits what is coverable");
+        Some(n)
+    }
+
+    fn build(&self, plan: &[(SeqId, usize)]) -> Step {
+        let l = self.limits;
+        let mut step = Step { decode_only: true, ..Step::default() };
+        for (index, &(id, n)) in plan.iter().enumerate() {
+            let s = &self.seqs[&id];
+            step.seqs.push(id);
+            let mut table = vec![0i32; l.blocks_per_sequence];
+            for (t, &b) in table.iter_mut().zip(&s.blocks) {
+                *t = b as i32;
+            }
+            step.tables.extend(table);
+            if n != 1 || s.remaining() != 1 {
+                step.decode_only = false;
+                step.prompt_rows += n;
+            }
+            for p in s.computed..s.computed + n {
+                let last = p + 1 == s.tokens.len();
+                if s.all_logits || last {
+                    step.logit_rows.push(step.rows.len() as u32);
+                    step.outputs.push(LogitRow { seq: id, position: p, next: last });
+                }
+                let slot = s.blocks[p / l.block_size] as usize * l.block_size + p % l.block_size;
+                step.rows.push(Row { token: s.tokens[p], position: p as u32, slot: slot as u32, seq: index as u32 });
+            }
+        }
+        step
+    }
+
+    /// Records that `step` ran: its rows are in the cache, and its sequences'
+    /// newly full blocks join the prefix cache.
+    pub fn complete(&mut self, step: &Step) {
+        let bs = self.limits.block_size;
+        let mut rows = vec![0usize; step.seqs.len()];
+        for r in &step.rows {
+            rows[r.seq as usize] += 1;
+        }
+        for (&id, &n) in step.seqs.iter().zip(&rows) {
+            // A sequence removed or preempted since is not advanced.
+            let Some(s) = self.seqs.get_mut(&id) else { continue };
+            if !self.running.contains(&id) {
+                continue;
+            }
+            s.computed += n;
+            while s.keys.len() < s.computed / bs {
+                let b = s.keys.len();
+                let key = chain_hash(s.keys.last().copied(), &s.tokens[b * bs..(b + 1) * bs]);
+                self.pool.register(s.blocks[b], key);
+                s.keys.push(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits { block_size: 4, blocks_per_sequence: 8, max_rows: 16, max_sequences: 4, max_logit_rows: 4, max_prompt_rows: 8 }
+    }
+
+    /// Runs steps until `id` has no token left to compute, appending `next` each
+    /// time the sequence's next token is due; returns the steps.
+    fn drive(s: &mut Scheduler, steps: usize, next: u32) -> Vec<Step> {
+        let mut out = Vec::new();
+        for _ in 0..steps {
+            let Some(step) = s.schedule() else { break };
+            s.complete(&step);
+            for o in step.outputs.iter().filter(|o| o.next) {
+                s.append(o.seq, next);
+            }
+            out.push(step);
+        }
+        out
+    }
+
+    #[test]
+    fn a_prompt_runs_in_chunks_then_decodes() {
+        let mut s = Scheduler::new(limits(), 16);
+        s.add(1, (0..20).collect(), false).unwrap();
+        let steps = drive(&mut s, 4, 99);
+        // 20 prompt tokens at 8 per step: 8, 8, 4 (the last chunk ends the prompt
+        // and returns its last row's logits), then a decode row.
+        assert_eq!(steps.iter().map(|st| st.rows.len()).collect::<Vec<_>>(), vec![8, 8, 4, 1]);
+        assert_eq!(steps.iter().map(|st| st.logit_rows.clone()).collect::<Vec<_>>(), vec![vec![], vec![], vec![3], vec![0]]);
+        assert!(steps[3].decode_only && !steps[2].decode_only);
+        assert_eq!(steps[3].rows[0], Row { token: 99, position: 20, slot: steps[3].rows[0].slot, seq: 0 });
+        // Slots follow the block table.
+        for st in &steps {
+            for r in &st.rows {
+                let table = &st.tables[r.seq as usize * 8..][..8];
+                assert_eq!(r.slot as usize, table[r.position as usize / 4] as usize * 4 + r.position as usize % 4);
+            }
+        }
+    }
+
+    #[test]
+    fn decodes_come_first_and_prompts_share_what_is_left() {
+        let mut s = Scheduler::new(limits(), 32);
+        s.add(1, vec![1, 2], false).unwrap();
+        drive(&mut s, 1, 7);
+        s.add(2, (0..30).collect(), false).unwrap();
+        s.add(3, vec![5; 3], false).unwrap();
+        let st = s.schedule().unwrap();
+        // Sequence 1's decode row, then 8 prompt rows of sequence 2 (the cap);
+        // sequence 3 waits for the next step.
+        assert_eq!(st.seqs, vec![1, 2]);
+        assert_eq!(st.rows.len(), 9);
+        assert_eq!(st.prompt_rows, 8);
+        s.complete(&st);
+        assert_eq!(s.waiting(), 1);
+    }
+
+    #[test]
+    fn a_shared_prefix_is_computed_once() {
+        let mut s = Scheduler::new(limits(), 32);
+        let prefix: Vec<u32> = (100..112).collect();
+        s.add(1, [prefix.clone(), vec![1, 2]].concat(), false).unwrap();
+        drive(&mut s, 3, 0);
+        // Three full blocks of the first prompt are cached; the second prompt
+        // takes them and computes only its own two tokens.
+        s.add(2, [prefix, vec![3, 4]].concat(), false).unwrap();
+        let st = s.schedule().unwrap();
+        let rows: Vec<_> = st.rows.iter().filter(|r| st.seqs[r.seq as usize] == 2).collect();
+        assert_eq!(rows.iter().map(|r| r.position).collect::<Vec<_>>(), vec![12, 13]);
+        assert_eq!(s.pool.stats.hit_blocks, 3);
+        assert_eq!(&st.tables[st.seqs.iter().position(|&x| x == 2).unwrap() * 8..][..3], &st.tables[st.seqs.iter().position(|&x| x == 1).unwrap() * 8..][..3]);
+    }
+
+    #[test]
+    fn a_whole_cached_prompt_still_computes_its_last_token() {
+        let mut s = Scheduler::new(limits(), 32);
+        s.add(1, (0..8).collect(), false).unwrap();
+        drive(&mut s, 1, 0);
+        s.add(2, (0..8).collect(), false).unwrap();
+        let st = s.schedule().unwrap();
+        let mine: Vec<u32> = st.rows.iter().filter(|r| st.seqs[r.seq as usize] == 2).map(|r| r.position).collect();
+        assert_eq!(mine, vec![4, 5, 6, 7], "block 0 is reused, block 1 holds the last token and is computed");
+    }
+
+    #[test]
+    fn a_full_pool_preempts_the_newest_and_it_recomputes_later() {
+        // Two blocks of 4: two sequences of 4-token prompts fill them; the first
+        // decode row needs a third block, so the newest sequence is preempted.
+        let mut s = Scheduler::new(limits(), 2);
+        s.add(1, vec![1; 4], false).unwrap();
+        s.add(2, vec![2; 4], false).unwrap();
+        drive(&mut s, 1, 9);
+        assert_eq!(s.running(), 2);
+        let st = s.schedule().unwrap();
+        assert_eq!(s.preemptions, 1);
+        assert_eq!(st.seqs, vec![1], "sequence 1 decodes; sequence 2 went back to the queue");
+        assert_eq!(s.waiting(), 1);
+        s.complete(&st);
+        // Once sequence 1 ends, sequence 2 runs again from its first token,
+        // including the token it had generated.
+        s.remove(1);
+        let st = s.schedule().unwrap();
+        assert_eq!(st.rows.iter().map(|r| r.token).collect::<Vec<_>>(), vec![2, 2, 2, 2, 9]);
+        assert_eq!(st.outputs, vec![LogitRow { seq: 2, position: 4, next: true }]);
+    }
+
+    #[test]
+    fn removing_a_sequence_frees_its_blocks_at_once() {
+        let mut s = Scheduler::new(limits(), 8);
+        s.add(1, (0..10).collect(), false).unwrap();
+        drive(&mut s, 2, 0);
+        assert_eq!(s.pool.used(), 3);
+        assert!(s.remove(1));
+        assert_eq!(s.pool.used(), 0);
+        assert!(!s.has_work());
+        assert!(!s.remove(1));
+    }
+
+    #[test]
+    fn impossible_sequences_are_refused() {
+        let mut s = Scheduler::new(limits(), 2);
+        assert_eq!(s.add(1, vec![], false), Err(AddError::Empty));
+        assert!(matches!(s.add(1, vec![0; 33], false), Err(AddError::TooLong { blocks: 9, max: 8, .. })));
+        assert!(matches!(s.add(1, vec![0; 9], false), Err(AddError::PoolTooSmall { blocks: 3, capacity: 2, .. })));
+        s.add(1, vec![0; 3], false).unwrap();
+        assert_eq!(s.add(1, vec![0; 3], false), Err(AddError::Duplicate(1)));
+    }
+
+    #[test]
+    fn all_logits_sequences_get_every_row_within_the_logit_rows() {
+        let mut s = Scheduler::new(limits(), 8);
+        s.add(1, (0..6).collect(), true).unwrap();
+        let steps = drive(&mut s, 2, 0);
+        // 4 logit rows per step at most: the 6 rows run as 4 + 2.
+        assert_eq!(steps[0].outputs.iter().map(|o| (o.position, o.next)).collect::<Vec<_>>(), vec![(0, false), (1, false), (2, false), (3, false)]);
+        assert_eq!(steps[1].outputs.iter().map(|o| (o.position, o.next)).collect::<Vec<_>>(), vec![(4, false), (5, true)]);
+    }
+}

@@ -1,0 +1,296 @@
+//! The batched engine (runtime-stub/src/engine/batch.rs) against the goldens and
+//! against single-stream runs of the same artifact: prompts that run together,
+//! joined at different steps, get the logits and greedy texts they get alone;
+//! concurrent requests with random arrivals and cancellations complete with
+//! their single-stream texts; a full KV pool preempts and still gives the same
+//! texts; a shared prefix is computed once.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use maxc_tests::*;
+use maxrun::artifact::Artifact;
+use maxrun::engine::{load_tokenizer, Engine, Event, GenerationParams, Request, RequestId};
+use maxrun::runner::{Device, Runner};
+
+fn float32_artifact(name: &str) -> PathBuf {
+    let model = if name == "smollm2-135m" { smollm2_gguf() } else { fixture(name) };
+    compile_model(&format!("batch-{name}"), &model, &["--quantization-encoding", "float32"])
+}
+
+fn greedy(max_tokens: usize, ignore_eos: bool) -> GenerationParams {
+    GenerationParams { max_tokens, ignore_eos, ..GenerationParams::default() }
+}
+
+/// What one request produced.
+#[derive(Default, Debug)]
+struct Outcome {
+    logits: HashMap<usize, Vec<f32>>,
+    tokens: Vec<u32>,
+    text: String,
+    finished: bool,
+}
+
+/// Steps `engine` until every request has finished, submitting `later[k]` after
+/// step `later[k].0`; returns each request's outcome by submission index.
+fn run_all(engine: &mut Engine<'_>, first: Vec<Request>, later: Vec<(usize, Request)>) -> Vec<Outcome> {
+    let mut ids: Vec<RequestId> = first.into_iter().map(|r| engine.submit(r).unwrap()).collect();
+    let mut later = later.into_iter().peekable();
+    let mut out: HashMap<RequestId, Outcome> = HashMap::new();
+    let mut step = 0;
+    while engine.has_work() || later.peek().is_some() {
+        while let Some((_, r)) = later.next_if(|(at, _)| *at <= step) {
+            ids.push(engine.submit(r).unwrap());
+        }
+        for e in engine.step().unwrap() {
+            match e {
+                Event::Logits { id, position, logits } => {
+                    out.entry(id).or_default().logits.insert(position, logits);
+                }
+                Event::Token { id, token, text, .. } => {
+                    let o = out.entry(id).or_default();
+                    o.tokens.push(token);
+                    o.text.push_str(&text);
+                }
+                Event::Finished { id, text, .. } => {
+                    let o = out.entry(id).or_default();
+                    o.text.push_str(&text);
+                    o.finished = true;
+                }
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "the engine does not finish");
+    }
+    ids.into_iter().map(|id| out.remove(&id).unwrap_or_default()).collect()
+}
+
+/// The golden prompts of a fixture run as one batch (the second joins after one
+/// step, the third after three) with every prompt logit returned, then 24 greedy
+/// tokens each.
+fn check_batch_against_golden_and_single(name: &str) {
+    let mef = float32_artifact(name);
+    let artifact = Artifact::open(&mef).unwrap();
+    let golden = golden(name);
+    let cases = cases(&golden);
+    // As the goldens were generated: EOS suppressed on the arch-* fixtures.
+    let ignore_eos = name.starts_with("arch-");
+    let request = |c: &serde_json::Value| Request { prompt: ids(&c["input_ids"]), params: greedy(ids(&c["greedy_ids"]).len(), ignore_eos), all_logits: true };
+    let mut batched = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let later: Vec<(usize, Request)> = cases.iter().enumerate().skip(1).map(|(i, c)| (2 * i - 1, request(c))).collect();
+    let together = run_all(&mut batched, vec![request(&cases[0])], later);
+    let (runner, _) = Runner::open(&artifact, 2, Device::Cpu).unwrap();
+    let mut serial = Engine::serial(&artifact, runner, load_tokenizer(&artifact).unwrap());
+    for (i, (case, got)) in cases.iter().zip(&together).enumerate() {
+        let what = format!("{name} case {i}");
+        let prompt = ids(&case["input_ids"]);
+        let (shape, gold) = golden_logits(name, case);
+        let vocab = shape[1];
+        assert_eq!(got.logits.len(), prompt.len(), "{what}: a logits row for every prompt position");
+        let ours: Vec<f32> = (0..prompt.len()).flat_map(|p| got.logits[&p].clone()).collect();
+        assert_logits_close(&format!("{what} batched vs golden"), &ours, &gold);
+        let alone = &run_all(&mut serial, vec![request(case)], vec![])[0];
+        let single: Vec<f32> = (0..prompt.len()).flat_map(|p| alone.logits[&p].clone()).collect();
+        assert_logits_close(&format!("{what} batched vs alone"), &ours, &single);
+        assert_eq!(ours.len(), prompt.len() * vocab);
+        assert_greedy_prefix(&what, &got.tokens, &ids(&case["greedy_ids"]));
+        assert_eq!(got.tokens, alone.tokens, "{what}: greedy ids batched and alone");
+        assert_eq!(got.text, alone.text, "{what}: text");
+        assert!(got.finished, "{what}");
+    }
+    let s = batched.stats();
+    assert_eq!((s.running, s.waiting, s.kv_blocks_used), (0, 0, 0), "{name}: every block given back: {s:?}");
+}
+
+#[test]
+fn batched_prompts_match_golden_and_single_stream_on_every_fixture() {
+    for name in ["tiny-llama", "tiny-qwen2", "arch-qwen3", "arch-gemma2", "arch-phi3", "arch-granite", "arch-olmo2", "arch-gpt2", "smollm2-135m"] {
+        check_batch_against_golden_and_single(name);
+    }
+}
+
+
+/// SmolLM2 as the README's manifest compiles it (Q4_1 blocks, int16
+/// activations, f16 KV cache), with `extra` flags.
+fn smollm2_default(tag: &str, extra: &[&str]) -> PathBuf {
+    compile_model(tag, &smollm2_gguf(), extra)
+}
+
+const PROMPTS: [&str; 16] = [
+    "Once upon a time, there was a little robot",
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "In 1969, astronauts",
+    "A recipe for pancakes: first,",
+    "Photosynthesis is the process by which",
+    "The quick brown fox",
+    "My favourite book is",
+    "Water boils at",
+    "List three animals that live in the ocean:",
+    "The meaning of life is",
+    "To be or not to be,",
+    "Rust is a programming language that",
+    "The best way to learn a language is",
+];
+
+fn tokens(artifact: &Artifact, text: &str) -> Vec<u32> {
+    load_tokenizer(artifact).unwrap().encode(text, false).unwrap().get_ids().to_vec()
+}
+
+/// Each prompt alone through the serial engine (the single-stream plans).
+fn alone(artifact: &Artifact, requests: &[Request]) -> Vec<Outcome> {
+    let (runner, _) = Runner::open(artifact, 2, Device::Cpu).unwrap();
+    let mut serial = Engine::serial(artifact, runner, load_tokenizer(artifact).unwrap());
+    requests.iter().map(|r| run_all(&mut serial, vec![r.clone()], vec![]).remove(0)).collect()
+}
+
+/// A xorshift stream for arrival and cancellation times.
+struct Dice(u64);
+
+impl Dice {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn sixteen_concurrent_requests_with_random_arrivals_and_cancellations() {
+    let mef = smollm2_default("batch-concurrent", &[]);
+    let artifact = Artifact::open(&mef).unwrap();
+    let requests: Vec<Request> = PROMPTS.iter().enumerate().map(|(i, p)| Request::new(tokens(&artifact, p), greedy(24 + i % 3 * 8, false))).collect();
+    let mut dice = Dice(0x5eed);
+    let arrivals: Vec<u64> = (0..16).map(|i| if i < 4 { 0 } else { dice.below(40) }).collect();
+    // Three requests are cancelled a few steps after they arrive.
+    let cancelled: HashMap<usize, u64> = [3usize, 8, 13].iter().map(|&i| (i, arrivals[i] + 2 + dice.below(10))).collect();
+    let mut engine = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut ids: HashMap<usize, RequestId> = HashMap::new();
+    let mut out: HashMap<RequestId, Outcome> = HashMap::new();
+    let mut most_running = 0;
+    for step in 0..2_000u64 {
+        for (i, r) in requests.iter().enumerate() {
+            if arrivals[i] == step {
+                ids.insert(i, engine.submit(r.clone()).unwrap());
+            }
+        }
+        for (&i, &at) in &cancelled {
+            if at == step {
+                assert!(engine.cancel(ids[&i]), "request {i} had finished before its cancellation");
+            }
+        }
+        for e in engine.step().unwrap() {
+            match e {
+                Event::Token { id, token, .. } => out.entry(id).or_default().tokens.push(token),
+                Event::Finished { id, .. } => out.entry(id).or_default().finished = true,
+                Event::Logits { .. } => unreachable!("no request asked for prompt logits"),
+            }
+        }
+        most_running = most_running.max(engine.stats().running);
+        if step > 40 && !engine.has_work() {
+            break;
+        }
+    }
+    assert!(!engine.has_work(), "every request finished or was cancelled");
+    assert!(most_running >= 8, "requests ran together (at most {most_running} at once)");
+    let single = alone(&artifact, &requests);
+    for (i, r) in requests.iter().enumerate() {
+        let got = &out[&ids[&i]];
+        if cancelled.contains_key(&i) {
+            assert!(!got.finished, "request {i} was cancelled: no end follows");
+            assert_eq!(got.tokens, single[i].tokens[..got.tokens.len()], "request {i}: tokens before its cancellation");
+        } else {
+            assert!(got.finished, "request {i}");
+            assert_eq!(got.tokens, single[i].tokens, "request {i} ({:?}): batched and alone", PROMPTS[i]);
+            assert!(!got.tokens.is_empty() && got.tokens.len() <= r.params.max_tokens);
+        }
+    }
+    let s = engine.stats();
+    assert_eq!((s.running, s.waiting, s.kv_blocks_used), (0, 0, 0), "cancelled and finished requests gave their blocks back: {s:?}");
+}
+
+#[test]
+fn a_full_kv_pool_preempts_and_the_texts_stay_the_same() {
+    // A context of 256 (16 blocks per sequence) and a pool of 20 blocks: six
+    // sequences of ~100 tokens need 7 blocks each, so running ones are preempted
+    // and compute their tokens again later.
+    let mef = smollm2_default("batch-preempt", &["--model-override", "transformer.max_length=256"]);
+    let artifact = Artifact::open(&mef).unwrap();
+    let h = &artifact.header;
+    let per_block = h.batch.unwrap().block_bytes(&h.kv_cache).unwrap() * 2 * h.kv_cache.layers;
+    let requests: Vec<Request> = PROMPTS[..6].iter().map(|p| Request::new(tokens(&artifact, p), greedy(90, true))).collect();
+    let mut engine = Engine::batched(&artifact, 2, Some(20 * per_block), load_tokenizer(&artifact).unwrap()).unwrap();
+    assert_eq!(engine.stats().kv_blocks_total, 20);
+    let got = run_all(&mut engine, requests.clone(), vec![]);
+    assert!(engine.stats().preemptions > 0, "the pool never filled: {:?}", engine.stats());
+    let single = alone(&artifact, &requests);
+    for (i, (g, s)) in got.iter().zip(&single).enumerate() {
+        assert_eq!(g.tokens.len(), 90, "request {i}");
+        assert_eq!(g.tokens, s.tokens, "request {i}: preempted and recomputed, batched vs alone");
+    }
+    // A pool too small for one sequence of the full context is refused.
+    let e = Engine::batched(&artifact, 2, Some(15 * per_block), load_tokenizer(&artifact).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("15 blocks") && e.contains("at least 16"), "{e}");
+}
+
+#[test]
+fn a_shared_prefix_is_computed_once_and_gives_the_same_logits() {
+    let mef = smollm2_default("batch-prefix", &[]);
+    let artifact = Artifact::open(&mef).unwrap();
+    let text = "The history of the printing press begins in East Asia, where woodblock printing was used for centuries before movable type appeared. ".repeat(12);
+    let prefix = tokens(&artifact, &text)[..200].to_vec();
+    let first = Request::new([prefix.clone(), tokens(&artifact, " Summarize this.")].concat(), greedy(4, true));
+    let second_prompt = [prefix, tokens(&artifact, " In one sentence, what came first?")].concat();
+    let second = Request { prompt: second_prompt.clone(), params: greedy(4, true), all_logits: true };
+    let mut engine = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    run_all(&mut engine, vec![first], vec![]);
+    let before = engine.stats();
+    let got = run_all(&mut engine, vec![second.clone()], vec![]).remove(0);
+    let after = engine.stats();
+    // The first 12 blocks (192 positions) of the 200 shared tokens are cached.
+    let cached = 192;
+    assert_eq!(after.prompt_rows - before.prompt_rows, (second_prompt.len() - cached) as u64, "only the new positions run");
+    assert_eq!(after.prefix_hit_tokens - before.prefix_hit_tokens, cached as u64);
+    let mut positions: Vec<usize> = got.logits.keys().copied().collect();
+    positions.sort_unstable();
+    assert_eq!(positions, (cached..second_prompt.len()).collect::<Vec<_>>(), "logits of the computed positions");
+    let single = alone(&artifact, std::slice::from_ref(&second)).remove(0);
+    for p in cached..second_prompt.len() {
+        assert_logits_close(&format!("position {p}: cached prefix vs alone"), &got.logits[&p], &single.logits[&p]);
+    }
+    assert_eq!(got.tokens, single.tokens);
+}
+
+#[test]
+fn the_kv_pool_holds_as_many_tokens_as_its_bytes_allow() {
+    // A pool of one full-context sequence's blocks (the least the engine takes):
+    // a reservation per sequence at the full context would run one sequence at
+    // a time; blocks run all 16 short ones at once.
+    let mef = smollm2_default("batch-pool", &[]);
+    let artifact = Artifact::open(&mef).unwrap();
+    let h = &artifact.header;
+    let b = h.batch.unwrap();
+    let per_block = b.block_bytes(&h.kv_cache).unwrap() * 2 * h.kv_cache.layers;
+    let r = run_bin("maxrun", &[std::ffi::OsStr::new("inspect"), mef.as_os_str(), std::ffi::OsStr::new("--json")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    assert_eq!(v["batch"]["kv_bytes_per_block"].as_u64(), Some(per_block), "inspect reports a block's bytes");
+    assert_eq!(v["batch"]["block_size"].as_u64(), Some(16));
+    let blocks = b.blocks_per_sequence;
+    let mut engine = Engine::batched(&artifact, 2, Some(blocks * per_block + per_block / 2), load_tokenizer(&artifact).unwrap()).unwrap();
+    assert_eq!(engine.stats().kv_blocks_total as u64, blocks, "the pool is as many blocks as its bytes hold");
+    let requests: Vec<Request> = PROMPTS.iter().map(|p| Request::new(tokens(&artifact, p), greedy(30, true))).collect();
+    for r in &requests {
+        engine.submit(r.clone()).unwrap();
+    }
+    let mut most = 0;
+    while engine.has_work() {
+        engine.step().unwrap();
+        most = most.max(engine.stats().running);
+    }
+    assert_eq!(most, 16, "every sequence ran at once");
+    assert_eq!(engine.stats().preemptions, 0);
+}
