@@ -384,10 +384,11 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         let batch_plans = match (batch, cut) {
             (Some(b), Some(cut)) => {
                 let paging = maxc_kernels::library::attention::Paging { block_size: b.block_size, blocks_per_seq: b.blocks_per_sequence };
-                let mode = |decode| crate::schedule::BatchMode { paging, decode, max_outputs: b.max_sequences };
-                let mixed = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(false), b.max_rows, cache, &mut weights, &mut kernels)?;
-                let decode = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true), b.max_sequences, cache, &mut weights, &mut kernels)?;
-                Some((mixed, decode))
+                let mode = |decode, max_outputs| crate::schedule::BatchMode { paging, decode, max_outputs };
+                let mixed = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(false, b.max_sequences), b.max_rows, cache, &mut weights, &mut kernels)?;
+                let decode = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true, b.max_sequences), b.max_sequences, cache, &mut weights, &mut kernels)?;
+                let single = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true, 1), 1, cache, &mut weights, &mut kernels)?;
+                Some((mixed, decode, single))
             }
             _ => None,
         };
@@ -437,7 +438,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             prefill: to_plan(prefill),
             decode: to_plan(decode),
             prefill_last: last.as_ref().map(to_plan),
-            batch: batch.as_ref().map(|(mixed, decode)| mef::BatchPlans { mixed: to_plan(mixed), decode: to_plan(decode) }),
+            batch: batch.as_ref().map(|(mixed, decode, single)| mef::BatchPlans { mixed: to_plan(mixed), decode: to_plan(decode), single: to_plan(single) }),
             weight_bytes: 0,
             kv_bytes_per_token: kv_layout.bytes_per_token(),
         })

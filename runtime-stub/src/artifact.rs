@@ -295,7 +295,7 @@ impl Artifact {
             }
         }
         let plans = h.sub_models.iter().enumerate().flat_map(|(d, m)| {
-            let batch = m.batch.as_ref().map(|b| [&b.mixed, &b.decode]).into_iter().flatten().map(|p| (p, true));
+            let batch = m.batch.as_ref().map(|b| [&b.mixed, &b.decode, &b.single]).into_iter().flatten().map(|p| (p, true));
             [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten().map(|p| (p, false)).chain(batch).map(move |(p, batch)| (d, p, batch))
         });
         for (device, plan, batch) in plans {

@@ -87,6 +87,9 @@ pub struct BatchPlans {
     /// Steps of decode rows only: up to [`BatchLimits::max_sequences`] rows,
     /// attention split over chunks of positions (flash-decoding).
     pub decode: Plan,
+    /// A step of one decode row (one sequence running): the single-stream decode
+    /// plan's kernels, with paged attention.
+    pub single: Plan,
 }
 
 impl Header {
@@ -175,7 +178,7 @@ impl SubModel {
 
     /// Every plan: prefill, decode, the last-token prefill and the batch plans where present.
     pub fn plans(&self) -> impl Iterator<Item = &Plan> {
-        let batch = self.batch.as_ref().map(|b| [&b.mixed, &b.decode]).into_iter().flatten();
+        let batch = self.batch.as_ref().map(|b| [&b.mixed, &b.decode, &b.single]).into_iter().flatten();
         [Some(&self.prefill), Some(&self.decode), self.prefill_last.as_ref()].into_iter().flatten().chain(batch)
     }
 }

@@ -48,7 +48,7 @@ pub fn report(a: &Artifact) -> Value {
             plans.insert("prefill_last".into(), j);
         }
         if let Some(b) = &m.batch {
-            for (name, p) in [("batch_mixed", &b.mixed), ("batch_decode", &b.decode)] {
+            for (name, p) in [("batch_mixed", &b.mixed), ("batch_decode", &b.decode), ("batch_single", &b.single)] {
                 let mut j = plan_json(p, h.model.vocab_size);
                 j["inputs"] = json!([
                     {"name": "tokens", "dtype": "i32", "shape": ["rows"]},

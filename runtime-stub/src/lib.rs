@@ -23,4 +23,6 @@ pub mod npy;
 pub mod pool;
 pub mod runner;
 pub mod sampler;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod session;

@@ -32,6 +32,45 @@ enum Command {
     Inspect(InspectArgs),
     /// Measure prefill (pp) and decode (tg) tokens/s, like llama-bench.
     Bench(BenchArgs),
+    /// Serve the artifact over HTTP with an OpenAI-compatible API (docs/serving.md).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    artifact: PathBuf,
+    /// The address to listen on (loopback by default; 0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The port (0: any free one; the address chosen is printed).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on the API endpoints (401 otherwise).
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// The model name clients send and /v1/models lists (default: the artifact's model name).
+    #[arg(long, value_name = "NAME")]
+    served_model_name: Option<String>,
+    /// Requests that may wait for room in the engine; more get 503 with Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    max_queue: usize,
+    /// Seconds requests in flight get to finish after SIGTERM / SIGINT before they are cancelled.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    /// Worker threads of the engine (default: the number of cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// The KV pool's size in bytes (default: every sequence at the full context,
+    /// at most a quarter of the available memory).
+    #[arg(long, value_name = "BYTES")]
+    kv_cache_memory: Option<u64>,
+    /// Where to run: auto (the batched engine on the CPU; the GPU, one request at
+    /// a time, for a GPU-only artifact), cpu, gpu, gpu:N.
+    #[arg(long, default_value = "auto")]
+    device: Device,
+    /// Verify the weights checksum before serving (reads the whole file).
+    #[arg(long)]
+    verify: bool,
 }
 
 #[derive(Args)]
@@ -225,6 +264,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Inspect(args)) => inspect(args),
         Some(Command::Bench(args)) => bench(args),
+        Some(Command::Serve(args)) => serve(args),
         None => run(cli.run),
     };
     match result {
@@ -340,6 +380,42 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         eprint!("{}", render_profile(&session.cpu().map(|s| s.profile()).unwrap_or_default()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(feature = "serve")]
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if args.threads == Some(0) || args.max_queue == 0 {
+        return Err(anyhow!("--threads and --max-queue must be at least 1"));
+    }
+    if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
+        return Err(anyhow!("--shutdown-timeout {} must be a number of seconds >= 0", args.shutdown_timeout));
+    }
+    if args.api_key.as_deref().is_some_and(str::is_empty) {
+        return Err(anyhow!("--api-key needs a non-empty key"));
+    }
+    let artifact = Artifact::open(&args.artifact)?;
+    if args.verify {
+        verify_weights(&artifact)?;
+    }
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = maxrun::serve::ServeOptions {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key,
+        served_model_name: args.served_model_name,
+        max_queue: args.max_queue,
+        shutdown_timeout: std::time::Duration::from_secs_f64(args.shutdown_timeout),
+        threads,
+        device: args.device,
+        kv_cache_memory: args.kv_cache_memory,
+    };
+    maxrun::serve::serve(artifact, opts)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "serve"))]
+fn serve(_: ServeArgs) -> anyhow::Result<ExitCode> {
+    Err(anyhow!("this maxrun was built without the `serve` feature; rebuild it with default features for `maxrun serve`"))
 }
 
 /// `maxrun bench --concurrency N`: the batched engine with N sequences.

@@ -589,7 +589,10 @@ pub fn schedule_batch<'g>(
     weights: &mut WeightTable,
     kernels: &mut KernelSet,
 ) -> Result<Schedule> {
-    schedule_impl(graph, interp, SeqMode::Dynamic, max_rows, cache, weights, kernels, Some(cut), Some(mode))
+    // One row: the single-stream decode plan's kernels (GEMVs that stream their
+    // weights), only attention and the KV store paged.
+    let seq = if max_rows == 1 { SeqMode::Fixed(1) } else { SeqMode::Dynamic };
+    schedule_impl(graph, interp, seq, max_rows, cache, weights, kernels, Some(cut), Some(mode))
 }
 
 /// Where a prefill plan that returns only the last token's logits can drop to one

@@ -4,7 +4,8 @@
 //! Each step is formed by the [`Scheduler`] (decode rows first, then prompt
 //! chunks, within the artifact's [`BatchLimits`]) and runs one plan: the
 //! decode plan when every row is a sequence's last token (attention split over
-//! chunks of positions, as single-stream decode), the mixed plan otherwise. Both
+//! chunks of positions, as single-stream decode; with one row, the plan with the
+//! single-stream decode's GEMVs), the mixed plan otherwise. Both
 //! read each weight once per step for all rows, and return the logits of the
 //! rows the scheduler asked for (each sequence's last row; every row of a
 //! request that wants all of its logits).
@@ -21,6 +22,13 @@ use crate::format::BatchLimits;
 use crate::kv_cache::KvCache;
 use crate::pool::ThreadPool;
 use crate::session::{load_kernels, PlanState, Run, SessionError, StepInputs};
+
+/// Prompt rows per step at most (chunked prefill): a step with a prompt chunk
+/// delays every running sequence's next token, by about the chunk's prefill
+/// time. SmolLM2 on 2 cores, 8 streaming clients (scripts/load.py): a 240-row
+/// cap gave inter-token latency p99 146-181 ms, 128 rows 122 ms, with time to
+/// first token p99 510-635 ms and 708 ms (docs/performance.md, Serving).
+pub const MAX_PROMPT_ROWS_PER_STEP: u64 = 128;
 
 /// The most memory the default KV pool takes: this fraction of what the system
 /// has available (1 / this).
@@ -59,6 +67,7 @@ pub struct Batched<'a> {
     pool: ThreadPool,
     mixed: PlanState,
     decode: PlanState,
+    single: PlanState,
     kv: KvCache,
     limits: BatchLimits,
     scheduler: Scheduler,
@@ -96,7 +105,7 @@ impl<'a> Batched<'a> {
                 max_sequences: limits.max_sequences as usize,
                 max_logit_rows: limits.max_sequences as usize,
                 // A step keeps room for every running sequence's decode row.
-                max_prompt_rows: (limits.max_rows - limits.max_sequences).max(1) as usize,
+                max_prompt_rows: (limits.max_rows - limits.max_sequences).clamp(1, MAX_PROMPT_ROWS_PER_STEP) as usize,
             },
             blocks as usize,
         );
@@ -105,6 +114,7 @@ impl<'a> Batched<'a> {
             pool: ThreadPool::new(threads),
             mixed: PlanState::new(artifact, &plans.mixed, &resolved, false),
             decode: PlanState::new(artifact, &plans.decode, &resolved, true),
+            single: PlanState::new(artifact, &plans.single, &resolved, true),
             _code: code,
             kv,
             limits,
@@ -157,13 +167,15 @@ impl<'a> Batched<'a> {
         let plans = self.artifact.header.main().batch.as_ref().expect("checked at start");
         self.mixed.enable_profile(&plans.mixed);
         self.decode.enable_profile(&plans.decode);
+        self.single.enable_profile(&plans.single);
     }
 
     /// The profile so far: kernels of the mixed plan (`prefill`) and of the
     /// decode plan (`decode`), slowest first.
     pub fn profile(&self) -> Vec<crate::session::ProfileRow> {
         let plans = self.artifact.header.main().batch.as_ref().expect("checked at start");
-        crate::session::profile_rows(&self.artifact.header, [("prefill", &plans.mixed, &self.mixed), ("decode", &plans.decode, &self.decode)].into_iter())
+        let plans = [("prefill", &plans.mixed, &self.mixed), ("decode", &plans.decode, &self.decode), ("decode", &plans.single, &self.single)];
+        crate::session::profile_rows(&self.artifact.header, plans.into_iter())
     }
 
     /// Runs the next step the scheduler forms.
@@ -198,8 +210,11 @@ impl<'a> Batched<'a> {
         self.block_tables.extend_from_slice(&step.tables);
         self.logit_rows.clear();
         self.logit_rows.extend(step.logit_rows.iter().map(|&r| r as i32));
-        let decode = step.decode_only && step.rows.len() as u64 <= plans.decode.max_seq;
-        let (plan, state, name) = if decode { (&plans.decode, &mut self.decode, "batch decode") } else { (&plans.mixed, &mut self.mixed, "batch mixed") };
+        let (plan, state, name) = match (step.decode_only, step.rows.len()) {
+            (true, 1) => (&plans.single, &mut self.single, "batch single"),
+            (true, n) if n as u64 <= plans.decode.max_seq => (&plans.decode, &mut self.decode, "batch decode"),
+            _ => (&plans.mixed, &mut self.mixed, "batch mixed"),
+        };
         assert!(step.rows.len() as u64 <= plan.max_seq && step.logit_rows.len() as u64 <= self.limits.max_sequences, "the scheduler keeps to the plan's rows");
         let inputs = StepInputs {
             tokens: &self.tokens,

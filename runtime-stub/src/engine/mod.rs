@@ -152,10 +152,13 @@ impl std::fmt::Debug for Engine<'_> {
     }
 }
 
-/// The artifact's tokenizer.
+/// The artifact's tokenizer, without padding (a tokenizer's fixed padding is for
+/// batching in Python; a sequence here is exactly its tokens).
 pub fn load_tokenizer(artifact: &Artifact) -> Result<Tokenizer, String> {
     let json = artifact.tokenizer_json().map_err(|e| e.to_string())?;
-    json.parse().map_err(|e| format!("{}: the artifact's tokenizer does not load: {e}", artifact.path.display()))
+    let mut t: Tokenizer = json.parse().map_err(|e| format!("{}: the artifact's tokenizer does not load: {e}", artifact.path.display()))?;
+    t.with_padding(None);
+    Ok(t)
 }
 
 impl<'a> Engine<'a> {

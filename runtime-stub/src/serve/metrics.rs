@@ -1,0 +1,110 @@
+//! `GET /metrics`: the server's counters, gauges and histograms in Prometheus
+//! text format (the `prometheus` crate's registry and encoder).
+
+use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+
+use crate::engine::Stats;
+
+/// Every metric of one server.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests answered, by endpoint and HTTP status.
+    pub requests: IntCounterVec,
+    pub prompt_tokens: IntCounter,
+    pub generated_tokens: IntCounter,
+    /// Requests waiting for room in the engine, and sequences running.
+    pub queue_depth: IntGauge,
+    pub running: IntGauge,
+    pub kv_blocks_used: IntGauge,
+    pub kv_blocks_free: IntGauge,
+    pub prefix_queried_tokens: IntGauge,
+    pub prefix_hit_tokens: IntGauge,
+    pub prefix_hit_rate: Gauge,
+    pub preemptions: IntGauge,
+    pub cancelled: IntCounter,
+    /// Generated tokens per second over the last steps (the engine's rate).
+    pub tokens_per_second: Gauge,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub request_duration: Histogram,
+}
+
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("a valid histogram")
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(Opts::new("maxrun_requests_total", "HTTP requests answered, by endpoint and status"), &["endpoint", "status"]).expect("valid");
+        let int = |name: &str, help: &str| IntGauge::new(name, help).expect("valid");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid");
+        let latency = vec![0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+        let m = Metrics {
+            requests,
+            prompt_tokens: counter("maxrun_prompt_tokens_total", "prompt tokens of finished requests"),
+            generated_tokens: counter("maxrun_generated_tokens_total", "tokens generated"),
+            queue_depth: int("maxrun_queue_depth", "requests waiting for room in the engine"),
+            running: int("maxrun_running_sequences", "sequences in the engine's running batch"),
+            kv_blocks_used: int("maxrun_kv_blocks_used", "KV cache blocks held by sequences"),
+            kv_blocks_free: int("maxrun_kv_blocks_free", "KV cache blocks free or holding only cached prefixes"),
+            prefix_queried_tokens: int("maxrun_prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache"),
+            prefix_hit_tokens: int("maxrun_prefix_cache_hit_tokens", "prompt tokens found in the prefix cache"),
+            prefix_hit_rate: Gauge::new("maxrun_prefix_cache_hit_rate", "prompt tokens found over those looked up").expect("valid"),
+            preemptions: int("maxrun_preemptions", "sequences preempted for KV blocks (recomputed later)"),
+            cancelled: counter("maxrun_cancelled_requests_total", "requests ended because the client went away or the server shut down"),
+            tokens_per_second: Gauge::new("maxrun_generation_tokens_per_second", "tokens generated per second over the last steps").expect("valid"),
+            time_to_first_token: histogram("maxrun_time_to_first_token_seconds", "seconds from a request's arrival to its first token", latency.clone()),
+            inter_token_latency: histogram("maxrun_inter_token_latency_seconds", "seconds between a request's consecutive tokens", latency.clone()),
+            request_duration: histogram("maxrun_request_duration_seconds", "seconds from a request's arrival to its end", latency),
+            registry,
+        };
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(m.requests.clone()),
+            Box::new(m.prompt_tokens.clone()),
+            Box::new(m.generated_tokens.clone()),
+            Box::new(m.queue_depth.clone()),
+            Box::new(m.running.clone()),
+            Box::new(m.kv_blocks_used.clone()),
+            Box::new(m.kv_blocks_free.clone()),
+            Box::new(m.prefix_queried_tokens.clone()),
+            Box::new(m.prefix_hit_tokens.clone()),
+            Box::new(m.prefix_hit_rate.clone()),
+            Box::new(m.preemptions.clone()),
+            Box::new(m.cancelled.clone()),
+            Box::new(m.tokens_per_second.clone()),
+            Box::new(m.time_to_first_token.clone()),
+            Box::new(m.inter_token_latency.clone()),
+            Box::new(m.request_duration.clone()),
+        ];
+        for c in collectors {
+            m.registry.register(c).expect("each metric is registered once");
+        }
+        m
+    }
+
+    /// Copies the engine's counters into the gauges.
+    pub fn observe_engine(&self, s: &Stats) {
+        self.queue_depth.set(s.waiting as i64);
+        self.running.set(s.running as i64);
+        self.kv_blocks_used.set(s.kv_blocks_used as i64);
+        self.kv_blocks_free.set(s.kv_blocks_total.saturating_sub(s.kv_blocks_used) as i64);
+        self.prefix_queried_tokens.set(s.prefix_queried_tokens as i64);
+        self.prefix_hit_tokens.set(s.prefix_hit_tokens as i64);
+        self.prefix_hit_rate.set(if s.prefix_queried_tokens > 0 { s.prefix_hit_tokens as f64 / s.prefix_queried_tokens as f64 } else { 0.0 });
+        self.preemptions.set(s.preemptions as i64);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding of gathered metrics");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

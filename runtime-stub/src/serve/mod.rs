@@ -1,0 +1,141 @@
+//! `maxrun serve`: an OpenAI-compatible HTTP server over the engine
+//! (docs/serving.md). axum on tokio answers HTTP; one thread runs the engine
+//! (`worker.rs`), so many requests share its steps.
+//!
+//! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both whole or
+//! streamed as server-sent events), `POST /v1/embeddings` (sentence encoders),
+//! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+//!
+//! SIGTERM and SIGINT stop the server gracefully: it stops accepting, lets the
+//! requests in flight finish for up to `--shutdown-timeout` seconds, cancels what
+//! is left (their streams end with `finish_reason: "cancelled"`), and exits 0.
+
+pub mod errors;
+pub mod metrics;
+pub mod openai;
+pub mod routes;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::artifact::Artifact;
+use crate::runner::Device;
+use routes::{AppState, ModelInfo};
+use worker::{Job, Shared, WorkerOptions};
+
+/// How the server runs (`maxrun serve` flags).
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub host: String,
+    /// 0: any free port (the address chosen is printed).
+    pub port: u16,
+    pub api_key: Option<String>,
+    pub served_model_name: Option<String>,
+    pub max_queue: usize,
+    pub shutdown_timeout: Duration,
+    pub threads: usize,
+    pub device: Device,
+    pub kv_cache_memory: Option<u64>,
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Serves `artifact` until a signal stops it.
+pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
+    let h = &artifact.header;
+    let tokenizer = crate::engine::load_tokenizer(&artifact).map_err(|e| anyhow!(e))?;
+    let template = std::str::from_utf8(artifact.section(crate::format::SectionKind::ChatTemplate)).ok().filter(|t| !t.is_empty()).map(str::to_string);
+    let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+    let info = ModelInfo {
+        name: opts.served_model_name.clone().unwrap_or_else(|| h.model.name.clone()),
+        created: std::fs::metadata(&artifact.path).and_then(|m| m.modified()).ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs()),
+        max_length: h.max_length,
+        vocab: h.model.vocab_size,
+        bos_text: token_text(h.tokenizer.bos_token_id),
+        eos_text: token_text(h.tokenizer.eos_token_ids.first().copied()),
+        tokenizer: tokenizer.clone(),
+        template,
+        encoder: h.model.embedding_width.is_some(),
+        embedding_width: h.model.embedding_width,
+        defaults: h.generation.clone(),
+    };
+    let shared = Arc::new(Shared { metrics: metrics::Metrics::new(), in_flight: AtomicUsize::new(0), stats: Mutex::new(Default::default()) });
+    let worker_opts = WorkerOptions { threads: opts.threads, device: opts.device, kv_cache_memory: opts.kv_cache_memory };
+    let (jobs, worker, engine) = worker::spawn(artifact, worker_opts, shared.clone())?;
+    let state = Arc::new(AppState {
+        jobs: Mutex::new(jobs.clone()),
+        shared,
+        info,
+        api_key: opts.api_key.clone(),
+        max_queue: opts.max_queue,
+        next_id: AtomicU64::new(1),
+        shutting_down: AtomicBool::new(false),
+    });
+    let app = Router::new()
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/embeddings", post(routes::embeddings))
+        .route("/v1/models", get(routes::models))
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .fallback(routes::not_found)
+        .with_state(state.clone());
+    // The HTTP side is I/O: two threads; the engine's thread does the work.
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the HTTP runtime")?;
+    let result = runtime.block_on(async {
+        let addr: SocketAddr = format!("{}:{}", opts.host, opts.port)
+            .parse()
+            .or_else(|_| format!("[{}]:{}", opts.host, opts.port).parse())
+            .map_err(|_| anyhow!("--host {}: not an IP address (give one, e.g. 127.0.0.1 or ::1)", opts.host))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("maxrun serve: {} on http://{local} ({engine})", state.info.name);
+        let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
+        let graceful = {
+            let state = state.clone();
+            async move {
+                signal().await;
+                eprintln!("maxrun serve: stopping: no new requests; {} in flight get up to {:?}", state.shared.in_flight.load(Ordering::Relaxed), opts.shutdown_timeout);
+                state.shutting_down.store(true, Ordering::Relaxed);
+                let _ = stopping_tx.send(true);
+            }
+        };
+        let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+        let deadline = async {
+            let _ = stopping_rx.wait_for(|s| *s).await;
+            tokio::time::sleep(opts.shutdown_timeout).await;
+            // What did not finish in time is cancelled; its streams end.
+            let _ = jobs.send(Job::CancelAll);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        };
+        tokio::select! {
+            r = server => r.context("serving")?,
+            _ = deadline => {}
+        }
+        anyhow::Ok(())
+    });
+    let _ = state.jobs.lock().expect("never poisoned").send(Job::Stop);
+    drop(state);
+    let _ = worker.join();
+    result?;
+    eprintln!("maxrun serve: stopped");
+    Ok(())
+}

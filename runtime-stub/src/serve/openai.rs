@@ -1,0 +1,431 @@
+//! The OpenAI API's request and response shapes for completions, chat
+//! completions, embeddings and models, and the checks that turn a request into
+//! the engine's [`GenerationParams`]: every field is either honoured or refused
+//! with a 400 naming it, never silently ignored.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::errors::ApiError;
+use crate::engine::GenerationParams;
+use crate::format::GenerationDefaults;
+use crate::sampler::SamplingParams;
+
+/// A prompt as OpenAI accepts it: a string, token ids, or a list of one of either.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling and stopping fields both endpoints share.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub n: Option<u64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+}
+
+/// The fields of [`Sampling`].
+const SAMPLING_FIELDS: &[&str] = &[
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "n",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "user",
+];
+
+/// Every field a completion request may have.
+pub const COMPLETION_FIELDS: &[&str] = &["model", "prompt", "logprobs", "echo", "best_of", "logit_bias", "suffix"];
+/// Every field a chat request may have.
+pub const CHAT_FIELDS: &[&str] = &["model", "messages", "max_completion_tokens", "logprobs", "top_logprobs", "logit_bias"];
+/// Every field an embedding request may have.
+pub const EMBEDDING_FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
+
+/// `POST /v1/completions` (its sampling fields apart: [`parse`]).
+#[derive(Clone, Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    /// Log-probabilities of the chosen token and this many alternatives (0-5).
+    pub logprobs: Option<u64>,
+    #[serde(default)]
+    pub echo: bool,
+    pub best_of: Option<u64>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub suffix: Option<String>,
+}
+
+/// One chat message. `content` may be a string or a list of text parts.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Value>,
+    pub name: Option<String>,
+}
+
+/// `POST /v1/chat/completions` (its sampling fields apart: [`parse`]).
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u64>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+}
+
+/// `POST /v1/embeddings`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct EmbeddingRequest {
+    pub model: Option<String>,
+    pub input: Prompt,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<u64>,
+    pub user: Option<String>,
+}
+
+/// Fields OpenAI clients send that maxrun does not implement yet, and why not.
+const NOT_YET: &[(&str, &str)] = &[
+    ("tools", "tool calling is not supported yet"),
+    ("tool_choice", "tool calling is not supported yet"),
+    ("parallel_tool_calls", "tool calling is not supported yet"),
+    ("functions", "function calling is not supported"),
+    ("function_call", "function calling is not supported"),
+    ("response_format", "structured output (response_format) is not supported yet"),
+];
+
+/// Parses a JSON object body whose fields are among `fields` (plus the shared
+/// sampling fields when `sampling`), naming the first field that is not, or that
+/// does not fit its type. The sampling fields come back apart (default when not
+/// `sampling`).
+pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str], sampling: bool) -> Result<(T, Sampling), ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("the request body is not UTF-8 text", None))?;
+    if text.trim().is_empty() {
+        return Err(ApiError::invalid("the request body is empty; send a JSON object", None));
+    }
+    let value: Value = serde_json::from_str(text).map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::invalid("the request body must be a JSON object", None));
+    };
+    for key in map.keys() {
+        if let Some((_, why)) = NOT_YET.iter().find(|(k, _)| k == key) {
+            return Err(field(key, format!("`{key}`: {why}")));
+        }
+        if !fields.contains(&key.as_str()) && !(sampling && SAMPLING_FIELDS.contains(&key.as_str())) {
+            return Err(field(key, format!("unknown field `{key}`; see docs/serving.md for the fields maxrun serve takes")));
+        }
+    }
+    let (sampled, own): (serde_json::Map<String, Value>, serde_json::Map<String, Value>) = map.into_iter().partition(|(k, _)| sampling && SAMPLING_FIELDS.contains(&k.as_str()));
+    Ok((typed(own)?, typed(sampled)?))
+}
+
+/// Deserializes an object, naming the field at fault.
+fn typed<T: for<'de> Deserialize<'de>>(map: serde_json::Map<String, Value>) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let message = e.into_inner().to_string();
+        // "missing field `x`" names the field itself.
+        let param = param.or_else(|| message.split('`').nth(1).filter(|_| message.contains("field `")).map(str::to_string));
+        ApiError::invalid(format!("the request does not fit the API: {message}"), param)
+    })
+}
+
+fn field(name: &str, message: String) -> ApiError {
+    ApiError::invalid(message, Some(name.to_string()))
+}
+
+/// The stop strings of a request (at most 4, as OpenAI allows, none empty).
+fn stops(stop: &Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => vec![],
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if list.len() > 4 {
+        return Err(field("stop", format!("{} stop strings; at most 4 are allowed", list.len())));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(field("stop", "a stop string is empty".into()));
+    }
+    Ok(list)
+}
+
+/// Checks the shared fields and builds the generation parameters. `max_tokens`
+/// is the request's limit (`None`: `default_max`); `logprobs` the alternatives
+/// asked for.
+pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usize, logprobs: Option<usize>, defaults: &GenerationDefaults) -> Result<GenerationParams, ApiError> {
+    if let Some(n) = s.n {
+        if n != 1 {
+            return Err(field("n", format!("n = {n}: maxrun serve returns one choice per request; send n = 1 (or leave it out) and repeat the request for more")));
+        }
+    }
+    let finite = |name: &str, v: Option<f32>, lo: f32, hi: f32| -> Result<(), ApiError> {
+        match v {
+            Some(x) if !(x.is_finite() && x >= lo && x <= hi) => Err(field(name, format!("{x} is not between {lo} and {hi}"))),
+            _ => Ok(()),
+        }
+    };
+    finite("temperature", s.temperature, 0.0, 2.0)?;
+    finite("top_p", s.top_p, 0.0, 1.0)?;
+    finite("min_p", s.min_p, 0.0, 1.0)?;
+    finite("frequency_penalty", s.frequency_penalty, -2.0, 2.0)?;
+    finite("presence_penalty", s.presence_penalty, -2.0, 2.0)?;
+    if let Some(r) = s.repetition_penalty {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(field("repetition_penalty", format!("{r} must be a number above 0 (1 turns it off)")));
+        }
+    }
+    let top_k = match s.top_k {
+        None => defaults.top_k.unwrap_or(0),
+        // vLLM's convention: -1 (like 0) keeps every token.
+        Some(k) if k == -1 || k == 0 => 0,
+        Some(k) if k > 0 && k <= u32::MAX as i64 => k as u32,
+        Some(k) => return Err(field("top_k", format!("{k} must be at least 1 (or 0 or -1 for no limit)"))),
+    };
+    let max_tokens = match max_tokens {
+        None => default_max,
+        Some(0) => return Err(field("max_tokens", "max_tokens must be at least 1".into())),
+        Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
+    };
+    let seed = match s.seed {
+        None => 0,
+        Some(x) => x as u64,
+    };
+    if s.stream_options.is_some() && !s.stream {
+        return Err(field("stream_options", "stream_options goes with stream = true".into()));
+    }
+    let sampling = SamplingParams {
+        // OpenAI's default temperature is 1; the artifact's generation config, where
+        // it set one, is the model's own default (as vLLM takes it).
+        temperature: s.temperature.or(defaults.temperature).unwrap_or(1.0),
+        top_k,
+        top_p: s.top_p.or(defaults.top_p).unwrap_or(1.0),
+        min_p: s.min_p.or(defaults.min_p).unwrap_or(0.0),
+    };
+    Ok(GenerationParams {
+        sampling,
+        seed,
+        max_tokens,
+        stop: stops(&s.stop)?,
+        ignore_eos: s.ignore_eos,
+        repeat_penalty: s.repetition_penalty.filter(|&r| r != 1.0),
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
+        logprobs,
+    })
+}
+
+/// Refuses the completion fields maxrun cannot honour.
+pub fn check_completion_extras(r: &CompletionRequest) -> Result<(), ApiError> {
+    if r.echo {
+        return Err(field("echo", "echo = true is not supported; the prompt is not repeated in the reply".into()));
+    }
+    if r.best_of.is_some_and(|b| b != 1) {
+        return Err(field("best_of", "best_of above 1 is not supported".into()));
+    }
+    if r.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+        return Err(field("logit_bias", "logit_bias is not supported".into()));
+    }
+    if r.suffix.is_some() {
+        return Err(field("suffix", "suffix (insertion) is not supported".into()));
+    }
+    if r.logprobs.is_some_and(|n| n > 5) {
+        return Err(field("logprobs", "logprobs is at most 5".into()));
+    }
+    Ok(())
+}
+
+/// Refuses the chat fields maxrun cannot honour; returns the alternatives asked for.
+pub fn check_chat_extras(r: &ChatRequest) -> Result<Option<usize>, ApiError> {
+    if r.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+        return Err(field("logit_bias", "logit_bias is not supported".into()));
+    }
+    if r.messages.is_empty() {
+        return Err(field("messages", "messages is empty; send at least one message".into()));
+    }
+    match (r.logprobs, r.top_logprobs) {
+        (false, Some(_)) => Err(field("top_logprobs", "top_logprobs needs logprobs = true".into())),
+        (_, Some(n)) if n > 20 => Err(field("top_logprobs", "top_logprobs is at most 20".into())),
+        (true, n) => Ok(Some(n.unwrap_or(0) as usize)),
+        (false, None) => Ok(None),
+    }
+}
+
+/// The text of a chat message's content: a string, or text parts joined.
+pub fn message_text(m: &ChatMessage, index: usize) -> Result<String, ApiError> {
+    let name = format!("messages[{index}].content");
+    match &m.content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (kind, _) => return Err(field(&name, format!("a content part of type {} is not supported; send text", kind.unwrap_or("?")))),
+                }
+            }
+            Ok(text)
+        }
+        Some(other) => Err(field(&name, format!("content must be a string or a list of text parts, not {other}"))),
+    }
+}
+
+/// `usage` of a response.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt: usize, completion: usize) -> Usage {
+        Usage { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion }
+    }
+}
+
+/// OpenAI's completion `logprobs` object for the given tokens.
+pub fn completion_logprobs(tokens: &[(String, crate::engine::TokenLogprob)], tokenizer: &tokenizers::Tokenizer, offset0: usize) -> Value {
+    let mut offset = offset0;
+    let (mut texts, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for (text, lp) in tokens {
+        texts.push(json!(text));
+        lps.push(json!(lp.logprob));
+        let top: serde_json::Map<String, Value> = lp.top.iter().map(|(t, l)| (token_text(tokenizer, *t), json!(l))).collect();
+        tops.push(Value::Object(top));
+        offsets.push(json!(offset));
+        offset += text.len();
+    }
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// A token's own text (a piece of a word for subword tokenizers).
+pub fn token_text(tokenizer: &tokenizers::Tokenizer, id: u32) -> String {
+    tokenizer.decode(&[id], false).unwrap_or_default()
+}
+
+/// OpenAI's chat `logprobs.content` entries for the given tokens.
+pub fn chat_logprobs(tokens: &[(String, crate::engine::TokenLogprob)], tokenizer: &tokenizers::Tokenizer) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|(text, lp)| {
+            let top: Vec<Value> = lp
+                .top
+                .iter()
+                .map(|(t, l)| {
+                    let s = token_text(tokenizer, *t);
+                    json!({"token": s, "logprob": l, "bytes": s.as_bytes()})
+                })
+                .collect();
+            json!({"token": text, "logprob": lp.logprob, "bytes": text.as_bytes(), "top_logprobs": top})
+        })
+        .collect();
+    json!({"content": content})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(v: Value) -> Result<GenerationParams, ApiError> {
+        let s: Sampling = serde_json::from_value(v).unwrap();
+        generation_params(&s, s.max_tokens, 16, None, &GenerationDefaults::default())
+    }
+
+    #[test]
+    fn fields_are_honoured_or_refused_by_name() {
+        let p = sampling(json!({"temperature": 0.5, "top_k": 40, "top_p": 0.9, "min_p": 0.1, "seed": 7, "stop": "\n", "max_tokens": 9, "presence_penalty": 1.0})).unwrap();
+        assert_eq!(p.sampling, SamplingParams { temperature: 0.5, top_k: 40, top_p: 0.9, min_p: 0.1 });
+        assert_eq!((p.seed, p.max_tokens, p.stop.clone(), p.presence_penalty), (7, 9, vec!["\n".to_string()], 1.0));
+        assert_eq!(sampling(json!({})).unwrap().sampling.temperature, 1.0, "OpenAI's default temperature");
+        assert_eq!(sampling(json!({"top_k": -1})).unwrap().sampling.top_k, 0);
+        for (body, param) in [
+            (json!({"n": 2}), "n"),
+            (json!({"temperature": 3.0}), "temperature"),
+            (json!({"top_p": -0.1}), "top_p"),
+            (json!({"top_k": -5}), "top_k"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+            (json!({"stop": ""}), "stop"),
+            (json!({"repetition_penalty": 0.0}), "repetition_penalty"),
+            (json!({"frequency_penalty": 2.5}), "frequency_penalty"),
+            (json!({"stream_options": {"include_usage": true}}), "stream_options"),
+        ] {
+            let e = sampling(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+            assert_eq!(e.status, 400);
+        }
+    }
+
+    #[test]
+    fn unknown_and_missing_fields_are_named() {
+        let parse_c = |b: &[u8]| parse::<CompletionRequest>(b, COMPLETION_FIELDS, true).map(|r| r.0);
+        let e = parse_c(br#"{"prompt": "x", "temprature": 1}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temprature"), "{e:?}");
+        let e = parse_c(br#"{"model": "m"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"), "{e:?}");
+        let e = parse_c(b"{not json").unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{e:?}");
+        let e = parse_c(br#"{"prompt": "x", "tools": []}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"), "{e:?}");
+        let e = parse::<CompletionRequest>(br#"{"prompt": "x", "max_tokens": "many"}"#, COMPLETION_FIELDS, true).unwrap_err();
+        assert!(e.message.contains("invalid type") && e.param.as_deref() == Some("max_tokens"), "{e:?}");
+        let r: CompletionRequest = parse_c(br#"{"prompt": [1, 2, 3], "max_tokens": 4}"#).unwrap();
+        assert!(matches!(r.prompt, Prompt::Tokens(ref t) if t == &[1, 2, 3]));
+    }
+
+    #[test]
+    fn chat_content_may_be_text_parts() {
+        let m: ChatMessage = serde_json::from_value(json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})).unwrap();
+        assert_eq!(message_text(&m, 0).unwrap(), "ab");
+        let m: ChatMessage = serde_json::from_value(json!({"role": "user", "content": [{"type": "image_url", "image_url": {}}]})).unwrap();
+        assert_eq!(message_text(&m, 3).unwrap_err().param.as_deref(), Some("messages[3].content"));
+    }
+}

@@ -1,0 +1,525 @@
+//! The HTTP endpoints: completions and chat completions (whole or streamed as
+//! server-sent events), embeddings, models, health and metrics. Each handler
+//! checks the request (API key, model name, fields, prompt length, queue room),
+//! hands it to the engine's thread and turns what comes back into OpenAI's
+//! response or chunk format. A streamed response that the client drops drops
+//! its channel, which cancels the request in the engine.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use serde_json::{json, Value};
+use tokio::sync::mpsc as tmpsc;
+
+use super::errors::ApiError;
+use super::openai::{self, ChatRequest, CompletionRequest, EmbeddingRequest, Prompt};
+use super::worker::{Job, Shared, Update};
+use crate::engine::{FinishReason, GenerationParams, TokenLogprob};
+use crate::format::GenerationDefaults;
+
+/// What the handlers know of the model.
+pub struct ModelInfo {
+    /// The name clients use (`--served-model-name`, else the artifact's model name).
+    pub name: String,
+    pub created: u64,
+    pub max_length: u64,
+    pub vocab: u64,
+    pub tokenizer: tokenizers::Tokenizer,
+    pub template: Option<String>,
+    pub bos_text: String,
+    pub eos_text: String,
+    pub encoder: bool,
+    pub embedding_width: Option<u64>,
+    pub defaults: GenerationDefaults,
+}
+
+/// The server's state.
+pub struct AppState {
+    pub jobs: Mutex<mpsc::Sender<Job>>,
+    pub shared: Arc<Shared>,
+    pub info: ModelInfo,
+    pub api_key: Option<String>,
+    /// Requests that may wait for room in the engine before new ones get 503.
+    pub max_queue: usize,
+    pub next_id: AtomicU64,
+    pub shutting_down: AtomicBool,
+}
+
+type St = State<Arc<AppState>>;
+
+impl AppState {
+    fn send(&self, job: Job) -> Result<(), ApiError> {
+        self.jobs.lock().expect("never poisoned").send(job).map_err(|_| ApiError::overloaded("the server is shutting down", 1))
+    }
+
+    fn count(&self, endpoint: &str, status: u16) {
+        self.shared.metrics.requests.with_label_values(&[endpoint, &status.to_string()]).inc();
+    }
+
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.api_key else { return Ok(()) };
+        let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+        if given == Some(key.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::unauthorized())
+        }
+    }
+
+    fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != &self.info.name => Err(ApiError::model_not_found(m, &self.info.name)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a request when the queue is full or the server is stopping.
+    fn admit(self: &Arc<Self>) -> Result<InFlight, ApiError> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(ApiError::overloaded("the server is shutting down", 5));
+        }
+        let in_flight = self.shared.in_flight.load(Ordering::Relaxed);
+        let running = self.shared.stats.lock().expect("never poisoned").running;
+        if in_flight.saturating_sub(running) >= self.max_queue {
+            return Err(ApiError::overloaded(format!("{} requests are waiting (--max-queue {}); try again shortly", in_flight - running, self.max_queue), 1));
+        }
+        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok(InFlight(self.shared.clone()))
+    }
+}
+
+/// A request in flight; dropping it (the response ends, or its client went away)
+/// takes it off the count.
+struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// One line per request on stderr.
+fn log_request(id: &str, endpoint: &str, status: u16, usage: Option<(usize, usize)>, started: Instant, finish: Option<&str>) {
+    let line = json!({
+        "request": id,
+        "endpoint": endpoint,
+        "status": status,
+        "prompt_tokens": usage.map(|u| u.0),
+        "completion_tokens": usage.map(|u| u.1),
+        "duration_ms": (started.elapsed().as_secs_f64() * 1e4).round() / 10.0,
+        "finish_reason": finish,
+    });
+    eprintln!("{line}");
+}
+
+/// Answers with `result`, counting and logging it.
+fn respond(st: &AppState, endpoint: &str, id: &str, started: Instant, result: Result<Response, ApiError>) -> Response {
+    let response = result.unwrap_or_else(|e| {
+        log_request(id, endpoint, e.status, None, started, None);
+        e.into_response()
+    });
+    st.count(endpoint, response.status().as_u16());
+    response
+}
+
+pub async fn health(State(st): St) -> Response {
+    if st.shutting_down.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting down"}))).into_response();
+    }
+    Json(json!({"status": "ok"})).into_response()
+}
+
+pub async fn metrics(State(st): St) -> Response {
+    ([("content-type", "text/plain; version=0.0.4")], st.shared.metrics.render()).into_response()
+}
+
+pub async fn models(State(st): St, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let result = st.authorize(&headers).map(|()| {
+        let i = &st.info;
+        Json(json!({"object": "list", "data": [{"id": i.name, "object": "model", "created": i.created, "owned_by": "maxrun", "max_model_len": i.max_length}]})).into_response()
+    });
+    respond(&st, "/v1/models", "models", started, result)
+}
+
+pub async fn not_found(State(st): St, uri: Uri) -> Response {
+    st.count("other", 404);
+    ApiError::not_found(uri.path()).into_response()
+}
+
+/// Token ids of a prompt (one prompt per request).
+fn prompt_ids(st: &AppState, prompt: &Prompt, special: bool) -> Result<Vec<u32>, ApiError> {
+    let single = |n: usize| -> Result<(), ApiError> {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(format!("{n} prompts in one request; send one prompt per request"), Some("prompt".into())))
+        }
+    };
+    let encode = |text: &str| -> Result<Vec<u32>, ApiError> {
+        st.info.tokenizer.encode(text, special).map(|e| e.get_ids().to_vec()).map_err(|e| ApiError::invalid(format!("the prompt does not tokenize: {e}"), Some("prompt".into())))
+    };
+    let ids = match prompt {
+        Prompt::Text(t) => encode(t)?,
+        Prompt::Tokens(t) => t.clone(),
+        Prompt::Texts(v) => {
+            single(v.len())?;
+            encode(&v[0])?
+        }
+        Prompt::TokenLists(v) => {
+            single(v.len())?;
+            v[0].clone()
+        }
+    };
+    if ids.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty: it has no tokens to condition on", Some("prompt".into())));
+    }
+    if let Some(&bad) = ids.iter().find(|&&t| t as u64 >= st.info.vocab) {
+        return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary of {} tokens", st.info.vocab), Some("prompt".into())));
+    }
+    Ok(ids)
+}
+
+/// Refuses a prompt that leaves no room for a token.
+fn check_length(st: &AppState, tokens: usize, param: &str) -> Result<(), ApiError> {
+    let max = st.info.max_length;
+    if tokens as u64 > max {
+        return Err(ApiError::too_long(tokens, max, param));
+    }
+    if tokens as u64 == max {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid(format!("prompt is too long: {tokens} tokens fill the maximum context length of {max} tokens and leave no room for a reply"), Some(param.into()))
+        });
+    }
+    Ok(())
+}
+
+/// What a finished generation gathered.
+struct Gathered {
+    text: String,
+    reason: FinishReason,
+    usage: crate::engine::Usage,
+    logprobs: Vec<(String, TokenLogprob)>,
+}
+
+/// Waits for a request's updates to its end.
+async fn gather(mut rx: tmpsc::UnboundedReceiver<Update>) -> Result<Gathered, ApiError> {
+    let mut g = Gathered { text: String::new(), reason: FinishReason::Stop, usage: Default::default(), logprobs: vec![] };
+    while let Some(u) = rx.recv().await {
+        match u {
+            Update::Token { text, logprob, .. } => {
+                g.text.push_str(&text);
+                if let Some(lp) = logprob {
+                    g.logprobs.push((text, lp));
+                }
+            }
+            Update::Finished { reason, text, usage } => {
+                g.text.push_str(&text);
+                g.reason = reason;
+                g.usage = usage;
+                return Ok(g);
+            }
+            Update::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal("the engine's thread ended"))
+}
+
+/// The response flavour of an endpoint.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+/// Starts a generation; returns its update channel.
+fn start(st: &AppState, prompt: Vec<u32>, params: GenerationParams) -> Result<tmpsc::UnboundedReceiver<Update>, ApiError> {
+    let (tx, rx) = tmpsc::unbounded_channel();
+    st.send(Job::Generate { prompt, params, arrived: Instant::now(), updates: tx })?;
+    Ok(rx)
+}
+
+/// Everything one generation request's response needs.
+struct Reply {
+    st: Arc<AppState>,
+    kind: Kind,
+    id: String,
+    endpoint: &'static str,
+    started: Instant,
+    include_usage: bool,
+    logprobs: bool,
+    guard: InFlight,
+}
+
+impl Reply {
+    fn base(&self) -> Value {
+        let object = match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        json!({"id": self.id, "object": object, "created": now_secs(), "model": self.st.info.name})
+    }
+
+    fn logprobs_json(&self, tokens: &[(String, TokenLogprob)], offset: usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Completion => openai::completion_logprobs(tokens, &self.st.info.tokenizer, offset),
+            Kind::Chat => openai::chat_logprobs(tokens, &self.st.info.tokenizer),
+        }
+    }
+
+    /// One streamed chunk with `text` (and `finish`, on the last).
+    fn chunk(&self, text: &str, logprobs: &[(String, TokenLogprob)], offset: usize, finish: Option<FinishReason>, first: bool) -> Value {
+        let mut v = self.base();
+        let lp = self.logprobs_json(logprobs, offset);
+        let reason = finish.map(FinishReason::name);
+        v["choices"] = match self.kind {
+            Kind::Completion => json!([{"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}]),
+            Kind::Chat => {
+                let delta = match (first, finish) {
+                    (true, _) => json!({"role": "assistant", "content": text}),
+                    (false, Some(_)) if text.is_empty() => json!({}),
+                    _ => json!({"content": text}),
+                };
+                json!([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}])
+            }
+        };
+        v
+    }
+
+    /// The whole response at once.
+    async fn whole(self, rx: tmpsc::UnboundedReceiver<Update>) -> Result<Response, ApiError> {
+        let g = gather(rx).await?;
+        let usage = openai::Usage::new(g.usage.prompt_tokens, g.usage.completion_tokens);
+        let mut v = self.base();
+        let lp = self.logprobs_json(&g.logprobs, 0);
+        let reason = g.reason.name();
+        v["choices"] = match self.kind {
+            Kind::Completion => json!([{"index": 0, "text": g.text, "logprobs": lp, "finish_reason": reason}]),
+            Kind::Chat => {
+                v["object"] = json!("chat.completion");
+                json!([{"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": lp, "finish_reason": reason}])
+            }
+        };
+        v["usage"] = json!(usage);
+        log_request(&self.id, self.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), self.started, Some(reason));
+        drop(self.guard);
+        Ok(Json(v).into_response())
+    }
+
+    /// Server-sent events: a chunk per token with visible text (or a
+    /// log-probability), the last with the finish reason, the usage when asked,
+    /// then `[DONE]`.
+    fn stream(self, rx: tmpsc::UnboundedReceiver<Update>) -> Response {
+        struct S {
+            reply: Reply,
+            rx: tmpsc::UnboundedReceiver<Update>,
+            first: bool,
+            offset: usize,
+            done: bool,
+            tail: Vec<SseEvent>,
+        }
+        let state = S { reply: self, rx, first: true, offset: 0, done: false, tail: vec![] };
+        let stream = futures_util::stream::unfold(state, |mut s| async move {
+            loop {
+                if let Some(e) = s.tail.pop() {
+                    return Some((Ok::<_, std::convert::Infallible>(e), s));
+                }
+                if s.done {
+                    return None;
+                }
+                let Some(u) = s.rx.recv().await else {
+                    s.done = true;
+                    continue;
+                };
+                let r = &s.reply;
+                match u {
+                    Update::Token { text, logprob, .. } => {
+                        if text.is_empty() && logprob.is_none() && !(s.first && r.kind == Kind::Chat) {
+                            continue;
+                        }
+                        let lps: Vec<(String, TokenLogprob)> = logprob.into_iter().map(|lp| (text.clone(), lp)).collect();
+                        let chunk = r.chunk(&text, &lps, s.offset, None, s.first);
+                        s.first = false;
+                        s.offset += text.len();
+                        return Some((Ok(SseEvent::default().data(chunk.to_string())), s));
+                    }
+                    Update::Finished { reason, text, usage } => {
+                        s.done = true;
+                        let mut events = vec![SseEvent::default().data(r.chunk(&text, &[], s.offset, Some(reason), s.first).to_string())];
+                        if r.include_usage {
+                            let mut u = r.base();
+                            u["choices"] = json!([]);
+                            u["usage"] = json!(openai::Usage::new(usage.prompt_tokens, usage.completion_tokens));
+                            events.push(SseEvent::default().data(u.to_string()));
+                        }
+                        events.push(SseEvent::default().data("[DONE]"));
+                        log_request(&r.id, r.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), r.started, Some(reason.name()));
+                        events.reverse();
+                        s.tail = events;
+                    }
+                    Update::Failed(e) => {
+                        // Headers are sent: the error goes in the stream, as OpenAI does.
+                        s.done = true;
+                        log_request(&r.id, r.endpoint, e.status, None, r.started, None);
+                        s.tail = vec![SseEvent::default().data("[DONE]"), SseEvent::default().data(e.body().to_string())];
+                    }
+                }
+            }
+        });
+        Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+    }
+}
+
+pub async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let id = format!("cmpl-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
+    let result = completions_inner(&st, &headers, &body, &id, started).await;
+    respond(&st, "/v1/completions", &id, started, result)
+}
+
+async fn completions_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
+    st.authorize(headers)?;
+    let (r, sampling): (CompletionRequest, _) = openai::parse(body, openai::COMPLETION_FIELDS, true)?;
+    st.check_model(&r.model)?;
+    if st.info.encoder {
+        return Err(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into())));
+    }
+    openai::check_completion_extras(&r)?;
+    let prompt = prompt_ids(st, &r.prompt, false)?;
+    check_length(st, prompt.len(), "prompt")?;
+    // OpenAI's completions default to 16 tokens.
+    let params = openai::generation_params(&sampling, sampling.max_tokens, 16, r.logprobs.map(|n| n as usize), &st.info.defaults)?;
+    let guard = st.admit()?;
+    let rx = start(st, prompt, params)?;
+    let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let reply = Reply { st: st.clone(), kind: Kind::Completion, id: id.to_string(), endpoint: "/v1/completions", started, include_usage, logprobs: r.logprobs.is_some(), guard };
+    if sampling.stream {
+        Ok(reply.stream(rx))
+    } else {
+        reply.whole(rx).await
+    }
+}
+
+pub async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let id = format!("chatcmpl-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
+    let result = chat_inner(&st, &headers, &body, &id, started).await;
+    respond(&st, "/v1/chat/completions", &id, started, result)
+}
+
+async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
+    st.authorize(headers)?;
+    let (r, sampling): (ChatRequest, _) = openai::parse(body, openai::CHAT_FIELDS, true)?;
+    st.check_model(&r.model)?;
+    if st.info.encoder {
+        return Err(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into())));
+    }
+    let logprobs = openai::check_chat_extras(&r)?;
+    let Some(template) = &st.info.template else {
+        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages".into())));
+    };
+    let mut messages = Vec::with_capacity(r.messages.len());
+    for (i, m) in r.messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "user" | "assistant" => m.role.clone(),
+            // OpenAI's newer name for system instructions.
+            "developer" => "system".into(),
+            other => return Err(ApiError::invalid(format!("role `{other}` is not supported; use system, user or assistant"), Some(format!("messages[{i}].role")))),
+        };
+        messages.push(crate::chat::Message::new(&role, &openai::message_text(m, i)?));
+    }
+    let text = crate::chat::render(template, &messages, true, &st.info.bos_text, &st.info.eos_text)
+        .map_err(|e| ApiError::invalid(format!("the model's chat template does not render these messages: {e}"), Some("messages".into())))?;
+    let prompt = prompt_ids(st, &Prompt::Text(text), false)?;
+    check_length(st, prompt.len(), "messages")?;
+    let limit = r.max_completion_tokens.or(sampling.max_tokens);
+    // Without a limit, a reply may run to the end of the context.
+    let default_max = (st.info.max_length as usize).saturating_sub(prompt.len());
+    let params = openai::generation_params(&sampling, limit, default_max, logprobs, &st.info.defaults)?;
+    let guard = st.admit()?;
+    let rx = start(st, prompt, params)?;
+    let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs: logprobs.is_some(), guard };
+    if sampling.stream {
+        Ok(reply.stream(rx))
+    } else {
+        reply.whole(rx).await
+    }
+}
+
+pub async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let id = format!("embd-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
+    let result = embeddings_inner(&st, &headers, &body, &id, started).await;
+    respond(&st, "/v1/embeddings", &id, started, result)
+}
+
+async fn embeddings_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
+    st.authorize(headers)?;
+    let (r, _): (EmbeddingRequest, _) = openai::parse(body, openai::EMBEDDING_FIELDS, false)?;
+    st.check_model(&r.model)?;
+    let Some(width) = st.info.embedding_width.filter(|_| st.info.encoder) else {
+        return Err(ApiError::invalid("this model generates text; embeddings need a sentence encoder artifact", Some("model".into())));
+    };
+    let base64 = match r.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => return Err(ApiError::invalid(format!("encoding_format `{other}`: use float or base64"), Some("encoding_format".into()))),
+    };
+    if r.dimensions.is_some_and(|d| d != width) {
+        return Err(ApiError::invalid(format!("this model's embeddings have {width} dimensions; other sizes are not supported"), Some("dimensions".into())));
+    }
+    // Encoders take their special tokens ([CLS] ... [SEP]).
+    let texts: Vec<Prompt> = match &r.input {
+        Prompt::Texts(v) => v.iter().map(|t| Prompt::Text(t.clone())).collect(),
+        Prompt::TokenLists(v) => v.iter().map(|t| Prompt::Tokens(t.clone())).collect(),
+        one => vec![one.clone()],
+    };
+    if texts.is_empty() || texts.len() > 2048 {
+        return Err(ApiError::invalid(format!("{} inputs; send 1 to 2048", texts.len()), Some("input".into())));
+    }
+    let mut inputs = Vec::with_capacity(texts.len());
+    for t in &texts {
+        let ids = prompt_ids(st, t, true)?;
+        if ids.len() as u64 > st.info.max_length {
+            return Err(ApiError::too_long(ids.len(), st.info.max_length, "input"));
+        }
+        inputs.push(ids);
+    }
+    let tokens: usize = inputs.iter().map(Vec::len).sum();
+    let _guard = st.admit()?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    st.send(Job::Embed { inputs, reply: tx })?;
+    let vectors = rx.await.map_err(|_| ApiError::internal("the engine's thread ended"))??;
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    log_request(id, "/v1/embeddings", 200, Some((tokens, 0)), started, None);
+    Ok(Json(json!({"object": "list", "data": data, "model": st.info.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})).into_response())
+}

@@ -1,0 +1,254 @@
+//! The engine's thread. HTTP handlers send it jobs; it steps the engine and
+//! routes each request's tokens to the handler that waits for them (a channel
+//! per request). A request whose channel the handler dropped (the client went
+//! away) is cancelled before the next step, so its KV blocks go back at once.
+//!
+//! The engine is the batched one where the artifact has batch plans and runs on
+//! the CPU, else the serial one (one request at a time: a GPU, a device mesh);
+//! a sentence encoder gets a runner for embeddings instead.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use super::errors::ApiError;
+use super::metrics::Metrics;
+use crate::artifact::Artifact;
+use crate::engine::{Engine, Event, FinishReason, GenerationParams, Request, RequestId, Stats, SubmitError, TokenLogprob, Usage};
+use crate::runner::{Device, Runner};
+
+/// What a request's handler hears.
+#[derive(Debug)]
+pub enum Update {
+    Token { token: u32, text: String, logprob: Option<TokenLogprob> },
+    Finished { reason: FinishReason, text: String, usage: Usage },
+    Failed(ApiError),
+}
+
+/// Work for the engine's thread.
+pub enum Job {
+    Generate { prompt: Vec<u32>, params: GenerationParams, arrived: Instant, updates: tmpsc::UnboundedSender<Update> },
+    Embed { inputs: Vec<Vec<u32>>, reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>> },
+    /// End every request in flight (the shutdown timeout ran out).
+    CancelAll,
+    Stop,
+}
+
+/// What the handlers and the engine's thread share.
+pub struct Shared {
+    pub metrics: Metrics,
+    /// Requests accepted and not yet finished.
+    pub in_flight: AtomicUsize,
+    /// The engine's counters after its last step.
+    pub stats: Mutex<Stats>,
+}
+
+/// How the engine's thread runs.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    pub threads: usize,
+    pub device: Device,
+    pub kv_cache_memory: Option<u64>,
+}
+
+struct Active {
+    updates: tmpsc::UnboundedSender<Update>,
+    arrived: Instant,
+    last_token: Option<Instant>,
+}
+
+/// Starts the engine's thread on `artifact`; returns once the engine is ready
+/// (its KV cache allocated), with a description of it, or why it cannot run.
+pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> anyhow::Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>, String)> {
+    let (jobs, rx) = mpsc::channel::<Job>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<String, String>>();
+    let handle = std::thread::Builder::new()
+        .name("maxrun-engine".into())
+        .spawn(move || {
+            let encoder = artifact.header.model.embedding_width.is_some();
+            if encoder {
+                let runner = match Runner::open(&artifact, opts.threads, opts.device) {
+                    Ok((r, _)) => r,
+                    Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
+                };
+                let _ = ready_tx.send(Ok(format!("sentence encoder, {}", runner.describe())));
+                return embed_loop(runner, rx);
+            }
+            let tokenizer = match crate::engine::load_tokenizer(&artifact) {
+                Ok(t) => t,
+                Err(e) => return drop(ready_tx.send(Err(e))),
+            };
+            let h = &artifact.header;
+            let gpu_wanted = matches!(opts.device, Device::Gpu(_)) || (opts.device == Device::Auto && !h.gpu_archs.is_empty() && !h.has_cpu_code());
+            let engine = if h.batch.is_some() && !gpu_wanted {
+                Engine::batched(&artifact, opts.threads, opts.kv_cache_memory, tokenizer).map_err(|e| e.to_string())
+            } else {
+                Runner::open(&artifact, opts.threads, opts.device).map(|(r, _)| Engine::serial(&artifact, r, tokenizer)).map_err(|e| e.to_string())
+            };
+            let mut engine = match engine {
+                Ok(e) => e,
+                Err(e) => return drop(ready_tx.send(Err(e))),
+            };
+            let _ = ready_tx.send(Ok(engine.describe()));
+            generate_loop(&mut engine, rx, &shared);
+        })?;
+    let description = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine's thread ended while starting"))?.map_err(|e| anyhow::anyhow!(e))?;
+    Ok((jobs, handle, description))
+}
+
+fn embed_loop(mut runner: Runner<'_>, rx: mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        match job {
+            Job::Embed { inputs, reply } => {
+                let mut out = Vec::with_capacity(inputs.len());
+                let mut failed = None;
+                for ids in &inputs {
+                    runner.reset();
+                    match runner.forward(ids) {
+                        Ok(e) => out.push(e.to_vec()),
+                        Err(e) => {
+                            failed = Some(ApiError::internal(format!("the model failed on an input: {e}")));
+                            break;
+                        }
+                    }
+                }
+                let _ = reply.send(failed.map_or(Ok(out), Err));
+            }
+            Job::Generate { updates, .. } => {
+                let _ = updates.send(Update::Failed(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into()))));
+            }
+            Job::CancelAll => {}
+            Job::Stop => return,
+        }
+    }
+}
+
+/// Tokens generated over the last few seconds, for the rate gauge.
+struct Rate {
+    window: VecDeque<(Instant, u64)>,
+}
+
+impl Rate {
+    fn add(&mut self, now: Instant, tokens: u64) -> f64 {
+        self.window.push_back((now, tokens));
+        while self.window.front().is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_secs(5)) {
+            self.window.pop_front();
+        }
+        let span = self.window.front().map_or(0.0, |(t, _)| now.duration_since(*t).as_secs_f64());
+        let total: u64 = self.window.iter().skip(1).map(|(_, n)| n).sum();
+        if span > 0.0 {
+            total as f64 / span
+        } else {
+            0.0
+        }
+    }
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::PromptTooLong { tokens, max } => ApiError::too_long(tokens, max as u64, "prompt"),
+        other => ApiError::invalid(other.to_string(), Some("prompt".into())),
+    }
+}
+
+fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shared) {
+    let mut active: HashMap<RequestId, Active> = HashMap::new();
+    let mut rate = Rate { window: VecDeque::new() };
+    let m = &shared.metrics;
+    loop {
+        // New jobs: all that are there, or wait for one when idle.
+        let mut jobs = Vec::new();
+        if active.is_empty() {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(j) => jobs.push(j),
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        jobs.extend(rx.try_iter());
+        for job in jobs {
+            match job {
+                Job::Generate { prompt, params, arrived, updates } => match engine.submit(Request::new(prompt, params)) {
+                    Ok(id) => {
+                        active.insert(id, Active { updates, arrived, last_token: None });
+                    }
+                    Err(e) => {
+                        let _ = updates.send(Update::Failed(submit_error(e)));
+                    }
+                },
+                Job::Embed { reply, .. } => {
+                    let _ = reply.send(Err(ApiError::invalid("this model generates text; embeddings need a sentence encoder artifact", Some("model".into()))));
+                }
+                Job::CancelAll => {
+                    for (id, a) in active.drain() {
+                        engine.cancel(id);
+                        m.cancelled.inc();
+                        let _ = a.updates.send(Update::Finished { reason: FinishReason::Cancelled, text: String::new(), usage: Usage::default() });
+                    }
+                }
+                Job::Stop => return,
+            }
+        }
+        // Clients that went away.
+        let gone: Vec<RequestId> = active.iter().filter(|(_, a)| a.updates.is_closed()).map(|(&id, _)| id).collect();
+        for id in gone {
+            engine.cancel(id);
+            active.remove(&id);
+            m.cancelled.inc();
+        }
+        if !engine.has_work() {
+            publish(engine, shared);
+            continue;
+        }
+        let events = match engine.step() {
+            Ok(e) => e,
+            Err(e) => {
+                // The engine's own failure: every request in flight ends with it.
+                eprintln!("maxrun serve: the engine failed: {e}");
+                for (id, a) in active.drain() {
+                    engine.cancel(id);
+                    let _ = a.updates.send(Update::Failed(ApiError::internal(format!("the engine failed: {e}"))));
+                }
+                publish(engine, shared);
+                continue;
+            }
+        };
+        let now = Instant::now();
+        let mut tokens = 0;
+        for event in events {
+            match event {
+                Event::Token { id, token, text, logprob } => {
+                    tokens += 1;
+                    if let Some(a) = active.get_mut(&id) {
+                        match a.last_token {
+                            None => m.time_to_first_token.observe(now.duration_since(a.arrived).as_secs_f64()),
+                            Some(t) => m.inter_token_latency.observe(now.duration_since(t).as_secs_f64()),
+                        }
+                        a.last_token = Some(now);
+                        let _ = a.updates.send(Update::Token { token, text, logprob });
+                    }
+                }
+                Event::Finished { id, reason, text, usage } => {
+                    if let Some(a) = active.remove(&id) {
+                        m.prompt_tokens.inc_by(usage.prompt_tokens as u64);
+                        m.request_duration.observe(now.duration_since(a.arrived).as_secs_f64());
+                        let _ = a.updates.send(Update::Finished { reason, text, usage });
+                    }
+                }
+                Event::Logits { .. } => {}
+            }
+        }
+        m.generated_tokens.inc_by(tokens);
+        m.tokens_per_second.set(rate.add(now, tokens));
+        publish(engine, shared);
+    }
+}
+
+fn publish(engine: &Engine<'_>, shared: &Shared) {
+    let s = engine.stats();
+    shared.metrics.observe_engine(&s);
+    *shared.stats.lock().expect("the stats lock is never poisoned") = s;
+}

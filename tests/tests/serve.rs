@@ -1,0 +1,255 @@
+//! `maxrun serve` tested for real: the server is started on a free loopback
+//! port and driven by real clients (tests/serve/client.py: the official `openai`
+//! package, raw HTTP, prometheus_client's text parser). What the clients must
+//! get back comes from `maxrun --prompt` and `--chat` on the same artifact, and
+//! from the goldens. Every server is stopped with SIGTERM and must exit 0.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use maxc_tests::*;
+use serde_json::{json, Value};
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// SmolLM2 as the README compiles it (Q4_1 blocks), once per test binary.
+fn smollm2() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| compile_model("serve-smollm2", &smollm2_gguf(), &[]))
+}
+
+/// A running `maxrun serve`.
+struct Server {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(mef: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(bin("maxrun"))
+            .args([os("serve"), mef.as_os_str(), os("--host"), os("127.0.0.1"), os("--port"), os("0"), os("--threads"), os("2")])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("maxrun starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("on http://") {
+                    let url: String = line[at + 3..].split_whitespace().next().unwrap().to_string();
+                    let _ = tx.send(url);
+                }
+                sink.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let url = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("the server did not start: {}", log.lock().unwrap())
+        });
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        Server { child, url, log }
+    }
+
+    /// Sends SIGTERM and waits (at most `within`) for the exit; returns the code.
+    fn stop(&mut self, within: Duration) -> i32 {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            if start.elapsed() > within {
+                let _ = self.child.kill();
+                panic!("the server did not stop within {within:?} of SIGTERM: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs one scenario of tests/serve/client.py against `url` with `expected`.
+fn client(scenario: &str, url: &str, expected: &Value) -> std::process::Child {
+    let dir = temp_dir(&format!("serve-{scenario}"));
+    let file = dir.join("expected.json");
+    std::fs::write(&file, expected.to_string()).unwrap();
+    Command::new("timeout")
+        .args([os("600"), os("python3"), workspace_root().join("tests/serve/client.py").as_os_str(), os(scenario), os(url), file.as_os_str()])
+        .env("PYTHONPATH", workspace_root().join(".cache/python"))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 starts")
+}
+
+fn run_client(scenario: &str, server: &Server, expected: &Value) {
+    let out = client(scenario, &server.url, expected).wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "client scenario {scenario} failed:\n{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+}
+
+/// What `maxrun --prompt P -n N --temperature 0` prints: (text, generated tokens).
+fn cli_prompt(mef: &Path, prompt: &str, n: usize) -> (String, usize) {
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(prompt), os("-n"), os(&n.to_string()), os("--temperature"), os("0")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let generated = r.2.split("generated: ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).expect("the stats line");
+    (r.1, generated)
+}
+
+/// What `maxrun --chat --temperature 0 -n N` answers to one user message:
+/// (text, prompt tokens, generated tokens).
+fn cli_chat(mef: &Path, message: &str, n: usize) -> (String, usize, usize) {
+    let mut child = Command::new(bin("maxrun"))
+        .args([mef.as_os_str(), os("--chat"), os("--temperature"), os("0"), os("-n"), os(&n.to_string())])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{message}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let turn = stderr.lines().find(|l| l.starts_with("turn 1:")).expect("turn stats");
+    let prompt: usize = turn.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let generated: usize = turn.split(", ").last().unwrap().split(' ').next().unwrap().parse().unwrap();
+    (String::from_utf8_lossy(&out.stdout).trim_end_matches('\n').to_string(), prompt, generated)
+}
+
+const PROMPTS: [&str; 16] = [
+    "Once upon a time, there was a little robot",
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "In 1969, astronauts",
+    "A recipe for pancakes: first,",
+    "Photosynthesis is the process by which",
+    "The quick brown fox",
+    "My favourite book is",
+    "Water boils at",
+    "List three animals that live in the ocean:",
+    "The meaning of life is",
+    "To be or not to be,",
+    "Rust is a programming language that",
+    "The best way to learn a language is",
+];
+
+#[test]
+fn openai_clients_get_what_the_command_line_prints() {
+    let mef = smollm2();
+    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let golden = golden("smollm2-135m");
+    let completions: Vec<Value> = cases(&golden)
+        .iter()
+        .map(|c| {
+            let prompt = c["prompt"].as_str().unwrap();
+            let (text, generated) = cli_prompt(mef, prompt, 24);
+            let finish = if generated < 24 { "stop" } else { "length" };
+            json!({"prompt": prompt, "prompt_ids": c["input_ids"], "prompt_tokens": ids(&c["input_ids"]).len(), "max_tokens": 24, "text": text, "completion_tokens": generated, "finish_reason": finish})
+        })
+        .collect();
+    let chat_case = &golden["chat"];
+    let messages = &chat_case["messages"];
+    let (text, prompt_tokens, generated) = cli_chat(mef, messages[0]["content"].as_str().unwrap(), 48);
+    assert_eq!(text, chat_case["greedy_text"].as_str().unwrap().trim_end_matches("<|im_end|>"), "the command line answers the golden chat case");
+    let chats = vec![json!({"messages": messages, "max_tokens": 48, "text": text, "prompt_tokens": prompt_tokens, "finish_reason": if generated < 48 { "stop" } else { "length" }})];
+    let concurrent: Vec<Value> = PROMPTS.iter().map(|p| json!({"prompt": p, "max_tokens": 24, "text": cli_prompt(mef, p, 24).0})).collect();
+    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let expected = json!({
+        "model": model,
+        "api_key": "sk-test-key",
+        "completions": completions,
+        "chats": chats,
+        "concurrent": concurrent,
+        "max_length": a.header.max_length,
+        "vocab": a.header.model.vocab_size,
+    });
+    let mut server = Server::start(mef, &["--api-key", "sk-test-key"]);
+    run_client("golden", &server, &expected);
+    run_client("concurrent", &server, &expected);
+    run_client("bad_requests", &server, &expected);
+    // The disconnect scenario reads /metrics, which needs no key.
+    run_client("disconnect", &server, &expected);
+    assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
+    // One log line per request, as JSON.
+    let log = server.log();
+    let lines: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(lines.iter().any(|l| l["status"] == 200 && l["endpoint"] == "/v1/chat/completions" && l["completion_tokens"].as_u64().is_some()), "{log}");
+    assert!(lines.iter().any(|l| l["status"] == 400), "{log}");
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let mef = smollm2();
+    let mut server = Server::start(mef, &["--max-queue", "1"]);
+    run_client("queue", &server, &json!({"requests": 22}));
+    assert_eq!(server.stop(Duration::from_secs(60)), 0);
+}
+
+#[test]
+fn sigterm_during_a_stream_ends_it_and_exits_cleanly() {
+    let mef = smollm2();
+    let mut server = Server::start(mef, &["--shutdown-timeout", "1"]);
+    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let streaming = client("stream_until_signal", &server.url, &json!({"model": model}));
+    // Wait until the stream runs (its request holds KV blocks), then stop the server.
+    let start = Instant::now();
+    loop {
+        let body = Command::new("curl").args(["-s", &format!("{}/metrics", server.url)]).output().unwrap().stdout;
+        if String::from_utf8_lossy(&body).lines().any(|l| l.starts_with("maxrun_running_sequences 1")) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the stream never started: {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = Instant::now();
+    assert_eq!(server.stop(Duration::from_secs(30)), 0, "{}", server.log());
+    assert!(stopped.elapsed() < Duration::from_secs(10), "stopped in {:?}", stopped.elapsed());
+    let out = streaming.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // New connections are refused once it has stopped.
+    let r = Command::new("curl").args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("{}/health", server.url)]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "000");
+}
+
+#[test]
+fn embeddings_of_a_sentence_encoder_match_the_golden() {
+    let mef = compile_model("serve-minilm", &minilm_dir(), &[]);
+    let golden = golden("all-minilm-l6-v2");
+    let (shape, data) = maxrun::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
+    let embeddings: Vec<Vec<f32>> = data.chunks(shape[1]).map(<[f32]>::to_vec).collect();
+    let model = maxrun::artifact::Artifact::open(&mef).unwrap().header.model.name.clone();
+    let expected = json!({"model": model, "sentences": golden["sentences"], "embeddings": embeddings});
+    let mut server = Server::start(&mef, &[]);
+    run_client("embeddings", &server, &expected);
+    assert_eq!(server.stop(Duration::from_secs(30)), 0);
+}
