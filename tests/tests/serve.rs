@@ -1,6 +1,7 @@
 //! `maxrun serve` tested for real: the server is started on a free loopback
 //! port and driven by real clients (tests/serve/client.py: the official `openai`
-//! package, raw HTTP, prometheus_client's text parser). What the clients must
+//! package, raw HTTP, prometheus_client's text parser, jsonschema as the judge of
+//! structured output). What the clients must
 //! get back comes from `maxrun --prompt` and `--chat` on the same artifact, and
 //! from the goldens. Every server is stopped with SIGTERM and must exit 0.
 
@@ -197,6 +198,8 @@ fn openai_clients_get_what_the_command_line_prints() {
     run_client("golden", &server, &expected);
     run_client("concurrent", &server, &expected);
     run_client("bad_requests", &server, &expected);
+    run_client("structured", &server, &expected);
+    run_client("tools", &server, &expected);
     // The disconnect scenario reads /metrics, which needs no key.
     run_client("disconnect", &server, &expected);
     assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
@@ -205,6 +208,17 @@ fn openai_clients_get_what_the_command_line_prints() {
     let lines: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     assert!(lines.iter().any(|l| l["status"] == 200 && l["endpoint"] == "/v1/chat/completions" && l["completion_tokens"].as_u64().is_some()), "{log}");
     assert!(lines.iter().any(|l| l["status"] == 400), "{log}");
+}
+
+/// `--reasoning-parser think`: a reply's `<think>...</think>` comes back as
+/// `reasoning_content` (the reply is held to that shape by a Lark grammar).
+#[test]
+fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
+    let mef = smollm2();
+    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let mut server = Server::start(mef, &["--reasoning-parser", "think"]);
+    run_client("reasoning", &server, &json!({"model": model}));
+    assert_eq!(server.stop(Duration::from_secs(60)), 0);
 }
 
 #[test]

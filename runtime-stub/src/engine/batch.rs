@@ -128,6 +128,10 @@ impl<'a> Batched<'a> {
         })
     }
 
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
     pub fn describe(&self) -> String {
         format!(
             "threads: {}, batched: {} sequences x {} rows per step, KV pool {} blocks of {}",

@@ -10,6 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use tokenizers::Tokenizer;
 
 use super::text::{DecodeError, TextStream};
+use crate::constrain::{Constraint, Grammar};
 use crate::sampler::{sample, Rng, SamplingParams};
 
 /// How many of the latest tokens (prompt included) the repeat penalty looks at,
@@ -36,6 +37,10 @@ pub struct GenerationParams {
     pub presence_penalty: f32,
     /// Report the chosen token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The grammar the reply must match (structured output).
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for GenerationParams {
@@ -50,6 +55,8 @@ impl Default for GenerationParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             logprobs: None,
+            logit_bias: vec![],
+            grammar: None,
         }
     }
 }
@@ -111,6 +118,9 @@ pub struct Generation {
     limit: usize,
     row: Vec<f32>,
     finished: Option<FinishReason>,
+    constraint: Option<Constraint>,
+    /// Why the grammar could not go on, when it could not.
+    constraint_error: Option<String>,
 }
 
 impl Generation {
@@ -131,7 +141,25 @@ impl Generation {
             limit,
             row: Vec::new(),
             finished: if limit == 0 { Some(FinishReason::Length) } else { None },
+            constraint: None,
+            constraint_error: None,
         }
+    }
+
+    /// Holds the reply to `constraint` (built from the params' grammar by the engine).
+    pub fn with_constraint(mut self, constraint: Constraint) -> Generation {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// The grammar state, for the engine to compute the next mask ahead.
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut().filter(|_| self.finished.is_none())
+    }
+
+    /// Why the grammar stopped the reply early, if it did (an llguidance error).
+    pub fn constraint_error(&self) -> Option<&str> {
+        self.constraint_error.as_deref()
     }
 
     pub fn params(&self) -> &GenerationParams {
@@ -168,7 +196,7 @@ impl Generation {
     pub fn next(&mut self, logits: &[f32], tokenizer: &Tokenizer) -> Result<Sampled, DecodeError> {
         assert!(self.finished.is_none(), "a finished generation takes no more tokens");
         let p = &self.params;
-        let adjusted = p.repeat_penalty.is_some() || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 || p.ignore_eos;
+        let adjusted = p.repeat_penalty.is_some() || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 || p.ignore_eos || !p.logit_bias.is_empty() || self.constraint.is_some();
         if adjusted {
             self.row.clear();
             self.row.extend_from_slice(logits);
@@ -187,7 +215,18 @@ impl Generation {
                 }
             }
         }
-        if p.ignore_eos {
+        for &(t, bias) in &p.logit_bias {
+            if let Some(x) = self.row.get_mut(t as usize) {
+                *x += bias;
+            }
+        }
+        // The grammar's mask comes before ignore_eos: a grammar that has ended
+        // allows only end-of-sequence tokens, and those must stay.
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.apply(&mut self.row) {
+                self.constraint_error = Some(e);
+            }
+        } else if p.ignore_eos {
             for &e in &self.eos {
                 if let Some(x) = self.row.get_mut(e as usize) {
                     *x = f32::NEG_INFINITY;
@@ -195,6 +234,13 @@ impl Generation {
             }
         }
         let token = sample(if adjusted { &self.row } else { logits }, &p.sampling, &mut self.rng);
+        if let Some(c) = &mut self.constraint {
+            if self.constraint_error.is_none() {
+                if let Err(e) = c.commit(token) {
+                    self.constraint_error = Some(e);
+                }
+            }
+        }
         let logprob = p.logprobs.map(|n| logprob_of(logits, token, n));
         if self.recent.len() == REPEAT_WINDOW {
             self.recent.pop_front();
@@ -206,7 +252,8 @@ impl Generation {
         if !end {
             self.text.push(tokenizer, token)?;
         }
-        let finish = if end || self.text.stopped() {
+        let grammar_done = self.constraint.as_ref().is_some_and(Constraint::is_stopped) || self.constraint_error.is_some();
+        let finish = if end || self.text.stopped() || grammar_done {
             Some(FinishReason::Stop)
         } else if self.generated.len() >= self.limit {
             Some(FinishReason::Length)

@@ -91,6 +91,8 @@ pub enum SubmitError {
     PromptTooLong { tokens: usize, max: usize },
     #[error("{0}")]
     Batch(#[from] scheduler::AddError),
+    #[error("the grammar cannot be built: {0}")]
+    Grammar(String),
 }
 
 /// Why a step failed.
@@ -144,6 +146,8 @@ pub struct Engine<'a> {
     requests: HashMap<RequestId, Active>,
     next_id: RequestId,
     stats: Stats,
+    /// The vocabulary's grammars, built at the first request with a grammar.
+    grammars: Option<crate::constrain::Grammars>,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -180,7 +184,7 @@ impl<'a> Engine<'a> {
     }
 
     fn with_backend(artifact: &'a Artifact, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
-        Engine { backend, tokenizer, artifact, requests: HashMap::new(), next_id: 1, stats: Stats::default() }
+        Engine { backend, tokenizer, artifact, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None }
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -219,6 +223,14 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The worker threads the model's steps run on.
+    pub fn threads(&self) -> usize {
+        match &self.backend {
+            Backend::Serial(s) => s.threads(),
+            Backend::Batched(b) => b.threads(),
+        }
+    }
+
     /// Where it runs, for stats lines.
     pub fn describe(&self) -> String {
         match &self.backend {
@@ -240,15 +252,33 @@ impl<'a> Engine<'a> {
         if request.prompt.len() > max_length {
             return Err(SubmitError::PromptTooLong { tokens: request.prompt.len(), max: max_length });
         }
+        let constraint = match &request.params.grammar {
+            None => None,
+            Some(g) => Some(self.grammars()?.constraint(g).map_err(SubmitError::Grammar)?),
+        };
         let id = self.next_id;
         match &mut self.backend {
             Backend::Serial(s) => s.add(id, &request),
             Backend::Batched(b) => b.add(id, &request)?,
         }
         self.next_id += 1;
-        let generation = Generation::new(&request.prompt, request.params, &h.tokenizer.eos_token_ids, max_length);
+        let mut generation = Generation::new(&request.prompt, request.params, &h.tokenizer.eos_token_ids, max_length);
+        if let Some(c) = constraint {
+            generation = generation.with_constraint(c);
+        }
         self.requests.insert(id, Active { generation, all_logits: request.all_logits, submitted: Instant::now(), first_token: None, cached_tokens: 0 });
         Ok(id)
+    }
+
+    /// The artifact's grammars (llguidance's token trie), built on first use.
+    fn grammars(&mut self) -> Result<&crate::constrain::Grammars, SubmitError> {
+        if self.grammars.is_none() {
+            let h = &self.artifact.header;
+            let json = self.artifact.tokenizer_json().map_err(|e| SubmitError::Grammar(e.to_string()))?;
+            let g = crate::constrain::Grammars::new(json, &self.tokenizer, h.model.vocab_size as usize, &h.tokenizer.eos_token_ids).map_err(SubmitError::Grammar)?;
+            self.grammars = Some(g);
+        }
+        Ok(self.grammars.as_ref().expect("built above"))
     }
 
     /// Ends a request now, giving its KV blocks back; `false` if it is unknown
@@ -298,10 +328,33 @@ impl<'a> Engine<'a> {
         if self.requests.is_empty() {
             return Ok(events);
         }
-        let output = match &mut self.backend {
-            Backend::Serial(s) => s.step()?,
-            Backend::Batched(b) => b.step()?,
-        };
+        // The grammars' next masks: computed before the step, or beside it; a
+        // step without constrained requests computes none.
+        let overlap = self.threads() < std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (backend, requests) = (&mut self.backend, &mut self.requests);
+        let output = std::thread::scope(|scope| {
+            let pending: Vec<&mut crate::constrain::Constraint> =
+                requests.values_mut().filter_map(|a| a.generation.constraint_mut()).filter(|c| !c.is_prepared()).collect();
+            // With a core to spare, the masks overlap the step on a helper thread;
+            // where the step's threads take every core, a helper only takes a core
+            // from them (their barriers then wait on it), so the masks come first
+            // on this thread (docs/serving.md, Structured output).
+            let pending = if overlap {
+                pending
+            } else {
+                pending.into_iter().for_each(|c| c.prepare());
+                Vec::new()
+            };
+            let helper = (!pending.is_empty()).then(|| scope.spawn(move || pending.into_iter().for_each(|c| c.prepare())));
+            let output = match backend {
+                Backend::Serial(s) => s.step(),
+                Backend::Batched(b) => b.step(),
+            };
+            if let Some(h) = helper {
+                h.join().expect("the mask thread does not panic");
+            }
+            output
+        })?;
         self.stats.steps += 1;
         self.stats.prompt_rows += output.prompt_rows as u64;
         self.stats.decode_rows += output.decode_rows as u64;

@@ -44,6 +44,10 @@ impl<'a> Serial<'a> {
         &mut self.runner
     }
 
+    pub fn threads(&self) -> usize {
+        self.runner.threads()
+    }
+
     pub fn describe(&self) -> String {
         self.runner.describe()
     }

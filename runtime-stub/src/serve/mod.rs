@@ -43,6 +43,13 @@ pub struct ServeOptions {
     pub threads: usize,
     pub device: Device,
     pub kv_cache_memory: Option<u64>,
+    /// `hermes`, `llama3`, `mistral`; `None`: from the chat template.
+    pub tool_parser: Option<crate::constrain::tools::ToolFormat>,
+    /// Split `<think>...</think>` into `reasoning_content`: `None` when the chat
+    /// template mentions `<think>`.
+    pub reasoning: Option<bool>,
+    /// Drop unknown request fields instead of answering 400.
+    pub allow_extra_request_fields: bool,
 }
 
 /// Waits for SIGTERM or SIGINT.
@@ -64,8 +71,12 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
     let tokenizer = crate::engine::load_tokenizer(&artifact).map_err(|e| anyhow!(e))?;
     let template = std::str::from_utf8(artifact.section(crate::format::SectionKind::ChatTemplate)).ok().filter(|t| !t.is_empty()).map(str::to_string);
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+    let tool_format = opts.tool_parser.unwrap_or_else(|| template.as_deref().map_or(crate::constrain::tools::ToolFormat::Hermes, crate::constrain::tools::ToolFormat::of_template));
+    let reasoning = opts.reasoning.unwrap_or_else(|| template.as_deref().is_some_and(|t| t.contains("<think>")));
     let info = ModelInfo {
         name: opts.served_model_name.clone().unwrap_or_else(|| h.model.name.clone()),
+        tool_format,
+        reasoning,
         created: std::fs::metadata(&artifact.path).and_then(|m| m.modified()).ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs()),
         max_length: h.max_length,
         vocab: h.model.vocab_size,
@@ -86,6 +97,7 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
         info,
         api_key: opts.api_key.clone(),
         max_queue: opts.max_queue,
+        allow_extra_fields: opts.allow_extra_request_fields,
         next_id: AtomicU64::new(1),
         shutting_down: AtomicBool::new(false),
     });

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::errors::ApiError;
+use crate::constrain::Grammar;
 use crate::engine::GenerationParams;
 use crate::format::GenerationDefaults;
 use crate::sampler::SamplingParams;
@@ -78,9 +79,23 @@ const SAMPLING_FIELDS: &[&str] = &[
 ];
 
 /// Every field a completion request may have.
-pub const COMPLETION_FIELDS: &[&str] = &["model", "prompt", "logprobs", "echo", "best_of", "logit_bias", "suffix"];
+pub const COMPLETION_FIELDS: &[&str] = &["model", "prompt", "logprobs", "echo", "best_of", "logit_bias", "suffix", "response_format", "guided_json", "guided_regex", "guided_grammar"];
 /// Every field a chat request may have.
-pub const CHAT_FIELDS: &[&str] = &["model", "messages", "max_completion_tokens", "logprobs", "top_logprobs", "logit_bias"];
+pub const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_grammar",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
 /// Every field an embedding request may have.
 pub const EMBEDDING_FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
 
@@ -96,6 +111,9 @@ pub struct CompletionRequest {
     pub best_of: Option<u64>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub suffix: Option<String>,
+    pub response_format: Option<ResponseFormat>,
+    #[serde(flatten)]
+    pub guided: Guided,
 }
 
 /// One chat message. `content` may be a string or a list of text parts.
@@ -105,6 +123,87 @@ pub struct ChatMessage {
     #[serde(default)]
     pub content: Option<Value>,
     pub name: Option<String>,
+    /// An assistant message's calls: `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message answers this call.
+    pub tool_call_id: Option<String>,
+}
+
+/// One offered tool (`{"type": "function", "function": {...}}`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct ToolSpec {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionSpec,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct FunctionSpec {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+/// Whether and how the reply must call a tool.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// The offered tools, checked.
+pub fn tools(specs: &Option<Vec<ToolSpec>>) -> Result<Vec<crate::constrain::tools::Tool>, ApiError> {
+    let mut out: Vec<crate::constrain::tools::Tool> = Vec::new();
+    for (i, t) in specs.iter().flatten().enumerate() {
+        let at = format!("tools[{i}]");
+        if t.kind != "function" {
+            return Err(field(&format!("{at}.type"), format!("tool type `{}` is not supported; use function", t.kind)));
+        }
+        let name = &t.function.name;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            return Err(field(&format!("{at}.function.name"), format!("`{name}`: a function name is letters, digits, `_` and `-`")));
+        }
+        if out.iter().any(|o| &o.name == name) {
+            return Err(field(&format!("{at}.function.name"), format!("two tools are named `{name}`")));
+        }
+        let parameters = t.function.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
+        if !parameters.is_object() {
+            return Err(field(&format!("{at}.function.parameters"), "parameters must be a JSON schema object".into()));
+        }
+        out.push(crate::constrain::tools::Tool { name: name.clone(), description: t.function.description.clone(), parameters });
+    }
+    Ok(out)
+}
+
+/// `tool_choice`: `none`, `auto` (the default with tools), `required`, or a named function.
+pub fn tool_choice(choice: &Option<Value>, tools: &[crate::constrain::tools::Tool]) -> Result<ToolChoice, ApiError> {
+    let parsed = match choice {
+        None => {
+            if tools.is_empty() {
+                ToolChoice::None
+            } else {
+                ToolChoice::Auto
+            }
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => return Err(field("tool_choice", format!("`{other}`: use none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"))),
+        },
+        Some(v) => match v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => ToolChoice::Named(name.to_string()),
+            _ => return Err(field("tool_choice", format!("{v} is not a tool choice"))),
+        },
+    };
+    match &parsed {
+        ToolChoice::Required | ToolChoice::Named(_) if tools.is_empty() => Err(field("tool_choice", "a tool is required but the request offers no tools".into())),
+        ToolChoice::Named(n) if !tools.iter().any(|t| &t.name == n) => Err(field("tool_choice", format!("`{n}` is not one of the offered tools"))),
+        _ => Ok(parsed),
+    }
 }
 
 /// `POST /v1/chat/completions` (its sampling fields apart: [`parse`]).
@@ -117,6 +216,12 @@ pub struct ChatRequest {
     pub logprobs: bool,
     pub top_logprobs: Option<u64>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub response_format: Option<ResponseFormat>,
+    #[serde(flatten)]
+    pub guided: Guided,
+    pub tools: Option<Vec<ToolSpec>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `POST /v1/embeddings`.
@@ -131,12 +236,8 @@ pub struct EmbeddingRequest {
 
 /// Fields OpenAI clients send that maxrun does not implement yet, and why not.
 const NOT_YET: &[(&str, &str)] = &[
-    ("tools", "tool calling is not supported yet"),
-    ("tool_choice", "tool calling is not supported yet"),
-    ("parallel_tool_calls", "tool calling is not supported yet"),
-    ("functions", "function calling is not supported"),
-    ("function_call", "function calling is not supported"),
-    ("response_format", "structured output (response_format) is not supported yet"),
+    ("functions", "the deprecated `functions` is not supported; send `tools`"),
+    ("function_call", "the deprecated `function_call` is not supported; send `tool_choice`"),
 ];
 
 /// Parses a JSON object body whose fields are among `fields` (plus the shared
@@ -144,22 +245,34 @@ const NOT_YET: &[(&str, &str)] = &[
 /// does not fit its type. The sampling fields come back apart (default when not
 /// `sampling`).
 pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str], sampling: bool) -> Result<(T, Sampling), ApiError> {
+    parse_allowing(body, fields, sampling, false)
+}
+
+/// [`parse`]; with `allow_extra`, fields it does not know are dropped instead
+/// of refused (`maxrun serve --allow-extra-request-fields`, for clients that
+/// send their own extensions).
+pub fn parse_allowing<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str], sampling: bool, allow_extra: bool) -> Result<(T, Sampling), ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("the request body is not UTF-8 text", None))?;
     if text.trim().is_empty() {
         return Err(ApiError::invalid("the request body is empty; send a JSON object", None));
     }
     let value: Value = serde_json::from_str(text).map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
-    let Value::Object(map) = value else {
+    let Value::Object(mut map) = value else {
         return Err(ApiError::invalid("the request body must be a JSON object", None));
     };
+    let known = |key: &str| fields.contains(&key) || (sampling && SAMPLING_FIELDS.contains(&key));
     for key in map.keys() {
         if let Some((_, why)) = NOT_YET.iter().find(|(k, _)| k == key) {
             return Err(field(key, format!("`{key}`: {why}")));
         }
-        if !fields.contains(&key.as_str()) && !(sampling && SAMPLING_FIELDS.contains(&key.as_str())) {
-            return Err(field(key, format!("unknown field `{key}`; see docs/serving.md for the fields maxrun serve takes")));
+        if !known(key) && !allow_extra {
+            return Err(field(
+                key,
+                format!("unknown field `{key}`; see docs/serving.md for the fields maxrun serve takes (--allow-extra-request-fields drops unknown fields instead)"),
+            ));
         }
     }
+    map.retain(|k, _| known(k));
     let (sampled, own): (serde_json::Map<String, Value>, serde_json::Map<String, Value>) = map.into_iter().partition(|(k, _)| sampling && SAMPLING_FIELDS.contains(&k.as_str()));
     Ok((typed(own)?, typed(sampled)?))
 }
@@ -258,7 +371,80 @@ pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usi
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
         presence_penalty: s.presence_penalty.unwrap_or(0.0),
         logprobs,
+        ..GenerationParams::default()
     })
+}
+
+/// `logit_bias`: token id (as a string key) -> a bias in [-100, 100] added to its logit.
+pub fn logit_bias(map: &Option<serde_json::Map<String, Value>>, vocab: u64) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out = Vec::new();
+    for (k, v) in map.iter().flatten() {
+        let id: u32 = k.parse().ok().filter(|&i: &u32| (i as u64) < vocab).ok_or_else(|| field("logit_bias", format!("`{k}` is not a token id below {vocab}")))?;
+        let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| field("logit_bias", format!("the bias of token {k} must be a number from -100 to 100, not {v}")))?;
+        out.push((id, bias as f32));
+    }
+    Ok(out)
+}
+
+/// `response_format` (OpenAI's structured output).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub schema: Option<Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// The grammar a request asks for: `response_format`, or one of the extension
+/// fields `guided_json` (a schema), `guided_regex`, `guided_grammar` (Lark), as
+/// vLLM names them; at most one.
+pub fn grammar(format: &Option<ResponseFormat>, guided: &Guided) -> Result<Option<(&'static str, Grammar)>, ApiError> {
+    let mut asked: Vec<(&str, Grammar)> = Vec::new();
+    match format {
+        None | Some(ResponseFormat::Text) => {}
+        Some(ResponseFormat::JsonObject) => asked.push(("response_format", Grammar::JsonObject)),
+        Some(ResponseFormat::JsonSchema { json_schema }) => {
+            let schema = json_schema.schema.clone().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            if !schema.is_object() && schema != Value::Bool(true) {
+                return Err(field("response_format", format!("json_schema.schema of `{}` must be a JSON schema object", json_schema.name)));
+            }
+            asked.push(("response_format", Grammar::JsonSchema(schema)));
+        }
+    }
+    if let Some(s) = &guided.guided_json {
+        asked.push(("guided_json", Grammar::JsonSchema(s.clone())));
+    }
+    if let Some(r) = &guided.guided_regex {
+        asked.push(("guided_regex", Grammar::Regex(r.clone())));
+    }
+    if let Some(g) = &guided.guided_grammar {
+        asked.push(("guided_grammar", Grammar::Lark(g.clone())));
+    }
+    match asked.len() {
+        0 => Ok(None),
+        1 => Ok(asked.pop()),
+        _ => Err(field(asked[1].0, format!("ask for one grammar: {} and {} both set one", asked[0].0, asked[1].0))),
+    }
+}
+
+/// The grammar extension fields (docs/serving.md).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Guided {
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_grammar: Option<String>,
 }
 
 /// Refuses the completion fields maxrun cannot honour.
@@ -268,9 +454,6 @@ pub fn check_completion_extras(r: &CompletionRequest) -> Result<(), ApiError> {
     }
     if r.best_of.is_some_and(|b| b != 1) {
         return Err(field("best_of", "best_of above 1 is not supported".into()));
-    }
-    if r.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(field("logit_bias", "logit_bias is not supported".into()));
     }
     if r.suffix.is_some() {
         return Err(field("suffix", "suffix (insertion) is not supported".into()));
@@ -283,9 +466,6 @@ pub fn check_completion_extras(r: &CompletionRequest) -> Result<(), ApiError> {
 
 /// Refuses the chat fields maxrun cannot honour; returns the alternatives asked for.
 pub fn check_chat_extras(r: &ChatRequest) -> Result<Option<usize>, ApiError> {
-    if r.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(field("logit_bias", "logit_bias is not supported".into()));
-    }
     if r.messages.is_empty() {
         return Err(field("messages", "messages is empty; send at least one message".into()));
     }

@@ -29,6 +29,10 @@ use crate::format::GenerationDefaults;
 pub struct ModelInfo {
     /// The name clients use (`--served-model-name`, else the artifact's model name).
     pub name: String,
+    /// How the model writes tool calls (`--tool-parser`, else from the chat template).
+    pub tool_format: crate::constrain::tools::ToolFormat,
+    /// Whether replies' `<think>...</think>` goes to `reasoning_content`.
+    pub reasoning: bool,
     pub created: u64,
     pub max_length: u64,
     pub vocab: u64,
@@ -49,6 +53,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Requests that may wait for room in the engine before new ones get 503.
     pub max_queue: usize,
+    /// Drop unknown request fields instead of refusing them.
+    pub allow_extra_fields: bool,
     pub next_id: AtomicU64,
     pub shutting_down: AtomicBool,
 }
@@ -246,9 +252,9 @@ enum Kind {
 }
 
 /// Starts a generation; returns its update channel.
-fn start(st: &AppState, prompt: Vec<u32>, params: GenerationParams) -> Result<tmpsc::UnboundedReceiver<Update>, ApiError> {
+fn start(st: &AppState, prompt: Vec<u32>, params: GenerationParams, grammar_field: &'static str) -> Result<tmpsc::UnboundedReceiver<Update>, ApiError> {
     let (tx, rx) = tmpsc::unbounded_channel();
-    st.send(Job::Generate { prompt, params, arrived: Instant::now(), updates: tx })?;
+    st.send(Job::Generate { prompt, params, arrived: Instant::now(), updates: tx, grammar_field })?;
     Ok(rx)
 }
 
@@ -262,6 +268,25 @@ struct Reply {
     include_usage: bool,
     logprobs: bool,
     guard: InFlight,
+    /// Chat with tools: the call format, and whether the whole reply is a call.
+    tools: Option<(crate::constrain::tools::ToolFormat, bool)>,
+    /// Chat with a reasoning parser: whether the prompt opened `<think>`.
+    think: Option<bool>,
+}
+
+/// OpenAI's `tool_calls` entries of a response (`id`s from the request's).
+fn tool_calls_json(id: &str, calls: &[crate::constrain::tools::ToolCall], with_index: bool) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({"id": format!("call_{}_{i}", id.trim_start_matches("chatcmpl-")), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}});
+            if with_index {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
 }
 
 impl Reply {
@@ -283,23 +308,36 @@ impl Reply {
         }
     }
 
-    /// One streamed chunk with `text` (and `finish`, on the last).
-    fn chunk(&self, text: &str, logprobs: &[(String, TokenLogprob)], offset: usize, finish: Option<FinishReason>, first: bool) -> Value {
+    /// A completion chunk with `text` (and `finish`, on the last).
+    fn text_chunk(&self, text: &str, logprobs: &[(String, TokenLogprob)], offset: usize, finish: Option<&str>) -> Value {
         let mut v = self.base();
-        let lp = self.logprobs_json(logprobs, offset);
-        let reason = finish.map(FinishReason::name);
-        v["choices"] = match self.kind {
-            Kind::Completion => json!([{"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}]),
-            Kind::Chat => {
-                let delta = match (first, finish) {
-                    (true, _) => json!({"role": "assistant", "content": text}),
-                    (false, Some(_)) if text.is_empty() => json!({}),
-                    _ => json!({"content": text}),
-                };
-                json!([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}])
-            }
-        };
+        v["choices"] = json!([{"index": 0, "text": text, "logprobs": self.logprobs_json(logprobs, offset), "finish_reason": finish}]);
         v
+    }
+
+    /// A chat chunk with `delta`.
+    fn delta_chunk(&self, delta: Value, logprobs: &[(String, TokenLogprob)], finish: Option<&str>) -> Value {
+        let mut v = self.base();
+        v["choices"] = json!([{"index": 0, "delta": delta, "logprobs": self.logprobs_json(logprobs, 0), "finish_reason": finish}]);
+        v
+    }
+
+    /// Splits a finished chat reply into reasoning, content and tool calls.
+    fn split(&self, text: String) -> (Option<String>, String, Vec<crate::constrain::tools::ToolCall>) {
+        let (reasoning, content) = match self.think {
+            Some(open) => {
+                let (r, c) = crate::constrain::reasoning::split(&text, open);
+                (Some(r), c)
+            }
+            None => (None, text),
+        };
+        match self.tools {
+            Some((format, _)) => {
+                let p = crate::constrain::tools::parse(&content, format);
+                (reasoning, p.content, p.calls)
+            }
+            None => (reasoning, content, vec![]),
+        }
     }
 
     /// The whole response at once.
@@ -308,12 +346,21 @@ impl Reply {
         let usage = openai::Usage::new(g.usage.prompt_tokens, g.usage.completion_tokens);
         let mut v = self.base();
         let lp = self.logprobs_json(&g.logprobs, 0);
-        let reason = g.reason.name();
+        let mut reason = g.reason.name();
         v["choices"] = match self.kind {
             Kind::Completion => json!([{"index": 0, "text": g.text, "logprobs": lp, "finish_reason": reason}]),
             Kind::Chat => {
                 v["object"] = json!("chat.completion");
-                json!([{"index": 0, "message": {"role": "assistant", "content": g.text}, "logprobs": lp, "finish_reason": reason}])
+                let (reasoning, content, calls) = self.split(g.text);
+                let mut message = json!({"role": "assistant", "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) }});
+                if let Some(r) = reasoning {
+                    message["reasoning_content"] = if r.is_empty() { Value::Null } else { json!(r) };
+                }
+                if !calls.is_empty() {
+                    message["tool_calls"] = json!(tool_calls_json(&self.id, &calls, false));
+                    reason = "tool_calls";
+                }
+                json!([{"index": 0, "message": message, "logprobs": lp, "finish_reason": reason}])
             }
         };
         v["usage"] = json!(usage);
@@ -324,20 +371,28 @@ impl Reply {
 
     /// Server-sent events: a chunk per token with visible text (or a
     /// log-probability), the last with the finish reason, the usage when asked,
-    /// then `[DONE]`.
+    /// then `[DONE]`. A chat with a reasoning parser streams the thinking as
+    /// `reasoning_content` deltas; with tools, text that may be a call is held
+    /// back, and the calls come as `tool_calls` deltas at the end.
     fn stream(self, rx: tmpsc::UnboundedReceiver<Update>) -> Response {
+        use crate::constrain::{reasoning::ThinkSplitter, tools::ToolStream};
         struct S {
             reply: Reply,
             rx: tmpsc::UnboundedReceiver<Update>,
             first: bool,
             offset: usize,
             done: bool,
-            tail: Vec<SseEvent>,
+            queue: std::collections::VecDeque<SseEvent>,
+            think: Option<ThinkSplitter>,
+            calls: Option<ToolStream>,
         }
-        let state = S { reply: self, rx, first: true, offset: 0, done: false, tail: vec![] };
-        let stream = futures_util::stream::unfold(state, |mut s| async move {
+        let think = self.think.map(ThinkSplitter::new);
+        let calls = self.tools.map(|(format, whole)| ToolStream::new(format, whole));
+        let state = S { reply: self, rx, first: true, offset: 0, done: false, queue: Default::default(), think, calls };
+        let event = |v: Value| SseEvent::default().data(v.to_string());
+        let stream = futures_util::stream::unfold(state, move |mut s| async move {
             loop {
-                if let Some(e) = s.tail.pop() {
+                if let Some(e) = s.queue.pop_front() {
                     return Some((Ok::<_, std::convert::Infallible>(e), s));
                 }
                 if s.done {
@@ -350,34 +405,95 @@ impl Reply {
                 let r = &s.reply;
                 match u {
                     Update::Token { text, logprob, .. } => {
-                        if text.is_empty() && logprob.is_none() && !(s.first && r.kind == Kind::Chat) {
-                            continue;
-                        }
                         let lps: Vec<(String, TokenLogprob)> = logprob.into_iter().map(|lp| (text.clone(), lp)).collect();
-                        let chunk = r.chunk(&text, &lps, s.offset, None, s.first);
-                        s.first = false;
-                        s.offset += text.len();
-                        return Some((Ok(SseEvent::default().data(chunk.to_string())), s));
+                        match r.kind {
+                            Kind::Completion => {
+                                if text.is_empty() && lps.is_empty() {
+                                    continue;
+                                }
+                                s.queue.push_back(event(r.text_chunk(&text, &lps, s.offset, None)));
+                                s.offset += text.len();
+                            }
+                            Kind::Chat => {
+                                let (reasoning, content) = match &mut s.think {
+                                    Some(t) => t.push(&text),
+                                    None => (String::new(), text),
+                                };
+                                let content = match &mut s.calls {
+                                    Some(c) => c.push(&content),
+                                    None => content,
+                                };
+                                if s.first {
+                                    s.queue.push_back(event(r.delta_chunk(json!({"role": "assistant", "content": ""}), &[], None)));
+                                    s.first = false;
+                                }
+                                if !reasoning.is_empty() {
+                                    s.queue.push_back(event(r.delta_chunk(json!({"reasoning_content": reasoning}), &[], None)));
+                                }
+                                if !content.is_empty() || !lps.is_empty() {
+                                    s.queue.push_back(event(r.delta_chunk(json!({"content": content}), &lps, None)));
+                                }
+                            }
+                        }
                     }
                     Update::Finished { reason, text, usage } => {
                         s.done = true;
-                        let mut events = vec![SseEvent::default().data(r.chunk(&text, &[], s.offset, Some(reason), s.first).to_string())];
+                        let mut reason = reason.name();
+                        match r.kind {
+                            Kind::Completion => s.queue.push_back(event(r.text_chunk(&text, &[], s.offset, Some(reason)))),
+                            Kind::Chat => {
+                                if s.first {
+                                    s.queue.push_back(event(r.delta_chunk(json!({"role": "assistant", "content": ""}), &[], None)));
+                                }
+                                let (mut reasoning, mut content) = match &mut s.think {
+                                    Some(t) => {
+                                        let (r1, c1) = t.push(&text);
+                                        let (r2, c2) = t.finish();
+                                        (r1 + &r2, c1 + &c2)
+                                    }
+                                    None => (String::new(), text),
+                                };
+                                let mut calls = vec![];
+                                if let Some(c) = &mut s.calls {
+                                    let sent = c.push(&content);
+                                    let (parsed, rest) = c.finish();
+                                    content = sent + &rest;
+                                    calls = parsed.calls;
+                                }
+                                if !reasoning.is_empty() {
+                                    s.queue.push_back(event(r.delta_chunk(json!({"reasoning_content": std::mem::take(&mut reasoning)}), &[], None)));
+                                }
+                                if !content.is_empty() {
+                                    s.queue.push_back(event(r.delta_chunk(json!({"content": content}), &[], None)));
+                                }
+                                if !calls.is_empty() {
+                                    // Each call's id, type and name first, then its arguments, as OpenAI streams them.
+                                    for (i, call) in tool_calls_json(&r.id, &calls, true).into_iter().enumerate() {
+                                        let mut head = call.clone();
+                                        head["function"]["arguments"] = json!("");
+                                        s.queue.push_back(event(r.delta_chunk(json!({"tool_calls": [head]}), &[], None)));
+                                        s.queue.push_back(event(r.delta_chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}), &[], None)));
+                                    }
+                                    reason = "tool_calls";
+                                }
+                                s.queue.push_back(event(r.delta_chunk(json!({}), &[], Some(reason))));
+                            }
+                        }
                         if r.include_usage {
                             let mut u = r.base();
                             u["choices"] = json!([]);
                             u["usage"] = json!(openai::Usage::new(usage.prompt_tokens, usage.completion_tokens));
-                            events.push(SseEvent::default().data(u.to_string()));
+                            s.queue.push_back(event(u));
                         }
-                        events.push(SseEvent::default().data("[DONE]"));
-                        log_request(&r.id, r.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), r.started, Some(reason.name()));
-                        events.reverse();
-                        s.tail = events;
+                        s.queue.push_back(SseEvent::default().data("[DONE]"));
+                        log_request(&r.id, r.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), r.started, Some(reason));
                     }
                     Update::Failed(e) => {
                         // Headers are sent: the error goes in the stream, as OpenAI does.
                         s.done = true;
                         log_request(&r.id, r.endpoint, e.status, None, r.started, None);
-                        s.tail = vec![SseEvent::default().data("[DONE]"), SseEvent::default().data(e.body().to_string())];
+                        s.queue.push_back(SseEvent::default().data(e.body().to_string()));
+                        s.queue.push_back(SseEvent::default().data("[DONE]"));
                     }
                 }
             }
@@ -395,7 +511,7 @@ pub async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Resp
 
 async fn completions_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
     st.authorize(headers)?;
-    let (r, sampling): (CompletionRequest, _) = openai::parse(body, openai::COMPLETION_FIELDS, true)?;
+    let (r, sampling): (CompletionRequest, _) = openai::parse_allowing(body, openai::COMPLETION_FIELDS, true, st.allow_extra_fields)?;
     st.check_model(&r.model)?;
     if st.info.encoder {
         return Err(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into())));
@@ -404,11 +520,14 @@ async fn completions_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8],
     let prompt = prompt_ids(st, &r.prompt, false)?;
     check_length(st, prompt.len(), "prompt")?;
     // OpenAI's completions default to 16 tokens.
-    let params = openai::generation_params(&sampling, sampling.max_tokens, 16, r.logprobs.map(|n| n as usize), &st.info.defaults)?;
+    let mut params = openai::generation_params(&sampling, sampling.max_tokens, 16, r.logprobs.map(|n| n as usize), &st.info.defaults)?;
+    params.logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
+    let (grammar_field, grammar) = openai::grammar(&r.response_format, &r.guided)?.map_or(("response_format", None), |(f, g)| (f, Some(g)));
+    params.grammar = grammar;
     let guard = st.admit()?;
-    let rx = start(st, prompt, params)?;
+    let rx = start(st, prompt, params, grammar_field)?;
     let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let reply = Reply { st: st.clone(), kind: Kind::Completion, id: id.to_string(), endpoint: "/v1/completions", started, include_usage, logprobs: r.logprobs.is_some(), guard };
+    let reply = Reply { st: st.clone(), kind: Kind::Completion, id: id.to_string(), endpoint: "/v1/completions", started, include_usage, logprobs: r.logprobs.is_some(), guard, tools: None, think: None };
     if sampling.stream {
         Ok(reply.stream(rx))
     } else {
@@ -424,8 +543,9 @@ pub async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
 }
 
 async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
+    use crate::constrain::tools::{self, ToolFormat};
     st.authorize(headers)?;
-    let (r, sampling): (ChatRequest, _) = openai::parse(body, openai::CHAT_FIELDS, true)?;
+    let (r, sampling): (ChatRequest, _) = openai::parse_allowing(body, openai::CHAT_FIELDS, true, st.allow_extra_fields)?;
     st.check_model(&r.model)?;
     if st.info.encoder {
         return Err(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into())));
@@ -434,33 +554,103 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
     let Some(template) = &st.info.template else {
         return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages".into())));
     };
-    let mut messages = Vec::with_capacity(r.messages.len());
+    let offered = openai::tools(&r.tools)?;
+    let choice = openai::tool_choice(&r.tool_choice, &offered)?;
+    let use_tools = choice != openai::ToolChoice::None;
+    // A template that takes `tools` renders them and its own call format; for
+    // others the tools are described in a system message, in Hermes's format.
+    let template_tools = template.contains("tools");
+    let format = if template_tools { st.info.tool_format } else { ToolFormat::Hermes };
+    let mut messages: Vec<Value> = Vec::with_capacity(r.messages.len() + 1);
     for (i, m) in r.messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "user" | "assistant" => m.role.clone(),
+        let text = openai::message_text(m, i)?;
+        let calls = parse_calls(m, i)?;
+        let message = match m.role.as_str() {
+            "system" | "user" => json!({"role": m.role, "content": text}),
             // OpenAI's newer name for system instructions.
-            "developer" => "system".into(),
-            other => return Err(ApiError::invalid(format!("role `{other}` is not supported; use system, user or assistant"), Some(format!("messages[{i}].role")))),
+            "developer" => json!({"role": "system", "content": text}),
+            "assistant" if template_tools && !calls.is_empty() => {
+                let tool_calls: Vec<Value> = calls.iter().map(|(id, c)| json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})).collect();
+                json!({"role": "assistant", "content": text, "tool_calls": tool_calls})
+            }
+            "assistant" if !calls.is_empty() => {
+                let c: Vec<tools::ToolCall> = calls.into_iter().map(|(_, c)| c).collect();
+                let joined = [text.as_str(), &tools::hermes_calls_text(&c)].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join("\n");
+                json!({"role": "assistant", "content": joined})
+            }
+            "assistant" => json!({"role": "assistant", "content": text}),
+            "tool" if template_tools => json!({"role": "tool", "content": text, "tool_call_id": m.tool_call_id, "name": m.name}),
+            "tool" => json!({"role": "user", "content": format!("<tool_response>\n{text}\n</tool_response>")}),
+            other => {
+                return Err(ApiError::invalid(format!("role `{other}` is not supported; use system, developer, user, assistant or tool"), Some(format!("messages[{i}].role"))));
+            }
         };
-        messages.push(crate::chat::Message::new(&role, &openai::message_text(m, i)?));
+        messages.push(message);
     }
-    let text = crate::chat::render(template, &messages, true, &st.info.bos_text, &st.info.eos_text)
+    if use_tools && !template_tools {
+        let described = tools::hermes_system_prompt(&offered);
+        match messages.first_mut().filter(|m| m["role"] == "system") {
+            Some(system) => system["content"] = json!(format!("{}\n\n{described}", system["content"].as_str().unwrap_or(""))),
+            None => messages.insert(0, json!({"role": "system", "content": described})),
+        }
+    }
+    let tool_values: Vec<Value> = offered.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})).collect();
+    let text = crate::chat::render_with_tools(template, &messages, (use_tools && template_tools).then_some(tool_values.as_slice()), true, &st.info.bos_text, &st.info.eos_text)
         .map_err(|e| ApiError::invalid(format!("the model's chat template does not render these messages: {e}"), Some("messages".into())))?;
+    // A template that opens the thinking itself starts the reply inside it.
+    let think = st.info.reasoning.then(|| text.trim_end().ends_with("<think>"));
     let prompt = prompt_ids(st, &Prompt::Text(text), false)?;
     check_length(st, prompt.len(), "messages")?;
     let limit = r.max_completion_tokens.or(sampling.max_tokens);
     // Without a limit, a reply may run to the end of the context.
     let default_max = (st.info.max_length as usize).saturating_sub(prompt.len());
-    let params = openai::generation_params(&sampling, limit, default_max, logprobs, &st.info.defaults)?;
+    let mut params = openai::generation_params(&sampling, limit, default_max, logprobs, &st.info.defaults)?;
+    params.logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
+    let (mut grammar_field, grammar) = openai::grammar(&r.response_format, &r.guided)?.map_or(("response_format", None), |(f, g)| (f, Some(g)));
+    params.grammar = grammar;
+    // A required or named call is held to the call's grammar, so it always parses.
+    let forced: Vec<tools::Tool> = match &choice {
+        openai::ToolChoice::Required => offered.clone(),
+        openai::ToolChoice::Named(n) => offered.iter().filter(|t| &t.name == n).cloned().collect(),
+        _ => vec![],
+    };
+    if !forced.is_empty() {
+        if params.grammar.is_some() {
+            return Err(ApiError::invalid(format!("a required tool call and {grammar_field} cannot both hold the reply; send one"), Some("tool_choice".into())));
+        }
+        params.grammar = Some(tools::grammar(&forced, format, r.parallel_tool_calls.unwrap_or(true)));
+        grammar_field = "tools";
+    }
     let guard = st.admit()?;
-    let rx = start(st, prompt, params)?;
+    let rx = start(st, prompt, params, grammar_field)?;
     let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs: logprobs.is_some(), guard };
+    let mut reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs: logprobs.is_some(), guard, tools: None, think };
+    if use_tools {
+        reply.tools = Some((format, !forced.is_empty()));
+    }
     if sampling.stream {
         Ok(reply.stream(rx))
     } else {
         reply.whole(rx).await
     }
+}
+
+/// An assistant message's earlier calls: (id, call), arguments parsed from their JSON text.
+fn parse_calls(m: &openai::ChatMessage, index: usize) -> Result<Vec<(String, crate::constrain::tools::ToolCall)>, ApiError> {
+    let mut out = Vec::new();
+    for (k, c) in m.tool_calls.iter().flatten().enumerate() {
+        let at = format!("messages[{index}].tool_calls[{k}]");
+        let f = c.get("function").ok_or_else(|| ApiError::invalid("a tool call without `function`", Some(at.clone())))?;
+        let name = f.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("a tool call without a function name", Some(at.clone())))?;
+        let arguments = match f.get("arguments") {
+            Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| ApiError::invalid(format!("arguments are not JSON: {e}"), Some(at.clone())))?,
+            Some(v) => v.clone(),
+            None => json!({}),
+        };
+        let id = c.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{index}_{k}"), str::to_string);
+        out.push((id, crate::constrain::tools::ToolCall { name: name.to_string(), arguments }));
+    }
+    Ok(out)
 }
 
 pub async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
@@ -472,7 +662,7 @@ pub async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Respo
 
 async fn embeddings_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
     st.authorize(headers)?;
-    let (r, _): (EmbeddingRequest, _) = openai::parse(body, openai::EMBEDDING_FIELDS, false)?;
+    let (r, _): (EmbeddingRequest, _) = openai::parse_allowing(body, openai::EMBEDDING_FIELDS, false, st.allow_extra_fields)?;
     st.check_model(&r.model)?;
     let Some(width) = st.info.embedding_width.filter(|_| st.info.encoder) else {
         return Err(ApiError::invalid("this model generates text; embeddings need a sentence encoder artifact", Some("model".into())));

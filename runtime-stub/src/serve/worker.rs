@@ -30,7 +30,8 @@ pub enum Update {
 
 /// Work for the engine's thread.
 pub enum Job {
-    Generate { prompt: Vec<u32>, params: GenerationParams, arrived: Instant, updates: tmpsc::UnboundedSender<Update> },
+    /// `grammar_field`: the request field that set the grammar, for its error.
+    Generate { prompt: Vec<u32>, params: GenerationParams, arrived: Instant, updates: tmpsc::UnboundedSender<Update>, grammar_field: &'static str },
     Embed { inputs: Vec<Vec<u32>>, reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>> },
     /// End every request in flight (the shutdown timeout ran out).
     CancelAll,
@@ -147,9 +148,10 @@ impl Rate {
     }
 }
 
-fn submit_error(e: SubmitError) -> ApiError {
+fn submit_error(e: SubmitError, grammar_field: &str) -> ApiError {
     match e {
         SubmitError::PromptTooLong { tokens, max } => ApiError::too_long(tokens, max as u64, "prompt"),
+        SubmitError::Grammar(_) => ApiError::invalid(e.to_string(), Some(grammar_field.into())),
         other => ApiError::invalid(other.to_string(), Some("prompt".into())),
     }
 }
@@ -171,12 +173,12 @@ fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shar
         jobs.extend(rx.try_iter());
         for job in jobs {
             match job {
-                Job::Generate { prompt, params, arrived, updates } => match engine.submit(Request::new(prompt, params)) {
+                Job::Generate { prompt, params, arrived, updates, grammar_field } => match engine.submit(Request::new(prompt, params)) {
                     Ok(id) => {
                         active.insert(id, Active { updates, arrived, last_token: None });
                     }
                     Err(e) => {
-                        let _ = updates.send(Update::Failed(submit_error(e)));
+                        let _ = updates.send(Update::Failed(submit_error(e, grammar_field)));
                     }
                 },
                 Job::Embed { reply, .. } => {

@@ -1,0 +1,385 @@
+//! Tool calls: how each model family writes them, how to read them back out of a
+//! reply, and the grammar that makes a reply one (`tool_choice: "required"` or a
+//! named function).
+//!
+//! | format | a call looks like | families |
+//! |---|---|---|
+//! | `hermes` | `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` | Qwen 2.5 / 3, Hermes, SmolLM, and templates without tool support (maxrun then describes the tools in a system message, as Qwen's template does) |
+//! | `llama3` | `{"name": ..., "parameters": {...}}` (after `<\|python_tag\|>` where the template uses it) | Llama 3.1 / 3.2 / 3.3 |
+//! | `mistral` | `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` | Mistral |
+//!
+//! The format follows the artifact's chat template (the marker it mentions) or
+//! `maxrun serve --tool-parser`.
+
+use serde_json::{json, Value};
+
+use super::Grammar;
+
+/// How a model family writes its tool calls.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    Hermes,
+    Llama3,
+    Mistral,
+}
+
+impl ToolFormat {
+    pub fn parse(name: &str) -> Result<ToolFormat, String> {
+        match name {
+            "hermes" => Ok(ToolFormat::Hermes),
+            "llama3" => Ok(ToolFormat::Llama3),
+            "mistral" => Ok(ToolFormat::Mistral),
+            other => Err(format!("`{other}` is not a tool-call format; formats: hermes, llama3, mistral")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "hermes",
+            ToolFormat::Llama3 => "llama3",
+            ToolFormat::Mistral => "mistral",
+        }
+    }
+
+    /// The format a chat template writes, from the markers it mentions; Hermes
+    /// (also what maxrun asks for of templates without tool support) otherwise.
+    pub fn of_template(template: &str) -> ToolFormat {
+        if template.contains("[TOOL_CALLS]") {
+            ToolFormat::Mistral
+        } else if template.contains("<|python_tag|>") || template.contains("ipython") {
+            ToolFormat::Llama3
+        } else {
+            ToolFormat::Hermes
+        }
+    }
+
+    /// The key of a call's arguments in this format.
+    fn arguments_key(self) -> &'static str {
+        match self {
+            ToolFormat::Llama3 => "parameters",
+            _ => "arguments",
+        }
+    }
+}
+
+/// One function a request offers (OpenAI's `tools[i].function`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// A JSON schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// A call read out of a reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub name: String,
+    /// The arguments as a JSON value (OpenAI sends them as a string of it).
+    pub arguments: Value,
+}
+
+/// What a reply holds: text for the user, and the calls it made.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parsed {
+    pub content: String,
+    pub calls: Vec<ToolCall>,
+}
+
+/// A call object `{"name": ..., <arguments key>: {...}}`, if `v` is one.
+fn call_of(v: &Value, format: ToolFormat) -> Option<ToolCall> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let arguments = v.get(format.arguments_key()).or_else(|| v.get("arguments")).or_else(|| v.get("parameters")).cloned().unwrap_or_else(|| json!({}));
+    // Some models write the arguments as a JSON string.
+    let arguments = match arguments {
+        Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+        other => other,
+    };
+    Some(ToolCall { name, arguments })
+}
+
+/// Every JSON value in `text` one after another (separated by whitespace or `;`).
+fn json_values(text: &str) -> Option<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let v = stream.next()?.ok()?;
+        out.push(v);
+        rest = rest[stream.byte_offset()..].trim_start().trim_start_matches(';').trim_start();
+    }
+    Some(out)
+}
+
+/// Reads the tool calls out of a finished reply. Text that is not a well-formed
+/// call stays content.
+pub fn parse(reply: &str, format: ToolFormat) -> Parsed {
+    match format {
+        ToolFormat::Hermes => {
+            let (mut content, mut calls) = (String::new(), Vec::new());
+            let mut rest = reply;
+            while let Some(start) = rest.find("<tool_call>") {
+                let body_start = start + "<tool_call>".len();
+                let Some(len) = rest[body_start..].find("</tool_call>") else { break };
+                let body = &rest[body_start..body_start + len];
+                match serde_json::from_str::<Value>(body.trim()).ok().and_then(|v| call_of(&v, format)) {
+                    Some(call) => {
+                        content.push_str(&rest[..start]);
+                        calls.push(call);
+                    }
+                    None => content.push_str(&rest[..body_start + len + "</tool_call>".len()]),
+                }
+                rest = &rest[body_start + len + "</tool_call>".len()..];
+            }
+            content.push_str(rest);
+            Parsed { content: if calls.is_empty() { content } else { content.trim().to_string() }, calls }
+        }
+        ToolFormat::Mistral => match reply.find("[TOOL_CALLS]") {
+            Some(at) => {
+                let body = &reply[at + "[TOOL_CALLS]".len()..];
+                let calls: Option<Vec<ToolCall>> = json_values(body).and_then(|vs| {
+                    vs.iter().flat_map(|v| v.as_array().cloned().unwrap_or_else(|| vec![v.clone()])).map(|v| call_of(&v, format)).collect()
+                });
+                match calls {
+                    Some(calls) if !calls.is_empty() => Parsed { content: reply[..at].trim().to_string(), calls },
+                    _ => Parsed { content: reply.to_string(), calls: vec![] },
+                }
+            }
+            None => Parsed { content: reply.to_string(), calls: vec![] },
+        },
+        ToolFormat::Llama3 => {
+            let body = reply.trim_start().strip_prefix("<|python_tag|>").unwrap_or(reply).trim();
+            if !body.starts_with('{') {
+                return Parsed { content: reply.to_string(), calls: vec![] };
+            }
+            let calls: Option<Vec<ToolCall>> = json_values(body).and_then(|vs| vs.iter().map(|v| call_of(v, format)).collect());
+            match calls {
+                Some(calls) if !calls.is_empty() => Parsed { content: String::new(), calls },
+                _ => Parsed { content: reply.to_string(), calls: vec![] },
+            }
+        }
+    }
+}
+
+/// The schema of one call to `tool` in `format`.
+fn call_schema(tool: &Tool, format: ToolFormat) -> Value {
+    let mut properties = serde_json::Map::new();
+    properties.insert("name".into(), json!({"const": tool.name}));
+    properties.insert(format.arguments_key().into(), tool.parameters.clone());
+    json!({"type": "object", "properties": properties, "required": ["name", format.arguments_key()], "additionalProperties": false})
+}
+
+/// The grammar of a reply that is one call to one of `tools` (several when
+/// `parallel`) and nothing else, in `format`.
+pub fn grammar(tools: &[Tool], format: ToolFormat, parallel: bool) -> Grammar {
+    let one = if tools.len() == 1 { call_schema(&tools[0], format) } else { json!({"anyOf": tools.iter().map(|t| call_schema(t, format)).collect::<Vec<_>>()}) };
+    let layout = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    let mut one = one;
+    one.as_object_mut().expect("a schema object").insert("x-guidance".into(), layout.clone());
+    let lark = match format {
+        ToolFormat::Hermes => {
+            let repeat = if parallel { "(\"\\n\" call)*" } else { "" };
+            format!("start: call {repeat}\ncall: \"<tool_call>\\n\" call_json \"\\n</tool_call>\"\ncall_json: %json {one}\n")
+        }
+        ToolFormat::Llama3 => {
+            let repeat = if parallel { "(\"; \" call)*" } else { "" };
+            format!("start: call {repeat}\ncall: %json {one}\n")
+        }
+        ToolFormat::Mistral => {
+            let max = if parallel { Value::Null } else { json!(1) };
+            let mut array = json!({"type": "array", "items": one, "minItems": 1});
+            if !max.is_null() {
+                array["maxItems"] = max;
+            }
+            array.as_object_mut().expect("a schema object").insert("x-guidance".into(), layout);
+            format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {array}\n")
+        }
+    };
+    Grammar::Lark(lark)
+}
+
+/// A system message describing `tools` in the Hermes format, for chat templates
+/// that take no `tools` (the words of Qwen 2.5's template).
+pub fn hermes_system_prompt(tools: &[Tool]) -> String {
+    let mut s = String::from(
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    );
+    for t in tools {
+        let f = json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}});
+        s.push('\n');
+        s.push_str(&f.to_string());
+    }
+    s.push_str(
+        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+    );
+    s
+}
+
+/// How an assistant message's earlier calls are written back into a prompt for a
+/// template that takes no `tool_calls` (Hermes).
+pub fn hermes_calls_text(calls: &[ToolCall]) -> String {
+    calls.iter().map(|c| format!("<tool_call>\n{}\n</tool_call>", json!({"name": c.name, "arguments": c.arguments}))).collect::<Vec<_>>().join("\n")
+}
+
+/// The marker that opens a call in `format` (Llama 3's calls open with `{`).
+fn marker(format: ToolFormat) -> Option<&'static str> {
+    match format {
+        ToolFormat::Hermes => Some("<tool_call>"),
+        ToolFormat::Mistral => Some("[TOOL_CALLS]"),
+        ToolFormat::Llama3 => None,
+    }
+}
+
+/// A reply's text streamed while it is content: from the first place a call
+/// may begin, text is held back, and at the end the whole reply is parsed.
+#[derive(Debug)]
+pub struct ToolStream {
+    format: ToolFormat,
+    /// Everything is a call (`tool_choice` required or named): nothing streams.
+    whole: bool,
+    all: String,
+    sent: usize,
+    calling: bool,
+}
+
+impl ToolStream {
+    pub fn new(format: ToolFormat, whole: bool) -> ToolStream {
+        ToolStream { format, whole, all: String::new(), sent: 0, calling: whole }
+    }
+
+    /// Takes the next piece of the reply; returns the content to send now.
+    pub fn push(&mut self, text: &str) -> String {
+        self.all.push_str(text);
+        if self.calling {
+            return String::new();
+        }
+        let unsent = &self.all[self.sent..];
+        let safe = match marker(self.format) {
+            Some(m) => match unsent.find(m) {
+                Some(at) => {
+                    self.calling = true;
+                    at
+                }
+                // Hold back what could be the start of the marker.
+                None => unsent.len() - (1..m.len()).rev().find(|&n| unsent.len() >= n && unsent.is_char_boundary(unsent.len() - n) && m.starts_with(&unsent[unsent.len() - n..])).unwrap_or(0),
+            },
+            None => {
+                let t = self.all.trim_start();
+                if t.is_empty() || "<|python_tag|>".starts_with(t) {
+                    0
+                } else if t.starts_with('{') || t.starts_with("<|python_tag|>") {
+                    self.calling = true;
+                    0
+                } else {
+                    unsent.len()
+                }
+            }
+        };
+        let out = unsent[..safe].to_string();
+        self.sent += safe;
+        out
+    }
+
+    /// The end of the reply: the calls it made, and the content not sent yet.
+    pub fn finish(&mut self) -> (Parsed, String) {
+        let parsed = parse(&self.all, self.format);
+        let sent = &self.all[..self.sent];
+        let rest = if self.whole && parsed.calls.is_empty() {
+            // A forced call that did not parse (cut by the token limit): the text.
+            parsed.content.clone()
+        } else {
+            parsed.content.strip_prefix(sent.trim_end()).or_else(|| parsed.content.strip_prefix(sent)).map_or(String::new(), str::to_string)
+        };
+        (parsed, rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Tool {
+        Tool { name: "get_weather".into(), description: Some("Weather in a city".into()), parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}) }
+    }
+
+    /// Replies in each format as those models write them.
+    #[test]
+    fn recorded_replies_parse_into_calls() {
+        // Qwen 2.5 (Hermes): text, then a call.
+        let p = parse("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", ToolFormat::Hermes);
+        assert_eq!(p.content, "Let me check.");
+        assert_eq!(p.calls, vec![ToolCall { name: "get_weather".into(), arguments: json!({"city": "Paris"}) }]);
+        // Two parallel calls.
+        let p = parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": 1}}\n</tool_call>", ToolFormat::Hermes);
+        assert_eq!(p.calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        // Llama 3.1: a JSON object with "parameters", possibly after <|python_tag|>.
+        let p = parse("<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", ToolFormat::Llama3);
+        assert_eq!(p.calls, vec![ToolCall { name: "get_weather".into(), arguments: json!({"city": "Oslo"}) }]);
+        let p = parse("{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": \"v\"}}", ToolFormat::Llama3);
+        assert_eq!(p.calls.len(), 2);
+        // Mistral: [TOOL_CALLS] then an array.
+        let p = parse("[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]", ToolFormat::Mistral);
+        assert_eq!(p.calls[0].arguments, json!({"city": "Rome"}));
+        // Arguments written as a JSON string are read as the object.
+        let p = parse("<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"x\\\": 2}\"}</tool_call>", ToolFormat::Hermes);
+        assert_eq!(p.calls[0].arguments, json!({"x": 2}));
+    }
+
+    #[test]
+    fn text_that_is_not_a_call_stays_text() {
+        for (reply, format) in [
+            ("The weather is fine.", ToolFormat::Hermes),
+            ("<tool_call>not json</tool_call>", ToolFormat::Hermes),
+            ("<tool_call>{\"name\": \"a\"", ToolFormat::Hermes),
+            ("{\"city\": \"Paris\"}", ToolFormat::Llama3),
+            ("Sure: {\"name\": \"a\"}", ToolFormat::Llama3),
+            ("[TOOL_CALLS] oops", ToolFormat::Mistral),
+        ] {
+            let p = parse(reply, format);
+            assert!(p.calls.is_empty(), "{reply}: {p:?}");
+            assert_eq!(p.content, reply);
+        }
+    }
+
+    /// Streamed in pieces of every size, content before a call streams, the call
+    /// is held back, and the end gives the same parse as the whole reply.
+    #[test]
+    fn streams_hold_back_calls() {
+        for (reply, format, content) in [
+            ("Checking.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>", ToolFormat::Hermes, "Checking.\n"),
+            ("{\"name\": \"a\", \"parameters\": {}}", ToolFormat::Llama3, ""),
+            ("Plain text with < and [ signs.", ToolFormat::Mistral, "Plain text with < and [ signs."),
+        ] {
+            for size in 1..reply.len() {
+                let mut s = ToolStream::new(format, false);
+                let mut streamed = String::new();
+                let chars: Vec<char> = reply.chars().collect();
+                for piece in chars.chunks(size) {
+                    streamed.push_str(&s.push(&piece.iter().collect::<String>()));
+                }
+                let (parsed, rest) = s.finish();
+                assert_eq!(parsed, parse(reply, format));
+                assert!(!streamed.contains("<tool_call>") && !streamed.contains('{'), "{streamed:?}");
+                streamed.push_str(&rest);
+                assert_eq!(streamed.trim_end(), content.trim_end(), "pieces of {size}: {reply:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn formats_follow_the_template() {
+        assert_eq!(ToolFormat::of_template("{% if tools %}<tool_call>{% endif %}"), ToolFormat::Hermes);
+        assert_eq!(ToolFormat::of_template("<|python_tag|>{{ x }}"), ToolFormat::Llama3);
+        assert_eq!(ToolFormat::of_template("[TOOL_CALLS] {{ x }}"), ToolFormat::Mistral);
+        assert_eq!(ToolFormat::of_template("{{ messages }}"), ToolFormat::Hermes);
+        assert!(ToolFormat::parse("xml").is_err());
+    }
+
+    #[test]
+    fn call_grammars_are_lark_with_the_tools_schemas() {
+        let Grammar::Lark(g) = grammar(&[weather()], ToolFormat::Hermes, false) else { panic!() };
+        assert!(g.contains("<tool_call>") && g.contains("\"const\":\"get_weather\"") && g.contains("%json"), "{g}");
+        let Grammar::Lark(g) = grammar(&[weather(), Tool { name: "b".into(), description: None, parameters: json!({"type": "object"}) }], ToolFormat::Mistral, true) else { panic!() };
+        assert!(g.contains("[TOOL_CALLS]") && g.contains("anyOf") && !g.contains("maxItems"), "{g}");
+    }
+}
