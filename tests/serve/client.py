@@ -182,12 +182,14 @@ def scenario_bad_requests(url, exp):
         ("POST", "/v1/completions", {"max_tokens": 4}, 400, "prompt", None),
         ("POST", "/v1/completions", {"prompt": "x", "temprature": 0}, 400, "temprature", None),
         ("POST", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens", None),
-        ("POST", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n", None),
+        ("POST", "/v1/completions", {"prompt": "x", "n": 0}, 400, "n", None),
+        ("POST", "/v1/completions", {"prompt": ["a", "b"], "n": 100}, 400, "n", None),
+        ("POST", "/v1/completions", {"prompt": ["a", ""]}, 400, "prompt[1]", None),
+        ("POST", "/v1/completions", {"prompt": []}, 400, "prompt", None),
         ("POST", "/v1/completions", {"prompt": "x", "temperature": 5}, 400, "temperature", None),
         ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
         ("POST", "/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
         ("POST", "/v1/completions", {"prompt": "x", "logprobs": 9}, 400, "logprobs", None),
-        ("POST", "/v1/completions", {"prompt": "x", "echo": True}, 400, "echo", None),
         ("POST", "/v1/completions", {"prompt": [exp["vocab"] + 5]}, 400, "prompt", None),
         ("POST", "/v1/completions", {"prompt": ""}, 400, "prompt", None),
         ("POST", "/v1/completions", {"prompt": long_prompt}, 400, "prompt", "context_length_exceeded"),
@@ -224,6 +226,67 @@ def scenario_bad_requests(url, exp):
     check(raw(url, "GET", "/health")[0] == 200, "health")
     m = metrics(url)
     check(m.get("maxrun_requests_total{endpoint=/v1/completions,status=400}", 0) >= 14, f"400s counted: {m}")
+
+
+def scenario_choices(url, exp):
+    """n choices per prompt and lists of prompts (choice p * n + j is prompt p's
+    j-th), whole and streamed; echo repeats the prompt, and with max_tokens 0
+    and logprobs scores it: the log-probabilities of a greedy continuation
+    scored as prompt equal those it was generated with."""
+    c = client(url, exp.get("api_key"))
+    case = exp["completions"][0]
+    # Greedy choices are all the command line's text; the prompt counts once.
+    r = c.completions.create(model=exp["model"], prompt=case["prompt"], max_tokens=case["max_tokens"], temperature=0, n=3)
+    check([ch.index for ch in r.choices] == [0, 1, 2], f"indices {[ch.index for ch in r.choices]}")
+    check(all(ch.text == case["text"] for ch in r.choices), f"greedy choices {[ch.text for ch in r.choices]}")
+    check(r.usage.prompt_tokens == case["prompt_tokens"] and r.usage.completion_tokens == 3 * case["completion_tokens"], f"usage {r.usage}")
+    # Sampled choices: choice j is what the request seeded seed + j gives alone.
+    kwargs = dict(model=exp["model"], prompt=case["prompt"], max_tokens=12, temperature=1.0, seed=40)
+    r = c.completions.create(n=4, **kwargs)
+    alone = [c.completions.create(**{**kwargs, "seed": 40 + j}).choices[0].text for j in range(4)]
+    check([ch.text for ch in r.choices] == alone, f"sampled choices {[ch.text for ch in r.choices]} vs alone {alone}")
+    check(len(set(alone)) > 1, f"four seeds gave one text: {alone}")
+    # Streamed: chunks of the choices interleave; each reassembles to its whole text.
+    texts, finishes, usage = {}, {}, None
+    for chunk in c.completions.create(n=4, stream=True, stream_options={"include_usage": True}, **kwargs):
+        usage = chunk.usage or usage
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    check([texts.get(j) for j in range(4)] == alone, f"streamed choices {texts}")
+    check(sorted(finishes) == [0, 1, 2, 3] and usage and usage.completion_tokens == 48, f"streamed ends {finishes} {usage}")
+    # Chat with n.
+    chat = exp["chats"][0]
+    r = c.chat.completions.create(model=exp["model"], messages=chat["messages"], max_tokens=chat["max_tokens"], temperature=0, n=2)
+    check([ch.message.content for ch in r.choices] == [chat["text"]] * 2, f"chat choices {r.choices}")
+    # A list of prompts, two choices each.
+    two = exp["completions"][:2]
+    r = c.completions.create(model=exp["model"], prompt=[x["prompt"] for x in two], max_tokens=case["max_tokens"], temperature=0, n=2)
+    check([ch.text for ch in r.choices] == [two[0]["text"]] * 2 + [two[1]["text"]] * 2, f"prompt list {[ch.text for ch in r.choices]}")
+    check(r.usage.prompt_tokens == two[0]["prompt_tokens"] + two[1]["prompt_tokens"], f"each prompt counted once: {r.usage}")
+    # Echo: the prompt, then the reply.
+    r = c.completions.create(model=exp["model"], prompt=case["prompt"], max_tokens=case["max_tokens"], temperature=0, echo=True)
+    check(r.choices[0].text == case["prompt"] + case["text"], f"echo {r.choices[0].text!r}")
+    first = next(iter(c.completions.create(model=exp["model"], prompt=case["prompt"], max_tokens=4, temperature=0, echo=True, stream=True)))
+    check(first.choices[0].text == case["prompt"], f"the first streamed chunk echoes the prompt: {first}")
+    # Scoring: a greedy continuation's log-probabilities, then the same tokens scored as prompt.
+    g = c.completions.create(model=exp["model"], prompt=case["prompt"], max_tokens=8, temperature=0, logprobs=1, extra_body={"ignore_eos": True})
+    generated = g.choices[0].logprobs
+    s = c.completions.create(model=exp["model"], prompt=case["prompt"] + g.choices[0].text, max_tokens=0, echo=True, logprobs=2)
+    lp = s.choices[0].logprobs
+    n = case["prompt_tokens"]
+    check(s.usage.completion_tokens == 0 and s.choices[0].finish_reason == "length", f"scoring generates nothing: {s.usage} {s.choices[0].finish_reason}")
+    check(len(lp.tokens) == s.usage.prompt_tokens and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, f"one entry per prompt token, the first without: {lp.token_logprobs[:3]}")
+    check(all(x is not None and x <= 0 for x in lp.token_logprobs[1:]) and all(len(t) == 2 for t in lp.top_logprobs[1:]), "log-probabilities with two alternatives")
+    check("".join(lp.tokens) == s.choices[0].text == case["prompt"] + g.choices[0].text, "the tokens spell the echoed text")
+    check(lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))], f"offsets {lp.text_offset}")
+    check(lp.tokens[n:] == generated.tokens, f"the continuation tokenizes as generated: {lp.tokens[n:]} vs {generated.tokens}")
+    scored = lp.token_logprobs[n:]
+    worst = max(abs(a - b) for a, b in zip(scored, generated.token_logprobs))
+    check(worst < 0.02, f"scored as prompt {scored} vs generated {generated.token_logprobs}: {worst}")
+    # Greedy tokens are the most likely: their score is the top alternative's.
+    check(all(abs(max(t.values()) - x) < 1e-4 for t, x in zip(lp.top_logprobs[n:], scored)), "greedy tokens score as the top token")
 
 
 def scenario_queue(url, exp):

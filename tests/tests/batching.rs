@@ -57,6 +57,7 @@ fn run_all(engine: &mut Engine<'_>, first: Vec<Request>, later: Vec<(usize, Requ
                     o.text.push_str(&text);
                     o.finished = true;
                 }
+                Event::PromptLogprob { .. } => unreachable!("no request asked for prompt log-probabilities"),
             }
         }
         step += 1;
@@ -186,7 +187,7 @@ fn sixteen_concurrent_requests_with_random_arrivals_and_cancellations() {
             match e {
                 Event::Token { id, token, .. } => out.entry(id).or_default().tokens.push(token),
                 Event::Finished { id, .. } => out.entry(id).or_default().finished = true,
-                Event::Logits { .. } => unreachable!("no request asked for prompt logits"),
+                Event::Logits { .. } | Event::PromptLogprob { .. } => unreachable!("no request asked for prompt logits"),
             }
         }
         most_running = most_running.max(engine.stats().running);
@@ -293,4 +294,111 @@ fn the_kv_pool_holds_as_many_tokens_as_its_bytes_allow() {
     }
     assert_eq!(most, 16, "every sequence ran at once");
     assert_eq!(engine.stats().preemptions, 0);
+}
+
+#[test]
+fn requests_queued_together_share_the_prompt_blocks_computed_in_the_same_step() {
+    // Three copies of one prompt (a request's `n` choices) queued at once: the
+    // first computes the prompt; the others take its full blocks in the step
+    // that computes them (each layer stores every row's key and value before
+    // any row attends) and compute only the last partial block. Their greedy
+    // tokens must equal the prompt's alone: a row reading a block before it is
+    // written would not.
+    let mef = smollm2_default("batch-choices", &[]);
+    let artifact = Artifact::open(&mef).unwrap();
+    let text = "The history of the printing press begins in East Asia, where woodblock printing was used for centuries. ".repeat(12);
+    let prompt = tokens(&artifact, &text)[..203].to_vec();
+    let request = Request::new(prompt.clone(), greedy(12, true));
+    let mut engine = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let ids: Vec<RequestId> = (0..3).map(|_| engine.submit(request.clone()).unwrap()).collect();
+    let cached = (prompt.len() - 1) / 16 * 16;
+    let tail = prompt.len() - cached;
+    let (mut tokens_of, mut usage) = (HashMap::<RequestId, Vec<u32>>::new(), HashMap::new());
+    let mut shared_step = false;
+    while engine.has_work() {
+        let before = engine.stats();
+        for e in engine.step().unwrap() {
+            match e {
+                Event::Token { id, token, .. } => tokens_of.entry(id).or_default().push(token),
+                Event::Finished { id, usage: u, .. } => {
+                    usage.insert(id, u);
+                }
+                Event::Logits { .. } | Event::PromptLogprob { .. } => unreachable!(),
+            }
+        }
+        let after = engine.stats();
+        // A step that ran the first prompt's last chunk beside the others' tails.
+        shared_step |= after.prefix_hit_tokens > before.prefix_hit_tokens && after.prompt_rows - before.prompt_rows > 2 * tail as u64;
+    }
+    assert_eq!(usage[&ids[0]].cached_tokens, 0);
+    for id in &ids[1..] {
+        assert_eq!(usage[id].cached_tokens, cached, "choice {id} took the first one's full blocks");
+    }
+    assert_eq!(engine.stats().prompt_rows, (prompt.len() + 2 * (prompt.len() - cached)) as u64, "the shared blocks ran once");
+    assert!(shared_step, "the later choices were admitted in the step that computed their prefix");
+    let single = alone(&artifact, std::slice::from_ref(&request)).remove(0);
+    for id in &ids {
+        assert_eq!(tokens_of[id], single.tokens, "request {id}: sharing and alone");
+    }
+}
+
+/// The log-probability of `token` under `logits`, in f64.
+fn log_softmax_at(logits: &[f32], token: u32) -> f64 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    let lse = logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
+    logits[token as usize] as f64 - lse
+}
+
+#[test]
+fn prompt_tokens_are_scored_against_the_golden_log_softmax() {
+    // `prompt_logprobs` with `max_tokens` 0 (OpenAI's echo for scoring, as
+    // evaluation harnesses send it): each prompt token's log-probability given
+    // those before it, from the golden logits of the position before; nothing
+    // is generated. A copy of the first prompt runs beside it (the scored one
+    // must not take its cached prefix: those positions would have no logits).
+    for name in ["tiny-llama", "smollm2-135m"] {
+        let mef = float32_artifact(name);
+        let artifact = Artifact::open(&mef).unwrap();
+        let golden = golden(name);
+        let mut engines = vec![Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap()];
+        let (runner, _) = Runner::open(&artifact, 2, Device::Cpu).unwrap();
+        engines.push(Engine::serial(&artifact, runner, load_tokenizer(&artifact).unwrap()));
+        for engine in &mut engines {
+            for (i, case) in cases(&golden).iter().enumerate() {
+                let what = format!("{name} case {i} ({})", if engine.is_batched() { "batched" } else { "serial" });
+                let prompt = ids(&case["input_ids"]);
+                let (shape, gold) = golden_logits(name, case);
+                let vocab = shape[1];
+                let bound = 2.0 * logits_error(&gold, &gold).1 as f64;
+                let warm = engine.submit(Request::new(prompt.clone(), greedy(2, true))).unwrap();
+                let params = GenerationParams { max_tokens: 0, prompt_logprobs: Some(3), ..GenerationParams::default() };
+                let id = engine.submit(Request::new(prompt.clone(), params)).unwrap();
+                let (mut scored, mut finished) = (Vec::new(), None);
+                while engine.has_work() {
+                    for e in engine.step().unwrap() {
+                        match e {
+                            Event::PromptLogprob { id: got, position, logprob } if got == id => scored.push((position, logprob)),
+                            Event::Token { id: got, .. } => assert_ne!(got, id, "{what}: a scored prompt generates nothing"),
+                            Event::Finished { id: got, reason, usage, .. } if got == id => finished = Some((reason, usage)),
+                            _ => {}
+                        }
+                    }
+                }
+                let _ = warm;
+                let (reason, usage) = finished.unwrap_or_else(|| panic!("{what}: the request ends"));
+                assert_eq!((reason, usage.completion_tokens, usage.prompt_tokens), (maxrun::engine::FinishReason::Length, 0, prompt.len()), "{what}");
+                assert_eq!(scored.iter().map(|s| s.0).collect::<Vec<_>>(), (1..prompt.len()).collect::<Vec<_>>(), "{what}: every prompt token after the first, once, in order");
+                for (p, lp) in &scored {
+                    let row = &gold[(p - 1) * vocab..*p * vocab];
+                    let want = log_softmax_at(row, prompt[*p]);
+                    assert_eq!(lp.token, prompt[*p]);
+                    assert!((lp.logprob as f64 - want).abs() <= bound, "{what} position {p}: {} vs golden {want}", lp.logprob);
+                    assert_eq!(lp.top.len(), 3);
+                    let best = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                    let best_lp = log_softmax_at(row, row.iter().position(|&x| x == best).unwrap() as u32);
+                    assert!((lp.top[0].1 as f64 - best_lp).abs() <= bound, "{what} position {p}: the most likely token's log-probability");
+                }
+            }
+        }
+    }
 }

@@ -198,6 +198,7 @@ fn openai_clients_get_what_the_command_line_prints() {
     run_client("golden", &server, &expected);
     run_client("concurrent", &server, &expected);
     run_client("bad_requests", &server, &expected);
+    run_client("choices", &server, &expected);
     run_client("structured", &server, &expected);
     run_client("tools", &server, &expected);
     // The disconnect scenario reads /metrics, which needs no key.

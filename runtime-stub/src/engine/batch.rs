@@ -14,7 +14,7 @@
 //! (`[blocks, kv_heads, block_size, head_dim]`, f32 or f16 as the artifact says),
 //! sized once at start (`kv_bytes`, else [`default_kv_bytes`]).
 
-use super::scheduler::{AddError, Limits, Scheduler, Step};
+use super::scheduler::{AddError, Limits, PromptLogits, Scheduler, Step};
 use super::{OutputRow, Request, RequestId, Stats, StepOutput};
 use crate::artifact::Artifact;
 use crate::code::LoadedCode;
@@ -144,7 +144,14 @@ impl<'a> Batched<'a> {
     }
 
     pub fn add(&mut self, id: RequestId, request: &Request) -> Result<(), AddError> {
-        self.scheduler.add(id, request.prompt.clone(), request.all_logits)
+        let logits = if request.params.prompt_logprobs.is_some() {
+            PromptLogits::Every
+        } else if request.all_logits {
+            PromptLogits::Computed
+        } else {
+            PromptLogits::Last
+        };
+        self.scheduler.add(id, request.prompt.clone(), logits)
     }
 
     pub fn append(&mut self, id: RequestId, token: u32) {

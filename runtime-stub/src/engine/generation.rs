@@ -37,6 +37,10 @@ pub struct GenerationParams {
     pub presence_penalty: f32,
     /// Report the chosen token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Report each prompt token's log-probability (given the tokens before it)
+    /// and this many alternatives; the prompt then takes no cached prefix.
+    /// With `max_tokens` 0 the request only scores its prompt.
+    pub prompt_logprobs: Option<usize>,
     /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the reply must match (structured output).
@@ -55,6 +59,7 @@ impl Default for GenerationParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             logprobs: None,
+            prompt_logprobs: None,
             logit_bias: vec![],
             grammar: None,
         }
@@ -129,6 +134,8 @@ impl Generation {
     pub fn new(prompt: &[u32], params: GenerationParams, eos: &[u32], max_length: usize) -> Generation {
         let recent = prompt.iter().rev().take(REPEAT_WINDOW).rev().copied().collect();
         let limit = params.max_tokens.min(max_length.saturating_sub(prompt.len()));
+        // Nothing to generate ends at once, unless the prompt is to be scored.
+        let finished = if limit == 0 && params.prompt_logprobs.is_none() { Some(FinishReason::Length) } else { None };
         Generation {
             rng: Rng::new(params.seed),
             text: TextStream::new(params.stop.clone()),
@@ -140,7 +147,7 @@ impl Generation {
             eos: eos.to_vec(),
             limit,
             row: Vec::new(),
-            finished: if limit == 0 { Some(FinishReason::Length) } else { None },
+            finished,
             constraint: None,
             constraint_error: None,
         }
@@ -183,6 +190,16 @@ impl Generation {
     /// Whether the artifact's context, not the request's limit, ended the reply.
     pub fn hit_context(&self) -> bool {
         self.finished == Some(FinishReason::Length) && self.limit < self.params.max_tokens
+    }
+
+    /// Whether the request takes no new token (a prompt scored, nothing generated).
+    pub fn generates_nothing(&self) -> bool {
+        self.limit == 0
+    }
+
+    /// Ends a request that generates nothing once its prompt ran.
+    pub fn end_at_limit(&mut self) {
+        self.finished.get_or_insert(FinishReason::Length);
     }
 
     /// Ends the reply early (a client that went away).

@@ -75,6 +75,9 @@ pub enum Event {
     Token { id: RequestId, token: u32, text: String, logprob: Option<TokenLogprob> },
     /// The logits of one prompt position (requests with `all_logits`).
     Logits { id: RequestId, position: usize, logits: Vec<f32> },
+    /// The log-probability of prompt token `position` (from 1) given the
+    /// tokens before it (requests with `prompt_logprobs`), in order.
+    PromptLogprob { id: RequestId, position: usize, logprob: TokenLogprob },
     /// Request `id` ended; `text` is the rest of its reply (what streaming held
     /// back while it could still start a stop string).
     Finished { id: RequestId, reason: FinishReason, text: String, usage: Usage },
@@ -128,6 +131,10 @@ pub struct Stats {
 struct Active {
     generation: Generation,
     all_logits: bool,
+    /// The prompt, kept while its tokens are scored (`prompt_logprobs`).
+    scored_prompt: Option<Vec<u32>>,
+    /// The next prompt position to score (a recomputed row is not scored twice).
+    next_scored: usize,
     submitted: Instant,
     first_token: Option<Instant>,
     cached_tokens: usize,
@@ -257,16 +264,19 @@ impl<'a> Engine<'a> {
             Some(g) => Some(self.grammars()?.constraint(g).map_err(SubmitError::Grammar)?),
         };
         let id = self.next_id;
+        let scored_prompt = request.params.prompt_logprobs.map(|_| request.prompt.clone());
+        // Scoring the prompt needs every position's logits.
+        let backend_request = Request { all_logits: request.all_logits || scored_prompt.is_some(), ..request.clone() };
         match &mut self.backend {
-            Backend::Serial(s) => s.add(id, &request),
-            Backend::Batched(b) => b.add(id, &request)?,
+            Backend::Serial(s) => s.add(id, &backend_request),
+            Backend::Batched(b) => b.add(id, &backend_request)?,
         }
         self.next_id += 1;
         let mut generation = Generation::new(&request.prompt, request.params, &h.tokenizer.eos_token_ids, max_length);
         if let Some(c) = constraint {
             generation = generation.with_constraint(c);
         }
-        self.requests.insert(id, Active { generation, all_logits: request.all_logits, submitted: Instant::now(), first_token: None, cached_tokens: 0 });
+        self.requests.insert(id, Active { generation, all_logits: request.all_logits, scored_prompt, next_scored: 1, submitted: Instant::now(), first_token: None, cached_tokens: 0 });
         Ok(id)
     }
 
@@ -366,7 +376,19 @@ impl<'a> Engine<'a> {
             if active.all_logits && out.position < active.generation.prompt_tokens() {
                 events.push(Event::Logits { id: out.id, position: out.position, logits: row.to_vec() });
             }
+            if let (Some(prompt), Some(top)) = (&active.scored_prompt, active.generation.params().prompt_logprobs) {
+                if out.position + 1 == active.next_scored && active.next_scored < prompt.len() {
+                    let logprob = generation::logprob_of(row, prompt[active.next_scored], top);
+                    events.push(Event::PromptLogprob { id: out.id, position: active.next_scored, logprob });
+                    active.next_scored += 1;
+                }
+            }
             if !out.next {
+                continue;
+            }
+            if active.generation.generates_nothing() {
+                active.generation.end_at_limit();
+                self.finish(out.id, &mut events)?;
                 continue;
             }
             let sampled = active.generation.next(row, &self.tokenizer)?;

@@ -45,6 +45,17 @@ pub struct Limits {
 }
 
 /// Why a sequence was refused.
+/// Which prompt positions' logits a sequence wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptLogits {
+    /// Only the last position's (the next token's).
+    Last,
+    /// Every position it computes: a cached prefix is skipped (tests compare them).
+    Computed,
+    /// Every position from the first (prompt scoring): it takes no cached prefix.
+    Every,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AddError {
     #[error("the prompt is empty")]
@@ -63,10 +74,13 @@ struct Sequence {
     /// Positions whose keys and values are in the cache.
     computed: usize,
     blocks: Vec<BlockId>,
-    /// The keys of the first blocks (full and computed), a chain.
+    /// The keys of its first full blocks (computed, or computed by the step
+    /// being formed), a chain.
     keys: Vec<BlockHash>,
-    /// Logits of every position come back (tests), not just the next token's.
+    /// Logits of every position it computes come back, not just the next token's.
     all_logits: bool,
+    /// It takes no cached prefix (every prompt position's logits are wanted).
+    from_start: bool,
     /// When it was last admitted: the newest is preempted first.
     admitted: u64,
     /// Prompt positions it found in the prefix cache when last admitted.
@@ -140,7 +154,7 @@ impl Scheduler {
     }
 
     /// Queues a sequence of `tokens` (its prompt).
-    pub fn add(&mut self, id: SeqId, tokens: Vec<u32>, all_logits: bool) -> Result<(), AddError> {
+    pub fn add(&mut self, id: SeqId, tokens: Vec<u32>, logits: PromptLogits) -> Result<(), AddError> {
         if tokens.is_empty() {
             return Err(AddError::Empty);
         }
@@ -155,7 +169,7 @@ impl Scheduler {
         if blocks > self.pool.capacity() {
             return Err(AddError::PoolTooSmall { tokens: tokens.len(), blocks, block_size: bs, capacity: self.pool.capacity() });
         }
-        self.seqs.insert(id, Sequence { tokens, computed: 0, blocks: vec![], keys: vec![], all_logits, admitted: 0, cached: 0 });
+        self.seqs.insert(id, Sequence { tokens, computed: 0, blocks: vec![], keys: vec![], all_logits: logits != PromptLogits::Last, from_start: logits == PromptLogits::Every, admitted: 0, cached: 0 });
         self.waiting.push_back(id);
         Ok(())
     }
@@ -258,6 +272,7 @@ impl Scheduler {
             loop {
                 let upto = self.seqs[&id].computed + 1;
                 if self.reserve(id, upto).is_some() {
+                    self.register_full(id, upto);
                     plan.push((id, 1));
                     rows_left -= 1;
                     logits_left -= 1;
@@ -290,9 +305,11 @@ impl Scheduler {
         while prompt_left > 0 && logits_left > 0 && self.running.len() < l.max_sequences && plan.len() < l.max_sequences {
             let Some(&id) = self.waiting.front() else { break };
             // The longest cached prefix, leaving at least one token to compute
-            // (its logits are what the sequence needs next).
+            // (its logits are what the sequence needs next); none for a
+            // sequence that wants every position's logits.
             let s = &self.seqs[&id];
-            let (blocks, keys) = self.pool.take_prefix(&s.tokens, (s.tokens.len() - 1) / l.block_size);
+            let most = if s.from_start { 0 } else { (s.tokens.len() - 1) / l.block_size };
+            let (blocks, keys) = self.pool.take_prefix(&s.tokens, most);
             let s = self.seqs.get_mut(&id).expect("waiting");
             s.computed = blocks.len() * l.block_size;
             s.cached = s.computed;
@@ -352,7 +369,24 @@ impl Scheduler {
             return None;
         }
         self.reserve(id, start + n).expect("fits what is coverable");
+        self.register_full(id, start + n);
         Some(n)
+    }
+
+    /// Puts the blocks of `id` that its first `upto` positions fill into the
+    /// prefix cache. A chunk's blocks join when it is scheduled, not when it has
+    /// run: a sequence admitted later in the same step (a request's other
+    /// choices, the same system prompt twice) takes them at once, since each
+    /// layer stores every row's key and value before any row attends.
+    fn register_full(&mut self, id: SeqId, upto: usize) {
+        let bs = self.limits.block_size;
+        let s = self.seqs.get_mut(&id).expect("a scheduled sequence");
+        while s.keys.len() < upto / bs {
+            let b = s.keys.len();
+            let key = chain_hash(s.keys.last().copied(), &s.tokens[b * bs..(b + 1) * bs]);
+            self.pool.register(s.blocks[b], key);
+            s.keys.push(key);
+        }
     }
 
     fn build(&self, plan: &[(SeqId, usize)]) -> Step {
@@ -383,10 +417,8 @@ impl Scheduler {
         step
     }
 
-    /// Records that `step` ran: its rows are in the cache, and its sequences'
-    /// newly full blocks join the prefix cache.
+    /// Records that `step` ran: its rows are in the cache.
     pub fn complete(&mut self, step: &Step) {
-        let bs = self.limits.block_size;
         let mut rows = vec![0usize; step.seqs.len()];
         for r in &step.rows {
             rows[r.seq as usize] += 1;
@@ -398,12 +430,6 @@ impl Scheduler {
                 continue;
             }
             s.computed += n;
-            while s.keys.len() < s.computed / bs {
-                let b = s.keys.len();
-                let key = chain_hash(s.keys.last().copied(), &s.tokens[b * bs..(b + 1) * bs]);
-                self.pool.register(s.blocks[b], key);
-                s.keys.push(key);
-            }
         }
     }
 }
@@ -434,7 +460,7 @@ mod tests {
     #[test]
     fn a_prompt_runs_in_chunks_then_decodes() {
         let mut s = Scheduler::new(limits(), 16);
-        s.add(1, (0..20).collect(), false).unwrap();
+        s.add(1, (0..20).collect(), PromptLogits::Last).unwrap();
         let steps = drive(&mut s, 4, 99);
         // 20 prompt tokens at 8 per step: 8, 8, 4 (the last chunk ends the prompt
         // and returns its last row's logits), then a decode row.
@@ -454,10 +480,10 @@ mod tests {
     #[test]
     fn decodes_come_first_and_prompts_share_what_is_left() {
         let mut s = Scheduler::new(limits(), 32);
-        s.add(1, vec![1, 2], false).unwrap();
+        s.add(1, vec![1, 2], PromptLogits::Last).unwrap();
         drive(&mut s, 1, 7);
-        s.add(2, (0..30).collect(), false).unwrap();
-        s.add(3, vec![5; 3], false).unwrap();
+        s.add(2, (0..30).collect(), PromptLogits::Last).unwrap();
+        s.add(3, vec![5; 3], PromptLogits::Last).unwrap();
         let st = s.schedule().unwrap();
         // Sequence 1's decode row, then 8 prompt rows of sequence 2 (the cap);
         // sequence 3 waits for the next step.
@@ -472,11 +498,11 @@ mod tests {
     fn a_shared_prefix_is_computed_once() {
         let mut s = Scheduler::new(limits(), 32);
         let prefix: Vec<u32> = (100..112).collect();
-        s.add(1, [prefix.clone(), vec![1, 2]].concat(), false).unwrap();
+        s.add(1, [prefix.clone(), vec![1, 2]].concat(), PromptLogits::Last).unwrap();
         drive(&mut s, 3, 0);
         // Three full blocks of the first prompt are cached; the second prompt
         // takes them and computes only its own two tokens.
-        s.add(2, [prefix, vec![3, 4]].concat(), false).unwrap();
+        s.add(2, [prefix, vec![3, 4]].concat(), PromptLogits::Last).unwrap();
         let st = s.schedule().unwrap();
         let rows: Vec<_> = st.rows.iter().filter(|r| st.seqs[r.seq as usize] == 2).collect();
         assert_eq!(rows.iter().map(|r| r.position).collect::<Vec<_>>(), vec![12, 13]);
@@ -485,11 +511,45 @@ mod tests {
     }
 
     #[test]
+    fn sequences_admitted_in_one_step_share_the_blocks_it_computes() {
+        // Two choices of one prompt, queued together: the second takes the full
+        // blocks the first computes in this very step and computes only the
+        // last partial block itself.
+        let mut s = Scheduler::new(limits(), 32);
+        let prompt: Vec<u32> = (0..6).collect();
+        s.add(1, prompt.clone(), PromptLogits::Last).unwrap();
+        s.add(2, prompt, PromptLogits::Last).unwrap();
+        let st = s.schedule().unwrap();
+        let of = |id| st.rows.iter().filter(|r| st.seqs[r.seq as usize] == id).map(|r| r.position).collect::<Vec<_>>();
+        assert_eq!(of(1), vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(of(2), vec![4, 5]);
+        let table = |id| st.tables[st.seqs.iter().position(|&x| x == id).unwrap() * 8..][..2].to_vec();
+        assert_eq!(table(1)[0], table(2)[0], "block 0 is shared");
+        assert_ne!(table(1)[1], table(2)[1], "each holds its own last block");
+        assert_eq!(s.cached_tokens(2), 4);
+        assert_eq!(s.pool.refs(table(1)[0] as u32), 2);
+    }
+
+    #[test]
+    fn a_sequence_that_scores_its_whole_prompt_takes_no_cached_prefix() {
+        let mut s = Scheduler::new(limits(), 32);
+        s.add(1, (0..9).collect(), PromptLogits::Last).unwrap();
+        drive(&mut s, 2, 0);
+        // Its blocks stay cached after it ends.
+        s.remove(1);
+        s.add(2, (0..9).collect(), PromptLogits::Every).unwrap();
+        let st = s.schedule().unwrap();
+        let mine: Vec<u32> = st.rows.iter().filter(|r| st.seqs[r.seq as usize] == 2).map(|r| r.position).collect();
+        assert_eq!(mine, vec![0, 1, 2, 3], "from position 0, within the 4 logit rows");
+        assert_eq!(s.cached_tokens(2), 0);
+    }
+
+    #[test]
     fn a_whole_cached_prompt_still_computes_its_last_token() {
         let mut s = Scheduler::new(limits(), 32);
-        s.add(1, (0..8).collect(), false).unwrap();
+        s.add(1, (0..8).collect(), PromptLogits::Last).unwrap();
         drive(&mut s, 1, 0);
-        s.add(2, (0..8).collect(), false).unwrap();
+        s.add(2, (0..8).collect(), PromptLogits::Last).unwrap();
         let st = s.schedule().unwrap();
         let mine: Vec<u32> = st.rows.iter().filter(|r| st.seqs[r.seq as usize] == 2).map(|r| r.position).collect();
         assert_eq!(mine, vec![4, 5, 6, 7], "block 0 is reused, block 1 holds the last token and is computed");
@@ -500,8 +560,8 @@ mod tests {
         // Two blocks of 4: two sequences of 4-token prompts fill them; the first
         // decode row needs a third block, so the newest sequence is preempted.
         let mut s = Scheduler::new(limits(), 2);
-        s.add(1, vec![1; 4], false).unwrap();
-        s.add(2, vec![2; 4], false).unwrap();
+        s.add(1, vec![1; 4], PromptLogits::Last).unwrap();
+        s.add(2, vec![2; 4], PromptLogits::Last).unwrap();
         drive(&mut s, 1, 9);
         assert_eq!(s.running(), 2);
         let st = s.schedule().unwrap();
@@ -520,7 +580,7 @@ mod tests {
     #[test]
     fn removing_a_sequence_frees_its_blocks_at_once() {
         let mut s = Scheduler::new(limits(), 8);
-        s.add(1, (0..10).collect(), false).unwrap();
+        s.add(1, (0..10).collect(), PromptLogits::Last).unwrap();
         drive(&mut s, 2, 0);
         assert_eq!(s.pool.used(), 3);
         assert!(s.remove(1));
@@ -532,17 +592,17 @@ mod tests {
     #[test]
     fn impossible_sequences_are_refused() {
         let mut s = Scheduler::new(limits(), 2);
-        assert_eq!(s.add(1, vec![], false), Err(AddError::Empty));
-        assert!(matches!(s.add(1, vec![0; 33], false), Err(AddError::TooLong { blocks: 9, max: 8, .. })));
-        assert!(matches!(s.add(1, vec![0; 9], false), Err(AddError::PoolTooSmall { blocks: 3, capacity: 2, .. })));
-        s.add(1, vec![0; 3], false).unwrap();
-        assert_eq!(s.add(1, vec![0; 3], false), Err(AddError::Duplicate(1)));
+        assert_eq!(s.add(1, vec![], PromptLogits::Last), Err(AddError::Empty));
+        assert!(matches!(s.add(1, vec![0; 33], PromptLogits::Last), Err(AddError::TooLong { blocks: 9, max: 8, .. })));
+        assert!(matches!(s.add(1, vec![0; 9], PromptLogits::Last), Err(AddError::PoolTooSmall { blocks: 3, capacity: 2, .. })));
+        s.add(1, vec![0; 3], PromptLogits::Last).unwrap();
+        assert_eq!(s.add(1, vec![0; 3], PromptLogits::Last), Err(AddError::Duplicate(1)));
     }
 
     #[test]
     fn all_logits_sequences_get_every_row_within_the_logit_rows() {
         let mut s = Scheduler::new(limits(), 8);
-        s.add(1, (0..6).collect(), true).unwrap();
+        s.add(1, (0..6).collect(), PromptLogits::Computed).unwrap();
         let steps = drive(&mut s, 2, 0);
         // 4 logit rows per step at most: the 6 rows run as 4 + 2.
         assert_eq!(steps[0].outputs.iter().map(|o| (o.position, o.next)).collect::<Vec<_>>(), vec![(0, false), (1, false), (2, false), (3, false)]);

@@ -309,15 +309,32 @@ fn stops(stop: &Option<Stop>) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
+/// Choices one request may ask for (`n` times its prompts), as OpenAI's limit on `n`.
+pub const MAX_CHOICES: usize = 128;
+
+/// `n`: choices per prompt, 1 to [`MAX_CHOICES`].
+pub fn choices(s: &Sampling) -> Result<usize, ApiError> {
+    match s.n {
+        None => Ok(1),
+        Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(field("n", format!("n = {n}: ask for 1 to {MAX_CHOICES} choices"))),
+    }
+}
+
+/// A seed for a request that sent none: sampled replies differ from request to
+/// request, as OpenAI's and vLLM's do.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.finish()
+}
+
 /// Checks the shared fields and builds the generation parameters. `max_tokens`
 /// is the request's limit (`None`: `default_max`); `logprobs` the alternatives
-/// asked for.
-pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usize, logprobs: Option<usize>, defaults: &GenerationDefaults) -> Result<GenerationParams, ApiError> {
-    if let Some(n) = s.n {
-        if n != 1 {
-            return Err(field("n", format!("n = {n}: maxrun serve returns one choice per request; send n = 1 (or leave it out) and repeat the request for more")));
-        }
-    }
+/// asked for; `scoring`: `max_tokens` 0 is allowed (echo scores the prompt).
+pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usize, logprobs: Option<usize>, scoring: bool, defaults: &GenerationDefaults) -> Result<GenerationParams, ApiError> {
     let finite = |name: &str, v: Option<f32>, lo: f32, hi: f32| -> Result<(), ApiError> {
         match v {
             Some(x) if !(x.is_finite() && x >= lo && x <= hi) => Err(field(name, format!("{x} is not between {lo} and {hi}"))),
@@ -343,11 +360,12 @@ pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usi
     };
     let max_tokens = match max_tokens {
         None => default_max,
-        Some(0) => return Err(field("max_tokens", "max_tokens must be at least 1".into())),
+        Some(0) if scoring => 0,
+        Some(0) => return Err(field("max_tokens", "max_tokens must be at least 1 (0 goes with echo = true, to score a prompt)".into())),
         Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
     };
     let seed = match s.seed {
-        None => 0,
+        None => fresh_seed(),
         Some(x) => x as u64,
     };
     if s.stream_options.is_some() && !s.stream {
@@ -449,9 +467,6 @@ pub struct Guided {
 
 /// Refuses the completion fields maxrun cannot honour.
 pub fn check_completion_extras(r: &CompletionRequest) -> Result<(), ApiError> {
-    if r.echo {
-        return Err(field("echo", "echo = true is not supported; the prompt is not repeated in the reply".into()));
-    }
     if r.best_of.is_some_and(|b| b != 1) {
         return Err(field("best_of", "best_of above 1 is not supported".into()));
     }
@@ -511,15 +526,25 @@ impl Usage {
     }
 }
 
-/// OpenAI's completion `logprobs` object for the given tokens.
-pub fn completion_logprobs(tokens: &[(String, crate::engine::TokenLogprob)], tokenizer: &tokenizers::Tokenizer, offset0: usize) -> Value {
+/// OpenAI's completion `logprobs` object for the given tokens (text and
+/// log-probability; an echoed prompt's first token has none), `text_offset`
+/// counted from `offset0`.
+pub fn completion_logprobs(tokens: &[(String, Option<&crate::engine::TokenLogprob>)], tokenizer: &tokenizers::Tokenizer, offset0: usize) -> Value {
     let mut offset = offset0;
     let (mut texts, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
     for (text, lp) in tokens {
         texts.push(json!(text));
-        lps.push(json!(lp.logprob));
-        let top: serde_json::Map<String, Value> = lp.top.iter().map(|(t, l)| (token_text(tokenizer, *t), json!(l))).collect();
-        tops.push(Value::Object(top));
+        match lp {
+            Some(lp) => {
+                lps.push(json!(lp.logprob));
+                let top: serde_json::Map<String, Value> = lp.top.iter().map(|(t, l)| (token_text(tokenizer, *t), json!(l))).collect();
+                tops.push(Value::Object(top));
+            }
+            None => {
+                lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
         offsets.push(json!(offset));
         offset += text.len();
     }
@@ -556,7 +581,7 @@ mod tests {
 
     fn sampling(v: Value) -> Result<GenerationParams, ApiError> {
         let s: Sampling = serde_json::from_value(v).unwrap();
-        generation_params(&s, s.max_tokens, 16, None, &GenerationDefaults::default())
+        generation_params(&s, s.max_tokens, 16, None, false, &GenerationDefaults::default())
     }
 
     #[test]
@@ -567,7 +592,6 @@ mod tests {
         assert_eq!(sampling(json!({})).unwrap().sampling.temperature, 1.0, "OpenAI's default temperature");
         assert_eq!(sampling(json!({"top_k": -1})).unwrap().sampling.top_k, 0);
         for (body, param) in [
-            (json!({"n": 2}), "n"),
             (json!({"temperature": 3.0}), "temperature"),
             (json!({"top_p": -0.1}), "top_p"),
             (json!({"top_k": -5}), "top_k"),
@@ -582,6 +606,21 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
             assert_eq!(e.status, 400);
         }
+    }
+
+    #[test]
+    fn n_is_between_1_and_the_limit_and_unseeded_requests_differ() {
+        let n = |v: Value| choices(&serde_json::from_value::<Sampling>(v).unwrap());
+        assert_eq!(n(json!({})).unwrap(), 1);
+        assert_eq!(n(json!({"n": 128})).unwrap(), 128);
+        for bad in [json!({"n": 0}), json!({"n": 129})] {
+            assert_eq!(n(bad).unwrap_err().param.as_deref(), Some("n"));
+        }
+        let a = sampling(json!({})).unwrap().seed;
+        let b = sampling(json!({})).unwrap().seed;
+        assert_ne!(a, b, "two requests without a seed sample differently");
+        let s: Sampling = serde_json::from_value(json!({"max_tokens": 0})).unwrap();
+        assert_eq!(generation_params(&s, s.max_tokens, 16, Some(1), true, &GenerationDefaults::default()).unwrap().max_tokens, 0, "echo may score only");
     }
 
     #[test]

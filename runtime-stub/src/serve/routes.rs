@@ -165,37 +165,41 @@ pub async fn not_found(State(st): St, uri: Uri) -> Response {
     ApiError::not_found(uri.path()).into_response()
 }
 
-/// Token ids of a prompt (one prompt per request).
-fn prompt_ids(st: &AppState, prompt: &Prompt, special: bool) -> Result<Vec<u32>, ApiError> {
-    let single = |n: usize| -> Result<(), ApiError> {
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(ApiError::invalid(format!("{n} prompts in one request; send one prompt per request"), Some("prompt".into())))
+/// The prompts of request field `field` (a string, token ids, or a list of
+/// either), each as token ids and as text (what `echo` repeats); `special`:
+/// the tokenizer adds its special tokens (an encoder's [CLS] ... [SEP]).
+fn prompt_list(st: &AppState, prompt: &Prompt, field: &str, special: bool) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
+    let tokenizer = &st.info.tokenizer;
+    let one = |i: Option<usize>, text: Option<&str>, ids: Option<&[u32]>| -> Result<(Vec<u32>, String), ApiError> {
+        let param = i.map_or(field.to_string(), |i| format!("{field}[{i}]"));
+        let (ids, text) = match (text, ids) {
+            (Some(t), _) => {
+                let ids = tokenizer.encode(t, special).map(|e| e.get_ids().to_vec()).map_err(|e| ApiError::invalid(format!("the prompt does not tokenize: {e}"), Some(param.clone())))?;
+                (ids, t.to_string())
+            }
+            (None, Some(ids)) => {
+                if let Some(&bad) = ids.iter().find(|&&t| t as u64 >= st.info.vocab) {
+                    return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary of {} tokens", st.info.vocab), Some(param)));
+                }
+                (ids.to_vec(), tokenizer.decode(ids, false).unwrap_or_default())
+            }
+            (None, None) => unreachable!("a prompt is text or ids"),
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid("the prompt is empty: it has no tokens to condition on", Some(param)));
         }
+        Ok((ids, text))
     };
-    let encode = |text: &str| -> Result<Vec<u32>, ApiError> {
-        st.info.tokenizer.encode(text, special).map(|e| e.get_ids().to_vec()).map_err(|e| ApiError::invalid(format!("the prompt does not tokenize: {e}"), Some("prompt".into())))
+    let list = match prompt {
+        Prompt::Text(t) => vec![one(None, Some(t), None)?],
+        Prompt::Tokens(t) => vec![one(None, None, Some(t))?],
+        Prompt::Texts(v) => v.iter().enumerate().map(|(i, t)| one(Some(i), Some(t), None)).collect::<Result<_, _>>()?,
+        Prompt::TokenLists(v) => v.iter().enumerate().map(|(i, t)| one(Some(i), None, Some(t))).collect::<Result<_, _>>()?,
     };
-    let ids = match prompt {
-        Prompt::Text(t) => encode(t)?,
-        Prompt::Tokens(t) => t.clone(),
-        Prompt::Texts(v) => {
-            single(v.len())?;
-            encode(&v[0])?
-        }
-        Prompt::TokenLists(v) => {
-            single(v.len())?;
-            v[0].clone()
-        }
-    };
-    if ids.is_empty() {
-        return Err(ApiError::invalid("the prompt is empty: it has no tokens to condition on", Some("prompt".into())));
+    if list.is_empty() {
+        return Err(ApiError::invalid(format!("{field} is an empty list; send at least one"), Some(field.into())));
     }
-    if let Some(&bad) = ids.iter().find(|&&t| t as u64 >= st.info.vocab) {
-        return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary of {} tokens", st.info.vocab), Some("prompt".into())));
-    }
-    Ok(ids)
+    Ok(list)
 }
 
 /// Refuses a prompt that leaves no room for a token.
@@ -219,11 +223,13 @@ struct Gathered {
     reason: FinishReason,
     usage: crate::engine::Usage,
     logprobs: Vec<(String, TokenLogprob)>,
+    /// The prompt's tokens from the second on, scored (echo with logprobs).
+    prompt_logprobs: Vec<TokenLogprob>,
 }
 
 /// Waits for a request's updates to its end.
 async fn gather(mut rx: tmpsc::UnboundedReceiver<Update>) -> Result<Gathered, ApiError> {
-    let mut g = Gathered { text: String::new(), reason: FinishReason::Stop, usage: Default::default(), logprobs: vec![] };
+    let mut g = Gathered { text: String::new(), reason: FinishReason::Stop, usage: Default::default(), logprobs: vec![], prompt_logprobs: vec![] };
     while let Some(u) = rx.recv().await {
         match u {
             Update::Token { text, logprob, .. } => {
@@ -232,6 +238,7 @@ async fn gather(mut rx: tmpsc::UnboundedReceiver<Update>) -> Result<Gathered, Ap
                     g.logprobs.push((text, lp));
                 }
             }
+            Update::PromptLogprob(lp) => g.prompt_logprobs.push(lp),
             Update::Finished { reason, text, usage } => {
                 g.text.push_str(&text);
                 g.reason = reason;
@@ -251,11 +258,42 @@ enum Kind {
     Chat,
 }
 
-/// Starts a generation; returns its update channel.
-fn start(st: &AppState, prompt: Vec<u32>, params: GenerationParams, grammar_field: &'static str) -> Result<tmpsc::UnboundedReceiver<Update>, ApiError> {
-    let (tx, rx) = tmpsc::unbounded_channel();
-    st.send(Job::Generate { prompt, params, arrived: Instant::now(), updates: tx, grammar_field })?;
-    Ok(rx)
+/// The prompt a completion choice repeats before its text (`echo`).
+#[derive(Clone)]
+struct Echo {
+    text: String,
+    tokens: Vec<u32>,
+}
+
+/// One choice of a response: the updates of its generation.
+struct Choice {
+    rx: tmpsc::UnboundedReceiver<Update>,
+    echo: Option<Echo>,
+    /// The first choice of its prompt: its prompt tokens count in the usage once.
+    counts_prompt: bool,
+}
+
+/// What to generate: each prompt `n` times (choice `p * n + j` is prompt `p`'s
+/// `j`-th, seeded `seed + j`).
+struct Plan {
+    prompts: Vec<(Vec<u32>, Option<Echo>)>,
+    n: usize,
+    params: GenerationParams,
+    grammar_field: &'static str,
+}
+
+/// Starts every choice's generation; returns their update channels.
+fn start(st: &AppState, plan: Plan) -> Result<Vec<Choice>, ApiError> {
+    let mut choices = Vec::with_capacity(plan.prompts.len() * plan.n);
+    for (prompt, echo) in plan.prompts {
+        for j in 0..plan.n {
+            let (tx, rx) = tmpsc::unbounded_channel();
+            let params = GenerationParams { seed: plan.params.seed.wrapping_add(j as u64), ..plan.params.clone() };
+            st.send(Job::Generate { prompt: prompt.clone(), params, arrived: Instant::now(), updates: tx, grammar_field: plan.grammar_field })?;
+            choices.push(Choice { rx, echo: echo.clone(), counts_prompt: j == 0 });
+        }
+    }
+    Ok(choices)
 }
 
 /// Everything one generation request's response needs.
@@ -266,7 +304,7 @@ struct Reply {
     endpoint: &'static str,
     started: Instant,
     include_usage: bool,
-    logprobs: bool,
+    logprobs: Option<usize>,
     guard: InFlight,
     /// Chat with tools: the call format, and whether the whole reply is a call.
     tools: Option<(crate::constrain::tools::ToolFormat, bool)>,
@@ -274,19 +312,29 @@ struct Reply {
     think: Option<bool>,
 }
 
-/// OpenAI's `tool_calls` entries of a response (`id`s from the request's).
-fn tool_calls_json(id: &str, calls: &[crate::constrain::tools::ToolCall], with_index: bool) -> Vec<Value> {
+/// OpenAI's `tool_calls` entries of choice `choice` (ids from the request's).
+fn tool_calls_json(id: &str, choice: usize, calls: &[crate::constrain::tools::ToolCall], with_index: bool) -> Vec<Value> {
     calls
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let mut v = json!({"id": format!("call_{}_{i}", id.trim_start_matches("chatcmpl-")), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}});
+            let mut v = json!({"id": format!("call_{}_{choice}_{i}", id.trim_start_matches("chatcmpl-")), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}});
             if with_index {
                 v["index"] = json!(i);
             }
             v
         })
         .collect()
+}
+
+/// What one streamed choice has sent so far.
+struct ChoiceStream {
+    first: bool,
+    /// Bytes of completion text sent (`text_offset` of the next token).
+    offset: usize,
+    done: bool,
+    think: Option<crate::constrain::reasoning::ThinkSplitter>,
+    calls: Option<crate::constrain::tools::ToolStream>,
 }
 
 impl Reply {
@@ -298,27 +346,41 @@ impl Reply {
         json!({"id": self.id, "object": object, "created": now_secs(), "model": self.st.info.name})
     }
 
-    fn logprobs_json(&self, tokens: &[(String, TokenLogprob)], offset: usize) -> Value {
-        if !self.logprobs {
+    /// The `logprobs` of a completion choice: the echoed prompt's tokens (the
+    /// first has no log-probability), then the generated ones.
+    fn completion_logprobs(&self, echo: Option<(&Echo, &[TokenLogprob])>, tokens: &[(String, TokenLogprob)], offset: usize) -> Value {
+        if self.logprobs.is_none() {
             return Value::Null;
         }
-        match self.kind {
-            Kind::Completion => openai::completion_logprobs(tokens, &self.st.info.tokenizer, offset),
-            Kind::Chat => openai::chat_logprobs(tokens, &self.st.info.tokenizer),
+        let tokenizer = &self.st.info.tokenizer;
+        let mut entries: Vec<(String, Option<&TokenLogprob>)> = Vec::new();
+        if let Some((e, scored)) = echo {
+            for (p, &t) in e.tokens.iter().enumerate() {
+                entries.push((openai::token_text(tokenizer, t), p.checked_sub(1).and_then(|i| scored.get(i))));
+            }
         }
+        entries.extend(tokens.iter().map(|(text, lp)| (text.clone(), Some(lp))));
+        openai::completion_logprobs(&entries, tokenizer, offset)
     }
 
-    /// A completion chunk with `text` (and `finish`, on the last).
-    fn text_chunk(&self, text: &str, logprobs: &[(String, TokenLogprob)], offset: usize, finish: Option<&str>) -> Value {
+    fn chat_logprobs(&self, tokens: &[(String, TokenLogprob)]) -> Value {
+        if self.logprobs.is_none() {
+            return Value::Null;
+        }
+        openai::chat_logprobs(tokens, &self.st.info.tokenizer)
+    }
+
+    /// A completion chunk of choice `index` with `text` (and `finish`, on its last).
+    fn text_chunk(&self, index: usize, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
         let mut v = self.base();
-        v["choices"] = json!([{"index": 0, "text": text, "logprobs": self.logprobs_json(logprobs, offset), "finish_reason": finish}]);
+        v["choices"] = json!([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]);
         v
     }
 
-    /// A chat chunk with `delta`.
-    fn delta_chunk(&self, delta: Value, logprobs: &[(String, TokenLogprob)], finish: Option<&str>) -> Value {
+    /// A chat chunk of choice `index` with `delta`.
+    fn delta_chunk(&self, index: usize, delta: Value, logprobs: &[(String, TokenLogprob)], finish: Option<&str>) -> Value {
         let mut v = self.base();
-        v["choices"] = json!([{"index": 0, "delta": delta, "logprobs": self.logprobs_json(logprobs, 0), "finish_reason": finish}]);
+        v["choices"] = json!([{"index": index, "delta": delta, "logprobs": self.chat_logprobs(logprobs), "finish_reason": finish}]);
         v
     }
 
@@ -341,55 +403,181 @@ impl Reply {
     }
 
     /// The whole response at once.
-    async fn whole(self, rx: tmpsc::UnboundedReceiver<Update>) -> Result<Response, ApiError> {
-        let g = gather(rx).await?;
-        let usage = openai::Usage::new(g.usage.prompt_tokens, g.usage.completion_tokens);
-        let mut v = self.base();
-        let lp = self.logprobs_json(&g.logprobs, 0);
-        let mut reason = g.reason.name();
-        v["choices"] = match self.kind {
-            Kind::Completion => json!([{"index": 0, "text": g.text, "logprobs": lp, "finish_reason": reason}]),
-            Kind::Chat => {
-                v["object"] = json!("chat.completion");
-                let (reasoning, content, calls) = self.split(g.text);
-                let mut message = json!({"role": "assistant", "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) }});
-                if let Some(r) = reasoning {
-                    message["reasoning_content"] = if r.is_empty() { Value::Null } else { json!(r) };
-                }
-                if !calls.is_empty() {
-                    message["tool_calls"] = json!(tool_calls_json(&self.id, &calls, false));
-                    reason = "tool_calls";
-                }
-                json!([{"index": 0, "message": message, "logprobs": lp, "finish_reason": reason}])
+    async fn whole(self, choices: Vec<Choice>) -> Result<Response, ApiError> {
+        let gathered = futures_util::future::join_all(choices.into_iter().map(|c| async move { (gather(c.rx).await, c.echo, c.counts_prompt) })).await;
+        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        let (mut out, mut reasons) = (Vec::new(), Vec::new());
+        for (index, (g, echo, counts_prompt)) in gathered.into_iter().enumerate() {
+            let g = g?;
+            if counts_prompt {
+                prompt_tokens += g.usage.prompt_tokens;
             }
-        };
+            completion_tokens += g.usage.completion_tokens;
+            let mut reason = g.reason.name();
+            out.push(match self.kind {
+                Kind::Completion => {
+                    let lp = self.completion_logprobs(echo.as_ref().map(|e| (e, g.prompt_logprobs.as_slice())), &g.logprobs, 0);
+                    let text = match &echo {
+                        Some(e) => format!("{}{}", e.text, g.text),
+                        None => g.text,
+                    };
+                    json!({"index": index, "text": text, "logprobs": lp, "finish_reason": reason})
+                }
+                Kind::Chat => {
+                    let lp = self.chat_logprobs(&g.logprobs);
+                    let (reasoning, content, calls) = self.split(g.text);
+                    let mut message = json!({"role": "assistant", "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) }});
+                    if let Some(r) = reasoning {
+                        message["reasoning_content"] = if r.is_empty() { Value::Null } else { json!(r) };
+                    }
+                    if !calls.is_empty() {
+                        message["tool_calls"] = json!(tool_calls_json(&self.id, index, &calls, false));
+                        reason = "tool_calls";
+                    }
+                    json!({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
+                }
+            });
+            reasons.push(reason);
+        }
+        let usage = openai::Usage::new(prompt_tokens, completion_tokens);
+        let mut v = self.base();
+        if self.kind == Kind::Chat {
+            v["object"] = json!("chat.completion");
+        }
+        v["choices"] = json!(out);
         v["usage"] = json!(usage);
-        log_request(&self.id, self.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), self.started, Some(reason));
+        log_request(&self.id, self.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), self.started, Some(&reasons.join(",")));
         drop(self.guard);
         Ok(Json(v).into_response())
     }
 
+    /// One update of choice `index` as the events it makes.
+    fn stream_update(&self, index: usize, c: &mut ChoiceStream, u: Update, out: &mut Vec<Value>) -> Result<Option<(&'static str, crate::engine::Usage)>, ApiError> {
+        match u {
+            Update::PromptLogprob(_) => {}
+            Update::Token { text, logprob, .. } => {
+                let lps: Vec<(String, TokenLogprob)> = logprob.into_iter().map(|lp| (text.clone(), lp)).collect();
+                match self.kind {
+                    Kind::Completion => {
+                        if !text.is_empty() || !lps.is_empty() {
+                            out.push(self.text_chunk(index, &text, self.completion_logprobs(None, &lps, c.offset), None));
+                            c.offset += text.len();
+                        }
+                    }
+                    Kind::Chat => {
+                        let (reasoning, content) = match &mut c.think {
+                            Some(t) => t.push(&text),
+                            None => (String::new(), text),
+                        };
+                        let content = match &mut c.calls {
+                            Some(calls) => calls.push(&content),
+                            None => content,
+                        };
+                        if c.first {
+                            out.push(self.delta_chunk(index, json!({"role": "assistant", "content": ""}), &[], None));
+                            c.first = false;
+                        }
+                        if !reasoning.is_empty() {
+                            out.push(self.delta_chunk(index, json!({"reasoning_content": reasoning}), &[], None));
+                        }
+                        if !content.is_empty() || !lps.is_empty() {
+                            out.push(self.delta_chunk(index, json!({"content": content}), &lps, None));
+                        }
+                    }
+                }
+            }
+            Update::Finished { reason, text, usage } => {
+                c.done = true;
+                let mut reason = reason.name();
+                match self.kind {
+                    Kind::Completion => out.push(self.text_chunk(index, &text, Value::Null, Some(reason))),
+                    Kind::Chat => {
+                        if c.first {
+                            out.push(self.delta_chunk(index, json!({"role": "assistant", "content": ""}), &[], None));
+                        }
+                        let (reasoning, mut content) = match &mut c.think {
+                            Some(t) => {
+                                let (r1, c1) = t.push(&text);
+                                let (r2, c2) = t.finish();
+                                (r1 + &r2, c1 + &c2)
+                            }
+                            None => (String::new(), text),
+                        };
+                        let mut calls = vec![];
+                        if let Some(s) = &mut c.calls {
+                            let sent = s.push(&content);
+                            let (parsed, rest) = s.finish();
+                            content = sent + &rest;
+                            calls = parsed.calls;
+                        }
+                        if !reasoning.is_empty() {
+                            out.push(self.delta_chunk(index, json!({"reasoning_content": reasoning}), &[], None));
+                        }
+                        if !content.is_empty() {
+                            out.push(self.delta_chunk(index, json!({"content": content}), &[], None));
+                        }
+                        if !calls.is_empty() {
+                            // Each call's id, type and name first, then its arguments, as OpenAI streams them.
+                            for (i, call) in tool_calls_json(&self.id, index, &calls, true).into_iter().enumerate() {
+                                let mut head = call.clone();
+                                head["function"]["arguments"] = json!("");
+                                out.push(self.delta_chunk(index, json!({"tool_calls": [head]}), &[], None));
+                                out.push(self.delta_chunk(index, json!({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}), &[], None));
+                            }
+                            reason = "tool_calls";
+                        }
+                        out.push(self.delta_chunk(index, json!({}), &[], Some(reason)));
+                    }
+                }
+                return Ok(Some((reason, usage)));
+            }
+            Update::Failed(e) => return Err(e),
+        }
+        Ok(None)
+    }
+
     /// Server-sent events: a chunk per token with visible text (or a
-    /// log-probability), the last with the finish reason, the usage when asked,
-    /// then `[DONE]`. A chat with a reasoning parser streams the thinking as
-    /// `reasoning_content` deltas; with tools, text that may be a call is held
-    /// back, and the calls come as `tool_calls` deltas at the end.
-    fn stream(self, rx: tmpsc::UnboundedReceiver<Update>) -> Response {
+    /// log-probability), each choice's last with its finish reason, the usage
+    /// when asked, then `[DONE]`. Choices are interleaved as their tokens come.
+    /// A completion with `echo` first sends each choice's prompt (with its
+    /// tokens' log-probabilities, once they are scored). A chat with a
+    /// reasoning parser streams the thinking as `reasoning_content` deltas;
+    /// with tools, text that may be a call is held back, and the calls come as
+    /// `tool_calls` deltas at the end.
+    fn stream(self, choices: Vec<Choice>) -> Response {
         use crate::constrain::{reasoning::ThinkSplitter, tools::ToolStream};
+        use futures_util::StreamExt;
         struct S {
             reply: Reply,
-            rx: tmpsc::UnboundedReceiver<Update>,
-            first: bool,
-            offset: usize,
+            merged: futures_util::stream::SelectAll<futures_util::stream::BoxStream<'static, (usize, Option<Update>)>>,
+            choices: Vec<ChoiceStream>,
+            /// Echoed prompts not yet sent, and their scores so far.
+            echoes: Vec<Option<(Echo, Vec<TokenLogprob>)>>,
+            counts_prompt: Vec<bool>,
+            usage: (usize, usize),
+            reasons: Vec<&'static str>,
             done: bool,
             queue: std::collections::VecDeque<SseEvent>,
-            think: Option<ThinkSplitter>,
-            calls: Option<ToolStream>,
         }
-        let think = self.think.map(ThinkSplitter::new);
-        let calls = self.tools.map(|(format, whole)| ToolStream::new(format, whole));
-        let state = S { reply: self, rx, first: true, offset: 0, done: false, queue: Default::default(), think, calls };
         let event = |v: Value| SseEvent::default().data(v.to_string());
+        let mut streams = Vec::new();
+        let (mut echoes, mut counts_prompt) = (Vec::new(), Vec::new());
+        for (index, c) in choices.into_iter().enumerate() {
+            echoes.push(c.echo.map(|e| (e, Vec::new())));
+            counts_prompt.push(c.counts_prompt);
+            // Each choice's updates, then one `None` when its channel ends.
+            let updates = futures_util::stream::unfold(Some(c.rx), move |rx| async move {
+                let mut rx = rx?;
+                match rx.recv().await {
+                    Some(u) => Some(((index, Some(u)), Some(rx))),
+                    None => Some(((index, None), None)),
+                }
+            });
+            streams.push(updates.boxed());
+        }
+        let new_choice = |_| ChoiceStream { first: true, offset: 0, done: false, think: self.think.map(ThinkSplitter::new), calls: self.tools.map(|(format, whole)| ToolStream::new(format, whole)) };
+        let choice_state: Vec<ChoiceStream> = (0..streams.len()).map(new_choice).collect();
+        let state = S { reply: self, merged: futures_util::stream::select_all(streams), choices: choice_state, echoes, counts_prompt, usage: (0, 0), reasons: vec![], done: false, queue: Default::default() };
         let stream = futures_util::stream::unfold(state, move |mut s| async move {
             loop {
                 if let Some(e) = s.queue.pop_front() {
@@ -398,97 +586,61 @@ impl Reply {
                 if s.done {
                     return None;
                 }
-                let Some(u) = s.rx.recv().await else {
-                    s.done = true;
-                    continue;
-                };
+                let next = s.merged.next().await;
                 let r = &s.reply;
-                match u {
-                    Update::Token { text, logprob, .. } => {
-                        let lps: Vec<(String, TokenLogprob)> = logprob.into_iter().map(|lp| (text.clone(), lp)).collect();
-                        match r.kind {
-                            Kind::Completion => {
-                                if text.is_empty() && lps.is_empty() {
-                                    continue;
-                                }
-                                s.queue.push_back(event(r.text_chunk(&text, &lps, s.offset, None)));
-                                s.offset += text.len();
-                            }
-                            Kind::Chat => {
-                                let (reasoning, content) = match &mut s.think {
-                                    Some(t) => t.push(&text),
-                                    None => (String::new(), text),
-                                };
-                                let content = match &mut s.calls {
-                                    Some(c) => c.push(&content),
-                                    None => content,
-                                };
-                                if s.first {
-                                    s.queue.push_back(event(r.delta_chunk(json!({"role": "assistant", "content": ""}), &[], None)));
-                                    s.first = false;
-                                }
-                                if !reasoning.is_empty() {
-                                    s.queue.push_back(event(r.delta_chunk(json!({"reasoning_content": reasoning}), &[], None)));
-                                }
-                                if !content.is_empty() || !lps.is_empty() {
-                                    s.queue.push_back(event(r.delta_chunk(json!({"content": content}), &lps, None)));
-                                }
-                            }
+                let (index, update) = match next {
+                    Some((index, Some(u))) => (index, u),
+                    Some((index, None)) => {
+                        if !s.choices[index].done {
+                            // The engine's thread went away without an end.
+                            s.choices[index].done = true;
+                            s.queue.push_back(SseEvent::default().data(ApiError::internal("the engine's thread ended").body().to_string()));
+                            s.queue.push_back(SseEvent::default().data("[DONE]"));
+                            s.done = true;
                         }
+                        continue;
                     }
-                    Update::Finished { reason, text, usage } => {
+                    None => {
                         s.done = true;
-                        let mut reason = reason.name();
-                        match r.kind {
-                            Kind::Completion => s.queue.push_back(event(r.text_chunk(&text, &[], s.offset, Some(reason)))),
-                            Kind::Chat => {
-                                if s.first {
-                                    s.queue.push_back(event(r.delta_chunk(json!({"role": "assistant", "content": ""}), &[], None)));
+                        continue;
+                    }
+                };
+                // An echoed prompt goes first: once scored (its log-probabilities
+                // come before the first token), or at once without logprobs.
+                if let Some((echo, scored)) = &mut s.echoes[index] {
+                    if let Update::PromptLogprob(lp) = &update {
+                        scored.push(lp.clone());
+                        continue;
+                    }
+                    let lp = r.completion_logprobs(Some((echo, scored)), &[], 0);
+                    s.queue.push_back(event(r.text_chunk(index, &echo.text, lp, None)));
+                    s.choices[index].offset = echo.text.len();
+                    s.echoes[index] = None;
+                }
+                let mut chunks = Vec::new();
+                match r.stream_update(index, &mut s.choices[index], update, &mut chunks) {
+                    Ok(finished) => {
+                        s.queue.extend(chunks.into_iter().map(event));
+                        if let Some((reason, usage)) = finished {
+                            s.reasons.push(reason);
+                            if s.counts_prompt[index] {
+                                s.usage.0 += usage.prompt_tokens;
+                            }
+                            s.usage.1 += usage.completion_tokens;
+                            if s.choices.iter().all(|c| c.done) {
+                                s.done = true;
+                                if r.include_usage {
+                                    let mut u = r.base();
+                                    u["choices"] = json!([]);
+                                    u["usage"] = json!(openai::Usage::new(s.usage.0, s.usage.1));
+                                    s.queue.push_back(event(u));
                                 }
-                                let (mut reasoning, mut content) = match &mut s.think {
-                                    Some(t) => {
-                                        let (r1, c1) = t.push(&text);
-                                        let (r2, c2) = t.finish();
-                                        (r1 + &r2, c1 + &c2)
-                                    }
-                                    None => (String::new(), text),
-                                };
-                                let mut calls = vec![];
-                                if let Some(c) = &mut s.calls {
-                                    let sent = c.push(&content);
-                                    let (parsed, rest) = c.finish();
-                                    content = sent + &rest;
-                                    calls = parsed.calls;
-                                }
-                                if !reasoning.is_empty() {
-                                    s.queue.push_back(event(r.delta_chunk(json!({"reasoning_content": std::mem::take(&mut reasoning)}), &[], None)));
-                                }
-                                if !content.is_empty() {
-                                    s.queue.push_back(event(r.delta_chunk(json!({"content": content}), &[], None)));
-                                }
-                                if !calls.is_empty() {
-                                    // Each call's id, type and name first, then its arguments, as OpenAI streams them.
-                                    for (i, call) in tool_calls_json(&r.id, &calls, true).into_iter().enumerate() {
-                                        let mut head = call.clone();
-                                        head["function"]["arguments"] = json!("");
-                                        s.queue.push_back(event(r.delta_chunk(json!({"tool_calls": [head]}), &[], None)));
-                                        s.queue.push_back(event(r.delta_chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}), &[], None)));
-                                    }
-                                    reason = "tool_calls";
-                                }
-                                s.queue.push_back(event(r.delta_chunk(json!({}), &[], Some(reason))));
+                                s.queue.push_back(SseEvent::default().data("[DONE]"));
+                                log_request(&r.id, r.endpoint, 200, Some(s.usage), r.started, Some(&s.reasons.join(",")));
                             }
                         }
-                        if r.include_usage {
-                            let mut u = r.base();
-                            u["choices"] = json!([]);
-                            u["usage"] = json!(openai::Usage::new(usage.prompt_tokens, usage.completion_tokens));
-                            s.queue.push_back(event(u));
-                        }
-                        s.queue.push_back(SseEvent::default().data("[DONE]"));
-                        log_request(&r.id, r.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), r.started, Some(reason));
                     }
-                    Update::Failed(e) => {
+                    Err(e) => {
                         // Headers are sent: the error goes in the stream, as OpenAI does.
                         s.done = true;
                         log_request(&r.id, r.endpoint, e.status, None, r.started, None);
@@ -517,21 +669,35 @@ async fn completions_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8],
         return Err(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into())));
     }
     openai::check_completion_extras(&r)?;
-    let prompt = prompt_ids(st, &r.prompt, false)?;
-    check_length(st, prompt.len(), "prompt")?;
-    // OpenAI's completions default to 16 tokens.
-    let mut params = openai::generation_params(&sampling, sampling.max_tokens, 16, r.logprobs.map(|n| n as usize), &st.info.defaults)?;
+    let n = openai::choices(&sampling)?;
+    let prompts = prompt_list(st, &r.prompt, "prompt", false)?;
+    if prompts.len() * n > openai::MAX_CHOICES {
+        return Err(ApiError::invalid(format!("{} prompts x n = {n} make {} choices; at most {} per request", prompts.len(), prompts.len() * n, openai::MAX_CHOICES), Some("n".into())));
+    }
+    for (i, (ids, _)) in prompts.iter().enumerate() {
+        check_length(st, ids.len(), if prompts.len() == 1 { "prompt".into() } else { format!("prompt[{i}]") }.as_str())?;
+    }
+    // OpenAI's completions default to 16 tokens; with echo, 0 scores the prompt.
+    let logprobs = r.logprobs.map(|n| n as usize);
+    let mut params = openai::generation_params(&sampling, sampling.max_tokens, 16, logprobs, r.echo, &st.info.defaults)?;
+    if r.echo {
+        params.prompt_logprobs = logprobs;
+    }
     params.logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
     let (grammar_field, grammar) = openai::grammar(&r.response_format, &r.guided)?.map_or(("response_format", None), |(f, g)| (f, Some(g)));
     params.grammar = grammar;
+    let prompts = prompts.into_iter().map(|(ids, text)| {
+        let echo = r.echo.then(|| Echo { text, tokens: ids.clone() });
+        (ids, echo)
+    });
     let guard = st.admit()?;
-    let rx = start(st, prompt, params, grammar_field)?;
+    let choices = start(st, Plan { prompts: prompts.collect(), n, params, grammar_field })?;
     let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let reply = Reply { st: st.clone(), kind: Kind::Completion, id: id.to_string(), endpoint: "/v1/completions", started, include_usage, logprobs: r.logprobs.is_some(), guard, tools: None, think: None };
+    let reply = Reply { st: st.clone(), kind: Kind::Completion, id: id.to_string(), endpoint: "/v1/completions", started, include_usage, logprobs, guard, tools: None, think: None };
     if sampling.stream {
-        Ok(reply.stream(rx))
+        Ok(reply.stream(choices))
     } else {
-        reply.whole(rx).await
+        reply.whole(choices).await
     }
 }
 
@@ -599,12 +765,13 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
         .map_err(|e| ApiError::invalid(format!("the model's chat template does not render these messages: {e}"), Some("messages".into())))?;
     // A template that opens the thinking itself starts the reply inside it.
     let think = st.info.reasoning.then(|| text.trim_end().ends_with("<think>"));
-    let prompt = prompt_ids(st, &Prompt::Text(text), false)?;
+    let prompt = prompt_list(st, &Prompt::Text(text), "messages", false)?.remove(0).0;
     check_length(st, prompt.len(), "messages")?;
     let limit = r.max_completion_tokens.or(sampling.max_tokens);
     // Without a limit, a reply may run to the end of the context.
     let default_max = (st.info.max_length as usize).saturating_sub(prompt.len());
-    let mut params = openai::generation_params(&sampling, limit, default_max, logprobs, &st.info.defaults)?;
+    let n = openai::choices(&sampling)?;
+    let mut params = openai::generation_params(&sampling, limit, default_max, logprobs, false, &st.info.defaults)?;
     params.logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
     let (mut grammar_field, grammar) = openai::grammar(&r.response_format, &r.guided)?.map_or(("response_format", None), |(f, g)| (f, Some(g)));
     params.grammar = grammar;
@@ -622,16 +789,16 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
         grammar_field = "tools";
     }
     let guard = st.admit()?;
-    let rx = start(st, prompt, params, grammar_field)?;
+    let choices = start(st, Plan { prompts: vec![(prompt, None)], n, params, grammar_field })?;
     let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let mut reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs: logprobs.is_some(), guard, tools: None, think };
+    let mut reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs, guard, tools: None, think };
     if use_tools {
         reply.tools = Some((format, !forced.is_empty()));
     }
     if sampling.stream {
-        Ok(reply.stream(rx))
+        Ok(reply.stream(choices))
     } else {
-        reply.whole(rx).await
+        reply.whole(choices).await
     }
 }
 
@@ -676,17 +843,12 @@ async fn embeddings_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], 
         return Err(ApiError::invalid(format!("this model's embeddings have {width} dimensions; other sizes are not supported"), Some("dimensions".into())));
     }
     // Encoders take their special tokens ([CLS] ... [SEP]).
-    let texts: Vec<Prompt> = match &r.input {
-        Prompt::Texts(v) => v.iter().map(|t| Prompt::Text(t.clone())).collect(),
-        Prompt::TokenLists(v) => v.iter().map(|t| Prompt::Tokens(t.clone())).collect(),
-        one => vec![one.clone()],
-    };
-    if texts.is_empty() || texts.len() > 2048 {
-        return Err(ApiError::invalid(format!("{} inputs; send 1 to 2048", texts.len()), Some("input".into())));
+    let listed = prompt_list(st, &r.input, "input", true)?;
+    if listed.len() > 2048 {
+        return Err(ApiError::invalid(format!("{} inputs; send 1 to 2048", listed.len()), Some("input".into())));
     }
-    let mut inputs = Vec::with_capacity(texts.len());
-    for t in &texts {
-        let ids = prompt_ids(st, t, true)?;
+    let mut inputs = Vec::with_capacity(listed.len());
+    for (ids, _) in listed {
         if ids.len() as u64 > st.info.max_length {
             return Err(ApiError::too_long(ids.len(), st.info.max_length, "input"));
         }

@@ -24,6 +24,9 @@ use crate::runner::{Device, Runner};
 #[derive(Debug)]
 pub enum Update {
     Token { token: u32, text: String, logprob: Option<TokenLogprob> },
+    /// The next prompt token's log-probability (echo with logprobs), in order
+    /// and before the first token.
+    PromptLogprob(TokenLogprob),
     Finished { reason: FinishReason, text: String, usage: Usage },
     Failed(ApiError),
 }
@@ -238,6 +241,11 @@ fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shar
                         m.prompt_tokens.inc_by(usage.prompt_tokens as u64);
                         m.request_duration.observe(now.duration_since(a.arrived).as_secs_f64());
                         let _ = a.updates.send(Update::Finished { reason, text, usage });
+                    }
+                }
+                Event::PromptLogprob { id, logprob, .. } => {
+                    if let Some(a) = active.get(&id) {
+                        let _ = a.updates.send(Update::PromptLogprob(logprob));
                     }
                 }
                 Event::Logits { .. } => {}
