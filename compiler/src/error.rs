@@ -12,8 +12,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be read at all.
-    #[error("{path}: cannot read file: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: cannot read file: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
 
     /// A file was read but one of its fields is missing, malformed or out of range.
     #[error("{path}: {field}: {message}")]
@@ -60,7 +60,7 @@ impl Error {
     }
 
     /// Shorthand for [`Error::Io`].
-    pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().to_path_buf(), source }
+    pub fn io(path: impl AsRef<Path>, error: std::io::Error) -> Self {
+        Error::Io { path: path.as_ref().to_path_buf(), error }
     }
 }

@@ -12,8 +12,8 @@ use crate::format::*;
 /// Why an artifact cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
-    #[error("{path}: cannot read the artifact: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: cannot read the artifact: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: not a maxc artifact (bad magic); compile one with `maxc compile`")]
     BadMagic { path: PathBuf },
     #[error(
@@ -96,7 +96,7 @@ impl Artifact {
     /// bounds, and the checksums of every section but the weights (see [`Artifact::verify_weights`]).
     pub fn open(path: &Path) -> Result<Self, ArtifactError> {
         let p = path.to_path_buf();
-        let io = |source| ArtifactError::Io { path: p.clone(), source };
+        let io = |error| ArtifactError::Io { path: p.clone(), error };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: read-only mapping; artifacts are not modified while running.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
@@ -111,7 +111,7 @@ impl Artifact {
     pub fn open_resident(path: &Path) -> Result<Self, ArtifactError> {
         use std::io::Read;
         let p = path.to_path_buf();
-        let io = |source| ArtifactError::Io { path: p.clone(), source };
+        let io = |error| ArtifactError::Io { path: p.clone(), error };
         let mut file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let fits = crate::huge::available_memory().is_none_or(|available| len <= available / 2);

@@ -57,7 +57,7 @@ struct ServeArgs {
     /// Seconds requests in flight get to finish after SIGTERM / SIGINT before they are cancelled.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     shutdown_timeout: f64,
-    /// Worker threads of the engine (default: the number of cores).
+    /// Worker threads of the engine (default: the CPUs this process may use, from its affinity mask and CPU quota).
     #[arg(long)]
     threads: Option<usize>,
     /// The KV pool's size in bytes (default: every sequence at the full context,
@@ -68,8 +68,11 @@ struct ServeArgs {
     /// a time, for a GPU-only artifact), cpu, gpu, gpu:N.
     #[arg(long, default_value = "auto")]
     device: Device,
-    /// Verify the weights checksum before serving (reads the whole file).
+    /// Skip the weights checksum, which is otherwise checked before serving.
     #[arg(long)]
+    no_verify: bool,
+    /// The weights checksum is checked by default (kept for old scripts).
+    #[arg(long, hide = true, conflicts_with = "no_verify")]
     verify: bool,
     /// How the model writes tool calls: hermes, llama3, mistral (default: from
     /// the chat template's markers; hermes for templates without tool support).
@@ -94,7 +97,7 @@ struct BenchArgs {
     /// Tokens of the decode test (0 skips it).
     #[arg(short = 'n', long, default_value_t = 128)]
     generated_tokens: u64,
-    /// Worker threads (default: the number of cores).
+    /// Worker threads (default: the CPUs this process may use, from its affinity mask and CPU quota).
     #[arg(long)]
     threads: Option<usize>,
     #[arg(short = 'r', long, default_value_t = 5)]
@@ -174,8 +177,13 @@ struct InspectArgs {
 struct RunArgs {
     /// The artifact produced by `maxc compile`.
     artifact: Option<PathBuf>,
-    /// Verify the weights checksum before running (reads the whole file).
+    /// Skip the weights checksum. By default it is checked on a second thread
+    /// while the tokenizer loads, and a damaged weights section is refused before
+    /// anything runs.
     #[arg(long)]
+    no_verify: bool,
+    /// The weights checksum is checked by default (kept for old scripts).
+    #[arg(long, hide = true, conflicts_with = "no_verify")]
     verify: bool,
     /// Text to continue.
     #[arg(long, conflicts_with = "token_ids")]
@@ -246,7 +254,7 @@ struct RunArgs {
     /// --ignore-eos and transformers' min_new_tokens do): always generate -n tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Worker threads (default: the number of cores).
+    /// Worker threads (default: the CPUs this process may use, from its affinity mask and CPU quota).
     #[arg(long)]
     threads: Option<usize>,
     /// Where to run: auto (the GPU when the artifact has GPU code and a CUDA
@@ -257,10 +265,20 @@ struct RunArgs {
     memory: WeightsMemory,
 }
 
+/// The thread count for a `--threads` flag (default: the CPUs this process may
+/// use), printing a warning when it is more than those.
+fn threads(flag: Option<usize>) -> anyhow::Result<usize> {
+    let (n, warning) = maxrun::pool::thread_count(flag).map_err(|e| anyhow!(e))?;
+    if let Some(w) = warning {
+        eprintln!("maxrun: warning: {w}");
+    }
+    Ok(n)
+}
+
 /// Opens a session on the requested device, printing why `auto` fell back to the
 /// CPU, with `--check-nan` and `--profile` applied (CPU sessions).
 fn open_runner<'a>(artifact: &'a Artifact, cli: &RunArgs) -> anyhow::Result<Runner<'a>> {
-    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = threads(cli.threads)?;
     let (mut runner, note) = Runner::open(artifact, threads, cli.device)?;
     if let Some(note) = note {
         eprintln!("maxrun: {note}");
@@ -298,9 +316,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn check_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> anyhow::Result<()> {
-    match v {
-        Some(x) if !(lo..=hi).contains(&x) => Err(anyhow!("--{name} {x} must be between {lo} and {hi}")),
+/// Checks a float flag: a finite number in `lo..=hi` (`hi` None: no upper bound).
+fn check_range(name: &str, v: Option<f32>, lo: f32, hi: Option<f32>) -> anyhow::Result<()> {
+    let Some(x) = v else { return Ok(()) };
+    if !x.is_finite() {
+        return Err(anyhow!("--{name} {x}: give a finite number"));
+    }
+    match hi {
+        Some(hi) if !(lo..=hi).contains(&x) => Err(anyhow!("--{name} {x} must be between {lo} and {hi}")),
+        None if x < lo => Err(anyhow!("--{name} {x} must be at least {lo}")),
         _ => Ok(()),
     }
 }
@@ -339,9 +363,10 @@ fn fits_benchmark(path: &std::path::Path, artifact: &Artifact, needed: u64) -> a
 }
 
 fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    if args.repetitions == 0 || args.threads == Some(0) {
-        return Err(anyhow!("--repetitions and --threads must be at least 1"));
+    if args.repetitions == 0 {
+        return Err(anyhow!("--repetitions must be at least 1"));
     }
+    let threads = threads(args.threads)?;
     if args.profile && args.compare.is_some() {
         return Err(anyhow!("--profile and --compare do not go together; profile each artifact on its own"));
     }
@@ -349,7 +374,6 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let h = &artifact.header;
     let needed = args.depth + args.prompt_tokens.max(args.generated_tokens);
     fits_benchmark(&args.artifact, &artifact, needed)?;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if let Some(n) = args.concurrency {
         return bench_concurrency(&args, &artifact, n, threads);
     }
@@ -406,9 +430,10 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(feature = "serve")]
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    if args.threads == Some(0) || args.max_queue == 0 {
-        return Err(anyhow!("--threads and --max-queue must be at least 1"));
+    if args.max_queue == 0 {
+        return Err(anyhow!("--max-queue must be at least 1"));
     }
+    let threads = threads(args.threads)?;
     if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
         return Err(anyhow!("--shutdown-timeout {} must be a number of seconds >= 0", args.shutdown_timeout));
     }
@@ -416,7 +441,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow!("--api-key needs a non-empty key"));
     }
     let artifact = Artifact::open(&args.artifact)?;
-    if args.verify {
+    if !args.no_verify {
         verify_weights(&artifact)?;
     }
     let tool_parser = args.tool_parser.as_deref().map(maxrun::constrain::tools::ToolFormat::parse).transpose().map_err(|e| anyhow!("--tool-parser {e}"))?;
@@ -426,7 +451,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         Some("none") => Some(false),
         Some(other) => return Err(anyhow!("--reasoning-parser `{other}`: use think or none")),
     };
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let opts = maxrun::serve::ServeOptions {
         tool_parser,
         reasoning,
@@ -518,25 +542,31 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let Some(artifact_path) = cli.artifact.clone() else {
         return Err(anyhow!("give an artifact: maxrun OUT.mef --prompt TEXT (or `maxrun inspect OUT.mef`)"));
     };
-    check_range("temperature", cli.temperature, 0.0, f32::MAX)?;
-    check_range("top-p", cli.top_p, 0.0, 1.0)?;
-    check_range("min-p", cli.min_p, 0.0, 1.0)?;
-    check_range("repeat-penalty", cli.repeat_penalty, f32::MIN_POSITIVE, f32::MAX)?;
+    check_range("temperature", cli.temperature, 0.0, None)?;
+    check_range("top-p", cli.top_p, 0.0, Some(1.0))?;
+    check_range("min-p", cli.min_p, 0.0, Some(1.0))?;
+    check_range("repeat-penalty", cli.repeat_penalty, f32::MIN_POSITIVE, None)?;
     if cli.stops.iter().any(String::is_empty) {
         return Err(anyhow!("--stop needs a non-empty string"));
     }
-    if cli.threads == Some(0) {
-        return Err(anyhow!("--threads must be at least 1"));
-    }
+    // Refused before anything loads; the warning comes when the session opens.
+    maxrun::pool::thread_count(cli.threads).map_err(|e| anyhow!(e))?;
     let artifact = cli.memory.open(&artifact_path, matches!(cli.device, Device::Gpu(_)))?;
-    if cli.verify {
-        verify_weights(&artifact)?;
-    }
     let h = &artifact.header;
-    let mut tokenizer: tokenizers::Tokenizer = artifact
-        .tokenizer_json()?
-        .parse()
-        .map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", artifact_path.display()))?;
+    // The weights checksum on a second thread while the tokenizer loads (which
+    // takes longer for small models): nothing runs on damaged weights, and the
+    // first token comes no later (docs/performance.md).
+    let (tokenizer, verified) = std::thread::scope(|scope| {
+        let check = (!cli.no_verify).then(|| scope.spawn(|| artifact.verify_weights(&mut |_, _| {})));
+        let tokenizer = artifact.tokenizer_json().map_err(anyhow::Error::from).and_then(|json| {
+            json.parse::<tokenizers::Tokenizer>()
+                .map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", artifact_path.display()))
+        });
+        let verified = check.map_or(Ok(()), |c| c.join().expect("the weights check does not panic"));
+        (tokenizer, verified)
+    });
+    verified?;
+    let mut tokenizer = tokenizer?;
     if cli.embed.is_some() || cli.embed_file.is_some() {
         return embed(&cli, &artifact, &mut tokenizer);
     }
@@ -599,6 +629,10 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     out.flush()?;
     if reason == maxrun::engine::FinishReason::Length && usage.completion_tokens < max_new {
         eprintln!("note: stopped at the artifact's maximum context length of {} tokens", h.max_length);
+    }
+    if max_new == 0 {
+        eprintln!("prompt: {} tokens | -n 0: nothing generated (the prompt was not run)", ids.len());
+        return Ok(ExitCode::SUCCESS);
     }
     let decode_tokens = usage.completion_tokens.saturating_sub(1);
     let runner = engine.runner().expect("a serial engine");

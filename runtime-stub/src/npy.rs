@@ -6,8 +6,8 @@ use std::path::Path;
 /// Errors from `.npy` reading.
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("{path}: {message}")]
     Format { path: String, message: String },
 }
@@ -45,7 +45,7 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> std::io::Result<
 /// Reads a little-endian float32 `.npy` file: (shape, data).
 pub fn read_f32(path: &Path) -> Result<(Vec<usize>, Vec<f32>), NpyError> {
     let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Io { path: p.clone(), source })?;
+    let bytes = std::fs::read(path).map_err(|error| NpyError::Io { path: p.clone(), error })?;
     let fail = |m: &str| NpyError::Format { path: p.clone(), message: m.to_string() };
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(fail("not a .npy file (bad magic)"));

@@ -28,12 +28,44 @@ fn write_variant(tag: &str, bytes: &[u8]) -> PathBuf {
     p
 }
 
-/// Runs the artifact (with --verify) and expects a clean refusal naming `what`.
+/// Runs the artifact (every section verified by default) and expects a clean
+/// refusal naming `what`, with nothing printed on stdout.
 fn expect_refused(p: &Path, what: &[&str]) {
-    let r = run_bin("maxrun", &[p.as_os_str(), os("--verify"), os("--token-ids"), os("1,2,3"), os("-n"), os("1")]);
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--token-ids"), os("1,2,3"), os("-n"), os("1")]);
     assert_ne!(r.0, 0, "accepted a damaged artifact: {}", r.2);
     assert_ne!(r.0, 101, "panicked: {}", r.2);
     assert_clean_error(&r, r.0, what);
+    assert_eq!(r.1, "", "printed output from a damaged artifact");
+}
+
+/// The weights are verified by default: a byte flipped at any of 10 places
+/// across the weights section is refused before any token is printed (exit 1,
+/// naming the section), on the README's SmolLM2 artifact as on the tiny one;
+/// `--no-verify` skips the check (and runs on the damaged weights).
+#[test]
+fn byte_flips_across_the_weights_are_refused_by_default() {
+    let smollm2 = temp_dir("trust-smollm2").join("smollm2.mef");
+    let manifest = workspace_root().join("manifests/smollm2-135m.toml");
+    let r = run_bin("maxc", &[os("compile"), manifest.as_os_str(), os("-o"), smollm2.as_os_str(), os("--quiet")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    for artifact in [tiny_artifact(), smollm2.as_path()] {
+        let good = std::fs::read(artifact).unwrap();
+        let header = maxrun::artifact::Artifact::open(artifact).unwrap().header;
+        let w = header.sections.iter().find(|s| s.kind == SectionKind::Weights(0)).unwrap();
+        let p = temp_dir("flip-weights").join("variant.mef");
+        for k in 0..10u64 {
+            let at = (w.offset + (w.len - 1) * k / 9) as usize;
+            let mut bad = good.clone();
+            bad[at] ^= 1 << (k % 8);
+            std::fs::write(&p, &bad).unwrap();
+            let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("4")]);
+            assert_clean_error(&r, 1, &["Weights(0) section", "checksum mismatch"]);
+            assert_eq!(r.1, "", "flip {k} at byte {at}: printed output from damaged weights");
+        }
+        let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("4"), os("--no-verify")]);
+        assert_eq!(r.0, 0, "--no-verify runs: {}", r.2);
+    }
+    drop(std::fs::remove_file(&smollm2));
 }
 
 #[test]
@@ -48,7 +80,7 @@ fn a_flipped_byte_in_any_section_is_refused_naming_it() {
         let name = format!("{:?} section", s.kind);
         expect_refused(&p, &[&name, "checksum mismatch", "expected", "found"]);
         if s.kind == SectionKind::Weights(0) {
-            // Without --verify the weights are not read in full; inspect --verify catches it.
+            // inspect reads only the header unless asked to verify.
             let r = run_bin("maxrun", &[os("inspect"), p.as_os_str(), os("--verify")]);
             assert_clean_error(&r, 1, &["Weights(0) section", "checksum mismatch"]);
         }
@@ -151,13 +183,16 @@ fn check_nan_names_the_first_bad_kernel() {
     let mut bad = good.clone();
     bad[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     let p = write_variant("nan", &bad);
-    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2"), os("--check-nan")]);
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2"), os("--check-nan"), os("--no-verify")]);
     assert_clean_error(&r, 1, &["--check-nan", "rms_norm_h64", "prefill plan", "NaN"]);
     // The prompt runs the last-token prefill plan (what generation needs).
     let plan = header.main().prefill_last.as_ref().unwrap();
     let last_rms = plan.launches.iter().rposition(|l| header.kernels[l.kernel as usize].family == "rms_norm").unwrap();
     assert!(r.2.contains(&format!("launch {last_rms} ")), "{}", r.2);
-    // Without the flag the run goes on (and --verify would catch the changed bytes).
-    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2")]);
+    // Without the flag the run goes on (past --no-verify: the checksum would
+    // refuse the changed bytes).
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2"), os("--no-verify")]);
     assert_eq!(r.0, 0, "{}", r.2);
+    let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2")]);
+    assert_clean_error(&r, 1, &["Weights(0) section", "checksum mismatch"]);
 }

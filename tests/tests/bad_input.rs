@@ -48,6 +48,7 @@ fn manifest(tag: &str, text: &str) -> PathBuf {
 fn manifest_missing() {
     let r = compile(&[OsStr::new("/nonexistent/model.toml")]);
     assert_clean_error(&r, 1, &["/nonexistent/model.toml", "cannot read"]);
+    assert_eq!(r.2.matches("os error 2").count(), 1, "the OS error is said once: {}", r.2);
 }
 
 #[test]

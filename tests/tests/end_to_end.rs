@@ -232,7 +232,9 @@ fn bad_artifacts_are_refused_cleanly() {
     assert_clean_error(&run_bin("maxrun", &[v.as_os_str(), os("--prompt"), os("hi")]), 1, &["v99.mef", "format 99.", "not supported"]);
 
     let missing = dir.join("missing.mef");
-    assert_clean_error(&run_bin("maxrun", &[missing.as_os_str(), os("--prompt"), os("hi")]), 1, &["missing.mef"]);
+    let r = run_bin("maxrun", &[missing.as_os_str(), os("--prompt"), os("hi")]);
+    assert_clean_error(&r, 1, &["missing.mef", "cannot read the artifact"]);
+    assert_eq!(r.2.matches("os error 2").count(), 1, "the OS error is said once: {}", r.2);
 }
 
 #[test]
@@ -241,6 +243,42 @@ fn bad_runtime_flags_are_errors() {
     assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--top-p"), os("1.5")]), 1, &["--top-p"]);
     assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("99999999")]), 1, &["99999999", "vocabulary"]);
     assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("")]), 1, &["empty"]);
+    // Not-a-number and infinite floats: a plain message, not a range ending in f32::MAX.
+    for (flag, value) in [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "NaN"), ("--min-p", "-inf"), ("--repeat-penalty", "inf")] {
+        let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os(&format!("{flag}={value}"))]);
+        assert_clean_error(&r, 1, &[flag, "give a finite number"]);
+        assert!(!r.2.contains("340282"), "{}", r.2);
+    }
+    assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--temperature=-1")]), 1, &["--temperature -1 must be at least 0"]);
+    // Thread counts: 0 and absurd counts refused, more than the CPUs warned about.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--threads"), os("0")]), 1, &["--threads must be at least 1"]);
+    let absurd = (cpus * 8 + 1).to_string();
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--threads"), os(&absurd)]);
+    assert_clean_error(&r, 1, &[&format!("--threads {absurd}"), &format!("at most that"), &format!("{}", cpus * 8)]);
+    let over = (cpus + 1).to_string();
+    let (code, _, stderr) = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("-n"), os("2"), os("--threads"), os(&over)]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains(&format!("warning: --threads {over} is more than the {cpus} CPU(s)")), "{stderr}");
+    for sub in [&["bench", "-n", "2", "-p", "2", "-r", "1", "--threads", &absurd][..]] {
+        let mut args = vec![os(sub[0]), mef.as_os_str()];
+        args.extend(sub[1..].iter().map(|a| os(a)));
+        assert_clean_error(&run_bin("maxrun", &args), 1, &["--threads", "at most that"]);
+    }
+}
+
+/// `-n 0` generates nothing: no text on stdout, exit 0, and a note saying so.
+#[test]
+fn zero_new_tokens_generates_nothing() {
+    let mef = artifact("tiny-llama");
+    let (code, stdout, stderr) = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("0")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "", "no text for -n 0");
+    assert!(stderr.contains("-n 0: nothing generated"), "{stderr}");
+    // And exactly one for -n 1.
+    let (code, _, stderr) = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("1,2,3"), os("-n"), os("1"), os("--ignore-eos")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("generated: 1 tokens"), "{stderr}");
 }
 
 #[test]

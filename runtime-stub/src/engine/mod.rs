@@ -340,7 +340,7 @@ impl<'a> Engine<'a> {
         }
         // The grammars' next masks: computed before the step, or beside it; a
         // step without constrained requests computes none.
-        let overlap = self.threads() < std::thread::available_parallelism().map_or(1, |n| n.get());
+        let overlap = self.threads() < crate::pool::usable_cpus();
         let (backend, requests) = (&mut self.backend, &mut self.requests);
         let output = std::thread::scope(|scope| {
             let pending: Vec<&mut crate::constrain::Constraint> =
