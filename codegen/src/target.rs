@@ -22,6 +22,18 @@ const V2: &[&str] = &["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cx16", "sa
 const V3: &[&str] = &["avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"];
 const V4: &[&str] = &["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"];
 
+/// The x86 features `--target cpu:NAME+feature,...` may name: LLVM's names of
+/// the features maxrun can detect at load (`maxrun::cpu::has_feature`; a test
+/// keeps the two lists together), so that an artifact never needs a feature its
+/// runtime cannot check.
+pub const KNOWN_FEATURES: &[&str] = &[
+    "sse", "sse2", "sse3", "ssse3", "sse4.1", "sse4.2", "sse4a", "popcnt", "cx16", "avx", "avx2", "fma", "f16c", "bmi",
+    "bmi2", "lzcnt", "movbe", "xsave", "xsaveopt", "xsavec", "xsaves", "adx", "aes", "pclmul", "rdrnd", "rdseed", "sha",
+    "tbm", "fxsr", "avxvnni", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi",
+    "avx512vbmi2", "avx512vnni", "avx512bitalg", "avx512vpopcntdq", "avx512bf16", "avx512fp16", "gfni", "vaes",
+    "vpclmulqdq", "avx512vp2intersect",
+];
+
 /// Host features that are advertised by CPUID on some VMs but fault when used
 /// (AMX); never enabled from CPUID alone.
 const NEVER_FROM_HOST: &[&str] = &["amx-tile", "amx-int8", "amx-bf16", "amx-fp16", "amx-complex"];
@@ -59,12 +71,28 @@ impl CpuTarget {
                 if f.is_empty() {
                     return Err(err("empty feature name"));
                 }
+                if !KNOWN_FEATURES.contains(&f) {
+                    return Err(CodegenError::Target {
+                        spec: spec.into(),
+                        message: format!("unknown CPU feature `{f}`; known: {}", KNOWN_FEATURES.join(", ")),
+                    });
+                }
                 features.push_str(&format!("{}+{f}", if features.is_empty() { "" } else { "," }));
                 enabled.push(f.to_string());
             }
         }
         enabled.sort();
         enabled.dedup();
+        // LLVM aborts on AVX-512 extensions without the foundation ("ZMM registers
+        // are not supported without EVEX512").
+        if let Some(f) = enabled.iter().find(|f| f.starts_with("avx512") && *f != "avx512f") {
+            if !enabled.iter().any(|e| e == "avx512f") {
+                return Err(CodegenError::Target {
+                    spec: spec.into(),
+                    message: format!("`{f}` needs AVX-512 Foundation: use cpu:x86-64-v4+{f}, or add +avx512f"),
+                });
+            }
+        }
         Ok(CpuTarget { triple, cpu: cpu.into(), features, enabled })
     }
 
@@ -169,6 +197,15 @@ impl TargetSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_cpu_features_are_refused_with_the_known_ones() {
+        let e = CpuTarget::parse("cpu:x86-64+nosuchfeat").unwrap_err().to_string();
+        assert!(e.contains("unknown CPU feature `nosuchfeat`") && e.contains("avx512vnni"), "{e}");
+        assert!(CpuTarget::parse("cpu:x86-64-v4+avx512vnni").is_ok());
+        let e = CpuTarget::parse("cpu:x86-64-v3+avx512vnni").unwrap_err().to_string();
+        assert!(e.contains("needs AVX-512 Foundation") && e.contains("cpu:x86-64-v4+avx512vnni"), "{e}");
+    }
 
     #[test]
     fn target_specs_combine_cpu_and_cuda() {

@@ -144,6 +144,7 @@ struct EvalArgs {
 }
 
 fn main() -> ExitCode {
+    remove_temp_files_on_signals();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -151,6 +152,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// On SIGINT, SIGTERM or SIGHUP: remove the artifact being written (its
+/// temporary file) and exit with 128 + the signal's number, as a shell reports it.
+fn remove_temp_files_on_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else { return };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            maxc::mef_writer::remove_temp_files();
+            eprintln!("maxc: stopped by signal {signal}; no artifact was written");
+            std::process::exit(128 + signal);
+        }
+    });
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -190,9 +205,11 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    if args.jobs == Some(0) {
-        bail!("--jobs must be at least 1");
+    let (jobs, warning) = maxrun::pool::thread_count("--jobs", args.jobs).map_err(|e| anyhow::anyhow!(e))?;
+    if let Some(w) = warning {
+        eprintln!("maxc: warning: {w}");
     }
+    check_output(&output, &manifest)?;
     let start = std::time::Instant::now();
     let flags = provenance_flags(std::env::args().skip(1));
     let compile_options = CompileOptions {
@@ -210,7 +227,6 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         attention_sharding: args.attention_sharding.clone(),
         progress: !args.quiet && args.log_format == "text",
     };
-    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;
     if args.log_format == "json" {
         for (phase, wall, peak) in &report.phases {
@@ -258,6 +274,38 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
 }
 
 /// Runs `f` on a rayon pool of `threads` threads.
+/// Refuses an output path that would destroy something: an input of the
+/// compile (the manifest, the GGUF, any file of the model's directory, after
+/// symbolic links), or anything that is not a regular file or a new path
+/// (a directory, a device such as /dev/null, a FIFO). The artifact is written
+/// to a temporary file beside it and renamed over it at the end.
+fn check_output(output: &Path, manifest: &maxc::manifest::LoadedManifest) -> anyhow::Result<()> {
+    let shown = output.display();
+    if let Ok(meta) = std::fs::metadata(output) {
+        if !meta.is_file() {
+            let kind = if meta.is_dir() { "a directory" } else { "not a regular file (a device, FIFO or socket)" };
+            bail!("-o {shown} is {kind}; the artifact would replace it: give a new file name, e.g. -o model.mef");
+        }
+    }
+    let Ok(out) = std::fs::canonicalize(output) else { return Ok(()) };
+    let model = &manifest.manifest.model.path;
+    let mut inputs: Vec<PathBuf> = manifest.source.iter().cloned().collect();
+    if model.is_dir() {
+        for entry in std::fs::read_dir(model).with_context(|| format!("reading {}", model.display()))? {
+            inputs.push(entry?.path());
+        }
+    } else {
+        inputs.push(model.clone());
+    }
+    for input in inputs {
+        if std::fs::canonicalize(&input).is_ok_and(|i| i == out) {
+            let what = if input == output { String::new() } else { format!(" ({})", input.display()) };
+            bail!("-o {shown} is an input of this compile{what}; the artifact would replace it: write it elsewhere");
+        }
+    }
+    Ok(())
+}
+
 fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting the worker threads")?;
     Ok(pool.install(f))

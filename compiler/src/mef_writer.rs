@@ -92,19 +92,32 @@ pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<
     }
 
     let tmp = temp_path(out);
+    TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner()).push(tmp.clone());
     let result = write_file(&tmp, header_len, &mut contents);
-    match result {
-        Ok(total) => {
-            std::fs::rename(&tmp, out).map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                Error::io(out, e)
-            })?;
-            Ok(total)
-        }
+    let result = match result {
+        Ok(total) => std::fs::rename(&tmp, out).map(|()| total).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(out, e)
+        }),
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             Err(e)
         }
+    };
+    TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| p != &tmp);
+    result
+}
+
+/// Temporary artifacts being written, for [`remove_temp_files`].
+static TEMP_FILES: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes the temporary files of artifacts still being written: what `maxc`
+/// does on SIGINT, SIGTERM and SIGHUP before it exits, so that a cancelled
+/// compile (a CI job stopped) leaves nothing beside its output.
+pub fn remove_temp_files() {
+    let files = std::mem::take(&mut *TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner()));
+    for f in files {
+        let _ = std::fs::remove_file(f);
     }
 }
 

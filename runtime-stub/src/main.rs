@@ -268,7 +268,7 @@ struct RunArgs {
 /// The thread count for a `--threads` flag (default: the CPUs this process may
 /// use), printing a warning when it is more than those.
 fn threads(flag: Option<usize>) -> anyhow::Result<usize> {
-    let (n, warning) = maxrun::pool::thread_count(flag).map_err(|e| anyhow!(e))?;
+    let (n, warning) = maxrun::pool::thread_count("--threads", flag).map_err(|e| anyhow!(e))?;
     if let Some(w) = warning {
         eprintln!("maxrun: warning: {w}");
     }
@@ -296,8 +296,9 @@ fn open_runner<'a>(artifact: &'a Artifact, cli: &RunArgs) -> anyhow::Result<Runn
     Ok(runner)
 }
 
-/// Exit code for a prompt that does not fit (documented in the README).
-const EXIT_PROMPT_TOO_LONG: u8 = 2;
+/// Exit code for a prompt that does not fit (docs/user-guide.md, "Exit codes"):
+/// apart from 1 (other errors) and clap's 2 (a usage error on the command line).
+const EXIT_PROMPT_TOO_LONG: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -550,7 +551,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow!("--stop needs a non-empty string"));
     }
     // Refused before anything loads; the warning comes when the session opens.
-    maxrun::pool::thread_count(cli.threads).map_err(|e| anyhow!(e))?;
+    maxrun::pool::thread_count("--threads", cli.threads).map_err(|e| anyhow!(e))?;
     let artifact = cli.memory.open(&artifact_path, matches!(cli.device, Device::Gpu(_)))?;
     let h = &artifact.header;
     // The weights checksum on a second thread while the tokenizer loads (which

@@ -128,22 +128,23 @@ pub fn usable_cpus() -> usize {
 /// splits its tasks between all threads, so most would wait for a core.
 pub const MAX_THREADS_PER_CPU: usize = 8;
 
-/// The thread count for a `--threads` flag (`None`: the usable CPUs), and a
-/// warning to print when it asks for more threads than there are CPUs.
-pub fn thread_count(requested: Option<usize>) -> Result<(usize, Option<String>), String> {
+/// The thread count for a thread-count flag (`flag`: `--threads`, `--jobs`;
+/// `None`: the usable CPUs), and a warning to print when it asks for more
+/// threads than there are CPUs.
+pub fn thread_count(flag: &str, requested: Option<usize>) -> Result<(usize, Option<String>), String> {
     let cpus = usable_cpus();
     match requested {
         None => Ok((cpus, None)),
-        Some(0) => Err("--threads must be at least 1".into()),
+        Some(0) => Err(format!("{flag} must be at least 1")),
         Some(n) if n > cpus * MAX_THREADS_PER_CPU => Err(format!(
-            "--threads {n}: this process may use {cpus} CPU(s) (its affinity mask and CPU quota), and threads beyond \
-             {} only wait for a core; give at most that, or leave --threads out to use {cpus}",
+            "{flag} {n}: this process may use {cpus} CPU(s) (its affinity mask and CPU quota), and threads beyond \
+             {} only wait for a core; give at most that, or leave {flag} out to use {cpus}",
             cpus * MAX_THREADS_PER_CPU
         )),
         Some(n) if n > cpus => Ok((
             n,
             Some(format!(
-                "--threads {n} is more than the {cpus} CPU(s) this process may use (its affinity mask and CPU quota); \
+                "{flag} {n} is more than the {cpus} CPU(s) this process may use (its affinity mask and CPU quota); \
                  the extra threads share cores, which costs speed"
             )),
         )),
@@ -530,13 +531,13 @@ mod tests {
     #[test]
     fn thread_counts_follow_the_usable_cpus() {
         let cpus = usable_cpus();
-        assert_eq!(thread_count(None).unwrap(), (cpus, None));
-        assert_eq!(thread_count(Some(cpus)).unwrap(), (cpus, None));
-        let (n, warning) = thread_count(Some(cpus + 1)).unwrap();
+        assert_eq!(thread_count("--threads", None).unwrap(), (cpus, None));
+        assert_eq!(thread_count("--threads", Some(cpus)).unwrap(), (cpus, None));
+        let (n, warning) = thread_count("--threads", Some(cpus + 1)).unwrap();
         assert_eq!(n, cpus + 1);
         assert!(warning.unwrap().contains(&format!("more than the {cpus} CPU(s)")));
-        assert!(thread_count(Some(0)).unwrap_err().contains("at least 1"));
-        let e = thread_count(Some(cpus * MAX_THREADS_PER_CPU + 1)).unwrap_err();
+        assert!(thread_count("--threads", Some(0)).unwrap_err().contains("at least 1"));
+        let e = thread_count("--threads", Some(cpus * MAX_THREADS_PER_CPU + 1)).unwrap_err();
         assert!(e.contains(&format!("give at most that")) && e.contains(&(cpus * MAX_THREADS_PER_CPU).to_string()), "{e}");
     }
 

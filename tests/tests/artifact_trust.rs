@@ -196,3 +196,16 @@ fn check_nan_names_the_first_bad_kernel() {
     let r = run_bin("maxrun", &[p.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("2")]);
     assert_clean_error(&r, 1, &["Weights(0) section", "checksum mismatch"]);
 }
+
+/// Every CPU feature `--target` accepts is one maxrun can check at load, and
+/// an unknown one is refused by maxc with the list.
+#[test]
+fn target_features_are_the_ones_maxrun_can_check() {
+    for f in maxc_codegen::target::KNOWN_FEATURES {
+        assert!(maxrun::cpu::is_checkable(f), "--target accepts `{f}`, which maxrun cannot check");
+    }
+    let out = temp_dir("feat").join("x.mef");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cpu:x86-64+nosuchfeat")]);
+    assert_clean_error(&r, 1, &["unknown CPU feature `nosuchfeat`", "avx2"]);
+    assert!(!out.exists());
+}

@@ -187,6 +187,19 @@ fn gguf_unknown_tensor_type() {
 }
 
 #[test]
+fn gguf_context_length_zero() {
+    // llama.context_length: a string key, then the value's type (uint32 = 4) and the value.
+    let p = gguf_copy("ctx0", |b| {
+        let key = b"llama.context_length";
+        let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+        assert_eq!(u32::from_le_bytes(b[at..at + 4].try_into().unwrap()), 4, "a uint32 value");
+        b[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
+    });
+    let r = compile(&[OsStr::new("--model"), p.as_os_str()]);
+    assert_clean_error(&r, 1, &["model.gguf", "llama.context_length", "is 0"]);
+}
+
+#[test]
 fn bad_override_and_stop_after() {
     let dir = fixture("tiny-llama");
     let r = compile(&[OsStr::new("--model"), dir.as_os_str(), OsStr::new("--model-override"), OsStr::new("oops")]);
@@ -230,4 +243,168 @@ fn dump_ir_writes_every_pass() {
         let text = std::fs::read_to_string(out.join(n)).unwrap();
         maxc::graph::verify::verify(&maxc::graph::text::parse(&text).unwrap()).unwrap();
     }
+}
+
+/// Hashes every file of `dir` (name -> (size, xxh3)), to show a refused compile
+/// touched none of them.
+fn snapshot(dir: &std::path::Path) -> Vec<(String, u64, u64)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p.file_name().unwrap().to_string_lossy().into_owned(), bytes.len() as u64, maxrun::format::checksum(&bytes))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `-o` never destroys an input or a special file: the model's own weights or
+/// config (directly or through a symbolic link), the manifest, a directory,
+/// /dev/null. Each is refused (exit 1) and every input file keeps its bytes.
+#[test]
+fn output_paths_that_would_destroy_inputs_are_refused() {
+    let dir = temp_dir("protect");
+    let m = dir.join("m");
+    std::fs::create_dir(&m).unwrap();
+    for f in std::fs::read_dir(fixture("tiny-llama")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, m.join(f.file_name().unwrap())).unwrap();
+    }
+    let manifest = dir.join("model.toml");
+    std::fs::write(&manifest, "[model]\npath = \"m\"\n").unwrap();
+    let link = dir.join("link.mef");
+    std::os::unix::fs::symlink(m.join("config.json"), &link).unwrap();
+    let before = snapshot(&m);
+    let manifest_before = std::fs::read(&manifest).unwrap();
+    let model_arg = [OsStr::new("compile"), OsStr::new("--model"), m.as_os_str()];
+    let manifest_arg = [OsStr::new("compile"), manifest.as_os_str()];
+    let cases: Vec<(&[&OsStr], PathBuf, &str)> = vec![
+        (&model_arg, m.join("model.safetensors"), "is an input of this compile"),
+        (&model_arg, m.join("config.json"), "is an input of this compile"),
+        (&model_arg, m.join("tokenizer.json"), "is an input of this compile"),
+        (&model_arg, link.clone(), "config.json"),
+        (&manifest_arg, manifest.clone(), "is an input of this compile"),
+        (&manifest_arg, m.join("model.safetensors"), "is an input of this compile"),
+        (&model_arg, m.clone(), "is a directory"),
+        (&model_arg, PathBuf::from("/dev/null"), "not a regular file"),
+    ];
+    for (args, out, needle) in cases {
+        let mut all = args.to_vec();
+        all.extend([OsStr::new("-o"), out.as_os_str()]);
+        let r = run_bin("maxc", &all);
+        assert_clean_error(&r, 1, &["-o", needle]);
+        assert_eq!(snapshot(&m), before, "-o {}: an input changed", out.display());
+        assert_eq!(std::fs::read(&manifest).unwrap(), manifest_before);
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device(), "/dev/null is still the device");
+    // A new file in the model's folder is fine.
+    let r = run_bin("maxc", &[OsStr::new("compile"), OsStr::new("--model"), m.as_os_str(), OsStr::new("-o"), m.join("new.mef").as_os_str(), OsStr::new("--quiet")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+}
+
+/// Thread counts for weight conversion are bounded like maxrun's.
+#[test]
+fn absurd_job_counts_are_refused() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let absurd = (cpus * 8 + 1).to_string();
+    let r = compile(&[OsStr::new("--model"), fixture("tiny-llama").as_os_str(), OsStr::new("-j"), OsStr::new(&absurd)]);
+    assert_clean_error(&r, 1, &[&format!("--jobs {absurd}"), "at most that"]);
+    assert_clean_error(&compile(&[OsStr::new("--model"), fixture("tiny-llama").as_os_str(), OsStr::new("-j"), OsStr::new("0")]), 1, &["--jobs must be at least 1"]);
+}
+
+/// SIGTERM, SIGINT or SIGHUP while the artifact is being written (a cancelled CI
+/// job): maxc removes its temporary file and exits with 128 + the signal.
+#[test]
+fn a_signal_during_the_write_leaves_no_temporary_file() {
+    let manifest = workspace_root().join("manifests/smollm2-135m.toml");
+    for (signal, number) in [("TERM", 15), ("INT", 2), ("HUP", 1)] {
+        let dir = temp_dir(&format!("signal-{signal}"));
+        let out = dir.join("x.mef");
+        // float32: a 515 MB artifact, long enough to be caught while it is written.
+        let mut child = std::process::Command::new(bin("maxc"))
+            .args([OsStr::new("compile"), manifest.as_os_str(), OsStr::new("-o"), out.as_os_str(), OsStr::new("--quantization-encoding"), OsStr::new("float32"), OsStr::new("--quiet")])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            let writing = std::fs::read_dir(&dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".x.mef.tmp-"));
+            if writing {
+                break;
+            }
+            assert!(child.try_wait().unwrap().is_none(), "the compile ended before its temporary file was seen");
+            assert!(start.elapsed() < std::time::Duration::from_secs(300), "no temporary file within 300 s");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let pid = child.id().to_string();
+        assert!(std::process::Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + number), "SIG{signal}: {status:?}");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "SIG{signal} left {left:?}");
+    }
+}
+
+/// generation_config.json's sampling defaults are checked as the flags are:
+/// out of range or of the wrong type is refused, naming the file and key.
+#[test]
+fn generation_config_values_out_of_range_are_refused() {
+    let cases = [
+        (r#"{"do_sample": true, "top_p": 7}"#, "top_p", "7 must be between 0 and 1"),
+        (r#"{"do_sample": true, "min_p": -0.5}"#, "min_p", "must be between 0 and 1"),
+        (r#"{"do_sample": true, "temperature": -1}"#, "temperature", "must be between 0"),
+        (r#"{"do_sample": true, "temperature": "hot"}"#, "temperature", "expected a finite number"),
+        (r#"{"top_k": -5}"#, "top_k", "expected an integer >= 0"),
+        (r#"{"max_new_tokens": 0}"#, "max_new_tokens", "expected an integer >= 1"),
+    ];
+    for (i, (json, key, needle)) in cases.iter().enumerate() {
+        let dir = temp_dir(&format!("genconfig-{i}"));
+        for f in std::fs::read_dir(fixture("tiny-llama")).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+        let g = dir.join("generation_config.json");
+        let _ = std::fs::remove_file(&g);
+        std::fs::write(&g, json).unwrap();
+        let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+        assert_clean_error(&r, 1, &["generation_config.json", key, needle]);
+    }
+}
+
+/// An activation other than the one maxc lowers is refused, never replaced by
+/// SiLU silently (transformers' names, and a nonsense one).
+#[test]
+fn unsupported_activations_are_refused() {
+    for (i, act) in ["gelu", "banana", "relu"].iter().enumerate() {
+        let mut c = tiny_llama_config();
+        c["hidden_act"] = serde_json::json!(act);
+        let dir = model_dir(&format!("act-{i}"), Some(&c.to_string()));
+        let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+        assert_clean_error(&r, 1, &["config.json", "hidden_act", act, "`silu` only"]);
+    }
+}
+
+/// Two safetensors files that both hold a tensor: refused, naming the tensor
+/// and both files (not "the last one read wins").
+#[test]
+fn a_tensor_in_two_weight_files_is_refused() {
+    let dir = model_dir("dup-tensor", None);
+    std::os::unix::fs::symlink(fixture("tiny-llama").join("model.safetensors"), dir.join("model-2.safetensors")).unwrap();
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["model-2.safetensors", "is also in", "model.safetensors", "one weight file"]);
+}
+
+/// num_hidden_layers smaller than the layers in the weights: refused (the extra
+/// layers would be dropped without a word).
+#[test]
+fn fewer_layers_in_the_config_than_in_the_weights_is_refused() {
+    let mut c = tiny_llama_config();
+    c["num_hidden_layers"] = serde_json::json!(1);
+    let dir = model_dir("fewer-layers", Some(&c.to_string()));
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["config.json", "num_hidden_layers", "is 1", "layer 1", "model.layers.1."]);
 }

@@ -175,7 +175,10 @@ fn decode_runs_one_token_per_step() {
 fn prompt_too_long_fails_before_any_work() {
     let mef = compile_model("short", &fixture("tiny-llama"), &["--model-override", "transformer.max_length=8"]);
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("1,2,3,4,5,6,7,8,9")]);
-    assert_eq!(r.0, 2, "{}", r.2);
+    assert_eq!(r.0, 3, "{}", r.2);
+    // Exit codes apart: a usage error is clap's 2, another error 1.
+    assert_eq!(run_bin("maxrun", &[mef.as_os_str(), os("--no-such-flag")]).0, 2);
+    assert_eq!(run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--top-p"), os("7")]).0, 1);
     assert_eq!(r.2.trim(), "prompt is too long: 9 tokens exceeds the maximum context length of 8 tokens");
     // Generation stops at the context limit instead of overrunning the cache.
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--token-ids"), os("1,2,3,4,5,6"), os("-n"), os("10"), os("--ignore-eos")]);
@@ -185,9 +188,10 @@ fn prompt_too_long_fails_before_any_work() {
 
 #[test]
 fn missing_cpu_feature_is_refused_by_name() {
-    let mef = compile_model("feature", &fixture("tiny-llama"), &["--target", "cpu:x86-64-v3+maxc-test-feature"]);
-    let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi")]);
-    assert_clean_error(&r, 1, &["needs CPU features this machine lacks", "maxc-test-feature", "--target"]);
+    // A machine without AVX2 (rehearsed: maxrun treats the named features as absent).
+    let mef = compile_model("feature", &fixture("tiny-llama"), &["--target", "cpu:x86-64-v3"]);
+    let r = run_bin_env("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi")], &[("MAXRUN_DISABLE_CPU_FEATURES", "avx2,fma")]);
+    assert_clean_error(&r, 1, &["needs CPU features this machine lacks", "avx2", "fma", "--target"]);
 }
 
 /// An AVX2 artifact matches the golden logits, with its prefill panel matmuls in

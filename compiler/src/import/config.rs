@@ -217,6 +217,23 @@ impl ModelConfig {
         if architecture == Architecture::Bert {
             return bert_config(&f);
         }
+        // The MLP's activation: the one maxc lowers for the architecture, or refused
+        // (never another function computed silently).
+        let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
+        let lowered = if gemma { "gelu_pytorch_tanh" } else { "silu" };
+        for key in ["hidden_act", "hidden_activation"] {
+            match json.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(a)) if a == lowered || (!gemma && a == "swish") => {}
+                Some(other) => {
+                    return Err(Error::invalid(
+                        path,
+                        key,
+                        format!("{other} is not supported for {arch_name}: maxc lowers its MLP with `{lowered}` only"),
+                    ))
+                }
+            }
+        }
         let hidden_size = f.usize("hidden_size")?;
         let num_heads = f.usize("num_attention_heads")?;
         let num_kv_heads = f.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);

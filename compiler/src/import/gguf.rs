@@ -359,7 +359,17 @@ impl GgufFile {
             o_bias: has_o_bias,
             mlp_bias: false,
             sliding_window: self.get(&k("attention.sliding_window")).and_then(MetaValue::as_u64).map(|v| v as usize),
-            max_position_embeddings: self.get(&k("context_length")).and_then(MetaValue::as_u64).unwrap_or(2048) as usize,
+            max_position_embeddings: match self.get(&k("context_length")).and_then(MetaValue::as_u64) {
+                Some(0) => {
+                    return Err(Error::invalid(
+                        &self.path,
+                        &k("context_length"),
+                        "is 0: the model would have no positions to run a prompt in; fix the file's metadata",
+                    ))
+                }
+                Some(n) => n as usize,
+                None => 2048,
+            },
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
             dtype: "gguf".into(),

@@ -60,6 +60,7 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
         safetensors::load_file(&file, &mut weights)?;
         input_files.push(file);
     }
+    check_layer_count(&weights, config.num_layers, &dir.join("config.json"))?;
 
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer_json = read_required(dir, "tokenizer.json", "tokenizer.json to tokenize prompts")?;
@@ -95,15 +96,37 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
         input_files.push(generation_path.clone());
         let g = parse_json(&generation_path, &text)?;
         let sampling = g.get("do_sample").and_then(Value::as_bool).unwrap_or(false);
-        let f = |k: &str| g.get(k).and_then(Value::as_f64).map(|x| x as f32);
-        let u = |k: &str| g.get(k).and_then(Value::as_u64).map(|x| x as u32);
+        // The sampling defaults are checked as the command line's flags are: a
+        // value of the wrong type or out of range is refused, never dropped or
+        // stored as given.
+        let invalid = |k: &str, what: String| Error::invalid(&generation_path, k, what);
+        let f = |k: &str, lo: f32, hi: f32| -> Result<Option<f32>> {
+            match g.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_f64().map(|x| x as f32).filter(|x| x.is_finite()) {
+                    Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+                    Some(x) => Err(invalid(k, format!("{x} must be between {lo} and {hi}"))),
+                    None => Err(invalid(k, format!("expected a finite number, found {v}"))),
+                },
+            }
+        };
+        let u = |k: &str, lo: u64| -> Result<Option<u32>> {
+            match g.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_u64().filter(|&n| n >= lo && n <= u32::MAX as u64) {
+                    Some(n) => Ok(Some(n as u32)),
+                    None => Err(invalid(k, format!("expected an integer >= {lo}, found {v}"))),
+                },
+            }
+        };
+        let temperature = f("temperature", 0.0, f32::MAX)?;
         GenerationDefaults {
             // Greedy unless the checkpoint asks for sampling, as transformers does.
-            temperature: if sampling { f("temperature") } else { Some(0.0) },
-            top_k: u("top_k"),
-            top_p: f("top_p"),
-            min_p: f("min_p"),
-            max_new_tokens: u("max_new_tokens"),
+            temperature: if sampling { temperature } else { Some(0.0) },
+            top_k: u("top_k", 0)?,
+            top_p: f("top_p", 0.0, 1.0)?,
+            min_p: f("min_p", 0.0, 1.0)?,
+            max_new_tokens: u("max_new_tokens", 1)?,
         }
     } else {
         GenerationDefaults::default()
@@ -119,4 +142,30 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
         generation,
         input_files,
     })
+}
+
+/// Refuses weights of layers past the config's layer count (`layers.N.`,
+/// GPT-2's `h.N.`, BERT's `layer.N.` with N >= `num_hidden_layers`): the
+/// checkpoint and config.json disagree, and compiling would drop those layers.
+fn check_layer_count(weights: &WeightStore, layers: usize, config_path: &Path) -> Result<()> {
+    for name in weights.names() {
+        let parts: Vec<&str> = name.split('.').collect();
+        for w in parts.windows(2) {
+            if matches!(w[0], "layers" | "h" | "layer") {
+                if let Ok(n) = w[1].parse::<usize>() {
+                    if n >= layers {
+                        return Err(Error::invalid(
+                            config_path,
+                            "num_hidden_layers",
+                            format!(
+                                "is {layers}, but the weights hold layer {n} (`{name}` in {}); fix config.json or the checkpoint",
+                                weights.file_of(name).map_or_else(String::new, |p| p.display().to_string())
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

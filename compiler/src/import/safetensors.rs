@@ -89,6 +89,16 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed> {
 pub fn load_file(path: &Path, store: &mut WeightStore) -> Result<()> {
     let map = Arc::new(mmap_file(path)?);
     let parsed = parse(path, &map)?;
+    // A tensor in two files would leave which one counts to the reading order.
+    for (name, ..) in &parsed.tensors {
+        if let Some(earlier) = store.file_of(name) {
+            return Err(Error::invalid(
+                path,
+                name,
+                format!("is also in {}: each tensor must be in one weight file; remove one of them", earlier.display()),
+            ));
+        }
+    }
     let file = store.add_file(path, map);
     for (name, storage, shape, offset, len) in parsed.tensors {
         store.insert(name, storage, shape, file, offset, len);
