@@ -208,6 +208,33 @@ pub fn peak_rss_bytes() -> u64 {
 
 /// The largest prefill step; longer prompts run in chunks of this many tokens.
 pub const PREFILL_CHUNK: u64 = 128;
+/// What maxrun will use at run time, checked now rather than failing there: the
+/// special token ids are inside the vocabulary, and the chat template (if any)
+/// renders a conversation of user, assistant and user messages with the
+/// generation prompt.
+fn check_runtime_inputs(model: &crate::import::ImportedModel) -> Result<()> {
+    let cfg = &model.config;
+    let vocab = cfg.vocab_size;
+    let ids = cfg.bos_token_id.iter().map(|&id| ("bos_token_id", id)).chain(cfg.eos_token_ids.iter().map(|&id| ("eos_token_id", id)));
+    for (field, id) in ids {
+        if id as usize >= vocab {
+            return Err(crate::Error::invalid(&model.source, field, format!("{id} is outside the vocabulary of {vocab} tokens")));
+        }
+    }
+    if let Some(template) = model.chat_template.as_deref() {
+        use maxrun::chat::{render, Message};
+        let conversation = [Message::new("user", "Hello"), Message::new("assistant", "Hi."), Message::new("user", "How are you?")];
+        if let Err(e) = render(template, &conversation, true, "<s>", "</s>") {
+            return Err(crate::Error::invalid(
+                &model.source,
+                "chat_template",
+                format!("does not render a conversation (user, assistant, user): {e:#}; fix the template, or remove it (then `maxrun --chat` and /v1/chat/completions are unavailable)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The default `max_length` cap when the manifest sets none.
 pub const DEFAULT_MAX_LENGTH: u64 = 4096;
 /// Positions per block of the batched engine's paged KV cache (vLLM's default).
@@ -355,6 +382,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         return Err(Error::Flag { flag: "--stop-after".into(), message: "stops before code generation; no artifact is written".into() });
     }
     let cfg = &fe.model.config;
+    check_runtime_inputs(&fe.model)?;
     let max_length = c.max_length.map(u64::from).unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
     // Encoders attend in both directions, so a sequence cannot be split into chunks.
     let max_seq = if cfg.encoder.is_some() { max_length } else { PREFILL_CHUNK.min(max_length) };

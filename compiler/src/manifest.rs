@@ -318,7 +318,10 @@ mod tests {
     fn load(text: &str, overrides: &[&str]) -> Result<LoadedManifest> {
         let dir = std::env::temp_dir().join(format!("maxc-manifest-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("m{}.toml", text.len() + overrides.len()));
+        // A file per call: tests run in parallel, and texts of one length would
+        // otherwise share a name (a race that failed a test once).
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let path = dir.join(format!("m{}.toml", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
         std::fs::write(&path, text).unwrap();
         let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
         LoadedManifest::from_file(&path, &ov)

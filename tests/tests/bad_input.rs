@@ -408,3 +408,27 @@ fn fewer_layers_in_the_config_than_in_the_weights_is_refused() {
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
     assert_clean_error(&r, 1, &["config.json", "num_hidden_layers", "is 1", "layer 1", "model.layers.1."]);
 }
+
+/// What maxrun would fail on at run time is refused at compile time: a chat
+/// template that does not parse or does not render a conversation, and special
+/// token ids outside the vocabulary.
+#[test]
+fn chat_templates_and_special_ids_are_checked_at_compile_time() {
+    for (i, (template, needle)) in [
+        ("{% for m in messages %}{{ m.content }}", "chat_template"),
+        ("{{ raise_exception('roles must alternate system/user') }}", "roles must alternate"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dir = model_dir(&format!("template-{i}"), None);
+        std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+        let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+        assert_clean_error(&r, 1, &["chat_template", "does not render a conversation", needle]);
+    }
+    let mut c = tiny_llama_config();
+    c["bos_token_id"] = serde_json::json!(99999);
+    let dir = model_dir("bos-out-of-vocab", Some(&c.to_string()));
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["bos_token_id", "99999 is outside the vocabulary of 49152 tokens"]);
+}
