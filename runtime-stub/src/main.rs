@@ -603,6 +603,10 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
 
     let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(128) as usize;
     let params = generation_params(&cli, &h.generation, max_new)?;
+    if max_new == 0 {
+        eprintln!("prompt: {} tokens | -n 0: nothing generated (the prompt was not run)", ids.len());
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut engine = Engine::serial(&artifact, session, tokenizer);
     engine.submit(Request::new(ids.clone(), params))?;
     let mut out = std::io::stdout().lock();
@@ -630,10 +634,6 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     out.flush()?;
     if reason == maxrun::engine::FinishReason::Length && usage.completion_tokens < max_new {
         eprintln!("note: stopped at the artifact's maximum context length of {} tokens", h.max_length);
-    }
-    if max_new == 0 {
-        eprintln!("prompt: {} tokens | -n 0: nothing generated (the prompt was not run)", ids.len());
-        return Ok(ExitCode::SUCCESS);
     }
     let decode_tokens = usage.completion_tokens.saturating_sub(1);
     let runner = engine.runner().expect("a serial engine");

@@ -155,6 +155,10 @@ pub struct Engine<'a> {
     stats: Stats,
     /// The vocabulary's grammars, built at the first request with a grammar.
     grammars: Option<crate::constrain::Grammars>,
+    /// The step's threads leave a CPU free, so grammar masks are computed on a
+    /// helper thread beside the step (decided once: the usable CPUs are read
+    /// from the affinity mask and cgroup files).
+    masks_beside_step: bool,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -191,7 +195,9 @@ impl<'a> Engine<'a> {
     }
 
     fn with_backend(artifact: &'a Artifact, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
-        Engine { backend, tokenizer, artifact, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None }
+        let mut engine = Engine { backend, tokenizer, artifact, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false };
+        engine.masks_beside_step = engine.threads() < crate::pool::usable_cpus();
+        engine
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -340,7 +346,7 @@ impl<'a> Engine<'a> {
         }
         // The grammars' next masks: computed before the step, or beside it; a
         // step without constrained requests computes none.
-        let overlap = self.threads() < crate::pool::usable_cpus();
+        let overlap = self.masks_beside_step;
         let (backend, requests) = (&mut self.backend, &mut self.requests);
         let output = std::thread::scope(|scope| {
             let pending: Vec<&mut crate::constrain::Constraint> =
