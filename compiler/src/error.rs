@@ -15,6 +15,10 @@ pub enum Error {
     #[error("{path}: cannot read file: {error}")]
     Io { path: PathBuf, error: std::io::Error },
 
+    /// An output (the artifact, `--dump-ir`, `--emit-*`) could not be written.
+    #[error("{path}: cannot write: {error}")]
+    Write { path: PathBuf, error: std::io::Error },
+
     /// A file was read but one of its fields is missing, malformed or out of range.
     #[error("{path}: {field}: {message}")]
     Invalid { path: PathBuf, field: String, message: String },
@@ -62,5 +66,10 @@ impl Error {
     /// Shorthand for [`Error::Io`].
     pub fn io(path: impl AsRef<Path>, error: std::io::Error) -> Self {
         Error::Io { path: path.as_ref().to_path_buf(), error }
+    }
+
+    /// The error for an output that could not be written.
+    pub fn write(path: impl AsRef<Path>, error: std::io::Error) -> Self {
+        Error::Write { path: path.as_ref().to_path_buf(), error }
     }
 }

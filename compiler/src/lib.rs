@@ -5,6 +5,7 @@
 //! interpreter ([`interp`]) is the oracle every pass is tested against.
 
 pub mod builders;
+pub mod compile_config;
 pub mod driver;
 pub mod error;
 pub mod graph;

@@ -37,9 +37,8 @@ enum Command {
 struct CheckArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Code target to check for.
-    #[arg(long)]
-    target: Option<String>,
+    #[command(flatten)]
+    settings: CompileSettings,
 }
 
 #[derive(Args)]
@@ -54,34 +53,13 @@ struct ModelArgs {
     overrides: Vec<String>,
 }
 
+/// Flags that set `[compile]` keys of the manifest (over the manifest and its
+/// `--model-override`s); `maxc check` takes them as `maxc compile` does.
 #[derive(Args)]
-struct CompileArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// Write the IR after every pass to DIR as NN-<pass>.mxir.
-    #[arg(long, value_name = "DIR")]
-    dump_ir: Option<PathBuf>,
-    /// Stop after the named pass (no artifact is written).
-    #[arg(long, value_name = "PASS")]
-    stop_after: Option<String>,
-    /// The artifact to write.
-    #[arg(short = 'o', long, value_name = "OUT.mef")]
-    output: Option<PathBuf>,
+struct CompileSettings {
     /// Code target: `cpu` (this machine), `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:NAME+feature,...`.
     #[arg(long)]
     target: Option<String>,
-    /// Threads for weight conversion (default: all cores). The artifact does not depend on it.
-    #[arg(short = 'j', long)]
-    jobs: Option<usize>,
-    /// Compile a second time with a different thread count and fail unless both artifacts are byte-identical.
-    #[arg(long)]
-    check_reproducible: bool,
-    /// Write the optimized LLVM IR of the kernels to DIR/kernels.ll.
-    #[arg(long, value_name = "DIR")]
-    emit_llvm: Option<PathBuf>,
-    /// Write each GPU architecture's PTX module to DIR/<arch>.ptx (with --target cuda:...).
-    #[arg(long, value_name = "DIR")]
-    emit_ptx: Option<PathBuf>,
     /// Storage of the linear layers' weights: float32 (the default for Hugging Face checkpoints),
     /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn; a GGUF already in that block type
     /// keeps its blocks. `stored` (the default for GGUF files): every weight keeps the checkpoint's
@@ -117,6 +95,53 @@ struct CompileArgs {
     /// Code generator: llvm (default; vectorized, tuned to --target) or cranelift (fast compiles, baseline x86-64).
     #[arg(long, value_name = "BACKEND")]
     backend: Option<String>,
+}
+
+impl CompileSettings {
+    /// Each flag given, as the `[compile]` key it sets.
+    fn flag_settings(&self) -> Vec<maxc::manifest::FlagSetting> {
+        use maxc::manifest::FlagSetting;
+        let all = [
+            ("target", "--target", &self.target),
+            ("quantization_encoding", "--quantization-encoding", &self.quantization_encoding),
+            ("embedding_encoding", "--embedding-encoding", &self.embedding_encoding),
+            ("activation_encoding", "--activation-encoding", &self.activation_encoding),
+            ("kv_cache_encoding", "--kv-cache-encoding", &self.kv_cache_encoding),
+            ("devices", "--devices", &self.devices),
+            ("attention_sharding", "--attention-sharding", &self.attention_sharding),
+            ("backend", "--backend", &self.backend),
+        ];
+        all.into_iter().filter_map(|(key, flag, v)| v.clone().map(|value| FlagSetting { key, flag, value })).collect()
+    }
+}
+
+#[derive(Args)]
+struct CompileArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    settings: CompileSettings,
+    /// Write the IR after every pass to DIR as NN-<pass>.mxir.
+    #[arg(long, value_name = "DIR")]
+    dump_ir: Option<PathBuf>,
+    /// Stop after the named pass (no artifact is written).
+    #[arg(long, value_name = "PASS")]
+    stop_after: Option<String>,
+    /// The artifact to write.
+    #[arg(short = 'o', long, value_name = "OUT.mef")]
+    output: Option<PathBuf>,
+    /// Threads for weight conversion (default: all cores). The artifact does not depend on it.
+    #[arg(short = 'j', long)]
+    jobs: Option<usize>,
+    /// Compile a second time with a different thread count and fail unless both artifacts are byte-identical.
+    #[arg(long)]
+    check_reproducible: bool,
+    /// Write the optimized LLVM IR of the kernels to DIR/kernels.ll.
+    #[arg(long, value_name = "DIR")]
+    emit_llvm: Option<PathBuf>,
+    /// Write each GPU architecture's PTX module to DIR/<arch>.ptx (with --target cuda:...).
+    #[arg(long, value_name = "DIR")]
+    emit_ptx: Option<PathBuf>,
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
@@ -129,9 +154,12 @@ struct CompileArgs {
 struct EvalArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Text to tokenize and run.
+    /// Text to tokenize (with the special tokens the tokenizer adds, as maxrun) and run.
     #[arg(long, conflicts_with = "token_ids")]
     prompt: Option<String>,
+    /// Tokenize --prompt without the special tokens the tokenizer would add.
+    #[arg(long, alias = "no-special", requires = "prompt")]
+    no_special_tokens: bool,
     /// Comma-separated token ids to run.
     #[arg(long, value_delimiter = ',')]
     token_ids: Option<Vec<u32>>,
@@ -144,7 +172,7 @@ struct EvalArgs {
 }
 
 fn main() -> ExitCode {
-    remove_temp_files_on_signals();
+    maxrun::output::remove_temp_files_on_signals("maxc", "no artifact was written");
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -152,20 +180,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// On SIGINT, SIGTERM or SIGHUP: remove the artifact being written (its
-/// temporary file) and exit with 128 + the signal's number, as a shell reports it.
-fn remove_temp_files_on_signals() {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else { return };
-    std::thread::spawn(move || {
-        if let Some(signal) = signals.forever().next() {
-            maxc::mef_writer::remove_temp_files();
-            eprintln!("maxc: stopped by signal {signal}; no artifact was written");
-            std::process::exit(128 + signal);
-        }
-    });
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -192,13 +206,14 @@ fn options<'a>(dump: Option<&'a Path>, stop: Option<&'a str>) -> anyhow::Result<
 }
 
 fn compile(args: CompileArgs) -> anyhow::Result<()> {
-    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides)?;
+    let flags = args.settings.flag_settings();
+    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides, &flags)?;
     let opts = options(args.dump_ir.as_deref(), args.stop_after.as_deref())?;
     let Some(output) = args.output.filter(|_| args.stop_after.is_none()) else {
         if args.stop_after.is_none() {
             bail!("give -o OUT.mef (or --stop-after PASS to only run the graph pipeline)");
         }
-        let graphs = maxc::driver::frontend_graphs(&manifest, args.devices.as_deref(), args.attention_sharding.as_deref(), &opts)?;
+        let graphs = maxc::driver::frontend_graphs(&manifest, &opts)?;
         for (i, g) in graphs.iter().enumerate() {
             let device = if graphs.len() > 1 { format!(" on device {i}") } else { String::new() };
             eprintln!("graph `{}` after `{}`{device}: {} nodes", g.name, args.stop_after.as_deref().unwrap_or_default(), g.nodes.len());
@@ -209,22 +224,14 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
     if let Some(w) = warning {
         eprintln!("maxc: warning: {w}");
     }
-    check_output(&output, &manifest)?;
+    check_output("-o", &output, &manifest)?;
     let start = std::time::Instant::now();
     let flags = provenance_flags(std::env::args().skip(1));
     let compile_options = CompileOptions {
-        target: args.target,
         flags,
         pipeline: opts,
         emit_llvm: args.emit_llvm.clone(),
         emit_ptx: args.emit_ptx.clone(),
-        encoding: args.quantization_encoding.clone(),
-        embedding_encoding: args.embedding_encoding.clone(),
-        activation_encoding: args.activation_encoding.clone(),
-        kv_cache_encoding: args.kv_cache_encoding.clone(),
-        backend: args.backend.clone(),
-        devices: args.devices.clone(),
-        attention_sharding: args.attention_sharding.clone(),
         progress: !args.quiet && args.log_format == "text",
     };
     let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;
@@ -277,17 +284,9 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
 /// Refuses an output path that would destroy something: an input of the
 /// compile (the manifest, the GGUF, any file of the model's directory, after
 /// symbolic links), or anything that is not a regular file or a new path
-/// (a directory, a device such as /dev/null, a FIFO). The artifact is written
-/// to a temporary file beside it and renamed over it at the end.
-fn check_output(output: &Path, manifest: &maxc::manifest::LoadedManifest) -> anyhow::Result<()> {
-    let shown = output.display();
-    if let Ok(meta) = std::fs::metadata(output) {
-        if !meta.is_file() {
-            let kind = if meta.is_dir() { "a directory" } else { "not a regular file (a device, FIFO or socket)" };
-            bail!("-o {shown} is {kind}; the artifact would replace it: give a new file name, e.g. -o model.mef");
-        }
-    }
-    let Ok(out) = std::fs::canonicalize(output) else { return Ok(()) };
+/// (a directory, a device such as /dev/null, a FIFO). Outputs are written to a
+/// temporary file beside them and renamed at the end (`maxrun::output`).
+fn check_output(flag: &str, output: &Path, manifest: &maxc::manifest::LoadedManifest) -> anyhow::Result<()> {
     let model = &manifest.manifest.model.path;
     let mut inputs: Vec<PathBuf> = manifest.source.iter().cloned().collect();
     if model.is_dir() {
@@ -297,13 +296,7 @@ fn check_output(output: &Path, manifest: &maxc::manifest::LoadedManifest) -> any
     } else {
         inputs.push(model.clone());
     }
-    for input in inputs {
-        if std::fs::canonicalize(&input).is_ok_and(|i| i == out) {
-            let what = if input == output { String::new() } else { format!(" ({})", input.display()) };
-            bail!("-o {shown} is an input of this compile{what}; the artifact would replace it: write it elsewhere");
-        }
-    }
-    Ok(())
+    maxrun::output::check_output(flag, output, &inputs).map_err(anyhow::Error::msg)
 }
 
 fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
@@ -328,8 +321,8 @@ fn compare_artifacts(a: &Path, b: &Path) -> anyhow::Result<()> {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {
-    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides)?;
-    let problems = maxc::driver::check(&manifest, args.target.as_deref());
+    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides, &args.settings.flag_settings())?;
+    let problems = maxc::driver::check(&manifest);
     if problems.is_empty() {
         println!("ok: {} can be compiled", manifest.manifest.model.path.display());
         return Ok(());
@@ -341,17 +334,24 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
 }
 
 fn eval(args: EvalArgs) -> anyhow::Result<()> {
-    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides)?;
+    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides, &[])?;
+    if let Some(path) = &args.dump_logits {
+        check_output("--dump-logits", path, &manifest)?;
+    }
     let fe = frontend(manifest, &options(None, None)?)?;
     let tokenizer: tokenizers::Tokenizer =
         fe.model.tokenizer_json.parse().map_err(|e| anyhow::anyhow!("loading the tokenizer: {e}"))?;
     let ids: Vec<u32> = match (&args.prompt, &args.token_ids) {
-        (Some(p), _) => tokenizer.encode(p.as_str(), false).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?.get_ids().to_vec(),
+        (Some(p), _) => tokenizer.encode(p.as_str(), !args.no_special_tokens).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?.get_ids().to_vec(),
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt TEXT or --token-ids 1,2,3"),
     };
     if ids.is_empty() {
         bail!("the prompt has no tokens");
+    }
+    let vocab = fe.model.config.vocab_size;
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        bail!("--token-ids: token id {bad} is outside the vocabulary of {vocab} tokens");
     }
     let mut interp = Interpreter::new(&fe.graph, &fe.model.weights);
     if let Some(path) = &args.dump_logits {

@@ -25,8 +25,6 @@ pub struct Manifest {
     pub compile: CompileSection,
     #[serde(default)]
     pub generation: GenerationSection,
-    #[serde(default)]
-    pub components: BTreeMap<String, ComponentSection>,
 }
 
 /// `[model]`: where the weights are and what they are.
@@ -70,6 +68,8 @@ pub struct CompileSection {
     pub max_batch_tokens: Option<u32>,
     /// Sequences per step of the batched engine (default 16).
     pub max_sequences: Option<u32>,
+    /// The CPU code generator: `llvm` (default) or `cranelift`.
+    pub backend: Option<String>,
 }
 
 /// `[generation]`: sampling defaults recorded in the artifact.
@@ -83,60 +83,97 @@ pub struct GenerationSection {
     pub max_new_tokens: Option<u32>,
 }
 
-/// `[components.<name>]`: one more model of a multi-component artifact.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ComponentSection {
-    pub path: Option<PathBuf>,
-    pub architecture: Option<String>,
-    pub target: Option<String>,
-    pub devices: Option<String>,
-    pub quantization_encoding: Option<String>,
-    pub embedding_encoding: Option<String>,
-    pub max_length: Option<u32>,
-    pub max_batch_size: Option<u32>,
-}
-
 /// A manifest plus the file it came from, with paths resolved.
 #[derive(Debug, Clone)]
 pub struct LoadedManifest {
     pub manifest: Manifest,
     /// The manifest file, or `None` for `maxc compile --model PATH`.
     pub source: Option<PathBuf>,
-    /// The manifest text after overrides (recorded in the artifact's provenance).
+    /// The manifest text after `--model-override`s (recorded in the artifact's
+    /// provenance; the flags are recorded beside it).
     pub text: String,
+    /// `[compile]` keys set by a command-line flag: key -> flag (for messages).
+    pub flag_keys: BTreeMap<String, &'static str>,
+}
+
+/// A `[compile]` key given by a command-line flag (`--target` is `target`):
+/// applied over the manifest and its overrides.
+#[derive(Debug, Clone)]
+pub struct FlagSetting {
+    pub key: &'static str,
+    pub flag: &'static str,
+    pub value: String,
 }
 
 impl LoadedManifest {
+    /// The manifest file, or `<--model>` when there is none (for messages).
+    pub fn shown(&self) -> PathBuf {
+        self.source.clone().unwrap_or_else(|| PathBuf::from("<--model>"))
+    }
+
+    /// How messages name `[compile]` key `key`: its flag when a flag set it,
+    /// else `compile.<key>`.
+    pub fn field_name(&self, key: &str) -> String {
+        match self.flag_keys.get(key) {
+            Some(flag) => flag.to_string(),
+            None => format!("compile.{key}"),
+        }
+    }
+
     /// Reads and validates a manifest file, then applies `overrides` (`component.key=value`).
     pub fn from_file(path: &Path, overrides: &[String]) -> Result<Self> {
+        Self::from_file_with_flags(path, overrides, &[])
+    }
+
+    /// [`LoadedManifest::from_file`], then the flags' settings over it.
+    pub fn from_file_with_flags(path: &Path, overrides: &[String], flags: &[FlagSetting]) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let table: toml::Table = toml::from_str(&text)
             .map_err(|e| Error::invalid(path, "manifest", format!("not valid TOML: {e}")))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::from_table(table, Some(path), &base, overrides)
+        Self::from_table(table, Some(path), &base, overrides, flags)
     }
 
     /// The manifest `maxc compile --model PATH` implies: that path and every default.
     pub fn from_model_path(model: &Path, overrides: &[String]) -> Result<Self> {
+        Self::from_model_path_with_flags(model, overrides, &[])
+    }
+
+    /// [`LoadedManifest::from_model_path`], then the flags' settings over it.
+    pub fn from_model_path_with_flags(model: &Path, overrides: &[String], flags: &[FlagSetting]) -> Result<Self> {
         let mut table = toml::Table::new();
         let mut model_table = toml::Table::new();
         model_table.insert("path".into(), toml::Value::String(model.to_string_lossy().into_owned()));
         table.insert("model".into(), toml::Value::Table(model_table));
-        Self::from_table(table, None, Path::new(""), overrides)
+        Self::from_table(table, None, Path::new(""), overrides, flags)
     }
 
-    fn from_table(
-        mut table: toml::Table,
-        source: Option<&Path>,
-        base: &Path,
-        overrides: &[String],
-    ) -> Result<Self> {
+    fn from_table(mut table: toml::Table, source: Option<&Path>, base: &Path, overrides: &[String], flags: &[FlagSetting]) -> Result<Self> {
         for spec in overrides {
             apply_override(&mut table, spec)?;
         }
         let shown = source.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("<--model>"));
+        if let Some(components) = table.get("components") {
+            let names = components.as_table().map(|t| t.keys().map(|k| format!("[components.{k}]")).collect::<Vec<_>>().join(", "));
+            return Err(Error::invalid(
+                &shown,
+                "components",
+                format!(
+                    "{}: multi-component artifacts are not supported; maxc compiles the one model of [model] \
+                     (a vision or audio tower beside it is not built): remove the table",
+                    names.filter(|n| !n.is_empty()).unwrap_or_else(|| "found".into())
+                ),
+            ));
+        }
         let text = toml::to_string(&table).expect("a toml::Table always serializes");
+        let mut flag_keys = BTreeMap::new();
+        for f in flags {
+            debug_assert!(compile_keys().iter().any(|k| k == f.key), "{} is a [compile] key", f.key);
+            if let toml::Value::Table(t) = table.entry("compile").or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+                t.insert(f.key.to_string(), toml::Value::String(f.value.clone()));
+            }
+            flag_keys.insert(f.key.to_string(), f.flag);
+        }
         let mut manifest: Manifest = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| {
                 let field = e.path().to_string();
@@ -150,26 +187,16 @@ impl LoadedManifest {
         if manifest.model.path.is_relative() {
             manifest.model.path = base.join(&manifest.model.path);
         }
-        for component in manifest.components.values_mut() {
-            if let Some(p) = &component.path {
-                if p.is_relative() {
-                    component.path = Some(base.join(p));
-                }
-            }
-        }
-        Ok(LoadedManifest { manifest, source: source.map(Path::to_path_buf), text })
+        Ok(LoadedManifest { manifest, source: source.map(Path::to_path_buf), text, flag_keys })
     }
 }
 
 impl Manifest {
+    /// The checks of single numbers; the `[compile]` names (encodings, target,
+    /// mesh) are resolved and cross-checked by `compile_config`.
     fn validate(&self, path: &Path) -> Result<()> {
-        check_encoding(path, "compile.quantization_encoding", &self.compile.quantization_encoding)?;
-        check_encoding(path, "compile.embedding_encoding", &self.compile.embedding_encoding)?;
-        if let Some(a) = &self.compile.activation_encoding {
-            parse_activation_encoding(a).map_err(|m| Error::invalid(path, "compile.activation_encoding", m))?;
-        }
-        if let Some(k) = &self.compile.kv_cache_encoding {
-            parse_kv_cache_encoding(k).map_err(|m| Error::invalid(path, "compile.kv_cache_encoding", m))?;
+        if self.generation.max_new_tokens == Some(0) {
+            return Err(Error::invalid(path, "generation.max_new_tokens", "0 must be at least 1 (a default that generates nothing)"));
         }
         if self.compile.max_length == Some(0) {
             return Err(Error::invalid(path, "compile.max_length", "must be at least 1"));
@@ -178,10 +205,6 @@ impl Manifest {
             if value == Some(0) {
                 return Err(Error::invalid(path, field, "must be at least 1"));
             }
-        }
-        for (name, c) in &self.components {
-            check_encoding(path, &format!("components.{name}.quantization_encoding"), &c.quantization_encoding)?;
-            check_encoding(path, &format!("components.{name}.embedding_encoding"), &c.embedding_encoding)?;
         }
         let g = &self.generation;
         if let Some(t) = g.temperature {
@@ -200,24 +223,6 @@ impl Manifest {
     }
 }
 
-fn check_encoding(path: &Path, field: &str, value: &Option<String>) -> Result<()> {
-    // The linear layers may also keep the checkpoint's own encodings.
-    let linear = field.ends_with("quantization_encoding");
-    match value {
-        Some(v) if linear && v == crate::quant::STORED => Ok(()),
-        Some(v) if maxrun::format::WeightEncoding::from_name(v).is_none() => Err(Error::invalid(
-            path,
-            field,
-            format!(
-                "unknown encoding `{v}`; valid encodings: {}{}",
-                maxrun::format::WeightEncoding::all_names(),
-                if linear { format!(", {}", crate::quant::STORED) } else { String::new() }
-            ),
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// `compile.activation_encoding`: how block-quantized matmuls take their activations.
 pub fn parse_activation_encoding(name: &str) -> std::result::Result<crate::schedule::ActivationEncoding, String> {
     use crate::schedule::ActivationEncoding as A;
@@ -229,28 +234,22 @@ pub fn parse_kv_cache_encoding(name: &str) -> std::result::Result<maxrun::format
     maxrun::format::KvEncoding::from_name(name).ok_or_else(|| format!("unknown KV cache encoding `{name}`; valid: float32, float16"))
 }
 
-/// Keys of `[compile]` that `transformer.<key>` overrides address.
-const COMPILE_KEYS: &[&str] = &[
-    "target",
-    "devices",
-    "attention_sharding",
-    "quantization_encoding",
-    "embedding_encoding",
-    "activation_encoding",
-    "kv_cache_encoding",
-    "max_length",
-    "max_batch_tokens",
-    "max_sequences",
-];
+/// Keys of `[compile]` (that `transformer.<key>` overrides address): the
+/// fields of [`CompileSection`], read from its serialization so the list
+/// cannot fall behind the struct.
+pub fn compile_keys() -> Vec<String> {
+    let v = serde_json::to_value(CompileSection::default()).expect("CompileSection serializes");
+    v.as_object().expect("a struct serializes to an object").keys().cloned().collect()
+}
+
 const MODEL_KEYS: &[&str] = &["path", "name", "architecture"];
 
 /// Applies one `--model-override KEY=VALUE`.
 ///
 /// `KEY` is a dotted path. It may start with a section (`model`, `compile`,
-/// `generation`, `components`) or with a component name: `transformer.<key>`
-/// addresses the main component (`[model]` / `[compile]`), any other name
-/// `[components.<name>]`. `VALUE` is parsed as a TOML value when it is one
-/// (`512`, `0.7`, `true`) and taken as a string otherwise.
+/// `generation`) or with the component name `transformer`, whose `<key>`
+/// addresses `[model]` or `[compile]` (MAX's naming). `VALUE` is parsed as a
+/// TOML value when it is one (`512`, `0.7`, `true`) and taken as a string otherwise.
 pub fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
     let flag = "--model-override";
     let (key, raw) = spec.split_once('=').ok_or_else(|| Error::Flag {
@@ -265,24 +264,28 @@ pub fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
         });
     }
     let path: Vec<String> = match segments[0] {
-        "model" | "compile" | "generation" | "components" => segments.iter().map(|s| s.to_string()).collect(),
+        "model" | "compile" | "generation" => segments.iter().map(|s| s.to_string()).collect(),
         MAIN_COMPONENT if segments.len() == 2 && MODEL_KEYS.contains(&segments[1]) => {
             vec!["model".into(), segments[1].into()]
         }
-        MAIN_COMPONENT if segments.len() == 2 && COMPILE_KEYS.contains(&segments[1]) => {
+        MAIN_COMPONENT if segments.len() == 2 && compile_keys().iter().any(|k| k == segments[1]) => {
             vec!["compile".into(), segments[1].into()]
         }
         MAIN_COMPONENT => {
-            let valid: Vec<&str> = MODEL_KEYS.iter().chain(COMPILE_KEYS).copied().collect();
+            let valid: Vec<String> = MODEL_KEYS.iter().map(|k| k.to_string()).chain(compile_keys()).collect();
             return Err(Error::Flag {
                 flag: flag.into(),
                 message: format!("unknown key `{key}`; valid keys of `{MAIN_COMPONENT}`: {}", valid.join(", ")),
             });
         }
-        component => {
-            let mut p = vec!["components".to_string(), component.to_string()];
-            p.extend(segments[1..].iter().map(|s| s.to_string()));
-            p
+        other => {
+            return Err(Error::Flag {
+                flag: flag.into(),
+                message: format!(
+                    "`{key}`: unknown component or section `{other}`; an artifact has one component, \
+                     `{MAIN_COMPONENT}`, and the sections model, compile and generation"
+                ),
+            });
         }
     };
     let value = parse_override_value(raw.trim());
@@ -349,15 +352,6 @@ mod tests {
     }
 
     #[test]
-    fn stored_is_a_linear_encoding_only() {
-        assert!(load("[model]\npath = \"x\"\n[compile]\nquantization_encoding = \"stored\"\n", &[]).is_ok());
-        let err = load("[model]\npath = \"x\"\n[compile]\nembedding_encoding = \"stored\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains("compile.embedding_encoding") && err.contains("stored") && err.contains("q8_0"), "{err}");
-        let err = load("[model]\npath = \"x\"\n[compile]\nquantization_encoding = \"q3\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains("q4_k, float8_e4m3fn, stored"), "the linear encodings list `stored`: {err}");
-    }
-
-    #[test]
     fn unparsable_manifest_is_an_error() {
         let err = load("[model\npath = ", &[]).unwrap_err().to_string();
         assert!(err.contains("not valid TOML"), "{err}");
@@ -370,22 +364,26 @@ mod tests {
     }
 
     #[test]
-    fn unknown_encoding_lists_valid_ones() {
-        let err = load("[model]\npath = \"x\"\n[compile]\nquantization_encoding = \"q3\"\n", &[]).unwrap_err().to_string();
-        assert!(err.contains("compile.quantization_encoding") && err.contains("q4_k"), "{err}");
-    }
-
-    #[test]
-    fn overrides_patch_main_component_sections_and_other_components() {
+    fn overrides_patch_the_main_component_and_sections() {
         let m = load(
             "[model]\npath = \"x\"\n",
-            &["transformer.max_length=512", "transformer.quantization_encoding=q8_0", "generation.temperature=0.5", "vision.path=v"],
+            &["transformer.max_length=512", "transformer.quantization_encoding=q8_0", "generation.temperature=0.5"],
         )
         .unwrap();
         assert_eq!(m.manifest.compile.max_length, Some(512));
         assert_eq!(m.manifest.compile.quantization_encoding.as_deref(), Some("q8_0"));
         assert_eq!(m.manifest.generation.temperature, Some(0.5));
-        assert!(m.manifest.components["vision"].path.as_ref().unwrap().ends_with("v"));
+    }
+
+    /// A component maxc would not build is refused, never parsed and dropped.
+    #[test]
+    fn components_are_refused_by_name() {
+        let err = load("[model]\npath = \"x\"\n[components.vision]\npath = \"v\"\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("components") && err.contains("[components.vision]") && err.contains("remove the table"), "{err}");
+        let err = load("[model]\npath = \"x\"\n", &["vision.path=v"]).unwrap_err().to_string();
+        assert!(err.contains("`vision`") && err.contains("transformer"), "{err}");
+        let err = load("[model]\npath = \"x\"\n", &["components.vision.path=v"]).unwrap_err().to_string();
+        assert!(err.contains("`components`"), "{err}");
     }
 
     #[test]
@@ -395,6 +393,30 @@ mod tests {
         assert!(err.contains("colour") && err.contains("max_length"), "{err}");
         let err = load("[model]\npath = \"x\"\n", &["compile.max_length=abc"]).unwrap_err().to_string();
         assert!(err.contains("compile.max_length") && err.contains("invalid type"), "{err}");
+    }
+
+    /// Flags land in `[compile]` over the manifest, and messages name the flag.
+    #[test]
+    fn flags_override_the_manifest_and_are_named() {
+        let dir = std::env::temp_dir().join(format!("maxc-manifest-flags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.toml");
+        std::fs::write(&path, "[model]\npath = \"x\"\n[compile]\ntarget = \"cpu\"\n").unwrap();
+        let flag = FlagSetting { key: "target", flag: "--target", value: "cpu:x86-64-v3".into() };
+        let m = LoadedManifest::from_file_with_flags(&path, &[], &[flag]).unwrap();
+        assert_eq!(m.manifest.compile.target.as_deref(), Some("cpu:x86-64-v3"));
+        assert_eq!(m.field_name("target"), "--target");
+        assert_eq!(m.field_name("devices"), "compile.devices");
+        assert!(!m.text.contains("x86-64-v3"), "the recorded manifest is the file's, the flags are recorded apart");
+    }
+
+    #[test]
+    fn compile_keys_are_the_section_fields() {
+        let keys = compile_keys();
+        for k in ["target", "devices", "quantization_encoding", "kv_cache_encoding", "max_sequences", "backend"] {
+            assert!(keys.iter().any(|x| x == k), "{k} in {keys:?}");
+        }
+        assert_eq!(keys.len(), 11);
     }
 
     #[test]

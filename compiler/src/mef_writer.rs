@@ -4,7 +4,7 @@
 
 use std::io::{BufWriter, Seek, Write};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use maxrun::format::*;
 
@@ -91,39 +91,11 @@ pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<
         at = align_section(at + s.len);
     }
 
-    let tmp = temp_path(out);
-    TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner()).push(tmp.clone());
-    let result = write_file(&tmp, header_len, &mut contents);
-    let result = match result {
-        Ok(total) => std::fs::rename(&tmp, out).map(|()| total).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::io(out, e)
-        }),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    };
-    TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| p != &tmp);
-    result
-}
-
-/// Temporary artifacts being written, for [`remove_temp_files`].
-static TEMP_FILES: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-/// Removes the temporary files of artifacts still being written: what `maxc`
-/// does on SIGINT, SIGTERM and SIGHUP before it exits, so that a cancelled
-/// compile (a CI job stopped) leaves nothing beside its output.
-pub fn remove_temp_files() {
-    let files = std::mem::take(&mut *TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner()));
-    for f in files {
-        let _ = std::fs::remove_file(f);
-    }
-}
-
-fn temp_path(out: &Path) -> PathBuf {
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "artifact".into());
-    out.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+    // Removed on error (when dropped) and on a signal (`output::remove_temp_files`).
+    let tmp = maxrun::output::TempFile::new(out);
+    let total = write_file(tmp.path(), header_len, &mut contents)?;
+    tmp.commit().map_err(|e| Error::write(out, e))?;
+    Ok(total)
 }
 
 /// A writer that tracks its position and hashes what it writes.
@@ -162,7 +134,7 @@ impl<W: Write> Hashing<W> {
 const WEIGHT_BATCH: usize = 8;
 
 fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Result<u64> {
-    let io = |e| Error::io(tmp, e);
+    let io = |e| Error::write(tmp, e);
     let file = std::fs::File::create(tmp).map_err(io)?;
     let mut w = Hashing { inner: BufWriter::with_capacity(1 << 20, file), pos: 0, state: ChecksumState::new() };
     w.pad_to(header_len).map_err(io)?;

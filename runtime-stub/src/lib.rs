@@ -21,6 +21,7 @@ pub mod inspect;
 pub mod kv_cache;
 pub mod mesh_session;
 pub mod npy;
+pub mod output;
 pub mod pool;
 pub mod runner;
 pub mod sampler;

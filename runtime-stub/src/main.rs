@@ -185,9 +185,14 @@ struct RunArgs {
     /// The weights checksum is checked by default (kept for old scripts).
     #[arg(long, hide = true, conflicts_with = "no_verify")]
     verify: bool,
-    /// Text to continue.
+    /// Text to continue. It is tokenized as `transformers`' `tokenizer(text)` and
+    /// llama.cpp do: with the special tokens the tokenizer's post-processor adds
+    /// (a BOS for Llama 3 and Gemma tokenizers, a GGUF's `add_bos_token`).
     #[arg(long, conflicts_with = "token_ids")]
     prompt: Option<String>,
+    /// Tokenize --prompt without the special tokens the tokenizer would add.
+    #[arg(long, alias = "no-special", requires = "prompt")]
+    no_special_tokens: bool,
     /// Print the sentence embedding of TEXT as a JSON array (encoder artifacts).
     #[arg(long, conflicts_with_all = ["prompt", "token_ids", "dump_logits"])]
     embed: Option<String>,
@@ -546,12 +551,19 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     check_range("temperature", cli.temperature, 0.0, None)?;
     check_range("top-p", cli.top_p, 0.0, Some(1.0))?;
     check_range("min-p", cli.min_p, 0.0, Some(1.0))?;
-    check_range("repeat-penalty", cli.repeat_penalty, f32::MIN_POSITIVE, None)?;
+    check_range("repeat-penalty", cli.repeat_penalty, 0.0, None)?;
+    if cli.repeat_penalty == Some(0.0) {
+        return Err(anyhow!("--repeat-penalty 0 must be greater than 0 (1 is off)"));
+    }
     if cli.stops.iter().any(String::is_empty) {
         return Err(anyhow!("--stop needs a non-empty string"));
     }
     // Refused before anything loads; the warning comes when the session opens.
     maxrun::pool::thread_count("--threads", cli.threads).map_err(|e| anyhow!(e))?;
+    if let Some(path) = &cli.dump_logits {
+        maxrun::output::check_output("--dump-logits", path, std::slice::from_ref(&artifact_path)).map_err(|e| anyhow!(e))?;
+        maxrun::output::remove_temp_files_on_signals("maxrun", "no logits file was written");
+    }
     let artifact = cli.memory.open(&artifact_path, matches!(cli.device, Device::Gpu(_)))?;
     let h = &artifact.header;
     // The weights checksum on a second thread while the tokenizer loads (which
@@ -578,7 +590,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         return chat(&cli, &artifact, tokenizer);
     }
     let ids: Vec<u32> = match (&cli.prompt, &cli.token_ids) {
-        (Some(p), _) => tokenizer.encode(p.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
+        (Some(p), _) => tokenizer.encode(p.as_str(), !cli.no_special_tokens).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
         (None, Some(ids)) => ids.clone(),
         (None, None) => return Err(anyhow!("give --prompt TEXT or --token-ids 1,2,3")),
     };

@@ -1,6 +1,5 @@
 //! Reading and writing NumPy `.npy` files (format 1.0, little-endian float32, C order).
 
-use std::io::Write;
 use std::path::Path;
 
 /// Errors from `.npy` reading.
@@ -33,13 +32,10 @@ pub fn to_bytes(shape: &[usize], data: &[f32]) -> Vec<u8> {
     out
 }
 
-/// Writes a float32 array to `path` (via a temporary file, so no partial file is left on error).
+/// Writes a float32 array to `path` (through a temporary file beside it: no
+/// partial file is left on error or on a signal; `crate::output`).
 pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> std::io::Result<()> {
-    let tmp = path.with_extension("npy.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&to_bytes(shape, data))?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    crate::output::write_atomically(path, &to_bytes(shape, data))
 }
 
 /// Reads a little-endian float32 `.npy` file: (shape, data).

@@ -190,6 +190,7 @@ def scenario_bad_requests(url, exp):
         ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
         ("POST", "/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
         ("POST", "/v1/completions", {"prompt": "x", "logprobs": 9}, 400, "logprobs", None),
+        ("POST", "/v1/completions", {"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens", None),
         ("POST", "/v1/completions", {"prompt": [exp["vocab"] + 5]}, 400, "prompt", None),
         ("POST", "/v1/completions", {"prompt": ""}, 400, "prompt", None),
         ("POST", "/v1/completions", {"prompt": long_prompt}, 400, "prompt", "context_length_exceeded"),
@@ -223,6 +224,9 @@ def scenario_bad_requests(url, exp):
             check(False, "the openai client got through with a wrong key")
         except openai.AuthenticationError:
             pass
+    # vLLM's add_special_tokens is accepted (SmolLM2's tokenizer adds nothing either way).
+    got, _, data = raw(url, "POST", "/v1/completions", {"prompt": "x", "add_special_tokens": False, "max_tokens": 1}, auth)
+    check(got == 200 and json.loads(data)["usage"]["prompt_tokens"] == 1, f"add_special_tokens false: {got} {data[:200]!r}")
     check(raw(url, "GET", "/health")[0] == 200, "health")
     m = metrics(url)
     check(m.get("maxrun_requests_total{endpoint=/v1/completions,status=400}", 0) >= 14, f"400s counted: {m}")

@@ -282,12 +282,12 @@ fn output_paths_that_would_destroy_inputs_are_refused() {
     let model_arg = [OsStr::new("compile"), OsStr::new("--model"), m.as_os_str()];
     let manifest_arg = [OsStr::new("compile"), manifest.as_os_str()];
     let cases: Vec<(&[&OsStr], PathBuf, &str)> = vec![
-        (&model_arg, m.join("model.safetensors"), "is an input of this compile"),
-        (&model_arg, m.join("config.json"), "is an input of this compile"),
-        (&model_arg, m.join("tokenizer.json"), "is an input of this compile"),
+        (&model_arg, m.join("model.safetensors"), "is an input of this command"),
+        (&model_arg, m.join("config.json"), "is an input of this command"),
+        (&model_arg, m.join("tokenizer.json"), "is an input of this command"),
         (&model_arg, link.clone(), "config.json"),
-        (&manifest_arg, manifest.clone(), "is an input of this compile"),
-        (&manifest_arg, m.join("model.safetensors"), "is an input of this compile"),
+        (&manifest_arg, manifest.clone(), "is an input of this command"),
+        (&manifest_arg, m.join("model.safetensors"), "is an input of this command"),
         (&model_arg, m.clone(), "is a directory"),
         (&model_arg, PathBuf::from("/dev/null"), "not a regular file"),
     ];
@@ -431,4 +431,81 @@ fn chat_templates_and_special_ids_are_checked_at_compile_time() {
     let dir = model_dir("bos-out-of-vocab", Some(&c.to_string()));
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
     assert_clean_error(&r, 1, &["bos_token_id", "99999 is outside the vocabulary of 49152 tokens"]);
+}
+
+/// A tensor the architecture does not read with this config.json is refused,
+/// naming it and its file: here a `q_proj.bias` while `attention_bias` is false
+/// (built without it, the artifact would compute another model than the checkpoint).
+#[test]
+fn a_tensor_the_model_does_not_use_is_refused() {
+    let dir = model_dir("unused-tensor", None);
+    let bytes = std::fs::read(fixture("tiny-llama").join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data_len = bytes.len() - 8 - n;
+    header["model.layers.0.self_attn.q_proj.bias"] = serde_json::json!({"dtype": "F32", "shape": [64], "data_offsets": [data_len, data_len + 256]});
+    let h = header.to_string();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h.as_bytes());
+    out.extend(&bytes[8 + n..]);
+    out.extend([0u8; 256]);
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    assert_eq!(tiny_llama_config()["attention_bias"], serde_json::json!(false));
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["model.safetensors", "model.layers.0.self_attn.q_proj.bias", "does not use it"]);
+    let r = run_bin("maxc", &[OsStr::new("check"), OsStr::new("--model"), dir.as_os_str()]);
+    assert!(r.0 == 1 && r.1.contains("q_proj.bias"), "maxc check lists it: {}", r.1);
+}
+
+/// A manifest table maxc does not build is refused by name, not parsed and dropped.
+#[test]
+fn manifest_components_are_refused() {
+    let p = manifest("components", "[model]\npath = \"x\"\n[components.vision]\npath = \"v\"\n");
+    assert_clean_error(&compile(&[p.as_os_str()]), 1, &["model.toml", "[components.vision]", "not supported", "remove the table"]);
+}
+
+/// Config keys that change the computation in some checkpoint family are
+/// honoured where maxc builds them and refused elsewhere, never dropped: a
+/// Llama config with Gemma's soft-capping, a partial rotary factor, Q/K norms,
+/// per-layer attention kinds; a Qwen2 window on some layers only.
+#[test]
+fn config_keys_maxc_would_ignore_are_refused() {
+    let cases: [(&str, serde_json::Value, &str); 5] = [
+        ("attn_logit_softcapping", serde_json::json!(50.0), "Gemma2ForCausalLM"),
+        ("partial_rotary_factor", serde_json::json!(0.5), "no architecture maxc builds"),
+        ("use_qk_norm", serde_json::json!(true), "no architecture maxc builds"),
+        ("layer_types", serde_json::json!(["full_attention", "sliding_attention"]), "layer_types[1]"),
+        ("query_pre_attn_scalar", serde_json::json!(144), "not LlamaForCausalLM"),
+    ];
+    for (i, (key, value, needle)) in cases.iter().enumerate() {
+        let mut c = tiny_llama_config();
+        c[*key] = value.clone();
+        let dir = model_dir(&format!("math-key-{i}"), Some(&c.to_string()));
+        let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+        assert_clean_error(&r, 1, &["config.json", key, needle]);
+    }
+    // Neutral values are accepted.
+    let mut c = tiny_llama_config();
+    c["partial_rotary_factor"] = serde_json::json!(1.0);
+    c["layer_types"] = serde_json::json!(["full_attention", "full_attention"]);
+    let dir = model_dir("math-key-neutral", Some(&c.to_string()));
+    let r = run_bin("maxc", &[OsStr::new("check"), OsStr::new("--model"), dir.as_os_str()]);
+    assert_eq!(r.0, 0, "{} {}", r.1, r.2);
+    // Qwen2: the window on layers max_window_layers.. only.
+    let src = fixture("tiny-qwen2");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    c["use_sliding_window"] = serde_json::json!(true);
+    c["sliding_window"] = serde_json::json!(8);
+    c["max_window_layers"] = serde_json::json!(1);
+    let dir = temp_dir("qwen2-window");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        if f.file_name().unwrap() != "config.json" {
+            std::os::unix::fs::symlink(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["config.json", "max_window_layers", "slides all layers or none"]);
 }

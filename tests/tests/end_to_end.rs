@@ -55,6 +55,54 @@ fn tiny_llama_matches_golden() {
     check_golden("tiny-llama");
 }
 
+/// `--prompt` is tokenized as `transformers`' `tokenizer(text)`: with what the
+/// tokenizer's post-processor adds. tiny-llama's tokenizer.json is given a
+/// Llama-3-style post-processor that prepends its BOS; the prompt's logits must
+/// then be those of `--token-ids BOS,<golden ids>` exactly, and
+/// `--no-special-tokens` gives back the golden logits of the bare ids.
+#[test]
+fn prompts_get_the_special_tokens_the_tokenizer_adds() {
+    let src = fixture("tiny-llama");
+    let dir = temp_dir("bos-tokenizer");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let bos = config["bos_token_id"].as_u64().unwrap() as u32;
+    let mut tokenizer: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
+    let bos_text = tokenizer["added_tokens"].as_array().unwrap().iter().find(|t| t["id"] == bos).unwrap()["content"].as_str().unwrap().to_string();
+    tokenizer["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos_text, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": bos_text, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos_text.clone(): {"id": bos_text, "ids": [bos], "tokens": [bos_text]}},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let mef = compile_model("bos-tokenizer", &dir, &["--quantization-encoding", "float32"]);
+    let golden = golden("tiny-llama");
+    let case = &cases(&golden)[0];
+    let prompt = case["prompt"].as_str().unwrap();
+    let dump = |extra: &[&str]| {
+        let npy = temp_dir("bos-logits").join("l.npy");
+        let mut args = vec![mef.as_os_str(), os("--prompt"), os(prompt), os("--dump-logits"), npy.as_os_str()];
+        args.extend(extra.iter().map(|e| os(e)));
+        let r = run_bin("maxrun", &args);
+        assert_eq!(r.0, 0, "{}", r.2);
+        maxrun::npy::read_f32(&npy).unwrap()
+    };
+    let with_bos = dump(&[]);
+    let mut ids = vec![bos];
+    ids.extend(crate::ids(&case["input_ids"]));
+    let explicit = dump_logits(&mef, &serde_json::json!({ "input_ids": ids }));
+    assert_eq!(with_bos.0, explicit.0, "--prompt starts with the BOS the post-processor adds");
+    assert_eq!(with_bos.1, explicit.1);
+    let bare = dump(&["--no-special-tokens"]);
+    let (gshape, gold) = golden_logits("tiny-llama", case);
+    assert_eq!(bare.0, gshape, "--no-special-tokens: the bare ids");
+    assert_logits_close("--no-special-tokens", &bare.1, &gold);
+}
+
 #[test]
 fn tiny_qwen2_matches_golden() {
     check_golden("tiny-qwen2");

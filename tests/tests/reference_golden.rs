@@ -77,3 +77,31 @@ fn gguf_tokenizer_matches_hf_tokenizer() {
     let text = hf.decode(&chat_ids, false).unwrap();
     assert_eq!(ours.encode(text.as_str(), false).unwrap().get_ids(), &chat_ids[..]);
 }
+
+/// A GGUF's `tokenizer.ggml.add_bos_token` / `add_eos_token` are honoured as
+/// llama.cpp's `llama_tokenize(..., add_special = true)` does: BOS before, EOS
+/// after the text; SmolLM2's file says false to both (nothing added); a flag of
+/// the wrong type is refused by name.
+#[test]
+fn gguf_add_bos_and_add_eos_flags_are_honoured() {
+    use maxc::import::gguf::MetaValue;
+    let mut gguf = maxc::import::gguf::GgufFile::open(&smollm2_gguf()).unwrap();
+    let text = "Hello, world!";
+    let encode = |g: &maxc::import::gguf::GgufFile| {
+        let t: tokenizers::Tokenizer = maxc::import::gguf_tokenizer::tokenizer_json(g).unwrap().parse().unwrap();
+        t.encode(text, true).unwrap().get_ids().to_vec()
+    };
+    let bare = encode(&gguf);
+    assert_eq!(gguf.get("tokenizer.ggml.add_bos_token"), Some(&MetaValue::Bool(false)));
+    let hf = tokenizers::Tokenizer::from_file(fixture("tiny-llama").join("tokenizer.json")).unwrap();
+    assert_eq!(bare, hf.encode(text, false).unwrap().get_ids(), "nothing added when the file says false");
+    let id = |k: &str| gguf.get(k).and_then(MetaValue::as_u64).unwrap() as u32;
+    let (bos, eos) = (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"));
+    gguf.metadata.insert("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(true));
+    assert_eq!(encode(&gguf), [&[bos][..], &bare].concat());
+    gguf.metadata.insert("tokenizer.ggml.add_eos_token".into(), MetaValue::Bool(true));
+    assert_eq!(encode(&gguf), [&[bos][..], &bare, &[eos]].concat());
+    gguf.metadata.insert("tokenizer.ggml.add_bos_token".into(), MetaValue::Int(1));
+    let err = maxc::import::gguf_tokenizer::tokenizer_json(&gguf).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.ggml.add_bos_token") && err.contains("expected a bool"), "{err}");
+}

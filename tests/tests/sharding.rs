@@ -187,11 +187,11 @@ fn bad_meshes_fail_clearly() {
         run_bin("maxc", &args)
     };
     // tiny-llama's MLP has 160 features: 3 devices do not divide it.
-    assert_clean_error(&compile(&["--devices", "cpu:0,1,2"]), 1, &["compile.devices", "intermediate_size is 160", "3 devices"]);
-    assert_clean_error(&compile(&["--devices", "tpu:0,1"]), 1, &["compile.devices", "`tpu` is not a device kind"]);
-    assert_clean_error(&compile(&["--devices", "gpu:all"]), 1, &["compile.devices", "gpu:0,1,2,3"]);
-    assert_clean_error(&compile(&["--devices", "cpu:0,1", "--attention-sharding", "columns"]), 1, &["attention_sharding", "auto, heads or replicated"]);
-    assert_clean_error(&compile(&["--devices", "gpu:0,1"]), 1, &["compile.devices", "needs GPU code", "--target cuda:sm_90"]);
+    assert_clean_error(&compile(&["--devices", "cpu:0,1,2"]), 1, &["--devices", "intermediate_size is 160", "3 devices"]);
+    assert_clean_error(&compile(&["--devices", "tpu:0,1"]), 1, &["--devices", "`tpu` is not a device kind"]);
+    assert_clean_error(&compile(&["--devices", "gpu:all"]), 1, &["--devices", "gpu:0,1,2,3"]);
+    assert_clean_error(&compile(&["--devices", "cpu:0,1", "--attention-sharding", "columns"]), 1, &["--attention-sharding", "auto, heads or replicated"]);
+    assert_clean_error(&compile(&["--devices", "gpu:0,1"]), 1, &["--devices", "needs GPU code", "--target cuda:sm_90"]);
     assert!(!out.exists(), "no artifact after a failed compile");
     // tiny-qwen2 has 2 KV heads: a 4-device split by heads is refused, naming both.
     let qwen = fixture("tiny-qwen2");

@@ -20,15 +20,64 @@ use crate::import::{Architecture, ImportedModel};
 
 /// Builds the graph for `model`, dispatching on its architecture.
 pub fn build_graph(model: &ImportedModel) -> Result<Graph> {
-    build_with(model, &WeightBinder::strict(model))
+    let graph = build_with(model, &WeightBinder::strict(model))?;
+    match unused_weights(model, &graph).into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(graph),
+    }
+}
+
+/// Checkpoint tensors the graph does not read: each is an error, because a
+/// tensor left out means the checkpoint describes another model than the one
+/// built (a `q_proj.bias` with `attention_bias: false`, a layer past
+/// `num_hidden_layers`, a tensor of another architecture). Left alone are what
+/// transformers itself ignores: cached buffers (RoPE `inv_freq`, GPT-2's causal
+/// masks, BERT's `position_ids`), BERT's pooler (mean pooling does not use it)
+/// and an lm_head copy beside tied embeddings (transformers ties it to the embedding).
+fn unused_weights(model: &ImportedModel, graph: &Graph) -> Vec<Error> {
+    let used: std::collections::HashSet<&str> = graph
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Weight { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let ignored = |name: &str| {
+        name.ends_with(".rotary_emb.inv_freq")
+            || name.ends_with(".attn.bias")
+            || name.ends_with(".attn.masked_bias")
+            || name.ends_with("embeddings.position_ids")
+            || name.starts_with("pooler.")
+            || (name == "lm_head.weight" && model.config.tie_word_embeddings)
+    };
+    let arch = model.config.architecture.hf_name();
+    model
+        .weights
+        .names()
+        .filter(|name| !used.contains(name) && !ignored(name))
+        .map(|name| {
+            let file = model.weights.file_of(name).unwrap_or(&model.source);
+            Error::invalid(
+                file,
+                name,
+                format!(
+                    "the checkpoint has this tensor, but {arch} with this configuration does not use it; \
+                     a config.json key disagrees with the weights (e.g. attention_bias, num_hidden_layers, \
+                     tie_word_embeddings) or the tensor belongs to another model: fix the config or remove the tensor"
+                ),
+            )
+        })
+        .collect()
 }
 
 /// Builds the graph while collecting every missing or misshapen weight instead of
 /// stopping at the first (for `maxc check`). Returns the problems found.
 pub fn check_weights(model: &ImportedModel) -> Vec<Error> {
     let binder = WeightBinder { model, problems: Some(std::cell::RefCell::new(Vec::new())) };
-    if let Err(e) = build_with(model, &binder) {
-        binder.problems.as_ref().expect("collecting").borrow_mut().push(e);
+    match build_with(model, &binder) {
+        Ok(graph) => binder.problems.as_ref().expect("collecting").borrow_mut().extend(unused_weights(model, &graph)),
+        Err(e) => binder.problems.as_ref().expect("collecting").borrow_mut().push(e),
     }
     binder.problems.expect("collecting").into_inner()
 }

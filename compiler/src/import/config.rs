@@ -211,6 +211,7 @@ impl ModelConfig {
                 .to_string(),
         };
         let architecture = Architecture::parse(&arch_name, path)?;
+        check_unhonoured_keys(json, architecture, &arch_name, path)?;
         if architecture == Architecture::Gpt2 {
             return gpt2_config(&f);
         }
@@ -248,6 +249,9 @@ impl ModelConfig {
             None => f.f64_opt("rope_theta")?,
         }
         .unwrap_or(10000.0);
+        if let Some(other) = json.get("rope_scaling").filter(|v| !v.is_object() && !v.is_null()) {
+            return Err(Error::invalid(path, "rope_scaling", format!("{other} is not an object such as {{\"rope_type\": \"linear\", \"factor\": 2.0}} (or null)")));
+        }
         let scaling_json = rope_params.or_else(|| json.get("rope_scaling").filter(|v| v.is_object()));
         let scaling_field = if rope_params.is_some() { "rope_parameters" } else { "rope_scaling" };
         let rope_scaling = match scaling_json {
@@ -262,8 +266,34 @@ impl ModelConfig {
         let o_bias = architecture != Architecture::Qwen2 && f.bool_or("attention_bias", false)?;
         let sliding_window = match architecture {
             Architecture::Qwen2 | Architecture::Qwen3 if !f.bool_or("use_sliding_window", false)? => None,
+            // transformers slides layers `max_window_layers..` only: all of them
+            // (0), none (>= the layer count), or a mix maxc does not build.
+            Architecture::Qwen2 | Architecture::Qwen3 => match f.usize_opt("max_window_layers")? {
+                Some(m) if m >= f.usize("num_hidden_layers")? => None,
+                None | Some(0) => f.usize_opt("sliding_window")?,
+                Some(m) => {
+                    return Err(Error::invalid(
+                        path,
+                        "max_window_layers",
+                        format!("{m}: a sliding window on layers {m} and up only is not supported; maxc slides all layers or none"),
+                    ))
+                }
+            },
             _ => f.usize_opt("sliding_window")?,
         };
+        // `layer_types` (newer configs) must agree with the one window every layer uses.
+        if !matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) {
+            if let Some(types) = json.get("layer_types").and_then(Value::as_array) {
+                let want = if sliding_window.is_some() { "sliding_attention" } else { "full_attention" };
+                if let Some((i, t)) = types.iter().enumerate().find(|(_, t)| t.as_str() != Some(want)) {
+                    return Err(Error::invalid(
+                        path,
+                        format!("layer_types[{i}]"),
+                        format!("is {t}, but the other settings give every layer {want}; per-layer attention kinds are supported for Gemma only"),
+                    ));
+                }
+            }
+        }
         let eps = f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6) as f32;
         let granite = if architecture == Architecture::Granite {
             let m = |k: &str| -> Result<f32> {
@@ -530,4 +560,48 @@ mod tests {
         let e = cfg(r#", "num_key_value_heads": 3"#).unwrap_err().to_string();
         assert!(e.contains("num_key_value_heads") && e.contains('3') && e.contains('4'), "{e}");
     }
+}
+
+/// Keys that change the computation in some checkpoint family, the
+/// architectures that honour them, and the values that leave a model unchanged.
+/// A key with another value on an architecture that does not honour it is
+/// refused: ignoring it would build a different model than the checkpoint's.
+const MATH_KEYS: &[(&str, &[Architecture], &[&str])] = &[
+    ("attn_logit_softcapping", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
+    ("final_logit_softcapping", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
+    ("query_pre_attn_scalar", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
+    ("embedding_multiplier", &[Architecture::Granite], &["null", "1", "1.0"]),
+    ("residual_multiplier", &[Architecture::Granite], &["null", "1", "1.0"]),
+    ("attention_multiplier", &[Architecture::Granite], &["null"]),
+    ("logits_scaling", &[Architecture::Granite], &["null", "1", "1.0"]),
+    ("partial_rotary_factor", &[], &["null", "1", "1.0"]),
+    ("rotary_pct", &[], &["null", "1", "1.0"]),
+    ("use_qk_norm", &[], &["null", "false"]),
+    ("qk_layernorm", &[], &["null", "false"]),
+    ("use_parallel_residual", &[], &["null", "false"]),
+    ("clip_qkv", &[], &["null"]),
+    ("scale_embedding", &[], &["null", "false"]),
+    ("use_bidirectional_attention", &[], &["null", "false"]),
+    ("scale_attn_by_inverse_layer_idx", &[], &["null", "false"]),
+    ("scale_attn_weights", &[], &["null", "true"]),
+];
+
+fn check_unhonoured_keys(json: &Value, architecture: Architecture, arch_name: &str, path: &Path) -> Result<()> {
+    for (key, honoured_by, neutral) in MATH_KEYS {
+        let Some(v) = json.get(*key) else { continue };
+        if honoured_by.contains(&architecture) || neutral.contains(&v.to_string().as_str()) {
+            continue;
+        }
+        let honoured = if honoured_by.is_empty() {
+            "no architecture maxc builds".to_string()
+        } else {
+            honoured_by.iter().map(|a| a.hf_name()).collect::<Vec<_>>().join(", ")
+        };
+        return Err(Error::invalid(
+            path,
+            *key,
+            format!("{v} changes the computation, and maxc honours it for {honoured}, not {arch_name}; leaving it out would build another model (neutral values: {})", neutral.join(", ")),
+        ));
+    }
+    Ok(())
 }

@@ -292,6 +292,13 @@ impl GgufFile {
 
     /// The model configuration implied by the metadata (llama.cpp key names).
     pub fn model_config(&self, architecture: Option<&str>) -> Result<ModelConfig> {
+        if let Some((key, n)) = self.metadata.iter().find_map(|(key, v)| key.ends_with(".expert_count").then(|| (key, v.as_u64())).filter(|(_, n)| *n != Some(0))) {
+            return Err(Error::invalid(
+                &self.path,
+                key.as_str(),
+                format!("{}: a mixture-of-experts model; maxc builds dense models only", n.map_or("set".to_string(), |n| n.to_string())),
+            ));
+        }
         let arch_key = self
             .get("general.architecture")
             .and_then(MetaValue::as_str)
@@ -313,11 +320,11 @@ impl GgufFile {
             None => num_heads,
         };
         let head_dim = match self.get(&k("attention.key_length")) {
-            Some(v) => v.as_u64().unwrap_or(0) as usize,
+            Some(v) => v.as_u64().filter(|&d| d > 0).ok_or_else(|| Error::invalid(&self.path, k("attention.key_length"), "expected an integer >= 1"))? as usize,
             None => hidden_size / num_heads,
         };
         let vocab_size = match self.get(&k("vocab_size")) {
-            Some(v) => v.as_u64().unwrap_or(0) as usize,
+            Some(v) => v.as_u64().filter(|&n| n > 0).ok_or_else(|| Error::invalid(&self.path, k("vocab_size"), "expected an integer >= 1"))? as usize,
             None => self.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map_or(0, <[_]>::len),
         };
         if vocab_size == 0 {
@@ -368,7 +375,13 @@ impl GgufFile {
                     ))
                 }
                 Some(n) => n as usize,
-                None => 2048,
+                None => {
+                    return Err(Error::invalid(
+                        &self.path,
+                        &k("context_length"),
+                        "required metadata key is missing (llama.cpp refuses such a file too): convert the checkpoint again with a current llama.cpp",
+                    ))
+                }
             },
             bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),

@@ -5,6 +5,8 @@
 //! uses, so the rebuilt tokenizer encodes exactly as the model's original
 //! tokenizer.json (tests check this against the fixtures' HF tokenizer).
 
+use std::path::Path;
+
 use serde_json::{json, Value};
 
 use super::gguf::{GgufFile, MetaValue};
@@ -82,22 +84,7 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<String> {
         .enumerate()
         .map(|(i, m)| m.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.merges", format!("entry {i} is not a string"))))
         .collect::<Result<_>>()?;
-    let add_bos = gguf.get("tokenizer.ggml.add_bos_token").is_some_and(|v| *v == MetaValue::Bool(true));
-    let bos = gguf.get("tokenizer.ggml.bos_token_id").and_then(MetaValue::as_u64);
-    let post_processor = match (add_bos, bos) {
-        (true, Some(bos)) => {
-            let content = tokens.get(bos as usize).and_then(MetaValue::as_str).unwrap_or("<s>");
-            json!({"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": content, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": content, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {content: {"id": content, "ids": [bos], "tokens": [content]}}})
-        }
-        _ => json!({"type": "TemplateProcessing",
-            "single": [{"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {}}),
-    };
+    let post_processor = post_processor(gguf, tokens, path)?;
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -114,4 +101,61 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<String> {
     let text = serde_json::to_string(&tokenizer).expect("JSON values always serialize");
     super::check_tokenizer(&text, path)?;
     Ok(text)
+}
+
+/// The post-processor that adds what the GGUF's `tokenizer.ggml.add_bos_token` /
+/// `add_eos_token` ask for (llama.cpp's `llama_tokenize` with `add_special`):
+/// BOS before and EOS after a text. A flag set without its token id is refused.
+fn post_processor(gguf: &GgufFile, tokens: &[MetaValue], path: &Path) -> Result<Value> {
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut special = serde_json::Map::new();
+    let mut wanted = |flag: &str, id_key: &str| -> Result<Option<String>> {
+        let key = format!("tokenizer.ggml.{flag}");
+        let on = match gguf.get(&key) {
+            None => false,
+            Some(MetaValue::Bool(b)) => *b,
+            Some(other) => {
+                let found = match other {
+                    MetaValue::Int(i) => i.to_string(),
+                    MetaValue::Float(f) => f.to_string(),
+                    MetaValue::Str(t) => format!("{t:?}"),
+                    MetaValue::Bool(_) | MetaValue::Array(_) => "an array".into(),
+                };
+                return Err(Error::invalid(path, key.as_str(), format!("expected a bool, found {found}")));
+            }
+        };
+        if !on {
+            return Ok(None);
+        }
+        let id_key = format!("tokenizer.ggml.{id_key}");
+        let id = gguf
+            .get(&id_key)
+            .and_then(MetaValue::as_u64)
+            .ok_or_else(|| Error::invalid(path, key.as_str(), format!("is true, but `{id_key}` is missing: the token to add is unknown")))?;
+        let content = tokens
+            .get(id as usize)
+            .and_then(MetaValue::as_str)
+            .ok_or_else(|| Error::invalid(path, id_key.as_str(), format!("{id} is outside the vocabulary of {} tokens", tokens.len())))?
+            .to_string();
+        special.insert(content.clone(), json!({"id": content, "ids": [id], "tokens": [content]}));
+        Ok(Some(content))
+    };
+    let bos = wanted("add_bos_token", "bos_token_id")?;
+    let eos = wanted("add_eos_token", "eos_token_id")?;
+    if let Some(b) = &bos {
+        single.push(json!({"SpecialToken": {"id": b, "type_id": 0}}));
+        pair.push(json!({"SpecialToken": {"id": b, "type_id": 0}}));
+    }
+    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    if let Some(e) = &eos {
+        single.push(json!({"SpecialToken": {"id": e, "type_id": 0}}));
+        pair.push(json!({"SpecialToken": {"id": e, "type_id": 0}}));
+    }
+    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+    if let Some(e) = &eos {
+        pair.push(json!({"SpecialToken": {"id": e, "type_id": 1}}));
+    }
+    Ok(json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special}))
 }

@@ -209,8 +209,8 @@ impl WeightStore {
     /// Exposes consecutive row ranges of tensor `name` as tensors of their own
     /// (`parts`: new name and row count, in order), without copying: a row range
     /// of a row-major tensor, float or in blocks along its rows, is a byte range.
-    /// Returns false (and adds nothing) when `name` is absent, its rows do not add
-    /// up, or its rows are stored permuted.
+    /// The fused tensor itself is removed. Returns false (and changes nothing)
+    /// when `name` is absent, its rows do not add up, or its rows are stored permuted.
     pub fn split_rows(&mut self, name: &str, parts: &[(String, usize)]) -> bool {
         let Some(e) = self.entries.get(name).cloned() else { return false };
         let rows = e.shape.first().copied().unwrap_or(0);
@@ -225,6 +225,7 @@ impl WeightStore {
             self.entries.insert(part.clone(), WeightEntry { shape, offset, len: n * row_bytes, ..e.clone() });
             offset += n * row_bytes;
         }
+        self.entries.remove(name);
         true
     }
 

@@ -97,7 +97,7 @@ pub struct PipelineOptions<'a> {
 pub fn run_pipeline(graph: &mut Graph, options: &PipelineOptions<'_>) -> Result<()> {
     let verify_each = options.verify_each || cfg!(debug_assertions);
     if let Some(dir) = options.dump_dir {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
         dump(dir, "00-input", graph)?;
     }
     verify(graph)?;
@@ -118,7 +118,7 @@ pub fn run_pipeline(graph: &mut Graph, options: &PipelineOptions<'_>) -> Result<
 
 fn dump(dir: &Path, stem: &str, graph: &Graph) -> Result<()> {
     let path = dir.join(format!("{stem}.mxir"));
-    std::fs::write(&path, print(graph)).map_err(|e| Error::io(&path, e))
+    std::fs::write(&path, print(graph)).map_err(|e| Error::write(&path, e))
 }
 
 /// Rebuilds a graph node by node. `f` receives the new graph, the old node and its

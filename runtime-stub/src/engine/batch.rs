@@ -41,7 +41,7 @@ pub enum BatchError {
         "{path}: the artifact has no batch plans (it is split over a device mesh, is a sentence encoder, or was compiled by a maxc without them); recompile it for one device, or run requests one at a time"
     )]
     NoBatchPlans { path: std::path::PathBuf },
-    #[error("the KV cache memory ({bytes} bytes) holds {blocks} blocks of {block_size} positions ({block_bytes} bytes each); it needs at least {needed} to hold one sequence of the artifact's full context: give more memory")]
+    #[error("the KV cache memory ({bytes} bytes) holds {blocks} blocks of {block_size} positions ({block_bytes} bytes each); it needs at least {needed} to hold one sequence of the artifact's full context: give more memory (--kv-cache-memory), or recompile with a shorter context (--model-override transformer.max_length=N)")]
     PoolTooSmall { bytes: u64, blocks: u64, block_size: u64, block_bytes: u64, needed: u64 },
     #[error(transparent)]
     Session(#[from] SessionError),

@@ -79,7 +79,8 @@ const SAMPLING_FIELDS: &[&str] = &[
 ];
 
 /// Every field a completion request may have.
-pub const COMPLETION_FIELDS: &[&str] = &["model", "prompt", "logprobs", "echo", "best_of", "logit_bias", "suffix", "response_format", "guided_json", "guided_regex", "guided_grammar"];
+pub const COMPLETION_FIELDS: &[&str] =
+    &["model", "prompt", "logprobs", "echo", "best_of", "logit_bias", "suffix", "response_format", "add_special_tokens", "guided_json", "guided_regex", "guided_grammar"];
 /// Every field a chat request may have.
 pub const CHAT_FIELDS: &[&str] = &[
     "model",
@@ -112,8 +113,17 @@ pub struct CompletionRequest {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub suffix: Option<String>,
     pub response_format: Option<ResponseFormat>,
+    /// Text prompts get the special tokens the tokenizer's post-processor adds
+    /// (a BOS), as `transformers` and llama-server do; `false` turns that off
+    /// (vLLM's field of the same name).
+    #[serde(default = "yes")]
+    pub add_special_tokens: bool,
     #[serde(flatten)]
     pub guided: Guided,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One chat message. `content` may be a string or a list of text parts.

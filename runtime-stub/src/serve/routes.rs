@@ -167,7 +167,8 @@ pub async fn not_found(State(st): St, uri: Uri) -> Response {
 
 /// The prompts of request field `field` (a string, token ids, or a list of
 /// either), each as token ids and as text (what `echo` repeats); `special`:
-/// the tokenizer adds its special tokens (an encoder's [CLS] ... [SEP]).
+/// the tokenizer adds its special tokens (a decoder's BOS, an encoder's [CLS]
+/// ... [SEP]) to text prompts; token-id prompts are taken as they are.
 fn prompt_list(st: &AppState, prompt: &Prompt, field: &str, special: bool) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
     let tokenizer = &st.info.tokenizer;
     let one = |i: Option<usize>, text: Option<&str>, ids: Option<&[u32]>| -> Result<(Vec<u32>, String), ApiError> {
@@ -670,7 +671,7 @@ async fn completions_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8],
     }
     openai::check_completion_extras(&r)?;
     let n = openai::choices(&sampling)?;
-    let prompts = prompt_list(st, &r.prompt, "prompt", false)?;
+    let prompts = prompt_list(st, &r.prompt, "prompt", r.add_special_tokens)?;
     if prompts.len() * n > openai::MAX_CHOICES {
         return Err(ApiError::invalid(format!("{} prompts x n = {n} make {} choices; at most {} per request", prompts.len(), prompts.len() * n, openai::MAX_CHOICES), Some("n".into())));
     }

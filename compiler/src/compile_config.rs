@@ -1,0 +1,340 @@
+//! The compile configuration, resolved once.
+//!
+//! `maxc compile`'s flags arrive as overrides of the manifest's `[compile]`
+//! section (`manifest::LoadedManifest` applies them and remembers which key
+//! came from which flag). [`CompileConfig::resolve`] turns that section into
+//! typed values and holds every check that needs no model;
+//! [`CompileConfig::plan_for`] holds the checks that need the imported model
+//! (its encodings, its sizes against the mesh). `maxc compile` and `maxc check`
+//! both go through these two functions, so they cannot disagree about what is
+//! refused. A new compile option is a `CompileSection` field, its flag in
+//! `main.rs`, and its use here.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use maxrun::format::{BatchLimits, DeviceKind, DeviceMesh, KvEncoding};
+
+use crate::error::Error;
+use crate::graph::QuantScheme;
+use crate::import::ImportedModel;
+use crate::manifest::LoadedManifest;
+use crate::schedule::ActivationEncoding;
+
+/// The code generator for CPU code (GPU code always goes through LLVM's NVPTX backend).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Llvm,
+    Cranelift,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Llvm => "llvm",
+            Backend::Cranelift => "cranelift",
+        }
+    }
+}
+
+/// The default `max_length` cap when the manifest sets none.
+pub const DEFAULT_MAX_LENGTH: u64 = 4096;
+/// Positions per block of the batched engine's paged KV cache (vLLM's default).
+pub const KV_BLOCK_SIZE: u64 = 16;
+/// The batched engine's rows per step when `compile.max_batch_tokens` is not set.
+pub const DEFAULT_MAX_BATCH_TOKENS: u64 = 256;
+/// The batched engine's sequences per step when `compile.max_sequences` is not set.
+pub const DEFAULT_MAX_SEQUENCES: u64 = 16;
+
+/// `[compile]` resolved: every value typed, every default applied that does
+/// not depend on the model.
+#[derive(Debug, Clone)]
+pub struct CompileConfig {
+    /// The manifest file, or `<--model>` (for messages).
+    pub shown: PathBuf,
+    /// The linear layers' encoding as named (`stored` included).
+    pub encoding_name: String,
+    /// `None`: `stored` (each weight keeps the checkpoint's encoding).
+    pub linear_encoding: Option<QuantScheme>,
+    pub embedding_encoding: Option<QuantScheme>,
+    /// The activation encoding when one is named (else chosen in [`CompileConfig::plan_for`]).
+    pub activations: Option<ActivationEncoding>,
+    pub kv_encoding: KvEncoding,
+    /// The target as written (`cpu` when none is given).
+    pub target_spec: String,
+    pub targets: maxc_codegen::TargetSpec,
+    /// The CPU part of `target_spec` (`cpu:x86-64-v3+avx512f`).
+    pub cpu_spec: String,
+    pub backend: Backend,
+    /// The mesh: the one named, else one device of the kind the code targets.
+    pub mesh: DeviceMesh,
+    pub attention: crate::sharding::AttentionSharding,
+    pub max_length: Option<u64>,
+    pub max_sequences: u64,
+    pub max_rows: u64,
+}
+
+/// What the configuration gives for one imported model.
+#[derive(Debug, Clone)]
+pub struct ModelPlan {
+    /// `stored`: each weight's encoding from its storage in the checkpoint.
+    pub stored: Option<Arc<HashMap<String, QuantScheme>>>,
+    /// The linear layers' encoding (`QuantScheme::None` under `stored`).
+    pub encoding: QuantScheme,
+    pub activations: ActivationEncoding,
+    pub mesh: DeviceMesh,
+    /// Attention split by heads over the mesh (else replicated).
+    pub split_attention: bool,
+    pub max_length: u64,
+    /// The batched engine's limits; `None` without batch plans (a mesh, an encoder).
+    pub batch: Option<BatchLimits>,
+    /// Decisions the user should know about.
+    pub notes: Vec<String>,
+}
+
+impl CompileConfig {
+    /// Resolves `[compile]` (flags applied). Every problem found is returned,
+    /// not only the first.
+    pub fn resolve(manifest: &LoadedManifest) -> Result<CompileConfig, Vec<Error>> {
+        let shown = manifest.shown();
+        let c = &manifest.manifest.compile;
+        let mut problems = Vec::new();
+        let field = |key: &str| manifest.field_name(key);
+        let mut check = |e: Result<(), Error>| {
+            if let Err(e) = e {
+                problems.push(e);
+            }
+        };
+        // A GGUF keeps its blocks unless told otherwise (as MAX infers the
+        // encoding from GGUF weights); other checkpoints compile to float32.
+        let gguf = crate::import::is_gguf(&manifest.manifest.model.path);
+        let encoding_name = c.quantization_encoding.clone().unwrap_or_else(|| if gguf { crate::quant::STORED.into() } else { "float32".into() });
+        let mut linear_encoding = None;
+        check(crate::quant::parse_linear_encoding(&encoding_name).map(|e| linear_encoding = e).map_err(|m| Error::invalid(&shown, field("quantization_encoding"), m)));
+        let mut embedding_encoding = None;
+        if let Some(name) = &c.embedding_encoding {
+            check(crate::quant::parse_encoding(name).map(|e| embedding_encoding = Some(e)).map_err(|m| Error::invalid(&shown, field("embedding_encoding"), m)));
+        }
+        let mut activations = None;
+        if let Some(name) = &c.activation_encoding {
+            check(crate::manifest::parse_activation_encoding(name).map(|a| activations = Some(a)).map_err(|m| Error::invalid(&shown, field("activation_encoding"), m)));
+        }
+        let mut kv_encoding = KvEncoding::Float32;
+        if let Some(name) = &c.kv_cache_encoding {
+            check(crate::manifest::parse_kv_cache_encoding(name).map(|k| kv_encoding = k).map_err(|m| Error::invalid(&shown, field("kv_cache_encoding"), m)));
+        }
+        let target_spec = c.target.clone().unwrap_or_else(|| "cpu".into());
+        let targets = match maxc_codegen::TargetSpec::parse(&target_spec) {
+            Ok(t) => Some(t),
+            Err(maxc_codegen::CodegenError::Target { spec, message }) => {
+                problems.push(Error::invalid(&shown, field("target"), format!("`{spec}`: {message}")));
+                None
+            }
+            Err(e) => {
+                problems.push(e.into());
+                None
+            }
+        };
+        let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
+        let backend = match c.backend.as_deref().unwrap_or("llvm") {
+            "llvm" => Some(Backend::Llvm),
+            "cranelift" => Some(Backend::Cranelift),
+            other => {
+                problems.push(Error::invalid(&shown, field("backend"), format!("`{other}` is not a backend; backends: llvm, cranelift")));
+                None
+            }
+        };
+        // Without a mesh, one device of the kind the code targets.
+        let devices = c.devices.clone().or_else(|| (!target_spec.split(',').any(|t| t.trim().starts_with("cpu"))).then(|| "gpu:0".to_string()));
+        let mesh = match crate::sharding::parse_mesh(devices.as_deref().unwrap_or("cpu")) {
+            Ok(m) => Some(m),
+            Err(m) => {
+                problems.push(Error::invalid(&shown, field("devices"), m));
+                None
+            }
+        };
+        let attention = match crate::sharding::AttentionSharding::parse(c.attention_sharding.as_deref().unwrap_or("auto")) {
+            Ok(a) => Some(a),
+            Err(m) => {
+                problems.push(Error::invalid(&shown, field("attention_sharding"), m));
+                None
+            }
+        };
+        let max_sequences = c.max_sequences.map_or(DEFAULT_MAX_SEQUENCES, u64::from);
+        let max_rows = c.max_batch_tokens.map_or(DEFAULT_MAX_BATCH_TOKENS.max(max_sequences), u64::from);
+        if max_rows < max_sequences {
+            problems.push(Error::invalid(
+                &shown,
+                field("max_batch_tokens"),
+                format!("{max_rows} rows per step cannot hold a decode row for each of compile.max_sequences = {max_sequences} sequences; raise it to at least {max_sequences}"),
+            ));
+        }
+        let (Some(targets), Some(backend), Some(mesh), Some(attention), true) = (targets, backend, mesh, attention, problems.is_empty()) else {
+            return Err(problems);
+        };
+        let config = CompileConfig {
+            shown,
+            encoding_name,
+            linear_encoding,
+            embedding_encoding,
+            activations,
+            kv_encoding,
+            target_spec,
+            targets,
+            cpu_spec,
+            backend,
+            mesh,
+            attention,
+            max_length: c.max_length.map(u64::from),
+            max_sequences,
+            max_rows,
+        };
+        let problems = config.cross_checks(manifest);
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The checks between fields that need no model.
+    fn cross_checks(&self, manifest: &LoadedManifest) -> Vec<Error> {
+        let (shown, spec, field) = (&self.shown, &self.target_spec, |key: &str| manifest.field_name(key));
+        let mut problems = Vec::new();
+        if self.activations.is_some_and(|a| a != ActivationEncoding::Float32) && !self.targets.gpus.is_empty() {
+            let a = self.activations.expect("checked").name();
+            problems.push(Error::invalid(
+                shown,
+                field("activation_encoding"),
+                format!("{a} activations have CPU kernels only and `{spec}` has GPU code; use float32 (the default), or a cpu target"),
+            ));
+        }
+        if self.backend == Backend::Cranelift {
+            if self.targets.cpu.is_none() {
+                problems.push(Error::invalid(
+                    shown,
+                    field("backend"),
+                    format!("cranelift compiles CPU code and `{spec}` has no CPU part (GPU code always goes through LLVM's NVPTX backend); use --backend llvm, or --target cpu,{spec}"),
+                ));
+            } else if self.cpu_spec != "cpu" && self.cpu_spec != "cpu:x86-64" {
+                problems.push(Error::invalid(
+                    shown,
+                    field("target"),
+                    format!("`{spec}`: the cranelift backend emits baseline x86-64 code; use --target cpu or cpu:x86-64, or --backend llvm"),
+                ));
+            }
+        }
+        if self.mesh.kind == DeviceKind::Gpu && self.targets.gpus.is_empty() {
+            problems.push(Error::invalid(shown, field("devices"), format!("`{}` needs GPU code; add it with --target cuda:sm_90 (or cpu,cuda:sm_90)", self.mesh.spec())));
+        }
+        if self.mesh.kind == DeviceKind::Cpu && self.targets.cpu.is_none() {
+            problems.push(Error::invalid(shown, field("devices"), format!("`{}` needs CPU code but the target `{spec}` has none; add cpu, or use --devices gpu:0", self.mesh.spec())));
+        }
+        problems
+    }
+
+    /// The checks and choices that need the model: integer activations need
+    /// block weights, the mesh must split the model, the batch limits.
+    pub fn plan_for(&self, manifest: &LoadedManifest, model: &ImportedModel) -> Result<ModelPlan, Vec<Error>> {
+        let field = |key: &str| manifest.field_name(key);
+        let mut problems = Vec::new();
+        let stored: Option<Arc<HashMap<String, QuantScheme>>> = self.linear_encoding.is_none().then(|| {
+            let w = &model.weights;
+            Arc::new(w.names().map(|n| (n.to_string(), crate::quant::stored_scheme(w.get(n).expect("a listed tensor").storage))).collect())
+        });
+        let encoding = self.linear_encoding.unwrap_or(QuantScheme::None);
+        let block_weights =
+            encoding.is_block() || self.embedding_encoding.is_some_and(|e| e.is_block()) || stored.as_ref().is_some_and(|s| s.values().any(|q| q.is_block()));
+        // The default: int16 activations where they can apply (block weights, CPU
+        // code only), else float32 (docs/quantization.md, Int16 activations).
+        let activations = self.activations.unwrap_or(if block_weights && self.targets.gpus.is_empty() {
+            ActivationEncoding::Int16
+        } else {
+            ActivationEncoding::Float32
+        });
+        if activations != ActivationEncoding::Float32 && !block_weights {
+            problems.push(Error::invalid(
+                &self.shown,
+                field("activation_encoding"),
+                format!(
+                    "{} activations multiply block-quantized weights, and `{}` is not a block encoding; use --quantization-encoding q8_0, q4_0, q4_1 or q4_k",
+                    activations.name(),
+                    self.encoding_name
+                ),
+            ));
+        }
+        let mut notes = Vec::new();
+        let mut split_attention = false;
+        match crate::driver::plan_mesh(&self.shown, &self.mesh, self.attention, &model.config, &field("devices")) {
+            Ok((split, mesh_notes)) => {
+                split_attention = split;
+                notes.extend(mesh_notes);
+            }
+            Err(e) => problems.push(e),
+        }
+        notes.extend(crate::driver::block_storage_notes(&manifest.manifest.model.path, &model.weights, &self.encoding_name));
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let cfg = &model.config;
+        let max_length = self.max_length.unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
+        let batch = (self.mesh.len() < 2 && cfg.encoder.is_none()).then_some(BatchLimits {
+            block_size: KV_BLOCK_SIZE,
+            blocks_per_sequence: max_length.div_ceil(KV_BLOCK_SIZE),
+            max_rows: self.max_rows,
+            max_sequences: self.max_sequences,
+        });
+        Ok(ModelPlan { stored, encoding, activations, mesh: self.mesh.clone(), split_attention, max_length, batch, notes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(compile: &str) -> Result<CompileConfig, Vec<Error>> {
+        let dir = std::env::temp_dir().join(format!("maxc-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let path = dir.join(format!("m{}.toml", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        std::fs::write(&path, format!("[model]\npath = \"x\"\n[compile]\n{compile}\n")).unwrap();
+        CompileConfig::resolve(&LoadedManifest::from_file(&path, &[]).unwrap())
+    }
+
+    fn messages(r: Result<CompileConfig, Vec<Error>>) -> Vec<String> {
+        r.unwrap_err().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn stored_is_a_linear_encoding_only() {
+        assert!(resolve("quantization_encoding = \"stored\"").is_ok());
+        let err = messages(resolve("embedding_encoding = \"stored\""));
+        assert!(err[0].contains("compile.embedding_encoding") && err[0].contains("stored") && err[0].contains("q8_0"), "{err:?}");
+        let err = messages(resolve("quantization_encoding = \"q3\""));
+        assert!(err[0].contains("compile.quantization_encoding") && err[0].contains("q4_k, float8_e4m3fn, stored"), "{err:?}");
+    }
+
+    #[test]
+    fn every_independent_problem_is_reported() {
+        let err = messages(resolve("quantization_encoding = \"q3\"\nkv_cache_encoding = \"int4\"\nbackend = \"gcc\"\ndevices = \"tpu:0\""));
+        assert_eq!(err.len(), 4, "{err:?}");
+        for (e, field) in err.iter().zip(["compile.quantization_encoding", "compile.kv_cache_encoding", "compile.backend", "compile.devices"]) {
+            assert!(e.contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn cross_field_checks() {
+        let err = messages(resolve("target = \"cuda:sm_90\"\nactivation_encoding = \"int8\""));
+        assert!(err.iter().any(|e| e.contains("compile.activation_encoding") && e.contains("CPU kernels only")), "{err:?}");
+        let err = messages(resolve("target = \"cpu:x86-64-v3\"\nbackend = \"cranelift\""));
+        assert!(err[0].contains("compile.target") && err[0].contains("baseline x86-64"), "{err:?}");
+        let err = messages(resolve("devices = \"gpu:0,1\""));
+        assert!(err[0].contains("compile.devices") && err[0].contains("needs GPU code"), "{err:?}");
+        let err = messages(resolve("max_batch_tokens = 4\nmax_sequences = 8"));
+        assert!(err[0].contains("compile.max_batch_tokens") && err[0].contains("at least 8"), "{err:?}");
+        let ok = resolve("target = \"cuda:sm_90\"").unwrap();
+        assert_eq!(ok.mesh.spec(), "gpu:0", "a GPU-only target gets one GPU");
+    }
+}
