@@ -258,11 +258,11 @@ fn int8_activations_stay_within_their_bounds() {
 fn integer_activations_are_refused_where_they_cannot_apply() {
     let model = fixture("tiny-llama");
     for (extra, needles) in [
-        (vec!["--activation-encoding", "int4"], vec!["activation_encoding", "int4", "float32, int8, int16"]),
-        (vec!["--activation-encoding", "int8"], vec!["activation_encoding", "not a block encoding", "q8_0"]),
-        (vec!["--activation-encoding", "int16"], vec!["activation_encoding", "int16 activations", "not a block encoding", "q8_0"]),
-        (vec!["--activation-encoding", "int8", "--quantization-encoding", "q8_0", "--target", "cpu,cuda:sm_90"], vec!["activation_encoding", "CPU kernels only", "float32"]),
-        (vec!["--activation-encoding", "int16", "--quantization-encoding", "q8_0", "--target", "cpu,cuda:sm_90"], vec!["activation_encoding", "int16 activations have CPU kernels only", "float32"]),
+        (vec!["--activation-encoding", "int4"], vec!["--activation-encoding", "int4", "float32, int8, int16"]),
+        (vec!["--activation-encoding", "int8"], vec!["--activation-encoding", "not a block encoding", "q8_0"]),
+        (vec!["--activation-encoding", "int16"], vec!["--activation-encoding", "int16 activations", "not a block encoding", "q8_0"]),
+        (vec!["--activation-encoding", "int8", "--quantization-encoding", "q8_0", "--target", "cpu,cuda:sm_90"], vec!["--activation-encoding", "CPU kernels only", "float32"]),
+        (vec!["--activation-encoding", "int16", "--quantization-encoding", "q8_0", "--target", "cpu,cuda:sm_90"], vec!["--activation-encoding", "int16 activations have CPU kernels only", "float32"]),
     ] {
         let out = temp_dir("int8-refused").join("m.mef");
         let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str()];
@@ -283,7 +283,9 @@ fn unknown_kv_cache_encodings_are_refused() {
         let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str()];
         args.extend(extra.iter().map(|s| os(s)));
         let r = run_bin("maxc", &args);
-        assert_clean_error(&r, 1, &["kv_cache_encoding", value, "float32, float16"]);
+        // A flag's value is named by the flag, an override's by its manifest key.
+        let field = if extra[0] == "--kv-cache-encoding" { "--kv-cache-encoding" } else { "compile.kv_cache_encoding" };
+        assert_clean_error(&r, 1, &[field, value, "float32, float16"]);
         assert!(!out.exists());
     }
 }
@@ -295,7 +297,7 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
         "maxc",
         &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--quantization-encoding"), os("q5_k")],
     );
-    assert_clean_error(&r, 1, &["quantization_encoding", "q5_k", "q4_k", "float8_e4m3fn"]);
+    assert_clean_error(&r, 1, &["--quantization-encoding", "q5_k", "q4_k", "float8_e4m3fn"]);
     assert!(!out.exists());
 }
 
