@@ -100,77 +100,57 @@ impl CompileConfig {
         let shown = manifest.shown();
         let c = &manifest.manifest.compile;
         let mut problems = Vec::new();
-        let field = |key: &str| manifest.field_name(key);
-        let mut check = |e: Result<(), Error>| {
-            if let Err(e) = e {
-                problems.push(e);
-            }
-        };
+        let invalid = |key: &str, message: String| Error::invalid(&shown, manifest.field_name(key), message);
         // A GGUF keeps its blocks unless told otherwise (as MAX infers the
         // encoding from GGUF weights); other checkpoints compile to float32.
         let gguf = crate::import::is_gguf(&manifest.manifest.model.path);
         let encoding_name = c.quantization_encoding.clone().unwrap_or_else(|| if gguf { crate::quant::STORED.into() } else { "float32".into() });
-        let mut linear_encoding = None;
-        check(crate::quant::parse_linear_encoding(&encoding_name).map(|e| linear_encoding = e).map_err(|m| Error::invalid(&shown, field("quantization_encoding"), m)));
-        let mut embedding_encoding = None;
-        if let Some(name) = &c.embedding_encoding {
-            check(crate::quant::parse_encoding(name).map(|e| embedding_encoding = Some(e)).map_err(|m| Error::invalid(&shown, field("embedding_encoding"), m)));
-        }
-        let mut activations = None;
-        if let Some(name) = &c.activation_encoding {
-            check(crate::manifest::parse_activation_encoding(name).map(|a| activations = Some(a)).map_err(|m| Error::invalid(&shown, field("activation_encoding"), m)));
-        }
-        let mut kv_encoding = KvEncoding::Float32;
-        if let Some(name) = &c.kv_cache_encoding {
-            check(crate::manifest::parse_kv_cache_encoding(name).map(|k| kv_encoding = k).map_err(|m| Error::invalid(&shown, field("kv_cache_encoding"), m)));
-        }
+        let linear_encoding = keep(&mut problems, crate::quant::parse_linear_encoding(&encoding_name).map_err(|m| invalid("quantization_encoding", m)));
+        let embedding_encoding =
+            keep(&mut problems, c.embedding_encoding.as_deref().map(crate::quant::parse_encoding).transpose().map_err(|m| invalid("embedding_encoding", m)));
+        let activations = keep(
+            &mut problems,
+            c.activation_encoding.as_deref().map(crate::manifest::parse_activation_encoding).transpose().map_err(|m| invalid("activation_encoding", m)),
+        );
+        let kv_encoding = keep(
+            &mut problems,
+            c.kv_cache_encoding.as_deref().map_or(Ok(KvEncoding::Float32), crate::manifest::parse_kv_cache_encoding).map_err(|m| invalid("kv_cache_encoding", m)),
+        );
         let target_spec = c.target.clone().unwrap_or_else(|| "cpu".into());
-        let targets = match maxc_codegen::TargetSpec::parse(&target_spec) {
-            Ok(t) => Some(t),
-            Err(maxc_codegen::CodegenError::Target { spec, message }) => {
-                problems.push(Error::invalid(&shown, field("target"), format!("`{spec}`: {message}")));
-                None
-            }
-            Err(e) => {
-                problems.push(e.into());
-                None
-            }
-        };
+        let targets = keep(
+            &mut problems,
+            maxc_codegen::TargetSpec::parse(&target_spec).map_err(|e| match e {
+                maxc_codegen::CodegenError::Target { spec, message } => invalid("target", format!("`{spec}`: {message}")),
+                e => e.into(),
+            }),
+        );
         let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
-        let backend = match c.backend.as_deref().unwrap_or("llvm") {
-            "llvm" => Some(Backend::Llvm),
-            "cranelift" => Some(Backend::Cranelift),
-            other => {
-                problems.push(Error::invalid(&shown, field("backend"), format!("`{other}` is not a backend; backends: llvm, cranelift")));
-                None
-            }
-        };
+        let backend = keep(
+            &mut problems,
+            match c.backend.as_deref().unwrap_or("llvm") {
+                "llvm" => Ok(Backend::Llvm),
+                "cranelift" => Ok(Backend::Cranelift),
+                other => Err(invalid("backend", format!("`{other}` is not a backend; backends: llvm, cranelift"))),
+            },
+        );
         // Without a mesh, one device of the kind the code targets.
         let devices = c.devices.clone().or_else(|| (!target_spec.split(',').any(|t| t.trim().starts_with("cpu"))).then(|| "gpu:0".to_string()));
-        let mesh = match crate::sharding::parse_mesh(devices.as_deref().unwrap_or("cpu")) {
-            Ok(m) => Some(m),
-            Err(m) => {
-                problems.push(Error::invalid(&shown, field("devices"), m));
-                None
-            }
-        };
-        let attention = match crate::sharding::AttentionSharding::parse(c.attention_sharding.as_deref().unwrap_or("auto")) {
-            Ok(a) => Some(a),
-            Err(m) => {
-                problems.push(Error::invalid(&shown, field("attention_sharding"), m));
-                None
-            }
-        };
+        let mesh = keep(&mut problems, crate::sharding::parse_mesh(devices.as_deref().unwrap_or("cpu")).map_err(|m| invalid("devices", m)));
+        let attention = keep(
+            &mut problems,
+            crate::sharding::AttentionSharding::parse(c.attention_sharding.as_deref().unwrap_or("auto")).map_err(|m| invalid("attention_sharding", m)),
+        );
         let max_sequences = c.max_sequences.map_or(DEFAULT_MAX_SEQUENCES, u64::from);
         let max_rows = c.max_batch_tokens.map_or(DEFAULT_MAX_BATCH_TOKENS.max(max_sequences), u64::from);
         if max_rows < max_sequences {
-            problems.push(Error::invalid(
-                &shown,
-                field("max_batch_tokens"),
+            problems.push(invalid(
+                "max_batch_tokens",
                 format!("{max_rows} rows per step cannot hold a decode row for each of compile.max_sequences = {max_sequences} sequences; raise it to at least {max_sequences}"),
             ));
         }
-        let (Some(targets), Some(backend), Some(mesh), Some(attention), true) = (targets, backend, mesh, attention, problems.is_empty()) else {
+        let (Some(linear_encoding), Some(embedding_encoding), Some(activations), Some(kv_encoding), Some(targets), Some(backend), Some(mesh), Some(attention), true) =
+            (linear_encoding, embedding_encoding, activations, kv_encoding, targets, backend, mesh, attention, problems.is_empty())
+        else {
             return Err(problems);
         };
         let config = CompileConfig {
@@ -287,6 +267,12 @@ impl CompileConfig {
         });
         Ok(ModelPlan { stored, encoding, activations, mesh: self.mesh.clone(), split_attention, max_length, batch, notes })
     }
+}
+
+/// The value of `result`, or `None` with its error added to `problems` (so
+/// that every independent problem is reported, not only the first).
+fn keep<T>(problems: &mut Vec<Error>, result: Result<T, Error>) -> Option<T> {
+    result.map_err(|e| problems.push(e)).ok()
 }
 
 #[cfg(test)]

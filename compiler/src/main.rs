@@ -280,7 +280,6 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `f` on a rayon pool of `threads` threads.
 /// Refuses an output path that would destroy something: an input of the
 /// compile (the manifest, the GGUF, any file of the model's directory, after
 /// symbolic links), or anything that is not a regular file or a new path
@@ -299,6 +298,7 @@ fn check_output(flag: &str, output: &Path, manifest: &maxc::manifest::LoadedMani
     maxrun::output::check_output(flag, output, &inputs).map_err(anyhow::Error::msg)
 }
 
+/// Runs `f` on a rayon pool of `threads` threads.
 fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting the worker threads")?;
     Ok(pool.install(f))

@@ -96,6 +96,11 @@ pub struct LoadedManifest {
     pub flag_keys: BTreeMap<String, &'static str>,
 }
 
+/// How messages name the manifest: its file, or `<--model>` when there is none.
+fn shown_path(source: Option<&Path>) -> PathBuf {
+    source.map_or_else(|| PathBuf::from("<--model>"), Path::to_path_buf)
+}
+
 /// A `[compile]` key given by a command-line flag (`--target` is `target`):
 /// applied over the manifest and its overrides.
 #[derive(Debug, Clone)]
@@ -108,7 +113,7 @@ pub struct FlagSetting {
 impl LoadedManifest {
     /// The manifest file, or `<--model>` when there is none (for messages).
     pub fn shown(&self) -> PathBuf {
-        self.source.clone().unwrap_or_else(|| PathBuf::from("<--model>"))
+        shown_path(self.source.as_deref())
     }
 
     /// How messages name `[compile]` key `key`: its flag when a flag set it,
@@ -152,7 +157,7 @@ impl LoadedManifest {
         for spec in overrides {
             apply_override(&mut table, spec)?;
         }
-        let shown = source.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("<--model>"));
+        let shown = shown_path(source);
         if let Some(components) = table.get("components") {
             let names = components.as_table().map(|t| t.keys().map(|k| format!("[components.{k}]")).collect::<Vec<_>>().join(", "));
             return Err(Error::invalid(

@@ -372,7 +372,7 @@ fn worker(s: Arc<Shared>, index: usize) {
     let parked = &s.parked[index - 1].0;
     loop {
         // Wait for a published generation newer than the last one drained.
-        let fresh = |g: u64| g != seen && g % 2 == 0;
+        let fresh = |g: u64| g != seen && g.is_multiple_of(2);
         let mut waited = Instant::now();
         let mut spins = 0u32;
         let g = loop {
@@ -388,7 +388,7 @@ fn worker(s: Arc<Shared>, index: usize) {
             }
             std::hint::spin_loop();
             spins += 1;
-            if spins % SPINS_PER_CLOCK != 0 || waited.elapsed() < WORKER_SPIN {
+            if !spins.is_multiple_of(SPINS_PER_CLOCK) || waited.elapsed() < WORKER_SPIN {
                 continue;
             }
             // Park; the launcher unparks every worker whose flag it finds set

@@ -153,6 +153,23 @@ pub fn dump_logits_with(mef: &Path, case: &Value, extra: &[&str]) -> (Vec<usize>
     maxrun::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Fixture `name` in a fresh directory: a symbolic link to each of its files,
+/// except those of `replaced` (file name, contents), written as files of their own.
+pub fn fixture_with(name: &str, tag: &str, replaced: &[(&str, String)]) -> PathBuf {
+    let dir = temp_dir(tag);
+    for f in std::fs::read_dir(fixture(name)).unwrap() {
+        let f = f.unwrap().path();
+        let file_name = f.file_name().unwrap();
+        if !replaced.iter().any(|(r, _)| file_name == *r) {
+            std::os::unix::fs::symlink(&f, dir.join(file_name)).unwrap();
+        }
+    }
+    for (file, contents) in replaced {
+        std::fs::write(dir.join(file), contents).unwrap();
+    }
+    dir
+}
+
 /// A fresh empty directory for one test.
 /// Under `$TMPDIR` when it is set (scripts/test.sh points it at target/test-tmp
 /// and removes it afterwards), else under target/test-tmp, never the shared /tmp:

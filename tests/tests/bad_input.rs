@@ -104,17 +104,19 @@ fn unsupported_architecture() {
     assert!(r.1.contains("FalconForCausalLM") && r.1.contains("BertModel"), "{}", r.1);
 }
 
-/// Rewrites tiny-llama's safetensors with `edit` applied to the header JSON.
-fn edited_safetensors(tag: &str, edit: impl FnOnce(&mut serde_json::Value), truncate_to: Option<usize>) -> PathBuf {
+/// Rewrites tiny-llama's safetensors with `edit` applied to the header JSON and
+/// the data after it.
+fn edited_safetensors(tag: &str, edit: impl FnOnce(&mut serde_json::Value, &mut Vec<u8>), truncate_to: Option<usize>) -> PathBuf {
     let dir = model_dir(tag, None);
     let bytes = std::fs::read(fixture("tiny-llama").join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    edit(&mut header);
+    let mut data = bytes[8 + n..].to_vec();
+    edit(&mut header, &mut data);
     let h = header.to_string();
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
     out.extend(h.as_bytes());
-    out.extend(&bytes[8 + n..]);
+    out.extend(&data);
     if let Some(len) = truncate_to {
         out.truncate(len);
     }
@@ -127,7 +129,7 @@ fn edited_safetensors(tag: &str, edit: impl FnOnce(&mut serde_json::Value), trun
 fn weight_absent() {
     let dir = edited_safetensors(
         "noweight",
-        |h| {
+        |h, _| {
             let v = h.as_object_mut().unwrap().remove("model.layers.1.mlp.up_proj.weight").unwrap();
             h["renamed.weight"] = v;
         },
@@ -139,14 +141,14 @@ fn weight_absent() {
 
 #[test]
 fn safetensors_truncated_header() {
-    let dir = edited_safetensors("sthead", |_| {}, Some(100));
+    let dir = edited_safetensors("sthead", |_, _| {}, Some(100));
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
     assert_clean_error(&r, 1, &["model.safetensors", "header"]);
 }
 
 #[test]
 fn safetensors_tensor_past_end_of_file() {
-    let dir = edited_safetensors("stdata", |_| {}, Some(1 << 20));
+    let dir = edited_safetensors("stdata", |_, _| {}, Some(1 << 20));
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
     assert_clean_error(&r, 1, &["model.safetensors", "truncated"]);
 }
@@ -438,19 +440,15 @@ fn chat_templates_and_special_ids_are_checked_at_compile_time() {
 /// (built without it, the artifact would compute another model than the checkpoint).
 #[test]
 fn a_tensor_the_model_does_not_use_is_refused() {
-    let dir = model_dir("unused-tensor", None);
-    let bytes = std::fs::read(fixture("tiny-llama").join("model.safetensors")).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let data_len = bytes.len() - 8 - n;
-    header["model.layers.0.self_attn.q_proj.bias"] = serde_json::json!({"dtype": "F32", "shape": [64], "data_offsets": [data_len, data_len + 256]});
-    let h = header.to_string();
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend(h.as_bytes());
-    out.extend(&bytes[8 + n..]);
-    out.extend([0u8; 256]);
-    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    let dir = edited_safetensors(
+        "unused-tensor",
+        |h, data| {
+            let end = data.len();
+            h["model.layers.0.self_attn.q_proj.bias"] = serde_json::json!({"dtype": "F32", "shape": [64], "data_offsets": [end, end + 256]});
+            data.extend([0u8; 256]);
+        },
+        None,
+    );
     assert_eq!(tiny_llama_config()["attention_bias"], serde_json::json!(false));
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
     assert_clean_error(&r, 1, &["model.safetensors", "model.layers.0.self_attn.q_proj.bias", "does not use it"]);
@@ -498,14 +496,7 @@ fn config_keys_maxc_would_ignore_are_refused() {
     c["use_sliding_window"] = serde_json::json!(true);
     c["sliding_window"] = serde_json::json!(8);
     c["max_window_layers"] = serde_json::json!(1);
-    let dir = temp_dir("qwen2-window");
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap().path();
-        if f.file_name().unwrap() != "config.json" {
-            std::os::unix::fs::symlink(&f, dir.join(f.file_name().unwrap())).unwrap();
-        }
-    }
-    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    let dir = fixture_with("tiny-qwen2", "qwen2-window", &[("config.json", c.to_string())]);
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
     assert_clean_error(&r, 1, &["config.json", "max_window_layers", "slides all layers or none"]);
 }

@@ -30,16 +30,9 @@ fn check_and_compile_refuse_the_same_inputs_alike() {
     };
     // A tiny-llama whose config names a BOS outside the vocabulary (a run-time
     // input that compile checks up front).
-    let bad_bos = temp_dir("parity-bos");
-    for f in std::fs::read_dir(&model).unwrap() {
-        let f = f.unwrap().path();
-        if f.file_name().unwrap() != "config.json" {
-            std::os::unix::fs::symlink(&f, bad_bos.join(f.file_name().unwrap())).unwrap();
-        }
-    }
     let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
     config["bos_token_id"] = serde_json::json!(99999);
-    std::fs::write(bad_bos.join("config.json"), config.to_string()).unwrap();
+    let bad_bos = fixture_with("tiny-llama", "parity-bos", &[("config.json", config.to_string())]);
 
     let with_model = |flags: &[&str]| -> Vec<OsString> {
         let mut v = vec![OsString::from("--model"), m.clone()];

@@ -63,11 +63,6 @@ fn tiny_llama_matches_golden() {
 #[test]
 fn prompts_get_the_special_tokens_the_tokenizer_adds() {
     let src = fixture("tiny-llama");
-    let dir = temp_dir("bos-tokenizer");
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
     let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     let bos = config["bos_token_id"].as_u64().unwrap() as u32;
     let mut tokenizer: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
@@ -78,7 +73,7 @@ fn prompts_get_the_special_tokens_the_tokenizer_adds() {
         "pair": [{"SpecialToken": {"id": bos_text, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
         "special_tokens": {bos_text.clone(): {"id": bos_text, "ids": [bos], "tokens": [bos_text]}},
     });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let dir = fixture_with("tiny-llama", "bos-tokenizer", &[("tokenizer.json", tokenizer.to_string())]);
     let mef = compile_model("bos-tokenizer", &dir, &["--quantization-encoding", "float32"]);
     let golden = golden("tiny-llama");
     let case = &cases(&golden)[0];
@@ -307,16 +302,13 @@ fn bad_runtime_flags_are_errors() {
     assert_clean_error(&run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--threads"), os("0")]), 1, &["--threads must be at least 1"]);
     let absurd = (cpus * 8 + 1).to_string();
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("--threads"), os(&absurd)]);
-    assert_clean_error(&r, 1, &[&format!("--threads {absurd}"), &format!("at most that"), &format!("{}", cpus * 8)]);
+    assert_clean_error(&r, 1, &[&format!("--threads {absurd}"), "at most that", &(cpus * 8).to_string()]);
     let over = (cpus + 1).to_string();
     let (code, _, stderr) = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hi"), os("-n"), os("2"), os("--threads"), os(&over)]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains(&format!("warning: --threads {over} is more than the {cpus} CPU(s)")), "{stderr}");
-    for sub in [&["bench", "-n", "2", "-p", "2", "-r", "1", "--threads", &absurd][..]] {
-        let mut args = vec![os(sub[0]), mef.as_os_str()];
-        args.extend(sub[1..].iter().map(|a| os(a)));
-        assert_clean_error(&run_bin("maxrun", &args), 1, &["--threads", "at most that"]);
-    }
+    let bench = [os("bench"), mef.as_os_str(), os("-n"), os("2"), os("-p"), os("2"), os("-r"), os("1"), os("--threads"), os(&absurd)];
+    assert_clean_error(&run_bin("maxrun", &bench), 1, &["--threads", "at most that"]);
 }
 
 /// `-n 0` generates nothing: no text on stdout, exit 0, and a note saying so.

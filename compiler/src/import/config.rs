@@ -511,6 +511,50 @@ fn parse_rope_scaling(s: &Value, path: &Path, field: &str) -> Result<RopeScaling
     }
 }
 
+/// Keys that change the computation in some checkpoint family, the
+/// architectures that honour them, and the values that leave a model unchanged.
+/// A key with another value on an architecture that does not honour it is
+/// refused: ignoring it would build a different model than the checkpoint's.
+const MATH_KEYS: &[(&str, &[Architecture], &[&str])] = &[
+    ("attn_logit_softcapping", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
+    ("final_logit_softcapping", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
+    ("query_pre_attn_scalar", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
+    ("embedding_multiplier", &[Architecture::Granite], &["null", "1", "1.0"]),
+    ("residual_multiplier", &[Architecture::Granite], &["null", "1", "1.0"]),
+    ("attention_multiplier", &[Architecture::Granite], &["null"]),
+    ("logits_scaling", &[Architecture::Granite], &["null", "1", "1.0"]),
+    ("partial_rotary_factor", &[], &["null", "1", "1.0"]),
+    ("rotary_pct", &[], &["null", "1", "1.0"]),
+    ("use_qk_norm", &[], &["null", "false"]),
+    ("qk_layernorm", &[], &["null", "false"]),
+    ("use_parallel_residual", &[], &["null", "false"]),
+    ("clip_qkv", &[], &["null"]),
+    ("scale_embedding", &[], &["null", "false"]),
+    ("use_bidirectional_attention", &[], &["null", "false"]),
+    ("scale_attn_by_inverse_layer_idx", &[], &["null", "false"]),
+    ("scale_attn_weights", &[], &["null", "true"]),
+];
+
+fn check_unhonoured_keys(json: &Value, architecture: Architecture, arch_name: &str, path: &Path) -> Result<()> {
+    for (key, honoured_by, neutral) in MATH_KEYS {
+        let Some(v) = json.get(*key) else { continue };
+        if honoured_by.contains(&architecture) || neutral.contains(&v.to_string().as_str()) {
+            continue;
+        }
+        let honoured = if honoured_by.is_empty() {
+            "no architecture maxc builds".to_string()
+        } else {
+            honoured_by.iter().map(|a| a.hf_name()).collect::<Vec<_>>().join(", ")
+        };
+        return Err(Error::invalid(
+            path,
+            *key,
+            format!("{v} changes the computation, and maxc honours it for {honoured}, not {arch_name}; leaving it out would build another model (neutral values: {})", neutral.join(", ")),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,48 +604,4 @@ mod tests {
         let e = cfg(r#", "num_key_value_heads": 3"#).unwrap_err().to_string();
         assert!(e.contains("num_key_value_heads") && e.contains('3') && e.contains('4'), "{e}");
     }
-}
-
-/// Keys that change the computation in some checkpoint family, the
-/// architectures that honour them, and the values that leave a model unchanged.
-/// A key with another value on an architecture that does not honour it is
-/// refused: ignoring it would build a different model than the checkpoint's.
-const MATH_KEYS: &[(&str, &[Architecture], &[&str])] = &[
-    ("attn_logit_softcapping", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
-    ("final_logit_softcapping", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
-    ("query_pre_attn_scalar", &[Architecture::Gemma2, Architecture::Gemma3], &["null"]),
-    ("embedding_multiplier", &[Architecture::Granite], &["null", "1", "1.0"]),
-    ("residual_multiplier", &[Architecture::Granite], &["null", "1", "1.0"]),
-    ("attention_multiplier", &[Architecture::Granite], &["null"]),
-    ("logits_scaling", &[Architecture::Granite], &["null", "1", "1.0"]),
-    ("partial_rotary_factor", &[], &["null", "1", "1.0"]),
-    ("rotary_pct", &[], &["null", "1", "1.0"]),
-    ("use_qk_norm", &[], &["null", "false"]),
-    ("qk_layernorm", &[], &["null", "false"]),
-    ("use_parallel_residual", &[], &["null", "false"]),
-    ("clip_qkv", &[], &["null"]),
-    ("scale_embedding", &[], &["null", "false"]),
-    ("use_bidirectional_attention", &[], &["null", "false"]),
-    ("scale_attn_by_inverse_layer_idx", &[], &["null", "false"]),
-    ("scale_attn_weights", &[], &["null", "true"]),
-];
-
-fn check_unhonoured_keys(json: &Value, architecture: Architecture, arch_name: &str, path: &Path) -> Result<()> {
-    for (key, honoured_by, neutral) in MATH_KEYS {
-        let Some(v) = json.get(*key) else { continue };
-        if honoured_by.contains(&architecture) || neutral.contains(&v.to_string().as_str()) {
-            continue;
-        }
-        let honoured = if honoured_by.is_empty() {
-            "no architecture maxc builds".to_string()
-        } else {
-            honoured_by.iter().map(|a| a.hf_name()).collect::<Vec<_>>().join(", ")
-        };
-        return Err(Error::invalid(
-            path,
-            *key,
-            format!("{v} changes the computation, and maxc honours it for {honoured}, not {arch_name}; leaving it out would build another model (neutral values: {})", neutral.join(", ")),
-        ));
-    }
-    Ok(())
 }

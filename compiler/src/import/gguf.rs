@@ -370,7 +370,7 @@ impl GgufFile {
                 Some(0) => {
                     return Err(Error::invalid(
                         &self.path,
-                        &k("context_length"),
+                        k("context_length"),
                         "is 0: the model would have no positions to run a prompt in; fix the file's metadata",
                     ))
                 }
@@ -378,7 +378,7 @@ impl GgufFile {
                 None => {
                     return Err(Error::invalid(
                         &self.path,
-                        &k("context_length"),
+                        k("context_length"),
                         "required metadata key is missing (llama.cpp refuses such a file too): convert the checkpoint again with a current llama.cpp",
                     ))
                 }

@@ -151,7 +151,6 @@ impl WeightStore {
         self.files.len() - 1
     }
 
-
     /// Adds a tensor whose bytes are `file[offset..offset+len]` (already bounds-checked by the reader).
     pub fn insert(&mut self, name: String, storage: StorageType, shape: Vec<usize>, file: usize, offset: usize, len: usize) {
         let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None };
