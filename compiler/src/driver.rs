@@ -528,6 +528,7 @@ fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, schedul
             top_p: g.top_p.or(d.top_p),
             min_p: g.min_p.or(d.min_p),
             max_new_tokens: g.max_new_tokens.or(d.max_new_tokens),
+            repetition_penalty: g.repetition_penalty.or(d.repetition_penalty).filter(|&r| r != 1.0),
         },
         max_length: scheduled.max_length,
         gpu_archs: config.targets.gpus.iter().map(|g| g.arch.clone()).collect(),

@@ -32,13 +32,13 @@ pub enum Error {
     /// A weight that the architecture needs is absent from the checkpoint.
     #[error(
         "{path}: weight `{name}` is required by {architecture} but is not in the checkpoint; \
-         check that the checkpoint is complete and matches config.json"
+         check that the checkpoint is complete and matches {config}"
     )]
-    MissingWeight { path: PathBuf, name: String, architecture: String },
+    MissingWeight { path: PathBuf, name: String, architecture: String, config: String },
 
     /// A weight exists but its shape does not match what config.json implies.
-    #[error("{path}: weight `{name}` has shape {found:?}, expected {expected:?} from the model config")]
-    WeightShape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error("{path}: weight `{name}` has shape {found:?}, expected {expected:?} from {config}")]
+    WeightShape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize>, config: String },
 
     /// Text IR that does not parse.
     #[error("IR parse error at line {line}: {message}")]

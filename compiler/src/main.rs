@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use maxc::driver::{frontend, load_manifest, CompileOptions};
 use maxc::interp::{greedy, run_tokens, Interpreter};
 use maxc::passes::PipelineOptions;
+use maxrun::usage::usage;
 
 #[derive(Parser)]
 #[command(name = "maxc", version, about = "Ahead-of-time compiler from HF / GGUF models to MEF artifacts")]
@@ -177,8 +178,27 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            maxrun::usage::exit_code(&e)
         }
+    }
+}
+
+/// The manifest (or `--model`'s default one) with `flags` over it.
+fn load_model(model: &ModelArgs, flags: &[maxc::manifest::FlagSetting]) -> anyhow::Result<maxc::manifest::LoadedManifest> {
+    if model.manifest.is_none() && model.model.is_none() {
+        return Err(usage("MANIFEST: give a manifest file or --model PATH"));
+    }
+    Ok(load_manifest(model.manifest.as_deref(), model.model.as_deref(), &model.overrides, flags)?)
+}
+
+/// A flag that names a folder to write into: a path that exists must be one
+/// (never a file, least of all an input, which creating the folder would fail on).
+fn check_dump_dir(flag: &str, dir: Option<&Path>) -> anyhow::Result<()> {
+    match dir {
+        Some(d) if d.exists() && !d.is_dir() => {
+            bail!("{flag} {}: is a file; {flag} takes a folder to write into (created if missing)", d.display())
+        }
+        _ => Ok(()),
     }
 }
 
@@ -207,11 +227,14 @@ fn options<'a>(dump: Option<&'a Path>, stop: Option<&'a str>) -> anyhow::Result<
 
 fn compile(args: CompileArgs) -> anyhow::Result<()> {
     let flags = args.settings.flag_settings();
-    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides, &flags)?;
+    let manifest = load_model(&args.model, &flags)?;
     let opts = options(args.dump_ir.as_deref(), args.stop_after.as_deref())?;
+    check_dump_dir("--dump-ir", args.dump_ir.as_deref())?;
+    check_dump_dir("--emit-llvm", args.emit_llvm.as_deref())?;
+    check_dump_dir("--emit-ptx", args.emit_ptx.as_deref())?;
     let Some(output) = args.output.filter(|_| args.stop_after.is_none()) else {
         if args.stop_after.is_none() {
-            bail!("give -o OUT.mef (or --stop-after PASS to only run the graph pipeline)");
+            return Err(usage("give -o OUT.mef (or --stop-after PASS to only run the graph pipeline)"));
         }
         let graphs = maxc::driver::frontend_graphs(&manifest, &opts)?;
         for (i, g) in graphs.iter().enumerate() {
@@ -321,7 +344,7 @@ fn compare_artifacts(a: &Path, b: &Path) -> anyhow::Result<()> {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {
-    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides, &args.settings.flag_settings())?;
+    let manifest = load_model(&args.model, &args.settings.flag_settings())?;
     let problems = maxc::driver::check(&manifest);
     if problems.is_empty() {
         println!("ok: {} can be compiled", manifest.manifest.model.path.display());
@@ -334,7 +357,7 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
 }
 
 fn eval(args: EvalArgs) -> anyhow::Result<()> {
-    let manifest = load_manifest(args.model.manifest.as_deref(), args.model.model.as_deref(), &args.model.overrides, &[])?;
+    let manifest = load_model(&args.model, &[])?;
     if let Some(path) = &args.dump_logits {
         check_output("--dump-logits", path, &manifest)?;
     }

@@ -81,6 +81,7 @@ pub struct GenerationSection {
     pub top_p: Option<f32>,
     pub min_p: Option<f32>,
     pub max_new_tokens: Option<u32>,
+    pub repetition_penalty: Option<f32>,
 }
 
 /// A manifest plus the file it came from, with paths resolved.
@@ -132,7 +133,10 @@ impl LoadedManifest {
 
     /// [`LoadedManifest::from_file`], then the flags' settings over it.
     pub fn from_file_with_flags(path: &Path, overrides: &[String], flags: &[FlagSetting]) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Error::invalid(path, "manifest", format!("is not UTF-8 text (byte {} is not): TOML files are UTF-8; save it as UTF-8", e.utf8_error().valid_up_to()))
+        })?;
         let table: toml::Table = toml::from_str(&text)
             .map_err(|e| Error::invalid(path, "manifest", format!("not valid TOML: {e}")))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -200,6 +204,11 @@ impl Manifest {
     /// The checks of single numbers; the `[compile]` names (encodings, target,
     /// mesh) are resolved and cross-checked by `compile_config`.
     fn validate(&self, path: &Path) -> Result<()> {
+        if let Some(name) = &self.model.architecture {
+            if let Err(Error::UnsupportedArchitecture { supported, .. }) = crate::import::Architecture::parse(name, path) {
+                return Err(Error::invalid(path, "model.architecture", format!("`{name}` is not supported; supported architectures: {supported}")));
+            }
+        }
         if self.generation.max_new_tokens == Some(0) {
             return Err(Error::invalid(path, "generation.max_new_tokens", "0 must be at least 1 (a default that generates nothing)"));
         }
@@ -212,6 +221,11 @@ impl Manifest {
             }
         }
         let g = &self.generation;
+        if let Some(r) = g.repetition_penalty {
+            if !(r > 0.0 && r.is_finite()) {
+                return Err(Error::invalid(path, "generation.repetition_penalty", format!("{r} must be a number above 0 (1 turns it off)")));
+            }
+        }
         if let Some(t) = g.temperature {
             if !(t >= 0.0 && t.is_finite()) {
                 return Err(Error::invalid(path, "generation.temperature", format!("{t} must be a finite number >= 0")));

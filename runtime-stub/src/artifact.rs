@@ -16,6 +16,8 @@ pub enum ArtifactError {
     Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: not a maxc artifact (bad magic); compile one with `maxc compile`")]
     BadMagic { path: PathBuf },
+    #[error("{path}: is {kind}, not an artifact file; give the .mef file `maxc compile -o` wrote")]
+    NotAFile { path: PathBuf, kind: &'static str },
     #[error(
         "{path}: artifact format {found_major}.{found_minor} is not supported by this maxrun (format {FORMAT_MAJOR}.{FORMAT_MINOR}); \
          recompile it with maxc {} or use a maxrun that reads format {found_major}.x",
@@ -91,6 +93,29 @@ impl std::fmt::Debug for Artifact {
     }
 }
 
+/// Refuses what is not a regular file (a directory, a device such as /dev/null,
+/// a FIFO) before it is mapped: the mapping's own error ("No such device") says
+/// nothing useful.
+fn regular_file(path: &Path, file: &std::fs::File) -> Result<(), ArtifactError> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = file.metadata().map_err(|error| ArtifactError::Io { path: path.to_path_buf(), error })?;
+    let t = meta.file_type();
+    let kind = if t.is_file() {
+        return Ok(());
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(ArtifactError::NotAFile { path: path.to_path_buf(), kind })
+}
+
 impl Artifact {
     /// Maps and validates an artifact: prelude, header checksum, section and weight
     /// bounds, and the checksums of every section but the weights (see [`Artifact::verify_weights`]).
@@ -98,6 +123,7 @@ impl Artifact {
         let p = path.to_path_buf();
         let io = |error| ArtifactError::Io { path: p.clone(), error };
         let file = std::fs::File::open(path).map_err(io)?;
+        regular_file(path, &file)?;
         // SAFETY: read-only mapping; artifacts are not modified while running.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         Self::from_backing(p, Backing::Map(map))
@@ -113,6 +139,7 @@ impl Artifact {
         let p = path.to_path_buf();
         let io = |error| ArtifactError::Io { path: p.clone(), error };
         let mut file = std::fs::File::open(path).map_err(io)?;
+        regular_file(path, &file)?;
         let len = file.metadata().map_err(io)?.len();
         let fits = crate::huge::available_memory().is_none_or(|available| len <= available / 2);
         match usize::try_from(len).ok().filter(|_| fits).and_then(HugeBuf::zeroed) {

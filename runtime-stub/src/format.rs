@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 5;
+pub const FORMAT_MAJOR: u32 = 6;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
@@ -629,6 +629,8 @@ pub struct GenerationDefaults {
     pub top_p: Option<f32>,
     pub min_p: Option<f32>,
     pub max_new_tokens: Option<u32>,
+    /// The checkpoint's `repetition_penalty` (applied as `--repeat-penalty` is).
+    pub repetition_penalty: Option<f32>,
 }
 
 /// Encodes the prelude and header.

@@ -28,3 +28,4 @@ pub mod sampler;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod session;
+pub mod usage;

@@ -11,6 +11,7 @@ use maxrun::artifact::Artifact;
 use maxrun::engine::{Engine, Event, GenerationParams, Request};
 use maxrun::sampler::SamplingParams;
 use maxrun::runner::{Device, Runner};
+use maxrun::usage::usage;
 
 #[derive(Parser)]
 #[command(
@@ -114,6 +115,10 @@ struct BenchArgs {
     profile: bool,
     #[command(flatten)]
     memory: WeightsMemory,
+    /// Skip the weights checksum, which is otherwise checked before the runs (as
+    /// a run and `serve` check it: numbers from damaged weights mean nothing).
+    #[arg(long)]
+    no_verify: bool,
     /// Compare with another artifact: the two run turn about in one process, so
     /// that both see the same machine (a shared VM's bandwidth moves by tens of
     /// percent between minutes); prints both and their ratios.
@@ -317,7 +322,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            maxrun::usage::exit_code(&e)
         }
     }
 }
@@ -377,6 +382,9 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow!("--profile and --compare do not go together; profile each artifact on its own"));
     }
     let artifact = args.memory.open(&args.artifact, false)?;
+    if !args.no_verify {
+        artifact.verify_weights(&mut |_, _| {})?;
+    }
     let h = &artifact.header;
     let needed = args.depth + args.prompt_tokens.max(args.generated_tokens);
     fits_benchmark(&args.artifact, &artifact, needed)?;
@@ -386,6 +394,9 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let cfg = maxrun::bench::BenchConfig { prompt_tokens: args.prompt_tokens, generated_tokens: args.generated_tokens, repetitions: args.repetitions, depth: args.depth };
     if let Some(other_path) = &args.compare {
         let other = args.memory.open(other_path, false)?;
+        if !args.no_verify {
+            other.verify_weights(&mut |_, _| {})?;
+        }
         fits_benchmark(other_path, &other, needed)?;
         let (mut a, _) = open_bench_runner(&artifact, threads, args.device)?;
         let (mut b, _) = open_bench_runner(&other, threads, args.device)?;
@@ -546,8 +557,15 @@ fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
 
 fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let Some(artifact_path) = cli.artifact.clone() else {
-        return Err(anyhow!("give an artifact: maxrun OUT.mef --prompt TEXT (or `maxrun inspect OUT.mef`)"));
+        return Err(usage("give an artifact: maxrun OUT.mef --prompt TEXT (or `maxrun inspect OUT.mef`)"));
     };
+    if !cli.chat && cli.system.is_some() {
+        return Err(usage("--system sets the system message of a --chat session; add --chat, or put the text in --prompt"));
+    }
+    let has_input = cli.prompt.is_some() || cli.token_ids.is_some() || cli.chat || cli.embed.is_some() || cli.embed_file.is_some();
+    if !has_input {
+        return Err(usage("give --prompt TEXT or --token-ids 1,2,3 (or --chat; --embed TEXT for an encoder)"));
+    }
     check_range("temperature", cli.temperature, 0.0, None)?;
     check_range("top-p", cli.top_p, 0.0, Some(1.0))?;
     check_range("min-p", cli.min_p, 0.0, Some(1.0))?;
@@ -592,7 +610,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let ids: Vec<u32> = match (&cli.prompt, &cli.token_ids) {
         (Some(p), _) => tokenizer.encode(p.as_str(), !cli.no_special_tokens).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec(),
         (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err(anyhow!("give --prompt TEXT or --token-ids 1,2,3")),
+        (None, None) => return Err(usage("give --prompt TEXT or --token-ids 1,2,3")),
     };
     if ids.is_empty() {
         return Err(anyhow!("the prompt is empty: it has no tokens to condition on"));
@@ -620,7 +638,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut engine = Engine::serial(&artifact, session, tokenizer);
-    engine.submit(Request::new(ids.clone(), params))?;
+    engine.submit(Request::new(ids.clone(), params)).map_err(|e| submit_error(&cli, e))?;
     let mut out = std::io::stdout().lock();
     let mut held = String::new();
     let (usage, reason) = loop {
@@ -717,7 +735,7 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) ->
         // conversation replays the same with the same --seed).
         let mut params = generation_params(cli, &h.generation, max_new)?;
         params.seed = cli.seed.wrapping_add(turn - 1);
-        engine.submit(Request::new(ids, params))?;
+        engine.submit(Request::new(ids, params)).map_err(|e| submit_error(cli, e))?;
         let (mut reply, mut held) = (String::new(), String::new());
         let usage = loop {
             let mut finished = None;
@@ -802,6 +820,20 @@ fn sampling_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults) -> Sam
     }
 }
 
+/// A refused request, with the flag and file of a grammar that does not build.
+fn submit_error(cli: &RunArgs, e: maxrun::engine::SubmitError) -> anyhow::Error {
+    let source = match (&cli.json_schema, &cli.grammar, &cli.regex) {
+        (Some(p), _, _) => format!("--json-schema {}", p.display()),
+        (_, Some(p), _) => format!("--grammar {}", p.display()),
+        (_, _, Some(r)) => format!("--regex {r:?}"),
+        _ => String::new(),
+    };
+    match e {
+        maxrun::engine::SubmitError::Grammar(_) if !source.is_empty() => anyhow!("{source}: {e}"),
+        e => e.into(),
+    }
+}
+
 /// What the command line asks of each generation (`--prompt` and every `--chat` turn).
 fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_tokens: usize) -> anyhow::Result<GenerationParams> {
     use maxrun::constrain::Grammar;
@@ -821,7 +853,8 @@ fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_
         max_tokens,
         stop: cli.stops.clone(),
         ignore_eos: cli.ignore_eos,
-        repeat_penalty: cli.repeat_penalty,
+        // The checkpoint's generation_config.json default, unless the flag is given.
+        repeat_penalty: cli.repeat_penalty.or(g.repetition_penalty).filter(|&r| r != 1.0),
         grammar,
         ..GenerationParams::default()
     })

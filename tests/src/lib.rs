@@ -126,8 +126,8 @@ pub fn run_bin_env(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) 
 }
 
 /// `maxc compile --model MODEL -o <fresh dir>/model.mef EXTRA...`; panics unless it succeeds.
-pub fn compile_model(tag: &str, model: &Path, extra: &[&str]) -> PathBuf {
-    let out = temp_dir(tag).join("model.mef");
+pub fn compile_model(tag: &str, model: &Path, extra: &[&str]) -> TempPath {
+    let out = temp_file(tag, "model.mef");
     let mut args: Vec<&std::ffi::OsStr> = vec!["compile".as_ref(), "--model".as_ref(), model.as_os_str(), "-o".as_ref(), out.as_os_str()];
     args.extend(extra.iter().map(std::ffi::OsStr::new));
     let (code, _, err) = run_bin("maxc", &args);
@@ -144,7 +144,7 @@ pub fn dump_logits(mef: &Path, case: &Value) -> (Vec<usize>, Vec<f32>) {
 /// [`dump_logits`] with more maxrun flags (`extra`).
 pub fn dump_logits_with(mef: &Path, case: &Value, extra: &[&str]) -> (Vec<usize>, Vec<f32>) {
     let ids: Vec<String> = ids(&case["input_ids"]).iter().map(u32::to_string).collect();
-    let npy = temp_dir("logits").join("l.npy");
+    let npy = temp_file("logits", "l.npy");
     let ids = ids.join(",");
     let mut args: Vec<&std::ffi::OsStr> = vec![mef.as_os_str(), "--token-ids".as_ref(), ids.as_ref(), "--dump-logits".as_ref(), npy.as_os_str()];
     args.extend(extra.iter().map(|e| std::ffi::OsStr::new(*e)));
@@ -155,7 +155,7 @@ pub fn dump_logits_with(mef: &Path, case: &Value, extra: &[&str]) -> (Vec<usize>
 
 /// Fixture `name` in a fresh directory: a symbolic link to each of its files,
 /// except those of `replaced` (file name, contents), written as files of their own.
-pub fn fixture_with(name: &str, tag: &str, replaced: &[(&str, String)]) -> PathBuf {
+pub fn fixture_with(name: &str, tag: &str, replaced: &[(&str, String)]) -> TempDir {
     let dir = temp_dir(tag);
     for f in std::fs::read_dir(fixture(name)).unwrap() {
         let f = f.unwrap().path();
@@ -170,11 +170,12 @@ pub fn fixture_with(name: &str, tag: &str, replaced: &[(&str, String)]) -> PathB
     dir
 }
 
-/// A fresh empty directory for one test.
+/// A fresh empty directory for one test, removed when the returned guard drops.
 /// Under `$TMPDIR` when it is set (scripts/test.sh points it at target/test-tmp
 /// and removes it afterwards), else under target/test-tmp, never the shared /tmp:
-/// a test run writes gigabytes of artifacts.
-pub fn temp_dir(tag: &str) -> PathBuf {
+/// a test run writes gigabytes of artifacts, so each test's files go as soon as
+/// it no longer holds them (a whole run's would fill a CI machine's disk).
+pub fn temp_dir(tag: &str) -> TempDir {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let base = match std::env::var_os("TMPDIR") {
@@ -184,8 +185,84 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     let dir = base.join(format!("maxc-test-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
 }
+
+/// `name` inside a fresh [`temp_dir`]; the directory goes when the path drops.
+pub fn temp_file(tag: &str, name: &str) -> TempPath {
+    temp_dir(tag).file(name)
+}
+
+/// A test's own directory: removed with everything in it on drop, except while
+/// the thread is panicking (a failing test keeps its files for diagnosis) or
+/// when `MAXC_KEEP_TEST_FILES` is set.
+/// Bind it to a name for as long as its files are used: `temp_dir(t).join(f)`
+/// removes the directory at the end of the statement.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Keeps the directory (for files a child process reads after the guard's
+    /// owner returns); test.sh's scratch folder goes at the end of the run.
+    pub fn keep(self) -> PathBuf {
+        let dir = self.0.clone();
+        std::mem::forget(self);
+        dir
+    }
+
+    /// The path of `name` in this directory, which now lives as long as that path.
+    pub fn file(self, name: &str) -> TempPath {
+        TempPath { path: self.0.join(name), _dir: self }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() && std::env::var_os("MAXC_KEEP_TEST_FILES").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A file path that owns its [`TempDir`].
+#[derive(Debug)]
+pub struct TempPath {
+    path: PathBuf,
+    _dir: TempDir,
+}
+
+impl TempPath {
+    pub fn as_path(&self) -> &Path {
+        &self.path
+    }
+}
+
+macro_rules! derefs_to_path {
+    ($t:ty, $field:tt) => {
+        impl std::ops::Deref for $t {
+            type Target = Path;
+            fn deref(&self) -> &Path {
+                &self.$field
+            }
+        }
+        impl AsRef<Path> for $t {
+            fn as_ref(&self) -> &Path {
+                &self.$field
+            }
+        }
+        impl AsRef<std::ffi::OsStr> for $t {
+            fn as_ref(&self) -> &std::ffi::OsStr {
+                self.$field.as_os_str()
+            }
+        }
+    };
+}
+derefs_to_path!(TempDir, 0);
+derefs_to_path!(TempPath, path);
 
 /// Asserts that a failed run is a clean error (exit code `code`, an `error:` line
 /// containing every `needle`), never a panic.
@@ -210,7 +287,7 @@ pub fn ptxas() -> PathBuf {
 /// SmolLM2's GGUF with every Q4_1 tensor rewritten as Q5_1 blocks of the same
 /// values (the same scale and minimum, the fifth bit clear): a lossless change
 /// of block type, so the GGUF is a file llama.cpp would read as the same model.
-pub fn smollm2_as_q5_1() -> PathBuf {
+pub fn smollm2_as_q5_1() -> TempPath {
     let b = std::fs::read(smollm2_gguf()).unwrap();
     let mut at = 24;
     let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
@@ -281,7 +358,7 @@ pub fn smollm2_as_q5_1() -> PathBuf {
     assert!(rewritten >= 7 * 30, "only {rewritten} Q4_1 tensors");
     out.resize(out.len().div_ceil(32) * 32, 0);
     out.extend(data);
-    let path = temp_dir("smollm2-q5_1").join("SmolLM2-135M-Instruct.Q5_1.gguf");
+    let path = temp_file("smollm2-q5_1", "SmolLM2-135M-Instruct.Q5_1.gguf");
     std::fs::write(&path, out).unwrap();
     path
 }

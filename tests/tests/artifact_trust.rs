@@ -2,7 +2,7 @@
 //! features, `maxrun inspect`, and `maxc check`.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use maxc_tests::*;
@@ -13,17 +13,17 @@ fn os(s: &str) -> &OsStr {
 }
 
 fn tiny_artifact() -> &'static Path {
-    static A: OnceLock<PathBuf> = OnceLock::new();
+    static A: OnceLock<TempPath> = OnceLock::new();
     A.get_or_init(|| {
-        let out = temp_dir("trust").join("tiny.mef");
+        let out = temp_file("trust", "tiny.mef");
         let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str()]);
         assert_eq!(r.0, 0, "{}", r.2);
         out
     })
 }
 
-fn write_variant(tag: &str, bytes: &[u8]) -> PathBuf {
-    let p = temp_dir(tag).join("variant.mef");
+fn write_variant(tag: &str, bytes: &[u8]) -> TempPath {
+    let p = temp_file(tag, "variant.mef");
     std::fs::write(&p, bytes).unwrap();
     p
 }
@@ -44,7 +44,7 @@ fn expect_refused(p: &Path, what: &[&str]) {
 /// `--no-verify` skips the check (and runs on the damaged weights).
 #[test]
 fn byte_flips_across_the_weights_are_refused_by_default() {
-    let smollm2 = temp_dir("trust-smollm2").join("smollm2.mef");
+    let smollm2 = temp_file("trust-smollm2", "smollm2.mef");
     let manifest = workspace_root().join("manifests/smollm2-135m.toml");
     let r = run_bin("maxc", &[os("compile"), manifest.as_os_str(), os("-o"), smollm2.as_os_str(), os("--quiet")]);
     assert_eq!(r.0, 0, "{}", r.2);
@@ -52,7 +52,7 @@ fn byte_flips_across_the_weights_are_refused_by_default() {
         let good = std::fs::read(artifact).unwrap();
         let header = maxrun::artifact::Artifact::open(artifact).unwrap().header;
         let w = header.sections.iter().find(|s| s.kind == SectionKind::Weights(0)).unwrap();
-        let p = temp_dir("flip-weights").join("variant.mef");
+        let p = temp_file("flip-weights", "variant.mef");
         for k in 0..10u64 {
             let at = (w.offset + (w.len - 1) * k / 9) as usize;
             let mut bad = good.clone();
@@ -113,7 +113,7 @@ fn higher_major_version_is_refused_naming_both_versions() {
 
 #[test]
 fn avx512_artifact_on_a_machine_without_it_is_refused() {
-    let out = temp_dir("v4").join("v4.mef");
+    let out = temp_file("v4", "v4.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cpu:x86-64-v4")]);
     assert_eq!(r.0, 0, "{}", r.2);
     let r = run_bin_env("maxrun", &[out.as_os_str(), os("--prompt"), os("hi")], &[("MAXRUN_DISABLE_CPU_FEATURES", "avx512f")]);
@@ -205,7 +205,7 @@ fn target_features_are_the_ones_maxrun_can_check() {
     for f in maxc_codegen::target::KNOWN_FEATURES {
         assert!(maxrun::cpu::is_checkable(f), "--target accepts `{f}`, which maxrun cannot check");
     }
-    let out = temp_dir("feat").join("x.mef");
+    let out = temp_file("feat", "x.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cpu:x86-64+nosuchfeat")]);
     assert_clean_error(&r, 1, &["unknown CPU feature `nosuchfeat`", "avx2"]);
     assert!(!out.exists());

@@ -21,7 +21,7 @@ fn compile(args: &[&OsStr]) -> (i32, String, String) {
 }
 
 /// A copy of tiny-llama in a temp dir (files linked), with `config.json` replaced by `config`.
-fn model_dir(tag: &str, config: Option<&str>) -> PathBuf {
+fn model_dir(tag: &str, config: Option<&str>) -> TempDir {
     let src = fixture("tiny-llama");
     let dir = temp_dir(tag);
     for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"] {
@@ -38,8 +38,8 @@ fn tiny_llama_config() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(fixture("tiny-llama").join("config.json")).unwrap()).unwrap()
 }
 
-fn manifest(tag: &str, text: &str) -> PathBuf {
-    let p = temp_dir(tag).join("model.toml");
+fn manifest(tag: &str, text: &str) -> TempPath {
+    let p = temp_file(tag, "model.toml");
     std::fs::write(&p, text).unwrap();
     p
 }
@@ -106,7 +106,7 @@ fn unsupported_architecture() {
 
 /// Rewrites tiny-llama's safetensors with `edit` applied to the header JSON and
 /// the data after it.
-fn edited_safetensors(tag: &str, edit: impl FnOnce(&mut serde_json::Value, &mut Vec<u8>), truncate_to: Option<usize>) -> PathBuf {
+fn edited_safetensors(tag: &str, edit: impl FnOnce(&mut serde_json::Value, &mut Vec<u8>), truncate_to: Option<usize>) -> TempDir {
     let dir = model_dir(tag, None);
     let bytes = std::fs::read(fixture("tiny-llama").join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -153,10 +153,10 @@ fn safetensors_tensor_past_end_of_file() {
     assert_clean_error(&r, 1, &["model.safetensors", "truncated"]);
 }
 
-fn gguf_copy(tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+fn gguf_copy(tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> TempPath {
     let mut bytes = std::fs::read(smollm2_gguf()).unwrap();
     edit(&mut bytes);
-    let p = temp_dir(tag).join("model.gguf");
+    let p = temp_file(tag, "model.gguf");
     std::fs::write(&p, bytes).unwrap();
     p
 }

@@ -40,8 +40,8 @@
 //! the end, listing every failing case with its command, exit code and stderr.
 //!
 //! `BAD_INPUT_ONLY=name,name` runs only those cases; `BAD_INPUT_SHOW=1` prints
-//! every case's exit code and stderr (to write new lines); `BAD_INPUT_KEEP=1`
-//! keeps the case folders.
+//! every case's exit code and stderr (to write new lines); `MAXC_KEEP_TEST_FILES=1`
+//! keeps the case folders (as it keeps every test's files).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -672,9 +672,12 @@ fn apply_edit(edit: &str, p: &Paths, gguf: &mut Option<Vec<u8>>, artifact: &mut 
             Ok(())
         }
         "manifest" => {
-            let text = unescape(arg)?;
-            let text = p.expand(&String::from_utf8_lossy(&text))?;
-            std::fs::write(&p.manifest, text).map_err(|e| e.to_string())
+            // Bytes that are not UTF-8 (`\xff`) are written as they are, unexpanded.
+            let bytes = match String::from_utf8(unescape(arg)?) {
+                Ok(text) => p.expand(&text)?.into_bytes(),
+                Err(e) => e.into_bytes(),
+            };
+            std::fs::write(&p.manifest, bytes).map_err(|e| e.to_string())
         }
         other => Err(format!("unknown edit kind `{other}`")),
     }
@@ -740,7 +743,6 @@ fn run_case(case: &Case, shared: &Shared) -> Outcome {
         Ok(a) => a,
         Err(e) => {
             o.problems.push(format!("the table's line {} cannot be set up: {e}", case.line));
-            let _ = std::fs::remove_dir_all(&root);
             return o;
         }
     };
@@ -836,9 +838,6 @@ fn run_case(case: &Case, shared: &Shared) -> Outcome {
             .collect();
         o.problems.push(format!("inputs changed: {}", changed.join("; ")));
     }
-    if std::env::var_os("BAD_INPUT_KEEP").is_none() {
-        let _ = std::fs::remove_dir_all(&root);
-    }
     o
 }
 
@@ -894,13 +893,12 @@ fn every_bad_input_of_the_table_is_refused_cleanly() {
     let needs = |ph: &str, kind: &str| cases.iter().any(|c| c.args.contains(ph) || c.edits.iter().any(|e| e.starts_with(kind) || e.contains(ph)));
     let gguf = needs("{gguf}", "gguf-").then(|| std::fs::read(smollm2_gguf()).unwrap());
     let artifact = needs("{artifact}", "artifact-").then(|| {
-        let out = temp_dir("bad-input-artifact").join("tiny.mef");
+        let out = temp_file("bad-input-artifact", "tiny.mef");
         let os = std::ffi::OsStr::new;
         let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--quiet")]);
         assert_eq!(r.0, 0, "compiling tiny-llama for the artifact cases failed: {}", r.2);
         let header = maxrun::artifact::Artifact::open(&out).unwrap().header;
         let bytes = std::fs::read(&out).unwrap();
-        let _ = std::fs::remove_dir_all(out.parent().unwrap());
         (bytes, header)
     });
     let shared = Shared { gguf, artifact };
@@ -983,7 +981,7 @@ fn every_bad_input_of_the_table_is_refused_cleanly() {
         .collect();
     assert!(
         failures.is_empty(),
-        "{} of {} bad-input cases failed ({{dir}}: the case's folder of edited inputs; BAD_INPUT_KEEP=1 keeps it):\n{}",
+        "{} of {} bad-input cases failed ({{dir}}: the case's folder of edited inputs; MAXC_KEEP_TEST_FILES=1 keeps it):\n{}",
         failures.len(),
         cases.len(),
         failures.join("\n")

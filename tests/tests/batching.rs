@@ -6,14 +6,13 @@
 //! texts; a shared prefix is computed once.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use maxc_tests::*;
 use maxrun::artifact::Artifact;
 use maxrun::engine::{load_tokenizer, Engine, Event, GenerationParams, Request, RequestId};
 use maxrun::runner::{Device, Runner};
 
-fn float32_artifact(name: &str) -> PathBuf {
+fn float32_artifact(name: &str) -> TempPath {
     let model = if name == "smollm2-135m" { smollm2_gguf() } else { fixture(name) };
     compile_model(&format!("batch-{name}"), &model, &["--quantization-encoding", "float32"])
 }
@@ -113,7 +112,7 @@ fn batched_prompts_match_golden_and_single_stream_on_every_fixture() {
 
 /// SmolLM2 as the README's manifest compiles it (Q4_1 blocks, int16
 /// activations, f16 KV cache), with `extra` flags.
-fn smollm2_default(tag: &str, extra: &[&str]) -> PathBuf {
+fn smollm2_default(tag: &str, extra: &[&str]) -> TempPath {
     compile_model(tag, &smollm2_gguf(), extra)
 }
 

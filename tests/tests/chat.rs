@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use maxc_tests::*;
 
-fn smollm2_artifact() -> std::path::PathBuf {
+fn smollm2_artifact() -> TempPath {
     compile_model("chat", &smollm2_gguf(), &[])
 }
 

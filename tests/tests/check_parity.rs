@@ -11,8 +11,9 @@ use maxc_tests::*;
 fn maxc(subcommand: &str, args: &[OsString]) -> (i32, String, String) {
     let mut all = vec![OsString::from(subcommand)];
     all.extend_from_slice(args);
+    let out = temp_file("parity-out", "out.mef");
     if subcommand == "compile" {
-        all.extend([OsString::from("-o"), temp_dir("parity-out").join("out.mef").into_os_string()]);
+        all.extend([OsString::from("-o"), out.as_os_str().to_owned()]);
     }
     let refs: Vec<&std::ffi::OsStr> = all.iter().map(OsString::as_os_str).collect();
     run_bin("maxc", &refs)
@@ -59,7 +60,7 @@ fn check_and_compile_refuse_the_same_inputs_alike() {
         ("batch rows below the sequences", vec![manifest("batch", "max_batch_tokens = 4\nmax_sequences = 8")], "compile.max_batch_tokens"),
         ("unknown target in the manifest", vec![manifest("target", "target = \"arm64\"")], "compile.target"),
         ("override with a bad value", with_model(&["--model-override", "transformer.kv_cache_encoding=int4"]), "compile.kv_cache_encoding"),
-        ("BOS outside the vocabulary", vec![OsString::from("--model"), bad_bos.clone().into_os_string()], "bos_token_id"),
+        ("BOS outside the vocabulary", vec![OsString::from("--model"), bad_bos.as_os_str().to_owned()], "bos_token_id"),
     ];
     assert!(cases.len() >= 15);
     let mut failures = Vec::new();

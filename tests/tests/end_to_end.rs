@@ -21,7 +21,7 @@ fn artifact(fixture_name: &str) -> &'static Path {
             let model = if fixture_name == "smollm2-135m" { smollm2_gguf() } else { fixture(fixture_name) };
             // float32 weights, the exact path (a GGUF's default keeps its Q4_1
             // blocks: the default-manifest and stored-encoding tests cover that).
-            Box::leak(compile_model(fixture_name, &model, &["--quantization-encoding", "float32"]).into_boxed_path())
+            Box::leak(Box::new(compile_model(fixture_name, &model, &["--quantization-encoding", "float32"]))).as_path()
         })
 }
 
@@ -79,7 +79,7 @@ fn prompts_get_the_special_tokens_the_tokenizer_adds() {
     let case = &cases(&golden)[0];
     let prompt = case["prompt"].as_str().unwrap();
     let dump = |extra: &[&str]| {
-        let npy = temp_dir("bos-logits").join("l.npy");
+        let npy = temp_file("bos-logits", "l.npy");
         let mut args = vec![mef.as_os_str(), os("--prompt"), os(prompt), os("--dump-logits"), npy.as_os_str()];
         args.extend(extra.iter().map(|e| os(e)));
         let r = run_bin("maxrun", &args);
@@ -116,7 +116,7 @@ fn smollm2_from_gguf_matches_golden() {
 fn gguf_q5_1_blocks_import_exactly() {
     let gguf = smollm2_as_q5_1();
     let golden = golden("smollm2-135m");
-    let mef = temp_dir("smollm2-q5_1-mef").join("model.mef");
+    let mef = temp_file("smollm2-q5_1-mef", "model.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os("float32")]);
     assert_eq!(r.0, 0, "{}", r.2);
     // The compile says what became of the blocks.
@@ -163,7 +163,7 @@ fn sampling_filters_seeds_and_the_greedy_limit() {
 #[test]
 fn default_manifest_keeps_q4_1_blocks_and_matches_golden() {
     let manifest = workspace_root().join("manifests/smollm2-135m.toml");
-    let mef = temp_dir("default-manifest").join("model.mef");
+    let mef = temp_file("default-manifest", "model.mef");
     let r = run_bin("maxc", &[os("compile"), manifest.as_os_str(), os("-o"), mef.as_os_str(), os("--quiet")]);
     assert_eq!(r.0, 0, "{}", r.2);
     let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
@@ -466,7 +466,7 @@ fn minilm_embeddings_match_golden() {
         let ids = tokenizer.encode(*s, true).unwrap().get_ids().to_vec();
         assert_eq!(ids, maxc_tests::ids(&golden["input_ids"][i]), "sentence {i} ids");
     }
-    let file = temp_dir("sentences").join("s.txt");
+    let file = temp_file("sentences", "s.txt");
     std::fs::write(&file, sentences.join("\n")).unwrap();
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--embed-file"), file.as_os_str()]);
     assert_eq!(r.0, 0, "{}", r.2);
@@ -538,7 +538,7 @@ fn cranelift_backend_matches_golden() {
             assert_eq!(r.1, case["greedy_text"].as_str().unwrap(), "{what}: greedy text");
         }
     }
-    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), temp_dir("clv4").join("m.mef").as_os_str(), os("--backend"), os("cranelift"), os("--target"), os("cpu:x86-64-v4")]);
+    let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), temp_file("clv4", "m.mef").as_os_str(), os("--backend"), os("cranelift"), os("--target"), os("cpu:x86-64-v4")]);
     assert_clean_error(&r, 1, &["cranelift", "baseline x86-64"]);
 }
 
@@ -657,4 +657,37 @@ fn f16_kv_cache_halves_the_cache_and_keeps_the_golden_logits() {
             assert_eq!(r.1, case["greedy_text"].as_str().unwrap(), "{what}: greedy text");
         }
     }
+}
+
+/// generation_config.json's `repetition_penalty` is the artifact's default for
+/// `--repeat-penalty` (the same text as the flag on an artifact without it; the
+/// flag overrides it), and its `eos_token_id`s join the stop tokens, as
+/// transformers' `generate` reads them.
+#[test]
+fn generation_config_penalty_and_stop_tokens_are_honoured() {
+    let model = fixture("tiny-llama");
+    let golden = golden("tiny-llama");
+    let prompt = cases(&golden)[0]["prompt"].as_str().unwrap().to_string();
+    let mut generation: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(model.join("generation_config.json")).unwrap()).unwrap();
+    generation["repetition_penalty"] = serde_json::json!(1.8);
+    generation["eos_token_id"] = serde_json::json!([2, 7]);
+    let dir = fixture_with("tiny-llama", "genconfig-honoured", &[("generation_config.json", generation.to_string())]);
+    let with = compile_model("genconfig-penalty", &dir, &["--quantization-encoding", "float32"]);
+    let without = artifact("tiny-llama");
+    let text = |mef: &Path, extra: &[&str]| {
+        let mut args = vec![mef.as_os_str(), os("--prompt"), os(&prompt), os("--temperature"), os("0"), os("-n"), os("24"), os("--ignore-eos")];
+        args.extend(extra.iter().map(|s| os(s)));
+        let r = run_bin("maxrun", &args);
+        assert_eq!(r.0, 0, "{}", r.2);
+        r.1
+    };
+    let plain = text(without, &[]);
+    let penalized = text(without, &["--repeat-penalty", "1.8"]);
+    assert_ne!(plain, penalized, "the penalty must change tiny-llama's repetitive text for this test to mean anything");
+    assert_eq!(text(&with, &[]), penalized, "the checkpoint's repetition_penalty is the default");
+    assert_eq!(text(&with, &["--repeat-penalty", "1"]), plain, "the flag overrides the default");
+    let r = run_bin("maxrun", &[os("inspect"), with.as_os_str(), os("--json")]);
+    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    assert_eq!(v["generation"]["repetition_penalty"].as_f64(), Some(1.8f32 as f64), "{}", v["generation"]);
+    assert_eq!(v["tokenizer"]["eos_token_ids"], serde_json::json!([2, 7]), "{}", v["tokenizer"]);
 }

@@ -12,15 +12,16 @@ fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
-/// Compiles `model` for `target` with `extra` flags, writing the PTX to a fresh directory.
-fn compile_with_ptx(tag: &str, model: &Path, target: &str, extra: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
+/// Compiles `model` for `target` with `extra` flags, writing the PTX to a fresh
+/// directory: (that directory, which holds both, the artifact, the PTX folder).
+fn compile_with_ptx(tag: &str, model: &Path, target: &str, extra: &[&str]) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
     let dir = temp_dir(tag);
     let (out, ptx) = (dir.join("m.mef"), dir.join("ptx"));
     let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str(), os("--target"), os(target), os("--emit-ptx"), ptx.as_os_str()];
     args.extend(extra.iter().map(|s| os(s)));
     let r = run_bin("maxc", &args);
     assert_eq!(r.0, 0, "{}", r.2);
-    (out, ptx)
+    (dir, out, ptx)
 }
 
 fn assemble(ptx: &Path, arch: &str) {
@@ -46,7 +47,7 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
         ("tiny-llama-kv-f16", fixture("tiny-llama"), &["--kv-cache-encoding", "float16"]),
     ];
     for (tag, model, extra) in cases {
-        let (mef, ptx) = compile_with_ptx(&format!("ptx-{tag}"), &model, "cuda:sm_80,sm_90", extra);
+        let (_dir, mef, ptx) = compile_with_ptx(&format!("ptx-{tag}"), &model, "cuda:sm_80,sm_90", extra);
         for arch in ["sm_80", "sm_90"] {
             assemble(&ptx, arch);
         }
@@ -83,7 +84,7 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
 fn fat_artifact_runs_its_cpu_code_and_matches_the_golden_logits() {
     for (name, model) in [("tiny-llama", fixture("tiny-llama")), ("smollm2-135m", smollm2_gguf())] {
         // float32 weights (a GGUF's default is its own blocks): the panel GEMV below.
-        let (mef, ptx) = compile_with_ptx(&format!("fat-{name}"), &model, "cpu,cuda:sm_90", &["--quantization-encoding", "float32"]);
+        let (_dir, mef, ptx) = compile_with_ptx(&format!("fat-{name}"), &model, "cpu,cuda:sm_90", &["--quantization-encoding", "float32"]);
         assemble(&ptx, "sm_90");
         if name == "smollm2-135m" {
             // The CPU code packs the weights in panels; the PTX runs the lane-split
@@ -107,7 +108,7 @@ fn fat_artifact_runs_its_cpu_code_and_matches_the_golden_logits() {
 /// codes through halves; ptxas accepts it.
 #[test]
 fn fat_fp8_artifact_runs_panel_gemvs_on_both_sides() {
-    let (mef, ptx) = compile_with_ptx("fat-fp8", &smollm2_gguf(), "cpu,cuda:sm_90", &["--quantization-encoding", "float8_e4m3fn"]);
+    let (_dir, mef, ptx) = compile_with_ptx("fat-fp8", &smollm2_gguf(), "cpu,cuda:sm_90", &["--quantization-encoding", "float8_e4m3fn"]);
     assemble(&ptx, "sm_90");
     let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
     let start = text.find(".entry matmul_panel_float8_e4m3fn_k576_n960_s1(").expect("the fp8 panel GEMV is in the PTX");
@@ -126,14 +127,14 @@ fn gpu_only_artifact_without_a_driver_says_so() {
         eprintln!("a CUDA driver is installed: the no-driver message cannot be checked here");
         return;
     }
-    let (mef, _) = compile_with_ptx("gpu-only", &fixture("tiny-llama"), "cuda:sm_90", &[]);
+    let (_dir, mef, _) = compile_with_ptx("gpu-only", &fixture("tiny-llama"), "cuda:sm_90", &[]);
     // Without CPU code, float matmul weights stay row-major (warps read rows).
     let weights = maxrun::artifact::Artifact::open(&mef).unwrap().header.weights;
     assert!(weights.iter().all(|w| w.layout == "row_major"), "a GPU-only artifact packs no panels");
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hello")]);
     assert_clean_error(&r, 1, &["no CUDA driver", "no CPU code", "--target cpu,cuda:sm_90"]);
     // Asking for the GPU of a fat artifact names the fallback.
-    let (fat, _) = compile_with_ptx("fat-device", &fixture("tiny-llama"), "cpu,cuda:sm_80", &[]);
+    let (_dir, fat, _) = compile_with_ptx("fat-device", &fixture("tiny-llama"), "cpu,cuda:sm_80", &[]);
     let r = run_bin("maxrun", &[fat.as_os_str(), os("--prompt"), os("hello"), os("--device"), os("gpu")]);
     assert_clean_error(&r, 1, &["no CUDA driver", "--device cpu"]);
     // And auto falls back to it, saying why.
@@ -144,7 +145,7 @@ fn gpu_only_artifact_without_a_driver_says_so() {
 
 #[test]
 fn gpu_flags_without_a_gpu_target_are_refused() {
-    let out = temp_dir("emit-ptx").join("m.mef");
+    let out = temp_file("emit-ptx", "m.mef");
     let model = fixture("tiny-llama");
     let r = run_bin("maxc", &[os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str(), os("--emit-ptx"), out.with_extension("ptx").as_os_str()]);
     assert_clean_error(&r, 1, &["--emit-ptx", "no GPU part", "cuda:sm_90"]);
@@ -158,7 +159,7 @@ fn gpu_flags_without_a_gpu_target_are_refused() {
 
 #[test]
 fn unknown_gpu_architectures_are_refused() {
-    let out = temp_dir("sm99").join("m.mef");
+    let out = temp_file("sm99", "m.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cuda:sm_99")]);
     assert_clean_error(&r, 1, &["sm_99", "sm_80", "sm_90"]);
     assert!(!out.exists());

@@ -45,7 +45,7 @@ fn compare(ours: &[f32], golden: &[f32], vocab: usize) -> (usize, usize, f64, us
     (golden.len() / vocab, agree, kl, unexplained)
 }
 
-fn compile(tag: &str, model: &Path, encoding: &str) -> PathBuf {
+fn compile(tag: &str, model: &Path, encoding: &str) -> TempPath {
     compile_model(tag, model, &["--quantization-encoding", encoding])
 }
 
@@ -264,7 +264,7 @@ fn integer_activations_are_refused_where_they_cannot_apply() {
         (vec!["--activation-encoding", "int8", "--quantization-encoding", "q8_0", "--target", "cpu,cuda:sm_90"], vec!["--activation-encoding", "CPU kernels only", "float32"]),
         (vec!["--activation-encoding", "int16", "--quantization-encoding", "q8_0", "--target", "cpu,cuda:sm_90"], vec!["--activation-encoding", "int16 activations have CPU kernels only", "float32"]),
     ] {
-        let out = temp_dir("int8-refused").join("m.mef");
+        let out = temp_file("int8-refused", "m.mef");
         let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str()];
         args.extend(extra.iter().map(|s| os(s)));
         let r = run_bin("maxc", &args);
@@ -279,7 +279,7 @@ fn integer_activations_are_refused_where_they_cannot_apply() {
 fn unknown_kv_cache_encodings_are_refused() {
     let model = fixture("tiny-llama");
     for (extra, value) in [(["--kv-cache-encoding", "bfloat16"], "bfloat16"), (["--model-override", "transformer.kv_cache_encoding=int8"], "int8")] {
-        let out = temp_dir("kv-refused").join("m.mef");
+        let out = temp_file("kv-refused", "m.mef");
         let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), out.as_os_str()];
         args.extend(extra.iter().map(|s| os(s)));
         let r = run_bin("maxc", &args);
@@ -292,7 +292,7 @@ fn unknown_kv_cache_encodings_are_refused() {
 
 #[test]
 fn unknown_encodings_are_refused_with_the_supported_list() {
-    let out = temp_dir("q5k").join("m.mef");
+    let out = temp_file("q5k", "m.mef");
     let r = run_bin(
         "maxc",
         &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--quantization-encoding"), os("q5_k")],
@@ -304,7 +304,7 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
 /// A tiny-llama q8_0 artifact whose first weight entry matching `pick` was
 /// changed by `edit` (to a string of the same length, so the header keeps its
 /// size); returns the new file and that weight's name.
-fn with_edited_weight(tag: &str, pick: impl Fn(&maxrun::format::WeightEntry) -> bool, edit: impl FnOnce(&mut maxrun::format::WeightEntry)) -> (PathBuf, String) {
+fn with_edited_weight(tag: &str, pick: impl Fn(&maxrun::format::WeightEntry) -> bool, edit: impl FnOnce(&mut maxrun::format::WeightEntry)) -> (TempPath, String) {
     let mef = compile(tag, &fixture("tiny-llama"), "q8_0");
     let bytes = std::fs::read(&mef).unwrap();
     let artifact = maxrun::artifact::Artifact::from_bytes(&mef, bytes.clone()).unwrap();
@@ -315,7 +315,7 @@ fn with_edited_weight(tag: &str, pick: impl Fn(&maxrun::format::WeightEntry) -> 
     let prelude = maxrun::format::encode_header(&header);
     let mut bad = bytes;
     bad[..prelude.len()].copy_from_slice(&prelude);
-    let p = temp_dir(&format!("{tag}-edited")).join("m.mef");
+    let p = temp_file(&format!("{tag}-edited"), "m.mef");
     std::fs::write(&p, bad).unwrap();
     (p, name)
 }
@@ -419,7 +419,7 @@ fn stored_encoding_keeps_the_checkpoints_blocks() {
         assert_logits_close(&format!("stored case {i}"), &dump_logits(&mef, case).1, &golden_logits("smollm2-135m", case).1);
     }
 
-    let mef = temp_dir("smollm2-q5_1-stored").join("model.mef");
+    let mef = temp_file("smollm2-q5_1-stored", "model.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), smollm2_as_q5_1().as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os("stored")]);
     assert_eq!(r.0, 0, "{}", r.2);
     assert!(r.2.contains("210 Q5_1 matrices have no kernels in maxc; they are dequantized exactly, then encoded as q8_0 (5- and 6-bit blocks)"), "{}", r.2);

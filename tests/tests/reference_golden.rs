@@ -56,7 +56,7 @@ fn smollm2_gguf_matches_golden() {
 #[test]
 fn gguf_tokenizer_matches_hf_tokenizer() {
     let gguf = maxc::import::gguf::GgufFile::open(&smollm2_gguf()).unwrap();
-    let ours: tokenizers::Tokenizer = maxc::import::gguf_tokenizer::tokenizer_json(&gguf).unwrap().parse().unwrap();
+    let ours: tokenizers::Tokenizer = maxc::import::gguf_tokenizer::tokenizer_json(&gguf, 49152).unwrap().parse().unwrap();
     let hf = tokenizers::Tokenizer::from_file(fixture("tiny-llama").join("tokenizer.json")).unwrap();
     let texts = [
         "Hello, world! 12345 and 3.14159",
@@ -88,7 +88,7 @@ fn gguf_add_bos_and_add_eos_flags_are_honoured() {
     let mut gguf = maxc::import::gguf::GgufFile::open(&smollm2_gguf()).unwrap();
     let text = "Hello, world!";
     let encode = |g: &maxc::import::gguf::GgufFile| {
-        let t: tokenizers::Tokenizer = maxc::import::gguf_tokenizer::tokenizer_json(g).unwrap().parse().unwrap();
+        let t: tokenizers::Tokenizer = maxc::import::gguf_tokenizer::tokenizer_json(g, 49152).unwrap().parse().unwrap();
         t.encode(text, true).unwrap().get_ids().to_vec()
     };
     let bare = encode(&gguf);
@@ -102,6 +102,6 @@ fn gguf_add_bos_and_add_eos_flags_are_honoured() {
     gguf.metadata.insert("tokenizer.ggml.add_eos_token".into(), MetaValue::Bool(true));
     assert_eq!(encode(&gguf), [&[bos][..], &bare, &[eos]].concat());
     gguf.metadata.insert("tokenizer.ggml.add_bos_token".into(), MetaValue::Int(1));
-    let err = maxc::import::gguf_tokenizer::tokenizer_json(&gguf).unwrap_err().to_string();
+    let err = maxc::import::gguf_tokenizer::tokenizer_json(&gguf, 49152).unwrap_err().to_string();
     assert!(err.contains("tokenizer.ggml.add_bos_token") && err.contains("expected a bool"), "{err}");
 }

@@ -7,7 +7,7 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ fn os(s: &str) -> &OsStr {
 
 /// SmolLM2 as the README compiles it (Q4_1 blocks), once per test binary.
 fn smollm2() -> &'static Path {
-    static A: OnceLock<PathBuf> = OnceLock::new();
+    static A: OnceLock<TempPath> = OnceLock::new();
     A.get_or_init(|| compile_model("serve-smollm2", &smollm2_gguf(), &[]))
 }
 
@@ -98,7 +98,8 @@ fn client(scenario: &str, url: &str, expected: &Value) -> std::process::Child {
 
 /// As [`client`], killed after `seconds`.
 fn client_within(scenario: &str, url: &str, expected: &Value, seconds: u64) -> std::process::Child {
-    let dir = temp_dir(&format!("serve-{scenario}"));
+    // Read by the client after this returns: kept (a few bytes) to the run's end.
+    let dir = temp_dir(&format!("serve-{scenario}")).keep();
     let file = dir.join("expected.json");
     std::fs::write(&file, expected.to_string()).unwrap();
     Command::new("timeout")

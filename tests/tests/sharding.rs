@@ -35,7 +35,7 @@ fn greedy_text(mef: &Path, prompt: &str) -> String {
 /// Every golden case: the sharded artifact's logits within the fixtures README
 /// tolerance, its greedy text identical to the unsharded artifact's (and to the
 /// golden text).
-fn check_sharded(name: &str) -> (PathBuf, PathBuf) {
+fn check_sharded(name: &str) -> (TempPath, TempPath) {
     // float32 weights for every model (a GGUF's default is its own blocks; the
     // q4_1 mesh has its own test below).
     let f32 = ["--quantization-encoding", "float32"];
@@ -180,7 +180,7 @@ fn attention_split_by_heads_halves_the_kv_cache() {
 #[test]
 fn bad_meshes_fail_clearly() {
     let llama = fixture("tiny-llama");
-    let out = temp_dir("bad-mesh").join("m.mef");
+    let out = temp_file("bad-mesh", "m.mef");
     let compile = |extra: &[&str]| {
         let mut args = vec![os("compile"), os("--model"), llama.as_os_str(), os("-o"), out.as_os_str()];
         args.extend(extra.iter().map(|s| os(s)));

@@ -58,13 +58,16 @@ fn unused_weights(model: &ImportedModel, graph: &Graph) -> Vec<Error> {
         .filter(|name| !used.contains(name) && !ignored(name))
         .map(|name| {
             let file = model.weights.file_of(name).unwrap_or(&model.source);
+            let keys = match model.weights.config_source() {
+                "config.json" => "a config.json key disagrees with the weights (e.g. attention_bias, num_hidden_layers, tie_word_embeddings)",
+                _ => "a metadata key disagrees with the weights (e.g. the block count)",
+            };
             Error::invalid(
                 file,
-                name,
+                model.weights.shown_name(name),
                 format!(
                     "the checkpoint has this tensor, but {arch} with this configuration does not use it; \
-                     a config.json key disagrees with the weights (e.g. attention_bias, num_hidden_layers, \
-                     tie_word_embeddings) or the tensor belongs to another model: fix the config or remove the tensor"
+                     {keys} or the tensor belongs to another model: fix the configuration or remove the tensor"
                 ),
             )
         })
@@ -112,16 +115,13 @@ impl<'a> WeightBinder<'a> {
     pub fn weight(&self, g: &mut Graph, name: &str, shape: &[usize]) -> Result<ValueId> {
         let problem = match self.model.weights.get(name) {
             None if self.model.weights.skipped_error(name).is_some() => self.model.weights.skipped_error(name),
-            None => Some(Error::MissingWeight {
-                path: self.model.source.clone(),
-                name: name.to_string(),
-                architecture: self.model.config.architecture.hf_name().to_string(),
-            }),
+            None => Some(self.model.weights.missing(&self.model.source, name, self.model.config.architecture.hf_name())),
             Some(entry) if entry.shape != shape => Some(Error::WeightShape {
                 path: self.model.weights.file_of(name).unwrap_or(&self.model.source).to_path_buf(),
-                name: name.to_string(),
+                name: self.model.weights.shown_name(name),
                 expected: shape.to_vec(),
                 found: entry.shape.clone(),
+                config: self.model.weights.config_source().to_string(),
             }),
             Some(_) => None,
         };

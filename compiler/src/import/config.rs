@@ -152,9 +152,9 @@ pub struct GraniteMultipliers {
 }
 
 /// Typed access to config.json fields with errors that name the field.
-struct Fields<'a> {
-    json: &'a Value,
-    path: &'a Path,
+pub(super) struct Fields<'a> {
+    pub(super) json: &'a Value,
+    pub(super) path: &'a Path,
 }
 
 impl Fields<'_> {
@@ -187,7 +187,7 @@ impl Fields<'_> {
             Some(v) => v.as_bool().ok_or_else(|| Error::invalid(self.path, key, format!("expected true or false, found {v}"))),
         }
     }
-    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+    pub(super) fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
         let bad = |v: &Value| Error::invalid(self.path, key, format!("expected a token id or a list of them, found {v}"));
         match self.get(key) {
             None => Ok(vec![]),
@@ -200,15 +200,32 @@ impl Fields<'_> {
 impl ModelConfig {
     /// Reads a Hugging Face config.json; `architecture` overrides `architectures[0]`.
     pub fn from_hf_json(json: &Value, path: &Path, architecture: Option<&str>) -> Result<Self> {
+        if !json.is_object() {
+            let found = match json {
+                Value::Array(_) => "an array",
+                Value::String(_) => "a string",
+                Value::Number(_) => "a number",
+                Value::Bool(_) => "a boolean",
+                _ => "null",
+            };
+            return Err(Error::invalid(path, "config", format!("the file holds {found}, not a JSON object of model settings; take the config.json that came with the checkpoint")));
+        }
         let f = Fields { json, path };
-        let arch_name = match architecture {
-            Some(a) => a.to_string(),
-            None => json
-                .get("architectures")
-                .and_then(|a| a.get(0))
-                .and_then(Value::as_str)
-                .ok_or_else(|| Error::invalid(path, "architectures", "required field is missing (or set [model] architecture in the manifest)"))?
-                .to_string(),
+        let arch_name = match (architecture, json.get("architectures")) {
+            (Some(a), _) => a.to_string(),
+            (None, None | Some(Value::Null)) => {
+                return Err(Error::invalid(path, "architectures", "required field is missing (or set [model] architecture in the manifest)"))
+            }
+            (None, Some(list)) => match list.as_array().and_then(|a| a.first()).and_then(Value::as_str) {
+                Some(name) => name.to_string(),
+                None => {
+                    return Err(Error::invalid(
+                        path,
+                        "architectures",
+                        format!("{list}: expected a list of class names such as [\"LlamaForCausalLM\"] (or set [model] architecture in the manifest)"),
+                    ))
+                }
+            },
         };
         let architecture = Architecture::parse(&arch_name, path)?;
         check_unhonoured_keys(json, architecture, &arch_name, path)?;
@@ -385,21 +402,27 @@ impl ModelConfig {
 
     /// Checks the relations between fields that every builder relies on.
     pub fn validate(&self, path: &Path) -> Result<()> {
-        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+        self.validate_named(path, &|field| field.to_string())
+    }
+
+    /// [`Self::validate`] for a file that names the fields otherwise: `name` maps
+    /// a config.json field to the file's own key (a GGUF's metadata key).
+    pub fn validate_named(&self, path: &Path, name: &dyn Fn(&str) -> String) -> Result<()> {
+        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(Error::invalid(
                 path,
-                "num_key_value_heads",
-                format!("{} does not divide num_attention_heads = {}", self.num_kv_heads, self.num_heads),
+                name("num_key_value_heads"),
+                format!("{} does not divide {} = {}", self.num_kv_heads, name("num_attention_heads"), self.num_heads),
             ));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(Error::invalid(path, "head_dim", format!("{} must be even for rotary embeddings", self.head_dim)));
+            return Err(Error::invalid(path, name("head_dim"), format!("{} must be even for rotary embeddings", self.head_dim)));
         }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
-            return Err(Error::invalid(path, "rms_norm_eps", "must be >= 0"));
+            return Err(Error::invalid(path, name("rms_norm_eps"), format!("{}: must be >= 0", self.rms_norm_eps)));
         }
-        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
-            return Err(Error::invalid(path, "rope_theta", "must be > 0"));
+        if !self.rope_theta.is_finite() || self.rope_theta <= 0.0 {
+            return Err(Error::invalid(path, name("rope_theta"), format!("{}: must be > 0", self.rope_theta)));
         }
         Ok(())
     }
@@ -488,11 +511,13 @@ fn bert_config(f: &Fields<'_>) -> Result<ModelConfig> {
 
 fn parse_rope_scaling(s: &Value, path: &Path, field: &str) -> Result<RopeScaling> {
     let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
+    // Every factor and frequency of these scalings is a positive number.
     let num = |k: &str| -> Result<f32> {
-        s.get(k)
-            .and_then(Value::as_f64)
+        let v = s.get(k).ok_or_else(|| Error::invalid(path, format!("{field}.{k}"), format!("required for rope type `{kind}`")))?;
+        v.as_f64()
+            .filter(|x| x.is_finite() && *x > 0.0)
             .map(|x| x as f32)
-            .ok_or_else(|| Error::invalid(path, format!("{field}.{k}"), format!("required for rope type `{kind}`")))
+            .ok_or_else(|| Error::invalid(path, format!("{field}.{k}"), format!("{v}: must be a number > 0")))
     };
     match kind {
         "default" => Ok(RopeScaling::None),

@@ -57,6 +57,26 @@ impl MetaValue {
     }
 }
 
+/// The value as an error message shows it: numbers as they are, strings quoted,
+/// arrays by their length and first entries.
+impl std::fmt::Display for MetaValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetaValue::Int(i) => write!(f, "{i}"),
+            MetaValue::Float(x) => write!(f, "{x}"),
+            MetaValue::Bool(b) => write!(f, "{b}"),
+            MetaValue::Str(s) => write!(f, "{s:?}"),
+            MetaValue::Array(a) => {
+                write!(f, "an array of {} [", a.len())?;
+                for (i, v) in a.iter().take(3).enumerate() {
+                    write!(f, "{}{v}", if i > 0 { ", " } else { "" })?;
+                }
+                write!(f, "{}]", if a.len() > 3 { ", ..." } else { "" })
+            }
+        }
+    }
+}
+
 /// One entry of the tensor table.
 #[derive(Clone, Debug)]
 pub struct GgufTensor {
@@ -210,9 +230,13 @@ impl GgufFile {
             let key = r.string(&format!("metadata key #{i}"))?;
             let ty = r.u32(&key)?;
             let value = r.value(ty, &key)?;
+            if metadata.contains_key(&key) {
+                return Err(Error::invalid(path, &key, "metadata key appears twice; the file is corrupt (llama.cpp refuses it too): convert the model again"));
+            }
             metadata.insert(key, value);
         }
-        let mut infos = Vec::with_capacity(tensor_count);
+        let mut infos: Vec<(String, Vec<usize>, u32, usize)> = Vec::with_capacity(tensor_count);
+        let mut seen = std::collections::BTreeSet::new();
         for i in 0..tensor_count {
             let name = r.string(&format!("tensor #{i} name"))?;
             let n_dims = r.u32(&name)? as usize;
@@ -225,6 +249,9 @@ impl GgufFile {
             }
             let type_id = r.u32(&name)?;
             let offset = r.u64(&name)? as usize;
+            if !seen.insert(name.clone()) {
+                return Err(Error::invalid(path, &name, "tensor name appears twice in the tensor table; the file is corrupt (llama.cpp refuses it too): convert the model again"));
+            }
             infos.push((name, dims, type_id, offset));
         }
         let alignment = metadata.get("general.alignment").and_then(MetaValue::as_u64).unwrap_or(32) as usize;
@@ -254,7 +281,12 @@ impl GgufFile {
                 ),
             ));
         }
-        let mut tensors = Vec::with_capacity(infos.len());
+        let mut tensors: Vec<GgufTensor> = Vec::with_capacity(infos.len());
+        // As ggml lays the data section out (and its reader requires): each tensor
+        // starts where the one before it ends, padded to the alignment. A table
+        // that says otherwise (an offset moved, a type or shape changed) would
+        // read some tensor's bytes as another's, so it is refused.
+        let mut expected = 0usize;
         for (name, dims, type_id, rel) in infos {
             let storage = ggml_type(type_id).expect("unsupported types were reported above");
             let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
@@ -273,6 +305,29 @@ impl GgufFile {
                     ),
                 )
             })?;
+            if rel != expected {
+                let before = match tensors.last() {
+                    Some(t) => format!(
+                        "where the tensor before it, {} ({} {:?}, {} bytes), ends",
+                        t.name,
+                        t.storage.name(),
+                        t.dims,
+                        t.len
+                    ),
+                    None => "at the start of the data section".to_string(),
+                };
+                return Err(Error::invalid(
+                    path,
+                    &name,
+                    format!(
+                        "tensor data starts at offset {rel} of the data section, but it must start at {expected}, {before} (padded to the alignment of {alignment}); the tensor table is inconsistent (llama.cpp refuses it too): convert the model again"
+                    ),
+                ));
+            }
+            expected = len
+                .checked_next_multiple_of(alignment)
+                .and_then(|padded| expected.checked_add(padded))
+                .ok_or_else(|| Error::invalid(path, &name, "tensor data size overflows"))?;
             tensors.push(GgufTensor { name, storage, dims, offset, len });
         }
         Ok((version, metadata, tensors))
@@ -283,11 +338,16 @@ impl GgufFile {
     }
 
     fn require_u64(&self, key: &str) -> Result<u64> {
-        self.get(key)
-            .ok_or_else(|| Error::invalid(&self.path, key, "required metadata key is missing"))?
-            .as_u64()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| Error::invalid(&self.path, key, "expected a positive integer"))
+        let value = self.get(key).ok_or_else(|| Error::invalid(&self.path, key, "required metadata key is missing"))?;
+        value.as_u64().filter(|&n| n > 0).ok_or_else(|| Error::invalid(&self.path, key, format!("{value}: expected a positive integer")))
+    }
+
+    /// An optional positive integer key.
+    fn optional_u64(&self, key: &str) -> Result<Option<u64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(_) => self.require_u64(key).map(Some),
+        }
     }
 
     /// The model configuration implied by the metadata (llama.cpp key names).
@@ -315,22 +375,60 @@ impl GgufFile {
         let k = |s: &str| format!("{arch_key}.{s}");
         let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
         let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
-        let num_kv_heads = match self.get(&k("attention.head_count_kv")) {
-            Some(v) => v.as_u64().ok_or_else(|| Error::invalid(&self.path, k("attention.head_count_kv"), "expected an integer"))? as usize,
-            None => num_heads,
+        let num_kv_heads = self.optional_u64(&k("attention.head_count_kv"))?.map_or(num_heads, |n| n as usize);
+        let head_dim = match self.optional_u64(&k("attention.key_length"))? {
+            Some(d) => d as usize,
+            None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+            None => {
+                return Err(Error::invalid(
+                    &self.path,
+                    k("embedding_length"),
+                    format!(
+                        "{hidden_size} is not a multiple of {} = {num_heads}, and there is no {} to give the head size",
+                        k("attention.head_count"),
+                        k("attention.key_length")
+                    ),
+                ))
+            }
         };
-        let head_dim = match self.get(&k("attention.key_length")) {
-            Some(v) => v.as_u64().filter(|&d| d > 0).ok_or_else(|| Error::invalid(&self.path, k("attention.key_length"), "expected an integer >= 1"))? as usize,
-            None => hidden_size / num_heads,
-        };
-        let vocab_size = match self.get(&k("vocab_size")) {
-            Some(v) => v.as_u64().filter(|&n| n > 0).ok_or_else(|| Error::invalid(&self.path, k("vocab_size"), "expected an integer >= 1"))? as usize,
+        let vocab_size = match self.optional_u64(&k("vocab_size"))? {
+            Some(n) => n as usize,
             None => self.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map_or(0, <[_]>::len),
         };
         if vocab_size == 0 {
             return Err(Error::invalid(&self.path, k("vocab_size"), "missing, and there is no tokenizer.ggml.tokens to count"));
         }
-        let f = |key: &str, default: f64| self.get(key).and_then(MetaValue::as_f64).unwrap_or(default);
+        // The embedding table fixes both sizes (llama.cpp creates it as
+        // {embedding_length, vocabulary} and refuses any other shape).
+        if let Some(t) = self.tensors.iter().find(|t| t.name == "token_embd.weight") {
+            let (width, rows) = (t.dims[0], t.dims.get(1).copied().unwrap_or(1));
+            if width != hidden_size {
+                return Err(Error::invalid(
+                    &self.path,
+                    k("embedding_length"),
+                    format!("{hidden_size}, but token_embd.weight holds {width} values per token (dims {:?}); the metadata and the tensors disagree", t.dims),
+                ));
+            }
+            if rows != vocab_size {
+                let key = if self.get(&k("vocab_size")).is_some() { k("vocab_size") } else { "tokenizer.ggml.tokens".to_string() };
+                return Err(Error::invalid(
+                    &self.path,
+                    key,
+                    format!("{vocab_size} tokens, but token_embd.weight has rows for {rows} (dims {:?}); the metadata and the tensors disagree", t.dims),
+                ));
+            }
+        }
+        // llama.cpp rotates every dimension of a head for these architectures
+        // (and refuses a file that says otherwise); so does maxc.
+        if let Some(rotated) = self.optional_u64(&k("rope.dimension_count"))? {
+            if rotated as usize != head_dim {
+                return Err(Error::invalid(
+                    &self.path,
+                    k("rope.dimension_count"),
+                    format!("{rotated}: rotary embeddings over part of a head are not supported for {arch_key}; it must equal the head size, {head_dim}"),
+                ));
+            }
+        }
         let rope_scaling = match self.get(&k("rope.scaling.type")).and_then(MetaValue::as_str) {
             None | Some("none") => match self.tensors.iter().find(|t| t.name == "rope_freqs.weight") {
                 Some(t) => RopeScaling::FreqFactors(super::weights::dequantize(
@@ -340,7 +438,10 @@ impl GgufFile {
                 )),
                 None => RopeScaling::None,
             },
-            Some("linear") => RopeScaling::Linear { factor: f(&k("rope.scaling.factor"), 1.0) as f32 },
+            Some("linear") => match self.f64_or(&k("rope.scaling.factor"), 1.0)? {
+                factor if factor.is_finite() && factor > 0.0 => RopeScaling::Linear { factor: factor as f32 },
+                factor => return Err(Error::invalid(&self.path, k("rope.scaling.factor"), format!("{factor}: must be a number > 0"))),
+            },
             Some(other) => {
                 return Err(Error::invalid(&self.path, k("rope.scaling.type"), format!("`{other}` is not supported; supported: none, linear")))
             }
@@ -348,7 +449,6 @@ impl GgufFile {
         let has_output = self.tensors.iter().any(|t| t.name == "output.weight");
         let has_q_bias = self.tensors.iter().any(|t| t.name == "blk.0.attn_q.bias");
         let has_o_bias = self.tensors.iter().any(|t| t.name == "blk.0.attn_output.bias");
-        let token_id = |key: &str| self.get(key).and_then(MetaValue::as_u64).map(|v| v as u32);
         let config = ModelConfig {
             architecture,
             hidden_size,
@@ -358,23 +458,23 @@ impl GgufFile {
             head_dim,
             intermediate_size: self.require_u64(&k("feed_forward_length"))? as usize,
             vocab_size,
-            rms_norm_eps: f(&k("attention.layer_norm_rms_epsilon"), 1e-5) as f32,
-            rope_theta: f(&k("rope.freq_base"), 10000.0) as f32,
+            rms_norm_eps: self.f64_or(&k("attention.layer_norm_rms_epsilon"), 1e-5)? as f32,
+            rope_theta: self.f64_or(&k("rope.freq_base"), 10000.0)? as f32,
             rope_scaling,
             tie_word_embeddings: !has_output,
             qkv_bias: has_q_bias,
             o_bias: has_o_bias,
             mlp_bias: false,
-            sliding_window: self.get(&k("attention.sliding_window")).and_then(MetaValue::as_u64).map(|v| v as usize),
-            max_position_embeddings: match self.get(&k("context_length")).and_then(MetaValue::as_u64) {
-                Some(0) => {
+            sliding_window: self.optional_u64(&k("attention.sliding_window"))?.map(|v| v as usize),
+            max_position_embeddings: match self.get(&k("context_length")) {
+                Some(MetaValue::Int(0)) => {
                     return Err(Error::invalid(
                         &self.path,
                         k("context_length"),
                         "is 0: the model would have no positions to run a prompt in; fix the file's metadata",
                     ))
                 }
-                Some(n) => n as usize,
+                Some(_) => self.require_u64(&k("context_length"))? as usize,
                 None => {
                     return Err(Error::invalid(
                         &self.path,
@@ -383,21 +483,51 @@ impl GgufFile {
                     ))
                 }
             },
-            bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
-            eos_token_ids: token_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
+            bos_token_id: self.token_id("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids: self.token_id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             dtype: "gguf".into(),
             granite: None,
             gemma: None,
             encoder: None,
         };
-        config.validate(&self.path)?;
+        let has_key_length = self.get(&k("attention.key_length")).is_some();
+        config.validate_named(&self.path, &|field| match field {
+            "num_key_value_heads" => k("attention.head_count_kv"),
+            "num_attention_heads" => k("attention.head_count"),
+            "head_dim" if has_key_length => k("attention.key_length"),
+            "head_dim" => format!("{} / {}", k("embedding_length"), k("attention.head_count")),
+            "rms_norm_eps" => k("attention.layer_norm_rms_epsilon"),
+            "rope_theta" => k("rope.freq_base"),
+            other => other.to_string(),
+        })?;
         Ok(config)
+    }
+
+    /// A number-valued key, `default` when absent; any other type is refused.
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| Error::invalid(&self.path, key, format!("{v}: expected a number"))),
+        }
+    }
+
+    /// A token id key (absent: None); a non-integer is refused.
+    fn token_id(&self, key: &str) -> Result<Option<u32>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .map(Some)
+                .ok_or_else(|| Error::invalid(&self.path, key, format!("{v}: expected a token id"))),
+        }
     }
 
     /// Registers every tensor under its Hugging Face name, marking the Q/K
     /// projections whose rows llama.cpp permuted (Llama-family conversions only).
     pub fn register_weights(&self, config: &ModelConfig, store: &mut WeightStore) -> Result<()> {
         let file = store.add_file(&self.path, self.map.clone());
+        store.name_as_in_file(gguf_name, "the GGUF's metadata");
         let permuted = matches!(config.architecture, Architecture::Llama | Architecture::Mistral);
         for t in &self.tensors {
             if t.name == "rope_freqs.weight" {
@@ -423,34 +553,51 @@ impl GgufFile {
     }
 }
 
+/// llama.cpp's names of the whole-model tensors and the Hugging Face ones.
+const MODEL_TENSORS: &[(&str, &str)] = &[
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// llama.cpp's names of a layer's parts (`blk.N.PART.SUFFIX`) and the Hugging
+/// Face ones (`model.layers.N.PART.SUFFIX`).
+const LAYER_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
 /// Maps a llama.cpp tensor name to the Hugging Face one.
 fn hf_name(gguf: &str) -> Option<String> {
-    let fixed = match gguf {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
-        _ => None,
-    };
-    if let Some(f) = fixed {
-        return Some(f.to_string());
+    rename(gguf, true)
+}
+
+/// Maps a Hugging Face tensor name to llama.cpp's (the inverse of [`hf_name`]),
+/// so that errors about a GGUF name its own tensors.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    rename(hf, false)
+}
+
+/// `name` in the other naming: llama.cpp's to Hugging Face's when `to_hf`, else back.
+fn rename(name: &str, to_hf: bool) -> Option<String> {
+    let from = |p: &(&'static str, &'static str)| if to_hf { p.0 } else { p.1 };
+    let to = |p: &(&'static str, &'static str)| if to_hf { p.1 } else { p.0 };
+    if let Some(pair) = MODEL_TENSORS.iter().find(|p| from(p) == name) {
+        return Some(to(pair).to_string());
     }
-    let rest = gguf.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
+    let (from_prefix, to_prefix) = if to_hf { ("blk.", "model.layers.") } else { ("model.layers.", "blk.") };
+    let (layer, rest) = name.strip_prefix(from_prefix)?.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (part, suffix) = rest.rsplit_once('.')?;
-    let hf = match part {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return None,
-    };
-    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+    let pair = LAYER_PARTS.iter().find(|p| from(p) == part)?;
+    Some(format!("{to_prefix}{layer}.{}.{suffix}", to(pair)))
 }
 
 #[cfg(test)]
@@ -537,6 +684,15 @@ pub(crate) mod tests {
         let bytes = tiny_gguf(&[("output_norm.weight", &[64], 0, 256)]);
         let e = GgufFile::open(&write("h.gguf", &bytes[..40])).err().unwrap().to_string();
         assert!(e.contains("h.gguf") && e.contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn names_map_both_ways() {
+        for name in ["token_embd.weight", "output.weight", "blk.3.attn_k.bias", "blk.12.ffn_down.weight"] {
+            assert_eq!(gguf_name(&hf_name(name).unwrap()).as_deref(), Some(name));
+        }
+        assert_eq!(gguf_name("model.layers.0.mlp.gate_proj.weight").as_deref(), Some("blk.0.ffn_gate.weight"));
+        assert_eq!(gguf_name("model.layers.0.self_attn.q_norm.weight"), None);
     }
 
     #[test]

@@ -29,8 +29,9 @@ fn split_then_byte_level(regex: &str) -> Value {
     ]})
 }
 
-/// Builds the tokenizer.json text for a GGUF file's vocabulary.
-pub fn tokenizer_json(gguf: &GgufFile) -> Result<String> {
+/// Builds the tokenizer.json text for a GGUF file's vocabulary (of the model's
+/// `vocab_size` embedding rows at most).
+pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     let path = &gguf.path;
     let str_key = |k: &str| gguf.get(k).and_then(MetaValue::as_str);
     let model = str_key("tokenizer.ggml.model")
@@ -63,15 +64,36 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<String> {
         gguf.get(k).and_then(MetaValue::as_array).ok_or_else(|| Error::invalid(path, k, "required array is missing"))
     };
     let tokens = array("tokenizer.ggml.tokens")?;
+    if tokens.is_empty() {
+        return Err(Error::invalid(path, "tokenizer.ggml.tokens", "the vocabulary is empty; the GGUF's tokenizer is damaged: convert the model again"));
+    }
     let merges = array("tokenizer.ggml.merges")?;
-    let types = gguf.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array);
+    // One type per token, as llama.cpp requires: anything else would mark the
+    // wrong tokens special.
+    let types: Option<Vec<u64>> = match gguf.get("tokenizer.ggml.token_type") {
+        None => None,
+        Some(MetaValue::Array(types)) if types.len() == tokens.len() => Some(
+            types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| t.as_u64().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.token_type", format!("entry {i} is {t}, not a token type"))))
+                .collect::<Result<_>>()?,
+        ),
+        Some(other) => {
+            return Err(Error::invalid(
+                path,
+                "tokenizer.ggml.token_type",
+                format!("{other}, but tokenizer.ggml.tokens has {} entries: there must be one type per token", tokens.len()),
+            ))
+        }
+    };
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut added = Vec::new();
     for (id, t) in tokens.iter().enumerate() {
         let t = t.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.tokens", format!("entry {id} is not a string")))?;
         vocab.insert(t.to_string(), json!(id));
         // Token types follow llama.cpp: 3 = control (special), 4 = user-defined.
-        let ty = types.and_then(|ts| ts.get(id)).and_then(MetaValue::as_u64).unwrap_or(1);
+        let ty = types.as_ref().map_or(1, |ts| ts[id]);
         if ty == 3 || ty == 4 {
             added.push(json!({
                 "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
@@ -99,7 +121,7 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<String> {
                   "vocab": vocab, "merges": merges},
     });
     let text = serde_json::to_string(&tokenizer).expect("JSON values always serialize");
-    super::check_tokenizer(&text, path)?;
+    super::check_tokenizer(&text, path, vocab_size)?;
     Ok(text)
 }
 
@@ -115,15 +137,7 @@ fn post_processor(gguf: &GgufFile, tokens: &[MetaValue], path: &Path) -> Result<
         let on = match gguf.get(&key) {
             None => false,
             Some(MetaValue::Bool(b)) => *b,
-            Some(other) => {
-                let found = match other {
-                    MetaValue::Int(i) => i.to_string(),
-                    MetaValue::Float(f) => f.to_string(),
-                    MetaValue::Str(t) => format!("{t:?}"),
-                    MetaValue::Bool(_) | MetaValue::Array(_) => "an array".into(),
-                };
-                return Err(Error::invalid(path, key.as_str(), format!("expected a bool, found {found}")));
-            }
+            Some(other) => return Err(Error::invalid(path, key.as_str(), format!("expected a bool, found {other}"))),
         };
         if !on {
             return Ok(None);

@@ -62,9 +62,10 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
     }
     check_layer_count(&weights, config.num_layers, &dir.join("config.json"))?;
 
+    check_embedding_rows(&weights, &config)?;
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer_json = read_required(dir, "tokenizer.json", "tokenizer.json to tokenize prompts")?;
-    check_tokenizer(&tokenizer_json, &tokenizer_path)?;
+    check_tokenizer(&tokenizer_json, &tokenizer_path, config.vocab_size)?;
     input_files.push(tokenizer_path);
 
     let template_path = dir.join("chat_template.jinja");
@@ -75,16 +76,30 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
     } else if tokenizer_config_path.exists() {
         let text = std::fs::read_to_string(&tokenizer_config_path).map_err(|e| Error::io(&tokenizer_config_path, e))?;
         input_files.push(tokenizer_config_path.clone());
+        let invalid = |what: String| Error::invalid(&tokenizer_config_path, "chat_template", what);
         match parse_json(&tokenizer_config_path, &text)?.get("chat_template") {
+            None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
-            // A list of named templates: take the one called "default".
-            Some(Value::Array(list)) => list
-                .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                .and_then(|t| t.get("template"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            _ => None,
+            // A list of named templates: the one called "default", as transformers takes it.
+            Some(Value::Array(list)) => {
+                let named = |t: &Value| t.get("name").and_then(Value::as_str).map(str::to_string);
+                match list.iter().find(|t| named(t).as_deref() == Some("default")) {
+                    Some(t) => Some(
+                        t.get("template")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| invalid("the template named \"default\" has no \"template\" string".into()))?
+                            .to_string(),
+                    ),
+                    None => {
+                        let names: Vec<String> = list.iter().map(|t| named(t).unwrap_or_else(|| t.to_string())).collect();
+                        return Err(invalid(format!(
+                            "a list of named templates ({}) without one named \"default\", the one maxc (as transformers) uses; add it, or write the template to use as chat_template.jinja",
+                            names.join(", ")
+                        )));
+                    }
+                }
+            }
+            Some(other) => return Err(invalid(format!("{other}: expected the template's text (a string) or a list of named templates"))),
         }
     } else {
         None
@@ -95,7 +110,14 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
         let text = std::fs::read_to_string(&generation_path).map_err(|e| Error::io(&generation_path, e))?;
         input_files.push(generation_path.clone());
         let g = parse_json(&generation_path, &text)?;
-        let sampling = g.get("do_sample").and_then(Value::as_bool).unwrap_or(false);
+        if !g.is_object() {
+            return Err(Error::invalid(&generation_path, "generation_config", format!("{g}: expected a JSON object of generation settings")));
+        }
+        let sampling = match g.get("do_sample") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => return Err(Error::invalid(&generation_path, "do_sample", format!("{other}: expected true or false"))),
+        };
         // The sampling defaults are checked as the command line's flags are: a
         // value of the wrong type or out of range is refused, never dropped or
         // stored as given.
@@ -120,6 +142,22 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
             }
         };
         let temperature = f("temperature", 0.0, f32::MAX)?;
+        // transformers stops on these too (Llama 3 Instruct's <|eot_id|> is only here).
+        for id in (super::config::Fields { json: &g, path: &generation_path }).token_ids("eos_token_id")? {
+            if id as usize >= config.vocab_size {
+                return Err(invalid("eos_token_id", format!("{id} is outside the vocabulary of {} tokens", config.vocab_size)));
+            }
+            if !config.eos_token_ids.contains(&id) {
+                config.eos_token_ids.push(id);
+            }
+        }
+        let repetition_penalty = match g.get("repetition_penalty") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_f64().filter(|x| x.is_finite() && *x > 0.0) {
+                Some(x) => Some(x as f32),
+                None => return Err(invalid("repetition_penalty", format!("{v} must be a number above 0 (1 turns it off)"))),
+            },
+        };
         GenerationDefaults {
             // Greedy unless the checkpoint asks for sampling, as transformers does.
             temperature: if sampling { temperature } else { Some(0.0) },
@@ -127,6 +165,7 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
             top_p: f("top_p", 0.0, 1.0)?,
             min_p: f("min_p", 0.0, 1.0)?,
             max_new_tokens: u("max_new_tokens", 1)?,
+            repetition_penalty,
         }
     } else {
         GenerationDefaults::default()
@@ -142,6 +181,27 @@ pub fn import_dir(dir: &Path, architecture: Option<&str>) -> Result<ImportedMode
         generation,
         input_files,
     })
+}
+
+/// The token embedding's rows against config.json's `vocab_size`, before the
+/// tokenizer is checked against that size: when they disagree, config.json is
+/// the odd one out and the message says so (the builder checks every other shape).
+fn check_embedding_rows(weights: &WeightStore, config: &ModelConfig) -> Result<()> {
+    const EMBEDDINGS: [&str; 3] = ["model.embed_tokens.weight", "transformer.wte.weight", "embeddings.word_embeddings.weight"];
+    for name in EMBEDDINGS {
+        if let Some(entry) = weights.get(name) {
+            if entry.shape.first() != Some(&config.vocab_size) {
+                return Err(Error::WeightShape {
+                    path: weights.file_of(name).expect("present").to_path_buf(),
+                    name: name.to_string(),
+                    expected: [&[config.vocab_size][..], entry.shape.get(1..).unwrap_or_default()].concat(),
+                    found: entry.shape.clone(),
+                    config: "config.json".into(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses weights of layers past the config's layer count (`layers.N.`,

@@ -82,7 +82,7 @@ fn import_gguf(path: &Path, architecture: Option<&str>) -> Result<ImportedModel>
     let config = file.model_config(architecture)?;
     let mut weights = WeightStore::default();
     file.register_weights(&config, &mut weights)?;
-    let tokenizer_json = gguf_tokenizer::tokenizer_json(&file)?;
+    let tokenizer_json = gguf_tokenizer::tokenizer_json(&file, config.vocab_size)?;
     let chat_template = file.get("tokenizer.chat_template").and_then(gguf::MetaValue::as_str).map(str::to_string);
     let name = file
         .get("general.name")
@@ -113,9 +113,77 @@ pub(crate) fn mmap_file(path: &Path) -> Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
 }
 
-/// Checks that a tokenizer.json loads with the same library the runtime uses.
-pub(crate) fn check_tokenizer(text: &str, path: &Path) -> Result<()> {
-    text.parse::<tokenizers::Tokenizer>()
-        .map(|_| ())
-        .map_err(|e| Error::invalid(path, "tokenizer", format!("the tokenizer does not load: {e}")))
+/// The component types of a tokenizer.json that the tokenizers library knows,
+/// by JSON pointer of the component (`Sequence`s are looked into).
+const TOKENIZER_TYPES: &[(&str, &[&str])] = &[
+    ("/model", &["BPE", "WordPiece", "WordLevel", "Unigram"]),
+    (
+        "/pre_tokenizer",
+        &["BertPreTokenizer", "ByteLevel", "CharDelimiterSplit", "Metaspace", "Whitespace", "Sequence", "Split", "Punctuation", "WhitespaceSplit", "Digits", "UnicodeScripts", "FixedLength"],
+    ),
+    (
+        "/normalizer",
+        &["BertNormalizer", "StripNormalizer", "StripAccents", "NFC", "NFD", "NFKC", "NFKD", "Sequence", "Lowercase", "Nmt", "Precompiled", "Replace", "Prepend", "ByteLevel", "Strip"],
+    ),
+    ("/post_processor", &["RobertaProcessing", "BertProcessing", "ByteLevel", "TemplateProcessing", "Sequence"]),
+    ("/decoder", &["BPEDecoder", "ByteLevel", "WordPiece", "Metaspace", "CTC", "Sequence", "Replace", "Fuse", "Strip", "ByteFallback"]),
+];
+
+/// The first component whose `type` the tokenizers library does not know:
+/// (JSON pointer, type found, known types).
+fn unknown_tokenizer_component(json: &serde_json::Value) -> Option<(String, String, &'static [&'static str])> {
+    fn walk(v: &serde_json::Value, at: String, known: &'static [&'static str]) -> Option<(String, String, &'static [&'static str])> {
+        let ty = v.get("type")?.as_str()?;
+        if !known.contains(&ty) {
+            return Some((format!("{at}/type"), ty.to_string(), known));
+        }
+        ["pretokenizers", "normalizers", "processors", "decoders"].iter().find_map(|list| {
+            v.get(*list)?.as_array()?.iter().enumerate().find_map(|(i, c)| walk(c, format!("{at}/{list}/{i}"), known))
+        })
+    }
+    TOKENIZER_TYPES.iter().find_map(|(at, known)| walk(json.pointer(at)?, at.to_string(), known))
+}
+
+/// Checks that a tokenizer.json loads with the same library the runtime uses,
+/// has a vocabulary, and gives no token an id the model's `vocab_size`
+/// embedding rows do not have.
+pub(crate) fn check_tokenizer(text: &str, path: &Path, vocab_size: usize) -> Result<()> {
+    let tokenizer = text.parse::<tokenizers::Tokenizer>().map_err(|e| {
+        // The library's message for an unknown component ("did not match any
+        // variant of untagged enum ...") names neither the field nor the value.
+        let unknown = serde_json::from_str(text).ok().and_then(|json| unknown_tokenizer_component(&json));
+        match unknown {
+            Some((at, ty, known)) => Error::invalid(path, at.trim_start_matches('/').replace('/', "."), format!("`{ty}` is not a type the tokenizers library knows; known: {}", known.join(", "))),
+            None => Error::invalid(path, "tokenizer", format!("the tokenizer does not load: {e}")),
+        }
+    })?;
+    // The library takes an added token's id from the vocabulary when the token is
+    // there (warning only), so a file whose ids disagree is refused, not guessed at.
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::invalid(path, "tokenizer", format!("not valid JSON: {e}")))?;
+    for (i, added) in json.get("added_tokens").and_then(serde_json::Value::as_array).into_iter().flatten().enumerate() {
+        let (Some(content), Some(id)) = (added.get("content").and_then(serde_json::Value::as_str), added.get("id").and_then(serde_json::Value::as_u64)) else { continue };
+        match tokenizer.token_to_id(content) {
+            Some(actual) if actual as u64 != id => {
+                return Err(Error::invalid(
+                    path,
+                    format!("added_tokens[{i}].id"),
+                    format!("{content:?} is given id {id}, but the vocabulary has it as {actual}: the file contradicts itself; take the one that came with the checkpoint"),
+                ))
+            }
+            _ => {}
+        }
+    }
+    if tokenizer.get_vocab_size(false) == 0 {
+        return Err(Error::invalid(path, "model.vocab", "the vocabulary is empty: the tokenizer.json is damaged; take the one that came with the checkpoint"));
+    }
+    if let Some((token, id)) = tokenizer.get_vocab(true).into_iter().max_by_key(|(_, id)| *id) {
+        if id as usize >= vocab_size {
+            return Err(Error::invalid(
+                path,
+                "tokenizer",
+                format!("token {token:?} has id {id}, but the model's embedding has rows for {vocab_size} tokens (0 to {}): the tokenizer belongs to another model; take the one that came with the checkpoint", vocab_size.saturating_sub(1)),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -58,6 +58,7 @@ pub struct Parsed {
 /// Parses safetensors bytes (`path` names them in errors). The header and every
 /// tensor's byte range are validated against `bytes`.
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed> {
+    check_header(path, bytes)?;
     let st = SafeTensors::deserialize(bytes)
         .map_err(|e| Error::invalid(path, "header", format!("not a valid safetensors file ({e}); the file may be truncated or corrupt")))?;
     let base = bytes.as_ptr() as usize;
@@ -83,6 +84,87 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed> {
     parsed.tensors.sort_by(|a, b| a.0.cmp(&b.0));
     parsed.skipped.sort();
     Ok(parsed)
+}
+
+/// Bits per element of each safetensors dtype (the format's own list).
+const DTYPE_BITS: &[(&str, usize)] = &[
+    ("BOOL", 8), ("U8", 8), ("I8", 8), ("F8_E5M2", 8), ("F8_E4M3", 8), ("F8_E8M0", 8), ("F4", 4), ("F6_E2M3", 6), ("F6_E3M2", 6),
+    ("I16", 16), ("U16", 16), ("F16", 16), ("BF16", 16), ("I32", 32), ("U32", 32), ("F32", 32), ("I64", 64), ("U64", 64), ("F64", 64),
+];
+
+/// The header's entries in file order, duplicates kept (a JSON object read
+/// into a map keeps only the last of two equal keys).
+struct HeaderEntries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for HeaderEntries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = HeaderEntries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of tensors")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<HeaderEntries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(HeaderEntries(entries))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
+}
+
+/// Checks every tensor entry of the header, naming the tensor and the value
+/// found: a known dtype, a shape of whole numbers, data offsets inside the data
+/// and as many bytes as the shape needs, and no tensor named twice. (The
+/// safetensors crate checks the same but names neither tensor nor value.)
+fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {
+    let corrupt = |what: String| Error::invalid(path, "header", format!("{what}; the file may be truncated or corrupt"));
+    let n = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).ok_or_else(|| corrupt("shorter than its 8-byte header length".into()))?;
+    let header = bytes.get(8..8usize.saturating_add(n)).ok_or_else(|| corrupt(format!("the header length {n} runs past the end of the file ({} bytes)", bytes.len())))?;
+    let data_len = bytes.len() - 8 - n;
+    let HeaderEntries(entries) = serde_json::from_slice(header).map_err(|e| corrupt(format!("the header is not a JSON object of tensors ({e})")))?;
+    let mut seen = BTreeSet::new();
+    for (name, entry) in &entries {
+        if name == "__metadata__" {
+            continue;
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(Error::invalid(path, name, "the header names this tensor twice; the file is corrupt: write it again"));
+        }
+        let field = |f: &str| format!("{name}.{f}");
+        let dtype = entry.get("dtype").ok_or_else(|| Error::invalid(path, field("dtype"), "missing"))?;
+        let bits = dtype.as_str().and_then(|d| DTYPE_BITS.iter().find(|(n, _)| *n == d)).map(|(_, b)| *b).ok_or_else(|| {
+            let known: Vec<&str> = DTYPE_BITS.iter().map(|(n, _)| *n).collect();
+            Error::invalid(path, field("dtype"), format!("{dtype} is not a safetensors dtype; known: {}", known.join(", ")))
+        })?;
+        let shape = entry.get("shape").ok_or_else(|| Error::invalid(path, field("shape"), "missing"))?;
+        let dims: Option<Vec<usize>> = shape.as_array().and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect());
+        let dims = dims.ok_or_else(|| Error::invalid(path, field("shape"), format!("{shape} is not a list of sizes")))?;
+        let offsets = entry.get("data_offsets").ok_or_else(|| Error::invalid(path, field("data_offsets"), "missing"))?;
+        let (begin, end) = match offsets.as_array().map(|a| a.iter().map(serde_json::Value::as_u64).collect::<Vec<_>>()).as_deref() {
+            Some([Some(b), Some(e)]) if b <= e => (*b as usize, *e as usize),
+            _ => return Err(Error::invalid(path, field("data_offsets"), format!("{offsets} is not [begin, end] with begin <= end"))),
+        };
+        if end > data_len {
+            return Err(Error::invalid(
+                path,
+                field("data_offsets"),
+                format!("{offsets} runs past the end of the data ({data_len} bytes after the header); the file is truncated or corrupt"),
+            ));
+        }
+        let needed = dims.iter().try_fold(bits, |a, &d| a.checked_mul(d)).map(|b| b.div_ceil(8));
+        if needed != Some(end - begin) {
+            return Err(Error::invalid(
+                path,
+                name,
+                format!("shape {shape} of {dtype} needs {} bytes, but data_offsets {offsets} hold {}", needed.map_or("too many".into(), |b| b.to_string()), end - begin),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Maps one safetensors file and registers its tensors.
@@ -151,6 +233,21 @@ mod tests {
         let p = write("short.safetensors", &file_with_header(r#"{"w":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}"#, 16));
         let e = load_file(&p, &mut WeightStore::default()).unwrap_err().to_string();
         assert!(e.contains("short.safetensors") && e.contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn header_problems_name_the_tensor_and_the_value() {
+        let cases = [
+            (r#"{"w":{"dtype":"F99","shape":[4],"data_offsets":[0,16]}}"#, &["w.dtype", "F99"][..]),
+            (r#"{"w":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}}"#, &["w:", "[5]", "20 bytes"][..]),
+            (r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,99]}}"#, &["w.data_offsets", "[0,99]", "past the end"][..]),
+            (r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#, &["w:", "twice"][..]),
+        ];
+        for (i, (header, needles)) in cases.iter().enumerate() {
+            let p = write(&format!("bad{i}.safetensors"), &file_with_header(header, 16));
+            let e = load_file(&p, &mut WeightStore::default()).unwrap_err().to_string();
+            assert!(needles.iter().all(|n| e.contains(n)), "{header}: {e}");
+        }
     }
 
     #[test]

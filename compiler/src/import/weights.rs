@@ -129,6 +129,10 @@ impl WeightEntry {
     }
 }
 
+/// How a checkpoint names tensors and hyperparameters when not as Hugging Face
+/// does: the file's name of a tensor, and what holds the hyperparameters.
+type FileNaming = (fn(&str) -> Option<String>, &'static str);
+
 /// All tensors of a checkpoint, by name.
 #[derive(Default)]
 pub struct WeightStore {
@@ -136,6 +140,9 @@ pub struct WeightStore {
     entries: BTreeMap<String, WeightEntry>,
     /// Tensors of a dtype the compiler does not read: name -> (dtype, file).
     skipped: BTreeMap<String, (String, usize)>,
+    /// For a checkpoint whose names are not Hugging Face's (GGUF): the file's
+    /// name of a tensor, and what holds the hyperparameters, for messages.
+    file_names: Option<FileNaming>,
 }
 
 impl std::fmt::Debug for WeightStore {
@@ -156,6 +163,28 @@ impl WeightStore {
         let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None };
         debug_assert!(offset + len <= self.files[file].1.len());
         self.entries.insert(name, entry);
+    }
+
+    /// Tensors are stored under Hugging Face names; `file_name` gives the
+    /// checkpoint's own (None: the same), `config` says what holds the
+    /// hyperparameters. Messages then use the names the user's file has.
+    pub fn name_as_in_file(&mut self, file_name: fn(&str) -> Option<String>, config: &'static str) {
+        self.file_names = Some((file_name, config));
+    }
+
+    /// `name` as the checkpoint spells it (`token_embd.weight` in a GGUF).
+    pub fn shown_name(&self, name: &str) -> String {
+        self.file_names.and_then(|(f, _)| f(name)).unwrap_or_else(|| name.to_string())
+    }
+
+    /// What holds the hyperparameters the shapes come from.
+    pub fn config_source(&self) -> &'static str {
+        self.file_names.map_or("config.json", |(_, c)| c)
+    }
+
+    /// The error for a tensor the graph needs and the checkpoint lacks.
+    pub fn missing(&self, path: &Path, name: &str, architecture: &str) -> Error {
+        Error::MissingWeight { path: path.to_path_buf(), name: self.shown_name(name), architecture: architecture.to_string(), config: self.config_source().to_string() }
     }
 
     /// Records a tensor that was not loaded because of its dtype.
@@ -232,21 +261,13 @@ impl WeightStore {
     pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
         match self.entries.get(name) {
             Some(e) => Ok(e.shape.iter().map(|&d| d as u64).collect()),
-            None => Err(Error::MissingWeight {
-                path: self.files.first().map(|f| f.0.clone()).unwrap_or_default(),
-                name: name.to_string(),
-                architecture: "this graph".into(),
-            }),
+            None => Err(self.missing(&self.files.first().map(|f| f.0.clone()).unwrap_or_default(), name, "this graph")),
         }
     }
 
     /// Decodes a tensor to f32 in logical (HF) layout.
     pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let entry = self.entries.get(name).ok_or_else(|| Error::MissingWeight {
-            path: self.files.first().map(|f| f.0.clone()).unwrap_or_default(),
-            name: name.to_string(),
-            architecture: "this graph".into(),
-        })?;
+        let entry = self.entries.get(name).ok_or_else(|| self.missing(&self.files.first().map(|f| f.0.clone()).unwrap_or_default(), name, "this graph"))?;
         let mut out = dequantize(entry.storage, self.bytes(entry), entry.num_elements());
         if let Some(heads) = entry.unpermute_heads {
             out = unpermute_rows(&out, &entry.shape, heads);

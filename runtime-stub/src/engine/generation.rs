@@ -219,11 +219,7 @@ impl Generation {
             self.row.extend_from_slice(logits);
         }
         if let Some(penalty) = p.repeat_penalty {
-            for &t in &self.recent {
-                if let Some(x) = self.row.get_mut(t as usize) {
-                    *x = if *x > 0.0 { *x / penalty } else { *x * penalty };
-                }
-            }
+            apply_repeat_penalty(&mut self.row, self.recent.iter().copied(), penalty);
         }
         if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
             for (&t, &n) in &self.counts {
@@ -310,9 +306,32 @@ pub fn logprob_of(logits: &[f32], token: u32, top: usize) -> TokenLogprob {
     TokenLogprob { token, logprob: lp(token), top: best.into_iter().map(|(t, x)| (t, x - lse)).collect() }
 }
 
+/// Divides the positive logits of `tokens` by `penalty` and multiplies the
+/// negative ones, once per distinct token however often it recurs, as
+/// transformers' `RepetitionPenaltyLogitsProcessor`, llama.cpp and vLLM do.
+fn apply_repeat_penalty(row: &mut [f32], tokens: impl Iterator<Item = u32>, penalty: f32) {
+    let mut distinct: Vec<u32> = tokens.collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    for t in distinct {
+        if let Some(x) = row.get_mut(t as usize) {
+            *x = if *x > 0.0 { *x / penalty } else { *x * penalty };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeat_penalty_counts_each_token_once() {
+        // transformers: scores.gather(ids) -> where(< 0, * p, / p) -> scatter, so a
+        // token seen three times is penalized once.
+        let mut row = [2.0, -1.0, 4.0, 1.0];
+        apply_repeat_penalty(&mut row, [0, 0, 1, 0, 9].into_iter(), 2.0);
+        assert_eq!(row, [1.0, -2.0, 4.0, 1.0]);
+    }
 
     #[test]
     fn logprobs_are_a_log_softmax() {

@@ -395,7 +395,7 @@ pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usi
         max_tokens,
         stop: stops(&s.stop)?,
         ignore_eos: s.ignore_eos,
-        repeat_penalty: s.repetition_penalty.filter(|&r| r != 1.0),
+        repeat_penalty: s.repetition_penalty.or(defaults.repetition_penalty).filter(|&r| r != 1.0),
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
         presence_penalty: s.presence_penalty.unwrap_or(0.0),
         logprobs,

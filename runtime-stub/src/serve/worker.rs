@@ -221,6 +221,9 @@ fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shar
                 continue;
             }
         };
+        // The gauges first: a client that has its last token and then reads
+        // /metrics sees its request's KV blocks already given back.
+        publish(engine, shared);
         let now = Instant::now();
         let mut tokens = 0;
         for event in events {
@@ -253,7 +256,6 @@ fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shar
         }
         m.generated_tokens.inc_by(tokens);
         m.tokens_per_second.set(rate.add(now, tokens));
-        publish(engine, shared);
     }
 }
 
