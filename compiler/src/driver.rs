@@ -139,19 +139,6 @@ pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightSt
     vec![format!("{file}: {listed} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {fate}")]
 }
 
-/// Loads a manifest file, or the default manifest for `--model PATH`.
-/// `flags`: `[compile]` keys set on the command line, applied last.
-pub fn load_manifest(manifest: Option<&Path>, model: Option<&Path>, overrides: &[String], flags: &[crate::manifest::FlagSetting]) -> Result<LoadedManifest> {
-    match (manifest, model) {
-        (Some(m), _) => LoadedManifest::from_file_with_flags(m, overrides, flags),
-        (None, Some(p)) => LoadedManifest::from_model_path_with_flags(p, overrides, flags),
-        (None, None) => Err(crate::Error::Flag {
-            flag: "MANIFEST".into(),
-            message: "give a manifest file or --model PATH".into(),
-        }),
-    }
-}
-
 /// Options of `maxc compile` beyond the manifest (flags that set `[compile]`
 /// keys arrive in the manifest: `manifest::FlagSetting`).
 #[derive(Debug, Clone, Default)]

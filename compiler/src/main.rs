@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 
-use maxc::driver::{frontend, load_manifest, CompileOptions};
+use maxc::driver::{frontend, CompileOptions};
 use maxc::interp::{greedy, run_tokens, Interpreter};
+use maxc::manifest::{FlagSetting, LoadedManifest};
 use maxc::passes::PipelineOptions;
 use maxrun::usage::usage;
 
@@ -100,8 +101,7 @@ struct CompileSettings {
 
 impl CompileSettings {
     /// Each flag given, as the `[compile]` key it sets.
-    fn flag_settings(&self) -> Vec<maxc::manifest::FlagSetting> {
-        use maxc::manifest::FlagSetting;
+    fn flag_settings(&self) -> Vec<FlagSetting> {
         let all = [
             ("target", "--target", &self.target),
             ("quantization_encoding", "--quantization-encoding", &self.quantization_encoding),
@@ -183,12 +183,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// The manifest (or `--model`'s default one) with `flags` over it.
-fn load_model(model: &ModelArgs, flags: &[maxc::manifest::FlagSetting]) -> anyhow::Result<maxc::manifest::LoadedManifest> {
-    if model.manifest.is_none() && model.model.is_none() {
-        return Err(usage("MANIFEST: give a manifest file or --model PATH"));
-    }
-    Ok(load_manifest(model.manifest.as_deref(), model.model.as_deref(), &model.overrides, flags)?)
+/// The manifest file, or the default manifest for `--model PATH`, with the
+/// overrides and then `flags` (`[compile]` keys set on the command line) over it.
+fn load_model(model: &ModelArgs, flags: &[FlagSetting]) -> anyhow::Result<LoadedManifest> {
+    Ok(match (&model.manifest, &model.model) {
+        (Some(m), _) => LoadedManifest::from_file_with_flags(m, &model.overrides, flags)?,
+        (None, Some(p)) => LoadedManifest::from_model_path_with_flags(p, &model.overrides, flags)?,
+        (None, None) => return Err(usage("MANIFEST: give a manifest file or --model PATH")),
+    })
 }
 
 /// A flag that names a folder to write into: a path that exists must be one

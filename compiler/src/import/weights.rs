@@ -187,6 +187,11 @@ impl WeightStore {
         Error::MissingWeight { path: path.to_path_buf(), name: self.shown_name(name), architecture: architecture.to_string(), config: self.config_source().to_string() }
     }
 
+    /// [`Self::missing`] for a lookup of the store's own (blamed on its first file).
+    fn not_stored(&self, name: &str) -> Error {
+        self.missing(&self.files.first().map(|f| f.0.clone()).unwrap_or_default(), name, "this graph")
+    }
+
     /// Records a tensor that was not loaded because of its dtype.
     pub fn skip(&mut self, name: String, dtype: String, file: usize) {
         self.skipped.insert(name, (dtype, file));
@@ -261,13 +266,13 @@ impl WeightStore {
     pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
         match self.entries.get(name) {
             Some(e) => Ok(e.shape.iter().map(|&d| d as u64).collect()),
-            None => Err(self.missing(&self.files.first().map(|f| f.0.clone()).unwrap_or_default(), name, "this graph")),
+            None => Err(self.not_stored(name)),
         }
     }
 
     /// Decodes a tensor to f32 in logical (HF) layout.
     pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let entry = self.entries.get(name).ok_or_else(|| self.missing(&self.files.first().map(|f| f.0.clone()).unwrap_or_default(), name, "this graph"))?;
+        let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
         let mut out = dequantize(entry.storage, self.bytes(entry), entry.num_elements());
         if let Some(heads) = entry.unpermute_heads {
             out = unpermute_rows(&out, &entry.shape, heads);
