@@ -17,7 +17,7 @@ use std::sync::Arc;
 use maxrun::format::{BatchLimits, DeviceKind, DeviceMesh, KvEncoding};
 
 use crate::error::Error;
-use crate::graph::QuantScheme;
+use crate::graph::WeightEncoding;
 use crate::import::ImportedModel;
 use crate::manifest::LoadedManifest;
 use crate::schedule::ActivationEncoding;
@@ -56,8 +56,8 @@ pub struct CompileConfig {
     /// The linear layers' encoding as named (`stored` included).
     pub encoding_name: String,
     /// `None`: `stored` (each weight keeps the checkpoint's encoding).
-    pub linear_encoding: Option<QuantScheme>,
-    pub embedding_encoding: Option<QuantScheme>,
+    pub linear_encoding: Option<WeightEncoding>,
+    pub embedding_encoding: Option<WeightEncoding>,
     /// The activation encoding when one is named (else chosen in [`CompileConfig::plan_for`]).
     pub activations: Option<ActivationEncoding>,
     pub kv_encoding: KvEncoding,
@@ -79,9 +79,9 @@ pub struct CompileConfig {
 #[derive(Debug, Clone)]
 pub struct ModelPlan {
     /// `stored`: each weight's encoding from its storage in the checkpoint.
-    pub stored: Option<Arc<HashMap<String, QuantScheme>>>,
-    /// The linear layers' encoding (`QuantScheme::None` under `stored`).
-    pub encoding: QuantScheme,
+    pub stored: Option<Arc<HashMap<String, WeightEncoding>>>,
+    /// The linear layers' encoding (`WeightEncoding::Float32` under `stored`).
+    pub encoding: WeightEncoding,
     pub activations: ActivationEncoding,
     pub mesh: DeviceMesh,
     /// Attention split by heads over the mesh (else replicated).
@@ -219,11 +219,11 @@ impl CompileConfig {
     pub fn plan_for(&self, manifest: &LoadedManifest, model: &ImportedModel) -> Result<ModelPlan, Vec<Error>> {
         let field = |key: &str| manifest.field_name(key);
         let mut problems = Vec::new();
-        let stored: Option<Arc<HashMap<String, QuantScheme>>> = self.linear_encoding.is_none().then(|| {
+        let stored: Option<Arc<HashMap<String, WeightEncoding>>> = self.linear_encoding.is_none().then(|| {
             let w = &model.weights;
             Arc::new(w.names().map(|n| (n.to_string(), crate::quant::stored_scheme(w.get(n).expect("a listed tensor").storage))).collect())
         });
-        let encoding = self.linear_encoding.unwrap_or(QuantScheme::None);
+        let encoding = self.linear_encoding.unwrap_or(WeightEncoding::Float32);
         let block_weights =
             encoding.is_block() || self.embedding_encoding.is_some_and(|e| e.is_block()) || stored.as_ref().is_some_and(|s| s.values().any(|q| q.is_block()));
         // The default: int16 activations where they can apply (block weights, CPU

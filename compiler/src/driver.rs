@@ -124,12 +124,12 @@ pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightSt
     let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
     let listed = counts.iter().map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ");
     let fate = if named == crate::quant::STORED {
-        let widened = |q: crate::graph::QuantScheme| counts.values().any(|(t, _)| crate::quant::stored_scheme(*t) == q);
+        let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| crate::quant::stored_scheme(*t) == q);
         let mut fates = Vec::new();
-        if widened(crate::graph::QuantScheme::Q8_0) {
+        if widened(crate::graph::WeightEncoding::Q8_0) {
             fates.push("q8_0 (5- and 6-bit blocks)");
         }
-        if widened(crate::graph::QuantScheme::Q4K) {
+        if widened(crate::graph::WeightEncoding::Q4K) {
             fates.push("q4_k (2- and 3-bit blocks)");
         }
         format!("{}, the nearest more precise encoding with kernels (--quantization-encoding names another)", fates.join(" and "))
@@ -255,6 +255,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         let (prefill, decode) = (&scheduled.schedules[0].0, &scheduled.schedules[0].1);
         let text = format!("{}{}", launch_summary("prefill", prefill, &scheduled.kernels), launch_summary("decode", decode, &scheduled.kernels));
         std::fs::write(&path, text).map_err(|e| Error::write(&path, e))?;
+        dump_kernels(&dir.join("kernels"), &scheduled.kernels)?;
     }
 
     let code = generate_code(&config, &scheduled.kernels, options)?;
@@ -370,7 +371,7 @@ pub fn generate_code(config: &CompileConfig, kernels: &crate::schedule::KernelSe
     use crate::error::Error;
     let targets = &config.targets;
     if let (Some(dir), Some(target)) = (&options.emit_llvm, &targets.cpu) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::write(dir, e))?;
         let path = dir.join("kernels.ll");
         let ir = maxc_codegen::llvm::emit_llvm_ir(&kernels.kernels, target)?;
         std::fs::write(&path, ir).map_err(|e| Error::write(&path, e))?;
@@ -400,7 +401,7 @@ pub fn generate_code(config: &CompileConfig, kernels: &crate::schedule::KernelSe
     let gpu_kernels = kernels.for_gpu();
     let ptx: Vec<String> = targets.gpus.iter().map(|g| maxc_codegen::llvm::compile_ptx(&gpu_kernels, g)).collect::<std::result::Result<_, _>>()?;
     if let Some(dir) = &options.emit_ptx {
-        std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::write(dir, e))?;
         for (g, module) in targets.gpus.iter().zip(&ptx) {
             let path = dir.join(format!("{}.ptx", g.arch));
             std::fs::write(&path, module).map_err(|e| Error::write(&path, e))?;
@@ -553,6 +554,17 @@ pub fn check(manifest: &LoadedManifest) -> Vec<crate::Error> {
         problems.push(e);
     }
     problems
+}
+
+/// `--dump-ir`: every kernel of the artifact in the kernel IR's text form
+/// (`maxc_kernels::ir_text`), one `NAME.kir` file each in `dir`.
+fn dump_kernels(dir: &std::path::Path, kernels: &crate::schedule::KernelSet) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::write(dir, e))?;
+    for kernel in &kernels.kernels {
+        let path = dir.join(format!("{}.kir", kernel.name));
+        std::fs::write(&path, maxc_kernels::ir_text::print(kernel)).map_err(|e| crate::error::Error::write(&path, e))?;
+    }
+    Ok(())
 }
 
 /// "`plan`: N launches, P per layer + R" and a histogram by kernel family, for `--dump-ir`.

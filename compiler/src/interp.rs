@@ -60,7 +60,7 @@ pub trait WeightSource {
 
     /// The weight stored in `scheme` (rows of `cols`): quantized from its f32
     /// values unless the source already holds it in that encoding.
-    fn weight_encoded(&self, name: &str, scheme: crate::graph::QuantScheme, cols: usize) -> Result<crate::quant::Encoded> {
+    fn weight_encoded(&self, name: &str, scheme: crate::graph::WeightEncoding, cols: usize) -> Result<crate::quant::Encoded> {
         Ok(crate::quant::encode(scheme, &self.weight_f32(name)?, cols))
     }
 }
@@ -70,7 +70,7 @@ impl WeightSource for crate::import::WeightStore {
         self.to_f32(name)
     }
 
-    fn weight_encoded(&self, name: &str, scheme: crate::graph::QuantScheme, cols: usize) -> Result<crate::quant::Encoded> {
+    fn weight_encoded(&self, name: &str, scheme: crate::graph::WeightEncoding, cols: usize) -> Result<crate::quant::Encoded> {
         match self.native_encoded(name, scheme) {
             Some(e) => Ok(e),
             None => Ok(crate::quant::encode(scheme, &self.to_f32(name)?, cols)),
@@ -193,7 +193,7 @@ impl<'a> Interpreter<'a> {
                 }
                 // A quantized weight is seen as the values its encoding stores.
                 let values = match ty.quant {
-                    crate::graph::QuantScheme::None => self.weights.weight_f32(name)?,
+                    crate::graph::WeightEncoding::Float32 => self.weights.weight_f32(name)?,
                     q => {
                         let cols = *full.last().expect("weights have a shape");
                         crate::quant::decode(q, &self.weights.weight_encoded(name, q, cols)?, cols)

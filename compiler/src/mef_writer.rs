@@ -37,7 +37,7 @@ fn layout_weights(slots: &[WeightSlot], devices: usize) -> (Vec<WeightEntry>, Ve
     let mut entries = Vec::with_capacity(slots.len());
     for s in slots {
         let offset = ends[s.device as usize];
-        let encoding = s.encoding.encoding();
+        let encoding = s.encoding;
         let (part, dtype, _) = encoding.parts()[s.part];
         let elems = encoding.part_elems(s.part, &s.shape).expect("the quantize pass only picks encodings whose blocks fit");
         let len = elems * dtype.size();
@@ -199,14 +199,14 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
 /// A tensor's parts in its encoding and layout (little-endian), from its first slot.
 fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant::Encoded> {
     let mut e = encode_row_major(slot, store)?;
-    if slot.layout == crate::schedule::Layout::Panel16 {
+    if slot.layout == maxrun::format::Layout::Panel16 {
         let (n, k) = (slot.shape[0] as usize, slot.shape[1] as usize);
         let size = e.parts[0].len() / (n * k);
         e.parts[0] = maxc_kernels::library::matmul_panel::pack_panels(&e.parts[0], n, k, size);
     }
-    if slot.layout == crate::schedule::Layout::Interleaved16 {
+    if slot.layout == maxrun::format::Layout::Interleaved16 {
         let (n, k) = (slot.shape[0] as usize, slot.shape[1] as usize);
-        e.parts = maxc_kernels::library::dequant::interleave_rows(slot.encoding.encoding(), &e.parts, n, k);
+        e.parts = maxc_kernels::library::dequant::interleave_rows(slot.encoding, &e.parts, n, k);
     }
     Ok(e)
 }
@@ -222,7 +222,7 @@ fn encode_row_major(slot: &WeightSlot, store: &WeightStore) -> Result<crate::qua
         let full = store.shape(name)?;
         let whole = store.weight_encoded(name, slot.encoding, *full.last().unwrap_or(&1) as usize)?;
         let len = full[sh.axis as usize] / sh.devices as u64;
-        Ok(whole.slice(slot.encoding.encoding(), &full, sh.axis as usize, sh.index as u64 * len, len))
+        Ok(whole.slice(slot.encoding, &full, sh.axis as usize, sh.index as u64 * len, len))
     };
     Ok(match &slot.data {
         WeightData::Checkpoint(name) => checkpoint(name)?,

@@ -12,13 +12,9 @@
 use half::{bf16, f16};
 use maxrun::format::WeightEncoding;
 
-use crate::graph::QuantScheme;
-
 /// Parses an encoding name; the error lists every supported one.
-pub fn parse_encoding(name: &str) -> Result<QuantScheme, String> {
-    WeightEncoding::from_name(name)
-        .map(QuantScheme::from_encoding)
-        .ok_or_else(|| format!("unknown encoding `{name}`; supported: {}", WeightEncoding::all_names()))
+pub fn parse_encoding(name: &str) -> Result<WeightEncoding, String> {
+    WeightEncoding::from_name(name).ok_or_else(|| format!("unknown encoding `{name}`; supported: {}", WeightEncoding::all_names()))
 }
 
 /// `--quantization-encoding stored`: every matrix keeps its checkpoint's
@@ -28,7 +24,7 @@ pub const STORED: &str = "stored";
 
 /// A linear layers' encoding name: `Ok(None)` for [`STORED`], else as
 /// [`parse_encoding`].
-pub fn parse_linear_encoding(name: &str) -> Result<Option<QuantScheme>, String> {
+pub fn parse_linear_encoding(name: &str) -> Result<Option<WeightEncoding>, String> {
     if name == STORED {
         return Ok(None);
     }
@@ -39,21 +35,21 @@ pub fn parse_linear_encoding(name: &str) -> Result<Option<QuantScheme>, String> 
 /// where maxc computes on it (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K), float32 for
 /// F32, q8_0 for the 5- and 6-bit blocks (Q5_0, Q5_1, Q5_K, Q6_K) and q4_k for
 /// the 2- and 3-bit ones (Q2_K, Q3_K): never less precise than the file.
-pub fn stored_scheme(storage: crate::import::StorageType) -> QuantScheme {
+pub fn stored_scheme(storage: crate::import::StorageType) -> WeightEncoding {
     use crate::import::StorageType as S;
     match storage {
-        S::F32 => QuantScheme::None,
-        S::Q5_0 | S::Q5_1 | S::Q5K | S::Q6K => QuantScheme::Q8_0,
-        S::Q2K | S::Q3K => QuantScheme::Q4K,
+        S::F32 => WeightEncoding::Float32,
+        S::Q5_0 | S::Q5_1 | S::Q5K | S::Q6K => WeightEncoding::Q8_0,
+        S::Q2K | S::Q3K => WeightEncoding::Q4K,
         native => native.native_scheme().expect("every other storage type has kernels"),
     }
 }
 
 /// Bits per value of an encoding (scales included), to pick the most precise
 /// of several.
-pub fn bits_per_value(q: QuantScheme) -> f32 {
+pub fn bits_per_value(q: WeightEncoding) -> f32 {
     // One row of 256 values: a whole block of every encoding.
-    q.encoding().bytes(&[1, 256]).expect("256 values are whole blocks") as f32 * 8.0 / 256.0
+    q.bytes(&[1, 256]).expect("256 values are whole blocks") as f32 * 8.0 / 256.0
 }
 
 /// A tensor in its stored form: one byte array per part of its encoding.
@@ -138,8 +134,8 @@ fn nearest_int(x: f32) -> i32 {
 
 /// Quantizes `values` (rows of `cols`) into `scheme`'s parts. `cols` must be a
 /// whole number of blocks (the quantize pass only picks encodings that fit).
-pub fn encode(scheme: QuantScheme, values: &[f32], cols: usize) -> Encoded {
-    let encoding = scheme.encoding();
+pub fn encode(scheme: WeightEncoding, values: &[f32], cols: usize) -> Encoded {
+    let encoding = scheme;
     assert_eq!(cols % encoding.block() as usize, 0, "{cols} columns are not whole {} blocks", encoding.name());
     let parts = match encoding {
         WeightEncoding::Float32 => vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()],
@@ -192,9 +188,9 @@ pub fn encode(scheme: QuantScheme, values: &[f32], cols: usize) -> Encoded {
 }
 
 /// Decodes a tensor of `cols` columns back to f32 (exactly the values the kernels compute with).
-pub fn decode(scheme: QuantScheme, e: &Encoded, cols: usize) -> Vec<f32> {
+pub fn decode(scheme: WeightEncoding, e: &Encoded, cols: usize) -> Vec<f32> {
     let p = &e.parts;
-    match scheme.encoding() {
+    match scheme {
         WeightEncoding::Float32 => p[0].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         WeightEncoding::BFloat16 => p[0].chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         WeightEncoding::Float16 => p[0].chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
@@ -409,11 +405,11 @@ fn encode_f8_e4m3(values: &[f32], cols: usize) -> Vec<Vec<u8>> {
 mod tests {
     use super::*;
 
-    fn roundtrip(scheme: QuantScheme, values: &[f32], cols: usize) -> Vec<f32> {
+    fn roundtrip(scheme: WeightEncoding, values: &[f32], cols: usize) -> Vec<f32> {
         let e = encode(scheme, values, cols);
         let shape = [(values.len() / cols) as u64, cols as u64];
         for (i, part) in e.parts.iter().enumerate() {
-            let enc = scheme.encoding();
+            let enc = scheme;
             assert_eq!(part.len() as u64, enc.part_elems(i, &shape).unwrap() * enc.parts()[i].1.size(), "{} part {i}", enc.name());
         }
         decode(scheme, &e, cols)
@@ -426,10 +422,10 @@ mod tests {
     #[test]
     fn rounding_is_to_nearest_even_and_encoding_agrees() {
         // 1 + 2^-8 is halfway between two bf16 values: ties go to the even one (1.0).
-        let got = roundtrip(QuantScheme::BF16, &[1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0], 2);
+        let got = roundtrip(WeightEncoding::BFloat16, &[1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0], 2);
         assert_eq!(got, vec![1.0, 1.0 + 4.0 / 256.0]);
-        assert_eq!(roundtrip(QuantScheme::F16, &[65504.0], 1), vec![65504.0]);
-        assert_eq!(encode(QuantScheme::BF16, &[1.5, -2.0], 2).parts[0], vec![0xc0, 0x3f, 0x00, 0xc0]);
+        assert_eq!(roundtrip(WeightEncoding::Float16, &[65504.0], 1), vec![65504.0]);
+        assert_eq!(encode(WeightEncoding::BFloat16, &[1.5, -2.0], 2).parts[0], vec![0xc0, 0x3f, 0x00, 0xc0]);
         assert!(parse_encoding("q5_k").unwrap_err().contains("q4_k"));
     }
 
@@ -437,14 +433,14 @@ mod tests {
     #[test]
     fn block_encodings_round_trip_within_half_a_step() {
         let x = values(512 * 3);
-        for (scheme, levels) in [(QuantScheme::Q8_0, 254.0), (QuantScheme::Q4_0, 15.0), (QuantScheme::Q4_1, 15.0), (QuantScheme::Q4K, 15.0)] {
+        for (scheme, levels) in [(WeightEncoding::Q8_0, 254.0), (WeightEncoding::Q4_0, 15.0), (WeightEncoding::Q4_1, 15.0), (WeightEncoding::Q4K, 15.0)] {
             let y = roundtrip(scheme, &x, 512);
             for (bx, by) in x.chunks(32).zip(y.chunks(32)) {
                 let range = bx.iter().fold(0.0f32, |a, v| a.max(v.abs())) * 2.0;
                 // Q4_0 maps the largest magnitude to -8, so the other extreme clamps
                 // at +7: one full step. Q4_K's 6-bit scales and fitted minimums add
                 // about one more step.
-                let step = range / levels * if scheme == QuantScheme::Q4_1 || scheme == QuantScheme::Q8_0 { 1.0 } else { 2.0 };
+                let step = range / levels * if scheme == WeightEncoding::Q4_1 || scheme == WeightEncoding::Q8_0 { 1.0 } else { 2.0 };
                 for (a, b) in bx.iter().zip(by) {
                     assert!((a - b).abs() <= step * 0.51 + 1e-3, "{scheme:?}: {a} -> {b} (step {step})");
                 }
@@ -457,12 +453,12 @@ mod tests {
         // Values on the q4_0 grid of scale 0.125 (levels -8..7): the reference
         // scale is exact and no other scale beats it.
         let block: Vec<f32> = (0..32).map(|i| (i % 16) as f32 * 0.125 - 1.0).collect();
-        let e = encode(QuantScheme::Q4_0, &block, 32);
+        let e = encode(WeightEncoding::Q4_0, &block, 32);
         assert_eq!(f16::from_le_bytes([e.parts[1][0], e.parts[1][1]]).to_f32(), 0.125);
         assert_eq!(e.parts[0][0] & 15, 0, "-1.0 / 0.125 + 8 = 0");
-        assert_eq!(decode(QuantScheme::Q4_0, &e, 32), block);
+        assert_eq!(decode(WeightEncoding::Q4_0, &e, 32), block);
         let block: Vec<f32> = (0..32).map(|i| -1.0 + i as f32 / 32.0).collect();
-        let e = encode(QuantScheme::Q8_0, &block, 32);
+        let e = encode(WeightEncoding::Q8_0, &block, 32);
         assert_eq!(e.parts[0][0] as i8, -127);
         assert_eq!(e.parts[0][16] as i8, -64, "-0.5 * 127 = -63.5 rounds away from zero");
     }
@@ -492,7 +488,7 @@ mod tests {
         x.extend((0..cols).map(|i| f32::from_bits(1 + i as u32 * 1000))); // all subnormal
         x.extend(values(cols));
         assert!(x[cols..2 * cols].iter().all(|v| *v != 0.0 && !v.is_normal()));
-        let y = roundtrip(QuantScheme::F8E4M3, &x, cols);
+        let y = roundtrip(WeightEncoding::Float8E4M3, &x, cols);
         assert!(y.iter().all(|v| v.is_finite()));
         assert!(y[..2 * cols].iter().all(|v| *v == 0.0), "zero and denormal rows must decode to exact zeros");
         let amax = x[2 * cols..].iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -504,11 +500,11 @@ mod tests {
     #[test]
     fn stored_encodings_are_never_less_precise_than_the_file() {
         use crate::import::StorageType as S;
-        let order = [QuantScheme::None, QuantScheme::F16, QuantScheme::Q8_0, QuantScheme::F8E4M3, QuantScheme::Q4_1, QuantScheme::Q4K, QuantScheme::Q4_0];
+        let order = [WeightEncoding::Float32, WeightEncoding::Float16, WeightEncoding::Q8_0, WeightEncoding::Float8E4M3, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q4_0];
         assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
-        assert_eq!(bits_per_value(QuantScheme::Q8_0), 8.5);
+        assert_eq!(bits_per_value(WeightEncoding::Q8_0), 8.5);
         // File bits per value: Q5_0 5.5, Q5_1 6, Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
-        for (storage, want) in [(S::Q5_0, QuantScheme::Q8_0), (S::Q5_1, QuantScheme::Q8_0), (S::Q5K, QuantScheme::Q8_0), (S::Q6K, QuantScheme::Q8_0), (S::Q2K, QuantScheme::Q4K), (S::Q3K, QuantScheme::Q4K)] {
+        for (storage, want) in [(S::Q5_0, WeightEncoding::Q8_0), (S::Q5_1, WeightEncoding::Q8_0), (S::Q5K, WeightEncoding::Q8_0), (S::Q6K, WeightEncoding::Q8_0), (S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
             assert_eq!(stored_scheme(storage), want, "{storage:?}");
             let (per, bytes) = storage.block();
             assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
@@ -516,9 +512,9 @@ mod tests {
         for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K] {
             assert_eq!(Some(stored_scheme(storage)), storage.native_scheme(), "{storage:?} keeps its blocks");
         }
-        assert_eq!(stored_scheme(S::F32), QuantScheme::None);
+        assert_eq!(stored_scheme(S::F32), WeightEncoding::Float32);
         assert_eq!(parse_linear_encoding("stored"), Ok(None));
-        assert_eq!(parse_linear_encoding("q4_k"), Ok(Some(QuantScheme::Q4K)));
+        assert_eq!(parse_linear_encoding("q4_k"), Ok(Some(WeightEncoding::Q4K)));
         assert!(parse_linear_encoding("q5_k").unwrap_err().contains("stored"));
     }
 }

@@ -12,33 +12,9 @@ use serde::{Deserialize, Serialize};
 /// A scalar variable of a kernel (index into [`Kernel::vars`]).
 pub type VarId = u32;
 
-/// Element types of buffers.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ElemType {
-    F32,
-    I32,
-    /// bfloat16 storage; loads widen to f32 (weights only, never stored).
-    BF16,
-    /// IEEE half storage; loads widen to f32, stores round an f32 to nearest
-    /// even (f16 weights, and the KV cache with `--kv-cache-encoding float16`).
-    F16,
-    /// Signed bytes; loads sign-extend to i64, stores truncate an i64 (quantized
-    /// weights, and activations quantized to int8 at run time).
-    I8,
-    /// Unsigned bytes; loads zero-extend to i64 (packed 4-bit or fp8 weights, never stored).
-    U8,
-}
-
-impl ElemType {
-    /// Bytes per element.
-    pub fn size(self) -> u64 {
-        match self {
-            ElemType::F32 | ElemType::I32 => 4,
-            ElemType::BF16 | ElemType::F16 => 2,
-            ElemType::I8 | ElemType::U8 => 1,
-        }
-    }
-}
+/// Element types of buffers: the artifact format's [`maxc_format::DType`], one
+/// vocabulary for stored tensors and kernel parameters.
+pub use maxc_format::DType as ElemType;
 
 /// Types of scalar values. Integer loads widen to `I64`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -406,7 +382,7 @@ impl DotForm {
     }
 }
 
-pub use maxrun::format::TaskCount;
+pub use maxc_format::TaskCount;
 
 /// Buffer indices at or above this name the kernel's local f32 arrays
 /// ([`Kernel::locals`]): per-invocation scratch on the stack, e.g. the lane

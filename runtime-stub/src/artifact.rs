@@ -288,18 +288,10 @@ impl Artifact {
             let Some(encoding) = WeightEncoding::from_name(&w.encoding) else {
                 return Err(ArtifactError::UnknownEncoding { path: self.path.clone(), weight: w.name.clone(), encoding: w.encoding.clone() });
             };
-            let panels = matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 | WeightEncoding::Float8E4M3);
-            let layout_ok = match w.layout.as_str() {
-                "row_major" => true,
-                "panel16" => panels && w.shape.len() == 2 && w.shape[0] % 16 == 0,
-                "interleaved16" => {
-                    matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K)
-                        && w.shape.len() == 2
-                        && w.shape[0] % 16 == 0
-                        && w.shape[1] % encoding.block() == 0
-                }
-                _ => return Err(ArtifactError::UnknownLayout { path: self.path.clone(), weight: w.name.clone(), layout: w.layout.clone() }),
+            let Some(layout) = Layout::from_name(&w.layout) else {
+                return Err(ArtifactError::UnknownLayout { path: self.path.clone(), weight: w.name.clone(), layout: w.layout.clone() });
             };
+            let layout_ok = layout.admits(encoding, &w.shape);
             if !layout_ok {
                 return Err(corrupt(format!("weight `{}`", w.name), format!("layout `{}` for {} {:?}", w.layout, w.encoding, w.shape)));
             }

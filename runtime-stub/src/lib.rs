@@ -1,5 +1,6 @@
 //! maxrun: the runtime half of maxc. It owns the MEF artifact format (the contract
-//! between compiler and runtime) and everything needed to run an artifact: the
+//! between compiler and runtime, in its own crate `maxc-format` under this tree,
+//! re-exported as [`format`]) and everything needed to run an artifact: the
 //! loader, the code loader, the thread pool, the executor with its KV cache, and
 //! the sampler; with the `cuda` feature (default), the same plans on an NVIDIA GPU.
 //!
@@ -13,7 +14,9 @@ pub mod collectives;
 pub mod constrain;
 pub mod cpu;
 pub mod engine;
-pub mod format;
+/// The artifact format lives in its own crate (`runtime-stub/format`), which the
+/// compiler's crates share without depending on this runtime.
+pub use maxc_format as format;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod huge;

@@ -24,7 +24,7 @@ use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, Act
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
-use maxrun::format::{DType, WeightEncoding};
+use maxrun::format::WeightEncoding;
 
 const K: u64 = 576;
 const N: u64 = 3072;
@@ -48,17 +48,7 @@ fn part_sizes(encoding: WeightEncoding) -> Vec<(ElemType, usize)> {
         .parts()
         .iter()
         .enumerate()
-        .map(|(p, (_, dtype, _))| {
-            let elem = match dtype {
-                DType::F32 => ElemType::F32,
-                DType::F16 => ElemType::F16,
-                DType::BF16 => ElemType::BF16,
-                DType::I8 => ElemType::I8,
-                DType::U8 => ElemType::U8,
-                DType::I32 => ElemType::I32,
-            };
-            (elem, encoding.part_elems(p, &[N, K]).unwrap() as usize)
-        })
+        .map(|(p, (_, elem, _))| (*elem, encoding.part_elems(p, &[N, K]).unwrap() as usize))
         .collect()
 }
 
@@ -175,5 +165,45 @@ fn gemv(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gemv);
+/// The batched engine's step at 8 sequences: the int16 interleaved matmuls on
+/// 8 activation rows (`SeqMode::Dynamic`), one thread, per register tile, with
+/// the weights' bytes as throughput. Weights stay in cache: this is the
+/// kernels' compute rate, which bounds the engine's aggregate decode.
+fn gemm_rows(c: &mut Criterion) {
+    const ROWS: usize = 8;
+    let target = CpuTarget::host();
+    let mut group = c.benchmark_group(format!("gemm_k{K}_n{N}_{ROWS}rows_1thread"));
+    let (k, n) = (K as usize, N as usize);
+    let tiles = [RegisterTile::ZMM, RegisterTile { rows: 2, panels: 2 }, RegisterTile { rows: 1, panels: 2 }];
+    for (encoding, levels) in [(WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q8_0, ActivationLevels::Int16Words)] {
+        let parts = part_sizes(encoding);
+        let weight_bytes: u64 = parts.iter().map(|(e, n)| e.size() * *n as u64).sum();
+        for tile in tiles {
+            let mut buffers = vec![buffer(ElemType::F32, ROWS * k), buffer(ElemType::I8, ROWS * 2 * k), buffer(ElemType::F32, ROWS * 2 * k / 32)];
+            buffers.extend(parts.iter().map(|&(e, n)| buffer(e, n)));
+            buffers.push(buffer(ElemType::F32, ROWS * n));
+            let kernel = matmul_interleaved(K, N, encoding, None, SeqMode::Dynamic, tile, levels);
+            let quantize = quantize_q16(K, levels, SeqMode::Dynamic);
+            let code = LoadedCode::load(&compile_shared(&[quantize.clone(), kernel.clone()], &target).unwrap().shared_object).unwrap();
+            let (fq, fm) = (code.kernel(&quantize.name).unwrap(), code.kernel(&kernel.name).unwrap());
+            let ptrs: Vec<*mut u8> = buffers.iter_mut().map(Buffer::as_mut_ptr).collect();
+            let (tq, tm) = (quantize.tasks.eval(ROWS as u64), kernel.tasks.eval(ROWS as u64));
+            let (aq, am): (Vec<*mut u8>, Vec<*mut u8>) = (ptrs[..3].to_vec(), ptrs[1..].to_vec());
+            let dims = [ROWS as i64];
+            group.throughput(Throughput::Bytes(weight_bytes));
+            group.bench_function(format!("{}_{}_t{}x{}", encoding.name(), levels.tag(), tile.rows, tile.panels), |b| {
+                b.iter(|| {
+                    // SAFETY: each buffer is sized for its kernel's parameters at seq = ROWS.
+                    unsafe {
+                        fq(aq.as_ptr(), dims.as_ptr(), 0, tq);
+                        fm(am.as_ptr(), dims.as_ptr(), 0, tm);
+                    }
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gemv, gemm_rows);
 criterion_main!(benches);

@@ -231,6 +231,7 @@ fn dump_ir_writes_every_pass() {
             "06-fuse-matmul-add.mxir",
             "07-dce.mxir",
             "08-quantize.mxir",
+            "kernels",
             "launches.txt",
         ]
     );
@@ -245,6 +246,9 @@ fn dump_ir_writes_every_pass() {
         let text = std::fs::read_to_string(out.join(n)).unwrap();
         maxc::graph::verify::verify(&maxc::graph::text::parse(&text).unwrap()).unwrap();
     }
+    // The kernels, one text file each (end_to_end.rs round-trips SmolLM2's).
+    let kernels = std::fs::read_dir(out.join("kernels")).unwrap().count();
+    assert!(kernels > 10, "{kernels} kernel files");
 }
 
 /// Hashes every file of `dir` (name -> (size, xxh3)), to show a refused compile

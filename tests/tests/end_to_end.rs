@@ -691,3 +691,29 @@ fn generation_config_penalty_and_stop_tokens_are_honoured() {
     assert_eq!(v["generation"]["repetition_penalty"].as_f64(), Some(1.8f32 as f64), "{}", v["generation"]);
     assert_eq!(v["tokenizer"]["eos_token_ids"], serde_json::json!([2, 7]), "{}", v["tokenizer"]);
 }
+
+/// `--dump-ir` writes every kernel of the artifact in the kernel IR's text form:
+/// one file per kernel the header lists (same names, same families and parameter
+/// counts), each of which parses back to a kernel that validates and prints to
+/// the same text (the SmolLM2 README artifact: attention, paged and split
+/// attention, int16 interleaved matmuls, quantization, norms, rope, copies).
+#[test]
+fn every_kernel_of_the_smollm2_artifact_round_trips_through_its_text_form() {
+    let dump = temp_dir("kernel-text");
+    let dump_arg = dump.as_path().to_str().unwrap().to_string();
+    let mef = compile_model("kernel-text", &smollm2_gguf(), &["--quantization-encoding", "q4_1", "--dump-ir", &dump_arg]);
+    let header = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+    let dir = dump.as_path().join("kernels");
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(files, header.kernels.len(), "one text file per kernel of the artifact");
+    assert!(header.kernels.len() > 30, "{} kernels", header.kernels.len());
+    for entry in &header.kernels {
+        let text = std::fs::read_to_string(dir.join(format!("{}.kir", entry.symbol))).unwrap_or_else(|e| panic!("{}: {e}", entry.symbol));
+        let kernel = maxc_kernels::ir_text::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", entry.symbol));
+        assert_eq!(kernel.name, entry.symbol);
+        assert_eq!(kernel.family, entry.family);
+        assert_eq!(kernel.params.len(), entry.num_params as usize, "{}", entry.symbol);
+        kernel.validate().unwrap_or_else(|e| panic!("{}: {e:?}", entry.symbol));
+        assert_eq!(maxc_kernels::ir_text::print(&kernel), text, "{}", entry.symbol);
+    }
+}

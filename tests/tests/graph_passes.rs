@@ -73,7 +73,7 @@ fn pass_snapshots() {
     let root = workspace_root().join("tests/ir");
     let mut checked = 0;
     // bfloat16 so that the quantize pass has something to do; the others ignore it.
-    for pass in maxc::passes::pipeline_for(maxc::graph::QuantScheme::BF16) {
+    for pass in maxc::passes::pipeline_for(maxc::graph::WeightEncoding::BFloat16) {
         let dir = root.join(pass.name());
         let mut files: Vec<_> = std::fs::read_dir(&dir)
             .unwrap_or_else(|_| panic!("{} has no snapshot directory", dir.display()))

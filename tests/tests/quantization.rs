@@ -343,10 +343,10 @@ fn maxrun_refuses_an_unknown_weight_layout() {
 /// make.py there from llama.cpp itself).
 #[test]
 fn quantizers_reproduce_llama_cpp_blocks() {
-    use maxc::graph::QuantScheme;
+    use maxc::graph::WeightEncoding;
     use maxc::import::weights::{dequantize, StorageType};
     let model = maxc::import::import(&smollm2_gguf(), None).unwrap();
-    for (file, scheme, storage) in [("q8_0", QuantScheme::Q8_0, StorageType::Q8_0), ("q4_0", QuantScheme::Q4_0, StorageType::Q4_0), ("q4_k", QuantScheme::Q4K, StorageType::Q4K)] {
+    for (file, scheme, storage) in [("q8_0", WeightEncoding::Q8_0, StorageType::Q8_0), ("q4_0", WeightEncoding::Q4_0, StorageType::Q4_0), ("q4_k", WeightEncoding::Q4K, StorageType::Q4K)] {
         let path = workspace_root().join("tests/golden/llama_cpp_quant").join(format!("{file}.json"));
         let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let (rows, cols) = (g["rows"].as_u64().unwrap() as usize, g["cols"].as_u64().unwrap() as usize);

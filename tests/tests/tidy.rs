@@ -1,5 +1,6 @@
 //! House rules that a compiler cannot check: module docs on every file, and the
-//! runtime's dependency tree free of the compiler, LLVM and Cranelift.
+//! crates' layering (the format contract at the bottom, the runtime free of the
+//! compiler, LLVM and Cranelift, the kernel IR free of the runtime).
 
 use maxc_tests::workspace_root;
 
@@ -29,17 +30,32 @@ fn every_rust_file_starts_with_a_module_doc() {
     assert!(missing.is_empty(), "files without a `//!` module doc: {missing:?}");
 }
 
+/// The crates' layering (docs/ARCHITECTURE.md, "Crates"): each crate and the
+/// packages its dependency tree must not contain. The format crate is the
+/// contract both halves share; the kernel IR depends on it alone, not on the
+/// runtime (and so on none of the runtime's CUDA, tokenizer, template or CLI
+/// crates); the backends add LLVM and Cranelift; only the compiler binary joins
+/// everything; the runtime never links a compiler crate.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("maxc-format", &["maxrun", "maxc ", "maxc-kernels", "maxc-codegen", "cudarc", "tokenizers", "minijinja", "clap", "tokio", "inkwell", "cranelift"]),
+    ("maxc-kernels", &["maxrun", "maxc ", "maxc-codegen", "cudarc", "tokenizers", "minijinja", "clap", "tokio", "inkwell", "llvm-sys", "cranelift"]),
+    ("maxc-codegen", &["maxrun", "maxc ", "cudarc", "tokenizers", "minijinja", "clap", "tokio"]),
+    ("maxrun", &["maxc ", "maxc-kernels", "maxc-codegen", "inkwell", "llvm-sys", "cranelift"]),
+];
+
 #[test]
-fn maxrun_links_no_compiler() {
-    let out = std::process::Command::new(env!("CARGO"))
-        .args(["tree", "-p", "maxrun", "--edges", "normal,build", "--prefix", "none", "--offline"])
-        .current_dir(workspace_root())
-        .output()
-        .expect("cargo tree runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let tree = String::from_utf8_lossy(&out.stdout);
-    assert!(tree.contains("maxrun"), "{tree}");
-    for banned in ["maxc ", "maxc-kernels", "maxc-codegen", "inkwell", "llvm-sys", "cranelift"] {
-        assert!(!tree.lines().any(|l| l.starts_with(banned)), "maxrun depends on {banned}:\n{tree}");
+fn crates_depend_only_on_the_layers_below_them() {
+    for &(krate, banned) in LAYERS {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args(["tree", "-p", krate, "--edges", "normal,build", "--prefix", "none", "--offline"])
+            .current_dir(workspace_root())
+            .output()
+            .expect("cargo tree runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let tree = String::from_utf8_lossy(&out.stdout);
+        assert!(tree.lines().next().is_some_and(|l| l.starts_with(&format!("{krate} "))), "{tree}");
+        for banned in banned {
+            assert!(!tree.lines().any(|l| l.starts_with(banned)), "{krate} depends on {banned}:\n{tree}");
+        }
     }
 }

@@ -7,6 +7,10 @@
 
 use std::fmt;
 
+/// How a weight is stored (the logical dtype stays the value's `dtype`): the
+/// artifact's encoding, one vocabulary from the graph to the file.
+pub use maxrun::format::WeightEncoding;
+
 /// Index of a node (and of the value it produces) in [`Graph::nodes`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(pub u32);
@@ -107,73 +111,18 @@ pub enum Placement {
     PartialSum,
 }
 
-/// How a weight is stored (the logical dtype stays the value's `dtype`).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub enum QuantScheme {
-    /// Stored as the value's dtype, unquantized.
-    #[default]
-    None,
-    /// Stored as bfloat16 (weights; computed in f32).
-    BF16,
-    /// Stored as IEEE half (weights; computed in f32).
-    F16,
-    /// Block-quantized (maxrun::format::WeightEncoding documents each layout).
-    Q8_0,
-    Q4_0,
-    Q4_1,
-    Q4K,
-    /// FP8 e4m3fn with one f32 scale per row.
-    F8E4M3,
-}
-
-impl QuantScheme {
-    /// The artifact encoding that stores a weight quantized this way.
-    pub fn encoding(self) -> maxrun::format::WeightEncoding {
-        use maxrun::format::WeightEncoding as E;
-        match self {
-            QuantScheme::None => E::Float32,
-            QuantScheme::BF16 => E::BFloat16,
-            QuantScheme::F16 => E::Float16,
-            QuantScheme::Q8_0 => E::Q8_0,
-            QuantScheme::Q4_0 => E::Q4_0,
-            QuantScheme::Q4_1 => E::Q4_1,
-            QuantScheme::Q4K => E::Q4K,
-            QuantScheme::F8E4M3 => E::Float8E4M3,
-        }
-    }
-
-    pub fn from_encoding(e: maxrun::format::WeightEncoding) -> QuantScheme {
-        use maxrun::format::WeightEncoding as E;
-        match e {
-            E::Float32 => QuantScheme::None,
-            E::BFloat16 => QuantScheme::BF16,
-            E::Float16 => QuantScheme::F16,
-            E::Q8_0 => QuantScheme::Q8_0,
-            E::Q4_0 => QuantScheme::Q4_0,
-            E::Q4_1 => QuantScheme::Q4_1,
-            E::Q4K => QuantScheme::Q4K,
-            E::Float8E4M3 => QuantScheme::F8E4M3,
-        }
-    }
-
-    /// Whether weights are stored in blocks (kernels take several parts).
-    pub fn is_block(self) -> bool {
-        self.encoding().block() > 1
-    }
-}
-
 /// The full type of a value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
     pub dtype: DType,
     pub shape: Vec<Dim>,
     pub placement: Placement,
-    pub quant: QuantScheme,
+    pub quant: WeightEncoding,
 }
 
 impl TensorType {
     pub fn new(dtype: DType, shape: Vec<Dim>) -> Self {
-        TensorType { dtype, shape, placement: Placement::Replicated, quant: QuantScheme::None }
+        TensorType { dtype, shape, placement: Placement::Replicated, quant: WeightEncoding::Float32 }
     }
 
     /// A type with static dims only.
@@ -196,28 +145,10 @@ impl TensorType {
     }
 }
 
-/// Elementwise unary functions.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    Neg,
-    Exp,
-    Silu,
-    GeluTanh,
-    /// GELU with the error function (BERT's `gelu`).
-    Gelu,
-    Rsqrt,
-    Tanh,
-}
-
-/// Elementwise binary functions (the second operand broadcasts over leading dims).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Max,
-}
+/// Elementwise unary functions, and binary ones (the second operand broadcasts
+/// over leading dims): one vocabulary with the kernels' elementwise library, so
+/// the scheduler hands a node's op to its kernel as it is.
+pub use maxc_kernels::library::elementwise::{Binary as BinaryOp, Unary as UnaryOp};
 
 /// Rotary position embedding frequency scaling.
 #[derive(Clone, Debug, PartialEq)]

@@ -59,8 +59,8 @@ pub fn type_str(ty: &TensorType) -> String {
         Placement::PartialSum => s.push_str(" @partial_sum"),
     }
     match ty.quant {
-        QuantScheme::None => {}
-        q => s.push_str(&format!(" quant({})", q.encoding().name())),
+        WeightEncoding::Float32 => {}
+        q => s.push_str(&format!(" quant({})", q.name())),
     }
     s
 }
@@ -338,7 +338,7 @@ fn parse_type(c: &mut Cursor) -> Result<TensorType> {
         c.next();
         c.punct('(')?;
         ty.quant = match maxrun::format::WeightEncoding::from_name(&c.ident()?) {
-            Some(e) if e != maxrun::format::WeightEncoding::Float32 => QuantScheme::from_encoding(e),
+            Some(e) if e != maxrun::format::WeightEncoding::Float32 => e,
             _ => return c.err(format!("unknown quantization; expected one of {}", maxrun::format::WeightEncoding::all_names())),
         };
         c.punct(')')?;

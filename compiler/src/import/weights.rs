@@ -12,7 +12,7 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
-use crate::graph::QuantScheme;
+use crate::graph::WeightEncoding;
 use crate::quant::Encoded;
 
 /// How a tensor's bytes encode its elements.
@@ -94,15 +94,15 @@ impl StorageType {
     }
 
     /// The weight encoding that stores this type's blocks without loss, if any.
-    pub fn native_scheme(self) -> Option<QuantScheme> {
+    pub fn native_scheme(self) -> Option<WeightEncoding> {
         match self {
             StorageType::F32 => None,
-            StorageType::F16 => Some(QuantScheme::F16),
-            StorageType::BF16 => Some(QuantScheme::BF16),
-            StorageType::Q8_0 => Some(QuantScheme::Q8_0),
-            StorageType::Q4_0 => Some(QuantScheme::Q4_0),
-            StorageType::Q4_1 => Some(QuantScheme::Q4_1),
-            StorageType::Q4K => Some(QuantScheme::Q4K),
+            StorageType::F16 => Some(WeightEncoding::Float16),
+            StorageType::BF16 => Some(WeightEncoding::BFloat16),
+            StorageType::Q8_0 => Some(WeightEncoding::Q8_0),
+            StorageType::Q4_0 => Some(WeightEncoding::Q4_0),
+            StorageType::Q4_1 => Some(WeightEncoding::Q4_1),
+            StorageType::Q4K => Some(WeightEncoding::Q4K),
             // No kernels compute on these blocks: they are dequantized exactly
             // at import and encoded as the compile asks.
             StorageType::Q5_0 | StorageType::Q5_1 | StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => None,
@@ -287,7 +287,7 @@ impl WeightStore {
     /// F16 / BF16): no requantization, so no precision is lost. Only the byte layout
     /// changes (interleaved blocks become separate parts); rows permuted by
     /// llama.cpp are un-permuted whole, which blocks along rows allow.
-    pub fn native_encoded(&self, name: &str, scheme: QuantScheme) -> Option<Encoded> {
+    pub fn native_encoded(&self, name: &str, scheme: WeightEncoding) -> Option<Encoded> {
         let entry = self.entries.get(name)?;
         if entry.storage.native_scheme() != Some(scheme) {
             return None;
@@ -307,7 +307,7 @@ impl WeightStore {
 /// GGUF blocks re-laid out as the parts of the matching encoding (only for types
 /// with a [`StorageType::native_scheme`]).
 fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
-    let mut parts: Vec<Vec<u8>> = vec![Vec::new(); storage.native_scheme().map_or(1, |s| s.encoding().parts().len())];
+    let mut parts: Vec<Vec<u8>> = vec![Vec::new(); storage.native_scheme().map_or(1, |s| s.parts().len())];
     match storage {
         StorageType::F32 | StorageType::F16 | StorageType::BF16 => parts[0].extend_from_slice(bytes),
         StorageType::Q8_0 => {
@@ -563,14 +563,14 @@ mod tests {
         block.extend((0..128u32).map(|i| (i * 37 % 256) as u8));
         let want = dequantize(StorageType::Q4K, &block, 256);
         let parts = native_parts(StorageType::Q4K, &block);
-        assert_eq!(crate::quant::decode(QuantScheme::Q4K, &parts, 256), want);
+        assert_eq!(crate::quant::decode(WeightEncoding::Q4K, &parts, 256), want);
         // And a sub-block scale from the high bits (j >= 4) is used at all.
         assert!(parts.parts[1][4..].iter().any(|&s| s > 15));
     }
 
     #[test]
     fn q8_q4_native_parts_decode_exactly() {
-        for (storage, scheme, block_bytes) in [(StorageType::Q8_0, QuantScheme::Q8_0, 34), (StorageType::Q4_0, QuantScheme::Q4_0, 18), (StorageType::Q4_1, QuantScheme::Q4_1, 20)] {
+        for (storage, scheme, block_bytes) in [(StorageType::Q8_0, WeightEncoding::Q8_0, 34), (StorageType::Q4_0, WeightEncoding::Q4_0, 18), (StorageType::Q4_1, WeightEncoding::Q4_1, 20)] {
             let mut bytes = Vec::new();
             for b in 0..3u32 {
                 bytes.extend(f16::from_f32(0.5 + b as f32).to_le_bytes());

@@ -29,12 +29,12 @@ pub trait Pass {
 
 /// The graph passes, in order, for float32 weights.
 pub fn pipeline() -> Vec<Box<dyn Pass>> {
-    pipeline_for(crate::graph::QuantScheme::None)
+    pipeline_for(crate::graph::WeightEncoding::Float32)
 }
 
 /// The graph passes, in order, with linear weights stored as `encoding` (and the
 /// embedding / lm_head as the quantize pass's default for it).
-pub fn pipeline_for(encoding: crate::graph::QuantScheme) -> Vec<Box<dyn Pass>> {
+pub fn pipeline_for(encoding: crate::graph::WeightEncoding) -> Vec<Box<dyn Pass>> {
     pipeline_with(encoding, None, None, None)
 }
 
@@ -42,10 +42,10 @@ pub fn pipeline_for(encoding: crate::graph::QuantScheme) -> Vec<Box<dyn Pass>> {
 /// embedding table / lm_head as `embedding` (`None`: the default), for one device
 /// of a mesh when `shard` is given (the shard pass runs only then).
 pub fn pipeline_with(
-    encoding: crate::graph::QuantScheme,
-    embedding: Option<crate::graph::QuantScheme>,
+    encoding: crate::graph::WeightEncoding,
+    embedding: Option<crate::graph::WeightEncoding>,
     shard: Option<crate::sharding::ShardTarget>,
-    stored: Option<std::sync::Arc<std::collections::HashMap<String, crate::graph::QuantScheme>>>,
+    stored: Option<std::sync::Arc<std::collections::HashMap<String, crate::graph::WeightEncoding>>>,
 ) -> Vec<Box<dyn Pass>> {
     let mut passes: Vec<Box<dyn Pass>> = vec![Box::new(canonicalize::Canonicalize), Box::new(const_fold::ConstantFold), Box::new(cse::Cse)];
     if let Some(target) = shard.filter(|t| t.devices > 1) {
@@ -64,7 +64,7 @@ pub fn pipeline_with(
 /// Every pass name, in pipeline order, including `shard` (which runs only on a mesh).
 pub fn pass_names() -> Vec<&'static str> {
     let mesh = crate::sharding::ShardTarget { index: 0, devices: 2, split_attention: true };
-    pipeline_with(crate::graph::QuantScheme::None, None, Some(mesh), None).iter().map(|p| p.name()).collect()
+    pipeline_with(crate::graph::WeightEncoding::Float32, None, Some(mesh), None).iter().map(|p| p.name()).collect()
 }
 
 /// Finds a pass by name.
@@ -82,13 +82,13 @@ pub struct PipelineOptions<'a> {
     /// Stop after the pass of this name.
     pub stop_after: Option<&'a str>,
     /// The storage encoding of the linear layers' weights.
-    pub encoding: crate::graph::QuantScheme,
+    pub encoding: crate::graph::WeightEncoding,
     /// The storage encoding of the embedding table and lm_head (`None`: default).
-    pub embedding_encoding: Option<crate::graph::QuantScheme>,
+    pub embedding_encoding: Option<crate::graph::WeightEncoding>,
     /// `--quantization-encoding stored`: each weight's encoding by name (the
     /// checkpoint's own, or the nearest more precise one with kernels), in place
     /// of `encoding`.
-    pub stored: Option<std::sync::Arc<std::collections::HashMap<String, crate::graph::QuantScheme>>>,
+    pub stored: Option<std::sync::Arc<std::collections::HashMap<String, crate::graph::WeightEncoding>>>,
     /// Build the graph of this device of a mesh (`None`: one device).
     pub shard: Option<crate::sharding::ShardTarget>,
 }

@@ -21,23 +21,23 @@
 
 use super::Pass;
 use crate::error::Result;
-use crate::graph::{Graph, Op, QuantScheme, ValueId};
+use crate::graph::{Graph, Op, WeightEncoding, ValueId};
 
 pub struct Quantize {
     /// The encoding of the linear layers' weights.
-    pub encoding: QuantScheme,
+    pub encoding: WeightEncoding,
     /// The encoding of the embedding table and lm_head; `None` picks the default.
-    pub embedding: Option<QuantScheme>,
+    pub embedding: Option<WeightEncoding>,
     /// `--quantization-encoding stored`: each weight's encoding by name, for
     /// every weight (the embedding and lm_head too, unless `embedding` names one);
     /// a stack of weights takes its most precise part's.
-    pub stored: Option<std::sync::Arc<std::collections::HashMap<String, QuantScheme>>>,
+    pub stored: Option<std::sync::Arc<std::collections::HashMap<String, WeightEncoding>>>,
 }
 
 /// Under `stored`, the encoding of weight `w` (a stack: its most precise part's).
-fn stored_encoding(graph: &Graph, w: ValueId, stored: &std::collections::HashMap<String, QuantScheme>) -> QuantScheme {
+fn stored_encoding(graph: &Graph, w: ValueId, stored: &std::collections::HashMap<String, WeightEncoding>) -> WeightEncoding {
     match &graph.node(w).op {
-        Op::Weight { name, .. } => stored.get(name).copied().unwrap_or(QuantScheme::None),
+        Op::Weight { name, .. } => stored.get(name).copied().unwrap_or(WeightEncoding::Float32),
         Op::Concat { .. } => graph
             .node(w)
             .inputs
@@ -45,25 +45,25 @@ fn stored_encoding(graph: &Graph, w: ValueId, stored: &std::collections::HashMap
             .map(|&i| stored_encoding(graph, i, stored))
             // The first of the most precise.
             .reduce(|best, q| if crate::quant::bits_per_value(q) > crate::quant::bits_per_value(best) { q } else { best })
-            .unwrap_or(QuantScheme::None),
-        _ => QuantScheme::None,
+            .unwrap_or(WeightEncoding::Float32),
+        _ => WeightEncoding::Float32,
     }
 }
 
 /// The encoding a weight with rows of `cols` values gets when `wanted` is asked for.
-pub fn fitting(wanted: QuantScheme, cols: u64) -> QuantScheme {
-    let fits = |q: QuantScheme| cols.is_multiple_of(q.encoding().block());
+pub fn fitting(wanted: WeightEncoding, cols: u64) -> WeightEncoding {
+    let fits = |q: WeightEncoding| cols.is_multiple_of(q.block());
     if fits(wanted) {
         wanted
-    } else if wanted == QuantScheme::Q4K && fits(QuantScheme::Q4_1) {
-        QuantScheme::Q4_1
+    } else if wanted == WeightEncoding::Q4K && fits(WeightEncoding::Q4_1) {
+        WeightEncoding::Q4_1
     } else {
-        QuantScheme::None
+        WeightEncoding::Float32
     }
 }
 
 /// Marks a weight (or every weight of a stacked concat) with `q`.
-fn mark(graph: &mut Graph, v: ValueId, q: QuantScheme) {
+fn mark(graph: &mut Graph, v: ValueId, q: WeightEncoding) {
     let inputs = graph.node(v).inputs.clone();
     let all_weights = inputs.iter().all(|i| matches!(graph.node(*i).op, Op::Weight { .. }));
     let node = &mut graph.nodes[v.index()];
@@ -88,8 +88,8 @@ impl Pass for Quantize {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<()> {
-        let embedding = self.embedding.unwrap_or(if self.encoding.is_block() { QuantScheme::Q8_0 } else { self.encoding });
-        if self.encoding == QuantScheme::None && embedding == QuantScheme::None && self.stored.is_none() {
+        let embedding = self.embedding.unwrap_or(if self.encoding.is_block() { WeightEncoding::Q8_0 } else { self.encoding });
+        if self.encoding == WeightEncoding::Float32 && embedding == WeightEncoding::Float32 && self.stored.is_none() {
             return Ok(());
         }
         // The lm_head is the weight of the matmul that produces the logits.
@@ -113,7 +113,7 @@ impl Pass for Quantize {
                 }
             }
         }
-        let mut chosen: Vec<(ValueId, QuantScheme)> = Vec::new();
+        let mut chosen: Vec<(ValueId, WeightEncoding)> = Vec::new();
         for id in graph.ids() {
             let node = graph.node(id);
             let w = match node.op {
@@ -135,7 +135,7 @@ impl Pass for Quantize {
             chosen.push((w, fitting(wanted, cols)));
         }
         for (w, q) in chosen {
-            if q != QuantScheme::None {
+            if q != WeightEncoding::Float32 {
                 mark(graph, w, q);
             }
         }
@@ -149,9 +149,9 @@ mod tests {
 
     #[test]
     fn q4_k_falls_back_to_q4_1_then_float32() {
-        assert_eq!(fitting(QuantScheme::Q4K, 1536), QuantScheme::Q4K);
-        assert_eq!(fitting(QuantScheme::Q4K, 576), QuantScheme::Q4_1);
-        assert_eq!(fitting(QuantScheme::Q8_0, 40), QuantScheme::None);
-        assert_eq!(fitting(QuantScheme::BF16, 40), QuantScheme::BF16);
+        assert_eq!(fitting(WeightEncoding::Q4K, 1536), WeightEncoding::Q4K);
+        assert_eq!(fitting(WeightEncoding::Q4K, 576), WeightEncoding::Q4_1);
+        assert_eq!(fitting(WeightEncoding::Q8_0, 40), WeightEncoding::Float32);
+        assert_eq!(fitting(WeightEncoding::BFloat16, 40), WeightEncoding::BFloat16);
     }
 }

@@ -13,24 +13,23 @@ use std::collections::HashMap;
 
 use maxc_kernels::library::attention::{attention, attention_combine, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, Paging, DECODE_SPLITS};
 use maxc_kernels::library::copy::{gather_rows, last_row, slice_columns};
-use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Binary, Broadcast, Unary};
+use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Broadcast};
 use maxc_kernels::ir::DotForm;
-use maxc_kernels::library::dequant::rows_form;
 use maxc_kernels::library::embedding::{embedding_in, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
-use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PanelWeights, PANEL};
+use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PanelWeights};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{Kernel, TaskCount};
-use maxrun::format::WeightEncoding;
+use maxrun::format::{Layout, WeightEncoding};
 
 use crate::error::{Error, Result};
 use crate::graph::rope::inv_freq;
-use crate::graph::{BinaryOp, Dim, Graph, Op, QuantScheme, SymDim, UnaryOp, ValueId, WeightShard};
+use crate::graph::{Dim, Graph, Op, SymDim, ValueId, WeightShard};
 
 /// Where a constant's bytes come from when the weights section is written.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,7 +53,7 @@ pub struct WeightSlot {
     pub shape: Vec<u64>,
     pub data: WeightData,
     /// How the values are stored in the artifact.
-    pub encoding: QuantScheme,
+    pub encoding: WeightEncoding,
     /// Which part of the encoding this slot holds.
     pub part: usize,
     /// How the elements are ordered in the artifact.
@@ -65,52 +64,30 @@ pub struct WeightSlot {
     pub shard: Option<WeightShard>,
 }
 
-/// Element order of a stored weight.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Layout {
-    RowMajor,
-    /// `[n/16][k][16]` for `matmul_panel` (float and fp8 encodings, `n` a
-    /// multiple of 16; fp8's per-row scales stay as they are).
-    Panel16,
-    /// Blocks of 16 rows interleaved for `matmul_interleaved` (Q8_0, Q4_0, Q4_1,
-    /// Q4_K with int8 activations; `maxc_kernels::library::dequant::rows_form`).
-    Interleaved16,
-}
-
-impl Layout {
-    pub fn name(self) -> &'static str {
-        match self {
-            Layout::RowMajor => "row_major",
-            Layout::Panel16 => "panel16",
-            Layout::Interleaved16 => "interleaved16",
-        }
-    }
-
-    /// The suffix of a weight's name in this layout (one tensor may be stored in several).
-    fn suffix(self) -> &'static str {
-        match self {
-            Layout::RowMajor => "",
-            Layout::Panel16 => "@panel16",
-            Layout::Interleaved16 => "@x16",
-        }
+/// The suffix of a weight's name in `layout` (one tensor may be stored in several).
+fn layout_suffix(layout: Layout) -> &'static str {
+    match layout {
+        Layout::RowMajor => "",
+        Layout::Panel16 => "@panel16",
+        Layout::Interleaved16 => "@x16",
     }
 }
 
 impl WeightSlot {
     /// A float32 tensor (one part).
     fn plain(name: String, shape: Vec<u64>, data: WeightData) -> WeightSlot {
-        WeightSlot { name, shape, data, encoding: QuantScheme::None, part: 0, layout: Layout::RowMajor, device: 0, shard: None }
+        WeightSlot { name, shape, data, encoding: WeightEncoding::Float32, part: 0, layout: Layout::RowMajor, device: 0, shard: None }
     }
 
     /// All the slots of a tensor stored in `encoding` and `layout`.
-    fn parts(name: &str, shape: Vec<u64>, data: WeightData, encoding: QuantScheme, layout: Layout, shard: Option<WeightShard>) -> Vec<WeightSlot> {
+    fn parts(name: &str, shape: Vec<u64>, data: WeightData, encoding: WeightEncoding, layout: Layout, shard: Option<WeightShard>) -> Vec<WeightSlot> {
         let mut name = name.to_string();
         if let Some(sh) = shard {
             name.push_str(&format!("@shard{}/{}", sh.index, sh.devices));
         }
-        name.push_str(layout.suffix());
+        name.push_str(layout_suffix(layout));
         encoding
-            .encoding()
+            
             .parts()
             .iter()
             .enumerate()
@@ -129,8 +106,8 @@ impl WeightSlot {
 }
 
 /// The kernel element type that reads a float weight stored as `q`.
-fn elem_of(q: QuantScheme) -> maxc_kernels::ElemType {
-    maxc_kernels::library::dequant::elem_of(q.encoding().parts()[0].1)
+fn elem_of(q: WeightEncoding) -> maxc_kernels::ElemType {
+    q.parts()[0].1
 }
 
 /// The activations of block-quantized matmuls (`compile.activation_encoding`).
@@ -380,17 +357,15 @@ impl Scheduler<'_, '_, '_> {
     /// reads row by row, is packed for `matmul_panel`; never in GPU-only artifacts.
     fn weight_layout(&self, w: ValueId) -> Layout {
         let ty = self.graph.ty(w);
-        let dim = |i: usize| ty.shape.get(i).and_then(|d| d.fixed()).unwrap_or(0);
-        let (n, k) = (dim(0), dim(1));
-        let float = !ty.quant.is_block();
-        let panels = PanelWeights::of(ty.quant.encoding()).is_some();
+        let shape: Vec<u64> = ty.shape.iter().map(|d| d.fixed().unwrap_or(0)).collect();
+        let encoding = ty.quant;
         let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
         let sharded_gather = gathered && matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. });
-        if self.weights.row_major_only || ty.shape.len() != 2 {
+        if self.weights.row_major_only || shape.contains(&0) {
             Layout::RowMajor
-        } else if self.weights.activations.levels().is_some() && !float && rows_form(ty.quant.encoding(), n, k).is_some() && !sharded_gather {
+        } else if self.weights.activations.levels().is_some() && Layout::Interleaved16.admits(encoding, &shape) && !sharded_gather {
             Layout::Interleaved16
-        } else if panels && n > 0 && n.is_multiple_of(PANEL) && !gathered {
+        } else if Layout::Panel16.admits(encoding, &shape) && !gathered {
             Layout::Panel16
         } else {
             Layout::RowMajor
@@ -427,7 +402,7 @@ impl Scheduler<'_, '_, '_> {
         let ty = self.graph.ty(w);
         let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
         let Some(levels) = self.weights.activations.levels().filter(|_| ty.quant.is_block()) else { return Ok(None) };
-        let (encoding, bc) = (ty.quant.encoding(), addend.map(|(_, bc)| bc));
+        let (encoding, bc) = (ty.quant, addend.map(|(_, bc)| bc));
         // 16-bit levels: as words for byte weights (Q8_0: widened once, one word
         // dot per 16), in byte planes for nibbles (byte dots take them as they are).
         let levels = match levels {
@@ -463,11 +438,11 @@ impl Scheduler<'_, '_, '_> {
         let args = self.weight_args(&[x], w, &after, layout)?;
         let (kernel, gpu_form) = match layout {
             Layout::Panel16 => {
-                let weights = PanelWeights::of(quant.encoding()).expect("panel16 weights have a panel form (weight_layout)");
+                let weights = PanelWeights::of(quant).expect("panel16 weights have a panel form (weight_layout)");
                 (matmul_panel(k, n, weights, bc, seq, self.weights.register_tile), Some(matmul_panel_rowwise(k, n, weights, bc, seq)))
             }
-            _ if quant.is_block() && self.weights.row_major_only => (matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq), None),
-            _ if quant.is_block() => (matmul_blocks(k, n, quant.encoding(), bc, seq), Some(matmul_blocks_rowwise(k, n, quant.encoding(), bc, seq))),
+            _ if quant.is_block() && self.weights.row_major_only => (matmul_blocks_rowwise(k, n, quant, bc, seq), None),
+            _ if quant.is_block() => (matmul_blocks(k, n, quant, bc, seq), Some(matmul_blocks_rowwise(k, n, quant, bc, seq))),
             Layout::RowMajor => match bc {
                 None => (matmul(k, n, elem_of(quant), seq), None),
                 Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),
@@ -709,9 +684,9 @@ fn schedule_impl<'g>(
                 let layout = s.weight_layout(node.inputs[0]);
                 let args = s.weight_args(&[], node.inputs[0], &node.inputs[1..], layout)?;
                 let kernel = match (&graph.node(node.inputs[0]).op, t.placement) {
-                    (Op::Weight { shard: Some(sh), .. }, _) if sh.axis == 0 => embedding_range(vocab, sh.index as u64 * vocab, hidden, t.quant.encoding(), seq),
+                    (Op::Weight { shard: Some(sh), .. }, _) if sh.axis == 0 => embedding_range(vocab, sh.index as u64 * vocab, hidden, t.quant, seq),
                     (_, crate::graph::Placement::Sharded { .. }) => return Err(unsupported("a sharded embedding table that is not a checkpoint weight".into())),
-                    _ => embedding_in(vocab, hidden, t.quant.encoding(), layout == Layout::Interleaved16, seq),
+                    _ => embedding_in(vocab, hidden, t.quant, layout == Layout::Interleaved16, seq),
                 };
                 s.launch(kernel, args, hidden)
             }
@@ -731,27 +706,13 @@ fn schedule_impl<'g>(
                 s.launch(swiglu(w, seq), args, w)
             }
             Op::Unary(u) => {
-                let op = match u {
-                    UnaryOp::Neg => Unary::Neg,
-                    UnaryOp::Exp => Unary::Exp,
-                    UnaryOp::Silu => Unary::Silu,
-                    UnaryOp::GeluTanh => Unary::GeluTanh,
-                    UnaryOp::Gelu => Unary::Gelu,
-                    UnaryOp::Rsqrt => Unary::Rsqrt,
-                    UnaryOp::Tanh => Unary::Tanh,
-                };
+                let op = *u;
                 let w = out_width()?;
                 let args = s.inputs(&node.inputs)?;
                 s.launch(unary(op, w, seq), args, w)
             }
             Op::Binary(b) => {
-                let op = match b {
-                    BinaryOp::Add => Binary::Add,
-                    BinaryOp::Sub => Binary::Sub,
-                    BinaryOp::Mul => Binary::Mul,
-                    BinaryOp::Div => Binary::Div,
-                    BinaryOp::Max => Binary::Max,
-                };
+                let op = *b;
                 let w = out_width()?;
                 if s.interp.is_constant(node.inputs[0]) {
                     return Err(unsupported("a binary op whose left operand is constant".into()));
@@ -947,7 +908,7 @@ fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpreter<'_>, v:
             let bits: String = values.iter().map(|f| format!("{:08x}", f.to_bits())).collect();
             let mut slot = WeightSlot::plain(format!("const.{}", short_hash(&bits)), shape, WeightData::Values(values));
             if layout == Layout::Panel16 {
-                slot.name.push_str(layout.suffix());
+                slot.name.push_str(layout_suffix(layout));
                 slot.layout = layout;
             }
             vec![slot]

@@ -5,7 +5,7 @@
 //! matmul keeps `q` and applies the scale once per block, everything else decodes
 //! single values with [`value`].
 
-use maxrun::format::{DType, WeightEncoding};
+use maxc_format::{Layout, WeightEncoding};
 
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -14,18 +14,6 @@ use crate::ir::*;
 pub const BLOCK: i64 = 32;
 /// Half a block: byte `t` of a 4-bit block holds values `t` and `t + HALF`.
 pub const HALF: i64 = BLOCK / 2;
-
-/// The kernel element type of a stored part.
-pub fn elem_of(dtype: DType) -> ElemType {
-    match dtype {
-        DType::F32 => ElemType::F32,
-        DType::I32 => ElemType::I32,
-        DType::BF16 => ElemType::BF16,
-        DType::F16 => ElemType::F16,
-        DType::I8 => ElemType::I8,
-        DType::U8 => ElemType::U8,
-    }
-}
 
 /// The parameters of one weight `[rows, cols]`: one per part, in the artifact's part order.
 #[derive(Clone, Debug)]
@@ -47,14 +35,10 @@ pub const INTERLEAVED_ROWS: i64 = DOT_LANES;
 /// `[rows / 16][blocks][16]`. `None` for other encodings or shapes (`rows` not a
 /// multiple of 16).
 pub fn rows_form(encoding: WeightEncoding, rows: u64, cols: u64) -> Option<RowsForm> {
-    if !rows.is_multiple_of(INTERLEAVED_ROWS as u64) || !cols.is_multiple_of(encoding.block()) {
+    if !Layout::Interleaved16.admits(encoding, &[rows, cols]) {
         return None;
     }
-    match encoding {
-        WeightEncoding::Q8_0 => Some(RowsForm::Bytes),
-        WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => Some(RowsForm::Nibbles),
-        _ => None,
-    }
+    Some(if encoding == WeightEncoding::Q8_0 { RowsForm::Bytes } else { RowsForm::Nibbles })
 }
 
 /// Reorders the row-major parts of a `[rows, cols]` weight in a block encoding
@@ -89,8 +73,8 @@ pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize,
                 // Per-block scalars (scales, minimums): [rows / 16][blocks][16],
                 // blocks of this part's own size (32, or Q4_K's 256).
                 let per_row = match encoding.parts()[p].2 {
-                    maxrun::format::PerRow::Every(n) => cols / n as usize,
-                    maxrun::format::PerRow::One => 1,
+                    maxc_format::PerRow::Every(n) => cols / n as usize,
+                    maxc_format::PerRow::One => 1,
                 };
                 let size = bytes.len() / (rows * per_row);
                 for r in 0..rows {
@@ -108,7 +92,7 @@ pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize,
 /// Declares the parameters of weight `name` with `cols` values per row.
 pub fn declare(b: &mut KernelBuilder, name: &str, encoding: WeightEncoding, cols: u64) -> WeightParams {
     assert_eq!(cols % encoding.block(), 0, "{name}: {cols} columns are not whole {} blocks", encoding.name());
-    let parts = encoding.parts().iter().map(|(part, dtype, _)| b.param(&format!("{name}.{part}"), elem_of(*dtype), false)).collect();
+    let parts = encoding.parts().iter().map(|(part, dtype, _)| b.param(&format!("{name}.{part}"), *dtype, false)).collect();
     WeightParams { encoding, parts, cols: cols as i64, interleaved: None }
 }
 

@@ -4,7 +4,7 @@ use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
 
-/// Unary functions of the graph IR, in kernel form.
+/// Unary functions; the graph IR's `UnaryOp` is this type.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Unary {
     Neg,
@@ -17,7 +17,8 @@ pub enum Unary {
     Tanh,
 }
 
-/// Binary ops of the graph IR.
+/// Binary ops; the graph IR's `BinaryOp` is this type (the second operand
+/// broadcasts over leading dims, as [`Broadcast`] says).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Binary {
     Add,

@@ -1,7 +1,7 @@
 //! Embedding gather: `out[r] = table[ids[r]]`, one row task per token, decoding
 //! the table's encoding (float or block-quantized) on the fly.
 
-use maxrun::format::WeightEncoding;
+use maxc_format::WeightEncoding;
 
 use super::dequant::{declare, declare_interleaved};
 use super::SeqMode;

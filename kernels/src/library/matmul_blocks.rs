@@ -9,7 +9,7 @@
 //! sum out of the block loop: it runs once per output, after the last block.
 //! Tasks, tiling and the epilogue follow the float matmul (`matmul.rs`).
 
-use maxrun::format::WeightEncoding;
+use maxc_format::WeightEncoding;
 
 use super::dequant::{declare, WeightParams, BLOCK, HALF};
 use super::elementwise::Broadcast;

@@ -10,7 +10,7 @@
 //! decode; each output keeps a
 //! [`DOT_LANES`]-wide accumulator, reduced once after the last block.
 
-use maxrun::format::WeightEncoding;
+use maxc_format::WeightEncoding;
 
 use super::dequant::{declare, WeightParams, BLOCK};
 use super::elementwise::Broadcast;

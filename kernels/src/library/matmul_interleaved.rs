@@ -31,7 +31,7 @@
 //! accesses against 165 for 2 rows, at the same SmolLM2 q8_0 prefill speed
 //! (turn about, 0.97-1.04x), so the smaller register footprint was kept.
 
-use maxrun::format::WeightEncoding;
+use maxc_format::WeightEncoding;
 
 use super::dequant::{declare_interleaved, WeightParams, INTERLEAVED_ROWS};
 use super::elementwise::Broadcast;

@@ -14,7 +14,7 @@
 //! each weight vector feeds `rows` FMAs and each broadcast activation `panels`;
 //! decode takes one row and all of the task's panels.
 
-use maxrun::format::WeightEncoding;
+use maxc_format::WeightEncoding;
 
 use super::dequant::e4m3_half_bits_of_signed;
 use super::elementwise::Broadcast;

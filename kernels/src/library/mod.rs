@@ -107,7 +107,7 @@ impl RegisterTile {
 #[cfg(test)]
 pub(crate) mod test_util {
     use crate::interp::Buffer;
-    use maxrun::format::WeightEncoding;
+    use maxc_format::WeightEncoding;
 
     /// Deterministic pseudo-random values in [-1, 1).
     pub fn rand(n: usize, seed: u64) -> Vec<f32> {
@@ -133,12 +133,12 @@ pub(crate) mod test_util {
                 let n = encoding.part_elems(p, &shape).unwrap() as usize;
                 let r = rand(n, seed + p as u64);
                 match dtype {
-                    maxrun::format::DType::I8 => Buffer::I8(r.iter().map(|v| (v * 127.0) as i8).collect()),
-                    maxrun::format::DType::U8 if encoding == WeightEncoding::Float8E4M3 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.0) as u8 & 0xf7).collect()),
-                    maxrun::format::DType::U8 if p == 0 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect()),
-                    maxrun::format::DType::U8 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 31.9) as u8).collect()),
-                    maxrun::format::DType::F16 => Buffer::F16(r.iter().map(|v| half::f16::from_f32(v * 0.1).to_bits()).collect()),
-                    maxrun::format::DType::F32 => Buffer::F32(r.iter().map(|v| v * 0.1).collect()),
+                    maxc_format::DType::I8 => Buffer::I8(r.iter().map(|v| (v * 127.0) as i8).collect()),
+                    maxc_format::DType::U8 if encoding == WeightEncoding::Float8E4M3 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.0) as u8 & 0xf7).collect()),
+                    maxc_format::DType::U8 if p == 0 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect()),
+                    maxc_format::DType::U8 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 31.9) as u8).collect()),
+                    maxc_format::DType::F16 => Buffer::F16(r.iter().map(|v| half::f16::from_f32(v * 0.1).to_bits()).collect()),
+                    maxc_format::DType::F32 => Buffer::F32(r.iter().map(|v| v * 0.1).collect()),
                     other => panic!("no test data for {other:?}"),
                 }
             })

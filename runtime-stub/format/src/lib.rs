@@ -271,26 +271,78 @@ pub struct KernelEntry {
     pub gpu_threads_per_task: u32,
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Element types of stored tensors and of kernel buffers (`maxc_kernels::ElemType`
+/// is this type).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
     F32,
     I32,
-    /// bfloat16, little-endian.
+    /// bfloat16, little-endian; kernel loads widen to f32 (weights only, never stored).
     BF16,
-    /// IEEE half, little-endian.
+    /// IEEE half, little-endian; kernel loads widen to f32, stores round an f32 to
+    /// nearest even (f16 weights, and the KV cache with `--kv-cache-encoding float16`).
     F16,
-    /// Signed bytes.
+    /// Signed bytes; kernel loads sign-extend to i64, stores truncate an i64
+    /// (quantized weights, and activations quantized to int8 at run time).
     I8,
-    /// Unsigned bytes (packed 4-bit pairs, fp8 codes, 6-bit scales).
+    /// Unsigned bytes (packed 4-bit pairs, fp8 codes, 6-bit scales); kernel loads
+    /// zero-extend to i64, never stored.
     U8,
 }
 
 impl DType {
+    /// Bytes per element.
     pub fn size(self) -> u64 {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
             DType::I8 | DType::U8 => 1,
+        }
+    }
+}
+
+/// Element order of a stored weight ([`WeightEntry::layout`] holds its name).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Row after row, each row's blocks or values in order.
+    RowMajor,
+    /// `[n/16][k][16]` for the panel matmul (float and fp8 encodings, `n` a
+    /// multiple of 16; fp8's per-row scales stay as they are).
+    Panel16,
+    /// Blocks of 32 values of 16 consecutive rows stored together for the
+    /// interleaved integer matmul (Q8_0, Q4_0, Q4_1, Q4_K); docs/mef.md.
+    Interleaved16,
+}
+
+impl Layout {
+    /// Every layout, in the order docs/mef.md lists them.
+    pub const ALL: [Layout; 3] = [Layout::RowMajor, Layout::Panel16, Layout::Interleaved16];
+
+    /// The name an artifact records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::RowMajor => "row_major",
+            Layout::Panel16 => "panel16",
+            Layout::Interleaved16 => "interleaved16",
+        }
+    }
+
+    /// The layout an artifact's name stands for.
+    pub fn from_name(name: &str) -> Option<Layout> {
+        Layout::ALL.into_iter().find(|l| l.name() == name)
+    }
+
+    /// Whether a weight in `encoding` of logical `shape` may be stored in this
+    /// layout: the one statement of the rule that the compiler's layout decision,
+    /// the kernels' packed forms and the loader's check share. Packed layouts take
+    /// matrices whose rows come in whole groups of 16 (and, interleaved, whose
+    /// rows are whole blocks).
+    pub fn admits(self, encoding: WeightEncoding, shape: &[u64]) -> bool {
+        let rows_of_16 = shape.len() == 2 && shape[0].is_multiple_of(16);
+        match self {
+            Layout::RowMajor => true,
+            Layout::Panel16 => rows_of_16 && matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 | WeightEncoding::Float8E4M3),
+            Layout::Interleaved16 => rows_of_16 && matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K) && shape[1].is_multiple_of(encoding.block()),
         }
     }
 }
@@ -338,8 +390,12 @@ pub enum PerRow {
 /// Weight storage encodings (MAX's `--quantization-encoding` names). Each is a
 /// list of parts, row-major over `[rows, cols]` with `cols` the last axis; block
 /// encodings cut every row into blocks along `cols`. docs/mef.md gives the layouts.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+/// The compiler's graph IR marks every value with the one it is stored in
+/// (`TensorType::quant`): `Float32`, the default, is "unquantized", also for
+/// values that are not float32 (token ids), whose dtype says what they are.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WeightEncoding {
+    #[default]
     Float32,
     BFloat16,
     Float16,
@@ -360,6 +416,11 @@ pub enum WeightEncoding {
 }
 
 impl WeightEncoding {
+    /// Whether values are stored in blocks (kernels take several parts).
+    pub fn is_block(self) -> bool {
+        self.block() > 1
+    }
+
     pub const ALL: [WeightEncoding; 8] = [
         WeightEncoding::Float32,
         WeightEncoding::BFloat16,
