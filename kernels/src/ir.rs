@@ -493,7 +493,25 @@ impl Kernel {
         })
     }
 
-    /// Checks types, parameter indices and write permissions.
+    /// The kernel verifier. Its invariants, each refused with a message naming
+    /// the kernel:
+    /// - the task variable is a declared `i64` variable;
+    /// - every variable a `set` assigns is declared, and the value has its type;
+    /// - every buffer a statement names exists (a parameter index, or a local at
+    ///   `LOCAL_BASE` and above);
+    /// - stores go to writable buffers only, never to weight-only element types
+    ///   (`bf16`, `u8`); an `f32` / `f16` buffer takes an `f32`, an `i32` / `i8`
+    ///   one an `i64`; indices, prefetch indices, loop variables and loop bounds
+    ///   are `i64`; `if` and `select` conditions are `bool`, and both arms of a
+    ///   `select` have one type;
+    /// - expressions type-check (`type_of`): binary operators on operands of one
+    ///   type as the operator allows, conversions from the type they take;
+    /// - a dot statement's accumulator is a local of at least `DOT_LANES`
+    ///   elements; its weights, activations and per-row scales are parameters;
+    ///   activations are `i8`; scales are `f32`, starts `i64`; `DotBlock` weights
+    ///   match the form (`i8` for int8, `u8` for nibble pairs), `DotRows` weights
+    ///   are bytes, its row scales a float parameter and its row factors (Q4_K's
+    ///   6-bit ones) a byte parameter, each with an `i64` start.
     pub fn validate(&self) -> Result<(), KernelError> {
         let err = |message: String| KernelError { kernel: self.name.clone(), message };
         if self.vars.get(self.task_var as usize) != Some(&ValType::I64) {
