@@ -371,7 +371,7 @@ pub fn generate_code(config: &CompileConfig, kernels: &crate::schedule::KernelSe
     use crate::error::Error;
     let targets = &config.targets;
     if let (Some(dir), Some(target)) = (&options.emit_llvm, &targets.cpu) {
-        std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::write(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
         let path = dir.join("kernels.ll");
         let ir = maxc_codegen::llvm::emit_llvm_ir(&kernels.kernels, target)?;
         std::fs::write(&path, ir).map_err(|e| Error::write(&path, e))?;
@@ -401,7 +401,7 @@ pub fn generate_code(config: &CompileConfig, kernels: &crate::schedule::KernelSe
     let gpu_kernels = kernels.for_gpu();
     let ptx: Vec<String> = targets.gpus.iter().map(|g| maxc_codegen::llvm::compile_ptx(&gpu_kernels, g)).collect::<std::result::Result<_, _>>()?;
     if let Some(dir) = &options.emit_ptx {
-        std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::write(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
         for (g, module) in targets.gpus.iter().zip(&ptx) {
             let path = dir.join(format!("{}.ptx", g.arch));
             std::fs::write(&path, module).map_err(|e| Error::write(&path, e))?;
@@ -559,10 +559,10 @@ pub fn check(manifest: &LoadedManifest) -> Vec<crate::Error> {
 /// `--dump-ir`: every kernel of the artifact in the kernel IR's text form
 /// (`maxc_kernels::ir_text`), one `NAME.kir` file each in `dir`.
 fn dump_kernels(dir: &std::path::Path, kernels: &crate::schedule::KernelSet) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::write(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| crate::Error::write(dir, e))?;
     for kernel in &kernels.kernels {
         let path = dir.join(format!("{}.kir", kernel.name));
-        std::fs::write(&path, maxc_kernels::ir_text::print(kernel)).map_err(|e| crate::error::Error::write(&path, e))?;
+        std::fs::write(&path, maxc_kernels::ir_text::print(kernel)).map_err(|e| crate::Error::write(&path, e))?;
     }
     Ok(())
 }

@@ -132,10 +132,9 @@ fn nearest_int(x: f32) -> i32 {
     x.round_ties_even() as i32
 }
 
-/// Quantizes `values` (rows of `cols`) into `scheme`'s parts. `cols` must be a
+/// Quantizes `values` (rows of `cols`) into `encoding`'s parts. `cols` must be a
 /// whole number of blocks (the quantize pass only picks encodings that fit).
-pub fn encode(scheme: WeightEncoding, values: &[f32], cols: usize) -> Encoded {
-    let encoding = scheme;
+pub fn encode(encoding: WeightEncoding, values: &[f32], cols: usize) -> Encoded {
     assert_eq!(cols % encoding.block() as usize, 0, "{cols} columns are not whole {} blocks", encoding.name());
     let parts = match encoding {
         WeightEncoding::Float32 => vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()],
@@ -409,8 +408,7 @@ mod tests {
         let e = encode(scheme, values, cols);
         let shape = [(values.len() / cols) as u64, cols as u64];
         for (i, part) in e.parts.iter().enumerate() {
-            let enc = scheme;
-            assert_eq!(part.len() as u64, enc.part_elems(i, &shape).unwrap() * enc.parts()[i].1.size(), "{} part {i}", enc.name());
+            assert_eq!(part.len() as u64, scheme.part_elems(i, &shape).unwrap() * scheme.parts()[i].1.size(), "{} part {i}", scheme.name());
         }
         decode(scheme, &e, cols)
     }

@@ -87,7 +87,6 @@ impl WeightSlot {
         }
         name.push_str(layout_suffix(layout));
         encoding
-            
             .parts()
             .iter()
             .enumerate()
