@@ -163,18 +163,22 @@ pub struct CompileReport {
     pub decode_launches: usize,
     pub prefill_arena_bytes: u64,
     pub decode_arena_bytes: u64,
-    /// Each phase, in order: (name, wall seconds, peak resident bytes so far).
-    pub phases: Vec<(&'static str, f64, u64)>,
+    /// Each phase, in order.
+    pub phases: Vec<Phase>,
     /// Decisions the user should know about (e.g. attention replicated on a mesh).
     pub notes: Vec<String>,
 }
 
-/// The process's peak resident set size (VmHWM), 0 where /proc is unavailable.
-pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
-        .map_or(0, |kb| kb * 1024)
+/// One phase of a compile: its wall time and memory.
+#[derive(Debug, Clone)]
+pub struct Phase {
+    pub name: &'static str,
+    pub wall_s: f64,
+    /// The process's peak resident set so far (VmHWM: mapped checkpoint pages included).
+    pub peak_rss_bytes: u64,
+    /// The peak anonymous resident memory during the phase (sampled,
+    /// `resident::AnonPeak`): what the compile itself holds.
+    pub peak_anon_bytes: u64,
 }
 
 /// The largest prefill step; longer prompts run in chunks of this many tokens.
@@ -230,10 +234,12 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
             return Err(Error::invalid(output, "-o", "the output directory does not exist"));
         }
     }
-    let mut phases: Vec<(&'static str, f64, u64)> = Vec::new();
+    let mut phases: Vec<Phase> = Vec::new();
     let mut clock = std::time::Instant::now();
-    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64, u64)>| {
-        phases.push((name, clock.elapsed().as_secs_f64(), peak_rss_bytes()));
+    let anon = crate::resident::AnonPeak::start();
+    let mut lap = |name: &'static str, phases: &mut Vec<Phase>| {
+        let (peak_rss_bytes, peak_anon_bytes) = (crate::resident::peak_rss_bytes(), anon.phase_peak());
+        phases.push(Phase { name, wall_s: clock.elapsed().as_secs_f64(), peak_rss_bytes, peak_anon_bytes });
         clock = std::time::Instant::now();
     };
 

@@ -70,11 +70,8 @@ impl WeightSource for crate::import::WeightStore {
         self.to_f32(name)
     }
 
-    fn weight_encoded(&self, name: &str, scheme: crate::graph::WeightEncoding, cols: usize) -> Result<crate::quant::Encoded> {
-        match self.native_encoded(name, scheme) {
-            Some(e) => Ok(e),
-            None => Ok(crate::quant::encode(scheme, &self.to_f32(name)?, cols)),
-        }
+    fn weight_encoded(&self, name: &str, scheme: crate::graph::WeightEncoding, _cols: usize) -> Result<crate::quant::Encoded> {
+        self.encoded(name, scheme)
     }
 }
 

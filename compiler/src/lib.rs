@@ -17,6 +17,7 @@ pub mod passes;
 pub mod progress;
 pub mod provenance;
 pub mod quant;
+pub mod resident;
 pub mod schedule;
 pub mod sharding;
 

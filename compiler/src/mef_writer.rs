@@ -1,8 +1,7 @@
 //! The MEF writer: lays out the sections, encodes the header, and writes the file
 //! through a temporary file that is renamed into place, so an error never leaves a
-//! partial artifact behind. Weights are streamed one tensor at a time.
-
-use std::io::{BufWriter, Seek, Write};
+//! partial artifact behind. Weights are streamed in pieces of rows, so the
+//! memory a compile needs does not grow with the model ([`PIECE_VALUES`]).
 
 use std::path::Path;
 
@@ -98,135 +97,207 @@ pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<
     Ok(total)
 }
 
-/// A writer that tracks its position and hashes what it writes.
-struct Hashing<W> {
-    inner: W,
-    pos: u64,
-    state: ChecksumState,
+/// Values per piece of a large tensor: a tensor is decoded, encoded, laid out
+/// and written in pieces of at most this many values (whole groups of 16 rows),
+/// so that a compile's memory does not grow with the model: each worker thread
+/// holds one piece, about 3 x 4 MiB (the values as f32, encoded, laid out).
+pub const PIECE_VALUES: usize = 1 << 20;
+
+/// One piece of work: rows `rows` of the tensor whose parts are the slots `group`.
+struct Piece {
+    group: std::ops::Range<usize>,
+    rows: std::ops::Range<usize>,
 }
 
-impl<W: Write> Hashing<W> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.inner.write_all(bytes)?;
-        self.state.update(bytes);
-        self.pos += bytes.len() as u64;
-        Ok(())
-    }
-
-    /// Writes zeros up to absolute `offset`.
-    fn pad_to(&mut self, offset: u64) -> std::io::Result<()> {
-        assert!(self.pos <= offset, "writer is past offset {offset} (at {})", self.pos);
-        const ZEROS: [u8; 4096] = [0; 4096];
-        while self.pos < offset {
-            let n = (offset - self.pos).min(ZEROS.len() as u64) as usize;
-            self.write(&ZEROS[..n])?;
-        }
-        Ok(())
-    }
-
-    /// Starts a new checksum (at a section start) and returns the previous one.
-    fn restart(&mut self) -> u64 {
-        std::mem::replace(&mut self.state, ChecksumState::new()).digest()
-    }
+/// Rows of a tensor of `shape`: every axis but the last, flattened.
+fn rows_of(shape: &[u64]) -> usize {
+    shape.iter().rev().skip(1).product::<u64>() as usize
 }
 
-/// Tensors decoded in parallel per batch (their order in the file never changes).
-const WEIGHT_BATCH: usize = 8;
-
+/// Writes the file at `tmp` (sections at the offsets in the header, gaps zero),
+/// then reads each section back for its checksum and writes the header.
+/// Weights are written in pieces by all of rayon's threads, each piece to its
+/// own offsets, so no thread holds more than one piece.
 fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
     let io = |e| Error::write(tmp, e);
-    let file = std::fs::File::create(tmp).map_err(io)?;
-    let mut w = Hashing { inner: BufWriter::with_capacity(1 << 20, file), pos: 0, state: ChecksumState::new() };
-    w.pad_to(header_len).map_err(io)?;
-    let mut checksums = Vec::with_capacity(c.header.sections.len());
+    let end = c.header.sections.last().map_or(header_len, |s| s.offset + s.len);
+    let file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(tmp).map_err(io)?;
+    file.set_len(end).map_err(io)?;
     for s in &c.header.sections {
-        w.pad_to(s.offset).map_err(io)?;
-        w.restart();
         match s.kind {
-            SectionKind::Code => w.write(c.code.unwrap_or_default()).map_err(io)?,
-            SectionKind::Ptx(i) => w.write(c.ptx[i as usize].as_bytes()).map_err(io)?,
-            SectionKind::Tokenizer => w.write(c.tokenizer_json.as_bytes()).map_err(io)?,
-            SectionKind::ChatTemplate => w.write(c.chat_template.unwrap_or_default().as_bytes()).map_err(io)?,
-            SectionKind::Weights(device) => {
-                let bar = crate::progress::bytes_bar(s.len, "writing weights", c.progress);
-                // One group per tensor: its parts are consecutive slots, encoded together.
-                let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
-                for (i, slot) in c.weights.iter().enumerate() {
-                    if slot.device != device {
-                        continue;
-                    }
-                    match groups.last_mut() {
-                        Some(g) if slot.part > 0 => g.end = i + 1,
-                        _ => groups.push(i..i + 1),
-                    }
-                }
-                for batch in groups.chunks(WEIGHT_BATCH) {
-                    use rayon::prelude::*;
-                    let encoded: Vec<Result<crate::quant::Encoded>> = batch.par_iter().map(|g| encode_weight(&c.weights[g.start], c.store)).collect();
-                    for (group, tensor) in batch.iter().zip(encoded) {
-                        let tensor = tensor?;
-                        assert_eq!(tensor.parts.len(), group.len(), "{}: parts", c.weights[group.start].name);
-                        for (entry, bytes) in c.header.weights[group.clone()].iter().zip(&tensor.parts) {
-                            assert_eq!(bytes.len() as u64, entry.len, "{}: part length", entry.name);
-                            w.pad_to(s.offset + entry.offset).map_err(io)?;
-                            w.write(bytes).map_err(io)?;
-                        }
-                        bar.set_position(w.pos - s.offset);
-                    }
-                }
-                bar.finish_and_clear();
-                // The section ends 64-byte aligned, after the last entry's padding.
-                w.pad_to(s.offset + s.len).map_err(io)?;
-            }
+            SectionKind::Code => file.write_all_at(c.code.unwrap_or_default(), s.offset).map_err(io)?,
+            SectionKind::Ptx(i) => file.write_all_at(c.ptx[i as usize].as_bytes(), s.offset).map_err(io)?,
+            SectionKind::Tokenizer => file.write_all_at(c.tokenizer_json.as_bytes(), s.offset).map_err(io)?,
+            SectionKind::ChatTemplate => file.write_all_at(c.chat_template.unwrap_or_default().as_bytes(), s.offset).map_err(io)?,
+            SectionKind::Weights(device) => write_weights(&file, tmp, s, device, c)?,
         }
-        assert_eq!(w.pos, s.offset + s.len, "{:?} section length", s.kind);
-        checksums.push(w.restart());
     }
-    let end = c.header.sections.last().map_or(0, |s| s.offset + s.len);
-    w.pad_to(end).map_err(io)?;
-    for (s, sum) in c.header.sections.iter_mut().zip(checksums) {
-        s.checksum = sum;
+    let mut buffer = vec![0u8; 4 << 20];
+    for s in &mut c.header.sections {
+        let mut state = ChecksumState::new();
+        let mut at = s.offset;
+        while at < s.offset + s.len {
+            let n = (s.offset + s.len - at).min(buffer.len() as u64) as usize;
+            file.read_exact_at(&mut buffer[..n], at).map_err(io)?;
+            state.update(&buffer[..n]);
+            at += n as u64;
+        }
+        s.checksum = state.digest();
     }
     let prelude = encode_header(&c.header);
     assert_eq!(prelude.len() as u64, header_len, "header length must not depend on offsets or checksums");
-    let mut file = w.inner.into_inner().map_err(|e| io(e.into_error()))?;
-    file.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
-    file.write_all(&prelude).map_err(io)?;
+    file.write_all_at(&prelude, 0).map_err(io)?;
     file.sync_all().map_err(io)?;
     Ok(end)
 }
 
-/// A tensor's parts in its encoding and layout (little-endian), from its first slot.
-fn encode_weight(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant::Encoded> {
-    let mut e = encode_row_major(slot, store)?;
+/// Writes one device's weights section in pieces ([`PIECE_VALUES`]).
+fn write_weights(file: &std::fs::File, tmp: &Path, s: &Section, device: u32, c: &ArtifactContents<'_>) -> Result<()> {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
+    let bar = crate::progress::bytes_bar(s.len, "writing weights", c.progress);
+    // One group per tensor: its parts are consecutive slots, encoded together.
+    let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, slot) in c.weights.iter().enumerate() {
+        if slot.device != device {
+            continue;
+        }
+        match groups.last_mut() {
+            Some(g) if slot.part > 0 => g.end = i + 1,
+            _ => groups.push(i..i + 1),
+        }
+    }
+    let mut pieces = Vec::new();
+    for g in groups {
+        let slot = &c.weights[g.start];
+        let rows = rows_of(&slot.shape);
+        let cols = *slot.shape.last().unwrap_or(&1) as usize;
+        let step = (PIECE_VALUES / cols.max(1)).max(1).next_multiple_of(16);
+        pieces.extend((0..rows).step_by(step).map(|r| Piece { group: g.clone(), rows: r..(r + step).min(rows) }));
+    }
+    pieces.par_iter().try_for_each(|piece| -> Result<()> {
+        let first = &c.weights[piece.group.start];
+        let tensor = encode_piece(first, c.store, piece.rows.clone())?;
+        assert_eq!(tensor.parts.len(), piece.group.len(), "{}: parts", first.name);
+        let rows = rows_of(&first.shape) as u64;
+        for (entry, bytes) in c.header.weights[piece.group.clone()].iter().zip(&tensor.parts) {
+            // Every part's rows (or groups of 16 rows, laid out) are equal runs of bytes.
+            let (at, len) = (entry.len / rows * piece.rows.start as u64, entry.len / rows * piece.rows.len() as u64);
+            assert_eq!(bytes.len() as u64, len, "{}: rows {:?} of a part", entry.name, piece.rows);
+            file.write_all_at(bytes, s.offset + entry.offset + at).map_err(|e| Error::write(tmp, e))?;
+            bar.inc(len);
+        }
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Rows `rows` of a tensor's parts in its encoding and layout (little-endian),
+/// from its first slot; `rows` starts at a multiple of 16, so a layout's groups
+/// of 16 rows are whole.
+fn encode_piece(slot: &WeightSlot, store: &WeightStore, rows: std::ops::Range<usize>) -> Result<crate::quant::Encoded> {
+    let mut e = encode_rows(slot, store, rows.clone())?;
+    let k = *slot.shape.last().unwrap_or(&1) as usize;
     if slot.layout == maxrun::format::Layout::Panel16 {
-        let (n, k) = (slot.shape[0] as usize, slot.shape[1] as usize);
-        let size = e.parts[0].len() / (n * k);
-        e.parts[0] = maxc_kernels::library::matmul_panel::pack_panels(&e.parts[0], n, k, size);
+        let size = e.parts[0].len() / (rows.len() * k);
+        e.parts[0] = maxc_kernels::library::matmul_panel::pack_panels(&e.parts[0], rows.len(), k, size);
     }
     if slot.layout == maxrun::format::Layout::Interleaved16 {
-        let (n, k) = (slot.shape[0] as usize, slot.shape[1] as usize);
-        e.parts = maxc_kernels::library::dequant::interleave_rows(slot.encoding, &e.parts, n, k);
+        e.parts = maxc_kernels::library::dequant::interleave_rows(slot.encoding, &e.parts, rows.len(), k);
     }
     Ok(e)
 }
 
-fn encode_row_major(slot: &WeightSlot, store: &WeightStore) -> Result<crate::quant::Encoded> {
-    use crate::interp::WeightSource;
-    // A shard is cut from the whole tensor, encoded as the unsharded artifact
-    // would store it (native blocks stay bit-exact).
-    let checkpoint = |name: &str| -> Result<crate::quant::Encoded> {
-        let Some(sh) = slot.shard else {
-            return store.weight_encoded(name, slot.encoding, *slot.shape.last().unwrap_or(&1) as usize);
-        };
-        let full = store.shape(name)?;
-        let whole = store.weight_encoded(name, slot.encoding, *full.last().unwrap_or(&1) as usize)?;
-        let len = full[sh.axis as usize] / sh.devices as u64;
-        Ok(whole.slice(slot.encoding, &full, sh.axis as usize, sh.index as u64 * len, len))
+/// Rows `rows` of the slot's tensor, row-major: its checkpoint tensor (or the
+/// slot's shard of it), the stacked tensors' rows in turn, or computed values.
+fn encode_rows(slot: &WeightSlot, store: &WeightStore, rows: std::ops::Range<usize>) -> Result<crate::quant::Encoded> {
+    let cols = *slot.shape.last().unwrap_or(&1) as usize;
+    let names = match &slot.data {
+        WeightData::Values(v) => return Ok(crate::quant::encode(slot.encoding, &v[rows.start * cols..rows.end * cols], cols)),
+        WeightData::Checkpoint(name) => std::slice::from_ref(name),
+        WeightData::Stacked(names) => names.as_slice(),
     };
-    Ok(match &slot.data {
-        WeightData::Checkpoint(name) => checkpoint(name)?,
-        WeightData::Stacked(names) => crate::quant::Encoded::concat_rows(names.iter().map(|n| checkpoint(n)).collect::<Result<Vec<_>>>()?),
-        WeightData::Values(v) => crate::quant::encode(slot.encoding, v, *slot.shape.last().unwrap_or(&1) as usize),
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for name in names {
+        let len = shard_rows(slot, store, name)?;
+        let (lo, hi) = (rows.start.max(at), rows.end.min(at + len));
+        if lo < hi {
+            pieces.push(checkpoint_rows(slot, store, name, lo - at..hi - at)?);
+        }
+        at += len;
+    }
+    Ok(if pieces.len() == 1 { pieces.pop().expect("one piece") } else { crate::quant::Encoded::concat_rows(pieces) })
+}
+
+/// The rows of checkpoint tensor `name` that the slot holds: all of them, or
+/// its shard's share when the shard splits the rows.
+fn shard_rows(slot: &WeightSlot, store: &WeightStore, name: &str) -> Result<usize> {
+    let full = store.shape(name)?;
+    Ok(match slot.shard {
+        Some(sh) if (sh.axis as usize) + 1 < full.len() => rows_of(&full) / sh.devices as usize,
+        _ => rows_of(&full),
     })
+}
+
+/// Rows `rows` of the slot's share of checkpoint tensor `name`. A shard is cut
+/// from the tensor as the unsharded artifact would store it (native blocks stay
+/// bit-exact): a range of its rows, or of its columns in whole blocks.
+fn checkpoint_rows(slot: &WeightSlot, store: &WeightStore, name: &str, rows: std::ops::Range<usize>) -> Result<crate::quant::Encoded> {
+    let Some(sh) = slot.shard else {
+        return store.rows_encoded(name, slot.encoding, rows);
+    };
+    let full = store.shape(name)?;
+    if (sh.axis as usize) + 1 < full.len() {
+        assert_eq!(sh.axis, 0, "{name}: shards split the first axis or the last");
+        let start = rows_of(&full) / sh.devices as usize * sh.index as usize;
+        return store.rows_encoded(name, slot.encoding, start + rows.start..start + rows.end);
+    }
+    let cols = *full.last().unwrap_or(&1);
+    let len = cols / sh.devices as u64;
+    let whole_rows = store.rows_encoded(name, slot.encoding, rows.clone())?;
+    Ok(whole_rows.slice(slot.encoding, &[rows.len() as u64, cols], 1, sh.index as u64 * len, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor written in pieces is the tensor written whole: every part's
+    /// pieces, in order, are its bytes, in each layout (groups of 16 rows stay
+    /// whole) and encoding (every encoding is row-local).
+    #[test]
+    fn pieces_concatenate_to_the_whole_tensor() {
+        let (rows, cols) = (64usize, 256usize);
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 300.0).collect();
+        let store = WeightStore::default();
+        let cases = [
+            (WeightEncoding::Float32, Layout::Panel16),
+            (WeightEncoding::BFloat16, Layout::Panel16),
+            (WeightEncoding::Q8_0, Layout::Interleaved16),
+            (WeightEncoding::Q4K, Layout::Interleaved16),
+            (WeightEncoding::Q4_1, Layout::RowMajor),
+            (WeightEncoding::Float8E4M3, Layout::Panel16),
+        ];
+        for (encoding, layout) in cases {
+            let slot = WeightSlot {
+                name: "w".into(),
+                shape: vec![rows as u64, cols as u64],
+                data: WeightData::Values(values.clone()),
+                encoding,
+                part: 0,
+                layout,
+                device: 0,
+                shard: None,
+            };
+            let whole = encode_piece(&slot, &store, 0..rows).unwrap();
+            let pieces: Vec<_> = [0..16, 16..48, 48..64].into_iter().map(|r| encode_piece(&slot, &store, r).unwrap()).collect();
+            for (p, bytes) in whole.parts.iter().enumerate() {
+                let joined: Vec<u8> = pieces.iter().flat_map(|e| e.parts[p].iter().copied()).collect();
+                assert!(joined == *bytes, "{} {:?}: part {p} in pieces differs", encoding.name(), layout);
+            }
+        }
+    }
 }

@@ -542,6 +542,32 @@ fn cranelift_backend_matches_golden() {
     assert_clean_error(&r, 1, &["cranelift", "baseline x86-64"]);
 }
 
+/// Weights stream from the checkpoint to the artifact in pieces: writing
+/// SmolLM2 at float32 (540 MB of weights; its embedding alone is 108 MiB as
+/// f32) adds less than 64 MiB of anonymous memory to what the earlier phases
+/// peaked at (the bound: 2 threads x one piece of 2^20 values, as f32, encoded
+/// and laid out, plus allocator slack; docs/performance.md "Compile memory").
+/// A writer that held a whole tensor would exceed it.
+#[test]
+fn compile_memory_does_not_grow_with_the_weights() {
+    let mef = temp_file("anon", "f32.mef");
+    let r = run_bin(
+        "maxc",
+        &[os("compile"), os("--model"), smollm2_gguf().as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os("float32"), os("--jobs"), os("2"), os("--log-format"), os("json")],
+    );
+    assert_eq!(r.0, 0, "{}", r.2);
+    let phases: Vec<serde_json::Value> = r.1.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|o| o["phase"].is_string()).collect();
+    let anon = |o: &serde_json::Value| o["peak_anon_bytes"].as_u64().expect("peak_anon_bytes");
+    let (write, before) = phases.split_last().expect("phases");
+    assert_eq!(write["phase"], "write artifact");
+    let earlier = before.iter().map(anon).max().unwrap();
+    assert!(earlier > 0, "the phase table reports anonymous memory");
+    let embedding_f32 = 49152u64 * 576 * 4;
+    let bound = 64u64 << 20;
+    assert!(bound < embedding_f32);
+    assert!(anon(write) <= earlier + bound, "writing the weights peaked at {} MiB of anonymous memory, the phases before at {} MiB", anon(write) >> 20, earlier >> 20);
+}
+
 /// `--log-format json` prints one JSON object per phase and a summary; `--quiet`
 /// prints nothing; neither changes the artifact; completions are generated.
 #[test]

@@ -282,26 +282,48 @@ impl WeightStore {
 }
 
 impl WeightStore {
-    /// The tensor in `scheme` taken from its stored blocks as they are, when the
-    /// checkpoint already stores it that way (GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K, or
-    /// F16 / BF16): no requantization, so no precision is lost. Only the byte layout
-    /// changes (interleaved blocks become separate parts); rows permuted by
-    /// llama.cpp are un-permuted whole, which blocks along rows allow.
-    pub fn native_encoded(&self, name: &str, scheme: WeightEncoding) -> Option<Encoded> {
-        let entry = self.entries.get(name)?;
-        if entry.storage.native_scheme() != Some(scheme) {
-            return None;
-        }
-        let rows = entry.shape.first().copied().unwrap_or(1);
-        let mut e = native_parts(entry.storage, self.bytes(entry));
-        if let Some(heads) = entry.unpermute_heads {
-            for part in &mut e.parts {
-                let row_bytes = part.len() / rows;
-                *part = unpermute_rows_bytes(part, rows, row_bytes, heads);
-            }
-        }
-        Some(e)
+    /// Rows `rows` of tensor `name` (its rows: every axis but the last,
+    /// flattened) in `scheme`: the stored blocks as they are where the
+    /// checkpoint already stores `scheme` (GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K, or
+    /// F16 / BF16: no requantization, only the byte layout changes, interleaved
+    /// blocks becoming separate parts), else decoded exactly and encoded. Every
+    /// encoding is row-local, so the bytes are exactly that row range of the
+    /// whole tensor encoded at once; only these rows are decoded (the writer
+    /// streams large tensors this way). Rows llama.cpp permuted are read from
+    /// where it put them.
+    pub fn rows_encoded(&self, name: &str, scheme: WeightEncoding, rows: std::ops::Range<usize>) -> Result<Encoded> {
+        let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
+        let cols = entry.shape.last().copied().unwrap_or(1);
+        let total = entry.num_elements() / cols.max(1);
+        assert!(rows.end <= total && total > 0 && entry.len % total == 0, "{name}: rows {rows:?} of {total} rows in {} bytes", entry.len);
+        let row_bytes = entry.len / total;
+        let stored = self.bytes(entry);
+        let bytes: std::borrow::Cow<'_, [u8]> = match entry.unpermute_heads {
+            None => stored[rows.start * row_bytes..rows.end * row_bytes].into(),
+            Some(heads) => rows.clone().flat_map(|r| &stored[permuted_row(r, total, heads) * row_bytes..][..row_bytes]).copied().collect::<Vec<u8>>().into(),
+        };
+        Ok(if entry.storage.native_scheme() == Some(scheme) {
+            native_parts(entry.storage, &bytes)
+        } else {
+            crate::quant::encode(scheme, &dequantize(entry.storage, &bytes, rows.len() * cols), cols)
+        })
     }
+
+    /// The whole tensor in `scheme` ([`Self::rows_encoded`] of every row).
+    pub fn encoded(&self, name: &str, scheme: WeightEncoding) -> Result<Encoded> {
+        let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
+        let rows = entry.num_elements() / entry.shape.last().copied().unwrap_or(1).max(1);
+        self.rows_encoded(name, scheme, 0..rows)
+    }
+}
+
+/// Where llama.cpp's `permute(w, n_head)` put row `row` (of `rows`) of a Q or K
+/// projection: HF row `h*hd + t*hd/2 + i` is GGUF row `h*hd + 2*i + t`.
+fn permuted_row(row: usize, rows: usize, heads: usize) -> usize {
+    let hd = rows / heads;
+    let (h, j) = (row / hd, row % hd);
+    let (t, i) = (j / (hd / 2), j % (hd / 2));
+    h * hd + 2 * i + t
 }
 
 /// GGUF blocks re-laid out as the parts of the matching encoding (only for types
@@ -363,22 +385,6 @@ fn q4_k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     } else {
         ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
-}
-
-/// [`unpermute_rows`] on rows of `row_bytes` raw bytes.
-fn unpermute_rows_bytes(data: &[u8], rows: usize, row_bytes: usize, heads: usize) -> Vec<u8> {
-    let hd = rows / heads;
-    let half = hd / 2;
-    let mut out = vec![0u8; data.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for t in 0..2 {
-                let (src, dst) = (h * hd + 2 * i + t, h * hd + t * half + i);
-                out[dst * row_bytes..(dst + 1) * row_bytes].copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
-            }
-        }
-    }
-    out
 }
 
 /// Decodes `n` elements of `storage` from `bytes` (which the reader sized exactly).
@@ -621,5 +627,17 @@ mod tests {
         let gguf = [10.0, 20.0, 11.0, 21.0, 30.0, 40.0, 31.0, 41.0];
         let hf = unpermute_rows(&gguf, &[8, 1], 2);
         assert_eq!(hf, vec![10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 40.0, 41.0]);
+    }
+
+    /// The row a row-range read takes each HF row from is where llama.cpp's
+    /// permute put it: reading rows one by one through `permuted_row` gives
+    /// what un-permuting the whole tensor gives.
+    #[test]
+    fn permuted_row_reads_what_unpermute_gives() {
+        let (rows, heads) = (24, 3);
+        let gguf: Vec<f32> = (0..rows).map(|r| r as f32).collect();
+        let hf = unpermute_rows(&gguf, &[rows, 1], heads);
+        let by_row: Vec<f32> = (0..rows).map(|r| gguf[permuted_row(r, rows, heads)]).collect();
+        assert_eq!(by_row, hf);
     }
 }
