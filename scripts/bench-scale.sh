@@ -52,7 +52,8 @@ for shape in $shapes; do
     mef="$out/$shape.$type.mef"
     compile_log="$out/$shape.$type.compile.txt"
     target/release/maxc compile --model "$gguf" -o "$mef" >"$compile_log" 2>&1
-    anon=$(awk '/peak anon/ {print $NF}' "$compile_log" | tail -1)
+    # The largest "peak anon MiB" (the last column) of the phase table.
+    anon=$(awk '/^(import|schedule|codegen|write)/ { if ($NF + 0 > m) m = $NF + 0 } END { if (m) printf "%.1f MiB", m }' "$compile_log")
     ours=$(target/release/maxrun bench "$mef" -p "$p" -n "$n" -r "$r" -d "$d" --threads "$t" --json)
     theirs=$("$bin/llama-bench" -m "$gguf" -t "$t" -p "$p" -n "$n" -r "$r" -d "$d" -o json 2>/dev/null)
     python3 - "$shape" "$type" "${anon:--}" "$ours" "$theirs" <<'PY'

@@ -55,6 +55,10 @@ pub const PANELS_PER_TASK: i64 = 2;
 /// after the eleventh session's faster GEMVs, SmolLM2 q8_0 (int16 words) decode
 /// against 4 KiB: 8 KiB 1.04x then 0.98x, 16 KiB 0.99x, A/A 1.01x. Prefill
 /// reuses each level vector for a register tile's rows and does not prefetch.
+/// The float panel GEMVs (`matmul_panel.rs`) prefetch as far: SmolLM2 decode on
+/// an Intel Xeon VM (AVX-512, 24-26 GB/s), `bench --compare` against no
+/// prefetch, 2026-11-26: float32 1.06x, bfloat16 1.21x, float16 1.12x; bfloat16
+/// at 4 KiB against 8 KiB 1.08x, against 2 KiB 1.00x.
 pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).

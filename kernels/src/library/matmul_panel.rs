@@ -12,12 +12,15 @@
 //! vector. A task owns [`PANELS_PER_TASK`] panels; in prefill they are walked in
 //! [`RegisterTile`]s of `rows` x `panels` (sized to the target's registers), so
 //! each weight vector feeds `rows` FMAs and each broadcast activation `panels`;
-//! decode takes one row and all of the task's panels.
+//! decode takes one row and all of the task's panels, and prefetches each panel's
+//! weights `DECODE_PREFETCH_BYTES` ahead (`matmul_interleaved.rs`), since it
+//! streams every weight once.
 
 use maxc_format::WeightEncoding;
 
 use super::dequant::e4m3_half_bits_of_signed;
 use super::elementwise::Broadcast;
+use super::matmul_interleaved::DECODE_PREFETCH_BYTES;
 use super::matmul::{epilogue, float_suffix, row_tiles, TileBuilder};
 use super::{RegisterTile, SeqMode};
 use crate::ir::dsl::*;
@@ -88,7 +91,7 @@ impl PanelParams {
 
 /// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (u32, PanelParams, u32), (k, n): (i64, i64), addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (u32, PanelParams, u32), (k, n): (i64, i64), addend: Option<(u32, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let lanes = PANEL as i64;
     let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(PANEL)).collect()).collect();
     let (l, kk) = (b.var(ValType::I64), b.var(ValType::I64));
@@ -105,6 +108,9 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
     for (p, &base) in bases.iter().enumerate() {
         // Panel (p0 + p), row kk: PANEL consecutive weights.
         per_k.push(set(base, mul(add(mul(add(v(p0), i(p as i64)), i(k)), v(kk)), i(lanes))));
+        if let Some(ahead) = prefetch_ahead {
+            per_k.push(prefetch(w.w, add(v(base), i(ahead))));
+        }
     }
     // One lane loop for the whole tile: its body is too big for LLVM to unroll it
     // away before vectorizing, so the loop over k stays the outer loop.
@@ -171,7 +177,14 @@ pub fn matmul_panel(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadc
     let (x, w, addend, out) = panel_params(&mut b, n, weights, addend);
     let (ki, ni) = (k as i64, n as i64);
     let bufs = (x, w, out);
-    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK as i64, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend));
+    let elem_bytes = match weights {
+        PanelWeights::Float(elem) => elem.size() as i64,
+        PanelWeights::Float8E4M3 => 1,
+    };
+    // Decode streams every weight once: each panel's next weights are prefetched
+    // DECODE_PREFETCH_BYTES ahead (prefill reuses each weight vector for a tile's rows).
+    let prefetch = seq.is_decode().then_some(DECODE_PREFETCH_BYTES / elem_bytes);
+    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK as i64, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend, prefetch));
     let enc = weights.suffix();
     let shape = format!("k{k}_n{n}_{}{}", seq.tag(), tile_tag(seq, register_tile));
     let name = match addend {
