@@ -458,7 +458,7 @@ fn activation_quantization_vectorizes_its_max_and_conversions() {
 }
 
 /// Decode GEMVs on interleaved blocks prefetch their levels a fixed distance
-/// ahead (`DECODE_PREFETCH_BYTES`); prefill, which reuses each level vector for
+/// ahead (`DECODE_PREFETCH_BYTES`), those on float panels their weights; prefill, which reuses each level vector for
 /// several rows, does not. (That a prefetch past the end of the weights is
 /// harmless is `int8_dots_are_exact_at_extreme_bytes`'s decode cases: their
 /// weights are smaller than the distance.)
@@ -471,6 +471,13 @@ fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
         assert!(decode.contains("@llvm.prefetch.p0") && decode.contains(&ahead), "{}: decode GEMV does not prefetch {ahead} ahead", encoding.name());
         let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Dynamic, RegisterTile::ZMM, ActivationLevels::Int8)], &target).unwrap();
         assert!(!prefill.contains("@llvm.prefetch"), "{}: prefill matmul prefetches", encoding.name());
+    }
+    // The float panel GEMVs too (and their prefill not).
+    for elem in [ElemType::F32, ElemType::BF16, ElemType::F16] {
+        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_panel(256, 32, PanelWeights::Float(elem), None, SeqMode::Fixed(1), RegisterTile::ZMM)], &target).unwrap();
+        assert!(decode.contains("@llvm.prefetch.p0"), "{elem:?}: panel decode GEMV does not prefetch");
+        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_panel(256, 32, PanelWeights::Float(elem), None, SeqMode::Dynamic, RegisterTile::ZMM)], &target).unwrap();
+        assert!(!prefill.contains("@llvm.prefetch"), "{elem:?}: panel prefill matmul prefetches");
     }
 }
 

@@ -127,6 +127,11 @@ impl WeightEntry {
     pub fn num_elements(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// Rows: every axis but the last, flattened.
+    pub fn rows(&self) -> usize {
+        self.num_elements() / self.shape.last().copied().unwrap_or(1).max(1)
+    }
 }
 
 /// How a checkpoint names tensors and hyperparameters when not as Hugging Face
@@ -273,11 +278,24 @@ impl WeightStore {
     /// Decodes a tensor to f32 in logical (HF) layout.
     pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
         let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
-        let mut out = dequantize(entry.storage, self.bytes(entry), entry.num_elements());
-        if let Some(heads) = entry.unpermute_heads {
-            out = unpermute_rows(&out, &entry.shape, heads);
+        Ok(dequantize(entry.storage, &self.stored_rows(name, entry, 0..entry.rows()), entry.num_elements()))
+    }
+
+    /// The stored bytes of rows `rows` of `entry` in logical (HF) order: a
+    /// range of the mapping, or, for rows llama.cpp permuted, each row read
+    /// from where it put it (blocks run along rows, so a row is whole bytes).
+    fn stored_rows(&self, name: &str, entry: &WeightEntry, rows: std::ops::Range<usize>) -> std::borrow::Cow<'_, [u8]> {
+        let (stored, total) = (self.bytes(entry), entry.rows());
+        assert!(rows.end <= total, "{name}: rows {rows:?} of {total}");
+        if rows == (0..total) && entry.unpermute_heads.is_none() {
+            return stored.into();
         }
-        Ok(out)
+        assert!(total > 0 && entry.len % total == 0, "{name}: {total} rows in {} bytes", entry.len);
+        let row_bytes = entry.len / total;
+        match entry.unpermute_heads {
+            None => stored[rows.start * row_bytes..rows.end * row_bytes].into(),
+            Some(heads) => rows.flat_map(|r| &stored[permuted_row(r, total, heads) * row_bytes..][..row_bytes]).copied().collect::<Vec<u8>>().into(),
+        }
     }
 }
 
@@ -294,14 +312,7 @@ impl WeightStore {
     pub fn rows_encoded(&self, name: &str, scheme: WeightEncoding, rows: std::ops::Range<usize>) -> Result<Encoded> {
         let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
         let cols = entry.shape.last().copied().unwrap_or(1);
-        let total = entry.num_elements() / cols.max(1);
-        assert!(rows.end <= total && total > 0 && entry.len % total == 0, "{name}: rows {rows:?} of {total} rows in {} bytes", entry.len);
-        let row_bytes = entry.len / total;
-        let stored = self.bytes(entry);
-        let bytes: std::borrow::Cow<'_, [u8]> = match entry.unpermute_heads {
-            None => stored[rows.start * row_bytes..rows.end * row_bytes].into(),
-            Some(heads) => rows.clone().flat_map(|r| &stored[permuted_row(r, total, heads) * row_bytes..][..row_bytes]).copied().collect::<Vec<u8>>().into(),
-        };
+        let bytes = self.stored_rows(name, entry, rows.clone());
         Ok(if entry.storage.native_scheme() == Some(scheme) {
             native_parts(entry.storage, &bytes)
         } else {
@@ -312,8 +323,7 @@ impl WeightStore {
     /// The whole tensor in `scheme` ([`Self::rows_encoded`] of every row).
     pub fn encoded(&self, name: &str, scheme: WeightEncoding) -> Result<Encoded> {
         let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
-        let rows = entry.num_elements() / entry.shape.last().copied().unwrap_or(1).max(1);
-        self.rows_encoded(name, scheme, 0..rows)
+        self.rows_encoded(name, scheme, 0..entry.rows())
     }
 }
 
@@ -531,31 +541,31 @@ fn q3_k_scales(packed: &[u8]) -> [u8; 16] {
     scales
 }
 
-/// Undoes llama.cpp's `permute(w, n_head)` on the rows of a Q or K projection.
-///
-/// convert_hf_to_gguf reorders each head's rows from rotate-half order to
-/// interleaved pairs: GGUF row `h*hd + 2*i + t` holds HF row `h*hd + t*hd/2 + i`.
-pub fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> Vec<f32> {
-    let rows = shape[0];
-    let cols: usize = shape[1..].iter().product();
-    let hd = rows / heads;
-    let half = hd / 2;
-    let mut out = vec![0.0; data.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for t in 0..2 {
-                let src = h * hd + 2 * i + t;
-                let dst = h * hd + t * half + i;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reference: undoes llama.cpp's `permute(w, n_head)` on the rows of a Q or K projection.
+    ///
+    /// convert_hf_to_gguf reorders each head's rows from rotate-half order to
+    /// interleaved pairs: GGUF row `h*hd + 2*i + t` holds HF row `h*hd + t*hd/2 + i`.
+    fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> Vec<f32> {
+        let rows = shape[0];
+        let cols: usize = shape[1..].iter().product();
+        let hd = rows / heads;
+        let half = hd / 2;
+        let mut out = vec![0.0; data.len()];
+        for h in 0..heads {
+            for i in 0..half {
+                for t in 0..2 {
+                    let src = h * hd + 2 * i + t;
+                    let dst = h * hd + t * half + i;
+                    out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        out
+    }
 
     /// A Q4_K super-block with distinct scales: the native parts decode (through
     /// the same decoder the interpreter and kernels follow) to exactly the
@@ -625,8 +635,9 @@ mod tests {
         // One head of head_dim 4 with 1 column: HF rows [a0 a1 b0 b1] (rotate-half
         // pairs (a0,b0), (a1,b1)) are stored by llama.cpp as [a0 b0 a1 b1].
         let gguf = [10.0, 20.0, 11.0, 21.0, 30.0, 40.0, 31.0, 41.0];
-        let hf = unpermute_rows(&gguf, &[8, 1], 2);
-        assert_eq!(hf, vec![10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 40.0, 41.0]);
+        let expected = vec![10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 40.0, 41.0];
+        assert_eq!(unpermute_rows(&gguf, &[8, 1], 2), expected);
+        assert_eq!((0..8).map(|r| gguf[permuted_row(r, 8, 2)]).collect::<Vec<f32>>(), expected);
     }
 
     /// The row a row-range read takes each HF row from is where llama.cpp's
