@@ -86,6 +86,13 @@ fn cases() -> Vec<Case> {
             // scale), so a sum near 1 can come from terms near 100: the rounding
             // error follows the terms, 2^5 times the float cases'.
             v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float8E4M3, Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 48 * 40, 48, 48, s * 48], int_max: 1, seq: s as u64, tol: 32.0 * reduction_tol(40) });
+            // 19 rows: two full tiles of AVX-512's 8-row float panel tile
+            // (`RegisterTile::for_float_panels`) and 3 more, bf16 and f16.
+            if !seq.is_decode() {
+                for elem in [ElemType::BF16, ElemType::F16] {
+                    v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float(elem), Some(Broadcast::None), seq, tile), sizes: vec![19 * 40, 48 * 40, 19 * 48, 19 * 48], int_max: 1, seq: 19, tol: reduction_tol(40) });
+                }
+            }
         }
         // Block-quantized weights: x, every part, [r], out.
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3] {
@@ -478,6 +485,29 @@ fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
         assert!(decode.contains("@llvm.prefetch.p0"), "{elem:?}: panel decode GEMV does not prefetch");
         let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_panel(256, 32, PanelWeights::Float(elem), None, SeqMode::Dynamic, RegisterTile::ZMM)], &target).unwrap();
         assert!(!prefill.contains("@llvm.prefetch"), "{elem:?}: panel prefill matmul prefetches");
+    }
+}
+
+/// bfloat16 and float16 panels load each panel row as one vector, decode and
+/// prefill, at a k that is a power of two as at one that is not: at k = 2048 the
+/// element index `lane + (panel * k + kk) * 16` became an `or disjoint` that the
+/// loop vectorizer did not read as consecutive, and every lane was loaded alone
+/// (1.17B bfloat16 decode at 25% of the bandwidth roofline, prefill 0.15x
+/// llama.cpp).
+#[test]
+fn half_panels_load_whole_vectors_at_power_of_two_k() {
+    for (elem, scalar, vector) in [(ElemType::BF16, "load i16,", " x i16>, ptr"), (ElemType::F16, "load half,", " x half>, ptr")] {
+        for k in [576, 2048] {
+            for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
+                for spec in ["cpu:x86-64-v3", "cpu:x86-64-v4"] {
+                    let kernel = matmul_panel(k, 64, PanelWeights::Float(elem), None, seq, RegisterTile::ZMM);
+                    let ir = maxc_codegen::llvm::emit_llvm_ir(&[kernel], &CpuTarget::parse(spec).unwrap()).unwrap();
+                    let scalars = ir.matches(scalar).count();
+                    let vectors = ir.lines().filter(|l| l.contains("= load <") && l.contains(vector)).count();
+                    assert!(scalars == 0 && vectors > 0, "{elem:?} k {k} {seq:?} {spec}: {scalars} element loads (`{scalar}`), loads: {:?}", ir.lines().filter(|l| l.contains(" load ")).collect::<Vec<_>>());
+                }
+            }
+        }
     }
 }
 

@@ -301,6 +301,21 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
     assert!(!out.exists());
 }
 
+/// Default (int16) activations meet Q8_0 weights as words at decode and in byte
+/// planes in prefill (`integer_matmul`: planes reuse the raw bytes across a
+/// full register tile; words widen them for half the rows).
+#[test]
+fn q8_0_takes_words_at_decode_and_planes_in_prefill() {
+    let mef = compile("q8-levels", &fixture("tiny-llama"), "q8_0");
+    let v = inspect(&mef);
+    let names: Vec<&str> = v["kernels"]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    let q8 = |seq: &str| names.iter().filter(|n| n.contains("_q8_0_") && n.starts_with("matmul") && n.contains(seq)).copied().collect::<Vec<_>>();
+    let (decode, prefill) = (q8("_s1"), q8("_sN"));
+    assert!(!decode.is_empty() && decode.iter().all(|n| n.contains("_w16x16_")), "decode: {decode:?}");
+    assert!(!prefill.is_empty() && prefill.iter().all(|n| n.contains("_i16x16_")), "prefill: {prefill:?}");
+    assert!(names.iter().any(|n| n.starts_with("quantize_q16_") && n.contains("_sN")) && names.iter().any(|n| n.starts_with("quantize_w16_") && n.ends_with("_s1")), "{names:?}");
+}
+
 /// A tiny-llama q8_0 artifact whose first weight entry matching `pick` was
 /// changed by `edit` (to a string of the same length, so the header keeps its
 /// size); returns the new file and that weight's name.

@@ -1201,8 +1201,24 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     fn element_ptr(&mut self, param: u32, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {
-        let idx = self.expr(index)?.into_int_value();
         let (elem, base) = self.buffer_base(param);
+        // `lane + rest` (the library puts a vector loop's variable first): the
+        // element of `rest` first, then the lane, as two GEPs. One GEP of the sum
+        // loses the lane's stride when `rest` is a multiple of a power of two
+        // that covers the lane's range: InstCombine turns the add into an
+        // `or disjoint`, which the loop vectorizer's dependence analysis does not
+        // read as an add, and each lane is then loaded alone (bf16 and f16 panels
+        // at k = 2048: 16 scalar loads and inserts per vector).
+        if let Expr::Bin(BinOp::Add, lane, rest) = index {
+            if matches!(**lane, Expr::Var(_)) {
+                let rest = self.expr(rest)?.into_int_value();
+                let lane = self.expr(lane)?.into_int_value();
+                // SAFETY: kernels index within their buffers (checked by the kernel interpreter in tests).
+                let row = unsafe { self.builder.build_in_bounds_gep(elem, base, &[rest], "elem_base") }.map_err(llvm_err)?;
+                return unsafe { self.builder.build_in_bounds_gep(elem, row, &[lane], "elem") }.map_err(llvm_err);
+            }
+        }
+        let idx = self.expr(index)?.into_int_value();
         // SAFETY: kernels index within their buffers (checked by the kernel interpreter in tests).
         unsafe { self.builder.build_in_bounds_gep(elem, base, &[idx], "elem") }.map_err(llvm_err)
     }

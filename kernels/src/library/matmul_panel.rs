@@ -10,7 +10,8 @@
 //! consecutive weights of each of its panels and accumulates [`PANEL`] outputs per
 //! register: no horizontal reductions, and every weight load is a contiguous
 //! vector. A task owns [`PANELS_PER_TASK`] panels; in prefill they are walked in
-//! [`RegisterTile`]s of `rows` x `panels` (sized to the target's registers), so
+//! [`RegisterTile`]s of `rows` x `panels` (sized to the target's registers:
+//! [`RegisterTile::for_float_panels`]), so
 //! each weight vector feeds `rows` FMAs and each broadcast activation `panels`;
 //! decode takes one row and all of the task's panels, and prefetches each panel's
 //! weights `DECODE_PREFETCH_BYTES` ahead (`matmul_interleaved.rs`), since it
@@ -184,6 +185,7 @@ pub fn matmul_panel(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadc
     // Decode streams every weight once: each panel's next weights are prefetched
     // DECODE_PREFETCH_BYTES ahead (prefill reuses each weight vector for a tile's rows).
     let prefetch = seq.is_decode().then_some(DECODE_PREFETCH_BYTES / elem_bytes);
+    let register_tile = register_tile.for_float_panels();
     let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK as i64, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend, prefetch));
     let enc = weights.suffix();
     let shape = format!("k{k}_n{n}_{}{}", seq.tag(), tile_tag(seq, register_tile));
