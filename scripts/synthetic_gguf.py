@@ -7,7 +7,10 @@ vocabulary size, attention heads (GQA ratio), FFN width, QKV biases and tied or
 untied output head are the named model's; the weights are normal(0, 0.02) draws
 (norm weights 1), so speed is the real model's and the text is nonsense. The
 tokenizer is SmolLM2's (byte-level BPE, copied from the GGUF that setup fetches),
-padded with user-defined tokens `<|synthetic_N|>` up to the model's vocabulary.
+padded with normal tokens `<|synthetic_N|>` up to the model's vocabulary (real
+vocabularies of that size are normal tokens and a few hundred special ones;
+padding with user-defined tokens made every one an added token, and the
+tokenizers library's matcher over 79K of them held 370 MB of the compile).
 Tensors are written one at a time (the writer's streaming API), so an 8B file
 needs no more memory than its largest tensor.
 
@@ -56,7 +59,7 @@ def copy_tokenizer(writer, source, vocab):
         sys.exit(f"{source}: its vocabulary has {len(tokens)} tokens, more than the shape's {vocab}")
     extra = vocab - len(tokens)
     writer.add_array("tokenizer.ggml.tokens", list(tokens) + [f"<|synthetic_{i}|>" for i in range(extra)])
-    writer.add_array("tokenizer.ggml.token_type", list(types) + [int(gguf.TokenType.USER_DEFINED)] * extra)
+    writer.add_array("tokenizer.ggml.token_type", list(types) + [int(gguf.TokenType.NORMAL)] * extra)
     for key in TOKENIZER_KEYS:
         field = fields.get(key)
         if field is None:

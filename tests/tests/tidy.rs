@@ -30,7 +30,7 @@ fn every_rust_file_starts_with_a_module_doc() {
     assert!(missing.is_empty(), "files without a `//!` module doc: {missing:?}");
 }
 
-/// The crates' layering (docs/ARCHITECTURE.md, "Crates"): each crate and the
+/// The crates' layering (docs/ARCHITECTURE.md, "Layers"): each crate and the
 /// packages its dependency tree must not contain. The format crate is the
 /// contract both halves share; the kernel IR depends on it alone, not on the
 /// runtime (and so on none of the runtime's CUDA, tokenizer, template or CLI
