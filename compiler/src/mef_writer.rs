@@ -114,6 +114,17 @@ fn rows_of(shape: &[u64]) -> usize {
     shape.iter().rev().skip(1).product::<u64>() as usize
 }
 
+/// Columns of a tensor of `shape`: its last axis (1 for a scalar).
+fn cols_of(shape: &[u64]) -> usize {
+    *shape.last().unwrap_or(&1) as usize
+}
+
+/// Whether shard `sh` of a tensor of shape `full` splits its rows (an axis
+/// before the last) rather than its columns.
+fn splits_rows(sh: crate::graph::WeightShard, full: &[u64]) -> bool {
+    (sh.axis as usize) + 1 < full.len()
+}
+
 /// Writes the file at `tmp` (sections at the offsets in the header, gaps zero),
 /// then reads each section back for its checksum and writes the header.
 /// Weights are written in pieces by all of rayon's threads, each piece to its
@@ -172,7 +183,7 @@ fn write_weights(file: &std::fs::File, tmp: &Path, s: &Section, device: u32, c: 
     for g in groups {
         let slot = &c.weights[g.start];
         let rows = rows_of(&slot.shape);
-        let cols = *slot.shape.last().unwrap_or(&1) as usize;
+        let cols = cols_of(&slot.shape);
         let step = (PIECE_VALUES / cols.max(1)).max(1).next_multiple_of(16);
         pieces.extend((0..rows).step_by(step).map(|r| Piece { group: g.clone(), rows: r..(r + step).min(rows) }));
     }
@@ -199,7 +210,7 @@ fn write_weights(file: &std::fs::File, tmp: &Path, s: &Section, device: u32, c: 
 /// of 16 rows are whole.
 fn encode_piece(slot: &WeightSlot, store: &WeightStore, rows: std::ops::Range<usize>) -> Result<crate::quant::Encoded> {
     let mut e = encode_rows(slot, store, rows.clone())?;
-    let k = *slot.shape.last().unwrap_or(&1) as usize;
+    let k = cols_of(&slot.shape);
     if slot.layout == maxrun::format::Layout::Panel16 {
         let size = e.parts[0].len() / (rows.len() * k);
         e.parts[0] = maxc_kernels::library::matmul_panel::pack_panels(&e.parts[0], rows.len(), k, size);
@@ -213,7 +224,7 @@ fn encode_piece(slot: &WeightSlot, store: &WeightStore, rows: std::ops::Range<us
 /// Rows `rows` of the slot's tensor, row-major: its checkpoint tensor (or the
 /// slot's shard of it), the stacked tensors' rows in turn, or computed values.
 fn encode_rows(slot: &WeightSlot, store: &WeightStore, rows: std::ops::Range<usize>) -> Result<crate::quant::Encoded> {
-    let cols = *slot.shape.last().unwrap_or(&1) as usize;
+    let cols = cols_of(&slot.shape);
     let names = match &slot.data {
         WeightData::Values(v) => return Ok(crate::quant::encode(slot.encoding, &v[rows.start * cols..rows.end * cols], cols)),
         WeightData::Checkpoint(name) => std::slice::from_ref(name),
@@ -237,7 +248,7 @@ fn encode_rows(slot: &WeightSlot, store: &WeightStore, rows: std::ops::Range<usi
 fn shard_rows(slot: &WeightSlot, store: &WeightStore, name: &str) -> Result<usize> {
     let full = store.shape(name)?;
     Ok(match slot.shard {
-        Some(sh) if (sh.axis as usize) + 1 < full.len() => rows_of(&full) / sh.devices as usize,
+        Some(sh) if splits_rows(sh, &full) => rows_of(&full) / sh.devices as usize,
         _ => rows_of(&full),
     })
 }
@@ -250,7 +261,7 @@ fn checkpoint_rows(slot: &WeightSlot, store: &WeightStore, name: &str, rows: std
         return store.rows_encoded(name, slot.encoding, rows);
     };
     let full = store.shape(name)?;
-    if (sh.axis as usize) + 1 < full.len() {
+    if splits_rows(sh, &full) {
         assert_eq!(sh.axis, 0, "{name}: shards split the first axis or the last");
         let start = rows_of(&full) / sh.devices as usize * sh.index as usize;
         return store.rows_encoded(name, slot.encoding, start + rows.start..start + rows.end);
