@@ -703,3 +703,122 @@ fn f16_stores_round_to_nearest_even_on_every_backend() {
         check(spec, &got);
     }
 }
+
+/// An integer matmul as the engine builds it twice: the one-row decode kernel
+/// (`s1`, the GEMV a sequence decoding alone runs) and the batch kernel (`sN`,
+/// row tiles), with how each takes its activations.
+struct RowPair {
+    alone: Kernel,
+    batch: Kernel,
+    /// The kernels that turn f32 rows into each one's activation parameters
+    /// (levels and scales), run by the interpreter.
+    quantize: (Kernel, Kernel),
+    k: u64,
+    n: u64,
+    /// The elements of each weight parameter.
+    weight_sizes: Vec<usize>,
+    /// A per-row addend (`Broadcast::None`) before the output.
+    row_addend: bool,
+}
+
+/// The elements of each part of an `n x k` weight in `encoding`.
+fn parts(encoding: WeightEncoding, n: u64, k: u64) -> Vec<usize> {
+    (0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize).collect()
+}
+
+/// The activation parameters (levels, scales) of `rows` f32 rows `x` made by `q`.
+fn activations(q: &Kernel, x: &[f32], k: u64, rows: usize) -> Vec<Buffer> {
+    let level_bytes = if q.name.starts_with("quantize_q8") { 1 } else { 2 };
+    let mut bufs = vec![Buffer::F32(x.to_vec()), Buffer::I8(vec![0; rows * level_bytes * k as usize]), Buffer::F32(vec![0.0; rows * 2 * k as usize / 32])];
+    run(q, &mut bufs, rows as u64);
+    bufs.split_off(1)
+}
+
+/// Runs compiled `kernel` over `rows` rows of `bufs`.
+fn call(code: &LoadedCode, kernel: &Kernel, bufs: &mut [Buffer], rows: u64) {
+    let f = code.kernel(&kernel.name).unwrap();
+    let ptrs: Vec<*mut u8> = bufs.iter_mut().map(Buffer::as_mut_ptr).collect();
+    let dims = [rows as i64];
+    // SAFETY: every buffer is sized for `rows` rows of this kernel's shapes.
+    unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, kernel.tasks.eval(rows)) };
+}
+
+/// A sequence's logits must not depend on the sequences beside it in a batch
+/// step: the engine runs one sequence through the decode GEMVs and several
+/// through the row-tiled kernels, and a request's `n` sampled choices are
+/// promised the tokens each seed gives alone. With integer activations (the CPU
+/// default: int16, and int8) the weights interleaved by 16 rows give each of
+/// 11 rows (full tiles and a remainder) bit for bit what the one-row kernel
+/// gives that row alone, compiled by LLVM for this machine and for x86-64-v3
+/// (each with its own register tile and dot instructions) and by Cranelift.
+/// Two bugs this caught: the dot epilogue's fast-math flags let LLVM fuse the
+/// GEMV's scale multiply into an FMA and not the tile's (int16 Q4_1 rows
+/// differed in half their outputs, about one sampled token in two hundred
+/// changed), and without VNNI Q8_0's words kept its -128 minimum as a term of
+/// its own where the byte planes fold it into a signed dot.
+/// Float activations are not held to this: their GEMV and tiles sum a row's
+/// products in different orders (within the float32 tolerance of the
+/// differential cases above; docs/serving.md).
+#[test]
+fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
+    const ROWS: usize = 11;
+    let (one, many) = (SeqMode::Fixed(1), SeqMode::Dynamic);
+    let backends: [(&str, RegisterTile, &dyn Fn(&[Kernel]) -> Vec<u8>); 3] = [
+        ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), &|kernels| compile_shared(kernels, &CpuTarget::host()).unwrap().shared_object),
+        ("llvm x86-64-v3", RegisterTile::YMM, &|kernels| compile_shared(kernels, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap().shared_object),
+        ("cranelift", RegisterTile::ZMM, &|kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object),
+    ];
+    for (backend, tile, compile) in backends {
+        let mut pairs = Vec::new();
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+            let k = if encoding == WeightEncoding::Q4K { 256 } else { 96 };
+            for addend in [None, Some(Broadcast::None)] {
+                // 16-bit levels as the scheduler picks them: byte planes, and
+                // Q8_0's words at decode beside planes in a batch.
+                let alone16 = if encoding == WeightEncoding::Q8_0 { ActivationLevels::Int16Words } else { ActivationLevels::Int16Planes };
+                for (alone, batch, quantize) in [
+                    (alone16, ActivationLevels::Int16Planes, (quantize_q16(k, alone16, one), quantize_q16(k, ActivationLevels::Int16Planes, many))),
+                    (ActivationLevels::Int8, ActivationLevels::Int8, (quantize_q8(k, DotForm::Int8, one), quantize_q8(k, DotForm::Int8, many))),
+                ] {
+                    pairs.push(RowPair {
+                        alone: matmul_interleaved(k, 48, encoding, addend, one, tile, alone),
+                        batch: matmul_interleaved(k, 48, encoding, addend, many, tile, batch),
+                        quantize,
+                        k,
+                        n: 48,
+                        weight_sizes: parts(encoding, 48, k),
+                        row_addend: addend.is_some(),
+                    });
+                }
+            }
+        }
+        let kernels: Vec<Kernel> = pairs.iter().flat_map(|p| [p.alone.clone(), p.batch.clone()]).collect();
+        let code = LoadedCode::load(&compile(&kernels)).unwrap();
+        let mut rng = Rng(0x0bad_5eed);
+        for p in &pairs {
+            let (k, n) = (p.k as usize, p.n as usize);
+            let x: Vec<f32> = (0..ROWS * k).map(|_| rng.f() * 3.0).collect();
+            let addend: Vec<f32> = (0..ROWS * n).map(|_| rng.f()).collect();
+            // Weights drawn as the differential cases draw them (`inputs`).
+            let sizes: Vec<usize> = [0, 0].into_iter().chain(p.weight_sizes.iter().copied()).collect();
+            let weights = inputs(&Case { kernel: p.batch.clone(), sizes, int_max: 1, seq: 1, tol: 0.0 }, &mut rng).split_off(2);
+            let run_rows = |kernel: &Kernel, quantize: &Kernel, x: &[f32], addend: &[f32], rows: usize| -> Vec<u32> {
+                let mut bufs = activations(quantize, x, p.k, rows);
+                bufs.extend(weights.iter().cloned());
+                if p.row_addend {
+                    bufs.push(Buffer::F32(addend.to_vec()));
+                }
+                bufs.push(Buffer::F32(vec![0.0; rows * n]));
+                call(&code, kernel, &mut bufs, rows as u64);
+                let Some(Buffer::F32(out)) = bufs.pop() else { unreachable!("the output is f32") };
+                out.iter().map(|v| v.to_bits()).collect()
+            };
+            let batch = run_rows(&p.batch, &p.quantize.1, &x, &addend, ROWS);
+            for r in 0..ROWS {
+                let alone = run_rows(&p.alone, &p.quantize.0, &x[r * k..(r + 1) * k], &addend[r * n..(r + 1) * n], 1);
+                let differ = (0..n).filter(|&j| alone[j] != batch[r * n + j]).count();
+                assert_eq!(differ, 0, "{backend}: row {r} of {} differs from {} in {differ} of {n} outputs", p.batch.name, p.alone.name);
+            }
+        }
+    }
+}

@@ -543,8 +543,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let pair = b.build_insert_element(pair, scale_a, i32t.const_zero(), "scale_a").map_err(llvm_err)?;
         let pair = b.build_insert_element(pair, scale_b, i32t.const_int(1, false), "scale_b").map_err(llvm_err)?;
         let scale = b.build_shuffle_vector(pair, pair, shuffle_mask(self.context, &|g| form.block_of_lane(g as i64) as u32, lanes), "scales").map_err(llvm_err)?;
-        let scaled = self.fast(b.build_float_mul(sums, scale, "scaled").map_err(llvm_err)?.into()).into_vector_value();
-        self.add_to_local(acc, scaled)
+        // Without fast-math flags, as in `dot_rows`: a row's sum must not
+        // depend on how the rows beside it let LLVM contract or reorder it.
+        let scaled = b.build_float_mul(sums, scale, "scaled").map_err(llvm_err)?;
+        let old = self.load_local(acc, scaled.get_type())?;
+        let new = self.builder.build_float_add(old, scaled, "acc").map_err(llvm_err)?;
+        self.store_local(acc, new)
     }
 
     /// How this target computes four-byte dot products.
@@ -679,14 +683,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         Ok(v.into_vector_value())
     }
 
-    /// `local[0..16] += term` (a dot instruction's f32 accumulator).
-    fn add_to_local(&self, local: u32, term: inkwell::values::VectorValue<'ctx>) -> Result<(), CodegenError> {
-        let ptr = self.locals[(local - LOCAL_BASE) as usize];
-        let b = &self.builder;
-        let old = b.build_load(term.get_type(), ptr, "acc").map_err(llvm_err)?;
+    /// A dot instruction's f32 accumulator, `local[0..16]`, as a vector.
+    fn load_local(&self, local: u32, ty: inkwell::types::VectorType<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let old = self.builder.build_load(ty, self.locals[(local - LOCAL_BASE) as usize], "acc").map_err(llvm_err)?;
         old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
-        let new = self.fast(b.build_float_add(old.into_vector_value(), term, "acc").map_err(llvm_err)?.into());
-        let st = b.build_store(ptr, new).map_err(llvm_err)?;
+        Ok(old.into_vector_value())
+    }
+
+    /// Stores `value` to a dot instruction's accumulator `local[0..16]`.
+    fn store_local(&self, local: u32, value: inkwell::values::VectorValue<'ctx>) -> Result<(), CodegenError> {
+        let st = self.builder.build_store(self.locals[(local - LOCAL_BASE) as usize], value).map_err(llvm_err)?;
         st.set_alignment(4).map_err(llvm_err)?;
         Ok(())
     }
@@ -710,7 +716,13 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
         let (acc, folded_offset) = match d.act_levels {
-            ActLevels::Words => (self.word_dots(d)?, false),
+            ActLevels::Words => {
+                // Fold Q8_0's minimum exactly where byte planes fold it on this
+                // target (`byte_level_dots`): a row decoded alone (words) and in
+                // a batch (planes) then take the same float steps.
+                let folded = d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. }) && d.row_min == RowMin::Offset(-128.0);
+                (self.word_dots(d, folded)?, folded)
+            }
             _ => self.byte_level_dots(d)?,
         };
         let f32v = f32t.vec_type(lanes);
@@ -725,32 +737,50 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             RowMin::Stored(m) | RowMin::Subtracted(m) => Some(self.row_values(m, lanes)?),
             RowMin::Offset(_) => None,
         };
+        // No fast-math flags here: with them LLVM contracted and reassociated
+        // this epilogue differently in a one-row GEMV and in a row tile (a
+        // multiply whose result has one use fuses into an FMA, a shared one does
+        // not), so a sequence decoded alone got other logits than the same
+        // sequence in a batch step (about 1e-5 relative, enough to change
+        // sampled tokens). The integer dots are exact; the fused steps are
+        // spelled out as `llvm.fmuladd` (an FMA wherever the target has one, in
+        // every loop shape alike), so a row's result is independent of the
+        // rows beside it, at the operation count contraction gave before.
         let b = &self.builder;
-        let fast = |v: inkwell::values::VectorValue<'ctx>| self.fast(v.into()).into_vector_value();
         let dots = b.build_signed_int_to_float(acc, f32v, "dots").map_err(llvm_err)?;
         let (scale, sum) = (splat(b, act_scale, "act_scale")?, splat(b, act_sum, "act_sum")?);
-        let scaled = fast(b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?);
+        let scaled = b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?;
         let term = match (&d.row_min, mins) {
             // S * d * (signed dot)
-            (RowMin::Offset(_), _) if folded_offset => fast(b.build_float_mul(row_scales, scaled, "term").map_err(llvm_err)?),
+            (RowMin::Offset(_), _) if folded_offset => b.build_float_mul(row_scales, scaled, "term").map_err(llvm_err)?,
             // S * (d * dot + offset * s)
             (RowMin::Offset(o), _) => {
-                let off = fast(b.build_float_mul(sum, splat(b, f32t.const_float(*o as f64), "offset")?, "offsets").map_err(llvm_err)?);
-                let inner = fast(b.build_float_add(scaled, off, "inner").map_err(llvm_err)?);
-                fast(b.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?)
+                let inner = self.mul_add(sum, splat(b, f32t.const_float(*o as f64), "offset")?, scaled)?;
+                self.builder.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?
             }
             // S * d * dot +- M * s
             (RowMin::Stored(_) | RowMin::Subtracted(_), Some(mins)) => {
-                let left = fast(b.build_float_mul(row_scales, scaled, "left").map_err(llvm_err)?);
-                let right = fast(b.build_float_mul(mins, sum, "right").map_err(llvm_err)?);
-                match d.row_min {
-                    RowMin::Subtracted(_) => fast(b.build_float_sub(left, right, "term").map_err(llvm_err)?),
-                    _ => fast(b.build_float_add(left, right, "term").map_err(llvm_err)?),
-                }
+                let left = b.build_float_mul(row_scales, scaled, "left").map_err(llvm_err)?;
+                let mins = match d.row_min {
+                    RowMin::Subtracted(_) => b.build_float_neg(mins, "neg_mins").map_err(llvm_err)?,
+                    _ => mins,
+                };
+                self.mul_add(mins, sum, left)?
             }
             (_, None) => unreachable!("loaded above"),
         };
-        self.add_to_local(d.acc, term)
+        // One add on the accumulator's chain from block to block (fusing the
+        // term's last product into it measured slower: two dependent FMAs per
+        // block, SmolLM2 pp512 650-760 against 840-870 tok/s).
+        let old = self.load_local(d.acc, f32v)?;
+        let new = self.builder.build_float_add(old, term, "acc").map_err(llvm_err)?;
+        self.store_local(d.acc, new)
+    }
+
+    /// `a * b + c` as `llvm.fmuladd` without fast-math flags: fused where the
+    /// target has FMA, the same way in every loop shape.
+    fn mul_add(&self, a: inkwell::values::VectorValue<'ctx>, b: inkwell::values::VectorValue<'ctx>, c: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        Ok(self.intrinsic_typed("llvm.fmuladd", &[a.into(), b.into(), c.into()], &[a.get_type().into()])?.into_vector_value())
     }
 
     /// Chunk `c` of a [`RowDot`]'s 64-byte chunks of levels (prefetched ahead if
@@ -779,8 +809,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// of values `2h, 2h + 1` of the step, summed over the block (at most 16
     /// products of 255 * 32512: exact) and folded into the 16 rows once at its
     /// end; elsewhere widened multiplies summed per step. The levels are the
-    /// stored unsigned ones (Q8_0's minimum stays a term of its own).
-    fn word_dots(&mut self, d: &RowDot) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+    /// stored unsigned ones (Q8_0's minimum stays a term of its own), or with
+    /// `signed_levels` Q8_0's signed `u - 128`, sign-extended (its minimum folded
+    /// into the dot, as byte planes fold it without VNNI).
+    fn word_dots(&mut self, d: &RowDot, signed_levels: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
         let zmm = match self.byte_dots() {
             ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } => Some(zmm),
@@ -796,7 +828,13 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let four = four.into_vector_value();
                 let b = &self.builder;
                 let broadcast = b.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                let words = b.build_int_z_extend(levels, i16t.vec_type(64), "level_words").map_err(llvm_err)?;
+                let words = if signed_levels {
+                    let bias = inkwell::types::VectorType::const_vector(&vec![self.context.i8_type().const_int(0x80, false); 64]);
+                    let signed = b.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
+                    b.build_int_s_extend(signed, i16t.vec_type(64), "level_words").map_err(llvm_err)?
+                } else {
+                    b.build_int_z_extend(levels, i16t.vec_type(64), "level_words").map_err(llvm_err)?
+                };
                 match zmm {
                     Some(zmm) => {
                         let products = self.word_pair_products(words, broadcast, zmm)?;
@@ -804,7 +842,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     }
                     None => {
                         let wide = i32t.vec_type(64);
-                        let ww = b.build_int_z_extend(words, wide, "w32").map_err(llvm_err)?;
+                        let ww = if signed_levels { b.build_int_s_extend(words, wide, "w32") } else { b.build_int_z_extend(words, wide, "w32") }.map_err(llvm_err)?;
                         let aw = b.build_int_s_extend(broadcast, wide, "a32").map_err(llvm_err)?;
                         let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
                         let sums = self.sum_fours(products)?;
