@@ -704,6 +704,9 @@ fn f16_stores_round_to_nearest_even_on_every_backend() {
     }
 }
 
+/// A backend's compiler: kernels to a shared object.
+type Compile = dyn Fn(&[Kernel]) -> Vec<u8>;
+
 /// An integer matmul as the engine builds it twice: the one-row decode kernel
 /// (`s1`, the GEMV a sequence decoding alone runs) and the batch kernel (`sN`,
 /// row tiles), with how each takes its activations.
@@ -763,7 +766,7 @@ fn call(code: &LoadedCode, kernel: &Kernel, bufs: &mut [Buffer], rows: u64) {
 fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
     const ROWS: usize = 11;
     let (one, many) = (SeqMode::Fixed(1), SeqMode::Dynamic);
-    let backends: [(&str, RegisterTile, &dyn Fn(&[Kernel]) -> Vec<u8>); 3] = [
+    let backends: [(&str, RegisterTile, &Compile); 3] = [
         ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), &|kernels| compile_shared(kernels, &CpuTarget::host()).unwrap().shared_object),
         ("llvm x86-64-v3", RegisterTile::YMM, &|kernels| compile_shared(kernels, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap().shared_object),
         ("cranelift", RegisterTile::ZMM, &|kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object),
