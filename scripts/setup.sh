@@ -6,6 +6,9 @@
 #   - ptxas (the PTX assembler; no GPU needed) from the PyPI package nvidia-cuda-nvcc-cu12,
 #     into .cache/cuda/bin/ptxas, so tests can validate the PTX maxc emits
 #   - the openai, prometheus-client and jsonschema Python packages into .cache/python (server tests)
+#   - aarch64 cross-compilation (docs/aarch64.md): Debian's gcc-aarch64-linux-gnu and
+#     libc6-dev-arm64-cross (the cross linker and C library), qemu-user (tests run the
+#     aarch64 maxrun under qemu-aarch64) and Rust's aarch64-unknown-linux-gnu target
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="$root/.cache"
@@ -86,5 +89,26 @@ if [ "$(cat "$pylib/.packages" 2>/dev/null)" != "$pypkgs" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$pylib.part" $pypkgs
   echo "$pypkgs" > "$pylib.part/.packages"
   rm -rf "$pylib" && mv "$pylib.part" "$pylib"
+fi
+# aarch64 cross-compilation: maxc links aarch64 kernels with the cross gcc,
+# cargo links the aarch64 maxrun with it (.cargo/config.toml), and
+# tests/tests/aarch64.rs runs that maxrun under qemu-aarch64.
+arm_pkgs="qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
+arm_installed() {
+  for p in $arm_pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || return 1
+  done
+}
+if ! arm_installed; then
+  echo "setup: installing $arm_pkgs (aarch64 cross-compilation)" >&2
+  sudo_cmd=""
+  if [ "$(id -u)" != 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq $arm_pkgs >/dev/null
+fi
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+  echo "setup: adding the Rust target aarch64-unknown-linux-gnu" >&2
+  rustup target add aarch64-unknown-linux-gnu
 fi
 echo "setup: ok" >&2

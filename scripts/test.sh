@@ -12,6 +12,10 @@ rm -rf "$TMPDIR"
 mkdir -p "$TMPDIR"
 trap 'rm -rf "$TMPDIR"' EXIT
 cargo build --workspace --bins -j2
+# The runtime for 64-bit ARM, which tests/tests/aarch64.rs runs under qemu-aarch64
+# (docs/aarch64.md): the maxrun binary alone, release (what would ship), linked by
+# the cross gcc that .cargo/config.toml names.
+cargo build --release --target aarch64-unknown-linux-gnu -p maxrun --bin maxrun -j2
 cargo test --workspace -j2 "$@"
 # The runtime without the `cuda` feature (what a CPU-only deployment builds): its
 # own unit tests, e.g. the message a GPU mesh gets there.

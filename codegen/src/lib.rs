@@ -1,8 +1,8 @@
 //! maxc-codegen: backends that lower kernel IR to machine code.
 //!
 //! Architecture invariant: codegen sees kernel IR only, never the graph IR.
-//! The LLVM backend (`llvm/`) emits an x86-64 object per artifact (`link.rs`
-//! turns it into a shared object the runtime loads from memory) and PTX modules
+//! The LLVM backend (`llvm/`) emits an x86-64 or aarch64 object per artifact
+//! (`link.rs` turns it into a shared object the runtime loads from memory) and PTX modules
 //! for NVIDIA GPUs from the same emitter; `ptxas.rs` validates PTX.
 
 pub mod cranelift;

@@ -1,5 +1,7 @@
 //! Target descriptions. CPU: `--target cpu` (this machine), `cpu:x86-64-v3`,
-//! `cpu:x86-64-v4`, or `cpu:<llvm cpu>[+feature,...]`. GPU: `cuda:sm_80`, or a
+//! `cpu:x86-64-v4`, or `cpu:<llvm cpu>[+feature,...]`; 64-bit ARM (cross-compiled
+//! from any build machine, docs/aarch64.md): `cpu:aarch64` (NEON) or
+//! `cpu:aarch64+dotprod` (SDOT for the integer dots). GPU: `cuda:sm_80`, or a
 //! list `cuda:sm_80,sm_90` (one PTX module each). Both: `cpu,cuda:sm_90`, a fat
 //! artifact with CPU code as the fallback.
 
@@ -34,6 +36,17 @@ pub const KNOWN_FEATURES: &[&str] = &[
     "vpclmulqdq", "avx512vp2intersect",
 ];
 
+/// The triples of the CPU targets: x86-64 and 64-bit ARM Linux.
+pub const X86_64_TRIPLE: &str = "x86_64-unknown-linux-gnu";
+pub const AARCH64_TRIPLE: &str = "aarch64-unknown-linux-gnu";
+
+/// The aarch64 features `--target cpu:aarch64+feature,...` may name: LLVM's names
+/// of the features maxrun detects on ARM (`maxrun::cpu::has_feature`, through
+/// `is_aarch64_feature_detected!`; a test keeps the two lists together). NEON is
+/// always on (every AArch64 Linux machine has it); `dotprod` turns the integer
+/// dots into SDOT.
+pub const KNOWN_AARCH64_FEATURES: &[&str] = &["neon", "dotprod", "fullfp16", "fp16fml", "i8mm", "bf16", "lse", "crc", "rcpc"];
+
 /// Host features that are advertised by CPUID on some VMs but fault when used
 /// (AMX); never enabled from CPUID alone.
 const NEVER_FROM_HOST: &[&str] = &["amx-tile", "amx-int8", "amx-bf16", "amx-fp16", "amx-complex"];
@@ -42,11 +55,11 @@ impl CpuTarget {
     /// Parses a `--target` CPU spec.
     pub fn parse(spec: &str) -> Result<Self, CodegenError> {
         let err = |m: &str| CodegenError::Target { spec: spec.into(), message: m.into() };
-        let triple = "x86_64-unknown-linux-gnu".to_string();
+        let triple = X86_64_TRIPLE.to_string();
         if spec == "cpu" {
             return Ok(Self::host());
         }
-        let rest = spec.strip_prefix("cpu:").ok_or_else(|| err("CPU targets are `cpu`, `cpu:x86-64-v3`, `cpu:x86-64-v4` or `cpu:NAME+feature,...`"))?;
+        let rest = spec.strip_prefix("cpu:").ok_or_else(|| err("CPU targets are `cpu`, `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:aarch64` or `cpu:NAME+feature,...`"))?;
         let (cpu, extra) = match rest.split_once('+') {
             Some((c, f)) => (c, Some(f)),
             None => (rest, None),
@@ -54,12 +67,15 @@ impl CpuTarget {
         if cpu.is_empty() {
             return Err(err("missing CPU name after `cpu:`"));
         }
+        if cpu == "aarch64" {
+            return Self::parse_aarch64(spec, extra);
+        }
         let mut enabled: Vec<String> = match cpu {
             "x86-64" => vec![],
             "x86-64-v2" => V2.to_vec(),
             "x86-64-v3" => [V2, V3].concat(),
             "x86-64-v4" => [V2, V3, V4].concat(),
-            _ => return Err(err("known CPU names: x86-64, x86-64-v2, x86-64-v3, x86-64-v4 (or `cpu` for this machine)")),
+            _ => return Err(err("known CPU names: x86-64, x86-64-v2, x86-64-v3, x86-64-v4, aarch64 (or `cpu` for this machine)")),
         }
         .into_iter()
         .map(String::from)
@@ -96,6 +112,31 @@ impl CpuTarget {
         Ok(CpuTarget { triple, cpu: cpu.into(), features, enabled })
     }
 
+    /// `cpu:aarch64[+feature,...]`: LLVM's `generic` AArch64 CPU with NEON and
+    /// the features named (from [`KNOWN_AARCH64_FEATURES`]).
+    fn parse_aarch64(spec: &str, extra: Option<&str>) -> Result<Self, CodegenError> {
+        let mut enabled = vec!["neon".to_string()];
+        for f in extra.map(|e| e.split(',').map(|f| f.trim().trim_start_matches('+')).collect::<Vec<_>>()).unwrap_or_default() {
+            if f.is_empty() {
+                return Err(CodegenError::Target { spec: spec.into(), message: "empty feature name".into() });
+            }
+            if !KNOWN_AARCH64_FEATURES.contains(&f) {
+                return Err(CodegenError::Target {
+                    spec: spec.into(),
+                    message: format!("unknown aarch64 CPU feature `{f}`; known: {}", KNOWN_AARCH64_FEATURES.join(", ")),
+                });
+            }
+            enabled.push(f.to_string());
+        }
+        // Kept in the order written (NEON first): the feature string is part of
+        // the artifact's provenance.
+        let mut seen = Vec::new();
+        enabled.retain(|f| if seen.contains(f) { false } else { seen.push(f.clone()); true });
+        let features = enabled.iter().map(|f| format!("+{f}")).collect::<Vec<_>>().join(",");
+        enabled.sort();
+        Ok(CpuTarget { triple: AARCH64_TRIPLE.into(), cpu: "generic".into(), features, enabled })
+    }
+
     /// This machine's CPU, minus features that must never come from CPUID alone.
     pub fn host() -> Self {
         let cpu = inkwell::targets::TargetMachine::get_host_cpu_name().to_string();
@@ -114,7 +155,19 @@ impl CpuTarget {
             }
         }
         enabled.sort();
-        CpuTarget { triple: "x86_64-unknown-linux-gnu".into(), cpu, features: parts.join(","), enabled }
+        let triple = if cfg!(target_arch = "aarch64") { AARCH64_TRIPLE } else { X86_64_TRIPLE };
+        CpuTarget { triple: triple.into(), cpu, features: parts.join(","), enabled }
+    }
+
+    /// Whether this is a 64-bit ARM target (`cpu:aarch64...`): LLVM's AArch64
+    /// backend, NEON instead of SSE / AVX, the cross linker.
+    pub fn is_aarch64(&self) -> bool {
+        self.triple.starts_with("aarch64")
+    }
+
+    /// Whether the aarch64 dot-product instructions (`sdot` / `udot`, FEAT_DotProd) are available.
+    pub fn has_dotprod(&self) -> bool {
+        self.is_aarch64() && self.has_feature("dotprod")
     }
 
     /// Whether 512-bit vectors are available (then preferred over 256-bit).
@@ -162,8 +215,51 @@ pub struct GpuTarget {
 /// A whole `--target`: CPU code, GPU modules, or both.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TargetSpec {
+    /// The first (or only) CPU variant.
     pub cpu: Option<CpuTarget>,
+    /// The other CPU variants of a multi-ISA list (`cpu:x86-64-v2,x86-64-v3`),
+    /// in the order written; empty for one CPU target.
+    pub cpu_variants: Vec<CpuTarget>,
+    /// Each CPU variant's spec as written, `cpu` first then `cpu_variants`
+    /// (`cpu:x86-64-v3`, `cpu:x86-64-v4+avx512vnni`, or `cpu`).
+    pub cpu_specs: Vec<String>,
     pub gpus: Vec<GpuTarget>,
+}
+
+/// `cpu:portable`: the x86-64 servers a CI pipeline ships to without knowing
+/// them (docs/portable.md): AVX2 (Haswell and later, Zen 1-3), AVX2 with
+/// AVX-VNNI (Alder Lake, Sierra Forest), AVX-512 (Skylake-SP) and AVX-512 with
+/// VNNI (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4), whose byte dot
+/// products the default int16 activations are built on. x86-64-v2 (SSE4.2
+/// only) is left out: its code compiles 10x slower and runs 10x slower
+/// (128-bit registers for 512-bit kernels); list it to have it.
+pub const PORTABLE: &[&str] = &["x86-64-v3", "x86-64-v3+avxvnni", "x86-64-v4", "x86-64-v4+avx512vnni"];
+
+/// Whether `item` of a comma list after `cpu:` starts a CPU variant (a CPU
+/// name, possibly with `+features`) rather than continuing the previous
+/// variant's feature list (`cpu:x86-64-v3+avx512f,avx512bw`).
+fn starts_variant(item: &str) -> bool {
+    let name = item.split('+').next().unwrap_or_default().trim();
+    name.starts_with("x86-64") || name.starts_with("aarch64") || name.trim() == "portable"
+}
+
+/// The CPU part of a `--target` split into one spec per variant:
+/// `cpu:x86-64-v2,x86-64-v3+avx512f,avx512bw` -> `cpu:x86-64-v2`,
+/// `cpu:x86-64-v3+avx512f,avx512bw`; `cpu:portable` expands to [`PORTABLE`].
+pub fn cpu_variant_specs(cpu_part: &str) -> Vec<String> {
+    let Some(rest) = cpu_part.strip_prefix("cpu:") else { return vec![cpu_part.to_string()] };
+    let mut variants: Vec<String> = Vec::new();
+    for item in rest.split(',') {
+        match variants.last_mut() {
+            Some(last) if !starts_variant(item) => {
+                last.push(',');
+                last.push_str(item);
+            }
+            _ if item.trim() == "portable" => variants.extend(PORTABLE.iter().map(|v| v.to_string())),
+            _ => variants.push(item.to_string()),
+        }
+    }
+    variants.into_iter().map(|v| format!("cpu:{v}")).collect()
 }
 
 impl TargetSpec {
@@ -178,7 +274,24 @@ impl TargetSpec {
             }
             None => (spec, None),
         };
-        let cpu = if cpu_part.is_empty() { None } else { Some(CpuTarget::parse(cpu_part)?) };
+        let cpu_specs = if cpu_part.is_empty() { Vec::new() } else { cpu_variant_specs(cpu_part) };
+        let mut cpus = Vec::with_capacity(cpu_specs.len());
+        for (i, one) in cpu_specs.iter().enumerate() {
+            if cpu_specs[..i].contains(one) {
+                return Err(err(format!("`{one}` is listed twice; each CPU variant once")));
+            }
+            let target = CpuTarget::parse(one)?;
+            if let Some(first) = cpus.first().filter(|f: &&CpuTarget| f.triple != target.triple) {
+                return Err(err(format!(
+                    "`{one}` is for {} and the first variant for {}: one architecture per artifact (maxrun is built per architecture); compile one artifact each",
+                    target.triple, first.triple
+                )));
+            }
+            cpus.push(target);
+        }
+        let mut cpus = cpus.into_iter();
+        let cpu = cpus.next();
+        let cpu_variants: Vec<CpuTarget> = cpus.collect();
         let mut gpus: Vec<GpuTarget> = Vec::new();
         if let Some(list) = gpu_part {
             for arch in list.split(',').map(str::trim) {
@@ -190,7 +303,7 @@ impl TargetSpec {
                 }
             }
         }
-        Ok(TargetSpec { cpu, gpus })
+        Ok(TargetSpec { cpu, cpu_variants, cpu_specs, gpus })
     }
 }
 
@@ -222,6 +335,25 @@ mod tests {
     }
 
     #[test]
+    fn cpu_lists_are_variants_and_features_stay_with_theirs() {
+        let t = TargetSpec::parse("cpu:x86-64-v2,x86-64-v3+avx512f,avx512bw,x86-64-v4,cuda:sm_90").unwrap();
+        assert_eq!(t.cpu_specs, ["cpu:x86-64-v2", "cpu:x86-64-v3+avx512f,avx512bw", "cpu:x86-64-v4"]);
+        assert_eq!(t.cpu.as_ref().unwrap().cpu, "x86-64-v2");
+        assert_eq!(t.cpu_variants.len(), 2);
+        assert!(t.cpu_variants[0].has_feature("avx512bw") && !t.cpu_variants[1].has_feature("avx512vnni"));
+        assert_eq!(t.gpus.len(), 1);
+        let p = TargetSpec::parse("cpu:portable").unwrap();
+        assert_eq!(p.cpu_specs, PORTABLE.iter().map(|v| format!("cpu:{v}")).collect::<Vec<_>>());
+        assert!(p.cpu_variants[0].has_avx_vnni() && p.cpu_variants.last().unwrap().has_avx512_vnni());
+        let more = TargetSpec::parse("cpu:x86-64-v2,portable").unwrap();
+        assert_eq!(more.cpu_specs.len(), 1 + PORTABLE.len());
+        let one = TargetSpec::parse("cpu:x86-64-v3+avx512f,avx512bw").unwrap();
+        assert!(one.cpu_variants.is_empty() && one.cpu_specs == ["cpu:x86-64-v3+avx512f,avx512bw"]);
+        let e = TargetSpec::parse("cpu:x86-64-v3,x86-64-v3").unwrap_err().to_string();
+        assert!(e.contains("listed twice"), "{e}");
+    }
+
+    #[test]
     fn levels_imply_their_features() {
         let v3 = CpuTarget::parse("cpu:x86-64-v3").unwrap();
         assert!(v3.enabled.contains(&"avx2".to_string()) && v3.enabled.contains(&"fma".to_string()));
@@ -236,6 +368,25 @@ mod tests {
         for spec in ["gpu", "cpu:", "cpu:pentium9", "cpu:x86-64+"] {
             assert!(CpuTarget::parse(spec).is_err(), "{spec}");
         }
+    }
+
+    #[test]
+    fn aarch64_targets_are_neon_with_the_features_named() {
+        let neon = CpuTarget::parse("cpu:aarch64").unwrap();
+        assert_eq!((neon.triple.as_str(), neon.cpu.as_str(), neon.features.as_str()), (AARCH64_TRIPLE, "generic", "+neon"));
+        assert!(neon.is_aarch64() && !neon.has_dotprod() && !neon.has_avx2() && !neon.has_avx512());
+        let dot = CpuTarget::parse("cpu:aarch64+dotprod").unwrap();
+        assert_eq!(dot.features, "+neon,+dotprod");
+        assert!(dot.has_dotprod() && dot.enabled == ["dotprod", "neon"]);
+        assert_eq!(CpuTarget::parse("cpu:aarch64+dotprod,+i8mm").unwrap().features, "+neon,+dotprod,+i8mm");
+        let e = CpuTarget::parse("cpu:aarch64+avx2").unwrap_err().to_string();
+        assert!(e.contains("unknown aarch64 CPU feature `avx2`") && e.contains("dotprod"), "{e}");
+        let e = CpuTarget::parse("cpu:x86-64+dotprod").unwrap_err().to_string();
+        assert!(e.contains("unknown CPU feature `dotprod`"), "{e}");
+        assert!(CpuTarget::parse("cpu:aarch64+").is_err());
+        assert!(!CpuTarget::parse("cpu:x86-64-v3").unwrap().is_aarch64());
+        let e = CpuTarget::parse("cpu:arm").unwrap_err().to_string();
+        assert!(e.contains("aarch64"), "{e}");
     }
 
     #[test]

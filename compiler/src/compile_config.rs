@@ -124,7 +124,10 @@ impl CompileConfig {
                 e => e.into(),
             }),
         );
-        let cpu_spec = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',').to_string();
+        // The first CPU variant's part (`cpu:x86-64-v3+avx512f` of
+        // `cpu:x86-64-v3+avx512f,x86-64-v4,cuda:sm_90`); `variant` gives the others'.
+        let cpu_part = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',');
+        let cpu_spec = maxc_codegen::target::cpu_variant_specs(cpu_part).into_iter().next().unwrap_or_default();
         let backend = keep(
             &mut problems,
             match c.backend.as_deref().unwrap_or("llvm") {
@@ -178,6 +181,26 @@ impl CompileConfig {
         }
     }
 
+    /// The configuration of each further CPU variant of a multi-ISA target
+    /// (`cpu:x86-64-v2,x86-64-v3`: one, for x86-64-v3): the same in every
+    /// field but the CPU target and its spec. Empty for one CPU target.
+    pub fn other_cpu_variants(&self) -> Vec<CompileConfig> {
+        let specs = self.targets.cpu_specs.iter().skip(1);
+        self.targets
+            .cpu_variants
+            .iter()
+            .zip(specs)
+            .map(|(cpu, spec)| {
+                let mut c = self.clone();
+                c.targets.cpu = Some(cpu.clone());
+                c.targets.cpu_variants.clear();
+                c.targets.cpu_specs = vec![spec.clone()];
+                c.cpu_spec = spec.clone();
+                c
+            })
+            .collect()
+    }
+
     /// The checks between fields that need no model.
     fn cross_checks(&self, manifest: &LoadedManifest) -> Vec<Error> {
         let (shown, spec, field) = (&self.shown, &self.target_spec, |key: &str| manifest.field_name(key));
@@ -196,6 +219,18 @@ impl CompileConfig {
                     shown,
                     field("backend"),
                     format!("cranelift compiles CPU code and `{spec}` has no CPU part (GPU code always goes through LLVM's NVPTX backend); use --backend llvm, or --target cpu,{spec}"),
+                ));
+            } else if self.targets.cpu.as_ref().is_some_and(|c| c.is_aarch64()) {
+                problems.push(Error::invalid(
+                    shown,
+                    field("backend"),
+                    format!("`{spec}`: the cranelift backend emits x86-64 code only; aarch64 code goes through LLVM's AArch64 backend: use --backend llvm"),
+                ));
+            } else if !self.targets.cpu_variants.is_empty() {
+                problems.push(Error::invalid(
+                    shown,
+                    field("target"),
+                    format!("`{spec}`: the cranelift backend emits one baseline x86-64 variant; several CPU variants need --backend llvm"),
                 ));
             } else if self.cpu_spec != "cpu" && self.cpu_spec != "cpu:x86-64" {
                 problems.push(Error::invalid(
@@ -316,6 +351,8 @@ mod tests {
         assert!(err.iter().any(|e| e.contains("compile.activation_encoding") && e.contains("CPU kernels only")), "{err:?}");
         let err = messages(resolve("target = \"cpu:x86-64-v3\"\nbackend = \"cranelift\""));
         assert!(err[0].contains("compile.target") && err[0].contains("baseline x86-64"), "{err:?}");
+        let err = messages(resolve("target = \"cpu:aarch64+dotprod\"\nbackend = \"cranelift\""));
+        assert!(err[0].contains("compile.backend") && err[0].contains("x86-64 code only") && err[0].contains("--backend llvm"), "{err:?}");
         let err = messages(resolve("devices = \"gpu:0,1\""));
         assert!(err[0].contains("compile.devices") && err[0].contains("needs GPU code"), "{err:?}");
         let err = messages(resolve("max_batch_tokens = 4\nmax_sequences = 8"));

@@ -266,9 +266,15 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
 
     let code = generate_code(&config, &scheduled.kernels, options)?;
     lap("codegen + link", &mut phases);
+    let variants = other_cpu_variants(&graphs, &model, &config, &plan, &scheduled, options)?;
+    if !variants.is_empty() {
+        lap("other CPU variants", &mut phases);
+    }
 
     let fe = Frontend { manifest, model, graph: graphs.into_iter().next().expect("one graph per device") };
-    let header = build_header(&fe, &config, &plan, &scheduled, &code, options)?;
+    let mut header = build_header(&fe, &config, &plan, &scheduled, &code, options)?;
+    header.cpu_variants = variants.iter().map(|(c, s, g)| cpu_variant(c, &plan, s, g)).collect();
+    let variant_code: Vec<&[u8]> = variants.iter().map(|(_, _, g)| g.shared_object.as_deref().expect("CPU variants have CPU code")).collect();
     let report = CompileReport {
         artifact_bytes: 0,
         kernels: scheduled.kernels.kernels.len(),
@@ -284,6 +290,7 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         crate::mef_writer::ArtifactContents {
             header,
             code: code.shared_object.as_deref(),
+            variant_code: &variant_code,
             ptx: &code.ptx,
             weights: &scheduled.weights.slots,
             store: &fe.model.weights,
@@ -294,6 +301,39 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     )?;
     lap("write artifact", &mut phases);
     Ok(CompileReport { artifact_bytes: bytes, phases, ..report })
+}
+
+/// The further CPU variants of a multi-ISA target, each scheduled (its
+/// register tile gives its own kernels and plans) and compiled. Their weights
+/// must be laid out as the first variant's, which the artifact stores once:
+/// layouts depend on whether there is CPU code and on the activations, never
+/// on the ISA level, and a difference is an error rather than a second copy.
+fn other_cpu_variants(
+    graphs: &[Graph],
+    model: &ImportedModel,
+    config: &CompileConfig,
+    plan: &ModelPlan,
+    first: &Scheduled,
+    options: &CompileOptions<'_>,
+) -> Result<Vec<(CompileConfig, Scheduled, GeneratedCode)>> {
+    let quiet = CompileOptions { emit_llvm: None, emit_ptx: None, ..options.clone() };
+    let mut variants = Vec::new();
+    for variant in config.other_cpu_variants() {
+        let scheduled = schedule_devices(graphs, model, &variant, plan)?;
+        if scheduled.weights.slots != first.weights.slots {
+            let differ = first.weights.slots.iter().zip(&scheduled.weights.slots).find(|(a, b)| a != b).map_or_else(|| "the number of weights".to_string(), |(a, _)| format!("`{}`", a.name));
+            return Err(crate::Error::invalid(
+                &config.shown,
+                "compile.target",
+                format!("CPU variant `{}` lays out {differ} unlike `{}`, and the variants of one artifact share one copy of the weights; compile one artifact per variant", variant.cpu_spec, config.cpu_spec),
+            ));
+        }
+        let mut code = generate_code(&variant, &scheduled.kernels, &quiet)?;
+        // The GPU modules come with the first variant only.
+        code.ptx.clear();
+        variants.push((variant, scheduled, code));
+    }
+    Ok(variants)
 }
 
 /// Every device's plans: (prefill, decode, last-row prefill, batch plans:
@@ -417,10 +457,9 @@ pub fn generate_code(config: &CompileConfig, kernels: &crate::schedule::KernelSe
     Ok(GeneratedCode { shared_object, required_features, cpu, triple, ptx, gpu_kernels })
 }
 
-/// The artifact's header: the plans of every device with their arenas laid
-/// out, the kernels, provenance, target, mesh, KV cache and generation defaults
-/// (weights and sections are filled in by the writer).
-fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode, options: &CompileOptions<'_>) -> Result<maxrun::format::Header> {
+/// One CPU variant's part of the header: its target, its kernels and every
+/// device's plans with their arenas laid out.
+fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode) -> maxrun::format::CpuVariant {
     use crate::schedule::{memory::plan_arena, Arg, Schedule};
     use maxrun::format as mef;
     let to_plan = |s: &Schedule| -> mef::Plan {
@@ -472,32 +511,10 @@ fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, schedul
             kv_bytes_per_token: kv_layout.bytes_per_token(),
         })
         .collect();
-    let mut provenance = mef::Provenance {
-        maxc_version: env!("CARGO_PKG_VERSION").into(),
-        maxc_git_revision: crate::provenance::GIT_REVISION.into(),
-        target_spec: config.target_spec.clone(),
-        build_id: String::new(),
-        manifest: fe.manifest.text.clone(),
-        flags: options.flags.clone(),
-        inputs: fe.model.input_files.iter().map(|p| crate::provenance::hash_file(p)).collect::<Result<_>>()?,
-    };
-    provenance.build_id = crate::provenance::build_id(&provenance);
-    let cfg = &fe.model.config;
-    let m = &fe.manifest.manifest;
-    let g = &m.generation;
-    let d = &fe.model.generation;
     let backend = config.backend.name().to_string();
-    Ok(mef::Header {
-        model: mef::ModelInfo {
-            name: m.model.name.clone().unwrap_or_else(|| fe.model.name.clone()),
-            architecture: cfg.architecture.hf_name().into(),
-            vocab_size: cfg.vocab_size as u64,
-            num_layers: cfg.num_layers as u64,
-            embedding_width: cfg.encoder.map(|_| cfg.hidden_size as u64),
-        },
-        provenance,
-        target: mef::TargetInfo { triple: code.triple.clone(), cpu: code.cpu.clone(), required_features: code.required_features.clone(), backend: backend.clone() },
-        sections: vec![],
+    let spec = if code.shared_object.is_some() { config.cpu_spec.clone() } else { String::new() };
+    mef::CpuVariant {
+        target: mef::TargetInfo { triple: code.triple.clone(), cpu: code.cpu.clone(), required_features: code.required_features.clone(), backend: backend.clone(), spec },
         kernels: scheduled
             .kernels
             .kernels
@@ -511,9 +528,39 @@ fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, schedul
                 gpu_threads_per_task: maxc_kernels::warp::threads_per_task(gpu),
             })
             .collect(),
-        weights: vec![],
-        mesh: mesh.clone(),
         sub_models,
+    }
+}
+
+/// The artifact's header: the plans of every device with their arenas laid
+/// out, the kernels, provenance, target, mesh, KV cache and generation defaults
+/// (weights and sections are filled in by the writer).
+fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode, options: &CompileOptions<'_>) -> Result<maxrun::format::Header> {
+    use maxrun::format as mef;
+    let first = cpu_variant(config, plan, scheduled, code);
+    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, encoding: config.kv_encoding };
+    // One code path with the compile cache's key (`cache.rs`), which computes
+    // it before compiling: the build id it predicts is the one recorded here.
+    let provenance = crate::provenance::provenance(&fe.manifest.text, &config.target_spec, &options.flags, &fe.model.input_files)?;
+    let cfg = &fe.model.config;
+    let m = &fe.manifest.manifest;
+    let g = &m.generation;
+    let d = &fe.model.generation;
+    Ok(mef::Header {
+        model: mef::ModelInfo {
+            name: m.model.name.clone().unwrap_or_else(|| fe.model.name.clone()),
+            architecture: cfg.architecture.hf_name().into(),
+            vocab_size: cfg.vocab_size as u64,
+            num_layers: cfg.num_layers as u64,
+            embedding_width: cfg.encoder.map(|_| cfg.hidden_size as u64),
+        },
+        provenance,
+        target: first.target,
+        sections: vec![],
+        kernels: first.kernels,
+        weights: vec![],
+        mesh: plan.mesh.clone(),
+        sub_models: first.sub_models,
         kv_cache: kv_layout,
         tokenizer: mef::TokenizerInfo { bos_token_id: cfg.bos_token_id, eos_token_ids: cfg.eos_token_ids.clone() },
         generation: mef::GenerationDefaults {
@@ -527,6 +574,7 @@ fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, schedul
         max_length: scheduled.max_length,
         gpu_archs: config.targets.gpus.iter().map(|g| g.arch.clone()).collect(),
         batch: scheduled.batch,
+        cpu_variants: Vec::new(),
     })
 }
 

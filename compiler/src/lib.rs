@@ -5,6 +5,7 @@
 //! interpreter ([`interp`]) is the oracle every pass is tested against.
 
 pub mod builders;
+pub mod cache;
 pub mod compile_config;
 pub mod driver;
 pub mod error;
@@ -20,5 +21,6 @@ pub mod quant;
 pub mod resident;
 pub mod schedule;
 pub mod sharding;
+pub mod summary;
 
 pub use error::{Error, Result};

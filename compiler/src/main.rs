@@ -59,7 +59,9 @@ struct ModelArgs {
 /// `--model-override`s); `maxc check` takes them as `maxc compile` does.
 #[derive(Args)]
 struct CompileSettings {
-    /// Code target: `cpu` (this machine), `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:NAME+feature,...`.
+    /// Code target: `cpu` (this machine), `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:NAME+feature,...`;
+    /// several CPU variants over one copy of the weights: `cpu:x86-64-v2,x86-64-v3,x86-64-v4` or
+    /// `cpu:portable` (docs/portable.md); ARM: `cpu:aarch64`, `cpu:aarch64+dotprod` (docs/aarch64.md).
     #[arg(long)]
     target: Option<String>,
     /// Storage of the linear layers' weights: float32 (the default for Hugging Face checkpoints),
@@ -149,6 +151,19 @@ struct CompileArgs {
     /// `text` (default) or `json`: one JSON object per phase (wall time, peak memory) and a summary.
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// Print one JSON object on stdout when done: the summary (output, bytes,
+    /// build id, targets, encodings, memory, wall time per phase) or, on
+    /// failure, the error with its file, field and exit code (docs/ci.md).
+    #[arg(long, conflicts_with = "log_format")]
+    json: bool,
+    /// Keep artifacts in DIR by build id: compiling the same inputs again
+    /// copies (or hard-links) the cached artifact (default: $MAXC_CACHE_DIR).
+    /// The artifact does not depend on it.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Neither read nor write the compile cache, even with MAXC_CACHE_DIR set.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
 }
 
 #[derive(Args)]
@@ -174,13 +189,36 @@ struct EvalArgs {
 
 fn main() -> ExitCode {
     maxrun::output::remove_temp_files_on_signals("maxc", "no artifact was written");
-    match run(Cli::parse()) {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return parse_error(e),
+    };
+    let json = matches!(&cli.command, Command::Compile(a) if a.json);
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if json {
+                println!("{}", maxc::summary::error(&e));
+            }
             maxrun::usage::exit_code(&e)
         }
     }
+}
+
+/// A command line clap refuses: its message and exit 2, and for `maxc compile
+/// --json` the JSON error object on stdout as well.
+fn parse_error(e: clap::Error) -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let compile_json = args.next().as_deref() == Some("compile") && args.any(|a| a == "--json");
+    if !compile_json || !e.use_stderr() {
+        e.exit();
+    }
+    let _ = e.print();
+    let text = e.render().to_string();
+    let message = text.lines().next().unwrap_or_default().trim_start_matches("error: ");
+    println!("{}", maxc::summary::error(&usage(message)));
+    ExitCode::from(2)
 }
 
 /// The manifest file, or the default manifest for `--model PATH`, with the
@@ -252,15 +290,36 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
     check_output("-o", &output, &manifest)?;
     let start = std::time::Instant::now();
     let flags = provenance_flags(std::env::args().skip(1));
-    let compile_options = CompileOptions {
-        flags,
-        pipeline: opts,
-        emit_llvm: args.emit_llvm.clone(),
-        emit_ptx: args.emit_ptx.clone(),
-        progress: !args.quiet && args.log_format == "text",
+    let text = !args.quiet && !args.json && args.log_format == "text";
+    // The cache: its key is the build id, known before compiling. A compile
+    // that writes debugging outputs builds (only a build gives them) and stores.
+    let cache_dir = args.cache_dir.clone().or_else(|| std::env::var_os("MAXC_CACHE_DIR").filter(|d| !d.is_empty()).map(PathBuf::from));
+    let read = args.dump_ir.is_none() && args.emit_llvm.is_none() && args.emit_ptx.is_none();
+    let mut cache = match cache_dir.filter(|_| !args.no_cache) {
+        Some(dir) => Some(maxc::cache::CacheUse::begin(dir, &manifest, &flags, &output, read)?),
+        None => None,
     };
-    let report = with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??;
-    if args.log_format == "json" {
+    for w in cache.iter().flat_map(|c| &c.warnings) {
+        eprintln!("maxc: warning: {w}");
+    }
+    let compile_options = CompileOptions { flags, pipeline: opts, emit_llvm: args.emit_llvm.clone(), emit_ptx: args.emit_ptx.clone(), progress: text };
+    let mut report = match cache.as_ref().filter(|c| c.hit()) {
+        Some(_) => Built::cached(&output)?,
+        None => Built::from(with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??),
+    };
+    if let Some(c) = cache.as_mut().filter(|c| !c.hit()) {
+        if let Some(w) = c.store(&output) {
+            eprintln!("maxc: warning: {w}");
+        }
+    }
+    if let Some(c) = &cache {
+        let (before, after) = c.phases.split_at(1);
+        report.phases = [before, &report.phases, after].concat();
+    }
+    let cache_json = cache.as_ref().map(maxc::cache::CacheUse::to_json);
+    if args.json {
+        // Printed last, after --check-reproducible: one object, or the error.
+    } else if args.log_format == "json" {
         for p in &report.phases {
             println!("{}", serde_json::json!({"phase": p.name, "wall_s": p.wall_s, "peak_rss_bytes": p.peak_rss_bytes, "peak_anon_bytes": p.peak_anon_bytes}));
         }
@@ -270,7 +329,17 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
                 "artifact": output.display().to_string(), "bytes": report.artifact_bytes,
                 "wall_s": start.elapsed().as_secs_f64(), "kernels": report.kernels,
                 "prefill_launches": report.prefill_launches, "decode_launches": report.decode_launches,
+                "cache": cache_json,
             })
+        );
+    } else if let Some(c) = cache.as_ref().filter(|c| c.hit() && !args.quiet) {
+        eprintln!(
+            "wrote {} ({:.1} MiB) in {:.2}s from the cache: {} ({})",
+            output.display(),
+            report.artifact_bytes as f64 / (1 << 20) as f64,
+            start.elapsed().as_secs_f64(),
+            c.entry.display(),
+            c.transfer.map_or("", maxc::cache::Transfer::name)
         );
     } else if !args.quiet {
         eprintln!(
@@ -292,6 +361,9 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         for p in &report.phases {
             eprintln!("{:<24} {:>8.2} {:>14.1} {:>15.1}", p.name, p.wall_s, mib(p.peak_rss_bytes), mib(p.peak_anon_bytes));
         }
+        if let Some(c) = cache.as_ref().filter(|c| c.transfer.is_some()) {
+            eprintln!("cached as {}", c.entry.display());
+        }
     }
     if args.check_reproducible {
         let again = output.with_file_name(format!(
@@ -303,9 +375,50 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         let result = with_threads(other_jobs, || maxc::driver::compile(manifest, &again, &compile_options)).and_then(|_| compare_artifacts(&output, &again));
         let _ = std::fs::remove_file(&again);
         result?;
-        eprintln!("reproducible: a second build with {other_jobs} thread(s) is byte-identical");
+        if !args.json {
+            eprintln!("reproducible: a second build with {other_jobs} thread(s) is byte-identical");
+        }
+    }
+    if args.json {
+        let mut summary = maxc::summary::success(&output, start.elapsed().as_secs_f64(), &report.phases, &report.notes, cache_json.unwrap_or_default())?;
+        summary["reproducible"] = serde_json::json!(args.check_reproducible.then_some(true));
+        println!("{summary}");
     }
     Ok(())
+}
+
+/// What `maxc compile` reports of the artifact it wrote: built now, or from the cache.
+struct Built {
+    artifact_bytes: u64,
+    kernels: usize,
+    prefill_launches: usize,
+    decode_launches: usize,
+    phases: Vec<maxc::driver::Phase>,
+    notes: Vec<String>,
+}
+
+impl From<maxc::driver::CompileReport> for Built {
+    fn from(r: maxc::driver::CompileReport) -> Built {
+        let (artifact_bytes, kernels, prefill_launches, decode_launches) = (r.artifact_bytes, r.kernels, r.prefill_launches, r.decode_launches);
+        Built { artifact_bytes, kernels, prefill_launches, decode_launches, phases: r.phases, notes: r.notes }
+    }
+}
+
+impl Built {
+    /// An artifact from the cache: its numbers read back from its header (no
+    /// phases of a build and no notes: the build that made it showed them).
+    fn cached(output: &Path) -> anyhow::Result<Built> {
+        let artifact = maxrun::artifact::Artifact::open(output)?;
+        let h = &artifact.header;
+        Ok(Built {
+            artifact_bytes: artifact.file_len(),
+            kernels: h.kernels.len(),
+            prefill_launches: h.main().prefill.launches.len(),
+            decode_launches: h.main().decode.launches.len(),
+            phases: Vec::new(),
+            notes: Vec::new(),
+        })
+    }
 }
 
 /// Refuses an output path that would destroy something: an input of the
@@ -399,8 +512,8 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
 /// is built. The output path, thread count and debugging outputs cannot, and are
 /// left out so that the same inputs give the same bytes wherever and however built.
 fn provenance_flags(args: impl Iterator<Item = String>) -> Vec<String> {
-    const WITH_VALUE: &[&str] = &["-o", "--output", "-j", "--jobs", "--dump-ir", "--emit-llvm", "--emit-ptx", "--log-format"];
-    const ALONE: &[&str] = &["--check-reproducible", "--quiet", "-q"];
+    const WITH_VALUE: &[&str] = &["-o", "--output", "-j", "--jobs", "--dump-ir", "--emit-llvm", "--emit-ptx", "--log-format", "--cache-dir"];
+    const ALONE: &[&str] = &["--check-reproducible", "--quiet", "-q", "--json", "--no-cache"];
     let mut out = Vec::new();
     let mut skip_next = false;
     for a in args {

@@ -19,6 +19,8 @@ pub struct ArtifactContents<'a> {
     pub header: Header,
     /// The CPU shared object; `None` for a GPU-only artifact.
     pub code: Option<&'a [u8]>,
+    /// The shared objects of `header.cpu_variants`, in order (multi-ISA artifacts).
+    pub variant_code: &'a [&'a [u8]],
     /// PTX modules, in the order of `header.gpu_archs`.
     pub ptx: &'a [String],
     pub weights: &'a [WeightSlot],
@@ -61,12 +63,17 @@ pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<
     let devices = contents.header.sub_models.len();
     let (entries, weight_lens) = layout_weights(contents.weights, devices);
     contents.header.weights = entries;
-    for (m, len) in contents.header.sub_models.iter_mut().zip(&weight_lens) {
-        m.weight_bytes = *len;
+    let variant_sub_models = contents.header.cpu_variants.iter_mut().flat_map(|v| v.sub_models.iter_mut());
+    for (i, m) in contents.header.sub_models.iter_mut().chain(variant_sub_models).enumerate() {
+        m.weight_bytes = weight_lens[i % devices];
     }
     let mut lens = Vec::new();
     if let Some(code) = contents.code {
         lens.push((SectionKind::Code, code.len() as u64));
+    }
+    assert_eq!(contents.variant_code.len(), contents.header.cpu_variants.len(), "one shared object per further CPU variant");
+    for (i, code) in contents.variant_code.iter().enumerate() {
+        lens.push((SectionKind::VariantCode(i as u32), code.len() as u64));
     }
     for (d, len) in weight_lens.iter().enumerate() {
         lens.push((SectionKind::Weights(d as u32), *len));
@@ -138,6 +145,7 @@ fn write_file(tmp: &Path, header_len: u64, c: &mut ArtifactContents<'_>) -> Resu
     for s in &c.header.sections {
         match s.kind {
             SectionKind::Code => file.write_all_at(c.code.unwrap_or_default(), s.offset).map_err(io)?,
+            SectionKind::VariantCode(i) => file.write_all_at(c.variant_code[i as usize], s.offset).map_err(io)?,
             SectionKind::Ptx(i) => file.write_all_at(c.ptx[i as usize].as_bytes(), s.offset).map_err(io)?,
             SectionKind::Tokenizer => file.write_all_at(c.tokenizer_json.as_bytes(), s.offset).map_err(io)?,
             SectionKind::ChatTemplate => file.write_all_at(c.chat_template.unwrap_or_default().as_bytes(), s.offset).map_err(io)?,

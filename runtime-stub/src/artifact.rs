@@ -31,12 +31,16 @@ pub enum ArtifactError {
          the artifact is corrupt: recompile it or copy it again"
     )]
     Checksum { path: PathBuf, what: String, expected: u64, found: u64 },
-    #[error("{path}: the artifact's code is for {triple}, but this machine is {arch}; compile with --target for this machine")]
+    #[error(
+        "{path}: the artifact's code is for {triple}, but this machine is {arch}; \
+         recompile it for this machine with --target cpu or --target {}",
+        crate::cpu::portable_target()
+    )]
     WrongArch { path: PathBuf, triple: String, arch: String },
     #[error(
         "{path}: the artifact's code needs CPU features this machine lacks: {}; \
-         recompile with --target cpu (this machine) or a lower level such as --target cpu:x86-64-v3",
-        missing.join(", ")
+         recompile with --target cpu (this machine) or {}",
+        missing.join(", "), crate::cpu::lower_target_hint()
     )]
     MissingFeatures { path: PathBuf, missing: Vec<String> },
     #[error(
@@ -57,6 +61,12 @@ pub enum ArtifactError {
         archs.join(", "), archs.first().map(String::as_str).unwrap_or("sm_90")
     )]
     NoCpuCode { path: PathBuf, archs: Vec<String> },
+    #[error(
+        "{path}: none of the artifact's CPU variants runs on this machine: {}; \
+         recompile with --target cpu (this machine) or add a lower level such as x86-64-v2 to the target list",
+        variants.iter().map(|(cpu, missing)| format!("{cpu} needs {}", missing.join(", "))).collect::<Vec<_>>().join("; ")
+    )]
+    NoCpuVariant { path: PathBuf, variants: Vec<(String, Vec<String>)> },
 }
 
 /// The bytes of an artifact: a read-only mapping, a private copy on huge pages
@@ -81,9 +91,18 @@ impl std::ops::Deref for Backing {
 /// A mapped artifact with a validated header.
 pub struct Artifact {
     pub path: PathBuf,
+    /// The header, with the chosen CPU variant's target, kernels and plans in
+    /// `target`, `kernels` and `sub_models` (see [`Artifact::cpu_variant`]).
     pub header: Header,
     /// The format minor version of the file.
     pub minor: u32,
+    /// The CPU variants' targets as written (one for a single-target
+    /// artifact; none without CPU code), and the index of the one this
+    /// process runs: the variant this machine supports with the most
+    /// features (`MAXRUN_DISABLE_CPU_FEATURES` takes features away, which is
+    /// how tests force a lower variant).
+    pub cpu_variants: Vec<TargetInfo>,
+    pub cpu_variant: usize,
     map: Backing,
 }
 
@@ -193,10 +212,15 @@ impl Artifact {
         if used != body.len() {
             return Err(corrupt("header", format!("{} trailing bytes", body.len() - used)));
         }
-        let artifact = Artifact { path: p, header, minor, map };
+        let mut header = header;
+        let cpu_variants: Vec<TargetInfo> = if header.has_cpu_code() { header.cpu_targets().cloned().collect() } else { Vec::new() };
+        let cpu_variant = choose_cpu_variant(&cpu_variants);
+        header.select_cpu_variant(cpu_variant);
+        let artifact = Artifact { path: p, header, minor, cpu_variants, cpu_variant, map };
         artifact.validate()?;
         let ptx = (0..artifact.header.gpu_archs.len() as u32).map(SectionKind::Ptx);
-        for kind in [SectionKind::Code, SectionKind::Tokenizer, SectionKind::ChatTemplate].into_iter().chain(ptx) {
+        let variant_code = (0..artifact.header.cpu_variants.len() as u32).map(SectionKind::VariantCode);
+        for kind in [SectionKind::Code, SectionKind::Tokenizer, SectionKind::ChatTemplate].into_iter().chain(ptx).chain(variant_code) {
             artifact.verify_section(kind)?;
         }
         Ok(artifact)
@@ -369,7 +393,7 @@ impl Artifact {
         &self.section(SectionKind::Weights(w.device))[w.offset as usize..(w.offset + w.len) as usize]
     }
 
-    /// Checks that this machine can run the code section.
+    /// Checks that this machine can run the chosen CPU variant's code.
     pub fn check_cpu(&self) -> Result<(), ArtifactError> {
         if !self.header.has_cpu_code() {
             return Err(ArtifactError::NoCpuCode { path: self.path.clone(), archs: self.header.gpu_archs.clone() });
@@ -380,9 +404,38 @@ impl Artifact {
         }
         let missing = crate::cpu::missing_features(&self.header.target.required_features);
         if !missing.is_empty() {
+            if self.cpu_variants.len() > 1 {
+                let variants = self.cpu_variants.iter().map(|t| (variant_name(t), crate::cpu::missing_features(&t.required_features))).collect();
+                return Err(ArtifactError::NoCpuVariant { path: self.path.clone(), variants });
+            }
             return Err(ArtifactError::MissingFeatures { path: self.path.clone(), missing });
         }
         Ok(())
+    }
+
+    /// Which CPU code this process runs, for `--verbose`, `bench` and `serve`:
+    /// `cpu variant cpu:x86-64-v4 (of cpu:x86-64-v2, cpu:x86-64-v3, cpu:x86-64-v4)`,
+    /// or the one target of a single-target artifact.
+    pub fn cpu_variant_note(&self) -> String {
+        let Some(chosen) = self.cpu_variants.get(self.cpu_variant) else { return "no CPU code".into() };
+        if self.cpu_variants.len() == 1 {
+            return format!("CPU code for {} ({})", variant_name(chosen), chosen.cpu);
+        }
+        let all: Vec<String> = self.cpu_variants.iter().map(variant_name).collect();
+        format!("CPU variant {} (of {})", variant_name(chosen), all.join(", "))
+    }
+
+    /// The section holding the chosen CPU variant's shared object.
+    pub fn code_section(&self) -> SectionKind {
+        match self.cpu_variant {
+            0 => SectionKind::Code,
+            i => SectionKind::VariantCode(i as u32 - 1),
+        }
+    }
+
+    /// The chosen CPU variant's shared object.
+    pub fn code(&self) -> &[u8] {
+        self.section(self.code_section())
     }
 
     /// The tokenizer.json text.
@@ -390,4 +443,31 @@ impl Artifact {
         std::str::from_utf8(self.section(SectionKind::Tokenizer))
             .map_err(|e| ArtifactError::Corrupt { path: self.path.clone(), what: "Tokenizer section".into(), detail: e.to_string() })
     }
+}
+
+/// A CPU variant's name for messages: its target as written
+/// (`cpu:x86-64-v4+avx512vnni`), else its LLVM CPU.
+pub fn variant_name(t: &TargetInfo) -> String {
+    if t.spec.is_empty() {
+        t.cpu.clone()
+    } else {
+        t.spec.clone()
+    }
+}
+
+/// Which of `variants` (targets as written) this process runs: among those
+/// for this machine's architecture whose features it has, the one with the
+/// most features (a later level's features include the earlier ones'); ties
+/// go to the first written. 0 when none fits (`Artifact::check_cpu` then
+/// refuses, naming what each variant lacks).
+fn choose_cpu_variant(variants: &[TargetInfo]) -> usize {
+    let arch = std::env::consts::ARCH;
+    let mut best: Option<(usize, usize)> = None;
+    for (i, t) in variants.iter().enumerate() {
+        let runs = t.triple.starts_with(arch) && crate::cpu::missing_features(&t.required_features).is_empty();
+        if runs && best.is_none_or(|(_, n)| t.required_features.len() > n) {
+            best = Some((i, t.required_features.len()));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
 }

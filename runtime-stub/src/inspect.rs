@@ -88,11 +88,19 @@ pub fn report(a: &Artifact) -> Value {
         "sub_models": sub_models,
         "kernels": {
             "count": h.kernels.len(),
-            "code_bytes": a.section(SectionKind::Code).len(),
+            "code_bytes": a.code().len(),
             "names": h.kernels.iter().map(|k| k.symbol.clone()).collect::<Vec<_>>(),
         },
         "weights": {"count": h.weights.len(), "tensors": tensors, "bytes": weights_bytes, "by_encoding": per_encoding, "by_layout": per_layout},
         "cpu_code": h.has_cpu_code(),
+        // Every CPU code variant as written; `selected`: the one this machine runs.
+        "cpu_variants": a.cpu_variants.iter().enumerate().map(|(i, t)| {
+            let section = if i == 0 { SectionKind::Code } else { SectionKind::VariantCode(i as u32 - 1) };
+            json!({
+                "spec": crate::artifact::variant_name(t), "triple": t.triple, "cpu": t.cpu, "required_features": t.required_features,
+                "code_bytes": a.section(section).len(), "selected": i == a.cpu_variant,
+            })
+        }).collect::<Vec<_>>(),
         "gpu": h.gpu_archs.iter().enumerate().map(|(i, arch)| json!({
             "arch": arch, "ptx_bytes": a.section(SectionKind::Ptx(i as u32)).len(),
         })).collect::<Vec<_>>(),
@@ -143,6 +151,13 @@ pub fn render_text(r: &Value) -> String {
     line("required features", t["required_features"].as_array().map(|f| f.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default());
     if r["cpu_code"] == false {
         line("cpu code", "none (GPU-only artifact)".into());
+    }
+    let variants = r["cpu_variants"].as_array().cloned().unwrap_or_default();
+    if variants.len() > 1 {
+        for v in &variants {
+            let chosen = if v["selected"] == true { "  <- runs here" } else { "" };
+            line("cpu variant", format!("{} ({} code bytes, {} features){chosen}", v["spec"].as_str().unwrap_or(""), v["code_bytes"], v["required_features"].as_array().map_or(0, Vec::len)));
+        }
     }
     for g in r["gpu"].as_array().into_iter().flatten() {
         line("gpu code", format!("PTX for {}, {} bytes", g["arch"].as_str().unwrap_or(""), g["ptx_bytes"]));

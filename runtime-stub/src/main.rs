@@ -190,6 +190,10 @@ struct RunArgs {
     /// The weights checksum is checked by default (kept for old scripts).
     #[arg(long, hide = true, conflicts_with = "no_verify")]
     verify: bool,
+    /// Say on stderr which CPU code runs (the variant a multi-ISA artifact
+    /// picked for this machine) and on how many threads.
+    #[arg(short, long)]
+    verbose: bool,
     /// Text to continue. It is tokenized as `transformers`' `tokenizer(text)` and
     /// llama.cpp do: with the special tokens the tokenizer's post-processor adds
     /// (a BOS for Llama 3 and Gemma tokenizers, a GGUF's `add_bos_token`).
@@ -293,6 +297,9 @@ fn open_runner<'a>(artifact: &'a Artifact, cli: &RunArgs) -> anyhow::Result<Runn
     if let Some(note) = note {
         eprintln!("maxrun: {note}");
     }
+    if cli.verbose {
+        eprintln!("maxrun: {}; {}", artifact.cpu_variant_note(), runner.describe());
+    }
     match runner.cpu() {
         Some(cpu) => {
             cpu.check_nan = cli.check_nan;
@@ -388,6 +395,9 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let h = &artifact.header;
     let needed = args.depth + args.prompt_tokens.max(args.generated_tokens);
     fits_benchmark(&args.artifact, &artifact, needed)?;
+    if artifact.cpu_variants.len() > 1 {
+        eprintln!("maxrun: {}", artifact.cpu_variant_note());
+    }
     if let Some(n) = args.concurrency {
         return bench_concurrency(&args, &artifact, n, threads);
     }

@@ -261,7 +261,7 @@ mod tests {
                 flags: vec![],
                 inputs: vec![],
             },
-            target: TargetInfo { triple: String::new(), cpu: String::new(), required_features: vec![], backend: "llvm".into() },
+            target: TargetInfo { triple: String::new(), cpu: String::new(), required_features: vec![], backend: "llvm".into(), spec: String::new() },
             sections: contents.iter().map(|(kind, bytes)| Section { kind: *kind, offset: 0, len: bytes.len() as u64, checksum: checksum(bytes) }).collect(),
             kernels: vec![],
             weights: vec![],
@@ -273,6 +273,7 @@ mod tests {
             max_length: 8,
             gpu_archs: vec!["sm_90".into()],
             batch: None,
+            cpu_variants: vec![],
         };
         edit(&mut header);
         let mut at = align_section(encode_header(&header).len() as u64);

@@ -7,7 +7,7 @@
 use crate::artifact::{Artifact, ArtifactError};
 use crate::code::{CodeError, KernelFn, LoadedCode};
 use crate::collectives::MeshHub;
-use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind, SubModel};
+use crate::format::{BufferRef, CollectiveOp, Plan, SubModel};
 use crate::kv_cache::KvCache;
 use crate::pool::ThreadPool;
 
@@ -122,7 +122,7 @@ impl PlanState {
 /// header's order).
 pub(crate) fn load_kernels(artifact: &Artifact) -> Result<(LoadedCode, Vec<KernelFn>), SessionError> {
     artifact.check_cpu()?;
-    let code = LoadedCode::load(artifact.section(SectionKind::Code))?;
+    let code = LoadedCode::load(artifact.code())?;
     let resolved = artifact.header.kernels.iter().map(|k| code.kernel(&k.symbol)).collect::<Result<_, _>>()?;
     Ok((code, resolved))
 }

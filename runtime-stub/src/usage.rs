@@ -21,10 +21,15 @@ pub fn usage(message: impl Into<String>) -> anyhow::Error {
 
 /// The exit code for a failed command: 2 for a usage error, 1 otherwise.
 pub fn exit_code(e: &anyhow::Error) -> std::process::ExitCode {
+    std::process::ExitCode::from(exit_status(e))
+}
+
+/// [`exit_code`] as a number (what `maxc compile --json` reports in its error object).
+pub fn exit_status(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<Usage>().is_some() {
-        std::process::ExitCode::from(2)
+        2
     } else {
-        std::process::ExitCode::FAILURE
+        1
     }
 }
 
@@ -37,5 +42,6 @@ mod tests {
         assert_eq!(exit_code(&usage("give --prompt")), std::process::ExitCode::from(2));
         assert_eq!(exit_code(&usage("x").context("while reading")), std::process::ExitCode::from(2));
         assert_eq!(exit_code(&anyhow::anyhow!("a refused input")), std::process::ExitCode::FAILURE);
+        assert_eq!((exit_status(&usage("x")), exit_status(&anyhow::anyhow!("refused"))), (2, 1));
     }
 }

@@ -114,6 +114,9 @@ pub fn run_bin(name: &str, args: &[&std::ffi::OsStr]) -> (i32, String, String) {
 pub fn run_bin_env(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = std::process::Command::new(bin(name));
     cmd.args(args);
+    // A compile cache set for the shell (docs/ci.md) would turn the tests'
+    // compiles into copies; a test that wants the cache names it.
+    cmd.env_remove("MAXC_CACHE_DIR");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -143,12 +146,17 @@ pub fn dump_logits(mef: &Path, case: &Value) -> (Vec<usize>, Vec<f32>) {
 
 /// [`dump_logits`] with more maxrun flags (`extra`).
 pub fn dump_logits_with(mef: &Path, case: &Value, extra: &[&str]) -> (Vec<usize>, Vec<f32>) {
+    dump_logits_env(mef, case, extra, &[])
+}
+
+/// [`dump_logits_with`] with environment variables set for maxrun.
+pub fn dump_logits_env(mef: &Path, case: &Value, extra: &[&str], env: &[(&str, &str)]) -> (Vec<usize>, Vec<f32>) {
     let ids: Vec<String> = ids(&case["input_ids"]).iter().map(u32::to_string).collect();
     let npy = temp_file("logits", "l.npy");
     let ids = ids.join(",");
     let mut args: Vec<&std::ffi::OsStr> = vec![mef.as_os_str(), "--token-ids".as_ref(), ids.as_ref(), "--dump-logits".as_ref(), npy.as_os_str()];
     args.extend(extra.iter().map(|e| std::ffi::OsStr::new(*e)));
-    let (code, _, err) = run_bin("maxrun", &args);
+    let (code, _, err) = run_bin_env("maxrun", &args, env);
     assert_eq!(code, 0, "maxrun --dump-logits failed: {err}");
     maxrun::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -203,7 +203,11 @@ fn check_nan_names_the_first_bad_kernel() {
 #[test]
 fn target_features_are_the_ones_maxrun_can_check() {
     for f in maxc_codegen::target::KNOWN_FEATURES {
-        assert!(maxrun::cpu::is_checkable(f), "--target accepts `{f}`, which maxrun cannot check");
+        assert!(maxrun::cpu::is_checkable(f) && maxrun::cpu::X86_64_FEATURES.contains(f), "--target accepts `{f}`, which maxrun cannot check");
+    }
+    // `cpu:aarch64+F`: what an aarch64 maxrun checks (tests/tests/aarch64.rs runs one).
+    for f in maxc_codegen::target::KNOWN_AARCH64_FEATURES {
+        assert!(maxrun::cpu::is_checkable(f) && maxrun::cpu::AARCH64_FEATURES.contains(f), "--target cpu:aarch64 accepts `{f}`, which maxrun cannot check on ARM");
     }
     let out = temp_file("feat", "x.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cpu:x86-64+nosuchfeat")]);

@@ -450,6 +450,43 @@ fn int8_dots_use_byte_multiply_adds_without_vnni() {
     assert!(!compile_shared(&k, &avx_vnni).unwrap().shared_object.is_empty());
 }
 
+/// aarch64 code (cross-compiled; tests/tests/aarch64.rs runs it under qemu
+/// against the goldens) holds no x86 intrinsic behind an ARM target; with
+/// dotprod the integer dots of every form (int8 blocks, interleaved rows with
+/// int8, byte-plane and, at decode, word activations; Q8_0 and Q4_1) are
+/// `sdot`, without it NEON widening multiplies; float GEMVs are NEON vectors.
+#[test]
+fn aarch64_dots_use_sdot_with_dotprod_and_no_x86_intrinsics() {
+    let mut dots = vec![matmul_int8(256, 16, WeightEncoding::Q8_0, None, SeqMode::Fixed(1)), matmul_int8(256, 16, WeightEncoding::Q4_1, None, SeqMode::Fixed(1))];
+    for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_1] {
+        for levels in [ActivationLevels::Int8, ActivationLevels::Int16Planes] {
+            for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
+                dots.push(matmul_interleaved(256, 32, encoding, None, seq, RegisterTile::YMM, levels));
+            }
+        }
+    }
+    let words = vec![matmul_interleaved(256, 32, WeightEncoding::Q8_0, None, SeqMode::Fixed(1), RegisterTile::YMM, ActivationLevels::Int16Words)];
+    let floats = vec![matmul_panel(256, 32, PanelWeights::Float(ElemType::F32), None, SeqMode::Fixed(1), RegisterTile::YMM), quantize_q16(576, ActivationLevels::Int16Planes, SeqMode::Fixed(1))];
+    for spec in ["cpu:aarch64", "cpu:aarch64+dotprod"] {
+        let target = CpuTarget::parse(spec).unwrap();
+        for kernels in [&dots, &words, &floats] {
+            let ir = maxc_codegen::llvm::emit_llvm_ir(kernels, &target).unwrap();
+            assert!(ir.contains("target triple = \"aarch64-unknown-linux-gnu\"") && !ir.contains("llvm.x86"), "{spec}: x86 intrinsics or another triple in aarch64 code");
+        }
+        for kernel in &dots {
+            let asm = maxc_codegen::llvm::emit_assembly(std::slice::from_ref(kernel), &target).unwrap();
+            let sdots = asm.lines().filter(|l| l.trim_start().starts_with("sdot\t")).count();
+            if target.has_dotprod() {
+                assert!(sdots > 0, "{spec} {}: no sdot", kernel.name);
+            } else {
+                assert!(sdots == 0 && asm.contains("smull"), "{spec} {}: {sdots} sdot, or no NEON widening multiplies", kernel.name);
+            }
+        }
+        let asm = maxc_codegen::llvm::emit_assembly(&floats[..1], &target).unwrap();
+        assert!(asm.lines().any(|l| l.trim_start().starts_with("fmla\t") && l.contains(".4s")), "{spec}: the float GEMV is not NEON fmla on 4 lanes");
+    }
+}
+
 /// Activation quantization vectorizes on AVX2: its block maximum is a vector max
 /// reduction (`maxnum` flagged `nnan`; without the flag LLVM 19 keeps a serial
 /// chain) and its levels convert in 32-bit lanes (AVX2 has no vector f32 -> i64).

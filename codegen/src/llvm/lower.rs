@@ -30,7 +30,7 @@ fn llvm_err(e: impl std::fmt::Display) -> CodegenError {
 /// What the emitter produces code for.
 #[derive(Copy, Clone, Debug)]
 pub enum Flavor<'t> {
-    /// x86-64: the kernel runs a loop over its task range.
+    /// x86-64 or aarch64: the kernel runs a loop over its task range.
     Cpu(&'t CpuTarget),
     /// NVPTX: the kernel is a `ptx_kernel`; each GPU thread runs one task.
     Nvptx,
@@ -48,8 +48,28 @@ enum ByteDots {
     /// (AVX2), as llama.cpp does without VNNI: pairs of products are summed in
     /// i16 with saturation, so the unsigned bytes must stay at most 128.
     Madd { zmm: bool },
-    /// Widened i32 multiplies (other targets, and the GPU).
+    /// aarch64 (NEON), signed bytes by signed bytes on 128-bit parts: with
+    /// FEAT_DotProd one `sdot` per 16 bytes, without it `smull` / `smull2`
+    /// (byte products in i16), `saddlp` (pairs in i32) and `addp` (fours), as
+    /// llama.cpp does on such cores. The levels that are unsigned elsewhere go
+    /// in as they are where they are below 128 (nibbles), and Q8_0's as its
+    /// signed `w` (the -128 minimum folded, as on the `Madd` form). No `usdot`
+    /// (unsigned by signed) without i8mm, which not every dotprod core has.
+    Arm { sdot: bool },
+    /// Widened i32 multiplies (x86-64 without AVX2, and the GPU).
     Widened,
+}
+
+/// How the weight bytes of a four-byte dot read (see [`KernelLowering::dot_fours`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum WeightBytes {
+    /// Signed (Q8_0's `w`): `sdot` takes them; x86 moves their sign first.
+    Signed,
+    /// Unsigned, any value (Q8_0's stored levels `w + 128`): `vpdpbusd`.
+    Unsigned,
+    /// Unsigned and below 128 (nibbles): both readings agree, so every
+    /// instruction takes them.
+    Small,
 }
 
 /// The PTX kernel calling convention (LLVM's `CallingConv::PTX_Kernel`).
@@ -530,12 +550,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let a = self.byte_load(i8t.vec_type(values), a_ptr)?;
         let zero = i32t.vec_type(lanes).const_zero();
         let sums = match form {
-            DotForm::Int8 if self.byte_dots() != ByteDots::Widened => {
+            DotForm::Int8 if matches!(self.byte_dots(), ByteDots::Vnni { .. } | ByteDots::Madd { .. }) => {
                 let (abs, signed) = self.sign_moved(w, a)?;
-                self.dot_fours(zero, abs, signed, false)?
+                self.dot_fours(zero, abs, signed, WeightBytes::Unsigned)?
             }
-            DotForm::Int8 => self.dot_fours(zero, w, a, true)?,
-            DotForm::NibblePairs => self.dot_fours(zero, w, a, false)?,
+            DotForm::Int8 => self.dot_fours(zero, w, a, WeightBytes::Signed)?,
+            DotForm::NibblePairs => self.dot_fours(zero, w, a, WeightBytes::Small)?,
         };
         let b = &self.builder;
         let sums = b.build_signed_int_to_float(sums, f32t.vec_type(lanes), "sums").map_err(llvm_err)?;
@@ -558,6 +578,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Flavor::Cpu(t) if t.has_avx_vnni() => ByteDots::Vnni { zmm: false },
             Flavor::Cpu(t) if t.has_avx512_bw() => ByteDots::Madd { zmm: true },
             Flavor::Cpu(t) if t.has_avx2() => ByteDots::Madd { zmm: false },
+            Flavor::Cpu(t) if t.is_aarch64() => ByteDots::Arm { sdot: t.has_dotprod() },
             _ => ByteDots::Widened,
         }
     }
@@ -594,20 +615,23 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// `acc` plus, per i32 lane `g`, the sum of the products of bytes `4g..4g + 4`
-    /// of `w` (signed if `signed_w`, else unsigned) with the signed bytes of `a`:
-    /// by [`ByteDots`] where `w` is unsigned (on the `Madd` form at most 128, so
-    /// that no pair of products saturates), otherwise widened multiplies and a sum
-    /// of each lane's four products.
-    fn dot_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>, signed_w: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+    /// of `w` (read as `w_bytes` says) with the signed bytes of `a`: by
+    /// [`ByteDots`] where the instruction reads `w` that way (x86: unsigned, on
+    /// the `Madd` form at most 128, so that no pair of products saturates;
+    /// NEON: signed), otherwise widened multiplies and a sum of each lane's
+    /// four products.
+    fn dot_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>, w_bytes: WeightBytes) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let full = w.get_type().get_size() == DOT_VALUES as u32;
+        let unsigned = w_bytes != WeightBytes::Signed;
         match self.byte_dots() {
-            ByteDots::Vnni { zmm } if !signed_w && full => return self.vpdpbusd(acc, w, a, zmm),
-            ByteDots::Madd { zmm } if !signed_w && full => return self.pmadd_fours(acc, w, a, zmm),
+            ByteDots::Vnni { zmm } if unsigned && full => return self.vpdpbusd(acc, w, a, zmm),
+            ByteDots::Madd { zmm } if unsigned && full => return self.pmadd_fours(acc, w, a, zmm),
+            ByteDots::Arm { sdot } if w_bytes != WeightBytes::Unsigned && full => return if sdot { self.sdot(acc, w, a) } else { self.smull_fours(acc, w, a) },
             _ => {}
         }
         let wide = self.context.i32_type().vec_type(w.get_type().get_size());
         let b = &self.builder;
-        let ww = if signed_w { b.build_int_s_extend(w, wide, "w32") } else { b.build_int_z_extend(w, wide, "w32") }.map_err(llvm_err)?;
+        let ww = if unsigned { b.build_int_z_extend(w, wide, "w32") } else { b.build_int_s_extend(w, wide, "w32") }.map_err(llvm_err)?;
         let aw = b.build_int_s_extend(a, wide, "a32").map_err(llvm_err)?;
         let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
         let sums = self.sum_fours(products)?;
@@ -720,7 +744,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 // Fold Q8_0's minimum exactly where byte planes fold it on this
                 // target (`byte_level_dots`): a row decoded alone (words) and in
                 // a batch (planes) then take the same float steps.
-                let folded = d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. }) && d.row_min == RowMin::Offset(-128.0);
+                let folded = d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. } | ByteDots::Arm { .. }) && d.row_min == RowMin::Offset(-128.0);
                 (self.word_dots(d, folded)?, folded)
             }
             _ => self.byte_level_dots(d)?,
@@ -808,7 +832,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// (zmm or ymm parts) gives 32 i32 lanes, lane `2g + h` row `g`'s products
     /// of values `2h, 2h + 1` of the step, summed over the block (at most 16
     /// products of 255 * 32512: exact) and folded into the 16 rows once at its
-    /// end; elsewhere widened multiplies summed per step. The levels are the
+    /// end; on NEON each lane's widened products summed over the block and
+    /// folded once; elsewhere widened multiplies summed per step. The levels are the
     /// stored unsigned ones (Q8_0's minimum stays a term of its own), or with
     /// `signed_levels` Q8_0's signed `u - 128`, sign-extended (its minimum folded
     /// into the dot, as byte planes fold it without VNNI).
@@ -816,10 +841,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
         let zmm = match self.byte_dots() {
             ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } => Some(zmm),
-            ByteDots::Widened => None,
+            ByteDots::Arm { .. } | ByteDots::Widened => None,
         };
+        // NEON: the products (`smull` / `smlal` on 4-lane parts) summed per lane
+        // over the block (at most 8 of 255 * 32512: exact) and folded into the
+        // 16 rows once at its end, instead of a row fold per step.
+        let arm = matches!(self.byte_dots(), ByteDots::Arm { .. });
         let mut pairs = i32t.vec_type(2 * DOT_LANES as u32).const_zero();
         let mut fours = i32t.vec_type(DOT_LANES as u32).const_zero();
+        let mut products_sum = i32t.vec_type(4 * DOT_LANES as u32).const_zero();
         for c in 0..d.form.chunks() {
             for (levels, first) in self.chunk_steps(d, c)? {
                 let a_ptr = self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(2 * first)))?;
@@ -845,11 +875,18 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         let ww = if signed_levels { b.build_int_s_extend(words, wide, "w32") } else { b.build_int_z_extend(words, wide, "w32") }.map_err(llvm_err)?;
                         let aw = b.build_int_s_extend(broadcast, wide, "a32").map_err(llvm_err)?;
                         let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
+                        if arm {
+                            products_sum = b.build_int_add(products_sum, products, "products_sum").map_err(llvm_err)?;
+                            continue;
+                        }
                         let sums = self.sum_fours(products)?;
                         fours = self.builder.build_int_add(fours, sums, "fours").map_err(llvm_err)?;
                     }
                 }
             }
+        }
+        if arm {
+            return self.sum_fours(products_sum);
         }
         if zmm.is_none() {
             return Ok(fours);
@@ -882,7 +919,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             ByteDots::Madd { zmm } => Some(zmm),
             _ => None,
         };
-        let signed_levels = d.form == RowsForm::Bytes && madd.is_some();
+        // NEON multiplies signed bytes: Q8_0's levels go in signed there too.
+        let arm = matches!(self.byte_dots(), ByteDots::Arm { .. });
+        let signed_levels = d.form == RowsForm::Bytes && (madd.is_some() || arm);
         // Q8_0's minimum is -128 S: with the activation sums `act_scales[1]` are
         // (RowDot's contract), `S * (d * sum u * a - 128 * d * sum a)` is
         // `S * d * sum (u - 128) * a`, the signed dot itself. So that dot needs
@@ -918,11 +957,13 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                         continue;
                     }
                     accs[p] = match signed {
+                        Some(signed) if arm => self.dot_fours(accs[p], signed, broadcast, WeightBytes::Signed)?,
                         Some(signed) => {
                             let (abs, moved) = self.sign_moved(signed, broadcast)?;
-                            self.dot_fours(accs[p], abs, moved, false)?
+                            self.dot_fours(accs[p], abs, moved, WeightBytes::Unsigned)?
                         }
-                        None => self.dot_fours(accs[p], levels, broadcast, false)?,
+                        None if d.form == RowsForm::Nibbles => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Small)?,
+                        None => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Unsigned)?,
                     };
                 }
             }
@@ -1020,6 +1061,35 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let (u, s) = (b.build_bit_cast(u, whole, "u").map_err(llvm_err)?, b.build_bit_cast(s, whole, "s").map_err(llvm_err)?);
         let parts = self.lane_parts(&[acc, u.into_vector_value(), s.into_vector_value()], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
         self.joined(parts)
+    }
+
+    /// aarch64 `sdot` (FEAT_DotProd): 16 i32 lanes, lane `g` of `acc` plus the sum
+    /// of the products of signed bytes `4g..4g + 4` of `w` and `a`, in four
+    /// 128-bit parts (the same lane order as [`Self::vpdpbusd`]).
+    fn sdot(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (quad, bytes) = (self.context.i32_type().vec_type(4), self.context.i8_type().vec_type(16));
+        let f = self.declared("llvm.aarch64.neon.sdot.v4i32.v16i8", quad.fn_type(&[quad.into(), bytes.into(), bytes.into()], false), None);
+        let accs = self.lane_parts(&[acc], 4)?;
+        let operands = self.lane_parts(&[w, a], 16)?;
+        let parts = accs.into_iter().zip(operands).map(|(acc, wa)| self.call_vector(f, &[acc[0], wa[0], wa[1]])).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
+    }
+
+    /// NEON without dotprod: the same sums as [`Self::sdot`] (signed bytes; every
+    /// product fits i16, at most 128 * 128 in magnitude), per 16 bytes `smull` /
+    /// `smull2` into i16 products, `saddlp` into i32 pair sums and `addp` of the
+    /// two halves' pairs into the four sums.
+    fn smull_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i8t, i16t, i32t) = (self.context.i8_type(), self.context.i16_type(), self.context.i32_type());
+        let (eight, words, quad) = (i8t.vec_type(8), i16t.vec_type(8), i32t.vec_type(4));
+        let smull = self.declared("llvm.aarch64.neon.smull.v8i16", words.fn_type(&[eight.into(), eight.into()], false), None);
+        let saddlp = self.declared("llvm.aarch64.neon.saddlp.v4i32.v8i16", quad.fn_type(&[words.into()], false), None);
+        let addp = self.declared("llvm.aarch64.neon.addp.v4i32", quad.fn_type(&[quad.into(), quad.into()], false), None);
+        let halves = self.lane_parts(&[w, a], 8)?;
+        let pairs = halves.iter().map(|wa| self.call_vector(smull, wa).and_then(|p| self.call_vector(saddlp, &[p]))).collect::<Result<Vec<_>, _>>()?;
+        let fours = pairs.chunks(2).map(|p| self.call_vector(addp, p)).collect::<Result<Vec<_>, _>>()?;
+        let sums = self.joined(fours)?;
+        self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)
     }
 
     /// `<64 x i32>` products -> 16 lanes, lane `g` the sum of products `4g..4g + 4`.

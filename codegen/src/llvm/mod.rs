@@ -1,5 +1,6 @@
 //! The LLVM backend (inkwell, LLVM 19): kernel IR -> LLVM IR -> an optimized x86-64
-//! object, or PTX text for NVIDIA GPUs through the NVPTX backend (same emitter).
+//! or aarch64 object (the AArch64 backend cross-compiles from any build machine),
+//! or PTX text for NVIDIA GPUs through the NVPTX backend (same emitter).
 
 pub mod lower;
 
@@ -9,11 +10,15 @@ use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Tar
 use inkwell::OptimizationLevel;
 use maxc_kernels::Kernel;
 
-use crate::{link::link_shared, CodegenError, CompiledCode, CpuTarget, GpuTarget};
+use crate::{link::link_shared_for, CodegenError, CompiledCode, CpuTarget, GpuTarget};
 use lower::Flavor;
 
 fn target_machine(target: &CpuTarget) -> Result<TargetMachine, CodegenError> {
-    Target::initialize_x86(&InitializationConfig::default());
+    if target.is_aarch64() {
+        Target::initialize_aarch64(&InitializationConfig::default());
+    } else {
+        Target::initialize_x86(&InitializationConfig::default());
+    }
     let triple = TargetTriple::create(&target.triple);
     let t = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     t.create_target_machine(&triple, &target.cpu, &target.features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
@@ -37,10 +42,20 @@ pub fn compile_object(kernels: &[Kernel], target: &CpuTarget) -> Result<Vec<u8>,
     Ok(buf.as_slice().to_vec())
 }
 
-/// Compiles and links `kernels` into a shared object.
+/// The optimized assembly of `kernels` for `target` as text (tests read it).
+pub fn emit_assembly(kernels: &[Kernel], target: &CpuTarget) -> Result<String, CodegenError> {
+    let context = Context::create();
+    let tm = target_machine(target)?;
+    let module = lower::lower_module(&context, kernels, Flavor::Cpu(target), &tm)?;
+    let buf = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    String::from_utf8(buf.as_slice().to_vec()).map_err(|e| CodegenError::Llvm(format!("assembly is not UTF-8: {e}")))
+}
+
+/// Compiles and links `kernels` into a shared object (for an aarch64 target from
+/// an x86-64 machine, with the cross linker: `link::link_shared_for`).
 pub fn compile_shared(kernels: &[Kernel], target: &CpuTarget) -> Result<CompiledCode, CodegenError> {
     let object = compile_object(kernels, target)?;
-    let shared_object = link_shared(&object)?;
+    let shared_object = link_shared_for(&object, &target.triple)?;
     Ok(CompiledCode { shared_object, symbols: kernels.iter().map(|k| k.name.clone()).collect() })
 }
 

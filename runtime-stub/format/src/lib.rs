@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 6;
+pub const FORMAT_MAJOR: u32 = 7;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
@@ -50,6 +50,24 @@ pub struct Header {
     /// What the batch plans of [`SubModel::batch`] hold (`None` without them:
     /// encoders and device meshes).
     pub batch: Option<BatchLimits>,
+    /// The other CPU code variants of a multi-ISA artifact (format 7;
+    /// `--target cpu:x86-64-v2,x86-64-v3,...`; empty otherwise). `target`,
+    /// `kernels` and `sub_models` above are the first variant; each of these is
+    /// another, its code in section [`SectionKind::VariantCode`]`(i)`, all of
+    /// them reading the one `weights` table (their layouts are the same). A
+    /// reader picks the variant the running CPU supports with the most
+    /// features ([`Header::select_cpu_variant`]).
+    pub cpu_variants: Vec<CpuVariant>,
+}
+
+/// One CPU code variant of a multi-ISA artifact: its target, its kernels and
+/// the plans that launch them (register tiles differ by ISA, so kernel names,
+/// plans and arenas may too; the weights are shared).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CpuVariant {
+    pub target: TargetInfo,
+    pub kernels: Vec<KernelEntry>,
+    pub sub_models: Vec<SubModel>,
 }
 
 /// The shape of the batched engine's steps (docs/serving.md): how the paged KV
@@ -101,6 +119,29 @@ impl Header {
     /// The first sub-model: the whole model on a one-device mesh.
     pub fn main(&self) -> &SubModel {
         &self.sub_models[0]
+    }
+
+    /// Every CPU variant's target, the first one's (`target`) first, in the
+    /// order of the code sections (`Code`, then `VariantCode(0..)`).
+    pub fn cpu_targets(&self) -> impl Iterator<Item = &TargetInfo> {
+        std::iter::once(&self.target).chain(self.cpu_variants.iter().map(|v| &v.target))
+    }
+
+    /// Makes CPU variant `index` (0: the first, `target` itself; `i + 1`:
+    /// `cpu_variants[i]`) the header's `target`, `kernels` and `sub_models`, so
+    /// that everything downstream reads the chosen variant; returns the section
+    /// holding its code. The first variant takes the chosen one's place in
+    /// `cpu_variants` (swapped, nothing lost; read [`Header::cpu_targets`]
+    /// before selecting for the order as written).
+    pub fn select_cpu_variant(&mut self, index: usize) -> SectionKind {
+        if index == 0 {
+            return SectionKind::Code;
+        }
+        let v = &mut self.cpu_variants[index - 1];
+        std::mem::swap(&mut self.target, &mut v.target);
+        std::mem::swap(&mut self.kernels, &mut v.kernels);
+        std::mem::swap(&mut self.sub_models, &mut v.sub_models);
+        SectionKind::VariantCode(index as u32 - 1)
     }
 }
 
@@ -229,6 +270,10 @@ pub struct TargetInfo {
     pub required_features: Vec<String>,
     /// Which backend produced the code.
     pub backend: String,
+    /// The CPU target as written in `--target` (`cpu`, `cpu:x86-64-v3`,
+    /// `cpu:x86-64-v4+avx512vnni`; one item of a multi-ISA list), empty
+    /// without CPU code (format 7).
+    pub spec: String,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,6 +290,8 @@ pub enum SectionKind {
     /// A PTX module (text) for GPU architecture `Header::gpu_archs[i]`: the same
     /// kernels and symbols as the CPU code.
     Ptx(u32),
+    /// The shared object of `Header::cpu_variants[i]` (multi-ISA artifacts).
+    VariantCode(u32),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -90,6 +90,7 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
     };
     let shared = Arc::new(Shared { metrics: metrics::Metrics::new(), in_flight: AtomicUsize::new(0), stats: Mutex::new(Default::default()) });
     let worker_opts = WorkerOptions { threads: opts.threads, device: opts.device, kv_cache_memory: opts.kv_cache_memory };
+    let cpu_code = artifact.cpu_variant_note();
     let (jobs, worker, engine) = worker::spawn(artifact, worker_opts, shared.clone())?;
     let state = Arc::new(AppState {
         jobs: Mutex::new(jobs.clone()),
@@ -119,7 +120,7 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
             .map_err(|_| anyhow!("--host {}: not an IP address (give one, e.g. 127.0.0.1 or ::1)", opts.host))?;
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
-        eprintln!("maxrun serve: {} on http://{local} ({engine})", state.info.name);
+        eprintln!("maxrun serve: {} on http://{local} ({engine}; {cpu_code})", state.info.name);
         let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
         let graceful = {
             let state = state.clone();
