@@ -150,6 +150,18 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Flavor::Cpu(_) => {}
             Flavor::Nvptx => function.set_call_conventions(PTX_KERNEL_CC),
         }
+        // An x86-64 level names an ISA, not a microarchitecture: schedule for
+        // LLVM's `generic` x86-64 model, as clang does for `-march=x86-64-v4`
+        // without `-mtune`. LLVM would otherwise tune `x86-64-v4` for its
+        // Skylake-SP model: SmolLM2's x86-64-v4+avx512vnni artifact decoded
+        // 2.5-7.8% and prefilled 0.8-1.7% faster tuned generic (4 alternating
+        // `maxrun bench --compare` runs, Intel Xeon VM; docs/portable.md).
+        // `cpu` (this machine) keeps its own tuning.
+        if let Flavor::Cpu(target) = flavor {
+            if target.cpu.starts_with("x86-64") {
+                function.add_attribute(AttributeLoc::Function, attr("tune-cpu", "generic"));
+            }
+        }
         let nounwind = context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0);
         function.add_attribute(AttributeLoc::Function, nounwind);
         let warp = match flavor {
