@@ -240,6 +240,15 @@ impl CompileConfig {
                 ));
             }
         }
+        if !self.targets.gpus.is_empty() && !self.targets.cpu_variants.is_empty() {
+            // The PTX modules are the first variant's kernels, and a GPU run reads
+            // the kernels and plans of the CPU variant the machine picked.
+            problems.push(Error::invalid(
+                shown,
+                field("target"),
+                format!("`{spec}`: an artifact with GPU code takes one CPU variant (its CPU code is the GPU's fallback and shares its kernel table); compile a multi-ISA CPU artifact and a GPU one separately"),
+            ));
+        }
         if self.mesh.kind == DeviceKind::Gpu && self.targets.gpus.is_empty() {
             problems.push(Error::invalid(shown, field("devices"), format!("`{}` needs GPU code; add it with --target cuda:sm_90 (or cpu,cuda:sm_90)", self.mesh.spec())));
         }

@@ -72,7 +72,8 @@ fn one_artifact_runs_every_x86_64_level_with_the_golden_logits() {
     assert_clean_error(&r, 1, &["none of the artifact's CPU variants runs on this machine", "cpu:x86-64-v2 needs sse4.2", "cpu:x86-64-v4 needs", "--target cpu"]);
 }
 
-/// Every variant in a list is checked; the cranelift backend has one.
+/// Every variant in a list is checked; the cranelift backend has one, and so
+/// does an artifact with GPU code (its PTX is the first variant's kernels).
 #[test]
 fn bad_variant_lists_are_refused() {
     let model = smollm2_gguf();
@@ -87,6 +88,7 @@ fn bad_variant_lists_are_refused() {
     assert_clean_error(&compile("cpu:x86-64-v3,x86-64-v3", &[]), 1, &["listed twice"]);
     assert_clean_error(&compile("cpu:x86-64-v3,x86-64-v9", &[]), 1, &["x86-64-v9", "known CPU names"]);
     assert_clean_error(&compile("cpu:x86-64-v2,x86-64-v3", &["--backend", "cranelift"]), 1, &["cranelift", "several CPU variants", "--backend llvm"]);
+    assert_clean_error(&compile("cpu:x86-64-v3,x86-64-v4,cuda:sm_90", &[]), 1, &["GPU code takes one CPU variant", "separately"]);
 }
 
 /// A multi-ISA artifact is reproducible like any other, and every variant's
