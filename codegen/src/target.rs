@@ -240,7 +240,7 @@ pub const PORTABLE: &[&str] = &["x86-64-v3", "x86-64-v3+avxvnni", "x86-64-v4", "
 /// variant's feature list (`cpu:x86-64-v3+avx512f,avx512bw`).
 fn starts_variant(item: &str) -> bool {
     let name = item.split('+').next().unwrap_or_default().trim();
-    name.starts_with("x86-64") || name.starts_with("aarch64") || name.trim() == "portable"
+    name.starts_with("x86-64") || name.starts_with("aarch64") || name == "portable"
 }
 
 /// The CPU part of a `--target` split into one spec per variant:

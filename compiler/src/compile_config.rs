@@ -124,10 +124,6 @@ impl CompileConfig {
                 e => e.into(),
             }),
         );
-        // The first CPU variant's part (`cpu:x86-64-v3+avx512f` of
-        // `cpu:x86-64-v3+avx512f,x86-64-v4,cuda:sm_90`); `variant` gives the others'.
-        let cpu_part = target_spec.split("cuda:").next().unwrap_or_default().trim_end_matches(',');
-        let cpu_spec = maxc_codegen::target::cpu_variant_specs(cpu_part).into_iter().next().unwrap_or_default();
         let backend = keep(
             &mut problems,
             match c.backend.as_deref().unwrap_or("llvm") {
@@ -156,6 +152,10 @@ impl CompileConfig {
         else {
             return Err(problems);
         };
+        // The first CPU variant as written (`cpu:x86-64-v3+avx512f` of
+        // `cpu:x86-64-v3+avx512f,x86-64-v4,cuda:sm_90`); `other_cpu_variants`
+        // gives the others'.
+        let cpu_spec = targets.cpu_specs.first().cloned().unwrap_or_default();
         let config = CompileConfig {
             shown,
             encoding_name,

@@ -304,8 +304,8 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
     }
     let compile_options = CompileOptions { flags, pipeline: opts, emit_llvm: args.emit_llvm.clone(), emit_ptx: args.emit_ptx.clone(), progress: text };
     let mut report = match cache.as_ref().filter(|c| c.hit()) {
-        Some(_) => Built::cached(&output)?,
-        None => Built::from(with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??),
+        Some(_) => cached_report(&output)?,
+        None => with_threads(jobs, || maxc::driver::compile(manifest.clone(), &output, &compile_options))??,
     };
     if let Some(c) = cache.as_mut().filter(|c| !c.hit()) {
         if let Some(w) = c.store(&output) {
@@ -387,38 +387,22 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What `maxc compile` reports of the artifact it wrote: built now, or from the cache.
-struct Built {
-    artifact_bytes: u64,
-    kernels: usize,
-    prefill_launches: usize,
-    decode_launches: usize,
-    phases: Vec<maxc::driver::Phase>,
-    notes: Vec<String>,
-}
-
-impl From<maxc::driver::CompileReport> for Built {
-    fn from(r: maxc::driver::CompileReport) -> Built {
-        let (artifact_bytes, kernels, prefill_launches, decode_launches) = (r.artifact_bytes, r.kernels, r.prefill_launches, r.decode_launches);
-        Built { artifact_bytes, kernels, prefill_launches, decode_launches, phases: r.phases, notes: r.notes }
-    }
-}
-
-impl Built {
-    /// An artifact from the cache: its numbers read back from its header (no
-    /// phases of a build and no notes: the build that made it showed them).
-    fn cached(output: &Path) -> anyhow::Result<Built> {
-        let artifact = maxrun::artifact::Artifact::open(output)?;
-        let h = &artifact.header;
-        Ok(Built {
-            artifact_bytes: artifact.file_len(),
-            kernels: h.kernels.len(),
-            prefill_launches: h.main().prefill.launches.len(),
-            decode_launches: h.main().decode.launches.len(),
-            phases: Vec::new(),
-            notes: Vec::new(),
-        })
-    }
+/// The report of an artifact the cache put at `output`: its numbers read back
+/// from its header (no phases of a build and no notes: the build that made it
+/// showed them).
+fn cached_report(output: &Path) -> anyhow::Result<maxc::driver::CompileReport> {
+    let artifact = maxrun::artifact::Artifact::open(output)?;
+    let m = artifact.header.main();
+    Ok(maxc::driver::CompileReport {
+        artifact_bytes: artifact.file_len(),
+        kernels: artifact.header.kernels.len(),
+        prefill_launches: m.prefill.launches.len(),
+        decode_launches: m.decode.launches.len(),
+        prefill_arena_bytes: m.prefill.arena_bytes,
+        decode_arena_bytes: m.decode.arena_bytes,
+        phases: Vec::new(),
+        notes: Vec::new(),
+    })
 }
 
 /// Refuses an output path that would destroy something: an input of the

@@ -427,10 +427,7 @@ impl Artifact {
 
     /// The section holding the chosen CPU variant's shared object.
     pub fn code_section(&self) -> SectionKind {
-        match self.cpu_variant {
-            0 => SectionKind::Code,
-            i => SectionKind::VariantCode(i as u32 - 1),
-        }
+        SectionKind::cpu_code(self.cpu_variant)
     }
 
     /// The chosen CPU variant's shared object.

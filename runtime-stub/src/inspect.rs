@@ -94,13 +94,10 @@ pub fn report(a: &Artifact) -> Value {
         "weights": {"count": h.weights.len(), "tensors": tensors, "bytes": weights_bytes, "by_encoding": per_encoding, "by_layout": per_layout},
         "cpu_code": h.has_cpu_code(),
         // Every CPU code variant as written; `selected`: the one this machine runs.
-        "cpu_variants": a.cpu_variants.iter().enumerate().map(|(i, t)| {
-            let section = if i == 0 { SectionKind::Code } else { SectionKind::VariantCode(i as u32 - 1) };
-            json!({
-                "spec": crate::artifact::variant_name(t), "triple": t.triple, "cpu": t.cpu, "required_features": t.required_features,
-                "code_bytes": a.section(section).len(), "selected": i == a.cpu_variant,
-            })
-        }).collect::<Vec<_>>(),
+        "cpu_variants": a.cpu_variants.iter().enumerate().map(|(i, t)| json!({
+            "spec": crate::artifact::variant_name(t), "triple": t.triple, "cpu": t.cpu, "required_features": t.required_features,
+            "code_bytes": a.section(SectionKind::cpu_code(i)).len(), "selected": i == a.cpu_variant,
+        })).collect::<Vec<_>>(),
         "gpu": h.gpu_archs.iter().enumerate().map(|(i, arch)| json!({
             "arch": arch, "ptx_bytes": a.section(SectionKind::Ptx(i as u32)).len(),
         })).collect::<Vec<_>>(),

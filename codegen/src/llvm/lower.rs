@@ -753,10 +753,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let lanes = DOT_LANES as u32;
         let (acc, folded_offset) = match d.act_levels {
             ActLevels::Words => {
-                // Fold Q8_0's minimum exactly where byte planes fold it on this
-                // target (`byte_level_dots`): a row decoded alone (words) and in
-                // a batch (planes) then take the same float steps.
-                let folded = d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. } | ByteDots::Arm { .. }) && d.row_min == RowMin::Offset(-128.0);
+                // Q8_0's minimum folded exactly where byte planes fold it (the
+                // same `folds_offset`): a row decoded alone (words) and in a
+                // batch (planes) then take the same float steps.
+                let folded = self.folds_offset(d);
                 (self.word_dots(d, folded)?, folded)
             }
             _ => self.byte_level_dots(d)?,
@@ -917,6 +917,22 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         self.pairwise_in_parts(name, self.context.i16_type(), self.context.i32_type(), &[a, b], zmm)
     }
 
+    /// Whether a [`RowDot`]'s Q8_0 bytes go in as signed levels `u - 128` on
+    /// this target: where the dot instructions multiply them as signed
+    /// (`vpmaddubsw` without VNNI, with its 128 bound; NEON's `sdot` / `smull`).
+    fn takes_signed_levels(&self, d: &RowDot) -> bool {
+        d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. } | ByteDots::Arm { .. })
+    }
+
+    /// Whether the signed levels' dot already holds Q8_0's -128 minimum: with
+    /// the activation sums `act_scales[1]` are (RowDot's contract),
+    /// `S * (d * sum u * a - 128 * d * sum a)` is `S * d * sum (u - 128) * a`,
+    /// the signed dot itself, so neither the 128 * sum a added back nor the
+    /// offset term is needed. Byte planes and words decide it here alike.
+    fn folds_offset(&self, d: &RowDot) -> bool {
+        self.takes_signed_levels(d) && d.row_min == RowMin::Offset(-128.0)
+    }
+
     /// The 16 rows' integer dots of a [`RowDot`] whose activations are bytes or
     /// byte planes (see [`Self::dot_rows`]), and whether they already hold
     /// Q8_0's -128 minimum (`folded_offset`: the signed levels' dot).
@@ -931,14 +947,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             ByteDots::Madd { zmm } => Some(zmm),
             _ => None,
         };
-        // NEON multiplies signed bytes: Q8_0's levels go in signed there too.
         let arm = matches!(self.byte_dots(), ByteDots::Arm { .. });
-        let signed_levels = d.form == RowsForm::Bytes && (madd.is_some() || arm);
-        // Q8_0's minimum is -128 S: with the activation sums `act_scales[1]` are
-        // (RowDot's contract), `S * (d * sum u * a - 128 * d * sum a)` is
-        // `S * d * sum (u - 128) * a`, the signed dot itself. So that dot needs
-        // neither the 128 * sum a added back nor the offset term: both cancel.
-        let folded_offset = signed_levels && d.row_min == RowMin::Offset(-128.0);
+        let signed_levels = self.takes_signed_levels(d);
+        let folded_offset = self.folds_offset(d);
         // One accumulator per activation byte plane (16-bit activations have a
         // high and a low one), each fed the same unpacked levels.
         let low = match &d.act_levels {

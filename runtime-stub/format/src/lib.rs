@@ -129,19 +129,18 @@ impl Header {
 
     /// Makes CPU variant `index` (0: the first, `target` itself; `i + 1`:
     /// `cpu_variants[i]`) the header's `target`, `kernels` and `sub_models`, so
-    /// that everything downstream reads the chosen variant; returns the section
-    /// holding its code. The first variant takes the chosen one's place in
-    /// `cpu_variants` (swapped, nothing lost; read [`Header::cpu_targets`]
-    /// before selecting for the order as written).
-    pub fn select_cpu_variant(&mut self, index: usize) -> SectionKind {
+    /// that everything downstream reads the chosen variant (its code is
+    /// [`SectionKind::cpu_code`]`(index)`). The first variant takes the chosen
+    /// one's place in `cpu_variants` (swapped, nothing lost; read
+    /// [`Header::cpu_targets`] before selecting for the order as written).
+    pub fn select_cpu_variant(&mut self, index: usize) {
         if index == 0 {
-            return SectionKind::Code;
+            return;
         }
         let v = &mut self.cpu_variants[index - 1];
         std::mem::swap(&mut self.target, &mut v.target);
         std::mem::swap(&mut self.kernels, &mut v.kernels);
         std::mem::swap(&mut self.sub_models, &mut v.sub_models);
-        SectionKind::VariantCode(index as u32 - 1)
     }
 }
 
@@ -292,6 +291,17 @@ pub enum SectionKind {
     Ptx(u32),
     /// The shared object of `Header::cpu_variants[i]` (multi-ISA artifacts).
     VariantCode(u32),
+}
+
+impl SectionKind {
+    /// The section of CPU variant `index` in the order written
+    /// ([`Header::cpu_targets`]): `Code` for the first, then `VariantCode(i)`.
+    pub fn cpu_code(index: usize) -> SectionKind {
+        match index {
+            0 => SectionKind::Code,
+            i => SectionKind::VariantCode(i as u32 - 1),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
