@@ -17,6 +17,7 @@
 #                                               1.17B Llama-shaped models (seeded weights) at
 #                                               bfloat16, q8_0 and q4_k beside llama.cpp CUDA
 #                                               and transformers on PyTorch (bench.md)
+#   scripts/gpu-check.sh bench-table            there: bench.md from what bench measured so far
 #
 # FLAGS go to gpu-check (--only FIXTURES, --encodings, --forms, --cases N,
 # --greedy-tokens N, ...). Results (report.json, report.md, sanitizer logs) go to
@@ -95,16 +96,20 @@ pack)
     # llama.cpp's source (the peer of the benchmark), without its test models,
     # docs and the backends the GPU machine does not build.
     scripts/build-llama-cpp.sh >/dev/null
-    tar -cJf "$staging/llama-cpp-src.tar.xz" -C "$root/.cache/llama.cpp" --transform 's,^src,llama.cpp,' \
+    # Anchored: src/src/models is llama.cpp's source (models/models.h), src/models its test vocabularies.
+    tar -cJf "$staging/llama-cpp-src.tar.xz" -C "$root/.cache/llama.cpp" --transform 's,^src,llama.cpp,' --anchored \
         --exclude=src/models --exclude=src/docs --exclude=src/benches --exclude=src/media --exclude=src/tools/ui \
         --exclude=src/tests --exclude=src/ggml/src/ggml-sycl --exclude=src/ggml/src/ggml-vulkan \
         --exclude=src/ggml/src/ggml-opencl src
     # The parts, in the order they are worth having: the binaries with the small
-    # fixtures first, then tiny-qwen2, then SmolLM2, then MiniLM.
+    # fixtures and llama.cpp's source first (one command can then run the check
+    # and start the benchmark's build), then tiny-qwen2, then SmolLM2 (its goldens
+    # and GGUF), then MiniLM.
     cd "$staging"
     tar -cJf "$pack/bin.tar.xz" bin
-    tar -cJf "$pack/fixtures-1.tar.xz" --exclude fixtures/tiny-qwen2 fixtures
+    tar -cJf "$pack/fixtures-1.tar.xz" --exclude fixtures/tiny-qwen2 --exclude fixtures/smollm2-135m fixtures
     tar -cJf "$pack/fixtures-2.tar.xz" fixtures/tiny-qwen2
+    tar -cJf "$pack/fixtures-3.tar.xz" fixtures/smollm2-135m
     mv llama-cpp-src.tar.xz "$pack/"
     cp SmolLM2-135M-Instruct.Q4_1.gguf "$pack/"
     tar -cf "$pack/all-minilm-l6-v2.tar" all-minilm-l6-v2
@@ -115,7 +120,7 @@ pack)
     split_file all-minilm-l6-v2.tar 60000000 && rm all-minilm-l6-v2.tar
     # Fill parts greedily, in order.
     n=1; used=0
-    for f in bin.tar.xz fixtures-1.tar.xz fixtures-2.tar.xz llama-cpp-src.tar.xz SmolLM2-135M-Instruct.Q4_1.gguf.01 SmolLM2-135M-Instruct.Q4_1.gguf.00 \
+    for f in bin.tar.xz fixtures-1.tar.xz llama-cpp-src.tar.xz fixtures-2.tar.xz fixtures-3.tar.xz SmolLM2-135M-Instruct.Q4_1.gguf.01 SmolLM2-135M-Instruct.Q4_1.gguf.00 \
         all-minilm-l6-v2.tar.01 all-minilm-l6-v2.tar.00; do
         size=$(stat -c %s "$f")
         if [ $((used + size)) -gt "$part_limit" ] && [ "$used" -gt 0 ]; then n=$((n + 1)); used=0; fi
@@ -157,7 +162,7 @@ sanitize)
     locate
     mkdir -p "$report"
     status=0
-    for tool in memcheck racecheck; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         # Small fixtures, one case, a few greedy tokens: every kernel family runs
         # through prefill and decode under the tool.
         compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
@@ -240,6 +245,12 @@ TOML
         python3 scripts/gpu_model.py torch-bench "$hf" -p "$p" -n "$n" -r "$r" > "$out/$shape-torch.json" \
             2>"$out/$shape-torch.log" || echo "PyTorch $shape failed: $(tail -3 "$out/$shape-torch.log")"
     done
+    "$0" bench-table
+    ;;
+bench-table)
+    # The table of what `bench` has measured so far (also after it was stopped).
+    out="$report/bench"
+    p="${BENCH_P:-512}" n="${BENCH_N:-128}"
     python3 - "$out" "$p" "$n" <<'PY' | tee "$out/bench.md"
 import json, sys, pathlib
 out, p, n = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -276,7 +287,7 @@ PY
     check "$@"
     ;;
 *)
-    sed -n '2,18p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
     ;;
 esac

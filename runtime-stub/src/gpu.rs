@@ -16,7 +16,8 @@
 //! On a sharded artifact (`--devices gpu:0,1`) the session holds one
 //! `GpuDevice` per sub-model, each with only its own weights, and the plans'
 //! collectives as NCCL all-reduce / all-gather group calls (NCCL, like the driver,
-//! is loaded at run time). Neither path has run on a GPU yet (docs/gpu.md).
+//! is loaded at run time). The one-device path has run every golden fixture on an
+//! H100 (docs/gpu.md, "Results on a real GPU"); the mesh path has not run on GPUs.
 //!
 //! A decode step is hundreds of small launches, each costing a few microseconds
 //! of launch overhead on the host. On one device the decode plan is therefore
