@@ -526,6 +526,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
                 num_params: k.params.len() as u32,
                 backend: backend.clone(),
                 gpu_threads_per_task: maxc_kernels::warp::threads_per_task(gpu),
+                gpu_task_split: maxc_kernels::warp::task_split(&k.tasks, &gpu.tasks).expect("GPU forms are checked when recorded"),
             })
             .collect(),
         sub_models,

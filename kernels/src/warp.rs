@@ -299,6 +299,19 @@ pub fn threads_per_task(kernel: &Kernel) -> u32 {
     gpu_mapping(kernel).threads
 }
 
+/// How many tasks of a GPU form with `gpu` tasks make one task of the kernel
+/// with `cpu` tasks: the `m >= 1` with `gpu = m * cpu` (every sequence length),
+/// or `None` when there is no such whole number. A launch of the kernel then runs
+/// `m` times its tasks on the GPU (the kernel table's `gpu_task_split`).
+pub fn task_split(cpu: &TaskCount, gpu: &TaskCount) -> Option<u32> {
+    let m = match (cpu.per_seq, cpu.fixed) {
+        (0, 0) => return (gpu.per_seq == 0 && gpu.fixed == 0).then_some(1),
+        (0, f) => gpu.fixed / f,
+        (p, _) => gpu.per_seq / p,
+    };
+    (m >= 1 && m <= u32::MAX as u64 && gpu.per_seq == m * cpu.per_seq && gpu.fixed == m * cpu.fixed).then_some(m as u32)
+}
+
 /// The identity of a reduction: what each lane's partial starts from.
 pub fn identity(op: BinOp) -> f32 {
     match op {
@@ -309,6 +322,22 @@ pub fn identity(op: BinOp) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn task_splits_are_whole_multiples_at_every_length() {
+        use super::task_split;
+        use crate::ir::TaskCount;
+        let t = |per_seq, fixed| TaskCount { per_seq, fixed };
+        assert_eq!(task_split(&t(1, 0), &t(1, 0)), Some(1));
+        assert_eq!(task_split(&t(1, 0), &t(32, 0)), Some(32));
+        assert_eq!(task_split(&t(0, 3), &t(0, 12)), Some(4));
+        assert_eq!(task_split(&t(2, 1), &t(8, 4)), Some(4));
+        // Not a multiple at every length, fewer tasks, or a fraction.
+        assert_eq!(task_split(&t(2, 1), &t(8, 3)), None);
+        assert_eq!(task_split(&t(4, 0), &t(2, 0)), None);
+        assert_eq!(task_split(&t(2, 0), &t(3, 0)), None);
+        assert_eq!(task_split(&t(1, 0), &t(0, 1)), None);
+    }
+
     use super::*;
     use crate::ir::dsl::*;
     use crate::library::matmul::matmul;

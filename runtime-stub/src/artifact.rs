@@ -9,6 +9,10 @@ use crate::huge::HugeBuf;
 
 use crate::format::*;
 
+/// The most GPU tasks one task of a launch may become (`KernelEntry::gpu_task_split`;
+/// the kernel library's largest is a token's heads or a row's chunks, far below).
+pub const MAX_GPU_TASK_SPLIT: u32 = 1 << 16;
+
 /// Why an artifact cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
@@ -357,8 +361,11 @@ impl Artifact {
             }
             for l in &plan.launches {
                 let k = self.header.kernels.get(l.kernel as usize);
-                if k.is_none_or(|k| k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32 | 128)) || (l.rows == crate::format::RowCount::Logits && !batch) {
-                    return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel, argument count or GPU threads per task", l.kernel)));
+                let bad_kernel = |k: &crate::format::KernelEntry| {
+                    k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32 | 128) || !(1..=MAX_GPU_TASK_SPLIT).contains(&k.gpu_task_split)
+                };
+                if k.is_none_or(bad_kernel) || (l.rows == crate::format::RowCount::Logits && !batch) {
+                    return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel, argument count, GPU threads per task or GPU task split", l.kernel)));
                 }
                 for a in &l.args {
                     let ok = match *a {

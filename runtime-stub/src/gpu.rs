@@ -79,6 +79,13 @@ pub fn launch_config(tasks: u64, per_task: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (threads.div_ceil(BLOCK_THREADS as u64).max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// GPU tasks of a launch of `tasks` tasks whose kernel's GPU form splits each
+/// into `split` (task `t` of the plan is GPU tasks `t * split ..= t * split +
+/// split - 1`, so a launch's range scales with it).
+pub fn gpu_tasks(tasks: u64, split: u32) -> u64 {
+    tasks.saturating_mul(split as u64)
+}
+
 /// Which of a sub-model's plans a step runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Which {
@@ -105,6 +112,8 @@ struct GpuPlan {
     functions: Vec<CudaFunction>,
     /// Per launch: GPU threads per task of its kernel.
     threads_per_task: Vec<u32>,
+    /// Per launch: GPU tasks per task of the plan (the kernel's `gpu_task_split`).
+    task_split: Vec<u32>,
 }
 
 impl GpuPlan {
@@ -205,7 +214,8 @@ impl GpuDevice {
             }
             let functions = plan.launches.iter().map(|l| functions[l.kernel as usize].clone()).collect();
             let threads_per_task = plan.launches.iter().map(|l| h.kernels[l.kernel as usize].gpu_threads_per_task).collect();
-            Ok(GpuPlan { arena, args, functions, threads_per_task })
+            let task_split = plan.launches.iter().map(|l| h.kernels[l.kernel as usize].gpu_task_split).collect();
+            Ok(GpuPlan { arena, args, functions, threads_per_task, task_split })
         };
         let (prefill, decode) = (plan(&m.prefill)?, plan(&m.decode)?);
         let prefill_last = m.prefill_last.as_ref().map(plan).transpose()?;
@@ -284,7 +294,7 @@ impl GpuDevice {
     /// Enqueues launch `index` of the step's plan (asynchronous).
     fn launch(&self, plan: &Plan, which: Which, index: usize, seq: u64) -> Result<(), GpuError> {
         let state = self.state(which);
-        let tasks = plan.launches[index].tasks.eval(seq);
+        let tasks = gpu_tasks(plan.launches[index].tasks.eval(seq), state.task_split[index]);
         if tasks == 0 {
             return Ok(());
         }
@@ -591,6 +601,14 @@ mod tests {
         for off in ["0", "off", "false", " 0 "] {
             assert!(!graphs_enabled(Some(off)), "{off}");
         }
+    }
+
+    #[test]
+    fn a_split_kernel_launches_its_share_of_tasks_per_plan_task() {
+        assert_eq!(gpu_tasks(3, 1), 3);
+        assert_eq!(gpu_tasks(3, 32), 96);
+        assert_eq!(gpu_tasks(0, 32), 0);
+        assert_eq!(gpu_tasks(u64::MAX, 2), u64::MAX, "a corrupt count saturates");
     }
 
     #[test]

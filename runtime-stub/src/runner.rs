@@ -321,7 +321,7 @@ mod tests {
         let mesh = DeviceMesh { kind: DeviceKind::Cpu, ordinals: vec![0, 1] };
         let with = |offset: u64, threads: u32| {
             move |h: &mut Header| {
-                h.kernels = vec![KernelEntry { symbol: "k".into(), family: "copy".into(), num_params: 1, backend: "llvm".into(), gpu_threads_per_task: threads }];
+                h.kernels = vec![KernelEntry { symbol: "k".into(), family: "copy".into(), num_params: 1, backend: "llvm".into(), gpu_threads_per_task: threads, gpu_task_split: 1 }];
                 let launch = Launch { kernel: 0, args: vec![BufferRef::Arena { offset }], tasks: TaskCount { per_seq: 0, fixed: 1 }, output_elems: TaskCount { per_seq: 0, fixed: 0 }, rows: RowCount::Step };
                 h.sub_models[0].decode.launches = vec![launch];
             }

@@ -81,6 +81,30 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
 }
 
 #[test]
+fn gpu_forms_split_a_decode_step_into_many_tasks() {
+    // SmolLM2 (9 query and 3 KV heads of 64, width 576, MLP 1536): the PTX runs
+    // RoPE per (token, pair), the attention combine per (token, head), swiglu in
+    // chunks of 256 and the q slice of the fused projection in chunks of 64; the
+    // kernel table says how many GPU tasks each plan task becomes, and the PTX
+    // assembles.
+    let (_dir, mef, ptx) = compile_with_ptx("ptx-split", &smollm2_gguf(), "cuda:sm_90", &["--quantization-encoding", "q4_1"]);
+    assemble(&ptx, "sm_90");
+    let header = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+    let split = |prefix: &str| -> Vec<u32> { header.kernels.iter().filter(|k| k.symbol.starts_with(prefix)).map(|k| k.gpu_task_split).collect() };
+    assert_eq!(split("rope_w576_hd64_"), [32, 32], "prefill and decode");
+    assert_eq!(split("rope_w192_hd64_"), [32, 32]);
+    assert_eq!(split("swiglu_h1536_"), [6, 6]);
+    assert_eq!(split("attention_combine16_"), [9, 9], "decode and the batch plans' decode rows");
+    assert_eq!(split("slice_w960_o0_l576_"), [9, 9]);
+    // The matmuls keep a task per row range; embedding and norms a task per token.
+    for k in &header.kernels {
+        if k.symbol.starts_with("matmul") || k.symbol.starts_with("rms_norm") || k.symbol.starts_with("embedding") {
+            assert_eq!(k.gpu_task_split, 1, "{}", k.symbol);
+        }
+    }
+}
+
+#[test]
 fn fat_artifact_runs_its_cpu_code_and_matches_the_golden_logits() {
     for (name, model) in [("tiny-llama", fixture("tiny-llama")), ("smollm2-135m", smollm2_gguf())] {
         // float32 weights (a GGUF's default is its own blocks): the panel GEMV below.

@@ -11,9 +11,9 @@ pub mod memory;
 
 use std::collections::HashMap;
 
-use maxc_kernels::library::attention::{attention, attention_combine, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, Paging, DECODE_SPLITS};
-use maxc_kernels::library::copy::{gather_rows, last_row, slice_columns};
-use maxc_kernels::library::elementwise::{binary, l2_normalize, mean_rows, swiglu, unary, Broadcast};
+use maxc_kernels::library::attention::{attention, attention_combine, attention_combine_gpu, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, Paging, DECODE_SPLITS};
+use maxc_kernels::library::copy::{gather_rows, last_row, slice_columns, slice_columns_gpu};
+use maxc_kernels::library::elementwise::{binary, binary_gpu, l2_normalize, mean_rows, swiglu, swiglu_gpu, unary, unary_gpu, Broadcast};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::library::embedding::{embedding_in, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add};
@@ -22,7 +22,7 @@ use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PanelWeights};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
-use maxc_kernels::library::rope::rope;
+use maxc_kernels::library::rope::{rope, rope_gpu};
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{Kernel, TaskCount};
 use maxrun::format::{Layout, WeightEncoding};
@@ -242,9 +242,10 @@ pub struct Schedule {
 pub struct KernelSet {
     pub kernels: Vec<Kernel>,
     by_name: HashMap<String, u32>,
-    /// GPU forms of CPU kernels, under the CPU kernel's name (same parameters,
-    /// tasks and result): what the PTX of an artifact with CPU code runs instead
-    /// of kernels written for CPU vector registers.
+    /// GPU forms of CPU kernels, under the CPU kernel's name (same parameters and
+    /// result; tasks the kernel's times a whole number, the kernel table's
+    /// `gpu_task_split`): what the PTX runs instead of kernels written for CPU
+    /// vector registers or for a CPU thread pool's few, large tasks.
     gpu_forms: HashMap<String, Kernel>,
 }
 
@@ -260,9 +261,10 @@ impl KernelSet {
     }
 
     /// Records `gpu` as the GPU form of kernel `cpu` (a kernel-library bug if the
-    /// two differ in parameters or tasks).
+    /// two differ in parameters or the tasks are not a multiple).
     fn set_gpu_form(&mut self, cpu: &Kernel, mut gpu: Kernel) {
-        assert!(gpu.params == cpu.params && gpu.tasks == cpu.tasks, "`{}` is not a GPU form of `{}`", gpu.name, cpu.name);
+        let split = maxc_kernels::warp::task_split(&cpu.tasks, &gpu.tasks);
+        assert!(gpu.params == cpu.params && split.is_some(), "`{}` is not a GPU form of `{}`", gpu.name, cpu.name);
         gpu.name = cpu.name.clone();
         self.gpu_forms.insert(cpu.name.clone(), gpu);
     }
@@ -476,6 +478,13 @@ impl Scheduler<'_, '_, '_> {
     /// Appends a launch of `kernel` on `args` plus a new output buffer of `width` f32 per token.
     fn launch(&mut self, kernel: Kernel, args: Vec<Arg>, width: u64) -> Arg {
         self.launch_rows(kernel, args, width, TaskCount { per_seq: width, fixed: 0 })
+    }
+
+    /// [`Scheduler::launch`] of `kernel`, whose PTX runs `gpu` (its GPU form:
+    /// same parameters and result, tasks a multiple of the kernel's).
+    fn launch_with_gpu_form(&mut self, kernel: Kernel, gpu: Kernel, args: Vec<Arg>, width: u64) -> Arg {
+        self.kernels.set_gpu_form(&kernel, gpu);
+        self.launch(kernel, args, width)
     }
 
     /// Like [`Scheduler::launch`] for an output of `written` elements (e.g. one pooled row).
@@ -709,13 +718,13 @@ fn schedule_impl<'g>(
             Op::SwiGlu => {
                 let w = out_width()?;
                 let args = s.inputs(&node.inputs)?;
-                s.launch(swiglu(w, seq), args, w)
+                s.launch_with_gpu_form(swiglu(w, seq), swiglu_gpu(w, seq), args, w)
             }
             Op::Unary(u) => {
                 let op = *u;
                 let w = out_width()?;
                 let args = s.inputs(&node.inputs)?;
-                s.launch(unary(op, w, seq), args, w)
+                s.launch_with_gpu_form(unary(op, w, seq), unary_gpu(op, w, seq), args, w)
             }
             Op::Binary(b) => {
                 let op = *b;
@@ -732,7 +741,7 @@ fn schedule_impl<'g>(
                     Broadcast::None
                 };
                 let args = s.inputs(&node.inputs)?;
-                s.launch(binary(op, w, bc, seq), args, w)
+                s.launch_with_gpu_form(binary(op, w, bc, seq), binary_gpu(op, w, bc, seq), args, w)
             }
             Op::RmsNorm { eps } => {
                 let w = out_width()?;
@@ -749,7 +758,7 @@ fn schedule_impl<'g>(
                 let table = s.weights.intern(slot);
                 let mut args = s.inputs(&node.inputs)?;
                 args.push(Arg::Weight(table));
-                s.launch(rope(w, *head_dim as u64, seq), args, w)
+                s.launch_with_gpu_form(rope(w, *head_dim as u64, seq), rope_gpu(w, *head_dim as u64, seq), args, w)
             }
             Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
                 let a = s.inputs(&node.inputs)?;
@@ -786,7 +795,7 @@ fn schedule_impl<'g>(
                         let per_token = shape.partials_per_token(splits);
                         let written = TaskCount { per_seq: per_token, fixed: 0 };
                         let partials = s.launch_outputs(attention_paged(shape, b.paging, Some(splits)), [&paged[..], &[scratch]].concat(), &[per_token * 4], written)[0];
-                        s.launch(attention_combine(shape, splits, seq), vec![partials, pos], out_width()?)
+                        s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
                     } else {
                         let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
                         s.launch(attention_paged(shape, b.paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
@@ -799,7 +808,7 @@ fn schedule_impl<'g>(
                     let per_token = shape.partials_per_token(splits);
                     let written = TaskCount { per_seq: per_token, fixed: 0 };
                     let partials = s.launch_outputs(attention_partial(shape, splits, seq), vec![q, pos, kc, vc, scratch], &[per_token * 4], written)[0];
-                    s.launch(attention_combine(shape, splits, seq), vec![partials, pos], out_width()?)
+                    s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
                 } else {
                     let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
                     s.launch(attention(shape, seq), vec![q, pos, kc, vc, scratch], out_width()?)
@@ -808,14 +817,14 @@ fn schedule_impl<'g>(
             Op::Slice { axis: 1, start, len } => {
                 let width = graph.ty(node.inputs[0]).last_dim().expect("static width");
                 let args = s.inputs(&node.inputs)?;
-                s.launch(slice_columns(width, *start, *len, seq), args, *len)
+                s.launch_with_gpu_form(slice_columns(width, *start, *len, seq), slice_columns_gpu(width, *start, *len, seq), args, *len)
             }
             Op::Slice { axis, .. } => return Err(unsupported(format!("a slice along axis {axis} of activations"))),
             Op::ShardSlice { axis: 1, index, devices } => {
                 let width = graph.ty(node.inputs[0]).last_dim().expect("static width");
                 let len = width / *devices as u64;
                 let args = s.inputs(&node.inputs)?;
-                s.launch(slice_columns(width, *index as u64 * len, len, seq), args, len)
+                s.launch_with_gpu_form(slice_columns(width, *index as u64 * len, len, seq), slice_columns_gpu(width, *index as u64 * len, len, seq), args, len)
             }
             Op::ShardSlice { axis, .. } => return Err(unsupported(format!("a shard slice along axis {axis} of activations"))),
             Op::AllReduce | Op::AllGather { axis: 1, .. } if s.batch.is_some() => return Err(unsupported("a collective in a batch plan (batch plans are for one device)".into())),

@@ -407,6 +407,17 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
 /// query head in turn: `out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c` with `M` the
 /// largest chunk max, exactly softmax attention over all the chunks' positions.
 pub fn attention_combine(shape: AttentionShape, splits: u64, seq: SeqMode) -> Kernel {
+    attention_combine_in(shape, splits, seq, false)
+}
+
+/// The GPU form of [`attention_combine`]: one task per (token, query head).
+/// (One task per token merged a decode step's 32 heads one after another in one
+/// thread block: 54 us on an H100, docs/gpu.md.)
+pub fn attention_combine_gpu(shape: AttentionShape, splits: u64, seq: SeqMode) -> Kernel {
+    attention_combine_in(shape, splits, seq, true)
+}
+
+fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: bool) -> Kernel {
     let mut b = KernelBuilder::new();
     let part = b.param("partials", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
@@ -442,12 +453,17 @@ pub fn attention_combine(shape: AttentionShape, splits: u64, seq: SeqMode) -> Ke
         set(sum, div(f(1.0), v(sum))),
         for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), mul(ld(out, o(v(d))), v(sum)))]),
     ];
-    let (first, end) = visible(&shape, ld(pos, v(t)));
-    let body = vec![set(s, v(t)), set(used, chunks_used(sub(end, first), n)), for_(hq, i(0), i(nh), per_head)];
-    // One task per token: a decode step's merge (a few KiB) runs on the calling
-    // thread, where a launch of a task per head cost more in hand-outs and the
-    // barrier than the merge itself.
-    let tasks = TaskCount { per_seq: 1, fixed: 0 };
+    let (first, end) = visible(&shape, ld(pos, v(s)));
+    let (body, tasks) = if gpu {
+        let mut body = vec![set(s, div(v(t), i(nh))), set(hq, rem(v(t), i(nh))), set(used, chunks_used(sub(end, first), n))];
+        body.extend(per_head);
+        (body, TaskCount { per_seq: shape.heads, fixed: 0 })
+    } else {
+        // One task per token: a decode step's merge (a few KiB) runs on the calling
+        // thread, where a launch of a task per head cost more in hand-outs and the
+        // barrier than the merge itself.
+        (vec![set(s, v(t)), set(used, chunks_used(sub(end, first), n)), for_(hq, i(0), i(nh), per_head)], TaskCount { per_seq: 1, fixed: 0 })
+    };
     b.finish(format!("attention_combine{splits}_{}_{}", shape.tag(), seq.tag()), "attention_combine", tasks, t, body)
 }
 
@@ -525,7 +541,21 @@ mod tests {
                 let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, partials];
                 run(&attention_partial(shape, n, SeqMode::Dynamic), &mut bufs, seq as u64);
                 let mut bufs = vec![bufs.swap_remove(5), Buffer::I32((0..seq as i32).collect()), Buffer::F32(vec![f32::NAN; seq * qw])];
+                let gpu_inputs = bufs.clone();
                 run(&attention_combine(shape, n, SeqMode::Dynamic), &mut bufs, seq as u64);
+                // The GPU form (a task per (token, head)), serially and as its lanes
+                // run it, merges each head in the same order: the same bits.
+                let gpu = attention_combine_gpu(shape, n, SeqMode::Dynamic);
+                assert_eq!(gpu.tasks.eval(seq as u64), seq as u64 * shape.heads);
+                for warp in [false, true] {
+                    let mut g = gpu_inputs.clone();
+                    if warp {
+                        crate::interp::run_warp(&gpu, &mut g, seq as u64);
+                    } else {
+                        run(&gpu, &mut g, seq as u64);
+                    }
+                    assert_eq!(g[2], bufs[2], "GPU form, lanes {warp}");
+                }
                 bufs.swap_remove(2)
             }
         };

@@ -1,6 +1,8 @@
-//! Elementwise kernels: unary functions and binary ops with broadcasting, one row task per token.
+//! Elementwise kernels: unary functions and binary ops with broadcasting, swiglu;
+//! one task per row, and GPU forms (`*_gpu`) with one task per chunk of a row
+//! ([`RowChunks`]).
 
-use super::SeqMode;
+use super::{RowChunks, SeqMode};
 use crate::ir::dsl::*;
 use crate::ir::*;
 
@@ -69,27 +71,48 @@ fn erf(x: Expr) -> Expr {
 
 /// `out = op(x)` over `f32[seq, width]`.
 pub fn unary(op: Unary, width: u64, seq: SeqMode) -> Kernel {
+    unary_in(op, width, seq, false)
+}
+
+/// The GPU form of [`unary`]: a task per chunk of a row.
+pub fn unary_gpu(op: Unary, width: u64, seq: SeqMode) -> Kernel {
+    unary_in(op, width, seq, true)
+}
+
+fn unary_in(op: Unary, width: u64, seq: SeqMode, gpu: bool) -> Kernel {
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
     let out = b.param("out", ElemType::F32, true);
     let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
-    let idx = || add(mul(v(t), i(width as i64)), v(c));
-    let body = vec![for_vec(c, i(0), i(width as i64), vec![store(out, idx(), apply_unary(op, ld(x, idx())))])];
+    let rc = RowChunks::new(&mut b, t, width, gpu);
+    let idx = || rc.at(width, c);
+    let mut body = rc.prelude.clone();
+    body.push(for_vec(c, i(0), i(rc.chunk as i64), vec![store(out, idx(), apply_unary(op, ld(x, idx())))]));
     let name = format!("{}_w{width}_{}", format!("{op:?}").to_lowercase(), seq.tag());
-    b.finish(name, "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+    b.finish(name, "elementwise", TaskCount { per_seq: rc.per_row, fixed: 0 }, t, body)
 }
 
 /// `out = a op b` over `f32[seq, width]`, `b` broadcast as given.
 pub fn binary(op: Binary, width: u64, broadcast: Broadcast, seq: SeqMode) -> Kernel {
+    binary_in(op, width, broadcast, seq, false)
+}
+
+/// The GPU form of [`binary`]: a task per chunk of a row.
+pub fn binary_gpu(op: Binary, width: u64, broadcast: Broadcast, seq: SeqMode) -> Kernel {
+    binary_in(op, width, broadcast, seq, true)
+}
+
+fn binary_in(op: Binary, width: u64, broadcast: Broadcast, seq: SeqMode, gpu: bool) -> Kernel {
     let mut b = KernelBuilder::new();
     let a = b.param("a", ElemType::F32, false);
     let bb = b.param("b", ElemType::F32, false);
     let out = b.param("out", ElemType::F32, true);
     let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
-    let idx = || add(mul(v(t), i(width as i64)), v(c));
+    let rc = RowChunks::new(&mut b, t, width, gpu);
+    let idx = || rc.at(width, c);
     let b_idx = match broadcast {
         Broadcast::None => idx(),
-        Broadcast::Row => v(c),
+        Broadcast::Row => rc.column(c),
         Broadcast::Scalar => i(0),
     };
     let value = match op {
@@ -99,21 +122,34 @@ pub fn binary(op: Binary, width: u64, broadcast: Broadcast, seq: SeqMode) -> Ker
         Binary::Div => div(ld(a, idx()), ld(bb, b_idx)),
         Binary::Max => max(ld(a, idx()), ld(bb, b_idx)),
     };
-    let body = vec![for_vec(c, i(0), i(width as i64), vec![store(out, idx(), value)])];
+    let mut body = rc.prelude.clone();
+    body.push(for_vec(c, i(0), i(rc.chunk as i64), vec![store(out, idx(), value)]));
     let name = format!("{}_{}_w{width}_{}", format!("{op:?}").to_lowercase(), format!("{broadcast:?}").to_lowercase(), seq.tag());
-    b.finish(name, "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+    b.finish(name, "elementwise", TaskCount { per_seq: rc.per_row, fixed: 0 }, t, body)
 }
 
 /// SwiGLU: `out[r, c] = silu(x[r, c]) * x[r, h + c]` for `x: f32[seq, 2h]`.
 pub fn swiglu(h: u64, seq: SeqMode) -> Kernel {
+    swiglu_in(h, seq, false)
+}
+
+/// The GPU form of [`swiglu`]: a task per chunk of a row.
+pub fn swiglu_gpu(h: u64, seq: SeqMode) -> Kernel {
+    swiglu_in(h, seq, true)
+}
+
+fn swiglu_in(h: u64, seq: SeqMode, gpu: bool) -> Kernel {
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
     let out = b.param("out", ElemType::F32, true);
     let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
-    let gate = ld(x, add(mul(v(t), i(2 * h as i64)), v(c)));
-    let up = ld(x, add(add(mul(v(t), i(2 * h as i64)), i(h as i64)), v(c)));
-    let body = vec![for_vec(c, i(0), i(h as i64), vec![store(out, add(mul(v(t), i(h as i64)), v(c)), mul(apply_unary(Unary::Silu, gate), up))])];
-    b.finish(format!("swiglu_h{h}_{}", seq.tag()), "elementwise", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+    let rc = RowChunks::new(&mut b, t, h, gpu);
+    // The gate is column `col + c` of a row of 2h, the up projection h further.
+    let gate = ld(x, rc.at(2 * h, c));
+    let up = ld(x, add(add(rc.row_start(2 * h), i(h as i64)), v(c)));
+    let mut body = rc.prelude.clone();
+    body.push(for_vec(c, i(0), i(rc.chunk as i64), vec![store(out, rc.at(h, c), mul(apply_unary(Unary::Silu, gate), up))]));
+    b.finish(format!("swiglu_h{h}_{}", seq.tag()), "elementwise", TaskCount { per_seq: rc.per_row, fixed: 0 }, t, body)
 }
 
 /// `out[0, c] = mean_r x[r, c]` for `x: f32[seq, width]` (one task).
@@ -154,6 +190,59 @@ mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
     use crate::library::test_util::*;
+
+    /// Runs `k` serially and as the GPU deals its loops to lanes; both must give `want`.
+    fn both_ways(k: &Kernel, inputs: Vec<Buffer>, out_len: usize, seq: u64, want: &[f32]) {
+        for warp in [false, true] {
+            let mut bufs = inputs.clone();
+            bufs.push(Buffer::F32(vec![f32::NAN; out_len]));
+            if warp {
+                crate::interp::run_warp(k, &mut bufs, seq);
+            } else {
+                run(k, &mut bufs, seq);
+            }
+            let Buffer::F32(got) = bufs.last().unwrap() else { unreachable!() };
+            close(got, want, 1e-6);
+        }
+    }
+
+    #[test]
+    fn gpu_forms_map_wide_rows_in_chunks() {
+        // 1536 = 6 chunks of 256 (SmolLM2's MLP), 576 = 9 of 64 (its width), 1000 unsplit.
+        let seq = 3u64;
+        for (width, per_row) in [(1536u64, 6u64), (576, 9), (1000, 1)] {
+            let n = (width * seq) as usize;
+            let (a, bias) = (rand(n, 1), rand(width as usize, 2));
+            assert_eq!(binary(Binary::Add, width, Broadcast::Row, SeqMode::Dynamic).tasks.eval(seq), seq, "CPU forms: a task per row");
+            let k = binary_gpu(Binary::Add, width, Broadcast::Row, SeqMode::Dynamic);
+            assert_eq!(k.tasks.eval(seq), seq * per_row, "width {width}");
+            let want: Vec<f32> = a.iter().enumerate().map(|(j, x)| x + bias[j % width as usize]).collect();
+            both_ways(&k, vec![Buffer::F32(a.clone()), Buffer::F32(bias.clone())], n, seq, &want);
+            let want: Vec<f32> = a.iter().map(|x| -x).collect();
+            both_ways(&unary_gpu(Unary::Neg, width, SeqMode::Dynamic), vec![Buffer::F32(a.clone())], n, seq, &want);
+            // swiglu over rows of 2 * width: gate then up.
+            let x = rand(2 * n, 3);
+            let want: Vec<f32> = (0..n)
+                .map(|j| {
+                    let (r, c) = (j / width as usize, j % width as usize);
+                    let (g, u) = (x[r * 2 * width as usize + c], x[r * 2 * width as usize + width as usize + c]);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            let k = swiglu_gpu(width, SeqMode::Dynamic);
+            assert_eq!(k.tasks.eval(seq), seq * per_row);
+            for warp in [false, true] {
+                let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(vec![f32::NAN; n])];
+                if warp {
+                    crate::interp::run_warp(&k, &mut bufs, seq);
+                } else {
+                    run(&k, &mut bufs, seq);
+                }
+                let Buffer::F32(got) = &bufs[1] else { unreachable!() };
+                close(got, &want, 1e-4);
+            }
+        }
+    }
 
     #[test]
     fn silu_and_gelu_match_their_definitions() {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 7;
+pub const FORMAT_MAJOR: u32 = 8;
 /// Compatible additions bump the minor version.
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
@@ -326,6 +326,10 @@ pub struct KernelEntry {
     /// loops), 128 (four warps, one thread block: a split loop is long) or 1
     /// (kernels none of whose loops split across lanes).
     pub gpu_threads_per_task: u32,
+    /// GPU tasks per task of a launch (at least 1): the PTX's form of the kernel
+    /// may deal a task's work to several (a row of a map in chunks, a token's
+    /// heads), so a launch of `n` tasks runs `n * gpu_task_split` on a GPU.
+    pub gpu_task_split: u32,
 }
 
 /// Element types of stored tensors and of kernel buffers (`maxc_kernels::ElemType`
