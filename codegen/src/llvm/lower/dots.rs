@@ -1,0 +1,637 @@
+//! The dot-product idioms of the lowering: [`Stmt::DotBlock`] and
+//! [`Stmt::DotRows`] as vector code, four-byte dot products by the target's
+//! instructions ([`ByteDots`]: `vpdpbusd`, `vpmaddubsw` + `vpmaddwd`, `sdot`,
+//! `smull` + `saddlp` + `addp`, or widened multiplies), word dots by
+//! `vpmaddwd`, and the epilogues that scale and add them (one explicit
+//! `llvm.fmuladd`, no fast-math flags: a row gets the same bits in a GEMV and a
+//! tile).
+
+use super::*;
+
+/// How a CPU target computes four-byte dot products (unsigned bytes times signed
+/// bytes, each i32 lane the sum of four products), the core of the int8 matmuls.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum ByteDots {
+    /// VNNI `vpdpbusd`, exact for any unsigned byte: one instruction on zmm
+    /// (AVX-512 VNNI) or two on ymm halves (AVX-VNNI, Intel's cores without
+    /// AVX-512 since Alder Lake).
+    Vnni { zmm: bool },
+    /// `vpmaddubsw` then `vpmaddwd` by ones, on zmm (AVX-512BW) or two ymm halves
+    /// (AVX2), as llama.cpp does without VNNI: pairs of products are summed in
+    /// i16 with saturation, so the unsigned bytes must stay at most 128.
+    Madd { zmm: bool },
+    /// aarch64 (NEON), signed bytes by signed bytes on 128-bit parts: with
+    /// FEAT_DotProd one `sdot` per 16 bytes, without it `smull` / `smull2`
+    /// (byte products in i16), `saddlp` (pairs in i32) and `addp` (fours), as
+    /// llama.cpp does on such cores. The levels that are unsigned elsewhere go
+    /// in as they are where they are below 128 (nibbles), and Q8_0's as its
+    /// signed `w` (the -128 minimum folded, as on the `Madd` form). No `usdot`
+    /// (unsigned by signed) without i8mm, which not every dotprod core has.
+    Arm { sdot: bool },
+    /// Widened i32 multiplies (x86-64 without AVX2, and the GPU).
+    Widened,
+}
+
+/// How the weight bytes of a four-byte dot read (see [`KernelLowering::dot_fours`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum WeightBytes {
+    /// Signed (Q8_0's `w`): `sdot` takes them; x86 moves their sign first.
+    Signed,
+    /// Unsigned, any value (Q8_0's stored levels `w + 128`): `vpdpbusd`.
+    Unsigned,
+    /// Unsigned and below 128 (nibbles): both readings agree, so every
+    /// instruction takes them.
+    Small,
+}
+
+impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
+    /// A [`Stmt::DotBlock`] as vector code: the 64 weight levels and activations as
+    /// `<64 x i8>`, the 16 four-byte dot products by [`ByteDots`] (Q8_0's signed
+    /// weights through `|w|` and `a * sign(w)` where the instructions multiply
+    /// unsigned by signed bytes; activations are never -128); then converted,
+    /// scaled per block and added to the f32 accumulator.
+    pub(super) fn dot_block(&mut self, acc: u32, scales: &[Expr; 2], (weights, w_start): (u32, &Expr), form: DotForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+        let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
+        let lanes = DOT_LANES as u32;
+        let values = DOT_VALUES as u32;
+        let scale_a = self.expr(&scales[0])?.into_float_value();
+        let scale_b = self.expr(&scales[1])?.into_float_value();
+        let w_ptr = self.element_ptr(weights, w_start)?;
+        let a_ptr = self.element_ptr(act, act_start)?;
+        let w = match form {
+            DotForm::Int8 => self.byte_load(i8t.vec_type(values), w_ptr)?,
+            DotForm::NibblePairs => {
+                let (low, high) = self.nibbles(self.byte_load(i8t.vec_type(values / 2), w_ptr)?)?;
+                self.builder.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, values), "levels").map_err(llvm_err)?
+            }
+        };
+        let a = self.byte_load(i8t.vec_type(values), a_ptr)?;
+        let zero = i32t.vec_type(lanes).const_zero();
+        let sums = match form {
+            DotForm::Int8 if matches!(self.byte_dots(), ByteDots::Vnni { .. } | ByteDots::Madd { .. }) => {
+                let (abs, signed) = self.sign_moved(w, a)?;
+                self.dot_fours(zero, abs, signed, WeightBytes::Unsigned)?
+            }
+            DotForm::Int8 => self.dot_fours(zero, w, a, WeightBytes::Signed)?,
+            DotForm::NibblePairs => self.dot_fours(zero, w, a, WeightBytes::Small)?,
+        };
+        let b = &self.builder;
+        let sums = b.build_signed_int_to_float(sums, f32t.vec_type(lanes), "sums").map_err(llvm_err)?;
+        let pair = f32t.vec_type(2).get_undef();
+        let pair = b.build_insert_element(pair, scale_a, i32t.const_zero(), "scale_a").map_err(llvm_err)?;
+        let pair = b.build_insert_element(pair, scale_b, i32t.const_int(1, false), "scale_b").map_err(llvm_err)?;
+        let scale = b.build_shuffle_vector(pair, pair, shuffle_mask(self.context, &|g| form.block_of_lane(g as i64) as u32, lanes), "scales").map_err(llvm_err)?;
+        // Without fast-math flags, as in `dot_rows`: a row's sum must not
+        // depend on how the rows beside it let LLVM contract or reorder it.
+        let scaled = b.build_float_mul(sums, scale, "scaled").map_err(llvm_err)?;
+        let old = self.load_local(acc, scaled.get_type())?;
+        let new = self.builder.build_float_add(old, scaled, "acc").map_err(llvm_err)?;
+        self.store_local(acc, new)
+    }
+
+    /// How this target computes four-byte dot products.
+    pub(super) fn byte_dots(&self) -> ByteDots {
+        match self.flavor {
+            Flavor::Cpu(t) if t.has_avx512_vnni() => ByteDots::Vnni { zmm: true },
+            Flavor::Cpu(t) if t.has_avx_vnni() => ByteDots::Vnni { zmm: false },
+            Flavor::Cpu(t) if t.has_avx512_bw() => ByteDots::Madd { zmm: true },
+            Flavor::Cpu(t) if t.has_avx2() => ByteDots::Madd { zmm: false },
+            Flavor::Cpu(t) if t.is_aarch64() => ByteDots::Arm { sdot: t.has_dotprod() },
+            _ => ByteDots::Widened,
+        }
+    }
+
+    /// Signed weight bytes `w` and signed activations `a` as `(|w|, a * sign(w))`:
+    /// the same products, with the weights unsigned (at most 128) as `vpdpbusd`
+    /// and `vpmaddubsw` want them. Exact while no activation is -128 (quantized
+    /// activations never are).
+    ///
+    /// On AVX2 (`ByteDots::Madd` on ymm) `a * sign(w)` is one `vpsignb` per 32
+    /// bytes; elsewhere (AVX-512 has no zmm `vpsignb`) a compare, a negation and
+    /// a select, which LLVM makes three instructions.
+    pub(super) fn sign_moved(&self, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>) -> Result<(inkwell::values::VectorValue<'ctx>, inkwell::values::VectorValue<'ctx>), CodegenError> {
+        let abs = self.intrinsic_typed("llvm.abs", &[w.into(), self.context.bool_type().const_zero().into()], &[w.get_type().into()])?.into_vector_value();
+        if self.byte_dots() == (ByteDots::Madd { zmm: false }) && matches!(w.get_type().get_size(), 32 | 64) {
+            let bytes = self.context.i8_type().vec_type(32);
+            let f = self.declared("llvm.x86.avx2.psign.b", bytes.fn_type(&[bytes.into(), bytes.into()], false), None);
+            let parts = self.lane_parts(&[a, w], 32)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+            return Ok((abs, self.joined(parts)?));
+        }
+        let b = &self.builder;
+        let negative = b.build_int_compare(IntPredicate::SLT, w, w.get_type().const_zero(), "negative").map_err(llvm_err)?;
+        let minus_a = b.build_int_neg(a, "minus_a").map_err(llvm_err)?;
+        let signed = b.build_select(negative, minus_a, a, "signed").map_err(llvm_err)?.into_vector_value();
+        Ok((abs, signed))
+    }
+
+    /// The low and high nibbles of a vector of bytes.
+    pub(super) fn nibbles(&self, packed: inkwell::values::VectorValue<'ctx>) -> Result<(inkwell::values::VectorValue<'ctx>, inkwell::values::VectorValue<'ctx>), CodegenError> {
+        let i8t = self.context.i8_type();
+        let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i8t.const_int(x, false); packed.get_type().get_size() as usize]);
+        let b = &self.builder;
+        Ok((b.build_and(packed, splat(15), "low").map_err(llvm_err)?, b.build_right_shift(packed, splat(4), false, "high").map_err(llvm_err)?))
+    }
+
+    /// `acc` plus, per i32 lane `g`, the sum of the products of bytes `4g..4g + 4`
+    /// of `w` (read as `w_bytes` says) with the signed bytes of `a`: by
+    /// [`ByteDots`] where the instruction reads `w` that way (x86: unsigned, on
+    /// the `Madd` form at most 128, so that no pair of products saturates;
+    /// NEON: signed), otherwise widened multiplies and a sum of each lane's
+    /// four products.
+    pub(super) fn dot_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>, w_bytes: WeightBytes) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let full = w.get_type().get_size() == DOT_VALUES as u32;
+        let unsigned = w_bytes != WeightBytes::Signed;
+        match self.byte_dots() {
+            ByteDots::Vnni { zmm } if unsigned && full => return self.vpdpbusd(acc, w, a, zmm),
+            ByteDots::Madd { zmm } if unsigned && full => return self.pmadd_fours(acc, w, a, zmm),
+            ByteDots::Arm { sdot } if w_bytes != WeightBytes::Unsigned && full => return if sdot { self.sdot(acc, w, a) } else { self.smull_fours(acc, w, a) },
+            _ => {}
+        }
+        let wide = self.context.i32_type().vec_type(w.get_type().get_size());
+        let b = &self.builder;
+        let ww = if unsigned { b.build_int_z_extend(w, wide, "w32") } else { b.build_int_s_extend(w, wide, "w32") }.map_err(llvm_err)?;
+        let aw = b.build_int_s_extend(a, wide, "a32").map_err(llvm_err)?;
+        let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
+        let sums = self.sum_fours(products)?;
+        self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)
+    }
+
+    /// `acc` plus the four-byte dot products of 64 unsigned bytes `u` (at most 128)
+    /// with 64 signed bytes `s` without VNNI: [`Self::pair_products`] then
+    /// [`Self::pair_sums`].
+    pub(super) fn pmadd_fours(&self, acc: inkwell::values::VectorValue<'ctx>, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let fours = self.pair_sums(self.pair_products(u, s, zmm)?, zmm)?;
+        self.builder.build_int_add(acc, fours, "acc").map_err(llvm_err)
+    }
+
+    /// `vpmaddubsw` of 64 unsigned bytes `u` with 64 signed bytes `s` (on one zmm
+    /// register or two ymm halves): `<32 x i16>`, lane `j` the products of bytes
+    /// `2j` and `2j + 1` summed with signed saturation (exact while `u` is at
+    /// most 128: 2 * 128 * 128 fits).
+    pub(super) fn pair_products(&self, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let name = if zmm { "llvm.x86.avx512.pmaddubs.w.512" } else { "llvm.x86.avx2.pmadd.ub.sw" };
+        self.pairwise_in_parts(name, self.context.i8_type(), self.context.i16_type(), &[u, s], zmm)
+    }
+
+    /// An x86 instruction `name` that sums adjacent pairs of its inputs' lanes
+    /// (elements `from`) into lanes of twice their width (elements `to`), on
+    /// 512-bit parts of `args` (`zmm`) or 256-bit ones, the results laid end to end.
+    pub(super) fn pairwise_in_parts(&self, name: &str, from: inkwell::types::IntType<'ctx>, to: inkwell::types::IntType<'ctx>, args: &[inkwell::values::VectorValue<'ctx>], zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let width = (if zmm { 512 } else { 256 }) / from.get_bit_width();
+        let (input, output) = (from.vec_type(width), to.vec_type(width / 2));
+        let f = self.declared(name, output.fn_type(&vec![input.into(); args.len()], false), None);
+        let parts = self.lane_parts(args, width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
+    }
+
+    /// `vpmaddwd` of 32 i16 lanes by ones: 16 i32 lanes, lane `g` the sum of
+    /// lanes `2g` and `2g + 1` (so, after [`Self::pair_products`], of the
+    /// products of bytes `4g..4g + 4`).
+    pub(super) fn pair_sums(&self, pairs: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let ones = inkwell::types::VectorType::const_vector(&vec![self.context.i16_type().const_int(1, false); pairs.get_type().get_size() as usize]);
+        self.word_pair_products(pairs, ones, zmm)
+    }
+
+    /// The vectors `of` cut into parts of `width` lanes, part by part (one part
+    /// when they are that wide already).
+    pub(super) fn lane_parts(&self, of: &[inkwell::values::VectorValue<'ctx>], width: u32) -> Result<Vec<Vec<inkwell::values::VectorValue<'ctx>>>, CodegenError> {
+        let size = of[0].get_type().get_size();
+        (0..size / width)
+            .map(|h| {
+                of.iter()
+                    .map(|&v| if size == width { Ok(v) } else { self.builder.build_shuffle_vector(v, v, shuffle_mask(self.context, &|i| h * width + i, width), "part").map_err(llvm_err) })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Vectors of equal width laid end to end (a power of two of them).
+    pub(super) fn joined(&self, mut parts: Vec<inkwell::values::VectorValue<'ctx>>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        assert!(parts.len().is_power_of_two(), "{} parts", parts.len());
+        while parts.len() > 1 {
+            parts = parts
+                .chunks(2)
+                .map(|p| self.builder.build_shuffle_vector(p[0], p[1], shuffle_mask(self.context, &|i| i, 2 * p[0].get_type().get_size()), "joined").map_err(llvm_err))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(parts[0])
+    }
+
+    /// A call of `f` on vector arguments that returns a vector.
+    pub(super) fn call_vector(&self, f: FunctionValue<'ctx>, args: &[inkwell::values::VectorValue<'ctx>]) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let args: Vec<_> = args.iter().map(|&a| a.into()).collect();
+        let call = self.builder.build_call(f, &args, "call").map_err(llvm_err)?;
+        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else { unreachable!("returns a vector") };
+        Ok(v.into_vector_value())
+    }
+
+    /// A dot instruction's f32 accumulator, `local[0..16]`, as a vector.
+    pub(super) fn load_local(&self, local: u32, ty: inkwell::types::VectorType<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let old = self.builder.build_load(ty, self.locals[(local - LOCAL_BASE) as usize], "acc").map_err(llvm_err)?;
+        old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
+        Ok(old.into_vector_value())
+    }
+
+    /// Stores `value` to a dot instruction's accumulator `local[0..16]`.
+    pub(super) fn store_local(&self, local: u32, value: inkwell::values::VectorValue<'ctx>) -> Result<(), CodegenError> {
+        let st = self.builder.build_store(self.locals[(local - LOCAL_BASE) as usize], value).map_err(llvm_err)?;
+        st.set_alignment(4).map_err(llvm_err)?;
+        Ok(())
+    }
+
+    /// A [`Stmt::DotRows`] as vector code: per 64-byte chunk of levels (16 rows x
+    /// 4 values; nibbles give two, low and high), one dot step against the four
+    /// activation bytes of those values broadcast to all 16 rows, chained into one
+    /// i32 accumulator by [`ByteDots`] (levels unsigned, activations signed, as
+    /// the instructions want; Q8_0's levels, `w + 128`, are too large for
+    /// `vpmaddubsw`, so there the dot runs on the signed `w`, and with their
+    /// `-128 S` minimum that signed dot is the whole term (the activation sums'
+    /// contract, see [`RowDot`]); nibbles
+    /// there keep their pair products in i16 over the whole block and widen them
+    /// once). Byte planes take one such chain each ([`Self::byte_level_dots`]);
+    /// words take word dots instead ([`Self::word_dots`]). Then, in 16-lane f32 vectors:
+    /// converted, times the rows' scales (one vector load) and the activation
+    /// scale, plus the rows' minimums times the activation sum, added to `acc`.
+    /// With `prefetch_ahead` (CPU only), each chunk's load is preceded by a
+    /// `prefetcht0` that many bytes further on.
+    pub(super) fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
+        let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
+        let lanes = DOT_LANES as u32;
+        let (acc, folded_offset) = match d.act_levels {
+            ActLevels::Words => {
+                // Q8_0's minimum folded exactly where byte planes fold it (the
+                // same `folds_offset`): a row decoded alone (words) and in a
+                // batch (planes) then take the same float steps.
+                let folded = self.folds_offset(d);
+                (self.word_dots(d, folded)?, folded)
+            }
+            _ => self.byte_level_dots(d)?,
+        };
+        let f32v = f32t.vec_type(lanes);
+        let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+            let one = b.build_insert_element(f32v.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
+            b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), name).map_err(llvm_err)
+        };
+        let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
+        let act_sum = self.expr(&d.act_scales[1])?.into_float_value();
+        let row_scales = self.row_values(&d.row_scales, lanes)?;
+        let mins = match &d.row_min {
+            RowMin::Stored(m) | RowMin::Subtracted(m) => Some(self.row_values(m, lanes)?),
+            RowMin::Offset(_) => None,
+        };
+        // No fast-math flags here: with them LLVM contracted and reassociated
+        // this epilogue differently in a one-row GEMV and in a row tile (a
+        // multiply whose result has one use fuses into an FMA, a shared one does
+        // not), so a sequence decoded alone got other logits than the same
+        // sequence in a batch step (about 1e-5 relative, enough to change
+        // sampled tokens). The integer dots are exact; the fused steps are
+        // spelled out as `llvm.fmuladd` (an FMA wherever the target has one, in
+        // every loop shape alike), so a row's result is independent of the
+        // rows beside it, at the operation count contraction gave before.
+        let b = &self.builder;
+        let dots = b.build_signed_int_to_float(acc, f32v, "dots").map_err(llvm_err)?;
+        let (scale, sum) = (splat(b, act_scale, "act_scale")?, splat(b, act_sum, "act_sum")?);
+        let scaled = b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?;
+        let term = match (&d.row_min, mins) {
+            // S * d * (signed dot)
+            (RowMin::Offset(_), _) if folded_offset => b.build_float_mul(row_scales, scaled, "term").map_err(llvm_err)?,
+            // S * (d * dot + offset * s)
+            (RowMin::Offset(o), _) => {
+                let inner = self.mul_add(sum, splat(b, f32t.const_float(*o as f64), "offset")?, scaled)?;
+                self.builder.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?
+            }
+            // S * d * dot +- M * s
+            (RowMin::Stored(_) | RowMin::Subtracted(_), Some(mins)) => {
+                let left = b.build_float_mul(row_scales, scaled, "left").map_err(llvm_err)?;
+                let mins = match d.row_min {
+                    RowMin::Subtracted(_) => b.build_float_neg(mins, "neg_mins").map_err(llvm_err)?,
+                    _ => mins,
+                };
+                self.mul_add(mins, sum, left)?
+            }
+            (_, None) => unreachable!("loaded above"),
+        };
+        // One add on the accumulator's chain from block to block (fusing the
+        // term's last product into it measured slower: two dependent FMAs per
+        // block, SmolLM2 pp512 650-760 against 840-870 tok/s).
+        let old = self.load_local(d.acc, f32v)?;
+        let new = self.builder.build_float_add(old, term, "acc").map_err(llvm_err)?;
+        self.store_local(d.acc, new)
+    }
+
+    /// `a * b + c` as `llvm.fmuladd` without fast-math flags: fused where the
+    /// target has FMA, the same way in every loop shape.
+    pub(super) fn mul_add(&self, a: inkwell::values::VectorValue<'ctx>, b: inkwell::values::VectorValue<'ctx>, c: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        Ok(self.intrinsic_typed("llvm.fmuladd", &[a.into(), b.into(), c.into()], &[a.get_type().into()])?.into_vector_value())
+    }
+
+    /// Chunk `c` of a [`RowDot`]'s 64-byte chunks of levels (prefetched ahead if
+    /// asked, on the CPU) as its dot steps: (the 64 unsigned levels, 16 rows x
+    /// 4 values, and the position of the step's first activation value). Bytes
+    /// are one step, nibbles two (low, then high).
+    pub(super) fn chunk_steps(&mut self, d: &RowDot, c: i64) -> Result<Vec<(inkwell::values::VectorValue<'ctx>, i64)>, CodegenError> {
+        let w_ptr = self.element_ptr(d.weights, &dsl::add(d.w_start.clone(), dsl::i(64 * c)))?;
+        if let (Some(ahead), Flavor::Cpu(_)) = (d.prefetch_ahead, &self.flavor) {
+            self.prefetch(w_ptr, ahead)?;
+        }
+        let chunk = self.byte_load(self.context.i8_type().vec_type(64), w_ptr)?;
+        Ok(match d.form {
+            RowsForm::Bytes => vec![(chunk, 4 * c)],
+            RowsForm::Nibbles => {
+                let (low, high) = self.nibbles(chunk)?;
+                vec![(low, 8 * c), (high, 8 * c + 4)]
+            }
+        })
+    }
+
+    /// The 16 rows' integer dots of a [`RowDot`] whose activations are words:
+    /// per dot step the 64 levels widened to i16 (x86: `vpmovzxbw`) and the
+    /// step's four activation words broadcast to every row. On x86, `vpmaddwd`
+    /// (zmm or ymm parts) gives 32 i32 lanes, lane `2g + h` row `g`'s products
+    /// of values `2h, 2h + 1` of the step, summed over the block (at most 16
+    /// products of 255 * 32512: exact) and folded into the 16 rows once at its
+    /// end; on NEON each lane's widened products summed over the block and
+    /// folded once; elsewhere widened multiplies summed per step. The levels are the
+    /// stored unsigned ones (Q8_0's minimum stays a term of its own), or with
+    /// `signed_levels` Q8_0's signed `u - 128`, sign-extended (its minimum folded
+    /// into the dot, as byte planes fold it without VNNI).
+    pub(super) fn word_dots(&mut self, d: &RowDot, signed_levels: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i16t, i32t) = (self.context.i16_type(), self.context.i32_type());
+        let zmm = match self.byte_dots() {
+            ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } => Some(zmm),
+            ByteDots::Arm { .. } | ByteDots::Widened => None,
+        };
+        // NEON: the products (`smull` / `smlal` on 4-lane parts) summed per lane
+        // over the block (at most 8 of 255 * 32512: exact) and folded into the
+        // 16 rows once at its end, instead of a row fold per step.
+        let arm = matches!(self.byte_dots(), ByteDots::Arm { .. });
+        let mut pairs = i32t.vec_type(2 * DOT_LANES as u32).const_zero();
+        let mut fours = i32t.vec_type(DOT_LANES as u32).const_zero();
+        let mut products_sum = i32t.vec_type(4 * DOT_LANES as u32).const_zero();
+        for c in 0..d.form.chunks() {
+            for (levels, first) in self.chunk_steps(d, c)? {
+                let a_ptr = self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(2 * first)))?;
+                let four = self.builder.build_load(i16t.vec_type(4), a_ptr, "act_words").map_err(llvm_err)?;
+                four.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+                let four = four.into_vector_value();
+                let b = &self.builder;
+                let broadcast = b.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
+                let words = if signed_levels {
+                    let bias = inkwell::types::VectorType::const_vector(&vec![self.context.i8_type().const_int(0x80, false); 64]);
+                    let signed = b.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
+                    b.build_int_s_extend(signed, i16t.vec_type(64), "level_words").map_err(llvm_err)?
+                } else {
+                    b.build_int_z_extend(levels, i16t.vec_type(64), "level_words").map_err(llvm_err)?
+                };
+                match zmm {
+                    Some(zmm) => {
+                        let products = self.word_pair_products(words, broadcast, zmm)?;
+                        pairs = self.builder.build_int_add(pairs, products, "pairs").map_err(llvm_err)?;
+                    }
+                    None => {
+                        let wide = i32t.vec_type(64);
+                        let ww = if signed_levels { b.build_int_s_extend(words, wide, "w32") } else { b.build_int_z_extend(words, wide, "w32") }.map_err(llvm_err)?;
+                        let aw = b.build_int_s_extend(broadcast, wide, "a32").map_err(llvm_err)?;
+                        let products = b.build_int_mul(ww, aw, "products").map_err(llvm_err)?;
+                        if arm {
+                            products_sum = b.build_int_add(products_sum, products, "products_sum").map_err(llvm_err)?;
+                            continue;
+                        }
+                        let sums = self.sum_fours(products)?;
+                        fours = self.builder.build_int_add(fours, sums, "fours").map_err(llvm_err)?;
+                    }
+                }
+            }
+        }
+        if arm {
+            return self.sum_fours(products_sum);
+        }
+        if zmm.is_none() {
+            return Ok(fours);
+        }
+        let b = &self.builder;
+        let even = b.build_shuffle_vector(pairs, pairs, shuffle_mask(self.context, &|g| 2 * g, DOT_LANES as u32), "even").map_err(llvm_err)?;
+        let odd = b.build_shuffle_vector(pairs, pairs, shuffle_mask(self.context, &|g| 2 * g + 1, DOT_LANES as u32), "odd").map_err(llvm_err)?;
+        b.build_int_add(even, odd, "dots").map_err(llvm_err)
+    }
+
+    /// `vpmaddwd` of 64 i16 lanes `a` and `b` (one zmm per 32 or two ymm per 16
+    /// lanes): 32 i32 lanes, lane `j` the sum of the products of lanes `2j` and
+    /// `2j + 1`.
+    pub(super) fn word_pair_products(&self, a: inkwell::values::VectorValue<'ctx>, b: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let name = if zmm { "llvm.x86.avx512.pmaddw.d.512" } else { "llvm.x86.avx2.pmadd.wd" };
+        self.pairwise_in_parts(name, self.context.i16_type(), self.context.i32_type(), &[a, b], zmm)
+    }
+
+    /// Whether a [`RowDot`]'s Q8_0 bytes go in as signed levels `u - 128` on
+    /// this target: where the dot instructions multiply them as signed
+    /// (`vpmaddubsw` without VNNI, with its 128 bound; NEON's `sdot` / `smull`).
+    pub(super) fn takes_signed_levels(&self, d: &RowDot) -> bool {
+        d.form == RowsForm::Bytes && matches!(self.byte_dots(), ByteDots::Madd { .. } | ByteDots::Arm { .. })
+    }
+
+    /// Whether the signed levels' dot already holds Q8_0's -128 minimum: with
+    /// the activation sums `act_scales[1]` are (RowDot's contract),
+    /// `S * (d * sum u * a - 128 * d * sum a)` is `S * d * sum (u - 128) * a`,
+    /// the signed dot itself, so neither the 128 * sum a added back nor the
+    /// offset term is needed. Byte planes and words decide it here alike.
+    pub(super) fn folds_offset(&self, d: &RowDot) -> bool {
+        self.takes_signed_levels(d) && d.row_min == RowMin::Offset(-128.0)
+    }
+
+    /// The 16 rows' integer dots of a [`RowDot`] whose activations are bytes or
+    /// byte planes (see [`Self::dot_rows`]), and whether they already hold
+    /// Q8_0's -128 minimum (`folded_offset`: the signed levels' dot).
+    pub(super) fn byte_level_dots(&mut self, d: &RowDot) -> Result<(inkwell::values::VectorValue<'ctx>, bool), CodegenError> {
+        let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
+        let lanes = DOT_LANES as u32;
+        // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a
+        // (the second term cancels against the -128 minimum: `folded_offset`);
+        // nibbles with their pair products summed in i16 over the whole block
+        // (8 steps of at most 2 * 15 * 128: below 2^15), widened once after it.
+        let madd = match self.byte_dots() {
+            ByteDots::Madd { zmm } => Some(zmm),
+            _ => None,
+        };
+        let arm = matches!(self.byte_dots(), ByteDots::Arm { .. });
+        let signed_levels = self.takes_signed_levels(d);
+        let folded_offset = self.folds_offset(d);
+        // One accumulator per activation byte plane (16-bit activations have a
+        // high and a low one), each fed the same unpacked levels.
+        let low = match &d.act_levels {
+            ActLevels::Planes { low } => Some(low),
+            _ => None,
+        };
+        let planes: Vec<&Expr> = std::iter::once(&d.act_start).chain(low).collect();
+        let mut accs = Vec::with_capacity(planes.len());
+        for &start in &planes {
+            accs.push(if signed_levels && !folded_offset { self.splat_act_sum(d.act, start, 128)? } else { i32t.vec_type(lanes).const_zero() });
+        }
+        let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
+        let mut nibble_pairs: Vec<Option<inkwell::values::VectorValue<'ctx>>> = vec![None; planes.len()];
+        for c in 0..d.form.chunks() {
+            for (levels, first) in self.chunk_steps(d, c)? {
+                // Q8_0's signed levels, once for both planes.
+                let signed = if signed_levels { Some(self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?) } else { None };
+                for (p, &start) in planes.iter().enumerate() {
+                    let a_ptr = self.element_ptr(d.act, &dsl::add(start.clone(), dsl::i(first)))?;
+                    let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
+                    let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
+                    if let (RowsForm::Nibbles, Some(zmm)) = (d.form, madd) {
+                        let products = self.pair_products(levels, broadcast, zmm)?;
+                        nibble_pairs[p] = Some(match nibble_pairs[p] {
+                            None => products,
+                            Some(w) => self.builder.build_int_add(w, products, "pairs").map_err(llvm_err)?,
+                        });
+                        continue;
+                    }
+                    accs[p] = match signed {
+                        Some(signed) if arm => self.dot_fours(accs[p], signed, broadcast, WeightBytes::Signed)?,
+                        Some(signed) => {
+                            let (abs, moved) = self.sign_moved(signed, broadcast)?;
+                            self.dot_fours(accs[p], abs, moved, WeightBytes::Unsigned)?
+                        }
+                        None if d.form == RowsForm::Nibbles => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Small)?,
+                        None => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Unsigned)?,
+                    };
+                }
+            }
+        }
+        if let Some(zmm) = madd {
+            for (acc, words) in accs.iter_mut().zip(nibble_pairs) {
+                if let Some(words) = words {
+                    *acc = self.pair_sums(words, zmm)?;
+                }
+            }
+        }
+        // 16-bit activations: 255 times the high plane's dots plus the low one's
+        // (at most 32 * 255 * 32512 in magnitude: exact in i32).
+        let acc = match accs[..] {
+            [acc] => acc,
+            [high, low] => {
+                let weight = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(HIGH_PLANE_WEIGHT as u64, false); lanes as usize]);
+                let scaled = self.builder.build_int_mul(high, weight, "high").map_err(llvm_err)?;
+                self.builder.build_int_add(scaled, low, "dots16").map_err(llvm_err)?
+            }
+            _ => unreachable!("one or two activation planes"),
+        };
+        Ok((acc, folded_offset))
+    }
+
+    /// `times` the sum of the [`RowsForm::VALUES`] activation bytes from `start`, in all
+    /// 16 i32 lanes.
+    pub(super) fn splat_act_sum(&mut self, act: u32, start: &Expr, times: u64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
+        let ptr = self.element_ptr(act, start)?;
+        let bytes = self.byte_load(i8t.vec_type(RowsForm::VALUES as u32), ptr)?;
+        let wide = self.builder.build_int_s_extend(bytes, i32t.vec_type(RowsForm::VALUES as u32), "act32").map_err(llvm_err)?;
+        let sum = self.intrinsic_typed("llvm.vector.reduce.add", &[wide.into()], &[wide.get_type().into()])?.into_int_value();
+        let b = &self.builder;
+        let sum = b.build_int_mul(sum, i32t.const_int(times, false), "act_sum").map_err(llvm_err)?;
+        let one = b.build_insert_element(i32t.vec_type(DOT_LANES as u32).get_undef(), sum, i32t.const_zero(), "act_sum").map_err(llvm_err)?;
+        b.build_shuffle_vector(one, one, i32t.vec_type(DOT_LANES as u32).const_zero(), "act_sums").map_err(llvm_err)
+    }
+
+    /// A [`RowScale`]'s `lanes` values as f32: the float values, times the byte
+    /// factors (unsigned) if any.
+    pub(super) fn row_values(&mut self, r: &RowScale, lanes: u32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let values = self.float_vector(r.values.0, &r.values.1, lanes)?;
+        let Some((param, start)) = &r.factors else { return Ok(values) };
+        let ptr = self.element_ptr(*param, start)?;
+        let bytes = self.byte_load(self.context.i8_type().vec_type(lanes), ptr)?;
+        let b = &self.builder;
+        let factors = b.build_unsigned_int_to_float(bytes, self.context.f32_type().vec_type(lanes), "factors").map_err(llvm_err)?;
+        Ok(self.fast(b.build_float_mul(values, factors, "row_values").map_err(llvm_err)?.into()).into_vector_value())
+    }
+
+    /// `lanes` consecutive elements of float parameter `param` from `start`, as f32.
+    pub(super) fn float_vector(&mut self, param: u32, start: &Expr, lanes: u32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let elem = self.kernel.buffer(param).expect("validated").elem;
+        let ptr = self.element_ptr(param, start)?;
+        let (i32t, f32v) = (self.context.i32_type(), self.context.f32_type().vec_type(lanes));
+        let b = &self.builder;
+        let raw = match elem {
+            ElemType::F32 => f32v,
+            ElemType::F16 => self.context.f16_type().vec_type(lanes),
+            ElemType::BF16 => self.context.i16_type().vec_type(lanes),
+            other => unreachable!("{other:?} is not a float element (validated)"),
+        };
+        let v = b.build_load(raw, ptr, "row_values").map_err(llvm_err)?;
+        v.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+        let v = v.into_vector_value();
+        Ok(match elem {
+            ElemType::F16 => b.build_float_ext(v, f32v, "fpext").map_err(llvm_err)?,
+            // bfloat16 is the top half of an f32: zero-extend, shift, reinterpret.
+            ElemType::BF16 => {
+                let wide = b.build_int_z_extend(v, i32t.vec_type(lanes), "zext").map_err(llvm_err)?;
+                let shift = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(16, false); lanes as usize]);
+                let shifted = b.build_left_shift(wide, shift, "shl").map_err(llvm_err)?;
+                b.build_bit_cast(shifted, f32v, "bf16").map_err(llvm_err)?.into_vector_value()
+            }
+            _ => v,
+        })
+    }
+
+    /// A vector of bytes loaded from `ptr` (no alignment assumed).
+    pub(super) fn byte_load(&self, ty: inkwell::types::VectorType<'ctx>, ptr: PointerValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let v = self.builder.build_load(ty, ptr, "bytes").map_err(llvm_err)?;
+        v.as_instruction_value().expect("a load").set_alignment(1).map_err(llvm_err)?;
+        Ok(v.into_vector_value())
+    }
+
+    /// VNNI `vpdpbusd`: 16 i32 lanes, lane `g` of `acc` plus the sum of the products
+    /// of unsigned bytes `4g..4g + 4` of `u` with the signed bytes of `s`, on one
+    /// zmm register or two ymm halves.
+    pub(super) fn vpdpbusd(&self, acc: inkwell::values::VectorValue<'ctx>, u: inkwell::values::VectorValue<'ctx>, s: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (width, name) = if zmm { (DOT_LANES as u32, "llvm.x86.avx512.vpdpbusd.512") } else { (DOT_LANES as u32 / 2, "llvm.x86.avx512.vpdpbusd.256") };
+        let (part, whole) = (self.context.i32_type().vec_type(width), acc.get_type());
+        let f = self.declared(name, part.fn_type(&[part.into(), part.into(), part.into()], false), None);
+        let b = &self.builder;
+        let (u, s) = (b.build_bit_cast(u, whole, "u").map_err(llvm_err)?, b.build_bit_cast(s, whole, "s").map_err(llvm_err)?);
+        let parts = self.lane_parts(&[acc, u.into_vector_value(), s.into_vector_value()], width)?.into_iter().map(|h| self.call_vector(f, &h)).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
+    }
+
+    /// aarch64 `sdot` (FEAT_DotProd): 16 i32 lanes, lane `g` of `acc` plus the sum
+    /// of the products of signed bytes `4g..4g + 4` of `w` and `a`, in four
+    /// 128-bit parts (the same lane order as [`Self::vpdpbusd`]).
+    pub(super) fn sdot(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (quad, bytes) = (self.context.i32_type().vec_type(4), self.context.i8_type().vec_type(16));
+        let f = self.declared("llvm.aarch64.neon.sdot.v4i32.v16i8", quad.fn_type(&[quad.into(), bytes.into(), bytes.into()], false), None);
+        let accs = self.lane_parts(&[acc], 4)?;
+        let operands = self.lane_parts(&[w, a], 16)?;
+        let parts = accs.into_iter().zip(operands).map(|(acc, wa)| self.call_vector(f, &[acc[0], wa[0], wa[1]])).collect::<Result<Vec<_>, _>>()?;
+        self.joined(parts)
+    }
+
+    /// NEON without dotprod: the same sums as [`Self::sdot`] (signed bytes; every
+    /// product fits i16, at most 128 * 128 in magnitude), per 16 bytes `smull` /
+    /// `smull2` into i16 products, `saddlp` into i32 pair sums and `addp` of the
+    /// two halves' pairs into the four sums.
+    pub(super) fn smull_fours(&self, acc: inkwell::values::VectorValue<'ctx>, w: inkwell::values::VectorValue<'ctx>, a: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i8t, i16t, i32t) = (self.context.i8_type(), self.context.i16_type(), self.context.i32_type());
+        let (eight, words, quad) = (i8t.vec_type(8), i16t.vec_type(8), i32t.vec_type(4));
+        let smull = self.declared("llvm.aarch64.neon.smull.v8i16", words.fn_type(&[eight.into(), eight.into()], false), None);
+        let saddlp = self.declared("llvm.aarch64.neon.saddlp.v4i32.v8i16", quad.fn_type(&[words.into()], false), None);
+        let addp = self.declared("llvm.aarch64.neon.addp.v4i32", quad.fn_type(&[quad.into(), quad.into()], false), None);
+        let halves = self.lane_parts(&[w, a], 8)?;
+        let pairs = halves.iter().map(|wa| self.call_vector(smull, wa).and_then(|p| self.call_vector(saddlp, &[p]))).collect::<Result<Vec<_>, _>>()?;
+        let fours = pairs.chunks(2).map(|p| self.call_vector(addp, p)).collect::<Result<Vec<_>, _>>()?;
+        let sums = self.joined(fours)?;
+        self.builder.build_int_add(acc, sums, "acc").map_err(llvm_err)
+    }
+
+    /// `<64 x i32>` products -> 16 lanes, lane `g` the sum of products `4g..4g + 4`.
+    pub(super) fn sum_fours(&self, products: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let b = &self.builder;
+        let mut sum: Option<inkwell::values::VectorValue<'ctx>> = None;
+        for t in 0..4 {
+            let part = b.build_shuffle_vector(products, products, shuffle_mask(self.context, &|g| 4 * g + t, DOT_LANES as u32), "part").map_err(llvm_err)?;
+            sum = Some(match sum {
+                None => part,
+                Some(s) => b.build_int_add(s, part, "sum").map_err(llvm_err)?,
+            });
+        }
+        Ok(sum.expect("four parts"))
+    }
+}

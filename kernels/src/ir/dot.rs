@@ -1,0 +1,218 @@
+//! The dot statements' vocabulary: [`RowDot`] (a row of block-quantized weights
+//! against quantized activations, the core of the integer matmuls), how
+//! activation levels are stored ([`ActLevels`]), per-row scales and minimums,
+//! the weight layouts of a row ([`RowsForm`]) and of a 64-value block
+//! ([`DotForm`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// A [`Stmt::DotRows`]: for row `g` in `0..DOT_LANES`,
+/// `acc[g] += S[g] * act_scales[0] * dot_g + M[g] * act_scales[1]`, where
+/// `dot_g = sum over t in 0..32 of W[g][t] * A[act_start + t]` in exact integers
+/// (VNNI on x86: one `vpdpbusd` per 4 values of all 16 rows, the activation bytes
+/// broadcast), `W[g][t]` is `form`'s unsigned level of row `g`, value `t`, in the
+/// bytes of `weights` at `w_start`, `A` the signed bytes of `act`, `S[g]` the
+/// row's block scale ([`RowScale`]) and `M[g]` its minimum ([`RowMin`]). With int8
+/// activations, `act_scales` are the activation block's `d` and `d * sum(q)`.
+/// `A[act_start + t]` stands for level `t` of the block as `act_levels` stores
+/// it: a signed byte, or a 16-bit integer in two byte planes or in a
+/// little-endian word ([`ActLevels`]); the dot stays exact in i32 (int16
+/// activations: `act_scales` are the block's `d` and `d * sum(q)` of the whole
+/// 16-bit levels).
+/// Contract: `act_scales[1]` is `act_scales[0]` times the sum of the block's
+/// activation levels, as `quantize_q8` / `quantize_q16` write them. A lowering may rely on
+/// it: with `RowMin::Offset(o)` the term is then `S[g] * act_scales[0] * sum
+/// over t of (W[g][t] + o) * A[t]`, and the x86 AVX2 one computes Q8_0's
+/// (`o = -128`) that way, on the signed levels, without the activation sum; so
+/// does the interpreter for any integer offset (exact: no cancellation of
+/// `o * S * act_scales[1]` against a dot of unsigned levels).
+/// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
+/// lowering also prefetches the levels that many bytes past each 64-byte chunk it
+/// reads (a hint with no effect on the result; it may point past the weights).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowDot {
+    pub acc: u32,
+    pub weights: u32,
+    pub w_start: Expr,
+    pub form: RowsForm,
+    pub act: u32,
+    pub act_start: Expr,
+    /// How the activation levels are stored.
+    pub act_levels: ActLevels,
+    pub act_scales: [Expr; 2],
+    pub row_scales: RowScale,
+    pub row_min: RowMin,
+    pub prefetch_ahead: Option<i64>,
+}
+
+/// How a [`RowDot`] finds activation level `A[t]` (`t` in `0..32`) in the bytes
+/// of `act`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ActLevels {
+    /// One signed byte each (int8): byte `act_start + t`.
+    Bytes,
+    /// 16-bit levels in two signed byte planes: byte `act_start + t` counts
+    /// [`HIGH_PLANE_WEIGHT`]s and byte `low + t` adds to that. Both planes meet
+    /// the weights' byte levels in byte dot instructions.
+    Planes { low: Expr },
+    /// 16-bit levels as little-endian words: bytes `act_start + 2t` (the low
+    /// byte, unsigned) and `act_start + 2t + 1` (the high byte, signed). The
+    /// weights' levels are widened to 16 bits and meet them in word dot
+    /// instructions (x86 `vpmaddwd`).
+    Words,
+}
+
+/// Per-row values of a [`RowDot`]: for row `g`, element `values.1 + g` of the
+/// float parameter `values.0`, times element `factors.1 + g` of the byte
+/// parameter `factors.0` (read unsigned) when there are factors (Q4_K: a
+/// super-block's f16 scale times the block's 6-bit scale).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowScale {
+    pub values: (u32, Expr),
+    pub factors: Option<(u32, Expr)>,
+}
+
+/// The per-row minimum `M[g]` of a [`RowDot`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum RowMin {
+    /// `M[g] = offset * S[g]` (Q4_0: -8, Q8_0 stored as `q + 128`: -128).
+    Offset(f32),
+    /// `M[g]` is the stored value (Q4_1's minimums).
+    Stored(RowScale),
+    /// `M[g]` is minus the stored value (Q4_K: `value = scale * q - min`).
+    Subtracted(RowScale),
+}
+
+impl RowDot {
+    /// The per-row values it reads: its scales, and its minimums if stored.
+    pub fn per_row(&self) -> Vec<&RowScale> {
+        match &self.row_min {
+            RowMin::Offset(_) => vec![&self.row_scales],
+            RowMin::Stored(m) | RowMin::Subtracted(m) => vec![&self.row_scales, m],
+        }
+    }
+}
+
+/// How a [`Stmt::DotRows`] finds the unsigned level `W[g][t]` (row `g` in
+/// `0..16`, value `t` in `0..32`) in the `16 * bytes per block` bytes `w` of one
+/// block of 16 interleaved rows: in chunks of 64 bytes, each chunk holding four
+/// values of every row (row `g` in bytes `4g..4g + 4`), so one 512-bit load
+/// feeds one dot step of all 16 rows.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RowsForm {
+    /// Q4_0 / Q4_1 / Q4_K levels: `W[g][t]` is the low nibble of byte
+    /// `64 (t / 8) + 4 g + t % 4` for `t % 8 < 4`, else its high nibble (4 chunks).
+    Nibbles,
+    /// Byte levels: `W[g][t]` is byte `64 (t / 4) + 4 g + t % 4` read as unsigned
+    /// (8 chunks; Q8_0 stores `q + 128`).
+    Bytes,
+}
+
+impl RowsForm {
+    /// Values of one row per block.
+    pub const VALUES: i64 = 32;
+
+    /// Byte index (within the block of 16 rows) holding `W[g][t]`, and whether it
+    /// is the high nibble.
+    pub fn byte_of(self, g: i64, t: i64) -> (i64, bool) {
+        let per_chunk = self.values_per_chunk();
+        (64 * (t / per_chunk) + 4 * g + t % 4, t % per_chunk >= 4)
+    }
+
+    /// Values of each row one 64-byte chunk holds (the high nibbles hold values
+    /// 4..8 of a chunk of nibbles).
+    pub fn values_per_chunk(self) -> i64 {
+        match self {
+            RowsForm::Nibbles => 8,
+            RowsForm::Bytes => 4,
+        }
+    }
+
+    /// `W[g][t]` from the bytes `w` of the block.
+    pub fn level(self, w: &dyn Fn(i64) -> i64, g: i64, t: i64) -> i64 {
+        let (at, high) = self.byte_of(g, t);
+        let byte = w(at) as u8;
+        match (self, high) {
+            (RowsForm::Nibbles, false) => (byte & 15) as i64,
+            (RowsForm::Nibbles, true) => (byte >> 4) as i64,
+            (RowsForm::Bytes, _) => byte as i64,
+        }
+    }
+
+    /// Bytes of one block of 16 rows.
+    pub fn bytes(self) -> i64 {
+        match self {
+            RowsForm::Nibbles => 256,
+            RowsForm::Bytes => 512,
+        }
+    }
+
+    /// 64-byte chunks of one block of 16 rows (dot steps per chunk: 2 for
+    /// nibbles, low then high, 1 for bytes).
+    pub fn chunks(self) -> i64 {
+        self.bytes() / 64
+    }
+}
+
+/// What a high activation byte counts in a [`RowDot`] with two planes: 255, not
+/// 256, so that both bytes of a level in `-32512..=32512` stay in `-127..=127`
+/// (the byte dot instructions never see -128; see `quantize_activations.rs`).
+pub const HIGH_PLANE_WEIGHT: i64 = 255;
+
+/// Lanes of a [`Stmt::DotBlock`] accumulator (one 512-bit register of i32 / f32).
+pub const DOT_LANES: i64 = 16;
+/// Values of a [`Stmt::DotBlock`]: two blocks of 32.
+pub const DOT_VALUES: i64 = 64;
+
+/// How a [`Stmt::DotBlock`] unpacks its 64 weight levels `W[i]` from the bytes `w`
+/// at its start (block A's values, then block B's, as each form orders them).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DotForm {
+    /// `W[i] = w[i]` as a signed byte (Q8_0: A is bytes 0..32, B 32..64).
+    Int8,
+    /// Two 4-bit blocks of 16 bytes (Q4_0, Q4_1, and Q4_K as maxc stores it):
+    /// `W[i]` for `i = 16 q + j` is the low nibble of byte `16 (q % 2) + j` for
+    /// `q < 2`, else its high nibble. So `W` holds A's values 0..16, B's 0..16,
+    /// A's 16..32, B's 16..32 (activations are quantized in that order).
+    NibblePairs,
+}
+
+impl DotForm {
+    /// Which of the two blocks (0: A, 1: B) lane `g` of a [`Stmt::DotBlock`] sums.
+    pub fn block_of_lane(self, g: i64) -> usize {
+        match self {
+            DotForm::Int8 => (g / 8) as usize,
+            DotForm::NibblePairs => ((g / 4) % 2) as usize,
+        }
+    }
+
+    /// Position in `W` (and so in the activations) of value `t` of block `b`.
+    pub fn position(self, b: i64, t: i64) -> i64 {
+        match self {
+            DotForm::Int8 => 32 * b + t,
+            DotForm::NibblePairs => 32 * (t / 16) + 16 * b + t % 16,
+        }
+    }
+
+    /// `W[i]` from the bytes `w` (starting at the form's first byte).
+    pub fn level(self, w: &dyn Fn(i64) -> i64, i: i64) -> i64 {
+        match self {
+            DotForm::Int8 => w(i) as u8 as i8 as i64,
+            DotForm::NibblePairs => {
+                let (q, j) = (i / 16, i % 16);
+                let byte = w(16 * (q % 2) + j) as u8;
+                (if q < 2 { byte & 15 } else { byte >> 4 }) as i64
+            }
+        }
+    }
+
+    /// Bytes of weights one dot reads.
+    pub fn bytes(self) -> i64 {
+        match self {
+            DotForm::Int8 => 64,
+            DotForm::NibblePairs => 32,
+        }
+    }
+}
