@@ -1,0 +1,188 @@
+//! The matmul decision: which weight layout a matmul's weights are stored in
+//! (`panel16`, `interleaved16`, row-major), whether its activations are
+//! quantized to integers first (`ActivationEncoding`), and which kernel of the
+//! library computes it, with its GPU form.
+
+use super::*;
+
+/// The kernel element type that reads a float weight stored as `q`.
+pub(super) fn elem_of(q: WeightEncoding) -> maxc_kernels::ElemType {
+    q.parts()[0].1
+}
+
+/// The activations of block-quantized matmuls (`compile.activation_encoding`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum ActivationEncoding {
+    /// Float activations times the decoded weight values (`matmul_blocks`).
+    #[default]
+    Float32,
+    /// Int8 levels per block of 32, llama.cpp's scheme: integer dot products
+    /// (`matmul_interleaved`, or `matmul_int8` for rows not in groups of 16).
+    Int8,
+    /// 16-bit levels per block of 32, float-like error (interleaved weights
+    /// only; other matmuls keep float activations): in two byte planes for
+    /// nibble weights (the int8 kernels' dot instructions twice), as words for
+    /// Q8_0 (one word dot per 16 weights).
+    Int16,
+}
+
+impl ActivationEncoding {
+    /// The name `--activation-encoding` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationEncoding::Float32 => "float32",
+            ActivationEncoding::Int8 => "int8",
+            ActivationEncoding::Int16 => "int16",
+        }
+    }
+
+    /// The integer levels, if the activations are quantized (16-bit ones as
+    /// planes; `integer_matmul` takes words where the weights are bytes).
+    pub fn levels(self) -> Option<ActivationLevels> {
+        match self {
+            ActivationEncoding::Float32 => None,
+            ActivationEncoding::Int8 => Some(ActivationLevels::Int8),
+            ActivationEncoding::Int16 => Some(ActivationLevels::Int16Planes),
+        }
+    }
+}
+
+impl Scheduler<'_, '_, '_> {
+    pub(super) fn weight_parts(&mut self, v: ValueId) -> Result<Vec<Arg>> {
+        self.weight_parts_in(v, Layout::RowMajor)
+    }
+
+    pub(super) fn weight_parts_in(&mut self, v: ValueId, layout: Layout) -> Result<Vec<Arg>> {
+        let key = (v.index(), layout);
+        if let Some(a) = self.weight_loc.get(&key) {
+            return Ok(a.clone());
+        }
+        let a: Vec<Arg> = constant_slots(self.graph, self.interp, v, self.weights, layout)?.into_iter().map(Arg::Weight).collect();
+        if layout == Layout::RowMajor {
+            self.loc[v.index()] = Some(a[0]);
+        }
+        self.weight_loc.insert(key, a.clone());
+        Ok(a)
+    }
+
+    /// `x` then every part of weight `w` (in `layout`) then the rest: a matmul's or embedding's arguments.
+    pub(super) fn weight_args(&mut self, before: &[ValueId], w: ValueId, after: &[ValueId], layout: Layout) -> Result<Vec<Arg>> {
+        let mut args = self.inputs(before)?;
+        args.extend(self.weight_parts_in(w, layout)?);
+        args.extend(self.inputs(after)?);
+        Ok(args)
+    }
+
+    /// The weight-layout decision, one per weight for every kernel that reads it:
+    /// with int8 activations, a Q8_0 / Q4_0 / Q4_1 / Q4_K weight whose rows come in whole
+    /// groups of 16 is interleaved for `matmul_interleaved` (a tied embedding table
+    /// too: the gather reads that layout, unless the table is sharded by rows); a
+    /// float or fp8 matmul weight whose rows come in whole panels, and that nothing
+    /// reads row by row, is packed for `matmul_panel`; never in GPU-only artifacts.
+    pub(super) fn weight_layout(&self, w: ValueId) -> Layout {
+        let ty = self.graph.ty(w);
+        let shape: Vec<u64> = ty.shape.iter().map(|d| d.fixed().unwrap_or(0)).collect();
+        let encoding = ty.quant;
+        let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
+        let sharded_gather = gathered && matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. });
+        if self.weights.row_major_only || shape.contains(&0) {
+            Layout::RowMajor
+        } else if self.weights.activations.levels().is_some() && Layout::Interleaved16.admits(encoding, &shape) && !sharded_gather {
+            Layout::Interleaved16
+        } else if Layout::Panel16.admits(encoding, &shape) && !gathered {
+            Layout::Panel16
+        } else {
+            Layout::RowMajor
+        }
+    }
+
+    /// Value `v` (`k` wide) quantized per block: to int8 in `form`'s order
+    /// (`quantize_q8`), or to 16-bit levels stored as `levels` says
+    /// (`quantize_q16`: byte planes or words; `form` unused). One launch per
+    /// value and form, shared by every matmul reading it.
+    pub(super) fn quantized_activations(&mut self, v: ValueId, k: u64, (levels, form): (ActivationLevels, DotForm), seq: SeqMode) -> Result<(Arg, Arg)> {
+        let key = (v.index(), levels, (levels == ActivationLevels::Int8).then_some(form));
+        if let Some(&q) = self.quantized.get(&key) {
+            return Ok(q);
+        }
+        let x = self.input(v)?;
+        // Levels (one or two bytes per value); f32 scales (every block's d, then every d * sum).
+        let scale_elems = 2 * (k / 32);
+        let kernel = match levels {
+            ActivationLevels::Int8 => quantize_q8(k, form, seq),
+            sixteen => quantize_q16(k, sixteen, seq),
+        };
+        let outputs = self.launch_outputs(kernel, vec![x], &[k * levels.bytes(), scale_elems * 4], TaskCount { per_seq: scale_elems, fixed: 0 });
+        let q = (outputs[0], outputs[1]);
+        self.quantized.insert(key, q);
+        Ok(q)
+    }
+
+    /// The integer-activation form of a matmul of `x` with block weight `w`
+    /// (plus `addend`), when enabled and the encoding has integer levels: the
+    /// interleaved kernel where the weight has that layout, else (int8 only)
+    /// block dots.
+    pub(super) fn integer_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Option<Arg>> {
+        let ty = self.graph.ty(w);
+        let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
+        let Some(levels) = self.weights.activations.levels().filter(|_| ty.quant.is_block()) else { return Ok(None) };
+        let (encoding, bc) = (ty.quant, addend.map(|(_, bc)| bc));
+        // 16-bit levels: in byte planes (byte dots take nibbles as they are), and
+        // as words for Q8_0's bytes at decode (widened once, one word dot per
+        // 16: int8's instruction count). Prefill keeps Q8_0 on planes: a words
+        // tile holds four accumulators per row and takes half the rows, each
+        // widened weight vector costing a shuffle-port `vpmovzxbw` for two rows'
+        // dots; planes reuse the raw bytes across the full tile. Intel Xeon VM
+        // (AVX-512 VNNI), 2 threads, pp512 planes against words: 1.17B Q8_0
+        // 139.8 / 107.8 tok/s, Q4_K_M (its Q6_K tensors as q8_0) 161 / 148,
+        // SmolLM2 q8_0 1062 / 765.
+        let levels = match levels {
+            ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 && seq.is_decode() => ActivationLevels::Int16Words,
+            other => other,
+        };
+        let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
+            (Layout::Interleaved16, _, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
+            (_, ActivationLevels::Int8, Some(form)) => (form, Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
+            _ => return Ok(None),
+        };
+        let (q, scales) = self.quantized_activations(x, k, (levels, form), seq)?;
+        let mut args = vec![q, scales];
+        args.extend(self.weight_parts_in(w, layout)?);
+        if let Some((r, _)) = addend {
+            args.push(self.input(r)?);
+        }
+        Ok(Some(self.launch(kernel, args, n)))
+    }
+
+    /// `x @ w^T` (plus `addend`, broadcast as given) for a weight `w`: the int8
+    /// form when enabled, else the kernel for the weight's encoding and layout,
+    /// with its GPU form recorded where the CPU one suits vector registers.
+    pub(super) fn weight_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Arg> {
+        if let Some(out) = self.integer_matmul(x, w, addend, seq)? {
+            return Ok(out);
+        }
+        let ty = self.graph.ty(w);
+        let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
+        let (quant, bc) = (ty.quant, addend.map(|(_, bc)| bc));
+        let layout = self.weight_layout(w);
+        let after: Vec<ValueId> = addend.map(|(r, _)| r).into_iter().collect();
+        let args = self.weight_args(&[x], w, &after, layout)?;
+        let (kernel, gpu_form) = match layout {
+            Layout::Panel16 => {
+                let weights = PanelWeights::of(quant).expect("panel16 weights have a panel form (weight_layout)");
+                (matmul_panel(k, n, weights, bc, seq, self.weights.register_tile), Some(matmul_panel_rowwise(k, n, weights, bc, seq)))
+            }
+            _ if quant.is_block() && self.weights.row_major_only => (matmul_blocks_rowwise(k, n, quant, bc, seq), None),
+            _ if quant.is_block() => (matmul_blocks(k, n, quant, bc, seq), Some(matmul_blocks_rowwise(k, n, quant, bc, seq))),
+            Layout::RowMajor => match bc {
+                None => (matmul(k, n, elem_of(quant), seq), None),
+                Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),
+            },
+            Layout::Interleaved16 => unreachable!("interleaved weights are read by the integer matmul (integer_matmul)"),
+        };
+        if let Some(gpu) = gpu_form {
+            self.kernels.set_gpu_form(&kernel, gpu);
+        }
+        Ok(self.launch(kernel, args, n))
+    }
+}
