@@ -61,48 +61,17 @@ pub struct Fixture {
 
 /// The fixtures under `fixtures` (the layout of ../shared/fixtures), SmolLM2 from
 /// its GGUF and all-MiniLM-L6-v2 from its folder where those are given.
-pub fn fixtures(
-    fixtures: &Path,
-    smollm2_gguf: Option<&Path>,
-    minilm: Option<&Path>,
-) -> Vec<Fixture> {
+pub fn fixtures(fixtures: &Path, smollm2_gguf: Option<&Path>, minilm: Option<&Path>) -> Vec<Fixture> {
     let mut out = Vec::new();
-    for name in [
-        "tiny-llama",
-        "tiny-qwen2",
-        "arch-qwen3",
-        "arch-gemma2",
-        "arch-phi3",
-        "arch-granite",
-        "arch-olmo2",
-        "arch-gpt2",
-    ] {
+    for name in ["tiny-llama", "tiny-qwen2", "arch-qwen3", "arch-gemma2", "arch-phi3", "arch-granite", "arch-olmo2", "arch-gpt2"] {
         let dir = fixtures.join(name);
-        out.push(Fixture {
-            name: name.into(),
-            model: dir.clone(),
-            golden: dir,
-            kind: Kind::Generator,
-            ignore_eos: name.starts_with("arch-"),
-        });
+        out.push(Fixture { name: name.into(), model: dir.clone(), golden: dir, kind: Kind::Generator, ignore_eos: name.starts_with("arch-") });
     }
     if let Some(gguf) = smollm2_gguf {
-        out.push(Fixture {
-            name: "smollm2-135m".into(),
-            model: gguf.into(),
-            golden: fixtures.join("smollm2-135m"),
-            kind: Kind::Generator,
-            ignore_eos: false,
-        });
+        out.push(Fixture { name: "smollm2-135m".into(), model: gguf.into(), golden: fixtures.join("smollm2-135m"), kind: Kind::Generator, ignore_eos: false });
     }
     if let Some(dir) = minilm {
-        out.push(Fixture {
-            name: "all-minilm-l6-v2".into(),
-            model: dir.into(),
-            golden: fixtures.join("all-minilm-l6-v2"),
-            kind: Kind::Encoder,
-            ignore_eos: false,
-        });
+        out.push(Fixture { name: "all-minilm-l6-v2".into(), model: dir.into(), golden: fixtures.join("all-minilm-l6-v2"), kind: Kind::Encoder, ignore_eos: false });
     }
     out
 }
@@ -115,11 +84,7 @@ pub enum Budget {
     Exact,
     /// Top-1 agreement and mean KL against the golden logits; `near_ties_agree`
     /// counts flips at near ties as agreement (random tiny models).
-    Statistical {
-        min_top1: f64,
-        max_kl: f64,
-        near_ties_agree: bool,
-    },
+    Statistical { min_top1: f64, max_kl: f64, near_ties_agree: bool },
     /// No golden budget (4-bit error on a random model says nothing): the run is
     /// judged only against the CPU code's logits of the same weights.
     CpuOnly,
@@ -131,21 +96,9 @@ pub fn budget(fixture: &str, encoding: &str) -> Budget {
     let budgeted = tiny || fixture == "smollm2-135m";
     match encoding {
         "float32" => Budget::Exact,
-        "bfloat16" if budgeted => Budget::Statistical {
-            min_top1: 0.99,
-            max_kl: 1e-3,
-            near_ties_agree: tiny,
-        },
-        "q8_0" if budgeted => Budget::Statistical {
-            min_top1: 0.98,
-            max_kl: 5e-3,
-            near_ties_agree: tiny,
-        },
-        "q4_1" | "q4_k" if fixture == "smollm2-135m" => Budget::Statistical {
-            min_top1: 0.90,
-            max_kl: 5e-2,
-            near_ties_agree: false,
-        },
+        "bfloat16" if budgeted => Budget::Statistical { min_top1: 0.99, max_kl: 1e-3, near_ties_agree: tiny },
+        "q8_0" if budgeted => Budget::Statistical { min_top1: 0.98, max_kl: 5e-3, near_ties_agree: tiny },
+        "q4_1" | "q4_k" if fixture == "smollm2-135m" => Budget::Statistical { min_top1: 0.90, max_kl: 5e-2, near_ties_agree: false },
         _ => Budget::CpuOnly,
     }
 }
@@ -157,22 +110,8 @@ mod tests {
     #[test]
     fn budgets_follow_the_quantization_tests() {
         assert_eq!(budget("arch-gemma2", "float32"), Budget::Exact);
-        assert_eq!(
-            budget("tiny-llama", "q8_0"),
-            Budget::Statistical {
-                min_top1: 0.98,
-                max_kl: 5e-3,
-                near_ties_agree: true
-            }
-        );
-        assert_eq!(
-            budget("smollm2-135m", "q4_k"),
-            Budget::Statistical {
-                min_top1: 0.90,
-                max_kl: 5e-2,
-                near_ties_agree: false
-            }
-        );
+        assert_eq!(budget("tiny-llama", "q8_0"), Budget::Statistical { min_top1: 0.98, max_kl: 5e-3, near_ties_agree: true });
+        assert_eq!(budget("smollm2-135m", "q4_k"), Budget::Statistical { min_top1: 0.90, max_kl: 5e-2, near_ties_agree: false });
         assert_eq!(budget("tiny-llama", "q4_1"), Budget::CpuOnly);
         assert_eq!(budget("arch-phi3", "bfloat16"), Budget::CpuOnly);
         assert_eq!(Form::Fat.target("sm_90"), "cpu,cuda:sm_90");

@@ -4,10 +4,7 @@
 
 /// The fixtures README tolerance for one case: `1e-3 * max(1, max |reference|)`.
 pub fn tolerance(reference: &[f32]) -> f32 {
-    1e-3 * reference
-        .iter()
-        .fold(0.0f32, |m, v| m.max(v.abs()))
-        .max(1.0)
+    1e-3 * reference.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1.0)
 }
 
 /// The largest `|ours - reference|` (infinite where either holds a NaN or the
@@ -28,24 +25,13 @@ pub fn max_error(ours: &[f32], reference: &[f32]) -> f32 {
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let lse = row
-        .iter()
-        .map(|&x| (x as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
+    let lse = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
     row.iter().map(|&x| x as f64 - lse).collect()
 }
 
 /// The first index of the largest value.
 pub fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |m, (i, &v)| if v > m.1 { (i, v) } else { m },
-        )
-        .0
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &v)| if v > m.1 { (i, v) } else { m }).0
 }
 
 /// Per-position agreement of two `[positions, vocab]` logit arrays.
@@ -77,11 +63,7 @@ impl Agreement {
 
     /// Top-1 agreement; with `near_ties_agree`, flips at near ties count as agreement.
     pub fn top1_rate(&self, near_ties_agree: bool) -> f64 {
-        let agree = if near_ties_agree {
-            self.positions - self.clear_flips
-        } else {
-            self.top1
-        };
+        let agree = if near_ties_agree { self.positions - self.clear_flips } else { self.top1 };
         agree as f64 / self.positions.max(1) as f64
     }
 }
@@ -102,13 +84,7 @@ pub fn agreement(ours: &[f32], reference: &[f32], vocab: usize) -> Agreement {
         } else {
             let mut sorted = r.to_vec();
             sorted.sort_by(|x, y| y.total_cmp(x));
-            let rms = (o
-                .iter()
-                .zip(r)
-                .map(|(x, y)| ((x - y) as f64).powi(2))
-                .sum::<f64>()
-                / vocab as f64)
-                .sqrt();
+            let rms = (o.iter().zip(r).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / vocab as f64).sqrt();
             a.clear_flips += !(((sorted[0] - sorted[1]) as f64) < 4.0 * rms) as usize;
         }
         let (lo, lr) = (log_softmax(o), log_softmax(r));

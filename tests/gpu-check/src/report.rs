@@ -56,11 +56,7 @@ impl Row {
     }
 
     pub fn set_verdict(&mut self, failures: Vec<String>) {
-        self.verdict = if failures.is_empty() {
-            Verdict::Pass
-        } else {
-            Verdict::Fail(failures)
-        };
+        self.verdict = if failures.is_empty() { Verdict::Pass } else { Verdict::Fail(failures) };
     }
 
     pub fn set_skipped(&mut self, why: String) {
@@ -80,11 +76,7 @@ impl Row {
     }
 
     fn greedy_text(&self) -> String {
-        self.greedy
-            .iter()
-            .map(|(a, b)| format!("{a}/{b}"))
-            .collect::<Vec<_>>()
-            .join(" ")
+        self.greedy.iter().map(|(a, b)| format!("{a}/{b}")).collect::<Vec<_>>().join(" ")
     }
 
     /// One line for the log as the check goes.
@@ -156,14 +148,8 @@ pub fn markdown(rows: &[Row]) -> String {
             r.verdict_text()
         ));
     }
-    let (pass, fail) = (
-        rows.iter().filter(|r| r.verdict == Verdict::Pass).count(),
-        rows.iter().filter(|r| r.failed()).count(),
-    );
-    s.push_str(&format!(
-        "\n{pass} passed, {fail} failed, {} not run\n",
-        rows.len() - pass - fail
-    ));
+    let (pass, fail) = (rows.iter().filter(|r| r.verdict == Verdict::Pass).count(), rows.iter().filter(|r| r.failed()).count());
+    s.push_str(&format!("\n{pass} passed, {fail} failed, {} not run\n", rows.len() - pass - fail));
     s
 }
 
