@@ -454,15 +454,16 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
         for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), mul(ld(out, o(v(d))), v(sum)))]),
     ];
     let (first, end) = visible(&shape, ld(pos, v(s)));
+    let used_chunks = set(used, chunks_used(sub(end, first), n));
     let (body, tasks) = if gpu {
-        let mut body = vec![set(s, div(v(t), i(nh))), set(hq, rem(v(t), i(nh))), set(used, chunks_used(sub(end, first), n))];
+        let mut body = vec![set(s, div(v(t), i(nh))), set(hq, rem(v(t), i(nh))), used_chunks];
         body.extend(per_head);
         (body, TaskCount { per_seq: shape.heads, fixed: 0 })
     } else {
         // One task per token: a decode step's merge (a few KiB) runs on the calling
         // thread, where a launch of a task per head cost more in hand-outs and the
         // barrier than the merge itself.
-        (vec![set(s, v(t)), set(used, chunks_used(sub(end, first), n)), for_(hq, i(0), i(nh), per_head)], TaskCount { per_seq: 1, fixed: 0 })
+        (vec![set(s, v(t)), used_chunks, for_(hq, i(0), i(nh), per_head)], TaskCount { per_seq: 1, fixed: 0 })
     };
     b.finish(format!("attention_combine{splits}_{}_{}", shape.tag(), seq.tag()), "attention_combine", tasks, t, body)
 }
@@ -549,11 +550,7 @@ mod tests {
                 assert_eq!(gpu.tasks.eval(seq as u64), seq as u64 * shape.heads);
                 for warp in [false, true] {
                     let mut g = gpu_inputs.clone();
-                    if warp {
-                        crate::interp::run_warp(&gpu, &mut g, seq as u64);
-                    } else {
-                        run(&gpu, &mut g, seq as u64);
-                    }
+                    run_as(&gpu, &mut g, seq as u64, warp);
                     assert_eq!(g[2], bufs[2], "GPU form, lanes {warp}");
                 }
                 bufs.swap_remove(2)

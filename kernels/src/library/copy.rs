@@ -23,11 +23,7 @@ fn slice_columns_in(width: u64, start: u64, len: u64, seq: SeqMode, gpu: bool) -
     let out = b.param("out", ElemType::F32, true);
     let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
     let rc = RowChunks::new(&mut b, t, len, gpu);
-    let from = if rc.prelude.is_empty() {
-        add(mul(v(t), i(width as i64)), add(v(c), i(start as i64)))
-    } else {
-        add(add(add(mul(v(rc.row), i(width as i64)), rc.col.clone()), i(start as i64)), v(c))
-    };
+    let from = add(add(rc.row_start(width), i(start as i64)), v(c));
     let mut body = rc.prelude.clone();
     body.push(for_vec(c, i(0), i(rc.chunk as i64), vec![store(out, rc.at(len, c), ld(x, from))]));
     let name = format!("slice_w{width}_o{start}_l{len}_{}", seq.tag());
@@ -63,6 +59,7 @@ pub fn gather_rows(width: u64) -> Kernel {
 mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
+    use crate::library::test_util::run_as;
 
     #[test]
     fn slices_columns_of_every_row() {
@@ -83,11 +80,7 @@ mod tests {
         let want: Vec<f32> = (0..seq).flat_map(|r| (0..len).map(move |c| (r * width + start + c) as f32)).collect();
         for warp in [false, true] {
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(vec![f32::NAN; (len * seq) as usize])];
-            if warp {
-                crate::interp::run_warp(&k, &mut bufs, seq);
-            } else {
-                run(&k, &mut bufs, seq);
-            }
+            run_as(&k, &mut bufs, seq, warp);
             assert_eq!(bufs[1], Buffer::F32(want.clone()), "warp {warp}");
         }
     }

@@ -191,18 +191,15 @@ mod tests {
     use crate::interp::{run, Buffer};
     use crate::library::test_util::*;
 
-    /// Runs `k` serially and as the GPU deals its loops to lanes; both must give `want`.
-    fn both_ways(k: &Kernel, inputs: Vec<Buffer>, out_len: usize, seq: u64, want: &[f32]) {
+    /// Runs `k` serially and as the GPU deals its loops to lanes; both must give
+    /// `want` within `tol`.
+    fn both_ways(k: &Kernel, inputs: Vec<Buffer>, out_len: usize, seq: u64, want: &[f32], tol: f32) {
         for warp in [false, true] {
             let mut bufs = inputs.clone();
             bufs.push(Buffer::F32(vec![f32::NAN; out_len]));
-            if warp {
-                crate::interp::run_warp(k, &mut bufs, seq);
-            } else {
-                run(k, &mut bufs, seq);
-            }
+            run_as(k, &mut bufs, seq, warp);
             let Buffer::F32(got) = bufs.last().unwrap() else { unreachable!() };
-            close(got, want, 1e-6);
+            close(got, want, tol);
         }
     }
 
@@ -217,9 +214,9 @@ mod tests {
             let k = binary_gpu(Binary::Add, width, Broadcast::Row, SeqMode::Dynamic);
             assert_eq!(k.tasks.eval(seq), seq * per_row, "width {width}");
             let want: Vec<f32> = a.iter().enumerate().map(|(j, x)| x + bias[j % width as usize]).collect();
-            both_ways(&k, vec![Buffer::F32(a.clone()), Buffer::F32(bias.clone())], n, seq, &want);
+            both_ways(&k, vec![Buffer::F32(a.clone()), Buffer::F32(bias.clone())], n, seq, &want, 1e-6);
             let want: Vec<f32> = a.iter().map(|x| -x).collect();
-            both_ways(&unary_gpu(Unary::Neg, width, SeqMode::Dynamic), vec![Buffer::F32(a.clone())], n, seq, &want);
+            both_ways(&unary_gpu(Unary::Neg, width, SeqMode::Dynamic), vec![Buffer::F32(a.clone())], n, seq, &want, 1e-6);
             // swiglu over rows of 2 * width: gate then up.
             let x = rand(2 * n, 3);
             let want: Vec<f32> = (0..n)
@@ -231,16 +228,7 @@ mod tests {
                 .collect();
             let k = swiglu_gpu(width, SeqMode::Dynamic);
             assert_eq!(k.tasks.eval(seq), seq * per_row);
-            for warp in [false, true] {
-                let mut bufs = vec![Buffer::F32(x.clone()), Buffer::F32(vec![f32::NAN; n])];
-                if warp {
-                    crate::interp::run_warp(&k, &mut bufs, seq);
-                } else {
-                    run(&k, &mut bufs, seq);
-                }
-                let Buffer::F32(got) = &bufs[1] else { unreachable!() };
-                close(got, &want, 1e-4);
-            }
+            both_ways(&k, vec![Buffer::F32(x.clone())], n, seq, &want, 1e-4);
         }
     }
 

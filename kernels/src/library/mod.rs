@@ -32,26 +32,27 @@ const MAP_CHUNKS: [u64; 3] = [256, 128, 64];
 /// A row-wise map's tasks: `per_row` tasks of `chunk` elements per row, and
 /// where task `t` starts: `start = row * width + col`, with `row` and `col`
 /// set by `prelude`. CPU forms, and rows too narrow to split, keep one task per
-/// row: `row = t`, `col = 0`, no prelude. Every offset is a multiple of
+/// row: `row = t`, no column offset, no prelude. Every offset is a multiple of
 /// `chunk`, so a GPU lane still reads 16-byte vectors.
 pub(crate) struct RowChunks {
     pub per_row: u64,
     pub chunk: u64,
-    pub row: VarId,
-    pub col: Expr,
     pub prelude: Vec<Stmt>,
+    row: VarId,
+    /// The variable holding the chunk's first column (none: whole rows).
+    col: Option<VarId>,
 }
 
 impl RowChunks {
     /// Chunks of a row when `gpu` (the GPU form), else whole rows.
     pub(crate) fn new(b: &mut KernelBuilder, t: VarId, width: u64, gpu: bool) -> RowChunks {
         let Some(chunk) = MAP_CHUNKS.into_iter().find(|&c| gpu && width > c && width % c == 0) else {
-            return RowChunks { per_row: 1, chunk: width, row: t, col: i(0), prelude: vec![] };
+            return RowChunks { per_row: 1, chunk: width, prelude: vec![], row: t, col: None };
         };
         let per_row = width / chunk;
         let (row, col) = (b.var(ValType::I64), b.var(ValType::I64));
         let prelude = vec![set(row, div(v(t), i(per_row as i64))), set(col, mul(rem(v(t), i(per_row as i64)), i(chunk as i64)))];
-        RowChunks { per_row, chunk, row, col: v(col), prelude }
+        RowChunks { per_row, chunk, prelude, row, col: Some(col) }
     }
 
     /// Index of element `c` of the task's chunk in a `[seq, width]` tensor.
@@ -62,19 +63,17 @@ impl RowChunks {
     /// Index of the task's first element in a `[seq, width]` tensor.
     pub(crate) fn row_start(&self, width: u64) -> Expr {
         let row = mul(v(self.row), i(width as i64));
-        if self.prelude.is_empty() {
-            row
-        } else {
-            add(row, self.col.clone())
+        match self.col {
+            Some(col) => add(row, v(col)),
+            None => row,
         }
     }
 
     /// Column of element `c` of the task's chunk (for one row shared by all rows).
     pub(crate) fn column(&self, c: VarId) -> Expr {
-        if self.prelude.is_empty() {
-            v(c)
-        } else {
-            add(self.col.clone(), v(c))
+        match self.col {
+            Some(col) => add(v(col), v(c)),
+            None => v(c),
         }
     }
 }
@@ -183,7 +182,18 @@ impl RegisterTile {
 #[cfg(test)]
 pub(crate) mod test_util {
     use crate::interp::Buffer;
+    use crate::ir::Kernel;
     use maxc_format::WeightEncoding;
+
+    /// Runs `kernel` over `bufs` serially, or with `lanes` as the GPU deals its
+    /// loops to lanes (`run_warp`, the reference of the NVPTX mapping).
+    pub fn run_as(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, lanes: bool) {
+        if lanes {
+            crate::interp::run_warp(kernel, bufs, seq);
+        } else {
+            crate::interp::run(kernel, bufs, seq);
+        }
+    }
 
     /// Deterministic pseudo-random values in [-1, 1).
     pub fn rand(n: usize, seed: u64) -> Vec<f32> {

@@ -136,11 +136,7 @@ mod tests {
         assert_eq!(crate::warp::threads_per_task(&gpu), 32, "the heads are dealt to a warp's lanes");
         for (k, warp) in [(&cpu, false), (&gpu, false), (&gpu, true)] {
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::I32(pos.clone()), Buffer::F32(inv_freq.clone()), Buffer::F32(vec![f32::NAN; seq * w])];
-            if warp {
-                crate::interp::run_warp(k, &mut bufs, seq as u64);
-            } else {
-                run(k, &mut bufs, seq as u64);
-            }
+            run_as(k, &mut bufs, seq as u64, warp);
             let Buffer::F32(got) = &bufs[3] else { unreachable!() };
             close(got, &want, 1e-3);
         }
