@@ -11,7 +11,7 @@
 //! `main.rs`, and its use here.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use maxrun::format::{BatchLimits, DeviceKind, DeviceMesh, KvEncoding};
@@ -139,12 +139,17 @@ impl CompileConfig {
             &mut problems,
             crate::sharding::AttentionSharding::parse(c.attention_sharding.as_deref().unwrap_or("auto")).map_err(|m| invalid("attention_sharding", m)),
         );
+        for (key, value) in [("max_length", c.max_length), ("max_batch_tokens", c.max_batch_tokens), ("max_sequences", c.max_sequences)] {
+            if value == Some(0) {
+                problems.push(invalid(key, "0 must be at least 1".into()));
+            }
+        }
         let max_sequences = c.max_sequences.map_or(DEFAULT_MAX_SEQUENCES, u64::from);
         let max_rows = c.max_batch_tokens.map_or(DEFAULT_MAX_BATCH_TOKENS.max(max_sequences), u64::from);
-        if max_rows < max_sequences {
+        if max_rows < max_sequences && max_rows > 0 {
             problems.push(invalid(
                 "max_batch_tokens",
-                format!("{max_rows} rows per step cannot hold a decode row for each of compile.max_sequences = {max_sequences} sequences; raise it to at least {max_sequences}"),
+                format!("{max_rows} rows per step cannot hold a decode row for each of {} = {max_sequences} sequences; raise it to at least {max_sequences}", manifest.field_name("max_sequences")),
             ));
         }
         let (Some(linear_encoding), Some(embedding_encoding), Some(activations), Some(kv_encoding), Some(targets), Some(backend), Some(mesh), Some(attention), true) =
@@ -265,7 +270,7 @@ impl CompileConfig {
         let mut problems = Vec::new();
         let stored: Option<Arc<HashMap<String, WeightEncoding>>> = self.linear_encoding.is_none().then(|| {
             let w = &model.weights;
-            Arc::new(w.names().map(|n| (n.to_string(), crate::quant::stored_scheme(w.get(n).expect("a listed tensor").storage))).collect())
+            Arc::new(w.names().map(|n| (n.to_string(), w.get(n).expect("a listed tensor").storage.stored_scheme())).collect())
         });
         let encoding = self.linear_encoding.unwrap_or(WeightEncoding::Float32);
         let block_weights =
@@ -290,14 +295,14 @@ impl CompileConfig {
         }
         let mut notes = Vec::new();
         let mut split_attention = false;
-        match crate::driver::plan_mesh(&self.shown, &self.mesh, self.attention, &model.config, &field("devices")) {
+        match plan_mesh(&self.shown, &self.mesh, self.attention, &model.config, &field("devices")) {
             Ok((split, mesh_notes)) => {
                 split_attention = split;
                 notes.extend(mesh_notes);
             }
             Err(e) => problems.push(e),
         }
-        notes.extend(crate::driver::block_storage_notes(&manifest.manifest.model.path, &model.weights, &self.encoding_name));
+        notes.extend(block_storage_notes(&manifest.manifest.model.path, &model.weights, &self.encoding_name));
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -317,6 +322,89 @@ impl CompileConfig {
 /// that every independent problem is reported, not only the first).
 fn keep<T>(problems: &mut Vec<Error>, result: Result<T, Error>) -> Option<T> {
     result.map_err(|e| problems.push(e)).ok()
+}
+
+/// Checks `mesh` and the attention policy against the model: a mesh that cannot
+/// split it is an error naming `field` (the devices key or flag), the config
+/// field, its value and the device count. Returns whether attention is split
+/// by heads, and notes for the user.
+pub(crate) fn plan_mesh(
+    shown: &Path,
+    mesh: &maxrun::format::DeviceMesh,
+    policy: crate::sharding::AttentionSharding,
+    cfg: &crate::import::ModelConfig,
+    field: &str,
+) -> crate::Result<(bool, Vec<String>)> {
+    use crate::error::Error;
+    use crate::sharding::AttentionSharding;
+    let n = mesh.len() as u64;
+    let mut notes = Vec::new();
+    if n < 2 {
+        return Ok((false, notes));
+    }
+    let field = |m: String| Err(Error::invalid(shown, field, m));
+    if cfg.encoder.is_some() {
+        return field(format!("`{}` splits decoder models; {} is an encoder, compile it for one device (--devices cpu)", mesh.spec(), cfg.architecture.hf_name()));
+    }
+    let inter = cfg.intermediate_size as u64;
+    if !inter.is_multiple_of(n) {
+        return field(format!(
+            "{} devices do not divide the MLP: intermediate_size is {inter} ({inter} % {n} = {}); use a device count that divides {inter}",
+            n,
+            inter % n
+        ));
+    }
+    let (heads, kv) = (cfg.num_heads as u64, cfg.num_kv_heads as u64);
+    let divides = kv.is_multiple_of(n) && heads.is_multiple_of(n);
+    let split = match policy {
+        AttentionSharding::Replicated => false,
+        AttentionSharding::Heads if !divides => {
+            return field(format!(
+                "attention_sharding = \"heads\" needs the device count to divide the KV heads: num_key_value_heads is {kv} and the mesh has {n} devices; use a device count that divides {kv}, or attention_sharding = \"auto\" to replicate attention"
+            ))
+        }
+        AttentionSharding::Heads => true,
+        AttentionSharding::Auto if !divides => {
+            notes.push(format!(
+                "num_key_value_heads is {kv}, which {n} devices do not divide: attention runs replicated on every device (the MLP, embedding and lm_head are split); --attention-sharding heads makes this an error"
+            ));
+            false
+        }
+        AttentionSharding::Auto => true,
+    };
+    Ok((split, notes))
+}
+
+/// What becomes of a checkpoint's matrices stored in GGUF block types that maxc
+/// has no kernels for, under the linear layers' encoding `named`, for the user.
+pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, named: &str) -> Vec<String> {
+    use crate::import::StorageType;
+    let mut counts: std::collections::BTreeMap<&'static str, (StorageType, usize)> = Default::default();
+    for name in weights.names() {
+        let entry = weights.get(name).expect("a listed tensor");
+        if entry.shape.len() == 2 && entry.storage.native_scheme().is_none() && entry.storage != StorageType::F32 {
+            counts.entry(entry.storage.name()).or_insert((entry.storage, 0)).1 += 1;
+        }
+    }
+    if counts.is_empty() {
+        return Vec::new();
+    }
+    let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    let listed = counts.iter().map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ");
+    let fate = if named == crate::quant::STORED {
+        let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| t.stored_scheme() == q);
+        let mut fates = Vec::new();
+        if widened(crate::graph::WeightEncoding::Q8_0) {
+            fates.push("q8_0 (5- and 6-bit blocks)");
+        }
+        if widened(crate::graph::WeightEncoding::Q4K) {
+            fates.push("q4_k (2- and 3-bit blocks)");
+        }
+        format!("{}, the nearest more precise encoding with kernels (--quantization-encoding names another)", fates.join(" and "))
+    } else {
+        named.to_string()
+    };
+    vec![format!("{file}: {listed} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {fate}")]
 }
 
 #[cfg(test)]

@@ -56,89 +56,6 @@ pub fn frontend_graphs(manifest: &LoadedManifest, options: &PipelineOptions<'_>)
     device_graphs(&model, plan.mesh.len() as u32, plan.split_attention, options)
 }
 
-/// Checks `mesh` and the attention policy against the model: a mesh that cannot
-/// split it is an error naming `field` (the devices key or flag), the config
-/// field, its value and the device count. Returns whether attention is split
-/// by heads, and notes for the user.
-pub fn plan_mesh(
-    shown: &Path,
-    mesh: &maxrun::format::DeviceMesh,
-    policy: crate::sharding::AttentionSharding,
-    cfg: &crate::import::ModelConfig,
-    field: &str,
-) -> Result<(bool, Vec<String>)> {
-    use crate::error::Error;
-    use crate::sharding::AttentionSharding;
-    let n = mesh.len() as u64;
-    let mut notes = Vec::new();
-    if n < 2 {
-        return Ok((false, notes));
-    }
-    let field = |m: String| Err(Error::invalid(shown, field, m));
-    if cfg.encoder.is_some() {
-        return field(format!("`{}` splits decoder models; {} is an encoder, compile it for one device (--devices cpu)", mesh.spec(), cfg.architecture.hf_name()));
-    }
-    let inter = cfg.intermediate_size as u64;
-    if !inter.is_multiple_of(n) {
-        return field(format!(
-            "{} devices do not divide the MLP: intermediate_size is {inter} ({inter} % {n} = {}); use a device count that divides {inter}",
-            n,
-            inter % n
-        ));
-    }
-    let (heads, kv) = (cfg.num_heads as u64, cfg.num_kv_heads as u64);
-    let divides = kv.is_multiple_of(n) && heads.is_multiple_of(n);
-    let split = match policy {
-        AttentionSharding::Replicated => false,
-        AttentionSharding::Heads if !divides => {
-            return field(format!(
-                "attention_sharding = \"heads\" needs the device count to divide the KV heads: num_key_value_heads is {kv} and the mesh has {n} devices; use a device count that divides {kv}, or attention_sharding = \"auto\" to replicate attention"
-            ))
-        }
-        AttentionSharding::Heads => true,
-        AttentionSharding::Auto if !divides => {
-            notes.push(format!(
-                "num_key_value_heads is {kv}, which {n} devices do not divide: attention runs replicated on every device (the MLP, embedding and lm_head are split); --attention-sharding heads makes this an error"
-            ));
-            false
-        }
-        AttentionSharding::Auto => true,
-    };
-    Ok((split, notes))
-}
-
-/// What becomes of a checkpoint's matrices stored in GGUF block types that maxc
-/// has no kernels for, under the linear layers' encoding `named`, for the user.
-pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, named: &str) -> Vec<String> {
-    use crate::import::StorageType;
-    let mut counts: std::collections::BTreeMap<&'static str, (StorageType, usize)> = Default::default();
-    for name in weights.names() {
-        let entry = weights.get(name).expect("a listed tensor");
-        if entry.shape.len() == 2 && entry.storage.native_scheme().is_none() && entry.storage != StorageType::F32 {
-            counts.entry(entry.storage.name()).or_insert((entry.storage, 0)).1 += 1;
-        }
-    }
-    if counts.is_empty() {
-        return Vec::new();
-    }
-    let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
-    let listed = counts.iter().map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ");
-    let fate = if named == crate::quant::STORED {
-        let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| crate::quant::stored_scheme(*t) == q);
-        let mut fates = Vec::new();
-        if widened(crate::graph::WeightEncoding::Q8_0) {
-            fates.push("q8_0 (5- and 6-bit blocks)");
-        }
-        if widened(crate::graph::WeightEncoding::Q4K) {
-            fates.push("q4_k (2- and 3-bit blocks)");
-        }
-        format!("{}, the nearest more precise encoding with kernels (--quantization-encoding names another)", fates.join(" and "))
-    } else {
-        named.to_string()
-    };
-    vec![format!("{file}: {listed} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {fate}")]
-}
-
 /// Options of `maxc compile` beyond the manifest (flags that set `[compile]`
 /// keys arrive in the manifest: `manifest::FlagSetting`).
 #[derive(Debug, Clone, Default)]
@@ -464,18 +381,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
     use maxrun::format as mef;
     let to_plan = |s: &Schedule| -> mef::Plan {
         let (offsets, arena_bytes) = plan_arena(&s.buffers);
-        let arg = |a: &Arg| match *a {
-            Arg::Buffer(b) => mef::BufferRef::Arena { offset: offsets[b as usize] },
-            Arg::Weight(w) => mef::BufferRef::Weight(w),
-            Arg::Tokens => mef::BufferRef::Tokens,
-            Arg::Positions => mef::BufferRef::Positions,
-            Arg::KeyCache(l) => mef::BufferRef::KeyCache(l),
-            Arg::ValueCache(l) => mef::BufferRef::ValueCache(l),
-            Arg::Slots => mef::BufferRef::Slots,
-            Arg::RowSequences => mef::BufferRef::RowSequences,
-            Arg::BlockTables => mef::BufferRef::BlockTables,
-            Arg::LogitRows => mef::BufferRef::LogitRows,
-        };
+        let arg = |a: &Arg| a.map_arena(|b| offsets[b as usize]);
         let arena = |b: u32| mef::BufferRef::Arena { offset: offsets[b as usize] };
         mef::Plan {
             max_seq: s.max_seq,
@@ -564,13 +470,10 @@ fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, schedul
         sub_models: first.sub_models,
         kv_cache: kv_layout,
         tokenizer: mef::TokenizerInfo { bos_token_id: cfg.bos_token_id, eos_token_ids: cfg.eos_token_ids.clone() },
-        generation: mef::GenerationDefaults {
-            temperature: g.temperature.or(d.temperature),
-            top_k: g.top_k.or(d.top_k),
-            top_p: g.top_p.or(d.top_p),
-            min_p: g.min_p.or(d.min_p),
-            max_new_tokens: g.max_new_tokens.or(d.max_new_tokens),
-            repetition_penalty: g.repetition_penalty.or(d.repetition_penalty).filter(|&r| r != 1.0),
+        generation: {
+            let mut merged = g.or(d);
+            merged.repetition_penalty = merged.repetition_penalty.filter(|&r| r != 1.0);
+            merged
         },
         max_length: scheduled.max_length,
         gpu_archs: config.targets.gpus.iter().map(|g| g.arch.clone()).collect(),

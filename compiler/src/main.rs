@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use maxc::driver::{frontend, CompileOptions};
 use maxc::interp::{greedy, run_tokens, Interpreter};
-use maxc::manifest::{FlagSetting, LoadedManifest};
+use maxc::manifest::{CompileSection, FlagSetting, LoadedManifest};
 use maxc::passes::PipelineOptions;
 use maxrun::usage::usage;
 
@@ -39,8 +39,10 @@ enum Command {
 struct CheckArgs {
     #[command(flatten)]
     model: ModelArgs,
+    // The `[compile]` keys as flags, over the manifest and its
+    // `--model-override`s; `maxc check` takes them as `maxc compile` does.
     #[command(flatten)]
-    settings: CompileSettings,
+    settings: CompileSection,
 }
 
 #[derive(Args)]
@@ -55,75 +57,14 @@ struct ModelArgs {
     overrides: Vec<String>,
 }
 
-/// Flags that set `[compile]` keys of the manifest (over the manifest and its
-/// `--model-override`s); `maxc check` takes them as `maxc compile` does.
-#[derive(Args)]
-struct CompileSettings {
-    /// Code target: `cpu` (this machine), `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:NAME+feature,...`;
-    /// several CPU variants over one copy of the weights: `cpu:x86-64-v2,x86-64-v3,x86-64-v4` or
-    /// `cpu:portable` (docs/portable.md); ARM: `cpu:aarch64`, `cpu:aarch64+dotprod` (docs/aarch64.md).
-    #[arg(long)]
-    target: Option<String>,
-    /// Storage of the linear layers' weights: float32 (the default for Hugging Face checkpoints),
-    /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn; a GGUF already in that block type
-    /// keeps its blocks. `stored` (the default for GGUF files): every weight keeps the checkpoint's
-    /// encoding where maxc has kernels for it, else the nearest more precise one (GGUF Q5 / Q6_K:
-    /// q8_0; Q2_K / Q3_K: q4_k).
-    #[arg(long, value_name = "ENCODING")]
-    quantization_encoding: Option<String>,
-    /// Storage of the embedding table and lm_head (default: the linear layers'
-    /// encoding when it is a float one, q8_0 with block encodings).
-    #[arg(long, value_name = "ENCODING")]
-    embedding_encoding: Option<String>,
-    /// Activations of block-quantized matmuls: int16 (the default for CPU-only
-    /// artifacts: quantized per block of 32 to 16-bit levels, integer dot
-    /// products; logits within float32 tolerance), int8 (llama.cpp's scheme,
-    /// VNNI where the CPU has it: faster, less exact) or float32 (exact float
-    /// math on the packed weights; the default with GPU code). Integer
-    /// activations are CPU code only.
-    #[arg(long, value_name = "ENCODING")]
-    activation_encoding: Option<String>,
-    /// The KV cache's element type: float32 (default, exact) or float16 (half
-    /// the cache memory and the bytes attention reads, as llama.cpp's default;
-    /// keys and values rounded to nearest even).
-    #[arg(long, value_name = "ENCODING")]
-    kv_cache_encoding: Option<String>,
-    /// Device mesh: cpu (default), cpu:0,1 (two CPU devices, each with its own
-    /// threads and weight shard), gpu:0,1,2,3. One sub-model per device.
-    #[arg(long, value_name = "DEVICES")]
-    devices: Option<String>,
-    /// Attention over a mesh: auto (split by KV heads when the device count
-    /// divides them, else replicated), heads (split or fail), replicated.
-    #[arg(long, value_name = "POLICY")]
-    attention_sharding: Option<String>,
-    /// Code generator: llvm (default; vectorized, tuned to --target) or cranelift (fast compiles, baseline x86-64).
-    #[arg(long, value_name = "BACKEND")]
-    backend: Option<String>,
-}
-
-impl CompileSettings {
-    /// Each flag given, as the `[compile]` key it sets.
-    fn flag_settings(&self) -> Vec<FlagSetting> {
-        let all = [
-            ("target", "--target", &self.target),
-            ("quantization_encoding", "--quantization-encoding", &self.quantization_encoding),
-            ("embedding_encoding", "--embedding-encoding", &self.embedding_encoding),
-            ("activation_encoding", "--activation-encoding", &self.activation_encoding),
-            ("kv_cache_encoding", "--kv-cache-encoding", &self.kv_cache_encoding),
-            ("devices", "--devices", &self.devices),
-            ("attention_sharding", "--attention-sharding", &self.attention_sharding),
-            ("backend", "--backend", &self.backend),
-        ];
-        all.into_iter().filter_map(|(key, flag, v)| v.clone().map(|value| FlagSetting { key, flag, value })).collect()
-    }
-}
-
 #[derive(Args)]
 struct CompileArgs {
     #[command(flatten)]
     model: ModelArgs,
+    // The `[compile]` keys as flags, over the manifest and its
+    // `--model-override`s; `maxc check` takes them as `maxc compile` does.
     #[command(flatten)]
-    settings: CompileSettings,
+    settings: CompileSection,
     /// Write the IR after every pass to DIR as NN-<pass>.mxir.
     #[arg(long, value_name = "DIR")]
     dump_ir: Option<PathBuf>,

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use maxrun::format::GenerationDefaults;
 
 /// The name of the implicit component formed by `[model]` and `[compile]`.
 pub const MAIN_COMPONENT: &str = "transformer";
@@ -24,7 +25,9 @@ pub struct Manifest {
     #[serde(default)]
     pub compile: CompileSection,
     #[serde(default)]
-    pub generation: GenerationSection,
+    /// `[generation]`: sampling defaults recorded in the artifact (over the
+    /// checkpoint's generation_config.json).
+    pub generation: GenerationDefaults,
 }
 
 /// `[model]`: where the weights are and what they are.
@@ -38,50 +41,76 @@ pub struct ModelSection {
     pub architecture: Option<String>,
 }
 
-/// `[compile]`: how to build it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// `[compile]`: how to build it. The same struct is `maxc compile`'s and `maxc
+/// check`'s flags (each field its `--kebab-case` flag, which lands over the
+/// manifest's key: [`CompileSection::flag_settings`]), so a new option is a
+/// field here and its use in `compile_config.rs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct CompileSection {
-    /// `cpu`, `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cuda:sm_90`, ...
+    /// Code target: `cpu` (this machine), `cpu:x86-64-v3`, `cpu:x86-64-v4`, `cpu:NAME+feature,...`;
+    /// several CPU variants over one copy of the weights: `cpu:x86-64-v2,x86-64-v3,x86-64-v4` or
+    /// `cpu:portable` (docs/portable.md); ARM: `cpu:aarch64`, `cpu:aarch64+dotprod` (docs/aarch64.md);
+    /// GPU: `cuda:sm_90` (docs/gpu.md).
+    #[arg(long)]
     pub target: Option<String>,
-    /// The device mesh: `cpu` (default), `cpu:0,1`, `gpu:0,1,2,3`.
+    /// Device mesh: cpu (default), cpu:0,1 (two CPU devices, each with its own
+    /// threads and weight shard), gpu:0,1,2,3. One sub-model per device.
+    #[arg(long, value_name = "DEVICES")]
     pub devices: Option<String>,
-    /// How attention is split over a mesh: `auto` (by KV heads when the device
-    /// count divides them, else replicated), `heads` (split or fail), `replicated`.
+    /// Attention over a mesh: auto (split by KV heads when the device count
+    /// divides them, else replicated), heads (split or fail), replicated.
+    #[arg(long, value_name = "POLICY")]
     pub attention_sharding: Option<String>,
-    /// The encoding of the linear layers' weights (default float32).
+    /// Storage of the linear layers' weights: float32 (the default for Hugging Face checkpoints),
+    /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn; a GGUF already in that block type
+    /// keeps its blocks. `stored` (the default for GGUF files): every weight keeps the checkpoint's
+    /// encoding where maxc has kernels for it, else the nearest more precise one (GGUF Q5 / Q6_K:
+    /// q8_0; Q2_K / Q3_K: q4_k).
+    #[arg(long, value_name = "ENCODING")]
     pub quantization_encoding: Option<String>,
-    /// The encoding of the token embedding table and the lm_head (default: the
-    /// linear layers' under float encodings, q8_0 under block encodings).
+    /// Storage of the embedding table and lm_head (default: the linear layers'
+    /// encoding when it is a float one, q8_0 with block encodings).
+    #[arg(long, value_name = "ENCODING")]
     pub embedding_encoding: Option<String>,
-    /// Activations of block-quantized matmuls: `float32` (default) or `int8`
-    /// (quantized per block, integer dot products; CPU code only).
+    /// Activations of block-quantized matmuls: int16 (the default for CPU-only
+    /// artifacts: quantized per block of 32 to 16-bit levels, integer dot
+    /// products; logits within float32 tolerance), int8 (llama.cpp's scheme,
+    /// VNNI where the CPU has it: faster, less exact) or float32 (exact float
+    /// math on the packed weights; the default with GPU code). Integer
+    /// activations are CPU code only.
+    #[arg(long, value_name = "ENCODING")]
     pub activation_encoding: Option<String>,
-    /// The KV cache's element type: `float32` (default, exact) or `float16`
-    /// (half the memory and the bytes attention reads; values rounded to
-    /// nearest even).
+    /// The KV cache's element type: float32 (default, exact) or float16 (half
+    /// the cache memory and the bytes attention reads, as llama.cpp's default;
+    /// keys and values rounded to nearest even).
+    #[arg(long, value_name = "ENCODING")]
     pub kv_cache_encoding: Option<String>,
-    /// The longest sequence (prompt + generated) the artifact supports.
+    /// The longest sequence (prompt + generated) the artifact supports
+    /// (default: the checkpoint's context length, at most 4096).
+    #[arg(long, value_name = "TOKENS")]
     pub max_length: Option<u32>,
     /// Rows per step of the batched engine's mixed plan (prompt chunks plus
     /// decode rows; default 256).
+    #[arg(long, value_name = "ROWS")]
     pub max_batch_tokens: Option<u32>,
     /// Sequences per step of the batched engine (default 16).
+    #[arg(long, value_name = "SEQUENCES")]
     pub max_sequences: Option<u32>,
-    /// The CPU code generator: `llvm` (default) or `cranelift`.
+    /// Code generator: llvm (default; vectorized, tuned to --target) or
+    /// cranelift (fast compiles, baseline x86-64).
+    #[arg(long, value_name = "BACKEND")]
     pub backend: Option<String>,
 }
 
-/// `[generation]`: sampling defaults recorded in the artifact.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GenerationSection {
-    pub temperature: Option<f32>,
-    pub top_k: Option<u32>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub max_new_tokens: Option<u32>,
-    pub repetition_penalty: Option<f32>,
+impl CompileSection {
+    /// Each key this section sets, with the flag that names it in messages
+    /// (`kv_cache_encoding`: `--kv-cache-encoding`): how the flags, parsed into
+    /// a section, land over the manifest.
+    pub fn flag_settings(&self) -> Vec<FlagSetting> {
+        let table = toml::Table::try_from(self).expect("a CompileSection serializes");
+        table.into_iter().map(|(key, value)| FlagSetting { flag: format!("--{}", key.replace('_', "-")), key, value }).collect()
+    }
 }
 
 /// A manifest plus the file it came from, with paths resolved.
@@ -94,7 +123,7 @@ pub struct LoadedManifest {
     /// provenance; the flags are recorded beside it).
     pub text: String,
     /// `[compile]` keys set by a command-line flag: key -> flag (for messages).
-    pub flag_keys: BTreeMap<String, &'static str>,
+    pub flag_keys: BTreeMap<String, String>,
 }
 
 /// How messages name the manifest: its file, or `<--model>` when there is none.
@@ -106,9 +135,9 @@ fn shown_path(source: Option<&Path>) -> PathBuf {
 /// applied over the manifest and its overrides.
 #[derive(Debug, Clone)]
 pub struct FlagSetting {
-    pub key: &'static str,
-    pub flag: &'static str,
-    pub value: String,
+    pub key: String,
+    pub flag: String,
+    pub value: toml::Value,
 }
 
 impl LoadedManifest {
@@ -177,11 +206,11 @@ impl LoadedManifest {
         let text = toml::to_string(&table).expect("a toml::Table always serializes");
         let mut flag_keys = BTreeMap::new();
         for f in flags {
-            debug_assert!(compile_keys().iter().any(|k| k == f.key), "{} is a [compile] key", f.key);
+            debug_assert!(compile_keys().iter().any(|k| *k == f.key), "{} is a [compile] key", f.key);
             if let toml::Value::Table(t) = table.entry("compile").or_insert_with(|| toml::Value::Table(toml::Table::new())) {
-                t.insert(f.key.to_string(), toml::Value::String(f.value.clone()));
+                t.insert(f.key.clone(), f.value.clone());
             }
-            flag_keys.insert(f.key.to_string(), f.flag);
+            flag_keys.insert(f.key.clone(), f.flag.clone());
         }
         let mut manifest: Manifest = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| {
@@ -211,14 +240,6 @@ impl Manifest {
         }
         if self.generation.max_new_tokens == Some(0) {
             return Err(Error::invalid(path, "generation.max_new_tokens", "0 must be at least 1 (a default that generates nothing)"));
-        }
-        if self.compile.max_length == Some(0) {
-            return Err(Error::invalid(path, "compile.max_length", "must be at least 1"));
-        }
-        for (field, value) in [("compile.max_batch_tokens", self.compile.max_batch_tokens), ("compile.max_sequences", self.compile.max_sequences)] {
-            if value == Some(0) {
-                return Err(Error::invalid(path, field, "must be at least 1"));
-            }
         }
         let g = &self.generation;
         if let Some(r) = g.repetition_penalty {
@@ -421,7 +442,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("m.toml");
         std::fs::write(&path, "[model]\npath = \"x\"\n[compile]\ntarget = \"cpu\"\n").unwrap();
-        let flag = FlagSetting { key: "target", flag: "--target", value: "cpu:x86-64-v3".into() };
+        let flag = FlagSetting { key: "target".into(), flag: "--target".into(), value: "cpu:x86-64-v3".into() };
         let m = LoadedManifest::from_file_with_flags(&path, &[], &[flag]).unwrap();
         assert_eq!(m.manifest.compile.target.as_deref(), Some("cpu:x86-64-v3"));
         assert_eq!(m.field_name("target"), "--target");

@@ -19,7 +19,7 @@ pub fn parse_encoding(name: &str) -> Result<WeightEncoding, String> {
 
 /// `--quantization-encoding stored`: every matrix keeps its checkpoint's
 /// encoding where maxc has kernels for it, else takes the nearest more precise
-/// one ([`stored_scheme`]).
+/// one (`StorageType::stored_scheme` in `import/weights.rs`).
 pub const STORED: &str = "stored";
 
 /// A linear layers' encoding name: `Ok(None)` for [`STORED`], else as
@@ -29,20 +29,6 @@ pub fn parse_linear_encoding(name: &str) -> Result<Option<WeightEncoding>, Strin
         return Ok(None);
     }
     parse_encoding(name).map(Some).map_err(|m| format!("{m}, {STORED}"))
-}
-
-/// The encoding a matrix stored as `storage` keeps under [`STORED`]: its own
-/// where maxc computes on it (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K), float32 for
-/// F32, q8_0 for the 5- and 6-bit blocks (Q5_0, Q5_1, Q5_K, Q6_K) and q4_k for
-/// the 2- and 3-bit ones (Q2_K, Q3_K): never less precise than the file.
-pub fn stored_scheme(storage: crate::import::StorageType) -> WeightEncoding {
-    use crate::import::StorageType as S;
-    match storage {
-        S::F32 => WeightEncoding::Float32,
-        S::Q5_0 | S::Q5_1 | S::Q5K | S::Q6K => WeightEncoding::Q8_0,
-        S::Q2K | S::Q3K => WeightEncoding::Q4K,
-        native => native.native_scheme().expect("every other storage type has kernels"),
-    }
 }
 
 /// Bits per value of an encoding (scales included), to pick the most precise
@@ -495,24 +481,4 @@ mod tests {
         }
     }
 
-    #[test]
-    fn stored_encodings_are_never_less_precise_than_the_file() {
-        use crate::import::StorageType as S;
-        let order = [WeightEncoding::Float32, WeightEncoding::Float16, WeightEncoding::Q8_0, WeightEncoding::Float8E4M3, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q4_0];
-        assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
-        assert_eq!(bits_per_value(WeightEncoding::Q8_0), 8.5);
-        // File bits per value: Q5_0 5.5, Q5_1 6, Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
-        for (storage, want) in [(S::Q5_0, WeightEncoding::Q8_0), (S::Q5_1, WeightEncoding::Q8_0), (S::Q5K, WeightEncoding::Q8_0), (S::Q6K, WeightEncoding::Q8_0), (S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
-            assert_eq!(stored_scheme(storage), want, "{storage:?}");
-            let (per, bytes) = storage.block();
-            assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
-        }
-        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K] {
-            assert_eq!(Some(stored_scheme(storage)), storage.native_scheme(), "{storage:?} keeps its blocks");
-        }
-        assert_eq!(stored_scheme(S::F32), WeightEncoding::Float32);
-        assert_eq!(parse_linear_encoding("stored"), Ok(None));
-        assert_eq!(parse_linear_encoding("q4_k"), Ok(Some(WeightEncoding::Q4K)));
-        assert!(parse_linear_encoding("q5_k").unwrap_err().contains("stored"));
-    }
 }

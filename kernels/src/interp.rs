@@ -138,8 +138,8 @@ fn run_impl(kernel: &Kernel, bufs: &mut [Buffer], seq: u64, begin: u64, end: u64
 
 impl Machine<'_> {
     /// Byte `at` of byte parameter `param`, as a signed (I8) or unsigned (U8) number.
-    fn byte(&self, param: u32, at: i64) -> i64 {
-        let (value, len) = match &self.bufs[param as usize] {
+    fn byte(&self, param: ParamId, at: i64) -> i64 {
+        let (value, len) = match &self.bufs[param.index()] {
             Buffer::I8(b) => (b.get(at as usize).map(|&x| x as i64), b.len()),
             Buffer::U8(b) => (b.get(at as usize).map(|&x| x as i64), b.len()),
             _ => unreachable!("dot operands are bytes (validated)"),
@@ -154,11 +154,14 @@ impl Machine<'_> {
                     let v = self.eval(value);
                     self.vars[*var as usize] = v;
                 }
-                Stmt::Store { param, index, value } => {
+                Stmt::Store { buf, index, value } => {
                     let idx = self.eval(index).i();
                     let v = self.eval(value);
-                    let name = self.kernel.buffer(*param).expect("validated").name.into_owned();
-                    let buf = if *param >= LOCAL_BASE { &mut self.locals[(*param - LOCAL_BASE) as usize] } else { &mut self.bufs[*param as usize] };
+                    let name = self.kernel.buffer(*buf).expect("validated").name.into_owned();
+                    let buf = match *buf {
+                        Buf::Local(l) => &mut self.locals[l.index()],
+                        Buf::Param(p) => &mut self.bufs[p.index()],
+                    };
                     match buf {
                         Buffer::F32(b) => {
                             let len = b.len();
@@ -211,7 +214,7 @@ impl Machine<'_> {
                             scales[form.block_of_lane(g)] * dot as f32
                         })
                         .collect();
-                    let Buffer::F32(a) = &mut self.locals[(*acc - LOCAL_BASE) as usize] else { unreachable!("locals are f32") };
+                    let Buffer::F32(a) = &mut self.locals[acc.index()] else { unreachable!("locals are f32") };
                     for (g, x) in sums.into_iter().enumerate() {
                         a[g] += x;
                     }
@@ -260,7 +263,7 @@ impl Machine<'_> {
                             row_scale * scale * dot + min * sum
                         })
                         .collect();
-                    let Buffer::F32(a) = &mut self.locals[(d.acc - LOCAL_BASE) as usize] else { unreachable!("locals are f32") };
+                    let Buffer::F32(a) = &mut self.locals[d.acc.index()] else { unreachable!("locals are f32") };
                     for (g, x) in terms.into_iter().enumerate() {
                         a[g] += x;
                     }
@@ -318,8 +321,8 @@ impl Machine<'_> {
     }
 
     /// Element `index` of buffer `param` (bounds-checked like a load).
-    fn load(&self, param: u32, index: i64) -> Val {
-        self.eval(&Expr::Load { param, index: Box::new(Expr::I64(index)) })
+    fn load(&self, param: ParamId, index: i64) -> Val {
+        self.eval(&Expr::Load { buf: Buf::Param(param), index: Box::new(Expr::I64(index)) })
     }
 
     fn eval(&self, e: &Expr) -> Val {
@@ -328,11 +331,14 @@ impl Machine<'_> {
             Expr::I64(x) => Val::I(*x),
             Expr::Var(v) => self.vars[*v as usize],
             Expr::Seq => Val::I(self.seq),
-            Expr::Load { param, index } => {
+            Expr::Load { buf, index } => {
                 let idx = self.eval(index).i();
-                let name = self.kernel.buffer(*param).expect("validated").name;
+                let name = self.kernel.buffer(*buf).expect("validated").name;
                 let oob = |len: usize| -> ! { panic!("kernel `{}`: load {name}[{idx}] out of bounds ({len})", self.kernel.name) };
-                let buf = if *param >= LOCAL_BASE { &self.locals[(*param - LOCAL_BASE) as usize] } else { &self.bufs[*param as usize] };
+                let buf = match *buf {
+                    Buf::Local(l) => &self.locals[l.index()],
+                    Buf::Param(p) => &self.bufs[p.index()],
+                };
                 match buf {
                     Buffer::F32(b) => Val::F(*b.get(idx as usize).unwrap_or_else(|| oob(b.len()))),
                     Buffer::I32(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),

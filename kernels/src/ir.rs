@@ -11,6 +11,8 @@
 //! `ir/dot.rs` the dot statements' vocabulary, `ir/verify.rs` the checker and
 //! its invariants, `ir/build.rs` the builder and its DSL.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 mod build;
@@ -23,6 +25,71 @@ pub use verify::KernelError;
 
 /// A scalar variable of a kernel (index into [`Kernel::vars`]).
 pub type VarId = u32;
+
+/// A buffer parameter of a kernel: index into [`Kernel::params`], and argument
+/// `i` of the ABI's `args`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ParamId(pub u32);
+
+/// A local f32 array of a kernel: index into [`Kernel::locals`]. Locals are
+/// per-invocation scratch on the stack (the lane accumulators of the
+/// block-quantized matmul, an attention row's scores).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LocalId(pub u32);
+
+impl ParamId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl LocalId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The buffer a load or store addresses: a parameter or a local.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Buf {
+    Param(ParamId),
+    Local(LocalId),
+}
+
+impl From<ParamId> for Buf {
+    fn from(p: ParamId) -> Buf {
+        Buf::Param(p)
+    }
+}
+
+impl From<LocalId> for Buf {
+    fn from(l: LocalId) -> Buf {
+        Buf::Local(l)
+    }
+}
+
+impl fmt::Display for ParamId {
+    /// `p{n}`, as the text form writes it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "p{}", self.0)
+    }
+}
+
+impl fmt::Display for LocalId {
+    /// `l{n}`, as the text form writes it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "l{}", self.0)
+    }
+}
+
+impl fmt::Display for Buf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Buf::Param(p) => p.fmt(f),
+            Buf::Local(l) => l.fmt(f),
+        }
+    }
+}
 
 /// Element types of buffers: the artifact format's [`maxc_format::DType`], one
 /// vocabulary for stored tensors and kernel parameters.
@@ -102,8 +169,8 @@ pub enum Expr {
     Var(VarId),
     /// `dims[0]`: the launch's sequence length.
     Seq,
-    /// Element `index` of parameter `param` (I32 elements widen to I64).
-    Load { param: u32, index: Box<Expr> },
+    /// Element `index` of buffer `buf` (I32 elements widen to I64).
+    Load { buf: Buf, index: Box<Expr> },
     Bin(BinOp, Box<Expr>, Box<Expr>),
     Cmp(CmpOp, Box<Expr>, Box<Expr>),
     Un(UnOp, Box<Expr>),
@@ -123,14 +190,14 @@ impl Expr {
         }
     }
 
-    /// Whether the expression loads from a parameter for which `param` holds.
-    pub fn loads(&self, param: &impl Fn(u32) -> bool) -> bool {
+    /// Whether the expression loads from a buffer for which `which` holds.
+    pub fn loads(&self, which: &impl Fn(Buf) -> bool) -> bool {
         match self {
             Expr::F32(_) | Expr::I64(_) | Expr::Var(_) | Expr::Seq => false,
-            Expr::Load { param: p, index } => param(*p) || index.loads(param),
-            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.loads(param) || b.loads(param),
-            Expr::Un(_, a) => a.loads(param),
-            Expr::Select(c, a, b) => c.loads(param) || a.loads(param) || b.loads(param),
+            Expr::Load { buf, index } => which(*buf) || index.loads(which),
+            Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.loads(which) || b.loads(which),
+            Expr::Un(_, a) => a.loads(which),
+            Expr::Select(c, a, b) => c.loads(which) || a.loads(which) || b.loads(which),
         }
     }
 
@@ -162,8 +229,8 @@ pub enum LoopHint {
 pub enum Stmt {
     /// Assigns a scalar variable (declared in [`Kernel::vars`]).
     Set { var: VarId, value: Expr },
-    /// Stores to element `index` of parameter `param`.
-    Store { param: u32, index: Expr, value: Expr },
+    /// Stores to element `index` of buffer `buf`.
+    Store { buf: Buf, index: Expr, value: Expr },
     /// `for var in start..end` (I64, step 1).
     For { var: VarId, start: Expr, end: Expr, hint: LoopHint, body: Vec<Stmt> },
     If { cond: Expr, then: Vec<Stmt> },
@@ -174,7 +241,7 @@ pub enum Stmt {
     /// [`DOT_VALUES`] weight levels that `form` unpacks from the bytes of `weights`
     /// at `w_start` (two blocks of 32 values); `A` the signed bytes of `act`.
     /// `acc` is a local of at least `DOT_LANES` elements.
-    DotBlock { acc: u32, scales: [Expr; 2], weights: u32, w_start: Expr, form: DotForm, act: u32, act_start: Expr },
+    DotBlock { acc: LocalId, scales: [Expr; 2], weights: ParamId, w_start: Expr, form: DotForm, act: ParamId, act_start: Expr },
     /// One block step of a GEMV over [`DOT_LANES`] weight rows stored interleaved
     /// (layout `interleaved16`): integer dot products of the rows' block with one
     /// activation block, scaled per row and added to a local (see [`RowDot`]).
@@ -182,17 +249,12 @@ pub enum Stmt {
     /// A hint that element `index` of parameter `param` is read soon: the CPU
     /// backend prefetches its cache line (`prefetcht0`), the others do nothing.
     /// Never faults, so `index` may lie past the buffer.
-    Prefetch { param: u32, index: Expr },
+    Prefetch { param: ParamId, index: Expr },
 }
 
 pub use maxc_format::TaskCount;
 
-/// Buffer indices at or above this name the kernel's local f32 arrays
-/// ([`Kernel::locals`]): per-invocation scratch on the stack, e.g. the lane
-/// accumulators of the block-quantized matmul. Below it, indices name parameters.
-pub const LOCAL_BASE: u32 = 1 << 20;
-
-/// What a buffer index (parameter or local) refers to.
+/// What a buffer (parameter or local) is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BufferDecl<'a> {
     pub name: std::borrow::Cow<'a, str>,
@@ -213,20 +275,18 @@ pub struct Kernel {
     pub task_var: VarId,
     /// The type of every variable.
     pub vars: Vec<ValType>,
-    /// Local f32 arrays (element counts), indexed from [`LOCAL_BASE`]; their
+    /// Local f32 arrays (element counts), indexed by [`LocalId`]; their
     /// contents are undefined on entry to each task range.
     pub locals: Vec<u64>,
     pub body: Vec<Stmt>,
 }
 
 impl Kernel {
-    /// The parameter or local that buffer index `index` names.
-    pub fn buffer(&self, index: u32) -> Option<BufferDecl<'_>> {
-        if index >= LOCAL_BASE {
-            let i = index - LOCAL_BASE;
-            self.locals.get(i as usize).map(|_| BufferDecl { name: format!("local{i}").into(), elem: ElemType::F32, writes: true })
-        } else {
-            self.params.get(index as usize).map(|p| BufferDecl { name: p.name.as_str().into(), elem: p.elem, writes: p.writes })
+    /// The parameter or local that `buf` names, if the kernel declares it.
+    pub fn buffer(&self, buf: Buf) -> Option<BufferDecl<'_>> {
+        match buf {
+            Buf::Local(l) => self.locals.get(l.index()).map(|_| BufferDecl { name: format!("local{}", l.0).into(), elem: ElemType::F32, writes: true }),
+            Buf::Param(p) => self.params.get(p.index()).map(|p| BufferDecl { name: p.name.as_str().into(), elem: p.elem, writes: p.writes }),
         }
     }
 }

@@ -24,16 +24,16 @@
 //!           | "store" BUF "[" expr "]" "=" expr
 //!           | ("for" | "for_vec") VAR "in" expr ".." expr block  # for_vec: LoopHint::Vectorize
 //!           | "if" expr block
-//!           | "prefetch" BUF "[" expr "]"
-//!           | "dot_block" "{" "acc" BUF "scales" "[" expr "," expr "]" "weights" BUF
-//!               "w_start" expr "form" ("int8" | "nibble_pairs") "act" BUF "act_start" expr "}"
-//!           | "dot_rows" "{" "acc" BUF "weights" BUF "w_start" expr "form" ("nibbles" | "bytes")
-//!               "act" BUF "act_start" expr
+//!           | "prefetch" PARAM "[" expr "]"
+//!           | "dot_block" "{" "acc" LOCAL "scales" "[" expr "," expr "]" "weights" PARAM
+//!               "w_start" expr "form" ("int8" | "nibble_pairs") "act" PARAM "act_start" expr "}"
+//!           | "dot_rows" "{" "acc" LOCAL "weights" PARAM "w_start" expr "form" ("nibbles" | "bytes")
+//!               "act" PARAM "act_start" expr
 //!               "act_levels" ("bytes" | "planes" "low" expr | "words")
 //!               "act_scales" "[" expr "," expr "]" "row_scales" rowscale
 //!               "row_min" ("offset" F32 | "stored" rowscale | "subtracted" rowscale)
 //!               "prefetch_ahead" ("none" | I64) "}"
-//! rowscale := "values" BUF "at" expr "factors" ("none" | BUF "at" expr)
+//! rowscale := "values" PARAM "at" expr "factors" ("none" | PARAM "at" expr)
 //! expr     := I64 | F32 | VAR | "seq" | BUF "[" expr "]"            # a load
 //!           | "(" expr binop expr ")" | "(" expr ")"
 //!           | ("max" | "min") "(" expr "," expr ")"
@@ -46,8 +46,8 @@
 //! ```
 //!
 //! `VAR` is `v` and a variable id (`v3`), `PARAM` is `p` and a parameter index
-//! and `LOCAL` is `l` and a local index (`l0` is buffer [`LOCAL_BASE`]); `BUF`
-//! is either. `STRING` is double-quoted, with `\"`, `\\`, `\n`, `\r`, `\t`,
+//! ([`ParamId`]) and `LOCAL` is `l` and a local index ([`LocalId`]); `BUF`
+//! is either ([`Buf`]). `STRING` is double-quoted, with `\"`, `\\`, `\n`, `\r`, `\t`,
 //! `\0` and `\u{HEX}` escapes. An `I64` is a decimal integer (`-5`), an `F32`
 //! a decimal number with a `.` or an exponent (`0.5`, `-1.4286068e-6`), or
 //! `f32(0x7fc00000)` by its bits (how [`print()`] writes infinities and NaNs).
@@ -137,7 +137,7 @@ impl fmt::Display for KernelText<'_> {
         writeln!(f, "  task_var v{}", k.task_var)?;
         writeln!(f, "  params {{")?;
         for (i, p) in k.params.iter().enumerate() {
-            writeln!(f, "    p{i} {} {} {}", Quoted(&p.name), elem_name(p.elem), if p.writes { "write" } else { "read" })?;
+            writeln!(f, "    p{i} {} {} {}", Quoted(&p.name), p.elem.name(), if p.writes { "write" } else { "read" })?;
         }
         writeln!(f, "  }}\n  locals {{")?;
         for (i, len) in k.locals.iter().enumerate() {
@@ -168,7 +168,7 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
     write!(f, "{:pad$}", "")?;
     match s {
         Stmt::Set { var, value } => writeln!(f, "set v{var} = {}", E(value)),
-        Stmt::Store { param, index, value } => writeln!(f, "store {}[{}] = {}", Buf(*param), E(index), E(value)),
+        Stmt::Store { buf, index, value } => writeln!(f, "store {buf}[{}] = {}", E(index), E(value)),
         Stmt::For { var, start, end, hint, body } => {
             let keyword = match hint {
                 LoopHint::Serial => "for",
@@ -181,7 +181,7 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
             write!(f, "if {} ", E(cond))?;
             block(f, then, depth)
         }
-        Stmt::Prefetch { param, index } => writeln!(f, "prefetch {}[{}]", Buf(*param), E(index)),
+        Stmt::Prefetch { param, index } => writeln!(f, "prefetch {param}[{}]", E(index)),
         Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => {
             let form = match form {
                 DotForm::Int8 => "int8",
@@ -189,12 +189,12 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
             };
             writeln!(f, "dot_block {{")?;
             let field = pad + 2;
-            writeln!(f, "{:field$}acc {}", "", Buf(*acc))?;
+            writeln!(f, "{:field$}acc {}", "", acc)?;
             writeln!(f, "{:field$}scales [{}, {}]", "", E(&scales[0]), E(&scales[1]))?;
-            writeln!(f, "{:field$}weights {}", "", Buf(*weights))?;
+            writeln!(f, "{:field$}weights {}", "", weights)?;
             writeln!(f, "{:field$}w_start {}", "", E(w_start))?;
             writeln!(f, "{:field$}form {form}", "")?;
-            writeln!(f, "{:field$}act {}", "", Buf(*act))?;
+            writeln!(f, "{:field$}act {}", "", act)?;
             writeln!(f, "{:field$}act_start {}", "", E(act_start))?;
             writeln!(f, "{:pad$}}}", "")
         }
@@ -205,11 +205,11 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
             };
             writeln!(f, "dot_rows {{")?;
             let field = pad + 2;
-            writeln!(f, "{:field$}acc {}", "", Buf(d.acc))?;
-            writeln!(f, "{:field$}weights {}", "", Buf(d.weights))?;
+            writeln!(f, "{:field$}acc {}", "", d.acc)?;
+            writeln!(f, "{:field$}weights {}", "", d.weights)?;
             writeln!(f, "{:field$}w_start {}", "", E(&d.w_start))?;
             writeln!(f, "{:field$}form {form}", "")?;
-            writeln!(f, "{:field$}act {}", "", Buf(d.act))?;
+            writeln!(f, "{:field$}act {}", "", d.act)?;
             writeln!(f, "{:field$}act_start {}", "", E(&d.act_start))?;
             match &d.act_levels {
                 ActLevels::Bytes => writeln!(f, "{:field$}act_levels bytes", "")?,
@@ -242,7 +242,7 @@ impl fmt::Display for E<'_> {
             Expr::I64(x) => write!(f, "{x}"),
             Expr::Var(v) => write!(f, "v{v}"),
             Expr::Seq => f.write_str("seq"),
-            Expr::Load { param, index } => write!(f, "{}[{}]", Buf(*param), E(index)),
+            Expr::Load { buf, index } => write!(f, "{buf}[{}]", E(index)),
             Expr::Bin(op @ (BinOp::Max | BinOp::Min), a, b) => write!(f, "{}({}, {})", if *op == BinOp::Max { "max" } else { "min" }, E(a), E(b)),
             Expr::Bin(op, a, b) => write!(f, "({} {} {})", E(a), bin_symbol(*op), E(b)),
             Expr::Cmp(op, a, b) => write!(f, "({} {} {})", E(a), cmp_symbol(*op), E(b)),
@@ -270,28 +270,16 @@ impl fmt::Display for F32Lit {
     }
 }
 
-/// A buffer index: `p{n}` for a parameter, `l{n}` for local `n` (index `LOCAL_BASE + n`).
-struct Buf(u32);
-
-impl fmt::Display for Buf {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.checked_sub(LOCAL_BASE) {
-            Some(n) => write!(f, "l{n}"),
-            None => write!(f, "p{}", self.0),
-        }
-    }
-}
-
-/// A [`RowScale`]: `values BUF at EXPR factors (none | BUF at EXPR)`.
+/// A [`RowScale`]: `values PARAM at EXPR factors (none | PARAM at EXPR)`.
 struct Scale<'s>(&'s RowScale);
 
 impl fmt::Display for Scale<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (p, start) = &self.0.values;
-        write!(f, "values {} at {} factors ", Buf(*p), E(start))?;
+        write!(f, "values {} at {} factors ", p, E(start))?;
         match &self.0.factors {
             None => f.write_str("none"),
-            Some((p, start)) => write!(f, "{} at {}", Buf(*p), E(start)),
+            Some((p, start)) => write!(f, "{} at {}", p, E(start)),
         }
     }
 }
@@ -323,24 +311,12 @@ impl fmt::Display for Quoted<'_> {
 
 // Every variant of the name-bearing enums; the names themselves are stated once,
 // in the printer's exhaustive matches below, and the parser looks them up there.
-const ELEM_TYPES: [ElemType; 6] = [ElemType::F32, ElemType::I32, ElemType::BF16, ElemType::F16, ElemType::I8, ElemType::U8];
 const VAL_TYPES: [ValType; 3] = [ValType::F32, ValType::I64, ValType::Bool];
 const UN_OPS: [UnOp; 11] = [UnOp::Neg, UnOp::Exp, UnOp::Sqrt, UnOp::Tanh, UnOp::Cos, UnOp::Sin, UnOp::ToF32, UnOp::Floor, UnOp::ToI64, UnOp::BitsToF32, UnOp::HalfBitsToF32];
 
 /// The unary operator named `name`.
 fn un_op_named(name: &str) -> Option<UnOp> {
     UN_OPS.into_iter().find(|&op| un_name(op) == name)
-}
-
-fn elem_name(e: ElemType) -> &'static str {
-    match e {
-        ElemType::F32 => "f32",
-        ElemType::I32 => "i32",
-        ElemType::BF16 => "bf16",
-        ElemType::F16 => "f16",
-        ElemType::I8 => "i8",
-        ElemType::U8 => "u8",
-    }
 }
 
 fn val_name(t: ValType) -> &'static str {
@@ -791,29 +767,41 @@ impl Parser {
         }
     }
 
-    /// A variable: `v{id}`.
-    fn var(&mut self) -> PResult<VarId> {
-        let id = self.numbered('v').and_then(|d| d.parse().ok());
-        match id {
-            Some(id) => {
+    /// `{prefix}{n}` with `n` a 32-bit number, consumed; else an error
+    /// expecting `what`.
+    fn id(&mut self, prefix: char, what: &str) -> PResult<u32> {
+        match self.numbered(prefix).and_then(|d| d.parse().ok()) {
+            Some(n) => {
                 self.at += 1;
-                Ok(id)
+                Ok(n)
             }
-            None => Err(self.error("a variable (`v` and a 32-bit id)")),
+            None => Err(self.error(what)),
         }
     }
 
-    /// A buffer: `p{index}` below [`LOCAL_BASE`] or `l{n}` for `LOCAL_BASE + n`.
-    fn buffer(&mut self) -> PResult<u32> {
-        let param = self.numbered('p').and_then(|d| d.parse::<u32>().ok()).filter(|&p| p < LOCAL_BASE);
-        let local = self.numbered('l').and_then(|d| d.parse::<u32>().ok()).and_then(|n| n.checked_add(LOCAL_BASE));
-        match param.or(local) {
-            Some(index) => {
-                self.at += 1;
-                Ok(index)
-            }
-            None => Err(self.error(&format!("a buffer (`p` and a parameter index below {LOCAL_BASE}, or `l` and a local index)"))),
+    /// A variable: `v{id}`.
+    fn var(&mut self) -> PResult<VarId> {
+        self.id('v', "a variable (`v` and a 32-bit id)")
+    }
+
+    /// A buffer: `p{n}` for a parameter or `l{n}` for a local.
+    fn buffer(&mut self) -> PResult<Buf> {
+        const WHAT: &str = "a buffer (`p` and a parameter index, or `l` and a local index)";
+        if self.numbered('l').is_some() {
+            self.id('l', WHAT).map(|n| Buf::Local(LocalId(n)))
+        } else {
+            self.id('p', WHAT).map(|n| Buf::Param(ParamId(n)))
         }
+    }
+
+    /// A parameter: `p{n}`.
+    fn param(&mut self) -> PResult<ParamId> {
+        self.id('p', "a parameter (`p` and a parameter index)").map(ParamId)
+    }
+
+    /// A local: `l{n}`.
+    fn local(&mut self) -> PResult<LocalId> {
+        self.id('l', "a local (`l` and a local index)").map(LocalId)
     }
 
     /// A declaration's number: `{prefix}{expected}`.
@@ -858,7 +846,7 @@ impl Parser {
         while !self.eat_punct("}") {
             self.declared('p', params.len())?;
             let name = self.string("the parameter's name (a string)")?;
-            let elem = self.choice(&ELEM_TYPES.map(|e| (e, elem_name(e))), "an element type")?;
+            let elem = self.choice(&ElemType::ALL.map(|e| (e, e.name())), "an element type")?;
             let writes = self.choice(&[(false, "read"), (true, "write")], "the parameter's access")?;
             params.push(Param { name, elem, writes });
         }
@@ -924,9 +912,10 @@ impl Parser {
 
     /// `store` (consumed) `BUF [ expr ] = expr`.
     fn store(&mut self) -> PResult<Stmt> {
-        let (param, index) = self.element()?;
+        let buf = self.buffer()?;
+        let index = self.index()?;
         self.punct("=")?;
-        Ok(Stmt::Store { param, index, value: self.expr()? })
+        Ok(Stmt::Store { buf, index, value: self.expr()? })
     }
 
     /// `for` or `for_vec` (consumed) `VAR in expr .. expr block`.
@@ -945,19 +934,18 @@ impl Parser {
         Ok(Stmt::If { cond, then: self.block()? })
     }
 
-    /// `prefetch` (consumed) `BUF [ expr ]`.
+    /// `prefetch` (consumed) `PARAM [ expr ]`.
     fn prefetch(&mut self) -> PResult<Stmt> {
-        let (param, index) = self.element()?;
-        Ok(Stmt::Prefetch { param, index })
+        let param = self.param()?;
+        Ok(Stmt::Prefetch { param, index: self.index()? })
     }
 
-    /// `BUF [ expr ]`.
-    fn element(&mut self) -> PResult<(u32, Expr)> {
-        let param = self.buffer()?;
+    /// `[ expr ]`.
+    fn index(&mut self) -> PResult<Expr> {
         self.punct("[")?;
         let index = self.expr()?;
         self.punct("]")?;
-        Ok((param, index))
+        Ok(index)
     }
 
     /// `[ expr , expr ]`.
@@ -979,12 +967,12 @@ impl Parser {
     /// `dot_block` (consumed) and its fields in braces.
     fn dot_block(&mut self) -> PResult<Stmt> {
         self.punct("{")?;
-        let acc = self.field("acc", Self::buffer)?;
+        let acc = self.field("acc", Self::local)?;
         let scales = self.field("scales", Self::pair)?;
-        let weights = self.field("weights", Self::buffer)?;
+        let weights = self.field("weights", Self::param)?;
         let w_start = self.field("w_start", Self::expr)?;
         let form = self.field("form", |p| p.choice(&[(DotForm::Int8, "int8"), (DotForm::NibblePairs, "nibble_pairs")], "a dot form"))?;
-        let act = self.field("act", Self::buffer)?;
+        let act = self.field("act", Self::param)?;
         let act_start = self.field("act_start", Self::expr)?;
         self.punct("}")?;
         Ok(Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start })
@@ -993,11 +981,11 @@ impl Parser {
     /// `dot_rows` (consumed) and its fields in braces.
     fn dot_rows(&mut self) -> PResult<Stmt> {
         self.punct("{")?;
-        let acc = self.field("acc", Self::buffer)?;
-        let weights = self.field("weights", Self::buffer)?;
+        let acc = self.field("acc", Self::local)?;
+        let weights = self.field("weights", Self::param)?;
         let w_start = self.field("w_start", Self::expr)?;
         let form = self.field("form", |p| p.choice(&[(RowsForm::Nibbles, "nibbles"), (RowsForm::Bytes, "bytes")], "a rows form"))?;
-        let act = self.field("act", Self::buffer)?;
+        let act = self.field("act", Self::param)?;
         let act_start = self.field("act_start", Self::expr)?;
         let act_levels = self.field("act_levels", |p| {
             if p.eat_keyword("bytes") {
@@ -1029,10 +1017,10 @@ impl Parser {
         Ok(Stmt::DotRows(RowDot { acc, weights, w_start, form, act, act_start, act_levels, act_scales, row_scales, row_min, prefetch_ahead }))
     }
 
-    /// `values BUF at expr factors (none | BUF at expr)`.
+    /// `values PARAM at expr factors (none | PARAM at expr)`.
     fn row_scale(&mut self) -> PResult<RowScale> {
-        let at = |p: &mut Self| -> PResult<(u32, Expr)> {
-            let buffer = p.buffer()?;
+        let at = |p: &mut Self| -> PResult<(ParamId, Expr)> {
+            let buffer = p.param()?;
             p.keyword("at")?;
             Ok((buffer, p.expr()?))
         };
@@ -1081,8 +1069,8 @@ impl Parser {
 
     /// `BUF [ expr ]`.
     fn load(&mut self) -> PResult<Expr> {
-        let (param, index) = self.element()?;
-        Ok(Expr::Load { param, index: Box::new(index) })
+        let buf = self.buffer()?;
+        Ok(Expr::Load { buf, index: Box::new(self.index()?) })
     }
 
     /// `max`, `min`, `select` or a unary operator, with its arguments.
@@ -1337,16 +1325,16 @@ mod tests {
         body.extend(ops.map(|op| set(t, bin(op, i(i64::MIN), i(i64::MAX)))));
         body.extend(UN_OPS.map(|op| set(x, un(op, v(x)))));
         body.push(set(c, Expr::Cmp(CmpOp::Le, Box::new(seq()), Box::new(i(-1)))));
-        body.push(set(c, eq(v(u32::MAX), ld(LOCAL_BASE - 1, i(0)))));
+        body.push(set(c, eq(v(u32::MAX), ld(LocalId(u32::MAX), i(0)))));
         body.push(if_(lt(v(t), i(3)), vec![]));
-        body.push(Stmt::For { var: t, start: i(-5), end: seq(), hint: LoopHint::Serial, body: vec![prefetch(u32::MAX, i(1 << 40)), if_(v(c), vec![store(out, v(t), select(v(c), f(1.5), f(-0.0)))])] });
+        body.push(Stmt::For { var: t, start: i(-5), end: seq(), hint: LoopHint::Serial, body: vec![prefetch(ParamId(u32::MAX), i(1 << 40)), if_(v(c), vec![store(out, v(t), select(v(c), f(1.5), f(-0.0)))])] });
         body.push(for_vec(t, i(0), i(0), vec![]));
         body.push(Stmt::DotBlock { acc, scales: [f(0.5), ld(scales, v(t))], weights: odd, w_start: i(0), form: DotForm::NibblePairs, act: acts, act_start: v(t) });
         for (act_levels, row_min, prefetch_ahead) in [
             (ActLevels::Bytes, RowMin::Offset(f32::NAN), None),
             (ActLevels::Planes { low: add(v(t), i(512)) }, RowMin::Offset(-0.0), Some(i64::MIN)),
             (ActLevels::Words, RowMin::Stored(RowScale { values: (scales, i(2)), factors: None }), Some(-1)),
-            (ActLevels::Bytes, RowMin::Subtracted(RowScale { values: (big, i(3)), factors: Some((odd, v(t))) }), Some(64)),
+            (ActLevels::Bytes, RowMin::Subtracted(RowScale { values: (ParamId(u32::MAX - 1), i(3)), factors: Some((odd, v(t))) }), Some(64)),
         ] {
             body.push(Stmt::DotRows(RowDot {
                 acc: big,
@@ -1400,7 +1388,7 @@ mod tests {
     #[test]
     fn variant_lists_name_every_variant_once() {
         let distinct = |names: &[&str]| names.iter().collect::<std::collections::HashSet<_>>().len();
-        assert_eq!(distinct(&ELEM_TYPES.map(elem_name)), 6);
+        assert_eq!(distinct(&ElemType::ALL.map(ElemType::name)), 6);
         assert_eq!(distinct(&VAL_TYPES.map(val_name)), 3);
         assert_eq!(distinct(&UN_OPS.map(un_name)), 11);
     }
@@ -1486,8 +1474,8 @@ mod tests {
             ("kernel \"", "kernel \"\\u{110000}", "a `\\u{HEX}` escape"),
             ("\"out\"", "\"out", "a closing `\"`"),
             ("task_var v0", "task_var x0", "a variable"),
-            ("store p2[", "store p1048576[", "a buffer"),
-            ("store p2[", "store l4294967295[", "a buffer"),
+            ("store p2[", "store p4294967296[", "a buffer"),
+            ("store p2[", "store l4294967296[", "a buffer"),
             ("store p2[", "store p2[v1 + 1] ", "`]`"),
             ("store p2[", "store p2[(v1 ^ 1)] ", "a token"),
             ("store p2[", "store p2[(v1 max 1)] ", "an infix operator"),

@@ -173,8 +173,8 @@ fn multiple_of_vector(e: &Expr, aligned: &HashSet<VarId>) -> bool {
 /// Whether every global access in `stmts` that depends on `var` is at
 /// `var + offset` with `offset` a multiple of [`VECTOR`] not depending on `var`.
 fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) -> bool {
-    let access = |param: u32, index: &Expr| -> bool {
-        if param >= LOCAL_BASE || !index.mentions(var) {
+    let access = |buf: Buf, index: &Expr| -> bool {
+        if matches!(buf, Buf::Local(_)) || !index.mentions(var) {
             return true;
         }
         match index {
@@ -186,10 +186,10 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
             _ => false,
         }
     };
-    fn expr_ok(e: &Expr, access: &dyn Fn(u32, &Expr) -> bool) -> bool {
+    fn expr_ok(e: &Expr, access: &dyn Fn(Buf, &Expr) -> bool) -> bool {
         match e {
             Expr::F32(_) | Expr::I64(_) | Expr::Var(_) | Expr::Seq => true,
-            Expr::Load { param, index } => access(*param, index) && expr_ok(index, access),
+            Expr::Load { buf, index } => access(*buf, index) && expr_ok(index, access),
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => expr_ok(a, access) && expr_ok(b, access),
             Expr::Un(_, a) => expr_ok(a, access),
             Expr::Select(c, a, b) => expr_ok(c, access) && expr_ok(a, access) && expr_ok(b, access),
@@ -197,7 +197,7 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
     }
     stmts.iter().all(|s| match s {
         Stmt::Set { value, .. } => expr_ok(value, &access),
-        Stmt::Store { param, index, value } => access(*param, index) && expr_ok(index, &access) && expr_ok(value, &access),
+        Stmt::Store { buf, index, value } => access(*buf, index) && expr_ok(index, &access) && expr_ok(value, &access),
         Stmt::If { cond, then } => expr_ok(cond, &access) && accesses_allow_vectors(then, var, aligned),
         // Emits nothing on the GPU.
         Stmt::Prefetch { .. } => true,
@@ -210,8 +210,8 @@ fn scan(kernel: &Kernel, stmts: &[Stmt], reductions: &mut Vec<(VarId, BinOp)>, s
         match s {
             // A dot writes a local, which every lane must keep identical.
             Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) => return false,
-            Stmt::Store { param, .. } => {
-                if *param >= LOCAL_BASE {
+            Stmt::Store { buf, .. } => {
+                if matches!(buf, Buf::Local(_)) {
                     return false;
                 }
                 *stores = true;

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+pub mod kernel_check;
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()

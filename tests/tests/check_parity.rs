@@ -57,6 +57,8 @@ fn check_and_compile_refuse_the_same_inputs_alike() {
         ("mesh that does not divide the MLP", with_model(&["--devices", "cpu:0,1,2"]), "intermediate_size is 160"),
         ("heads that do not split", with_model(&["--devices", "cpu:0,1,2,3", "--attention-sharding", "heads"]), "num_key_value_heads is 2"),
         ("unknown attention policy", with_model(&["--attention-sharding", "rows"]), "--attention-sharding"),
+        ("zero sequences per step", with_model(&["--max-sequences", "0"]), "--max-sequences"),
+        ("fewer rows than sequences", with_model(&["--max-batch-tokens", "4", "--max-sequences", "8"]), "--max-sequences = 8"),
         ("batch rows below the sequences", vec![manifest("batch", "max_batch_tokens = 4\nmax_sequences = 8")], "compile.max_batch_tokens"),
         ("unknown target in the manifest", vec![manifest("target", "target = \"arm64\"")], "compile.target"),
         ("override with a bad value", with_model(&["--model-override", "transformer.kv_cache_encoding=int4"]), "compile.kv_cache_encoding"),

@@ -23,3 +23,22 @@ fn example_manifests_parse_and_local_ones_build() {
     }
     assert!(built >= 3, "the fixture and SmolLM2 manifests must build");
 }
+
+/// Every `[compile]` key is also a flag (one struct is both): the numeric ones
+/// reach the artifact as the keys do.
+#[test]
+fn numeric_compile_keys_are_flags_too() {
+    use std::ffi::OsStr;
+    let out = maxc_tests::temp_file("compile-key-flags", "flags.mef");
+    let model = maxc_tests::fixture("tiny-llama");
+    let args = [OsStr::new("compile"), OsStr::new("--model"), model.as_os_str(), OsStr::new("-o"), out.as_os_str(), OsStr::new("--no-cache"), OsStr::new("-q")];
+    let flags = ["--max-length", "64", "--max-sequences", "2", "--max-batch-tokens", "32"].map(OsStr::new);
+    let (code, _, err) = maxc_tests::run_bin("maxc", &[&args[..], &flags[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, json, err) = maxc_tests::run_bin("maxrun", &[OsStr::new("inspect"), OsStr::new("--json"), out.as_os_str()]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let batch = &v["batch"];
+    assert_eq!((batch["max_sequences"].as_u64(), batch["max_batch_tokens"].as_u64()), (Some(2), Some(32)), "{batch}");
+    assert_eq!(batch["block_size"].as_u64().unwrap() * batch["blocks_per_sequence"].as_u64().unwrap(), 64, "{batch}");
+}

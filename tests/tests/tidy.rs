@@ -1,6 +1,7 @@
-//! House rules that a compiler cannot check: module docs on every file, and the
+//! House rules that a compiler cannot check: module docs on every file, the
 //! crates' layering (the format contract at the bottom, the runtime free of the
-//! compiler, LLVM and Cranelift, the kernel IR free of the runtime).
+//! compiler, LLVM and Cranelift, the kernel IR free of the runtime), and no
+//! import cycle among the compiler's modules.
 
 use maxc_tests::workspace_root;
 
@@ -57,5 +58,61 @@ fn crates_depend_only_on_the_layers_below_them() {
         for banned in banned {
             assert!(!tree.lines().any(|l| l.starts_with(banned)), "{krate} depends on {banned}:\n{tree}");
         }
+    }
+}
+
+/// The top-level modules of `compiler/src` that each module names through
+/// `crate::` (in code, not comments), keyed by module.
+fn compiler_module_uses() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = workspace_root().join("compiler/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut uses: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        let module = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let entry = uses.entry(module.clone()).or_default();
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (at, _) in line.match_indices("crate::") {
+                let rest = &line[at + "crate::".len()..];
+                // `crate::{a, b::c}` names several.
+                let names: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(group) => group.split('}').next().unwrap_or("").split(',').map(|n| n.trim().split("::").next().unwrap_or("")).collect(),
+                    None => vec![rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("")],
+                };
+                entry.extend(names.into_iter().filter(|n| !n.is_empty() && *n != module).map(str::to_string));
+            }
+        }
+    }
+    uses
+}
+
+/// The compiler's modules form layers: no two of them use each other, directly
+/// or through others (a cycle makes neither understandable alone).
+#[test]
+fn compiler_modules_have_no_import_cycles() {
+    let uses = compiler_module_uses();
+    assert!(uses["graph"].contains("error") && uses["driver"].contains("schedule"), "the scan finds no uses: {uses:?}");
+    // Depth-first search for a back edge, reporting the cycle.
+    fn visit(m: &str, uses: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>, path: &mut Vec<String>, done: &mut std::collections::BTreeSet<String>) {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            panic!("import cycle in compiler/src: {} -> {m}", path[at..].join(" -> "));
+        }
+        if !done.insert(m.to_string()) {
+            return;
+        }
+        path.push(m.to_string());
+        for next in uses.get(m).into_iter().flatten() {
+            visit(next, uses, path, done);
+        }
+        path.pop();
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for m in uses.keys() {
+        visit(m, &uses, &mut Vec::new(), &mut done);
     }
 }

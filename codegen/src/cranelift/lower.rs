@@ -112,11 +112,11 @@ impl Lowering<'_, '_> {
                 }
                 // A hint Cranelift has no instruction for.
                 Stmt::Prefetch { .. } => {}
-                Stmt::Store { param, index, value } => {
+                Stmt::Store { buf, index, value } => {
                     let v = self.expr(value)?;
-                    let addr = self.address(*param, index)?;
+                    let addr = self.address(*buf, index)?;
                     let flags = MemFlagsData::trusted();
-                    match self.kernel.buffer(*param).expect("validated").elem {
+                    match self.kernel.buffer(*buf).expect("validated").elem {
                         ElemType::F32 => {
                             self.b.ins().store(flags, v, addr, 0);
                         }
@@ -164,12 +164,12 @@ impl Lowering<'_, '_> {
     /// A [`Stmt::DotBlock`] in scalar code (this backend's baseline x86-64 has no
     /// VNNI): per lane, four byte loads of each operand, integer multiply-adds,
     /// one conversion and one scaled add to the accumulator.
-    fn dot_block(&mut self, acc: u32, scales: &[Expr; 2], (weights, w_start): (u32, &Expr), form: DotForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+    fn dot_block(&mut self, acc: LocalId, scales: &[Expr; 2], (weights, w_start): (ParamId, &Expr), form: DotForm, (act, act_start): (ParamId, &Expr)) -> Result<(), CodegenError> {
         let flags = MemFlagsData::trusted();
         let scales = [self.expr(&scales[0])?, self.expr(&scales[1])?];
         let w_base = self.address(weights, w_start)?;
         let a_base = self.address(act, act_start)?;
-        let acc_base = self.locals[(acc - LOCAL_BASE) as usize];
+        let acc_base = self.locals[acc.index()];
         for g in 0..DOT_LANES {
             let mut sum = self.b.ins().iconst(types::I32, 0);
             for i in 4 * g..4 * g + 4 {
@@ -213,7 +213,7 @@ impl Lowering<'_, '_> {
             _ => None,
         };
         let (act_scale, act_sum) = (self.expr(&d.act_scales[0])?, self.expr(&d.act_scales[1])?);
-        let acc_base = self.locals[(d.acc - LOCAL_BASE) as usize];
+        let acc_base = self.locals[d.acc.index()];
         for g in 0..DOT_LANES {
             let mut sum = self.b.ins().iconst(types::I32, 0);
             for t in 0..RowsForm::VALUES {
@@ -263,7 +263,7 @@ impl Lowering<'_, '_> {
     /// Row `g`'s value of a [`RowScale`]: the float value, times the unsigned byte factor if any.
     fn row_value(&mut self, r: &RowScale, g: i64) -> Result<Value, CodegenError> {
         let at = |start: &Expr| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(g)));
-        let value = self.expr(&Expr::Load { param: r.values.0, index: Box::new(at(&r.values.1)) })?;
+        let value = self.expr(&Expr::Load { buf: Buf::Param(r.values.0), index: Box::new(at(&r.values.1)) })?;
         let Some((param, start)) = &r.factors else { return Ok(value) };
         let byte = self.address(*param, &at(start))?;
         let byte = self.b.ins().uload8(types::I32, MemFlagsData::trusted(), byte, 0);
@@ -334,9 +334,9 @@ impl Lowering<'_, '_> {
                     let sum = self.b.ins().fadd(sum, x);
                     self.b.def_var(accs[slot], sum);
                 }
-                Stmt::Store { param, index, value } => {
+                Stmt::Store { buf, index, value } => {
                     let x = self.vexpr(value, var)?;
-                    let addr = self.address(*param, index)?;
+                    let addr = self.address(*buf, index)?;
                     self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 }
                 Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
@@ -365,8 +365,8 @@ impl Lowering<'_, '_> {
     /// An f32 expression as an `f32x4` of lanes `i..i+4` (`var` = `i`).
     fn vexpr(&mut self, e: &Expr, var: VarId) -> Result<Value, CodegenError> {
         Ok(match e {
-            Expr::Load { param, index } if stride(index, var) == Some(1) => {
-                let addr = self.address(*param, index)?;
+            Expr::Load { buf, index } if stride(index, var) == Some(1) => {
+                let addr = self.address(*buf, index)?;
                 // Not `aligned`: lanes i..i+4 of a row start anywhere (movups, not movaps).
                 self.b.ins().load(types::F32X4, MemFlagsData::new().with_notrap(), addr, 0)
             }
@@ -399,11 +399,15 @@ impl Lowering<'_, '_> {
         })
     }
 
-    fn address(&mut self, param: u32, index: &Expr) -> Result<Value, CodegenError> {
+    fn address(&mut self, buf: impl Into<Buf>, index: &Expr) -> Result<Value, CodegenError> {
+        let buf = buf.into();
         let idx = self.expr(index)?;
-        let size = self.kernel.buffer(param).expect("validated").elem.size() as i64;
+        let size = self.kernel.buffer(buf).expect("validated").elem.size() as i64;
         let offset = self.b.ins().imul_imm_s(idx, size);
-        let base = if param >= LOCAL_BASE { self.locals[(param - LOCAL_BASE) as usize] } else { self.params[param as usize] };
+        let base = match buf {
+            Buf::Local(l) => self.locals[l.index()],
+            Buf::Param(p) => self.params[p.index()],
+        };
         Ok(self.b.ins().iadd(base, offset))
     }
 
@@ -488,10 +492,10 @@ impl Lowering<'_, '_> {
             Expr::I64(x) => self.b.ins().iconst(types::I64, *x),
             Expr::Var(v) => self.b.use_var(self.vars[*v as usize]),
             Expr::Seq => self.seq,
-            Expr::Load { param, index } => {
-                let addr = self.address(*param, index)?;
+            Expr::Load { buf, index } => {
+                let addr = self.address(*buf, index)?;
                 let flags = MemFlagsData::trusted();
-                match self.kernel.buffer(*param).expect("validated").elem {
+                match self.kernel.buffer(*buf).expect("validated").elem {
                     ElemType::F32 => self.b.ins().load(types::F32, flags, addr, 0),
                     ElemType::I32 => self.b.ins().sload32(flags, addr, 0),
                     ElemType::BF16 => {
@@ -619,7 +623,7 @@ impl VectorLoop {
     /// at the very index it is stored at (element-wise updates).
     pub fn analyze(kernel: &Kernel, var: VarId, body: &[Stmt]) -> Option<VectorLoop> {
         let mut reductions = Vec::new();
-        let mut stored: Vec<(u32, &Expr)> = Vec::new();
+        let mut stored: Vec<(Buf, &Expr)> = Vec::new();
         for s in body {
             match s {
                 Stmt::Set { var: acc, value } if kernel.vars.get(*acc as usize) == Some(&ValType::F32) => {
@@ -629,8 +633,8 @@ impl VectorLoop {
                     }
                     reductions.push(*acc);
                 }
-                Stmt::Store { param, index, .. } if kernel.buffer(*param).map(|b| b.elem) == Some(ElemType::F32) && stride(index, var) == Some(1) => {
-                    stored.push((*param, index));
+                Stmt::Store { buf, index, .. } if kernel.buffer(*buf).map(|b| b.elem) == Some(ElemType::F32) && stride(index, var) == Some(1) => {
+                    stored.push((*buf, index));
                 }
                 _ => return None,
             }
@@ -662,16 +666,16 @@ impl VectorLoop {
         Self::sum_term(acc, value).expect("analyzed as a sum")
     }
 
-    fn lane_expr(kernel: &Kernel, e: &Expr, var: VarId, reductions: &[VarId], stored: &[(u32, &Expr)]) -> bool {
+    fn lane_expr(kernel: &Kernel, e: &Expr, var: VarId, reductions: &[VarId], stored: &[(Buf, &Expr)]) -> bool {
         let ok = |x: &Expr| Self::lane_expr(kernel, x, var, reductions, stored);
         match e {
             Expr::F32(_) => true,
             Expr::Var(v) => *v != var && !reductions.contains(v) && kernel.vars.get(*v as usize) == Some(&ValType::F32),
-            Expr::Load { param, index } => {
-                let f32_data = kernel.buffer(*param).map(|b| b.elem) == Some(ElemType::F32);
-                let unaliased = stored.iter().all(|(p, at)| p != param || *at == &**index);
+            Expr::Load { buf, index } => {
+                let f32_data = kernel.buffer(*buf).map(|b| b.elem) == Some(ElemType::F32);
+                let unaliased = stored.iter().all(|(b, at)| b != buf || *at == &**index);
                 let st = stride(index, var);
-                f32_data && unaliased && (st == Some(1) || (st == Some(0) && stored.iter().all(|(p, _)| p != param)))
+                f32_data && unaliased && (st == Some(1) || (st == Some(0) && stored.iter().all(|(b, _)| b != buf)))
             }
             Expr::Bin(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min, a, b) => ok(a) && ok(b),
             Expr::Un(UnOp::Neg | UnOp::Sqrt, a) => ok(a),

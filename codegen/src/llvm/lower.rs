@@ -261,8 +261,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let v = self.expr(value)?;
                 self.builder.build_store(self.slots[*var as usize], v).map_err(llvm_err)?;
             }
-            Stmt::Store { param, index, value } => {
-                let elem = self.kernel.buffer(*param).expect("validated").elem;
+            Stmt::Store { buf, index, value } => {
+                let elem = self.kernel.buffer(*buf).expect("validated").elem;
                 let v = self.expr(value)?;
                 let v: BasicValueEnum = match elem {
                     ElemType::F32 => v,
@@ -271,9 +271,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     ElemType::F16 => self.builder.build_float_trunc(v.into_float_value(), self.context.f16_type(), "fptrunc").map_err(llvm_err)?.into(),
                     ElemType::BF16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
-                let p = self.element_ptr(*param, index)?;
+                let p = self.element_ptr(*buf, index)?;
                 let st = self.builder.build_store(p, v).map_err(llvm_err)?;
-                self.mark_alignment(Some(st), *param, index)?;
+                self.mark_alignment(Some(st), *buf, index)?;
             }
             Stmt::For { .. } => self.lower_loop(s, None)?,
             Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
@@ -281,7 +281,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Stmt::Prefetch { param, index } => {
                 if let Flavor::Cpu(_) = self.flavor {
                     let idx = self.expr(index)?.into_int_value();
-                    let (elem, base) = self.buffer_base(*param);
+                    let (elem, base) = self.buffer_base(Buf::Param(*param));
                     // SAFETY: a plain (not inbounds) GEP; the pointer is only prefetched.
                     let at = unsafe { self.builder.build_gep(elem, base, &[idx], "prefetch_at") }.map_err(llvm_err)?;
                     self.prefetch(at, 0)?;
@@ -385,15 +385,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// with the alignment the chunk guarantees: `VECTOR` elements for copy 0 (the
     /// buffers start 64-byte aligned and the offset is a multiple of `VECTOR`), so
     /// that LLVM's load/store vectorizer joins the chunk's accesses.
-    fn mark_alignment(&self, inst: Option<InstructionValue<'ctx>>, param: u32, index: &Expr) -> Result<(), CodegenError> {
+    fn mark_alignment(&self, inst: Option<InstructionValue<'ctx>>, buf: Buf, index: &Expr) -> Result<(), CodegenError> {
+        let Buf::Param(param) = buf else { return Ok(()) };
         if let Some(inst) = inst {
             self.tag_alias(inst, param)?;
         }
         let (Some(inst), Some((var, u))) = (inst, self.chunk_copy) else { return Ok(()) };
-        if param >= LOCAL_BASE || !index.mentions(var) {
+        if !index.mentions(var) {
             return Ok(());
         }
-        let size = self.kernel.buffer(param).expect("validated").elem.size() as u32;
+        let size = self.kernel.params[param.index()].elem.size() as u32;
         let elems = if u == 0 { maxc_kernels::warp::VECTOR as u32 } else { 1 << (u as u32).trailing_zeros() };
         inst.set_alignment(size * elems).map_err(llvm_err)
     }
@@ -405,8 +406,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// parameters that share a buffer are both read-only, which no reordering
     /// can break. Without it LLVM guards each vector loop with run-time overlap
     /// checks, or gives up on vectorizing loops that touch many parameters.
-    fn tag_alias(&self, inst: InstructionValue<'ctx>, param: u32) -> Result<(), CodegenError> {
-        let Some(&(scope, others)) = self.alias.get(param as usize) else { return Ok(()) };
+    fn tag_alias(&self, inst: InstructionValue<'ctx>, param: ParamId) -> Result<(), CodegenError> {
+        let Some(&(scope, others)) = self.alias.get(param.index()) else { return Ok(()) };
         inst.set_metadata(scope, self.context.get_kind_id("alias.scope")).map_err(llvm_err)?;
         inst.set_metadata(others, self.context.get_kind_id("noalias")).map_err(llvm_err)
     }
@@ -488,8 +489,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         Ok(())
     }
 
-    fn element_ptr(&mut self, param: u32, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {
-        let (elem, base) = self.buffer_base(param);
+    fn element_ptr(&mut self, buf: impl Into<Buf>, index: &Expr) -> Result<PointerValue<'ctx>, CodegenError> {
+        let (elem, base) = self.buffer_base(buf.into());
         // `lane + rest` (the library puts a vector loop's variable first): the
         // element of `rest` first, then the lane, as two GEPs. One GEP of the sum
         // loses the lane's stride when `rest` is a multiple of a power of two
@@ -512,9 +513,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// A parameter's or local's element type and start.
-    fn buffer_base(&self, param: u32) -> (BasicTypeEnum<'ctx>, PointerValue<'ctx>) {
-        let elem = self.elem(self.kernel.buffer(param).expect("validated").elem);
-        let base = if param >= LOCAL_BASE { self.locals[(param - LOCAL_BASE) as usize] } else { self.params[param as usize] };
+    fn buffer_base(&self, buf: Buf) -> (BasicTypeEnum<'ctx>, PointerValue<'ctx>) {
+        let elem = self.elem(self.kernel.buffer(buf).expect("validated").elem);
+        let base = match buf {
+            Buf::Local(l) => self.locals[l.index()],
+            Buf::Param(p) => self.params[p.index()],
+        };
         (elem, base)
     }
 
@@ -547,11 +551,11 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Expr::I64(x) => self.context.i64_type().const_int(*x as u64, true).into(),
             Expr::Var(v) => b.build_load(self.ty(self.kernel.vars[*v as usize]), self.slots[*v as usize], "var").map_err(llvm_err)?,
             Expr::Seq => self.seq.expect("seq is loaded in the entry block"),
-            Expr::Load { param, index } => {
-                let p = self.element_ptr(*param, index)?;
-                let elem = self.kernel.buffer(*param).expect("validated").elem;
+            Expr::Load { buf, index } => {
+                let p = self.element_ptr(*buf, index)?;
+                let elem = self.kernel.buffer(*buf).expect("validated").elem;
                 let v = self.builder.build_load(self.elem(elem), p, "ld").map_err(llvm_err)?;
-                self.mark_alignment(v.as_instruction_value(), *param, index)?;
+                self.mark_alignment(v.as_instruction_value(), *buf, index)?;
                 match elem {
                     ElemType::F32 => v,
                     ElemType::I32 => self.builder.build_int_s_extend(v.into_int_value(), self.context.i64_type(), "sext").map_err(llvm_err)?.into(),
@@ -697,11 +701,11 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
         let i32t = self.context.i32_type();
         Ok(Some(match e {
             Expr::I64(c) => (i32t.const_int(*c as u64, true), *c >= 0),
-            Expr::Load { param, index } => {
-                let elem = self.kernel.buffer(*param).expect("validated").elem;
-                let p = self.element_ptr(*param, index)?;
+            Expr::Load { buf, index } => {
+                let elem = self.kernel.buffer(*buf).expect("validated").elem;
+                let p = self.element_ptr(*buf, index)?;
                 let raw = self.builder.build_load(self.context.i8_type(), p, "byte").map_err(llvm_err)?;
-                self.mark_alignment(raw.as_instruction_value(), *param, index)?;
+                self.mark_alignment(raw.as_instruction_value(), *buf, index)?;
                 let raw = raw.into_int_value();
                 match elem {
                     ElemType::I8 => (self.builder.build_int_s_extend(raw, i32t, "sext").map_err(llvm_err)?, false),
@@ -735,7 +739,7 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
     fn narrowable(&self, e: &Expr, low_bits: bool) -> bool {
         match e {
             Expr::I64(c) => low_bits || i32::try_from(*c).is_ok(),
-            Expr::Load { param, .. } => matches!(self.kernel.buffer(*param).map(|b| b.elem), Some(ElemType::I8 | ElemType::U8)),
+            Expr::Load { buf, .. } => matches!(self.kernel.buffer(*buf).map(|b| b.elem), Some(ElemType::I8 | ElemType::U8)),
             // Exact in i32 (`UnOp::ToI64` is defined below 2^31 only).
             Expr::Un(UnOp::ToI64, _) => true,
             Expr::Bin(BinOp::And, a, b) => self.narrowable(a, low_bits) && self.narrowable(b, low_bits),
@@ -750,7 +754,7 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
     /// Narrowable without truncation and known non-negative.
     fn nonneg_narrow(&self, e: &Expr) -> bool {
         match e {
-            Expr::Load { param, .. } => matches!(self.kernel.buffer(*param).map(|b| b.elem), Some(ElemType::U8)),
+            Expr::Load { buf, .. } => matches!(self.kernel.buffer(*buf).map(|b| b.elem), Some(ElemType::U8)),
             Expr::Bin(BinOp::And, a, b) => {
                 // A non-negative constant mask is itself `nonneg_narrow`.
                 (self.nonneg_narrow(a) && self.narrowable(b, false)) || (self.nonneg_narrow(b) && self.narrowable(a, false))
@@ -777,11 +781,11 @@ fn shuffle_mask<'ctx>(context: &'ctx Context, f: &dyn Fn(u32) -> u32, n: u32) ->
 
 /// Whether statements `body` (and the loops in them) convert halves to f32.
 fn converts_halves(kernel: &Kernel, body: &[Stmt]) -> bool {
-    let half = |p: u32| kernel.buffer(p).is_some_and(|b| b.elem == ElemType::F16);
+    let half = |b: Buf| kernel.buffer(b).is_some_and(|b| b.elem == ElemType::F16);
     let converts = |e: &Expr| e.applies(UnOp::HalfBitsToF32) || e.loads(&half);
     body.iter().any(|s| match s {
         Stmt::Set { value, .. } => converts(value),
-        Stmt::Store { param, index, value } => half(*param) || converts(index) || converts(value),
+        Stmt::Store { buf, index, value } => half(*buf) || converts(index) || converts(value),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => converts_halves(kernel, body),
         Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => false,
     })

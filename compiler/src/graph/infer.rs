@@ -1,20 +1,55 @@
-//! Shape and dtype inference: one exhaustive `match` over [`Op`].
+//! Type inference: shape and dtype (one exhaustive `match` over [`Op`]), and
+//! placement on one device's graph (another).
 //!
 //! The same function types nodes as builders add them and re-checks every node
 //! in the verifier, so a pass cannot leave a node whose stored type disagrees
 //! with what its op and inputs imply.
+//!
+//! Placement inference is the sharding rules (`sharding/rules/`) read the other
+//! way: a rule decides on the global graph which placements an op's inputs must
+//! have and what its result then is; here the per-device graph, already
+//! sharded, says what its inputs have and the result follows. The two are kept
+//! in step by hand: a rule's result must be what [`output_placement`] gives for
+//! the inputs the rule asks for (the snapshots under tests/ir/shard show every
+//! sharded node's placement).
 
 use super::ir::*;
 
 /// Infers the result type of `op` applied to `inputs` in `graph`: shape and dtype
-/// here, placement from the sharding rules' output placements.
+/// here, placement from [`output_placement`].
 pub fn infer_type(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType, String> {
     let mut ty = infer_shape(graph, op, inputs)?;
     if !matches!(op, Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. }) {
         let have: Vec<Placement> = inputs.iter().map(|&i| graph.ty(i).placement).collect();
-        ty.placement = crate::sharding::rules::output_placement(op, &have);
+        ty.placement = output_placement(op, &have);
     }
     Ok(ty)
+}
+
+/// The placement of the result of `op` given its inputs' placements `have`.
+fn output_placement(op: &Op, have: &[Placement]) -> Placement {
+    let first = have.first().copied().unwrap_or_default();
+    match op {
+        Op::Input { ty, .. } | Op::Weight { ty, .. } | Op::Constant { ty, .. } => ty.placement,
+        // A vocabulary-sharded table gathers partial rows (zeros off the shard).
+        Op::Embedding => match first {
+            Placement::Sharded { axis: 0 } => Placement::PartialSum,
+            _ => Placement::Replicated,
+        },
+        // Weights split by output rows give column-sharded results; split by the
+        // reduced dimension, partial sums.
+        Op::MatMul | Op::MatMulAdd => match have.get(1) {
+            Some(Placement::Sharded { axis: 0 }) => Placement::Sharded { axis: 1 },
+            Some(Placement::Sharded { axis: 1 }) => Placement::PartialSum,
+            _ => Placement::Replicated,
+        },
+        Op::Unary(_) | Op::Binary(_) if have.contains(&Placement::PartialSum) => Placement::PartialSum,
+        Op::Unary(_) | Op::Binary(_) => first,
+        Op::Concat { .. } if have.iter().all(|p| *p == first) => first,
+        Op::Concat { .. } | Op::Transpose | Op::AllReduce | Op::AllGather { .. } => Placement::Replicated,
+        Op::ShardSlice { axis, .. } => Placement::Sharded { axis: *axis },
+        Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::L2Normalize | Op::MeanRows | Op::Rope { .. } | Op::Attention { .. } | Op::SwiGlu | Op::Slice { .. } => first,
+    }
 }
 
 fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType, String> {

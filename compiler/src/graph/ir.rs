@@ -27,31 +27,13 @@ impl fmt::Display for ValueId {
     }
 }
 
-/// Element types of graph values.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-    I32,
-}
+/// Element types: the artifact format's, one vocabulary for graph values,
+/// stored tensors and kernel buffers. A graph value is one of [`GRAPH_DTYPES`]
+/// (bytes appear only as parts of quantized weights, below the graph).
+pub use maxrun::format::DType;
 
-impl DType {
-    pub const ALL: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::I32 => "i32",
-        }
-    }
-
-    pub fn is_float(self) -> bool {
-        !matches!(self, DType::I32)
-    }
-}
+/// The element types a graph value may have.
+pub const GRAPH_DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
 
 /// Symbolic dimensions: known only when the artifact runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

@@ -297,7 +297,7 @@ impl Cursor {
 
 fn parse_type(c: &mut Cursor) -> Result<TensorType> {
     let dt = c.ident()?;
-    let dtype = DType::ALL.into_iter().find(|d| d.name() == dt);
+    let dtype = GRAPH_DTYPES.into_iter().find(|d| d.name() == dt);
     let Some(dtype) = dtype else { return c.err(format!("unknown dtype `{dt}`")) };
     c.punct('[')?;
     let mut shape = Vec::new();

@@ -31,28 +31,17 @@ use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::{rope, rope_gpu};
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{Kernel, TaskCount};
-use maxrun::format::{Layout, WeightEncoding};
+use maxrun::format::{BufferRef, Layout, WeightEncoding};
 
 use crate::error::{Error, Result};
 use crate::graph::rope::inv_freq;
 use crate::graph::{Dim, Graph, Op, SymDim, ValueId, WeightShard};
 
-/// A launch argument before arena offsets are known.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Arg {
-    /// An activation buffer (index into [`Schedule::buffers`]).
-    Buffer(u32),
-    Weight(u32),
-    Tokens,
-    Positions,
-    KeyCache(u32),
-    ValueCache(u32),
-    /// The batch step's inputs (see `maxrun::format::BufferRef`).
-    Slots,
-    RowSequences,
-    BlockTables,
-    LogitRows,
-}
+/// A launch argument before arena offsets are known: the artifact's
+/// [`BufferRef`] with an activation named by its index into
+/// [`Schedule::buffers`] (`Arg::Arena { offset: index }`) until
+/// `memory::plan_arena` lays the buffers out.
+pub type Arg = BufferRef<u32>;
 
 /// An activation buffer: `bytes` for `max_seq` tokens, live over launches `def..=last_use`.
 #[derive(Clone, Debug, PartialEq)]
@@ -190,7 +179,7 @@ impl Scheduler<'_, '_, '_> {
         let b = self.buffers.len() as u32;
         let at = self.launches.len();
         self.buffers.push(BufferInfo { bytes: scratch_bytes(self.max_seq, per_token), def: at, last_use: at });
-        Arg::Buffer(b)
+        Arg::Arena { offset: b }
     }
 
     /// Appends a launch of `kernel` on `args` plus a new output buffer of `width` f32 per token.
@@ -225,7 +214,7 @@ impl Scheduler<'_, '_, '_> {
         };
         let mut outputs = Vec::with_capacity(bytes_per_row.len());
         for &bytes in bytes_per_row {
-            outputs.push(Arg::Buffer(self.buffers.len() as u32));
+            outputs.push(Arg::Arena { offset: self.buffers.len() as u32 });
             self.buffers.push(BufferInfo { bytes: rows * bytes, def: at, last_use: at });
         }
         args.extend(&outputs);
@@ -548,7 +537,7 @@ fn schedule_impl<'g>(
             Op::AllReduce | Op::AllGather { axis: 1, .. } if s.batch.is_some() => return Err(unsupported("a collective in a batch plan (batch plans are for one device)".into())),
             Op::AllReduce | Op::AllGather { axis: 1, .. } => {
                 let src = match s.input(node.inputs[0])? {
-                    Arg::Buffer(b) => b,
+                    Arg::Arena { offset: b } => b,
                     other => return Err(unsupported(format!("a collective over {other:?}"))),
                 };
                 let width = graph.ty(node.inputs[0]).last_dim().expect("static width");
@@ -564,7 +553,7 @@ fn schedule_impl<'g>(
                 let input = &mut s.buffers[src as usize];
                 input.last_use = input.last_use.max(at);
                 s.collectives.push(ScheduledCollective { before_launch: at, op, input: src, output: out });
-                Arg::Buffer(out)
+                Arg::Arena { offset: out }
             }
             Op::AllGather { axis, .. } => return Err(unsupported(format!("an all-gather along axis {axis}"))),
             Op::LayerNorm { eps } => {
@@ -596,7 +585,7 @@ fn schedule_impl<'g>(
     let Scheduler { mut buffers, launches, collectives, loc, .. } = s;
     for (i, l) in launches.iter().enumerate() {
         for a in &l.args {
-            if let Arg::Buffer(b) = a {
+            if let Arg::Arena { offset: b } = a {
                 let info = &mut buffers[*b as usize];
                 info.last_use = info.last_use.max(i);
             }
@@ -607,7 +596,7 @@ fn schedule_impl<'g>(
         .iter()
         .find(|(n, _)| n == "logits" || n == "embedding")
         .ok_or_else(|| unsupported("a graph without `logits` or `embedding`".into()))?;
-    let Some(Arg::Buffer(logits)) = loc[logits_value.index()] else {
+    let Some(Arg::Arena { offset: logits }) = loc[logits_value.index()] else {
         return Err(unsupported("logits that are not computed by a kernel".into()));
     };
     buffers[logits as usize].last_use = launches.len();

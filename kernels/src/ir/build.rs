@@ -17,16 +17,16 @@ impl KernelBuilder {
         Self::default()
     }
 
-    /// Declares a parameter and returns its index.
-    pub fn param(&mut self, name: &str, elem: ElemType, writes: bool) -> u32 {
+    /// Declares a parameter.
+    pub fn param(&mut self, name: &str, elem: ElemType, writes: bool) -> ParamId {
         self.params.push(Param { name: name.into(), elem, writes });
-        self.params.len() as u32 - 1
+        ParamId(self.params.len() as u32 - 1)
     }
 
-    /// Declares a local f32 array of `len` elements and returns its buffer index.
-    pub fn local(&mut self, len: u64) -> u32 {
+    /// Declares a local f32 array of `len` elements.
+    pub fn local(&mut self, len: u64) -> LocalId {
         self.locals.push(len);
-        LOCAL_BASE + self.locals.len() as u32 - 1
+        LocalId(self.locals.len() as u32 - 1)
     }
 
     /// Declares a variable.
@@ -61,8 +61,8 @@ pub mod dsl {
     pub fn seq() -> Expr {
         Expr::Seq
     }
-    pub fn ld(param: u32, index: Expr) -> Expr {
-        Expr::Load { param, index: Box::new(index) }
+    pub fn ld(buf: impl Into<Buf>, index: Expr) -> Expr {
+        Expr::Load { buf: buf.into(), index: Box::new(index) }
     }
     pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
         Expr::Bin(op, Box::new(a), Box::new(b))
@@ -131,8 +131,8 @@ pub mod dsl {
     pub fn set(var: VarId, value: Expr) -> Stmt {
         Stmt::Set { var, value }
     }
-    pub fn store(param: u32, index: Expr, value: Expr) -> Stmt {
-        Stmt::Store { param, index, value }
+    pub fn store(buf: impl Into<Buf>, index: Expr, value: Expr) -> Stmt {
+        Stmt::Store { buf: buf.into(), index, value }
     }
     pub fn for_(var: VarId, start: Expr, end: Expr, body: Vec<Stmt>) -> Stmt {
         Stmt::For { var, start, end, hint: LoopHint::Serial, body }
@@ -143,7 +143,7 @@ pub mod dsl {
     pub fn if_(cond: Expr, then: Vec<Stmt>) -> Stmt {
         Stmt::If { cond, then }
     }
-    pub fn prefetch(param: u32, index: Expr) -> Stmt {
+    pub fn prefetch(param: ParamId, index: Expr) -> Stmt {
         Stmt::Prefetch { param, index }
     }
 }

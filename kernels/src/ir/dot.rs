@@ -33,11 +33,11 @@ use super::*;
 /// reads (a hint with no effect on the result; it may point past the weights).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowDot {
-    pub acc: u32,
-    pub weights: u32,
+    pub acc: LocalId,
+    pub weights: ParamId,
     pub w_start: Expr,
     pub form: RowsForm,
-    pub act: u32,
+    pub act: ParamId,
     pub act_start: Expr,
     /// How the activation levels are stored.
     pub act_levels: ActLevels,
@@ -70,8 +70,8 @@ pub enum ActLevels {
 /// super-block's f16 scale times the block's 6-bit scale).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowScale {
-    pub values: (u32, Expr),
-    pub factors: Option<(u32, Expr)>,
+    pub values: (ParamId, Expr),
+    pub factors: Option<(ParamId, Expr)>,
 }
 
 /// The per-row minimum `M[g]` of a [`RowDot`].

@@ -19,11 +19,11 @@ impl Kernel {
             Expr::F32(_) => F32,
             Expr::I64(_) | Expr::Seq => I64,
             Expr::Var(v) => *self.vars.get(*v as usize).ok_or(format!("variable {v} is not declared"))?,
-            Expr::Load { param, index } => {
+            Expr::Load { buf, index } => {
                 if self.type_of(index)? != I64 {
                     return Err("load index must be i64".into());
                 }
-                match self.buffer(*param).ok_or(format!("buffer {param} does not exist"))?.elem {
+                match self.buffer(*buf).ok_or(format!("buffer {buf} does not exist"))?.elem {
                     ElemType::F32 | ElemType::BF16 | ElemType::F16 => F32,
                     ElemType::I32 | ElemType::I8 | ElemType::U8 => I64,
                 }
@@ -74,8 +74,8 @@ impl Kernel {
     /// the kernel:
     /// - the task variable is a declared `i64` variable;
     /// - every variable a `set` assigns is declared, and the value has its type;
-    /// - every buffer a statement names exists (a parameter index, or a local at
-    ///   `LOCAL_BASE` and above);
+    /// - every buffer a load, store or prefetch names is declared (a parameter
+    ///   in `params`, a local in `locals`);
     /// - stores go to writable buffers only, never to weight-only element types
     ///   (`bf16`, `u8`); an `f32` / `f16` buffer takes an `f32`, an `i32` / `i8`
     ///   one an `i64`; indices, prefetch indices, loop variables and loop bounds
@@ -98,15 +98,15 @@ impl Kernel {
     }
 
     /// The element type of parameter `p` that a dot instruction reads as `what`.
-    fn dot_param(&self, p: u32, what: &str) -> Result<ElemType, String> {
-        self.buffer(p).filter(|_| p < LOCAL_BASE).map(|b| b.elem).ok_or(format!("dot {what} {p} is not a parameter"))
+    fn dot_param(&self, p: ParamId, what: &str) -> Result<ElemType, String> {
+        self.params.get(p.index()).map(|p| p.elem).ok_or(format!("dot {what} {p} is not a parameter"))
     }
 
     /// The operands every dot instruction has: an accumulator local of
     /// [`DOT_LANES`], weight and I8 activation parameters with i64 starts, f32
     /// scales. Returns the weights' element type for the form's own check.
-    fn validate_dot(&self, acc: u32, (weights, w_start): (u32, &Expr), (act, act_start): (u32, &Expr), scales: &[Expr]) -> Result<ElemType, String> {
-        if acc < LOCAL_BASE || self.locals.get((acc - LOCAL_BASE) as usize).is_none_or(|&n| n < DOT_LANES as u64) {
+    fn validate_dot(&self, acc: LocalId, (weights, w_start): (ParamId, &Expr), (act, act_start): (ParamId, &Expr), scales: &[Expr]) -> Result<ElemType, String> {
+        if self.locals.get(acc.index()).is_none_or(|&n| n < DOT_LANES as u64) {
             return Err(format!("dot accumulator {acc} is not a local of {DOT_LANES} elements"));
         }
         let (w_elem, a_elem) = (self.dot_param(weights, "weights")?, self.dot_param(act, "activations")?);
@@ -133,8 +133,8 @@ impl Kernel {
                         return Err(format!("variable {var} is {want:?}, assigned {:?}", self.type_of(value)?));
                     }
                 }
-                Stmt::Store { param, index, value } => {
-                    let p = self.buffer(*param).ok_or(format!("buffer {param} does not exist"))?;
+                Stmt::Store { buf, index, value } => {
+                    let p = self.buffer(*buf).ok_or(format!("buffer {buf} does not exist"))?;
                     if !p.writes {
                         return Err(format!("store to read-only parameter `{}`", p.name));
                     }
@@ -162,7 +162,7 @@ impl Kernel {
                     self.validate_block(body)?;
                 }
                 Stmt::Prefetch { param, index } => {
-                    self.buffer(*param).ok_or(format!("buffer {param} does not exist"))?;
+                    self.buffer(Buf::Param(*param)).ok_or(format!("buffer {param} does not exist"))?;
                     if self.type_of(index)? != ValType::I64 {
                         return Err("prefetch index must be i64".into());
                     }

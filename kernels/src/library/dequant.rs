@@ -19,7 +19,7 @@ pub const HALF: i64 = BLOCK / 2;
 #[derive(Clone, Debug)]
 pub struct WeightParams {
     pub encoding: WeightEncoding,
-    pub parts: Vec<u32>,
+    pub parts: Vec<ParamId>,
     pub cols: i64,
     /// Stored in layout `interleaved16` (blocks of 16 rows, see [`rows_form`]).
     pub interleaved: Option<RowsForm>,
@@ -130,7 +130,7 @@ pub fn e4m3_half_bits_of_signed(code: Expr) -> Expr {
 
 impl WeightParams {
     /// The parameter of stored part `name` (`quants`, `scales`, ...).
-    pub fn part(&self, name: &str) -> u32 {
+    pub fn part(&self, name: &str) -> ParamId {
         let i = self.encoding.parts().iter().position(|(p, _, _)| *p == name).expect("the encoding has this part");
         self.parts[i]
     }

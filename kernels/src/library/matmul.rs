@@ -21,7 +21,7 @@ pub const ROW_TILE: u64 = 4;
 
 /// The epilogue of every matmul family: the accumulated dot product at (row,
 /// col) of an `n`-column output, plus the addend if any.
-pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(u32, Broadcast)>) -> Expr {
+pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(ParamId, Broadcast)>) -> Expr {
     match addend {
         None => acc,
         Some((r, Broadcast::None)) => add(acc, ld(r, add(mul(row, i(n)), col))),
@@ -112,9 +112,9 @@ fn tile(
     rows: u64,
     r0: VarId,
     j0: VarId,
-    (x, w, out): (u32, u32, u32),
+    (x, w, out): (ParamId, ParamId, ParamId),
     (k, n): (i64, i64),
-    addend: Option<(u32, Broadcast)>,
+    addend: Option<(ParamId, Broadcast)>,
 ) -> Vec<Stmt> {
     let kk = b.var(ValType::I64);
     let acc: Vec<Vec<VarId>> = (0..rows).map(|_| (0..COL_TILE).map(|_| b.var(ValType::F32)).collect()).collect();

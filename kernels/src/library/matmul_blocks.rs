@@ -24,11 +24,11 @@ pub const LANES: i64 = HALF;
 /// A `rows x cols` tile of outputs at row `r0` and column `j0` (variables):
 /// zero the lane accumulators, run the block loop, reduce the lanes and store.
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, r0: VarId, j0: VarId, x: u32, w: &WeightParams, out: u32, n: i64, addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, r0: VarId, j0: VarId, x: ParamId, w: &WeightParams, out: ParamId, n: i64, addend: Option<(ParamId, Broadcast)>) -> Vec<Stmt> {
     let k = w.cols;
     // One LANES-wide local per output, each updated by its own lane loop: small
     // loops that LLVM unrolls fully, after which the locals live in registers.
-    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..cols).map(|_| b.local(LANES as u64)).collect()).collect();
+    let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..cols).map(|_| b.local(LANES as u64)).collect()).collect();
     let (l, blk) = (b.var(ValType::I64), b.var(ValType::I64));
     let mut body = Vec::new();
     for &a in acc.iter().flatten() {
@@ -102,7 +102,7 @@ pub fn matmul_blocks(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Br
 }
 
 /// The parameters of a block matmul: `x`, the weight's parts, `r`?, `out`.
-fn block_params(b: &mut KernelBuilder, encoding: WeightEncoding, k: u64, addend: Option<Broadcast>) -> (u32, WeightParams, Option<(u32, Broadcast)>, u32) {
+fn block_params(b: &mut KernelBuilder, encoding: WeightEncoding, k: u64, addend: Option<Broadcast>) -> (ParamId, WeightParams, Option<(ParamId, Broadcast)>, ParamId) {
     assert!(encoding.block() > 1, "{} is not a block encoding; use matmul.rs", encoding.name());
     let x = b.param("x", ElemType::F32, false);
     let w = declare(b, "w", encoding, k);

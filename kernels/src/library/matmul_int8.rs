@@ -34,10 +34,10 @@ pub fn dot_form(encoding: WeightEncoding, k: u64) -> Option<DotForm> {
 
 /// A `rows x cols` tile of outputs at row `r0` and column `j0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, (r0, j0): (VarId, VarId), (xq, xs): (u32, u32), w: &WeightParams, form: DotForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, cols: i64, (r0, j0): (VarId, VarId), (xq, xs): (ParamId, ParamId), w: &WeightParams, form: DotForm, out: ParamId, n: i64, addend: Option<(ParamId, Broadcast)>) -> Vec<Stmt> {
     let k = w.cols;
     let nb = k / BLOCK;
-    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..cols).map(|_| b.local(DOT_LANES as u64)).collect()).collect();
+    let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..cols).map(|_| b.local(DOT_LANES as u64)).collect()).collect();
     let (l, p) = (b.var(ValType::I64), b.var(ValType::I64));
     let has_min = w.block_scale(i(0), i(0)).1.is_some();
     let mins: Vec<Vec<VarId>> = (0..rows).map(|_| (0..cols).map(|_| b.var(ValType::F32)).collect()).collect();

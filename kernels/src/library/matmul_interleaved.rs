@@ -63,10 +63,10 @@ pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs, levels): (u32, u32, ActivationLevels), w: &WeightParams, form: RowsForm, out: u32, n: i64, addend: Option<(u32, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs, levels): (ParamId, ParamId, ActivationLevels), w: &WeightParams, form: RowsForm, out: ParamId, n: i64, addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let lanes = INTERLEAVED_ROWS;
     let (k, nb) = (w.cols, w.blocks_per_row());
-    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
+    let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
     let (l, blk) = (b.var(ValType::I64), b.var(ValType::I64));
     let group_blocks: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
     let row = |r: i64| add(v(r0), i(r));

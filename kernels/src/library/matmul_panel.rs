@@ -67,8 +67,8 @@ impl PanelWeights {
 /// The weight parameters of a panel matmul: the panels, and the column scales of fp8 codes.
 #[derive(Copy, Clone)]
 struct PanelParams {
-    w: u32,
-    scales: Option<u32>,
+    w: ParamId,
+    scales: Option<ParamId>,
 }
 
 impl PanelParams {
@@ -92,9 +92,9 @@ impl PanelParams {
 
 /// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (u32, PanelParams, u32), (k, n): (i64, i64), addend: Option<(u32, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (ParamId, PanelParams, ParamId), (k, n): (i64, i64), addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let lanes = PANEL as i64;
-    let acc: Vec<Vec<u32>> = (0..rows).map(|_| (0..panels).map(|_| b.local(PANEL)).collect()).collect();
+    let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..panels).map(|_| b.local(PANEL)).collect()).collect();
     let (l, kk) = (b.var(ValType::I64), b.var(ValType::I64));
     let xs: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
     let bases: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
@@ -235,7 +235,7 @@ pub(super) fn tile_tag(seq: SeqMode, register_tile: RegisterTile) -> String {
 }
 
 /// The parameters of a panel matmul: `x`, `w`, `scales` (fp8), `r`?, `out`.
-fn panel_params(b: &mut KernelBuilder, n: u64, weights: PanelWeights, addend: Option<Broadcast>) -> (u32, PanelParams, Option<(u32, Broadcast)>, u32) {
+fn panel_params(b: &mut KernelBuilder, n: u64, weights: PanelWeights, addend: Option<Broadcast>) -> (ParamId, PanelParams, Option<(ParamId, Broadcast)>, ParamId) {
     assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
     let x = b.param("x", ElemType::F32, false);
     let w = match weights {

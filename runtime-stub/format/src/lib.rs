@@ -352,6 +352,26 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every element type, in the order the text forms list them.
+    pub const ALL: [DType; 6] = [DType::F32, DType::I32, DType::BF16, DType::F16, DType::I8, DType::U8];
+
+    /// The name the graph and kernel IR text forms use (`f32`, `bf16`, `u8`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+        }
+    }
+
+    /// Whether elements are floating point (loads widen to f32).
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::BF16 | DType::F16)
+    }
+
     /// Bytes per element.
     pub fn size(self) -> u64 {
         match self {
@@ -477,7 +497,11 @@ pub enum WeightEncoding {
 }
 
 impl WeightEncoding {
-    /// Whether values are stored in blocks (kernels take several parts).
+    /// Whether the encoding is quantized into several parts with rows taken in
+    /// blocks of [`WeightEncoding::block`] values: the integer blocks, and fp8,
+    /// whose one scale per row is a part of its own. Matmuls on them run the
+    /// block kernels (`matmul_blocks`, `matmul_int8`, the interleaved ones), and
+    /// an embedding table under them defaults to q8_0.
     pub fn is_block(self) -> bool {
         self.block() > 1
     }
@@ -516,7 +540,9 @@ impl WeightEncoding {
         Self::ALL.map(|e| e.name()).join(", ")
     }
 
-    /// Values per block along a row (the row length must be a multiple).
+    /// Values per block along a row (the row length must be a multiple). fp8
+    /// stores no per-block values (its scale is per row), but its kernels take a
+    /// row 32 codes at a time as the integer encodings' do.
     pub fn block(self) -> u64 {
         match self {
             WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => 1,
@@ -580,11 +606,14 @@ impl TaskCount {
     }
 }
 
-/// A buffer a launch argument refers to.
+/// A buffer a launch argument refers to. In an artifact an activation is
+/// located by its byte offset in the plan's arena (`A = u64`); the compiler's
+/// schedule uses the same vocabulary with `A` the index of an activation buffer,
+/// before memory planning gives each its offset ([`BufferRef::map_arena`]).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BufferRef {
+pub enum BufferRef<A = u64> {
     /// Bytes at `offset` in the plan's activation arena.
-    Arena { offset: u64 },
+    Arena { offset: A },
     /// A weight (index into [`Header::weights`]).
     Weight(u32),
     /// The token ids of this step, `i32[seq]`.
@@ -607,6 +636,24 @@ pub enum BufferRef {
     BlockTables,
     /// The rows of a batch step whose logits it returns, `i32[logit rows]`.
     LogitRows,
+}
+
+impl<A: Copy> BufferRef<A> {
+    /// The same reference with the activation located by `f(self's location)`.
+    pub fn map_arena<B>(self, f: impl FnOnce(A) -> B) -> BufferRef<B> {
+        match self {
+            BufferRef::Arena { offset } => BufferRef::Arena { offset: f(offset) },
+            BufferRef::Weight(w) => BufferRef::Weight(w),
+            BufferRef::Tokens => BufferRef::Tokens,
+            BufferRef::Positions => BufferRef::Positions,
+            BufferRef::KeyCache(l) => BufferRef::KeyCache(l),
+            BufferRef::ValueCache(l) => BufferRef::ValueCache(l),
+            BufferRef::Slots => BufferRef::Slots,
+            BufferRef::RowSequences => BufferRef::RowSequences,
+            BufferRef::BlockTables => BufferRef::BlockTables,
+            BufferRef::LogitRows => BufferRef::LogitRows,
+        }
+    }
 }
 
 /// Which of a step's row counts a launch's tasks and outputs follow.
@@ -744,7 +791,10 @@ pub struct TokenizerInfo {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// Sampling defaults: the artifact's, a manifest's `[generation]` section, a
+/// checkpoint's generation_config.json.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GenerationDefaults {
     pub temperature: Option<f32>,
     pub top_k: Option<u32>,
@@ -753,6 +803,20 @@ pub struct GenerationDefaults {
     pub max_new_tokens: Option<u32>,
     /// The checkpoint's `repetition_penalty` (applied as `--repeat-penalty` is).
     pub repetition_penalty: Option<f32>,
+}
+
+impl GenerationDefaults {
+    /// Each of these values, or `fallback`'s where this has none.
+    pub fn or(&self, fallback: &GenerationDefaults) -> GenerationDefaults {
+        GenerationDefaults {
+            temperature: self.temperature.or(fallback.temperature),
+            top_k: self.top_k.or(fallback.top_k),
+            top_p: self.top_p.or(fallback.top_p),
+            min_p: self.min_p.or(fallback.min_p),
+            max_new_tokens: self.max_new_tokens.or(fallback.max_new_tokens),
+            repetition_penalty: self.repetition_penalty.or(fallback.repetition_penalty),
+        }
+    }
 }
 
 /// Encodes the prelude and header.

@@ -50,7 +50,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// weights through `|w|` and `a * sign(w)` where the instructions multiply
     /// unsigned by signed bytes; activations are never -128); then converted,
     /// scaled per block and added to the f32 accumulator.
-    pub(super) fn dot_block(&mut self, acc: u32, scales: &[Expr; 2], (weights, w_start): (u32, &Expr), form: DotForm, (act, act_start): (u32, &Expr)) -> Result<(), CodegenError> {
+    pub(super) fn dot_block(&mut self, acc: LocalId, scales: &[Expr; 2], (weights, w_start): (ParamId, &Expr), form: DotForm, (act, act_start): (ParamId, &Expr)) -> Result<(), CodegenError> {
         let (i8t, i32t, f32t) = (self.context.i8_type(), self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
         let values = DOT_VALUES as u32;
@@ -226,15 +226,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// A dot instruction's f32 accumulator, `local[0..16]`, as a vector.
-    pub(super) fn load_local(&self, local: u32, ty: inkwell::types::VectorType<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        let old = self.builder.build_load(ty, self.locals[(local - LOCAL_BASE) as usize], "acc").map_err(llvm_err)?;
+    pub(super) fn load_local(&self, local: LocalId, ty: inkwell::types::VectorType<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let old = self.builder.build_load(ty, self.locals[local.index()], "acc").map_err(llvm_err)?;
         old.as_instruction_value().expect("a load").set_alignment(4).map_err(llvm_err)?;
         Ok(old.into_vector_value())
     }
 
     /// Stores `value` to a dot instruction's accumulator `local[0..16]`.
-    pub(super) fn store_local(&self, local: u32, value: inkwell::values::VectorValue<'ctx>) -> Result<(), CodegenError> {
-        let st = self.builder.build_store(self.locals[(local - LOCAL_BASE) as usize], value).map_err(llvm_err)?;
+    pub(super) fn store_local(&self, local: LocalId, value: inkwell::values::VectorValue<'ctx>) -> Result<(), CodegenError> {
+        let st = self.builder.build_store(self.locals[local.index()], value).map_err(llvm_err)?;
         st.set_alignment(4).map_err(llvm_err)?;
         Ok(())
     }
@@ -520,7 +520,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 
     /// `times` the sum of the [`RowsForm::VALUES`] activation bytes from `start`, in all
     /// 16 i32 lanes.
-    pub(super) fn splat_act_sum(&mut self, act: u32, start: &Expr, times: u64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+    pub(super) fn splat_act_sum(&mut self, act: ParamId, start: &Expr, times: u64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
         let ptr = self.element_ptr(act, start)?;
         let bytes = self.byte_load(i8t.vec_type(RowsForm::VALUES as u32), ptr)?;
@@ -545,8 +545,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// `lanes` consecutive elements of float parameter `param` from `start`, as f32.
-    pub(super) fn float_vector(&mut self, param: u32, start: &Expr, lanes: u32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        let elem = self.kernel.buffer(param).expect("validated").elem;
+    pub(super) fn float_vector(&mut self, param: ParamId, start: &Expr, lanes: u32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let elem = self.kernel.params[param.index()].elem;
         let ptr = self.element_ptr(param, start)?;
         let (i32t, f32v) = (self.context.i32_type(), self.context.f32_type().vec_type(lanes));
         let b = &self.builder;

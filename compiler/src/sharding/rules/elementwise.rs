@@ -58,14 +58,6 @@ pub fn accepts_columns(g: &Graph, id: ValueId, _slot: usize, out_ok: bool) -> bo
     }
 }
 
-pub fn output_placement(have: &[Placement]) -> Placement {
-    if have.contains(&Placement::PartialSum) {
-        Placement::PartialSum
-    } else {
-        have[0]
-    }
-}
-
 /// Whether `v` depends on weights and literals only.
 fn is_constant(g: &Graph, v: ValueId) -> bool {
     let node = g.node(v);

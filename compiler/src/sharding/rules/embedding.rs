@@ -15,10 +15,3 @@ pub fn decide(g: &Graph, id: ValueId, _have: &[Placement], ctx: &RuleCtx) -> Dec
         Decision::replicated(2)
     }
 }
-
-pub fn output_placement(have: &[Placement]) -> Placement {
-    match have[0] {
-        Placement::Sharded { axis: 0 } => Placement::PartialSum,
-        _ => Placement::Replicated,
-    }
-}

@@ -34,11 +34,3 @@ pub fn decide(g: &Graph, id: ValueId, have: &[Placement], ctx: &RuleCtx) -> Deci
 pub fn accepts_columns(g: &Graph, id: ValueId, slot: usize, ctx: &RuleCtx) -> bool {
     slot == 0 && splits(width(g, g.node(id).inputs[0]), ctx.devices)
 }
-
-pub fn output_placement(have: &[Placement]) -> Placement {
-    match have.get(1) {
-        Some(Placement::Sharded { axis: 0 }) => COLUMNS,
-        Some(Placement::Sharded { axis: 1 }) => Placement::PartialSum,
-        _ => Placement::Replicated,
-    }
-}

@@ -5,8 +5,9 @@
 //! Rules see the global (unsharded) graph. Where an input arrives in another
 //! placement than its rule needs, the shard pass inserts the reshard
 //! (`all_reduce`, `all_gather`, `shard_slice`, or a sharded copy of a weight).
-//! [`output_placement`] is the same table read the other way, on the per-device
-//! graph: shape inference uses it, so every later pass keeps placements right.
+//! `graph/infer.rs` (`output_placement`) is the same table read the other way, on the
+//! per-device graph: type inference uses it, so every later pass keeps
+//! placements right.
 
 pub mod attention;
 pub mod elementwise;
@@ -72,21 +73,6 @@ pub fn accepts_columns(g: &Graph, id: ValueId, slot: usize, out_ok: bool, ctx: &
         Op::RmsNorm { .. } => norm::accepts_columns(g, id, slot, out_ok, ctx),
         Op::Rope { .. } | Op::Attention { .. } => attention::accepts_columns(g, id, slot, out_ok, ctx),
         _ => false,
-    }
-}
-
-/// The placement of the result of `op` on one device's graph, from its inputs'.
-pub fn output_placement(op: &Op, have: &[Placement]) -> Placement {
-    let first = have.first().copied().unwrap_or_default();
-    match op {
-        Op::Input { ty, .. } | Op::Weight { ty, .. } | Op::Constant { ty, .. } => ty.placement,
-        Op::Embedding => embedding::output_placement(have),
-        Op::MatMul | Op::MatMulAdd => matmul::output_placement(have),
-        Op::Unary(_) | Op::Binary(_) => elementwise::output_placement(have),
-        Op::Concat { .. } if have.iter().all(|p| *p == first) => first,
-        Op::Concat { .. } | Op::Transpose | Op::AllReduce | Op::AllGather { .. } => Placement::Replicated,
-        Op::ShardSlice { axis, .. } => Placement::Sharded { axis: *axis },
-        Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::L2Normalize | Op::MeanRows | Op::Rope { .. } | Op::Attention { .. } | Op::SwiGlu | Op::Slice { .. } => first,
     }
 }
 

@@ -1,0 +1,125 @@
+//! Running one kernel on every backend against the kernel-IR interpreter: the
+//! random inputs a kernel takes (by element type, keeping the dot contracts),
+//! and the element-by-element comparison with a tolerance. Used by the
+//! differential tests (tests/kernels_llvm.rs) and the kernel filetests
+//! (tests/kernel_filetests.rs).
+
+use maxc_kernels::interp::{run, Buffer};
+use maxc_kernels::library::quantize_activations::ActivationLevels;
+use maxc_kernels::{ElemType, Kernel};
+
+/// A xorshift generator of floats in [-1, 1).
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// A kernel with buffer sizes (elements) and the range of its integer inputs.
+pub struct Case {
+    pub kernel: Kernel,
+    /// Element counts, one per parameter.
+    pub sizes: Vec<usize>,
+    /// Integer inputs are drawn from `0..int_max`.
+    pub int_max: i32,
+    /// The launch's sequence length (`dims[0]`).
+    pub seq: u64,
+    /// Floats may differ by `tol * (1 + |expected|)`.
+    pub tol: f32,
+}
+
+/// Tolerance of a length-k reduction: reassociated sums of k products (inputs in
+/// [-2, 2]) differ from the sequential order by up to about k * eps times the sum
+/// of the magnitudes, which cancellation can make larger than the result itself.
+pub fn reduction_tol(k: u64) -> f32 {
+    (4e-7 * k as f32).max(1e-5)
+}
+
+/// Random inputs of a case: every parameter by its element type.
+pub fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
+    case.kernel
+        .params
+        .iter()
+        .zip(&case.sizes)
+        .map(|(p, &n)| match p.elem {
+            // Rsqrt needs positive inputs, and so do the combine's sums of
+            // exponentials (random signs could cancel them to nothing); everything
+            // else takes any sign.
+            ElemType::F32 if case.kernel.name.starts_with("rsqrt") || case.kernel.name.starts_with("attention_combine") => {
+                Buffer::F32((0..n).map(|_| rng.f().abs() + 0.1).collect())
+            }
+            ElemType::F32 => Buffer::F32((0..n).map(|_| rng.f() * 2.0).collect()),
+            ElemType::I32 => Buffer::I32((0..n).map(|_| ((rng.f() + 1.0) / 2.0 * case.int_max as f32) as i32 % case.int_max.max(1)).collect()),
+            // Random 16-bit patterns of finite values in about [-2, 2].
+            ElemType::BF16 => Buffer::BF16((0..n).map(|_| ((rng.f() * 2.0).to_bits() >> 16) as u16).collect()),
+            ElemType::F16 => Buffer::F16((0..n).map(|_| {
+                let x = rng.f();
+                let e = ((x.abs() * 1024.0) as u16).min(0x3bff);
+                e | if x < 0.0 { 0x8000 } else { 0 }
+            }).collect()),
+            ElemType::I8 => Buffer::I8((0..n).map(|_| (rng.f() * 127.0) as i8).collect()),
+            // Any byte but the fp8 NaN codes (0x7f, 0xff), which no encoder writes.
+            ElemType::U8 => Buffer::U8((0..n).map(|_| match ((rng.f() + 1.0) * 127.9) as u8 { c if c & 0x7f == 0x7f => c ^ 1, c => c }).collect()),
+        })
+        .collect()
+}
+
+/// Random inputs of an interleaved matmul (`matmul[_add]_{i8,i16,w16}x16_*`:
+/// parameter 0 the activation levels, 1 their scales) made to keep
+/// `RowDot`'s contract, as `quantize_q8` / `quantize_q16` do: each block's
+/// second scale is its first times the sum of the block's levels (a lowering may
+/// fold Q8_0's -128 minimum into the dot on the strength of it). Other kernels'
+/// inputs are returned as they are.
+fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
+    let levels = match &case.kernel.name {
+        name if name.contains("_i16x16_") => ActivationLevels::Int16Planes,
+        name if name.contains("_w16x16_") => ActivationLevels::Int16Words,
+        name if name.contains("_i8x16_") => ActivationLevels::Int8,
+        _ => return inputs,
+    };
+    let Buffer::I8(q) = inputs[0].clone() else { panic!("{}: parameter 0 is not i8 levels", case.kernel.name) };
+    let Buffer::F32(s) = &mut inputs[1] else { panic!("{}: parameter 1 is not f32 scales", case.kernel.name) };
+    let rows = case.seq as usize;
+    let k = q.len() / rows / levels.bytes() as usize;
+    let nb = k / 32;
+    for r in 0..rows {
+        for b in 0..nb {
+            let level = |t: usize| match levels {
+                ActivationLevels::Int8 => q[r * k + t] as i64,
+                ActivationLevels::Int16Planes => maxc_kernels::ir::HIGH_PLANE_WEIGHT * q[r * 2 * k + t] as i64 + q[r * 2 * k + k + t] as i64,
+                ActivationLevels::Int16Words => i16::from_le_bytes([q[r * 2 * k + 2 * t] as u8, q[r * 2 * k + 2 * t + 1] as u8]) as i64,
+            };
+            let sum: i64 = (32 * b..32 * b + 32).map(level).sum();
+            s[r * 2 * nb + nb + b] = s[r * 2 * nb + b] * sum as f32;
+        }
+    }
+    inputs
+}
+
+/// Runs compiled kernel `f` and the interpreter on the same `inputs` and
+/// compares every parameter afterwards (floats within the case's tolerance).
+pub fn assert_matches_interpreter(spec: &str, f: maxrun::code::KernelFn, case: &Case, inputs: Vec<Buffer>, trial: usize) {
+    let mut expected = with_activation_sums(case, inputs);
+    let mut actual = expected.clone();
+    run(&case.kernel, &mut expected, case.seq);
+    let ptrs: Vec<*mut u8> = actual.iter_mut().map(Buffer::as_mut_ptr).collect();
+    let dims = [case.seq as i64];
+    let tasks = case.kernel.tasks.eval(case.seq);
+    // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
+    unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, tasks) };
+    for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
+        match (e, a) {
+            (Buffer::F32(e), Buffer::F32(a)) => {
+                for (i, (x, y)) in e.iter().zip(a).enumerate() {
+                    assert!((x - y).abs() <= case.tol * (1.0 + x.abs()), "{spec} {} trial {trial} param {p}[{i}]: interpreter {x}, {spec} {y}", case.kernel.name);
+                }
+            }
+            _ => assert_eq!(e, a, "{spec} {} param {p}", case.kernel.name),
+        }
+    }
+}
+
