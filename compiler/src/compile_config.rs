@@ -7,8 +7,8 @@
 //! [`CompileConfig::plan_for`] holds the checks that need the imported model
 //! (its encodings, its sizes against the mesh). `maxc compile` and `maxc check`
 //! both go through these two functions, so they cannot disagree about what is
-//! refused. A new compile option is a `CompileSection` field, its flag in
-//! `main.rs`, and its use here.
+//! refused. A new compile option is a `CompileSection` field (which is also its
+//! flag) and its use here: two places.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -375,14 +375,19 @@ pub(crate) fn plan_mesh(
     Ok((split, notes))
 }
 
-/// What becomes of a checkpoint's matrices stored in GGUF block types that maxc
-/// has no kernels for, under the linear layers' encoding `named`, for the user.
+/// What becomes of a checkpoint's matrices stored in GGUF block types whose
+/// blocks the compile does not keep, for the user: under `stored`, those
+/// without integer kernels (widened to the nearest more precise encoding with
+/// them); under a named encoding, those maxc has no kernels for at all (which
+/// a user might expect to be kept).
 pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightStore, named: &str) -> Vec<String> {
     use crate::import::StorageType;
+    let stored = named == crate::quant::STORED;
+    let noted = |t: StorageType| t != StorageType::F32 && if stored { Some(t.stored_scheme()) != t.native_scheme() } else { t.native_scheme().is_none() };
     let mut counts: std::collections::BTreeMap<&'static str, (StorageType, usize)> = Default::default();
     for name in weights.names() {
         let entry = weights.get(name).expect("a listed tensor");
-        if entry.shape.len() == 2 && entry.storage.native_scheme().is_none() && entry.storage != StorageType::F32 {
+        if entry.shape.len() == 2 && noted(entry.storage) {
             counts.entry(entry.storage.name()).or_insert((entry.storage, 0)).1 += 1;
         }
     }
@@ -391,20 +396,21 @@ pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightSt
     }
     let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
     let listed = counts.iter().map(|(name, (_, n))| format!("{n} {name}")).collect::<Vec<_>>().join(", ");
-    let fate = if named == crate::quant::STORED {
-        let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| t.stored_scheme() == q);
-        let mut fates = Vec::new();
-        if widened(crate::graph::WeightEncoding::Q8_0) {
-            fates.push("q8_0 (5- and 6-bit blocks)");
-        }
-        if widened(crate::graph::WeightEncoding::Q4K) {
-            fates.push("q4_k (2- and 3-bit blocks)");
-        }
-        format!("{}, the nearest more precise encoding with kernels (--quantization-encoding names another)", fates.join(" and "))
-    } else {
-        named.to_string()
-    };
-    vec![format!("{file}: {listed} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {fate}")]
+    if !stored {
+        return vec![format!("{file}: {listed} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {named}")];
+    }
+    let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| t.stored_scheme() == q);
+    let mut fates = Vec::new();
+    if widened(crate::graph::WeightEncoding::Q8_0) {
+        fates.push("q8_0 (5- and 6-bit blocks)");
+    }
+    if widened(crate::graph::WeightEncoding::Q4K) {
+        fates.push("q4_k (2- and 3-bit blocks)");
+    }
+    vec![format!(
+        "{file}: {listed} matrices are in GGUF blocks without integer kernels in maxc; they are dequantized exactly, then encoded as {}, the nearest more precise encoding with them (--quantization-encoding names another; q5_0 / q5_1 keep Q5_0 / Q5_1 blocks on float kernels)",
+        fates.join(" and ")
+    )]
 }
 
 #[cfg(test)]
@@ -430,7 +436,7 @@ mod tests {
         let err = messages(resolve("embedding_encoding = \"stored\""));
         assert!(err[0].contains("compile.embedding_encoding") && err[0].contains("stored") && err[0].contains("q8_0"), "{err:?}");
         let err = messages(resolve("quantization_encoding = \"q3\""));
-        assert!(err[0].contains("compile.quantization_encoding") && err[0].contains("q4_k, float8_e4m3fn, stored"), "{err:?}");
+        assert!(err[0].contains("compile.quantization_encoding") && err[0].contains("q4_k, float8_e4m3fn, q5_0, q5_1, stored"), "{err:?}");
     }
 
     #[test]

@@ -24,9 +24,9 @@ pub struct Manifest {
     pub model: ModelSection,
     #[serde(default)]
     pub compile: CompileSection,
-    #[serde(default)]
     /// `[generation]`: sampling defaults recorded in the artifact (over the
     /// checkpoint's generation_config.json).
+    #[serde(default)]
     pub generation: GenerationDefaults,
 }
 
@@ -63,10 +63,10 @@ pub struct CompileSection {
     #[arg(long, value_name = "POLICY")]
     pub attention_sharding: Option<String>,
     /// Storage of the linear layers' weights: float32 (the default for Hugging Face checkpoints),
-    /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn; a GGUF already in that block type
-    /// keeps its blocks. `stored` (the default for GGUF files): every weight keeps the checkpoint's
-    /// encoding where maxc has kernels for it, else the nearest more precise one (GGUF Q5 / Q6_K:
-    /// q8_0; Q2_K / Q3_K: q4_k).
+    /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn, q5_0, q5_1 (these two on float
+    /// kernels only, slow); a GGUF already in that block type keeps its blocks. `stored` (the
+    /// default for GGUF files): every weight keeps the checkpoint's encoding where maxc has integer
+    /// kernels for it, else the nearest more precise one (GGUF Q5 / Q6_K: q8_0; Q2_K / Q3_K: q4_k).
     #[arg(long, value_name = "ENCODING")]
     pub quantization_encoding: Option<String>,
     /// Storage of the embedding table and lm_head (default: the linear layers'
@@ -230,8 +230,9 @@ impl LoadedManifest {
 }
 
 impl Manifest {
-    /// The checks of single numbers; the `[compile]` names (encodings, target,
-    /// mesh) are resolved and cross-checked by `compile_config`.
+    /// The checks of single values outside `[compile]` (the model's
+    /// architecture, `[generation]`'s numbers); every `[compile]` value is
+    /// resolved and checked by `compile_config`, which names the flag that set it.
     fn validate(&self, path: &Path) -> Result<()> {
         if let Some(name) = &self.model.architecture {
             if let Err(Error::UnsupportedArchitecture { supported, .. }) = crate::import::Architecture::parse(name, path) {
@@ -457,6 +458,25 @@ mod tests {
             assert!(keys.iter().any(|x| x == k), "{k} in {keys:?}");
         }
         assert_eq!(keys.len(), 11);
+    }
+
+    /// Every `[compile]` key is a flag named after it in kebab case, and
+    /// `flag_settings` names the flag that clap parses (so a renamed flag
+    /// cannot drift from the key it sets or from the messages).
+    #[test]
+    fn every_compile_key_is_its_kebab_case_flag() {
+        use clap::Args;
+        let cmd = CompileSection::augment_args(clap::Command::new("maxc"));
+        for key in compile_keys() {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == key.as_str()).unwrap_or_else(|| panic!("`{key}` is not a flag"));
+            assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()), "{key}");
+        }
+        let set = CompileSection { max_length: Some(64), backend: Some("cranelift".into()), ..Default::default() };
+        let flags: Vec<(String, String, toml::Value)> = set.flag_settings().into_iter().map(|f| (f.key, f.flag, f.value)).collect();
+        assert_eq!(
+            flags,
+            [("backend".to_string(), "--backend".to_string(), toml::Value::String("cranelift".into())), ("max_length".to_string(), "--max-length".to_string(), toml::Value::Integer(64))]
+        );
     }
 
     #[test]

@@ -155,8 +155,7 @@ pub fn encode(encoding: WeightEncoding, values: &[f32], cols: usize) -> Encoded 
         WeightEncoding::Q4_1 => {
             let (mut q, mut d, mut m) = (Vec::with_capacity(values.len() / 2), Vec::new(), Vec::new());
             for block in values.chunks_exact(QK) {
-                let lo = block.iter().fold(f32::INFINITY, |a, &v| a.min(v));
-                let hi = block.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                let (lo, hi) = min_max(block);
                 let scale = (hi - lo) / 15.0;
                 let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
                 put_f16(&mut d, scale);
@@ -168,6 +167,8 @@ pub fn encode(encoding: WeightEncoding, values: &[f32], cols: usize) -> Encoded 
         }
         WeightEncoding::Q4K => encode_q4_k(values),
         WeightEncoding::Float8E4M3 => encode_f8_e4m3(values, cols),
+        WeightEncoding::Q5_0 => encode_q5(values, false),
+        WeightEncoding::Q5_1 => encode_q5(values, true),
     };
     Encoded { parts }
 }
@@ -194,7 +195,62 @@ pub fn decode(scheme: WeightEncoding, e: &Encoded, cols: usize) -> Vec<f32> {
                 f32::from_le_bytes([p[1][4 * r], p[1][4 * r + 1], p[1][4 * r + 2], p[1][4 * r + 3]]) * e4m3_to_f32(q)
             })
             .collect(),
+        WeightEncoding::Q5_0 => decode_q5(&p[0], &p[1], |blk| (get_f16(&p[2], blk), -16.0 * get_f16(&p[2], blk))),
+        WeightEncoding::Q5_1 => decode_q5(&p[0], &p[1], |blk| (get_f16(&p[2], blk), get_f16(&p[3], blk))),
     }
+}
+
+/// Q5_0 / Q5_1 (llama.cpp's `quantize_row_q5_0_ref` / `quantize_row_q5_1_ref`):
+/// per block of 32, Q5_0 maps the signed value of largest magnitude to -16
+/// (`q = x / scale + 16`), Q5_1 spans the block's minimum to maximum in 31
+/// steps (`q = (x - min) / scale`); the low 4 bits of each `q` as Q4_0's nibbles,
+/// the fifth bits as 4 bytes (`high_bits`, GGUF's `qh`).
+fn encode_q5(values: &[f32], with_min: bool) -> Vec<Vec<u8>> {
+    let n = values.len();
+    let (mut q, mut high, mut d, mut m) = (Vec::with_capacity(n / 2), Vec::with_capacity(n / 8), Vec::new(), Vec::new());
+    for block in values.chunks_exact(QK) {
+        let level: Box<dyn Fn(f32) -> u8> = if with_min {
+            let (lo, hi) = min_max(block);
+            let scale = (hi - lo) / 31.0;
+            let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            put_f16(&mut d, scale);
+            put_f16(&mut m, lo);
+            Box::new(move |v| (((v - lo) * inv + 0.5) as u8).min(31))
+        } else {
+            let max = block.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let scale = max / -16.0;
+            let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            put_f16(&mut d, scale);
+            Box::new(move |v| ((v * inv + 16.5) as i8).min(31) as u8)
+        };
+        let levels: Vec<u8> = block.iter().map(|&v| level(v)).collect();
+        q.extend((0..QK / 2).map(|t| (levels[t] & 15) | ((levels[t + QK / 2] & 15) << 4)));
+        let bits = levels.iter().enumerate().fold(0u32, |acc, (t, l)| acc | (((l >> 4) as u32 & 1) << t));
+        high.extend(bits.to_le_bytes());
+    }
+    if with_min {
+        vec![q, high, d, m]
+    } else {
+        vec![q, high, d]
+    }
+}
+
+/// A block's smallest and largest value.
+fn min_max(block: &[f32]) -> (f32, f32) {
+    block.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+}
+
+/// 5-bit blocks: as [`decode_nibbles`], each value's fifth bit from the block's
+/// 4 `high` bytes (bit `t % 8` of byte `t / 8` for value `t`).
+fn decode_q5(q: &[u8], high: &[u8], scale_min: impl Fn(usize) -> (f32, f32)) -> Vec<f32> {
+    let mut out = Vec::with_capacity(q.len() * 2);
+    for (blk, bytes) in q.chunks_exact(QK / 2).enumerate() {
+        let (d, m) = scale_min(blk);
+        let fifth = |t: usize| ((high[4 * blk + t / 8] >> (t % 8)) & 1) << 4;
+        out.extend(bytes.iter().enumerate().map(|(t, b)| d * ((b & 15) | fifth(t)) as f32 + m));
+        out.extend(bytes.iter().enumerate().map(|(t, b)| d * ((b >> 4) | fifth(t + QK / 2)) as f32 + m));
+    }
+    out
 }
 
 /// 4-bit blocks: byte `t` of block `b` holds values `t` (low nibble) and `t + 16`;

@@ -285,7 +285,7 @@ impl Kernel {
     /// The parameter or local that `buf` names, if the kernel declares it.
     pub fn buffer(&self, buf: Buf) -> Option<BufferDecl<'_>> {
         match buf {
-            Buf::Local(l) => self.locals.get(l.index()).map(|_| BufferDecl { name: format!("local{}", l.0).into(), elem: ElemType::F32, writes: true }),
+            Buf::Local(l) => self.locals.get(l.index()).map(|_| BufferDecl { name: l.to_string().into(), elem: ElemType::F32, writes: true }),
             Buf::Param(p) => self.params.get(p.index()).map(|p| BufferDecl { name: p.name.as_str().into(), elem: p.elem, writes: p.writes }),
         }
     }

@@ -108,24 +108,36 @@ fn smollm2_from_gguf_matches_golden() {
     check_golden("smollm2-135m");
 }
 
-/// A GGUF of a block type maxc has no kernels for (Q5_1) compiles, by exact
-/// dequantization at import: SmolLM2 rewritten as Q5_1 holds the golden values,
-/// so with float32 weights its logits are the golden ones (within the fixtures'
-/// float32 tolerance), and the compile's notes say what became of the blocks.
+/// A GGUF of Q5_1 blocks (SmolLM2 rewritten losslessly, so it holds the golden
+/// values) compiles both ways to the golden logits, within the fixtures'
+/// float32 tolerance: dequantized exactly at import into float32 weights, and
+/// kept as its own blocks by `--quantization-encoding q5_1` (every matrix q5_1,
+/// run by the block kernels on the blocks as stored).
 #[test]
-fn gguf_q5_1_blocks_import_exactly() {
+fn gguf_q5_1_blocks_import_exactly_and_run_as_stored() {
     let gguf = smollm2_as_q5_1();
     let golden = golden("smollm2-135m");
-    let mef = temp_file("smollm2-q5_1-mef", "model.mef");
-    let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os("float32")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    // The compile says what became of the blocks.
-    assert!(r.2.contains("210 Q5_1 matrices have no kernels in maxc; they are dequantized exactly, then encoded as float32"), "{}", r.2);
-    for (i, case) in cases(&golden).iter().enumerate() {
-        let (shape, ours) = dump_logits(&mef, case);
-        let (gshape, gold) = golden_logits("smollm2-135m", case);
-        assert_eq!(shape, gshape);
-        assert_logits_close(&format!("Q5_1 GGUF case {i}"), &ours, &gold);
+    for encoding in ["float32", "q5_1"] {
+        let mef = temp_file("smollm2-q5_1-mef", "model.mef");
+        let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os(encoding)]);
+        assert_eq!(r.0, 0, "{}", r.2);
+        // Blocks with kernels are not worth a note, whatever the encoding asked for.
+        assert!(!r.2.contains("Q5_1 matrices"), "{}", r.2);
+        let (code, json, err) = run_bin("maxrun", &[os("inspect"), os("--json"), mef.as_os_str()]);
+        assert_eq!(code, 0, "{err}");
+        let by: serde_json::Value = serde_json::from_str::<serde_json::Value>(&json).unwrap()["weights"]["by_encoding"].clone();
+        if encoding == "q5_1" {
+            // Every linear layer (stacked: 4 per layer) is q5_1; the embedding stays the file's Q8_0, norms float32.
+            assert_eq!(by["q5_1"]["tensors"].as_u64(), Some(4 * 30), "{by}");
+            assert_eq!(by["q8_0"]["tensors"].as_u64(), Some(1), "{by}");
+            assert!(by.as_object().unwrap().keys().all(|k| ["q5_1", "q8_0", "float32"].contains(&k.as_str())), "{by}");
+        }
+        for (i, case) in cases(&golden).iter().enumerate() {
+            let (shape, ours) = dump_logits(&mef, case);
+            let (gshape, gold) = golden_logits("smollm2-135m", case);
+            assert_eq!(shape, gshape);
+            assert_logits_close(&format!("Q5_1 GGUF as {encoding}, case {i}"), &ours, &gold);
+        }
     }
 }
 

@@ -82,6 +82,8 @@ fn read(path: &Path) -> FileTest {
     let header: String = text.lines().take_while(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect();
     let kernel = ir_text::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     kernel.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // As `maxc compile --dump-ir` names them.
+    assert_eq!(path.file_stem().map(|s| s.to_string_lossy().to_string()), Some(kernel.name.clone()), "{}: the file is not named after its kernel", path.display());
     let runs: Vec<Run> = header.lines().filter_map(|l| l.strip_prefix("# run:")).map(|l| run_line(path, l)).collect();
     assert!(!runs.is_empty(), "{}: no `# run:` line", path.display());
     for r in &runs {
@@ -101,8 +103,6 @@ fn filetests() -> Vec<FileTest> {
     let tests: Vec<FileTest> = paths.iter().map(|p| read(p)).collect();
     let mut names = HashSet::new();
     for t in &tests {
-        // As `maxc compile --dump-ir` names them.
-        assert_eq!(t.path.file_stem().map(|s| s.to_string_lossy().to_string()), Some(t.kernel.name.clone()), "{}: the file is not named after its kernel", t.path.display());
         assert!(names.insert(t.kernel.name.clone()));
     }
     assert!(tests.len() >= 12, "only {} filetests", tests.len());
@@ -243,32 +243,40 @@ fn filetests_lowerings_match_their_snapshots_and_ptxas_accepts_them() {
     }
 }
 
-/// A file whose kernel the verifier refuses, or whose text is not canonical,
-/// fails the suite with the file named, not silently.
+/// A broken filetest fails the suite with its file named, not silently: a
+/// kernel the verifier refuses, text not in canonical form, no run line, sizes
+/// that do not match the parameters, an unknown run key, a file not named after
+/// its kernel, and a lowering that differs from its snapshot.
 #[test]
 fn a_broken_filetest_is_reported_with_its_file() {
-    let scratch = temp_dir("kernel-filetests-bad");
-    let good = std::fs::read_to_string(dir().join("rms_norm_h33_e3727c5ac_sN.kir")).unwrap();
-    let cases = [
-        ("undeclared.kir", good.replacen("store p2[", "store p7[", 1), "buffer p7 does not exist"),
-        ("spacing.kir", good.replacen("  family", "    family", 1), "canonical form"),
-        ("no-run.kir", good.lines().filter(|l| !l.starts_with("# run:")).map(|l| format!("{l}\n")).collect(), "no `# run:` line"),
-        ("sizes.kir", good.replacen("sizes=", "sizes=1,", 1), "sizes has 4 entries for 3 parameters"),
-    ];
-    for (name, text, needle) in cases {
-        let path = scratch.as_path().join(name);
-        std::fs::write(&path, text).unwrap();
-        let message = std::panic::catch_unwind(|| {
-            if !bless() {
-                read(&path);
-            }
-        })
-        .err()
-        .and_then(|e| e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())));
-        if bless() {
-            continue;
-        }
-        let message = message.unwrap_or_else(|| panic!("{name} was accepted"));
-        assert!(message.contains(name) && message.contains(needle), "{name}: {message}");
+    if bless() {
+        return;
     }
+    let scratch = temp_dir("kernel-filetests-bad");
+    let name = "rms_norm_h33_e3727c5ac_sN";
+    let good = std::fs::read_to_string(dir().join(format!("{name}.kir"))).unwrap();
+    let message = |f: &dyn Fn()| -> String {
+        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("accepted");
+        e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+    };
+    let cases = [
+        (name, good.replacen("store p2[", "store p7[", 1), "buffer p7 does not exist"),
+        (name, good.replacen("  family", "    family", 1), "canonical form"),
+        (name, good.lines().filter(|l| !l.starts_with("# run:")).map(|l| format!("{l}\n")).collect(), "no `# run:` line"),
+        (name, good.replacen("sizes=", "sizes=1,", 1), "sizes has 4 entries for 3 parameters"),
+        (name, good.replacen("tol=", "tolerance=", 1), "unknown key"),
+        ("renamed", good.clone(), "not named after its kernel"),
+    ];
+    for (n, (stem, text, needle)) in cases.into_iter().enumerate() {
+        let case = scratch.as_path().join(format!("case{n}"));
+        std::fs::create_dir_all(&case).unwrap();
+        let path = case.join(format!("{stem}.kir"));
+        std::fs::write(&path, text).unwrap();
+        let m = message(&|| drop(read(&path)));
+        assert!(m.contains(&path.display().to_string()) && m.contains(needle), "{needle}: {m}");
+    }
+    let snapshot = scratch.as_path().join(format!("{name}.lowering"));
+    std::fs::write(&snapshot, "# x86-64-v3 assembly (LLVM)\nvaddps 3\n").unwrap();
+    let m = message(&|| check_snapshot(&snapshot, "# x86-64-v3 assembly (LLVM)\nvaddss 3\n"));
+    assert!(m.contains(&snapshot.display().to_string()) && m.contains("vaddps 3") && m.contains("vaddss 3"), "{m}");
 }

@@ -70,7 +70,7 @@ fn cases() -> Vec<Case> {
             }
         }
         // Block-quantized weights: x, every part, [r], out.
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
             let (k, n) = if encoding == WeightEncoding::Q4K { (512u64, 21u64) } else { (96, 21) };
             for addend in [None, Some(Broadcast::Row), Some(Broadcast::None)] {
                 let mut sizes = vec![s * k as usize];

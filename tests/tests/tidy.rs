@@ -61,6 +61,35 @@ fn crates_depend_only_on_the_layers_below_them() {
     }
 }
 
+/// `text` without its `//` comments (line, doc and trailing ones); string
+/// literals are kept as they are (a `//` inside one cuts the rest of its line,
+/// which at worst hides a use, never invents one).
+fn without_comments(text: &str) -> String {
+    text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The first segment of every path in a `use` tree after `crate::`: `a` of
+/// `a::b`, and `a`, `d` of `{a::{b, c}, d}` (groups may span lines and nest).
+fn use_tree_roots(rest: &str) -> Vec<String> {
+    let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    let Some(group) = rest.strip_prefix('{') else { return vec![ident(rest)] };
+    let (mut roots, mut depth, mut item_start) = (Vec::new(), 0usize, true);
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => item_start = true,
+            c if item_start && !c.is_whitespace() => {
+                roots.push(ident(&group[at..]));
+                item_start = false;
+            }
+            _ => {}
+        }
+    }
+    roots
+}
+
 /// The top-level modules of `compiler/src` that each module names through
 /// `crate::` (in code, not comments), keyed by module.
 fn compiler_module_uses() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
@@ -74,21 +103,21 @@ fn compiler_module_uses() -> std::collections::BTreeMap<String, std::collections
         if module == "lib" || module == "main" {
             continue;
         }
-        let text = std::fs::read_to_string(&f).unwrap();
+        let code = without_comments(&std::fs::read_to_string(&f).unwrap());
         let entry = uses.entry(module.clone()).or_default();
-        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for (at, _) in line.match_indices("crate::") {
-                let rest = &line[at + "crate::".len()..];
-                // `crate::{a, b::c}` names several.
-                let names: Vec<&str> = match rest.strip_prefix('{') {
-                    Some(group) => group.split('}').next().unwrap_or("").split(',').map(|n| n.trim().split("::").next().unwrap_or("")).collect(),
-                    None => vec![rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("")],
-                };
-                entry.extend(names.into_iter().filter(|n| !n.is_empty() && *n != module).map(str::to_string));
-            }
+        for (at, _) in code.match_indices("crate::") {
+            let roots = use_tree_roots(&code[at + "crate::".len()..]);
+            entry.extend(roots.into_iter().filter(|n| !n.is_empty() && *n != module));
         }
     }
     uses
+}
+
+#[test]
+fn use_trees_are_read_whole() {
+    assert_eq!(use_tree_roots("graph::ir::Op;"), ["graph"]);
+    assert_eq!(use_tree_roots("{a::{b, c},\n    d, e::f};"), ["a", "d", "e"]);
+    assert_eq!(without_comments("use x; // crate::driver\n/// crate::quant\ncrate::graph"), "use x; \n\ncrate::graph");
 }
 
 /// The compiler's modules form layers: no two of them use each other, directly

@@ -102,6 +102,8 @@ impl StorageType {
         use StorageType as S;
         match self {
             S::F32 => WeightEncoding::Float32,
+            // q5_0 / q5_1 keep these blocks, but only on the float-activation
+            // block kernels; q8_0's integer kernels run them faster (docs/quantization.md).
             S::Q5_0 | S::Q5_1 | S::Q5K | S::Q6K => WeightEncoding::Q8_0,
             S::Q2K | S::Q3K => WeightEncoding::Q4K,
             native => native.native_scheme().expect("every other storage type has kernels"),
@@ -118,9 +120,11 @@ impl StorageType {
             StorageType::Q4_0 => Some(WeightEncoding::Q4_0),
             StorageType::Q4_1 => Some(WeightEncoding::Q4_1),
             StorageType::Q4K => Some(WeightEncoding::Q4K),
+            StorageType::Q5_0 => Some(WeightEncoding::Q5_0),
+            StorageType::Q5_1 => Some(WeightEncoding::Q5_1),
             // No kernels compute on these blocks: they are dequantized exactly
             // at import and encoded as the compile asks.
-            StorageType::Q5_0 | StorageType::Q5_1 | StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => None,
+            StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => None,
         }
     }
 }
@@ -353,27 +357,27 @@ fn permuted_row(row: usize, rows: usize, heads: usize) -> usize {
 
 /// GGUF blocks re-laid out as the parts of the matching encoding (only for types
 /// with a [`StorageType::native_scheme`]).
-fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
+pub fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
     let mut parts: Vec<Vec<u8>> = vec![Vec::new(); storage.native_scheme().map_or(1, |s| s.parts().len())];
     match storage {
         StorageType::F32 | StorageType::F16 | StorageType::BF16 => parts[0].extend_from_slice(bytes),
-        StorageType::Q8_0 => {
-            for block in bytes.chunks_exact(34) {
-                parts[1].extend_from_slice(&block[..2]);
-                parts[0].extend_from_slice(&block[2..]);
-            }
-        }
-        StorageType::Q4_0 => {
-            for block in bytes.chunks_exact(18) {
-                parts[1].extend_from_slice(&block[..2]);
-                parts[0].extend_from_slice(&block[2..]);
-            }
-        }
-        StorageType::Q4_1 => {
-            for block in bytes.chunks_exact(20) {
-                parts[1].extend_from_slice(&block[..2]);
-                parts[2].extend_from_slice(&block[2..4]);
-                parts[0].extend_from_slice(&block[4..]);
+        // Blocks whose fields are whole parts: (part, bytes) in block order.
+        StorageType::Q8_0 | StorageType::Q4_0 | StorageType::Q4_1 | StorageType::Q5_0 | StorageType::Q5_1 => {
+            let fields: &[(usize, usize)] = match storage {
+                StorageType::Q8_0 => &[(1, 2), (0, 32)],             // d, int8 levels
+                StorageType::Q4_0 => &[(1, 2), (0, 16)],             // d, nibbles (ours' order)
+                StorageType::Q4_1 => &[(1, 2), (2, 2), (0, 16)],     // d, m, nibbles
+                StorageType::Q5_0 => &[(2, 2), (1, 4), (0, 16)],     // d, qh (the fifth bits), nibbles
+                StorageType::Q5_1 => &[(2, 2), (3, 2), (1, 4), (0, 16)], // d, m, qh, nibbles
+                _ => unreachable!("the types of this arm"),
+            };
+            let block_bytes: usize = fields.iter().map(|(_, n)| n).sum();
+            for block in bytes.chunks_exact(block_bytes) {
+                let mut at = 0;
+                for &(part, n) in fields {
+                    parts[part].extend_from_slice(&block[at..at + n]);
+                    at += n;
+                }
             }
         }
         StorageType::Q4K => {
@@ -396,7 +400,7 @@ fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
                 }
             }
         }
-        StorageType::Q5_0 | StorageType::Q5_1 | StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => {
+        StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => {
             unreachable!("{} blocks have no native encoding", storage.name())
         }
     }

@@ -99,7 +99,7 @@ impl Kernel {
 
     /// The element type of parameter `p` that a dot instruction reads as `what`.
     fn dot_param(&self, p: ParamId, what: &str) -> Result<ElemType, String> {
-        self.params.get(p.index()).map(|p| p.elem).ok_or(format!("dot {what} {p} is not a parameter"))
+        self.params.get(p.index()).map(|p| p.elem).ok_or(format!("dot {what} {p} is not a declared parameter"))
     }
 
     /// The operands every dot instruction has: an accumulator local of

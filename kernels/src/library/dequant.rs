@@ -151,7 +151,12 @@ impl WeightParams {
                 let d = ld(self.part("scales"), block_index());
                 (d.clone(), Some(mul(f(-8.0), d)))
             }
-            WeightEncoding::Q4_1 => (ld(self.part("scales"), block_index()), Some(ld(self.part("mins"), block_index()))),
+            WeightEncoding::Q4_1 | WeightEncoding::Q5_1 => (ld(self.part("scales"), block_index()), Some(ld(self.part("mins"), block_index()))),
+            // q - 16 folded into the minimum, as Q4_0's q - 8.
+            WeightEncoding::Q5_0 => {
+                let d = ld(self.part("scales"), block_index());
+                (d.clone(), Some(mul(f(-16.0), d)))
+            }
             WeightEncoding::Q4K => {
                 let sub_blocks = BLOCK * 8;
                 let super_index = self.per_block_index(row.clone(), div(blk.clone(), i(8)), self.cols / sub_blocks);
@@ -181,6 +186,20 @@ impl WeightParams {
                 let byte_index = add(lane, add(mul(row, i(self.cols / 2)), mul(blk, i(HALF))));
                 let byte = ld(self.part("quants"), byte_index);
                 (to_f32(and(byte.clone(), i(15))), to_f32(shr(byte, i(4))))
+            }
+            // The nibbles as Q4_0's, each with its fifth bit (bit `t % 8` of
+            // byte `t / 8` of the block's 4 high-bit bytes) as 16.
+            WeightEncoding::Q5_0 | WeightEncoding::Q5_1 => {
+                let block = add(mul(row, i(self.blocks_per_row())), blk);
+                let byte = ld(self.part("quants"), add(lane.clone(), mul(block.clone(), i(HALF))));
+                let high_bits = self.part("high_bits");
+                let fifth = |t: Expr| {
+                    let bits = ld(high_bits, add(div(t.clone(), i(8)), mul(block.clone(), i(4))));
+                    shl(and(shr(bits, rem(t, i(8))), i(1)), i(4))
+                };
+                let lo = add(and(byte.clone(), i(15)), fifth(lane.clone()));
+                let hi = add(shr(byte, i(4)), fifth(add(lane, i(HALF))));
+                (to_f32(lo), to_f32(hi))
             }
             WeightEncoding::Float8E4M3 => {
                 let q = self.part("quants");

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
 pub const FORMAT_MAJOR: u32 = 8;
-/// Compatible additions bump the minor version.
-pub const FORMAT_MINOR: u32 = 0;
+/// Compatible additions bump the minor version (1: the q5_0 and q5_1 encodings).
+pub const FORMAT_MINOR: u32 = 1;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
 /// Sections start at multiples of this, so weights can be mapped zero-copy.
@@ -494,19 +494,26 @@ pub enum WeightEncoding {
     /// `quants: u8` fp8 e4m3fn codes (no infinities; 0x7f/0xff unused), one f32
     /// `scales` per row; value = scale * e4m3(q).
     Float8E4M3,
+    /// Blocks of 32, as GGUF Q5_0: 5-bit `q` as Q4_0's nibbles (`quants`) plus
+    /// their fifth bits (`high_bits: u8[4]`, bit `t % 8` of byte `t / 8` for
+    /// element `t`, GGUF's little-endian `qh`), `scales: f16`; value = scale * (q - 16).
+    Q5_0,
+    /// As Q5_0 plus `mins: f16` (GGUF Q5_1); value = scale * q + min.
+    Q5_1,
 }
 
 impl WeightEncoding {
     /// Whether the encoding is quantized into several parts with rows taken in
     /// blocks of [`WeightEncoding::block`] values: the integer blocks, and fp8,
     /// whose one scale per row is a part of its own. Matmuls on them run the
-    /// block kernels (`matmul_blocks`, `matmul_int8`, the interleaved ones), and
-    /// an embedding table under them defaults to q8_0.
+    /// block kernels (`matmul_blocks`, `matmul_int8`, the interleaved ones;
+    /// fp8 in layout `panel16` the panel matmul instead), and an embedding table
+    /// under them defaults to q8_0.
     pub fn is_block(self) -> bool {
         self.block() > 1
     }
 
-    pub const ALL: [WeightEncoding; 8] = [
+    pub const ALL: [WeightEncoding; 10] = [
         WeightEncoding::Float32,
         WeightEncoding::BFloat16,
         WeightEncoding::Float16,
@@ -515,6 +522,8 @@ impl WeightEncoding {
         WeightEncoding::Q4_1,
         WeightEncoding::Q4K,
         WeightEncoding::Float8E4M3,
+        WeightEncoding::Q5_0,
+        WeightEncoding::Q5_1,
     ];
 
     /// The `--quantization-encoding` spelling.
@@ -528,6 +537,8 @@ impl WeightEncoding {
             WeightEncoding::Q4_1 => "q4_1",
             WeightEncoding::Q4K => "q4_k",
             WeightEncoding::Float8E4M3 => "float8_e4m3fn",
+            WeightEncoding::Q5_0 => "q5_0",
+            WeightEncoding::Q5_1 => "q5_1",
         }
     }
 
@@ -546,7 +557,7 @@ impl WeightEncoding {
     pub fn block(self) -> u64 {
         match self {
             WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => 1,
-            WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Float8E4M3 => 32,
+            WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Float8E4M3 => 32,
             WeightEncoding::Q4K => 256,
         }
     }
@@ -569,6 +580,8 @@ impl WeightEncoding {
                 ("mins", DType::F16, Every(256)),
             ],
             WeightEncoding::Float8E4M3 => &[("quants", DType::U8, Every(1)), ("scales", DType::F32, One)],
+            WeightEncoding::Q5_0 => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(8)), ("scales", DType::F16, Every(32))],
+            WeightEncoding::Q5_1 => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(8)), ("scales", DType::F16, Every(32)), ("mins", DType::F16, Every(32))],
         }
     }
 
