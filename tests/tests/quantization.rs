@@ -177,6 +177,28 @@ fn q5_1_stays_within_its_requantization_error() {
     check("q5_1", smollm2_only(), 0.70, 0.3);
 }
 
+/// Integer activations asked of weights without integer kernels (q5, fp8) are
+/// said to run on float activations, not dropped silently; by default nothing
+/// is said.
+#[test]
+fn integer_activations_without_integer_kernels_are_noted() {
+    for (encoding, activations, said) in [("q5_0", Some("int8"), true), ("float8_e4m3fn", Some("int16"), true), ("q5_1", None, false), ("q4_1", Some("int8"), false)] {
+        let mef = temp_file("int-act-note", "model.mef");
+        let model = fixture("tiny-llama");
+        let mut args = vec![os("compile"), os("--model"), model.as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os(encoding)];
+        if let Some(a) = activations {
+            args.extend([os("--activation-encoding"), os(a)]);
+        }
+        let r = run_bin("maxc", &args);
+        assert_eq!(r.0, 0, "{}", r.2);
+        let note = format!("`{encoding}` matmuls have no integer kernels, so the linear layers multiply float activations");
+        assert_eq!(r.2.contains(&note), said, "{encoding} {activations:?}: {}", r.2);
+        if said {
+            assert!(r.2.contains("--activation-encoding"), "the note names the flag: {}", r.2);
+        }
+    }
+}
+
 /// SmolLM2's Q4_1 GGUF compiled with its own encoding keeps the blocks as they
 /// are (and its Q8_0 token embedding, the default embedding encoding for block
 /// encodings): no requantization, so the logits are the golden ones within the
