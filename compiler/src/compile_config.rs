@@ -38,10 +38,6 @@ impl Backend {
     }
 }
 
-/// A row length every block encoding divides, to ask whether an encoding has
-/// integer-activation kernels at all.
-const DOT_PROBE_COLS: u64 = 256;
-
 /// The default `max_length` cap when the manifest sets none.
 pub const DEFAULT_MAX_LENGTH: u64 = 4096;
 /// Positions per block of the batched engine's paged KV cache (vLLM's default).
@@ -300,7 +296,7 @@ impl CompileConfig {
         let mut notes = Vec::new();
         // Asked for integer activations with weights whose matmuls have no
         // integer kernels (fp8, q5): said, not silently dropped.
-        if self.activations.is_some_and(|a| a != ActivationEncoding::Float32) && encoding.is_block() && maxc_kernels::library::matmul_int8::dot_form(encoding, DOT_PROBE_COLS).is_none() {
+        if self.activations.is_some_and(|a| a != ActivationEncoding::Float32) && encoding.is_block() && maxc_kernels::library::matmul_int8::integer_form(encoding).is_none() {
             notes.push(format!(
                 "{} = {}: `{}` matmuls have no integer kernels, so the linear layers multiply float activations (only a block-encoded embedding / lm_head takes {} ones)",
                 field("activation_encoding"),

@@ -4,7 +4,7 @@
 //! differential tests (tests/kernels_llvm.rs) and the kernel filetests
 //! (tests/kernel_filetests.rs).
 
-use maxc_kernels::interp::{run, Buffer};
+use maxc_kernels::interp::{run, run_warp, Buffer};
 use maxc_kernels::library::quantize_activations::ActivationLevels;
 use maxc_kernels::{ElemType, Kernel};
 
@@ -111,14 +111,33 @@ pub fn assert_matches_interpreter(spec: &str, f: maxrun::code::KernelFn, case: &
     let tasks = case.kernel.tasks.eval(case.seq);
     // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
     unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, tasks) };
-    for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
+    assert_same_outputs(&format!("{spec} {} trial {trial}", case.kernel.name), ("interpreter", spec), &expected, &actual, case.tol);
+}
+
+/// Runs `case` on `inputs` through the interpreter sequentially and under the
+/// GPU's warp mapping (one warp per task, loops dealt to lanes, reductions by
+/// butterfly: the NVPTX lowering's reference) and compares the two, floats
+/// within the case's tolerance (at least 1e-6: lanes reassociate every sum).
+pub fn assert_warp_mapping_matches(what: &str, case: &Case, inputs: Vec<Buffer>) {
+    let mut expected = inputs;
+    let mut actual = expected.clone();
+    run(&case.kernel, &mut expected, case.seq);
+    run_warp(&case.kernel, &mut actual, case.seq);
+    assert_same_outputs(what, ("sequential", "warp"), &expected, &actual, case.tol.max(1e-6));
+}
+
+/// Every parameter after two runs of one kernel (`reference` gave `expected`,
+/// `other` gave `actual`): floats within `tol * (1 + |expected|)`, other element
+/// types equal.
+pub fn assert_same_outputs(what: &str, (reference, other): (&str, &str), expected: &[Buffer], actual: &[Buffer], tol: f32) {
+    for (p, (e, a)) in expected.iter().zip(actual).enumerate() {
         match (e, a) {
             (Buffer::F32(e), Buffer::F32(a)) => {
                 for (i, (x, y)) in e.iter().zip(a).enumerate() {
-                    assert!((x - y).abs() <= case.tol * (1.0 + x.abs()), "{spec} {} trial {trial} param {p}[{i}]: interpreter {x}, {spec} {y}", case.kernel.name);
+                    assert!((x - y).abs() <= tol * (1.0 + x.abs()), "{what}: param {p}[{i}]: {reference} {x}, {other} {y}");
                 }
             }
-            _ => assert_eq!(e, a, "{spec} {} param {p}", case.kernel.name),
+            _ => assert_eq!(e, a, "{what}: param {p}"),
         }
     }
 }

@@ -29,10 +29,9 @@ use std::path::{Path, PathBuf};
 
 use maxc_codegen::target::GpuTarget;
 use maxc_codegen::CpuTarget;
-use maxc_kernels::interp::{run, run_warp, Buffer};
 use maxc_kernels::ir_text;
 use maxc_kernels::Kernel;
-use maxc_tests::kernel_check::{assert_matches_interpreter, inputs, Case, Rng};
+use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, Case, Rng};
 use maxc_tests::{ptxas, temp_dir, workspace_root};
 use maxrun::code::LoadedCode;
 
@@ -57,6 +56,13 @@ fn dir() -> PathBuf {
 
 fn bless() -> bool {
     std::env::var_os("MAXC_BLESS").is_some()
+}
+
+impl Run {
+    /// `kernel` launched as this line says.
+    fn case(&self, kernel: &Kernel) -> Case {
+        Case { kernel: kernel.clone(), sizes: self.sizes.clone(), int_max: self.int_max, seq: self.seq, tol: self.tol }
+    }
 }
 
 /// Reads `# run: key=value ...`.
@@ -118,7 +124,7 @@ fn check_backend(spec: &str, tests: &[FileTest], compile: impl Fn(&[Kernel]) -> 
     for t in tests {
         let f = loaded.kernel(&t.kernel.name).unwrap();
         for r in &t.runs {
-            let case = Case { kernel: t.kernel.clone(), sizes: r.sizes.clone(), int_max: r.int_max, seq: r.seq, tol: r.tol };
+            let case = r.case(&t.kernel);
             for trial in 0..3 {
                 assert_matches_interpreter(&format!("{spec} ({})", t.path.display()), f, &case, inputs(&case, &mut rng), trial);
             }
@@ -141,21 +147,9 @@ fn filetests_gpu_mapping_matches_interpreter() {
     let mut rng = Rng(0x7761_7270);
     for t in filetests() {
         for r in &t.runs {
-            let case = Case { kernel: t.kernel.clone(), sizes: r.sizes.clone(), int_max: r.int_max, seq: r.seq, tol: r.tol };
-            let mut expected = inputs(&case, &mut rng);
-            let mut actual = expected.clone();
-            run(&t.kernel, &mut expected, r.seq);
-            run_warp(&t.kernel, &mut actual, r.seq);
-            for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
-                match (e, a) {
-                    (Buffer::F32(e), Buffer::F32(a)) => {
-                        for (i, (x, y)) in e.iter().zip(a).enumerate() {
-                            assert!((x - y).abs() <= r.tol.max(1e-6) * (1.0 + x.abs()), "{}: param {p}[{i}]: sequential {x}, warp {y}", t.path.display());
-                        }
-                    }
-                    _ => assert_eq!(e, a, "{}: param {p}", t.path.display()),
-                }
-            }
+            let case = r.case(&t.kernel);
+            let inputs = inputs(&case, &mut rng);
+            assert_warp_mapping_matches(&t.path.display().to_string(), &case, inputs);
         }
     }
 }

@@ -21,7 +21,7 @@ use maxc_kernels::ir::DotForm;
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
 use maxrun::format::WeightEncoding;
-use maxc_tests::kernel_check::{assert_matches_interpreter, inputs, reduction_tol, Case, Rng};
+use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, reduction_tol, Case, Rng};
 
 /// The register tiles a kernel of `seq` is built with: both in prefill (the
 /// AVX-512 and the AVX2 one, whatever this machine has), the one decode shape.
@@ -242,20 +242,8 @@ fn warp_mapping_matches_interpreter() {
     for case in cases().into_iter().chain(long_loop_cases()) {
         groups += (maxc_kernels::warp::threads_per_task(&case.kernel) == maxc_kernels::warp::GROUP as u32) as usize;
         split += maxc_kernels::warp::loop_mappings(&case.kernel).iter().filter(|m| matches!(m, maxc_kernels::warp::LoopMapping::Lanes { .. })).count();
-        let mut expected = inputs(&case, &mut rng);
-        let mut actual = expected.clone();
-        run(&case.kernel, &mut expected, case.seq);
-        maxc_kernels::interp::run_warp(&case.kernel, &mut actual, case.seq);
-        for (p, (e, a)) in expected.iter().zip(&actual).enumerate() {
-            match (e, a) {
-                (Buffer::F32(e), Buffer::F32(a)) => {
-                    for (i, (x, y)) in e.iter().zip(a).enumerate() {
-                        assert!((x - y).abs() <= case.tol.max(1e-6) * (1.0 + x.abs()), "{} param {p}[{i}]: sequential {x}, warp {y}", case.kernel.name);
-                    }
-                }
-                _ => assert_eq!(e, a, "{} param {p}", case.kernel.name),
-            }
-        }
+        let inputs = inputs(&case, &mut rng);
+        assert_warp_mapping_matches(&case.kernel.name, &case, inputs);
     }
     assert!(split >= 20, "only {split} loops are dealt to lanes");
     assert!(groups >= 3, "only {groups} kernels run on four-warp tasks");

@@ -94,19 +94,19 @@ impl StorageType {
     }
 
     /// The encoding a matrix stored as this keeps under `--quantization-encoding
-    /// stored`: its own where maxc computes on it (F16, BF16, Q8_0, Q4_0, Q4_1,
-    /// Q4_K), float32 for F32, q8_0 for the 5- and 6-bit blocks (Q5_0, Q5_1,
-    /// Q5_K, Q6_K) and q4_k for the 2- and 3-bit ones (Q2_K, Q3_K): never less
-    /// precise than the file.
+    /// stored`: its own where it is a float one or its matmuls have integer
+    /// kernels (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K), float32 for F32, else the
+    /// nearest more precise encoding with integer kernels: q8_0 for the 5- and
+    /// 6-bit blocks (Q5_0 and Q5_1, whose own encodings run on float kernels
+    /// only, far slower: docs/quantization.md; Q5_K, Q6_K) and q4_k for the 2-
+    /// and 3-bit ones (Q2_K, Q3_K). Never less precise than the file.
     pub fn stored_scheme(self) -> WeightEncoding {
         use StorageType as S;
-        match self {
-            S::F32 => WeightEncoding::Float32,
-            // q5_0 / q5_1 keep these blocks, but only on the float-activation
-            // block kernels; q8_0's integer kernels run them faster (docs/quantization.md).
-            S::Q5_0 | S::Q5_1 | S::Q5K | S::Q6K => WeightEncoding::Q8_0,
-            S::Q2K | S::Q3K => WeightEncoding::Q4K,
-            native => native.native_scheme().expect("every other storage type has kernels"),
+        match (self, self.native_scheme()) {
+            (_, Some(native)) if !native.is_block() || maxc_kernels::library::matmul_int8::integer_form(native).is_some() => native,
+            (S::F32, _) => WeightEncoding::Float32,
+            (S::Q2K | S::Q3K, _) => WeightEncoding::Q4K,
+            _ => WeightEncoding::Q8_0,
         }
     }
 

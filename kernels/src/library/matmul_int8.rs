@@ -19,17 +19,22 @@ use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
 
-/// The dot form of a block encoding's levels, or `None` when the encoding has no
-/// integer levels (fp8) or `k` is not whole pairs of blocks.
-pub fn dot_form(encoding: WeightEncoding, k: u64) -> Option<DotForm> {
-    if !k.is_multiple_of(DOT_VALUES as u64) {
-        return None;
-    }
+/// The dot form of an encoding's levels: the encodings whose matmuls have
+/// integer-activation kernels (these, and `matmul_interleaved`'s, which
+/// `Layout::Interleaved16` admits: the same four). `None` for float encodings
+/// and for block encodings without integer kernels (fp8, q5_0, q5_1).
+pub fn integer_form(encoding: WeightEncoding) -> Option<DotForm> {
     match encoding {
         WeightEncoding::Q8_0 => Some(DotForm::Int8),
         WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => Some(DotForm::NibblePairs),
         _ => None,
     }
+}
+
+/// [`integer_form`] for a matmul over rows of `k` values, or `None` when `k`
+/// is not whole pairs of blocks.
+pub fn dot_form(encoding: WeightEncoding, k: u64) -> Option<DotForm> {
+    integer_form(encoding).filter(|_| k.is_multiple_of(DOT_VALUES as u64))
 }
 
 /// A `rows x cols` tile of outputs at row `r0` and column `j0` (variables).
