@@ -295,8 +295,8 @@ impl CompileConfig {
         }
         let mut notes = Vec::new();
         // Asked for integer activations with weights whose matmuls have no
-        // integer kernels (fp8, q5): said, not silently dropped.
-        if self.activations.is_some_and(|a| a != ActivationEncoding::Float32) && encoding.is_block() && maxc_kernels::library::matmul_int8::integer_form(encoding).is_none() {
+        // integer kernels (fp8): said, not silently dropped.
+        if self.activations.is_some_and(|a| a != ActivationEncoding::Float32) && encoding.is_block() && !maxc_kernels::library::matmul_int8::has_integer_kernels(encoding) {
             notes.push(format!(
                 "{} = {}: `{}` matmuls have no integer kernels, so the linear layers multiply float activations (only a block-encoded embedding / lm_head takes {} ones)",
                 field("activation_encoding"),
@@ -413,13 +413,13 @@ pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightSt
     let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| t.stored_scheme() == q);
     let mut fates = Vec::new();
     if widened(crate::graph::WeightEncoding::Q8_0) {
-        fates.push("q8_0 (5- and 6-bit blocks)");
+        fates.push("q8_0 (Q5_K and Q6_K blocks)");
     }
     if widened(crate::graph::WeightEncoding::Q4K) {
         fates.push("q4_k (2- and 3-bit blocks)");
     }
     vec![format!(
-        "{file}: {listed} matrices are in GGUF blocks without integer kernels in maxc; they are dequantized exactly, then encoded as {}, the nearest more precise encoding with them (--quantization-encoding names another; q5_0 / q5_1 keep Q5_0 / Q5_1 blocks on float kernels)",
+        "{file}: {listed} matrices are in GGUF blocks without integer kernels in maxc; they are dequantized exactly, then encoded as {}, the nearest more precise encoding with them (--quantization-encoding names another)",
         fates.join(" and ")
     )]
 }

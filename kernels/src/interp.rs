@@ -233,6 +233,11 @@ impl Machine<'_> {
                     };
                     let (scale, sum) = (self.eval(&d.act_scales[0]).f(), self.eval(&d.act_scales[1]).f());
                     let w = |at: i64| self.byte(d.weights, w0 + at);
+                    let fifth_start = d.fifth_bits.as_ref().map(|(p, start)| (*p, self.eval(start).i()));
+                    let fifth = |at: i64| {
+                        let (p, f0) = fifth_start.expect("the verifier gives Nibbles5 its fifth bits");
+                        self.byte(p, f0 + at)
+                    };
                     let per_row = |r: &RowScale, g: i64| -> f32 {
                         let value = self.load(r.values.0, self.eval(&r.values.1).i() + g).f();
                         match &r.factors {
@@ -251,7 +256,7 @@ impl Machine<'_> {
                     let terms: Vec<f32> = (0..DOT_LANES)
                         .map(|g| {
                             let row_scale = per_row(&d.row_scales, g);
-                            let dot = (0..RowsForm::VALUES).map(|t| (d.form.level(&w, g, t) + level_offset.unwrap_or(0)) * act(t)).sum::<i64>() as f32;
+                            let dot = (0..RowsForm::VALUES).map(|t| (d.form.level(&w, &fifth, g, t) + level_offset.unwrap_or(0)) * act(t)).sum::<i64>() as f32;
                             if level_offset.is_some() {
                                 return row_scale * scale * dot;
                             }

@@ -295,8 +295,11 @@ pub fn ptxas() -> PathBuf {
 }
 
 /// SmolLM2's GGUF with every Q4_1 tensor rewritten as Q5_1 blocks of the same
-/// values (the same scale and minimum, the fifth bit clear): a lossless change
-/// of block type, so the GGUF is a file llama.cpp would read as the same model.
+/// values: each level doubled (`2q` in `0..31`, so the fifth bit is set
+/// wherever `q >= 8`) and the scale halved (exactly: the f16's exponent one
+/// less; a block whose scale is too small for that keeps `q` and `d`), the
+/// minimum as it was. `d / 2 * 2q + m = d q + m`: a lossless change of block
+/// type, so the GGUF is a file llama.cpp would read as the same model.
 pub fn smollm2_as_q5_1() -> TempPath {
     let b = std::fs::read(smollm2_gguf()).unwrap();
     let mut at = 24;
@@ -356,9 +359,16 @@ pub fn smollm2_as_q5_1() -> TempPath {
         if *ty == 3 {
             rewritten += 1;
             for block in bytes.chunks_exact(20) {
-                data.extend(&block[..4]);
-                data.extend([0u8; 4]);
-                data.extend(&block[4..]);
+                let d = u16::from_le_bytes([block[0], block[1]]);
+                // Exponent field above 1: halving keeps the f16 normal and exact.
+                let halve = (d >> 10) & 0x1f > 1 && (d >> 10) & 0x1f != 0x1f;
+                let (d, shift) = if halve { (d - (1 << 10), 1) } else { (d, 0) };
+                let levels: Vec<u8> = (0..32).map(|t| ((block[4 + t % 16] >> (4 * (t / 16))) & 15) << shift).collect();
+                let high_bits: u32 = (0..32).map(|t| ((levels[t] >> 4) as u32 & 1) << t).sum();
+                data.extend(d.to_le_bytes());
+                data.extend(&block[2..4]);
+                data.extend(high_bits.to_le_bytes());
+                data.extend((0..16).map(|j| (levels[j] & 15) | (levels[j + 16] & 15) << 4));
             }
         } else {
             data.extend(bytes);

@@ -112,14 +112,15 @@ fn smollm2_from_gguf_matches_golden() {
 /// values) compiles both ways to the golden logits, within the fixtures'
 /// float32 tolerance: dequantized exactly at import into float32 weights, and
 /// kept as its own blocks by `--quantization-encoding q5_1` (every matrix q5_1,
-/// run by the block kernels on the blocks as stored).
+/// fifth bits and all, run by the interleaved integer kernels with the default
+/// int16 activations), and by float activations on the row-major block kernels.
 #[test]
 fn gguf_q5_1_blocks_import_exactly_and_run_as_stored() {
     let gguf = smollm2_as_q5_1();
     let golden = golden("smollm2-135m");
-    for encoding in ["float32", "q5_1"] {
+    for (encoding, activations) in [("float32", "float32"), ("q5_1", "int16"), ("q5_1", "float32")] {
         let mef = temp_file("smollm2-q5_1-mef", "model.mef");
-        let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os(encoding)]);
+        let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os(encoding), os("--activation-encoding"), os(activations)]);
         assert_eq!(r.0, 0, "{}", r.2);
         // Blocks with kernels are not worth a note, whatever the encoding asked for.
         assert!(!r.2.contains("Q5_1 matrices"), "{}", r.2);
@@ -136,7 +137,7 @@ fn gguf_q5_1_blocks_import_exactly_and_run_as_stored() {
             let (shape, ours) = dump_logits(&mef, case);
             let (gshape, gold) = golden_logits("smollm2-135m", case);
             assert_eq!(shape, gshape);
-            assert_logits_close(&format!("Q5_1 GGUF as {encoding}, case {i}"), &ours, &gold);
+            assert_logits_close(&format!("Q5_1 GGUF as {encoding} with {activations} activations, case {i}"), &ours, &gold);
         }
     }
 }

@@ -107,7 +107,7 @@ fn cases() -> Vec<Case> {
         // Weights interleaved by 16 rows (DotRows): 48 columns are one full task
         // and a last single panel; k = 96 is three blocks (Q4_K: one super-block
         // of 256). Their tables gathered.
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
             let (k, n) = (if encoding == WeightEncoding::Q4K { 256 } else { 96 }, 48u64);
             let parts: Vec<usize> = (0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize).collect();
             for addend in [None, Some(Broadcast::None)] {
@@ -445,7 +445,8 @@ fn decode_attention_prefetches_value_rows() {
 }
 
 /// Int8 dots with every weight and activation byte at an extreme (weight bytes
-/// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15): where a pair of
+/// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15, five-bit
+/// levels 0 / 31): where a pair of
 /// products can exceed i16 (`vpmaddubsw` saturates), the result must still be
 /// the interpreter's, on this machine and on x86-64-v3.
 #[test]
@@ -453,7 +454,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
     let mut all = Vec::new();
     for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
         let s = if seq == SeqMode::Dynamic { 3usize } else { 1 };
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
             // Activations, their scales, the weight parts, the output.
             let case = |kernel: Kernel, k: u64, n: u64| {
                 let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
@@ -469,7 +470,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                     all.push(wide);
                 }
             }
-            if encoding != WeightEncoding::Q4_0 {
+            if matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_1) {
                 all.push(case(matmul_int8(256, 21, encoding, None, seq), 256, 21));
             }
         }
@@ -690,7 +691,7 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
     ];
     for (backend, tile, compile) in backends {
         let mut pairs = Vec::new();
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
             let k = if encoding == WeightEncoding::Q4K { 256 } else { 96 };
             for addend in [None, Some(Broadcast::None)] {
                 // 16-bit levels as the scheduler picks them: byte planes, and

@@ -198,8 +198,8 @@ impl Lowering<'_, '_> {
         Ok(())
     }
 
-    /// A [`Stmt::DotRows`] in scalar code: per row, 32 unsigned levels (bytes or
-    /// nibbles, as the form places them) times signed activation bytes, summed in
+    /// A [`Stmt::DotRows`] in scalar code: per row, 32 unsigned levels (bytes,
+    /// nibbles, or nibbles with a fifth bit, as the form places them) times signed activation bytes, summed in
     /// i32, converted, scaled by the row's scale and the activation scale, plus
     /// the row's minimum times the activation sum, added to the accumulator.
     /// 16-bit activations multiply `255 * high + low` bytes (`ActLevels::Planes`)
@@ -213,17 +213,29 @@ impl Lowering<'_, '_> {
             _ => None,
         };
         let (act_scale, act_sum) = (self.expr(&d.act_scales[0])?, self.expr(&d.act_scales[1])?);
+        let fifth_base = match &d.fifth_bits {
+            Some((p, start)) => Some(self.address(*p, start)?),
+            None => None,
+        };
         let acc_base = self.locals[d.acc.index()];
         for g in 0..DOT_LANES {
             let mut sum = self.b.ins().iconst(types::I32, 0);
             for t in 0..RowsForm::VALUES {
                 let (at, high) = d.form.byte_of(g, t);
                 let byte = self.b.ins().uload8(types::I32, flags, w_base, at as i32);
-                let w = match (d.form, high) {
-                    (RowsForm::Nibbles, false) => self.b.ins().band_imm_u(byte, 15),
-                    (RowsForm::Nibbles, true) => self.b.ins().ushr_imm_u(byte, 4),
+                let mut w = match (d.form, high) {
+                    (RowsForm::Nibbles | RowsForm::Nibbles5, false) => self.b.ins().band_imm_u(byte, 15),
+                    (RowsForm::Nibbles | RowsForm::Nibbles5, true) => self.b.ins().ushr_imm_u(byte, 4),
                     (RowsForm::Bytes, _) => byte,
                 };
+                // Five-bit levels: bit 4 from the fifth bits (RowsForm::fifth_bit_of).
+                if let Some(fifth_base) = fifth_base {
+                    let (at, bit) = RowsForm::fifth_bit_of(g, t);
+                    let bits = self.b.ins().uload8(types::I32, flags, fifth_base, at as i32);
+                    let moved = if bit <= 4 { self.b.ins().ishl_imm_u(bits, 4 - bit) } else { self.b.ins().ushr_imm_u(bits, bit - 4) };
+                    let fifth = self.b.ins().band_imm_u(moved, 16);
+                    w = self.b.ins().bor(w, fifth);
+                }
                 let mut a = match d.act_levels {
                     ActLevels::Words => self.b.ins().sload16(types::I32, flags, a_base, 2 * t as i32),
                     _ => self.b.ins().sload8(types::I32, flags, a_base, t as i32),

@@ -95,15 +95,14 @@ impl StorageType {
 
     /// The encoding a matrix stored as this keeps under `--quantization-encoding
     /// stored`: its own where it is a float one or its matmuls have integer
-    /// kernels (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K), float32 for F32, else the
-    /// nearest more precise encoding with integer kernels: q8_0 for the 5- and
-    /// 6-bit blocks (Q5_0 and Q5_1, whose own encodings run on float kernels
-    /// only, far slower: docs/quantization.md; Q5_K, Q6_K) and q4_k for the 2-
-    /// and 3-bit ones (Q2_K, Q3_K). Never less precise than the file.
+    /// kernels (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1), float32 for
+    /// F32, else the nearest more precise encoding with integer kernels: q8_0
+    /// for Q5_K and Q6_K, q4_k for the 2- and 3-bit blocks (Q2_K, Q3_K). Never
+    /// less precise than the file.
     pub fn stored_scheme(self) -> WeightEncoding {
         use StorageType as S;
         match (self, self.native_scheme()) {
-            (_, Some(native)) if !native.is_block() || maxc_kernels::library::matmul_int8::integer_form(native).is_some() => native,
+            (_, Some(native)) if !native.is_block() || maxc_kernels::library::matmul_int8::has_integer_kernels(native) => native,
             (S::F32, _) => WeightEncoding::Float32,
             (S::Q2K | S::Q3K, _) => WeightEncoding::Q4K,
             _ => WeightEncoding::Q8_0,
@@ -678,13 +677,13 @@ mod tests {
         let order = [WeightEncoding::Float32, WeightEncoding::Float16, WeightEncoding::Q8_0, WeightEncoding::Float8E4M3, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q4_0];
         assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
         assert_eq!(bits_per_value(WeightEncoding::Q8_0), 8.5);
-        // File bits per value: Q5_0 5.5, Q5_1 6, Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
-        for (storage, want) in [(S::Q5_0, WeightEncoding::Q8_0), (S::Q5_1, WeightEncoding::Q8_0), (S::Q5K, WeightEncoding::Q8_0), (S::Q6K, WeightEncoding::Q8_0), (S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
+        // File bits per value: Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
+        for (storage, want) in [(S::Q5K, WeightEncoding::Q8_0), (S::Q6K, WeightEncoding::Q8_0), (S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
             assert_eq!(storage.stored_scheme(), want, "{storage:?}");
             let (per, bytes) = storage.block();
             assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
         }
-        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K] {
+        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K, S::Q5_0, S::Q5_1] {
             assert_eq!(Some(storage.stored_scheme()), storage.native_scheme(), "{storage:?} keeps its blocks");
         }
         assert_eq!(S::F32.stored_scheme(), WeightEncoding::Float32);

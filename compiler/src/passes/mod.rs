@@ -52,7 +52,7 @@ pub fn pipeline_with(
         passes.push(Box::new(shard::Shard { target }));
     }
     passes.extend::<[Box<dyn Pass>; 5]>([
-        Box::new(stack_linear::StackLinear),
+        Box::new(stack_linear::StackLinear { stored: stored.clone() }),
         Box::new(fuse_swiglu::FuseSwiGlu),
         Box::new(fuse_matmul_add::FuseMatMulAdd),
         Box::new(dce::Dce),

@@ -28,6 +28,8 @@ use super::*;
 /// (`o = -128`) that way, on the signed levels, without the activation sum; so
 /// does the interpreter for any integer offset (exact: no cancellation of
 /// `o * S * act_scales[1]` against a dot of unsigned levels).
+/// With [`RowsForm::Nibbles5`] (Q5_0 / Q5_1) a level's fifth bit comes from
+/// `fifth_bits` (see [`RowsForm::fifth_bit_of`]), `None` with the other forms.
 /// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
 /// lowering also prefetches the levels that many bytes past each 64-byte chunk it
 /// reads (a hint with no effect on the result; it may point past the weights).
@@ -37,6 +39,9 @@ pub struct RowDot {
     pub weights: ParamId,
     pub w_start: Expr,
     pub form: RowsForm,
+    /// The 64 bytes of the block's fifth bits ([`RowsForm::Nibbles5`] only):
+    /// a byte parameter and the first byte's index.
+    pub fifth_bits: Option<(ParamId, Expr)>,
     pub act: ParamId,
     pub act_start: Expr,
     /// How the activation levels are stored.
@@ -105,6 +110,14 @@ pub enum RowsForm {
     /// Q4_0 / Q4_1 / Q4_K levels: `W[g][t]` is the low nibble of byte
     /// `64 (t / 8) + 4 g + t % 4` for `t % 8 < 4`, else its high nibble (4 chunks).
     Nibbles,
+    /// Q5_0 / Q5_1 levels (`0..32`): the low four bits as [`RowsForm::Nibbles`],
+    /// bit 4 from a fifth 64-byte chunk of their own ([`RowDot::fifth_bits`]),
+    /// ordered so that each dot step finds its bits by one shift: bit `t / 4`
+    /// of byte `4 g + t % 4` ([`RowsForm::fifth_bit_of`]). Lane `g` of the
+    /// chunk is row `g`'s, byte `j` of it the fifth bits of values `j, j + 4,
+    /// ..., j + 28`, so step `s` (values `4 s..4 s + 4`) takes bit `s` of each
+    /// byte.
+    Nibbles5,
     /// Byte levels: `W[g][t]` is byte `64 (t / 4) + 4 g + t % 4` read as unsigned
     /// (8 chunks; Q8_0 stores `q + 128`).
     Bytes,
@@ -125,27 +138,48 @@ impl RowsForm {
     /// 4..8 of a chunk of nibbles).
     pub fn values_per_chunk(self) -> i64 {
         match self {
-            RowsForm::Nibbles => 8,
+            RowsForm::Nibbles | RowsForm::Nibbles5 => 8,
             RowsForm::Bytes => 4,
         }
     }
 
-    /// `W[g][t]` from the bytes `w` of the block.
-    pub fn level(self, w: &dyn Fn(i64) -> i64, g: i64, t: i64) -> i64 {
+    /// Byte (within a [`RowsForm::Nibbles5`] block's 64 bytes of fifth bits)
+    /// and bit holding bit 4 of `W[g][t]`.
+    pub fn fifth_bit_of(g: i64, t: i64) -> (i64, i64) {
+        (4 * g + t % 4, t / 4)
+    }
+
+    /// `W[g][t]` from the bytes `w` of the block (and `fifth` of its fifth
+    /// bits, read by [`RowsForm::Nibbles5`] only).
+    pub fn level(self, w: &dyn Fn(i64) -> i64, fifth: &dyn Fn(i64) -> i64, g: i64, t: i64) -> i64 {
         let (at, high) = self.byte_of(g, t);
         let byte = w(at) as u8;
-        match (self, high) {
-            (RowsForm::Nibbles, false) => (byte & 15) as i64,
-            (RowsForm::Nibbles, true) => (byte >> 4) as i64,
-            (RowsForm::Bytes, _) => byte as i64,
+        let nibble = (if high { byte >> 4 } else { byte & 15 }) as i64;
+        match self {
+            RowsForm::Nibbles => nibble,
+            RowsForm::Nibbles5 => {
+                let (at, bit) = Self::fifth_bit_of(g, t);
+                nibble | ((((fifth(at) as u8) >> bit) & 1) as i64) << 4
+            }
+            RowsForm::Bytes => byte as i64,
         }
     }
 
-    /// Bytes of one block of 16 rows.
+    /// Bytes of levels of one block of 16 rows (a [`RowsForm::Nibbles5`]
+    /// block's fifth bits, 64 more, are in their own part).
     pub fn bytes(self) -> i64 {
         match self {
-            RowsForm::Nibbles => 256,
+            RowsForm::Nibbles | RowsForm::Nibbles5 => 256,
             RowsForm::Bytes => 512,
+        }
+    }
+
+    /// The largest level (the dot instructions' bounds depend on it).
+    pub fn max_level(self) -> i64 {
+        match self {
+            RowsForm::Nibbles => 15,
+            RowsForm::Nibbles5 => 31,
+            RowsForm::Bytes => 255,
         }
     }
 

@@ -88,7 +88,9 @@ impl Kernel {
     ///   activations are `i8`; scales are `f32`, starts `i64`; `DotBlock` weights
     ///   match the form (`i8` for int8, `u8` for nibble pairs), `DotRows` weights
     ///   are bytes, its row scales a float parameter and its row factors (Q4_K's
-    ///   6-bit ones) a byte parameter, each with an `i64` start.
+    ///   6-bit ones) a byte parameter, each with an `i64` start; a `DotRows`
+    ///   has fifth bits (a byte parameter, an `i64` start) exactly when its
+    ///   form is `Nibbles5`.
     pub fn validate(&self) -> Result<(), KernelError> {
         let err = |message: String| KernelError { kernel: self.name.clone(), message };
         if self.vars.get(self.task_var as usize) != Some(&ValType::I64) {
@@ -188,6 +190,16 @@ impl Kernel {
                     // Weight bytes are read as unsigned whatever the part's declared type.
                     if !matches!(w_elem, ElemType::U8 | ElemType::I8) {
                         return Err(format!("row dots take byte weights, got {w_elem:?}"));
+                    }
+                    match (&d.fifth_bits, d.form) {
+                        (Some((p, start)), RowsForm::Nibbles5) => {
+                            if !matches!(self.dot_param(*p, "fifth bits")?, ElemType::U8 | ElemType::I8) || self.type_of(start)? != ValType::I64 {
+                                return Err(format!("fifth bits {p} must be a byte parameter with an i64 start"));
+                            }
+                        }
+                        (None, RowsForm::Nibbles5) => return Err("a nibbles5 row dot needs its fifth bits".into()),
+                        (Some(_), form) => return Err(format!("a {form:?} row dot has no fifth bits")),
+                        (None, _) => {}
                     }
                     for r in d.per_row() {
                         let (p, start) = &r.values;

@@ -29,17 +29,26 @@ pub struct WeightParams {
 pub const INTERLEAVED_ROWS: i64 = DOT_LANES;
 
 /// The [`RowsForm`] of an encoding stored in layout `interleaved16` (docs/mef.md):
-/// Q8_0 (bytes `q + 128`), Q4_0, Q4_1 and Q4_K (nibbles); every block of 32 values
-/// of 16 consecutive rows is stored together, levels in the form's chunks, then
-/// every per-block part (scales, minimums; Q4_K's per-super-block ones too) as
-/// `[rows / 16][blocks][16]`. `None` for other encodings or shapes (`rows` not a
+/// Q8_0 (bytes `q + 128`), Q4_0, Q4_1 and Q4_K (nibbles), Q5_0 and Q5_1
+/// (nibbles and fifth bits); every block of 32 values of 16 consecutive rows is
+/// stored together, levels in the form's chunks (Q5's fifth bits in 64 bytes of
+/// their own part, [`RowsForm::fifth_bit_of`]), then every per-block part
+/// (scales, minimums; Q4_K's per-super-block ones too) as `[rows / 16][blocks][16]`. `None` for other encodings or shapes (`rows` not a
 /// multiple of 16).
 pub fn rows_form(encoding: WeightEncoding, rows: u64, cols: u64) -> Option<RowsForm> {
     if !Layout::Interleaved16.admits(encoding, &[rows, cols]) {
         return None;
     }
-    Some(if encoding == WeightEncoding::Q8_0 { RowsForm::Bytes } else { RowsForm::Nibbles })
+    Some(match encoding {
+        WeightEncoding::Q8_0 => RowsForm::Bytes,
+        WeightEncoding::Q5_0 | WeightEncoding::Q5_1 => RowsForm::Nibbles5,
+        _ => RowsForm::Nibbles,
+    })
 }
+
+/// Bytes of fifth bits per block of 16 rows ([`RowsForm::Nibbles5`]'s
+/// `high_bits` part in layout `interleaved16`).
+pub const FIFTH_BITS_BYTES: i64 = 64;
 
 /// Reorders the row-major parts of a `[rows, cols]` weight in a block encoding
 /// into layout `interleaved16` (see [`rows_form`]); `parts` in the encoding's order.
@@ -61,11 +70,26 @@ pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize,
                         for t in 0..BLOCK {
                             let level = match form {
                                 // Row-major nibbles: value t of a block in byte t % 16, high nibble from 16.
-                                RowsForm::Nibbles => (src[(t % HALF) as usize] >> (4 * (t / HALF))) & 15,
+                                RowsForm::Nibbles | RowsForm::Nibbles5 => (src[(t % HALF) as usize] >> (4 * (t / HALF))) & 15,
                                 RowsForm::Bytes => src[t as usize] ^ 0x80,
                             };
                             let (at, high) = form.byte_of((r % g16) as i64, t);
                             out[base + at as usize] |= if high { level << 4 } else { level };
+                        }
+                    }
+                }
+            } else if encoding.parts()[p].0 == "high_bits" {
+                // Q5's fifth bits: row-major, bit t % 8 of byte t / 8 of a
+                // block's 4; here bit t / 4 of byte 4 (r % 16) + t % 4 of the
+                // group block's 64.
+                for r in 0..rows {
+                    for blk in 0..nb {
+                        let src = &bytes[(r * nb + blk) * 4..][..4];
+                        let base = ((r / g16) * nb + blk) * FIFTH_BITS_BYTES as usize;
+                        for t in 0..BLOCK {
+                            let bit = (src[(t / 8) as usize] >> (t % 8)) & 1;
+                            let (at, shift) = RowsForm::fifth_bit_of((r % g16) as i64, t);
+                            out[base + at as usize] |= bit << shift;
                         }
                     }
                 }
@@ -232,12 +256,20 @@ impl WeightParams {
         let g = INTERLEAVED_ROWS;
         let group_block = add(mul(div(row.clone(), i(g)), i(self.blocks_per_row())), blk);
         let per_chunk = form.values_per_chunk();
-        let within = add(mul(div(t.clone(), i(per_chunk)), i(64)), add(mul(rem(row, i(g)), i(4)), rem(t.clone(), i(4))));
-        let byte = ld(self.part("quants"), add(mul(group_block, i(form.bytes())), within));
+        let row_in_group = rem(row, i(g));
+        let within = add(mul(div(t.clone(), i(per_chunk)), i(64)), add(mul(row_in_group.clone(), i(4)), rem(t.clone(), i(4))));
+        let byte = ld(self.part("quants"), add(mul(group_block.clone(), i(form.bytes())), within));
+        let nibble = |byte: Expr, t: Expr| {
+            let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(per_chunk))));
+            select(high, shr(byte.clone(), i(4)), and(byte, i(15)))
+        };
         match form {
-            RowsForm::Nibbles => {
-                let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(per_chunk))));
-                to_f32(select(high, shr(byte.clone(), i(4)), and(byte, i(15))))
+            RowsForm::Nibbles => to_f32(nibble(byte, t)),
+            // Bit t / 4 of byte 4 (row % 16) + t % 4 of the group block's fifth bits.
+            RowsForm::Nibbles5 => {
+                let at = add(mul(group_block, i(FIFTH_BITS_BYTES)), add(mul(row_in_group, i(4)), rem(t.clone(), i(4))));
+                let fifth = and(shr(ld(self.part("high_bits"), at), div(t.clone(), i(4))), i(1));
+                to_f32(add(nibble(byte, t), shl(fifth, i(4))))
             }
             // q + 128 stored in a signed byte: (byte & 255) - 128.
             RowsForm::Bytes => to_f32(sub(and(byte, i(255)), i(128))),

@@ -19,16 +19,25 @@ use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
 
-/// The dot form of an encoding's levels: the encodings whose matmuls have
-/// integer-activation kernels (these, and `matmul_interleaved`'s, which
-/// `Layout::Interleaved16` admits: the same four). `None` for float encodings
-/// and for block encodings without integer kernels (fp8, q5_0, q5_1).
+/// The dot form of an encoding's levels in this kernel's block dots (Q8_0,
+/// Q4_0, Q4_1, Q4_K). `None` for float encodings and for block encodings
+/// without them (fp8; q5_0 and q5_1, which have only `matmul_interleaved`'s
+/// row dots: [`has_integer_kernels`]).
 pub fn integer_form(encoding: WeightEncoding) -> Option<DotForm> {
     match encoding {
         WeightEncoding::Q8_0 => Some(DotForm::Int8),
         WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => Some(DotForm::NibblePairs),
         _ => None,
     }
+}
+
+/// Whether matmuls of `encoding` have integer-activation kernels: this file's
+/// block dots ([`integer_form`]) or `matmul_interleaved`'s row dots (the
+/// encodings `Layout::Interleaved16` takes). Q5_0 / Q5_1 have the row dots
+/// only, so a matrix of them whose rows are not whole groups of 16 multiplies
+/// float activations. fp8 has neither.
+pub fn has_integer_kernels(encoding: WeightEncoding) -> bool {
+    integer_form(encoding).is_some() || encoding.interleaves()
 }
 
 /// [`integer_form`] for a matmul over rows of `k` values, or `None` when `k`

@@ -1,5 +1,6 @@
 //! Matmul / GEMV of int8-quantized activations with block weights stored
-//! interleaved by 16 rows (layout `interleaved16`: Q8_0, Q4_0, Q4_1, Q4_K; see
+//! interleaved by 16 rows (layout `interleaved16`: Q8_0, Q4_0, Q4_1, Q4_K, Q5_0,
+//! Q5_1; see
 //! [`super::dequant::rows_form`]), as llama.cpp's repacked CPU kernels compute:
 //! each 64-byte load of levels holds four values of 16 output rows, multiplied by
 //! four activation bytes broadcast to every row (`Stmt::DotRows`, VNNI
@@ -11,9 +12,13 @@
 //! order ([`DotForm::Int8`]): `q: i8[seq, k]`, `s: f32[seq, 2 k / 32]` (each
 //! block's `d`, then each block's `d * sum(q)`). Per block of row `j`:
 //! `d_w[j] d_a dot(W[j], q) + m_w[j] d_a sum(q)`, where the minimum `m_w` is
-//! Q4_1's stored one, `-8 d_w` for Q4_0 and `-128 d_w` for Q8_0 (its levels are
-//! stored as `q + 128`, unsigned, as the instruction wants them); Q4_K's scale and
-//! minimum are its super-block's f16 ones times the block's 6-bit ones.
+//! Q4_1's and Q5_1's stored one, `-8 d_w` for Q4_0, `-16 d_w` for Q5_0 and
+//! `-128 d_w` for Q8_0 (its levels are stored as `q + 128`, unsigned, as the
+//! instruction wants them); Q4_K's scale and minimum are its super-block's f16
+//! ones times the block's 6-bit ones. Q5's levels are Q4's nibbles with a fifth
+//! bit each from a 64-byte chunk per block, ORed in per dot step
+//! ([`RowsForm::Nibbles5`]): one more load per block and a shift and mask per
+//! step, where the float-activation block kernels decoded every value.
 //! Tasks own panels of 16 output columns (`matmul_panel.rs`'s task structure);
 //! decode runs a task's panels one after another, prefill in register tiles.
 //!
@@ -33,7 +38,7 @@
 
 use maxc_format::WeightEncoding;
 
-use super::dequant::{declare_interleaved, WeightParams, INTERLEAVED_ROWS};
+use super::dequant::{declare_interleaved, WeightParams, FIFTH_BITS_BYTES, INTERLEAVED_ROWS};
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, matmul_name};
 use super::quantize_activations::ActivationLevels;
@@ -89,6 +94,8 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
             let (row_scales, row_min) = match w.encoding {
                 WeightEncoding::Q4_1 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Stored(RowScale { values: per_row("mins"), factors: None })),
                 WeightEncoding::Q4_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-8.0)),
+                WeightEncoding::Q5_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-16.0)),
+                WeightEncoding::Q5_1 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Stored(RowScale { values: per_row("mins"), factors: None })),
                 WeightEncoding::Q8_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-128.0)),
                 WeightEncoding::Q4K => (
                     RowScale { values: per_super("scales"), factors: Some(per_row("sub_scales")) },
@@ -101,6 +108,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 weights: w.part("quants"),
                 w_start: mul(v(gb), i(form.bytes())),
                 form,
+                fifth_bits: (form == RowsForm::Nibbles5).then(|| (w.part("high_bits"), mul(v(gb), i(FIFTH_BITS_BYTES)))),
                 act: xq,
                 act_start: act_start.clone(),
                 act_levels: act_levels.clone(),
@@ -187,7 +195,7 @@ mod tests {
     /// and two more.
     #[test]
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
-        let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K];
+        let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1];
         let all_levels = [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words];
         for (encoding, levels) in encodings.into_iter().flat_map(|e| all_levels.map(|l| (e, l))) {
             // Q4_K's super-blocks need whole 256s.

@@ -215,13 +215,14 @@ pub(crate) mod test_util {
             .parts()
             .iter()
             .enumerate()
-            .map(|(p, (_, dtype, _))| {
+            .map(|(p, (name, dtype, _))| {
                 let n = encoding.part_elems(p, &shape).unwrap() as usize;
                 let r = rand(n, seed + p as u64);
                 match dtype {
                     maxc_format::DType::I8 => Buffer::I8(r.iter().map(|v| (v * 127.0) as i8).collect()),
                     maxc_format::DType::U8 if encoding == WeightEncoding::Float8E4M3 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.0) as u8 & 0xf7).collect()),
-                    maxc_format::DType::U8 if p == 0 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect()),
+                    // Levels and Q5's fifth bits: every byte value.
+                    maxc_format::DType::U8 if p == 0 || *name == "high_bits" => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 127.9) as u8).collect()),
                     maxc_format::DType::U8 => Buffer::U8(r.iter().map(|v| ((v + 1.0) * 31.9) as u8).collect()),
                     maxc_format::DType::F16 => Buffer::F16(r.iter().map(|v| half::f16::from_f32(v * 0.1).to_bits()).collect()),
                     maxc_format::DType::F32 => Buffer::F32(r.iter().map(|v| v * 0.1).collect()),

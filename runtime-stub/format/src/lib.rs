@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
 pub const FORMAT_MAJOR: u32 = 8;
-/// Compatible additions bump the minor version (1: the q5_0 and q5_1 encodings).
-pub const FORMAT_MINOR: u32 = 1;
+/// Compatible additions bump the minor version (1: the q5_0 and q5_1
+/// encodings; 2: q5_0 / q5_1 weights in layout `interleaved16`).
+pub const FORMAT_MINOR: u32 = 2;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
 /// Sections start at multiples of this, so weights can be mapped zero-copy.
@@ -391,7 +392,7 @@ pub enum Layout {
     /// multiple of 16; fp8's per-row scales stay as they are).
     Panel16,
     /// Blocks of 32 values of 16 consecutive rows stored together for the
-    /// interleaved integer matmul (Q8_0, Q4_0, Q4_1, Q4_K); docs/mef.md.
+    /// interleaved integer matmul (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1); docs/mef.md.
     Interleaved16,
 }
 
@@ -423,7 +424,7 @@ impl Layout {
         match self {
             Layout::RowMajor => true,
             Layout::Panel16 => rows_of_16 && matches!(encoding, WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 | WeightEncoding::Float8E4M3),
-            Layout::Interleaved16 => rows_of_16 && matches!(encoding, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K) && shape[1].is_multiple_of(encoding.block()),
+            Layout::Interleaved16 => rows_of_16 && encoding.interleaves() && shape[1].is_multiple_of(encoding.block()),
         }
     }
 }
@@ -444,7 +445,7 @@ pub struct WeightEntry {
     pub dtype: DType,
     /// How the elements are ordered: `row_major`, `panel16` (a float matrix
     /// `[n, k]`, or fp8's codes, stored as `[n/16][k][16]` for the panel matmul), or
-    /// `interleaved16` (Q8_0 / Q4_0 / Q4_1 / Q4_K blocks of 16 rows stored
+    /// `interleaved16` (Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 blocks of 16 rows stored
     /// together for the int8 matmul); see docs/mef.md.
     pub layout: String,
     /// The logical shape of the whole tensor (the last axis is the one blocks run along).
@@ -511,6 +512,13 @@ impl WeightEncoding {
     /// under them defaults to q8_0.
     pub fn is_block(self) -> bool {
         self.block() > 1
+    }
+
+    /// Whether matrices in this encoding may be stored in layout
+    /// `interleaved16` (the interleaved integer matmul's: Q8_0, Q4_0, Q4_1,
+    /// Q4_K, Q5_0, Q5_1); [`Layout::admits`] adds the shape's conditions.
+    pub fn interleaves(self) -> bool {
+        matches!(self, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1)
     }
 
     pub const ALL: [WeightEncoding; 10] = [

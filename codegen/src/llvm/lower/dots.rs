@@ -341,7 +341,34 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let (low, high) = self.nibbles(chunk)?;
                 vec![(low, 8 * c), (high, 8 * c + 4)]
             }
+            RowsForm::Nibbles5 => {
+                let (low, high) = self.nibbles(chunk)?;
+                vec![(self.with_fifth_bits(d, low, 8 * c)?, 8 * c), (self.with_fifth_bits(d, high, 8 * c + 4)?, 8 * c + 4)]
+            }
         })
+    }
+
+    /// The 64 levels of a [`RowsForm::Nibbles5`] dot step over values `first..first
+    /// + 4` of the 16 rows: its nibbles `low4` with bit 4 set from the block's
+    /// fifth bits, bit `first / 4` of each byte (lane `g` of the 64 bytes is row
+    /// `g`'s, [`RowsForm::fifth_bit_of`]): shifted to bit 4 in i32 lanes (one
+    /// shift for all 64 bytes, as no bit crosses a byte at the mask), masked and
+    /// ORed in (x86: `vpsrld` / `vpslld`, then one `vpternlogd` with AVX-512).
+    /// The 64 bytes are loaded once per block (the loads of the block's steps
+    /// are one value to LLVM).
+    pub(super) fn with_fifth_bits(&mut self, d: &RowDot, low4: inkwell::values::VectorValue<'ctx>, first: i64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (param, start) = d.fifth_bits.as_ref().expect("the verifier gives Nibbles5 its fifth bits");
+        let ptr = self.element_ptr(*param, start)?;
+        let i32t = self.context.i32_type();
+        let bits = self.byte_load(self.context.i8_type().vec_type(64), ptr)?;
+        let b = &self.builder;
+        let words = b.build_bit_cast(bits, i32t.vec_type(16), "fifth_words").map_err(llvm_err)?.into_vector_value();
+        let step = first / 4;
+        let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i32t.const_int(x, false); 16]);
+        let moved = if step <= 4 { b.build_left_shift(words, splat(4 - step as u64), "fifth_up") } else { b.build_right_shift(words, splat(step as u64 - 4), false, "fifth_down") }.map_err(llvm_err)?;
+        let masked = b.build_and(moved, splat(0x1010_1010), "fifth").map_err(llvm_err)?;
+        let as_bytes = b.build_bit_cast(masked, low4.get_type(), "fifth_bytes").map_err(llvm_err)?.into_vector_value();
+        b.build_or(low4, as_bytes, "levels5").map_err(llvm_err)
     }
 
     /// The 16 rows' integer dots of a [`RowDot`] whose activations are words:
@@ -448,7 +475,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a
         // (the second term cancels against the -128 minimum: `folded_offset`);
         // nibbles with their pair products summed in i16 over the whole block
-        // (8 steps of at most 2 * 15 * 128: below 2^15), widened once after it.
+        // (8 steps of at most 2 * 15 * 128: below 2^15), widened once after it
+        // (five-bit levels: every 4 steps).
         let madd = match self.byte_dots() {
             ByteDots::Madd { zmm } => Some(zmm),
             _ => None,
@@ -469,15 +497,27 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         }
         let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
         let mut nibble_pairs: Vec<Option<inkwell::values::VectorValue<'ctx>>> = vec![None; planes.len()];
+        // Steps whose i16 pair sums add up without saturating: 8 for nibbles
+        // (8 * 2 * 15 * 127 < 2^15), 4 for five-bit levels (4 * 2 * 31 * 127).
+        let pair_steps = if d.form == RowsForm::Nibbles5 { 4 } else { 8 };
+        let mut steps_in_pairs = 0;
         for c in 0..d.form.chunks() {
             for (levels, first) in self.chunk_steps(d, c)? {
+                if let (Some(zmm), true) = (madd, steps_in_pairs == pair_steps && nibble_pairs.iter().all(Option::is_some)) {
+                    for (acc, words) in accs.iter_mut().zip(nibble_pairs.iter_mut()) {
+                        let fours = self.pair_sums(words.take().expect("pairs summed"), zmm)?;
+                        *acc = self.builder.build_int_add(*acc, fours, "acc").map_err(llvm_err)?;
+                    }
+                    steps_in_pairs = 0;
+                }
+                steps_in_pairs += 1;
                 // Q8_0's signed levels, once for both planes.
                 let signed = if signed_levels { Some(self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?) } else { None };
                 for (p, &start) in planes.iter().enumerate() {
                     let a_ptr = self.element_ptr(d.act, &dsl::add(start.clone(), dsl::i(first)))?;
                     let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
                     let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                    if let (RowsForm::Nibbles, Some(zmm)) = (d.form, madd) {
+                    if let (RowsForm::Nibbles | RowsForm::Nibbles5, Some(zmm)) = (d.form, madd) {
                         let products = self.pair_products(levels, broadcast, zmm)?;
                         nibble_pairs[p] = Some(match nibble_pairs[p] {
                             None => products,
@@ -491,7 +531,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                             let (abs, moved) = self.sign_moved(signed, broadcast)?;
                             self.dot_fours(accs[p], abs, moved, WeightBytes::Unsigned)?
                         }
-                        None if d.form == RowsForm::Nibbles => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Small)?,
+                        None if d.form != RowsForm::Bytes => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Small)?,
                         None => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Unsigned)?,
                     };
                 }
@@ -500,7 +540,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         if let Some(zmm) = madd {
             for (acc, words) in accs.iter_mut().zip(nibble_pairs) {
                 if let Some(words) = words {
-                    *acc = self.pair_sums(words, zmm)?;
+                    let fours = self.pair_sums(words, zmm)?;
+                    *acc = self.builder.build_int_add(*acc, fours, "acc").map_err(llvm_err)?;
                 }
             }
         }
