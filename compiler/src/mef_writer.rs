@@ -297,6 +297,8 @@ mod tests {
             (WeightEncoding::BFloat16, Layout::Panel16),
             (WeightEncoding::Q8_0, Layout::Interleaved16),
             (WeightEncoding::Q4K, Layout::Interleaved16),
+            (WeightEncoding::Q5_1, Layout::Interleaved16),
+            (WeightEncoding::Q6K, Layout::Interleaved16),
             (WeightEncoding::Q4_1, Layout::RowMajor),
             (WeightEncoding::Float8E4M3, Layout::Panel16),
         ];

@@ -6,7 +6,8 @@
 //!
 //! The block quantizers follow llama.cpp's reference implementations
 //! (`quantize_row_q8_0_ref`, `_q4_0_ref`, `_q4_1_ref`, `_q4_K_ref` with
-//! `make_qkx2_quants`), so a tensor quantized here holds the numbers llama.cpp
+//! `make_qkx2_quants`, `_q5_0_ref`, `_q5_1_ref`, `_q6_K_ref` with
+//! `make_qx_quants`), so a tensor quantized here holds the numbers llama.cpp
 //! would store; only the byte layout differs (parts instead of interleaved blocks).
 
 use half::{bf16, f16};
@@ -98,6 +99,8 @@ impl Encoded {
 const QK: usize = 32;
 /// Values per Q4_K super-block.
 const QK_K: usize = 256;
+/// llama.cpp's `GROUP_MAX_EPS`: a group whose largest magnitude is below it is all zeros.
+const GROUP_MAX_EPS: f32 = 1e-15;
 
 fn put_f16(out: &mut Vec<u8>, x: f32) {
     out.extend_from_slice(&f16::from_f32(x).to_le_bytes());
@@ -169,6 +172,7 @@ pub fn encode(encoding: WeightEncoding, values: &[f32], cols: usize) -> Encoded 
         WeightEncoding::Float8E4M3 => encode_f8_e4m3(values, cols),
         WeightEncoding::Q5_0 => encode_q5(values, false),
         WeightEncoding::Q5_1 => encode_q5(values, true),
+        WeightEncoding::Q6K => encode_q6_k(values),
     };
     Encoded { parts }
 }
@@ -197,7 +201,24 @@ pub fn decode(scheme: WeightEncoding, e: &Encoded, cols: usize) -> Vec<f32> {
             .collect(),
         WeightEncoding::Q5_0 => decode_q5(&p[0], &p[1], |blk| (get_f16(&p[2], blk), -16.0 * get_f16(&p[2], blk))),
         WeightEncoding::Q5_1 => decode_q5(&p[0], &p[1], |blk| (get_f16(&p[2], blk), get_f16(&p[3], blk))),
+        WeightEncoding::Q6K => decode_q6_k(&p[0], &p[1], &p[2], &p[3]),
     }
+}
+
+/// Q6_K's parts back to f32 as the kernels compute them: `d * (sub_scale * (q -
+/// 32))`, the integer product first (exact), `q` the nibble with its two high
+/// bits (bits `2 (t % 4)..` of byte `t / 4` of the block's 8).
+fn decode_q6_k(q: &[u8], high: &[u8], sub: &[u8], d: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(q.len() * 2);
+    for (blk, bytes) in q.chunks_exact(QK / 2).enumerate() {
+        let scale = get_f16(d, blk / (QK_K / QK));
+        let level = |t: usize| {
+            let nibble = if t < QK / 2 { bytes[t] & 15 } else { bytes[t - QK / 2] >> 4 };
+            (nibble | ((high[8 * blk + t / 4] >> (2 * (t % 4))) & 3) << 4) as i32
+        };
+        out.extend((0..QK).map(|t| scale * ((sub[2 * blk + t / 16] as i8 as i32) * (level(t) - 32)) as f32));
+    }
+    out
 }
 
 /// Q5_0 / Q5_1 (llama.cpp's `quantize_row_q5_0_ref` / `quantize_row_q5_1_ref`):
@@ -233,6 +254,107 @@ fn encode_q5(values: &[f32], with_min: bool) -> Vec<Vec<u8>> {
     } else {
         vec![q, high, d]
     }
+}
+
+/// llama.cpp's `make_qx_quants` with `rmse_type` 1 and no importance weights
+/// (as `quantize_row_q6_K_ref` calls it): a scale for the `x.len()` values
+/// (levels `l + nmax` in `levels`), refined over 18 trial scales around
+/// `-nmax / max` by the weighted least-squares fit (weights `x^2`).
+fn make_qx_quants(x: &[f32], nmax: i32, levels: &mut [i8]) -> f32 {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        levels.iter_mut().for_each(|l| *l = 0);
+        return 0.0;
+    }
+    let fit = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for &v in x {
+            let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+            let w = v * v;
+            sumlx += w * v * l as f32;
+            suml2 += w * l as f32 * l as f32;
+        }
+        (sumlx, suml2)
+    };
+    let mut iscale = -(nmax as f32) / max;
+    let set = |levels: &mut [i8], iscale: f32| {
+        for (l, &v) in levels.iter_mut().zip(x) {
+            *l = (nmax + nearest_int(iscale * v).clamp(-nmax, nmax - 1)) as i8;
+        }
+    };
+    set(levels, iscale);
+    let (sumlx, suml2) = fit(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in (-9..=9).filter(|&is| is != 0) {
+        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = fit(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            set(levels, iscale);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// Q6_K (llama.cpp's `quantize_row_q6_K_ref`): per super-block of 256, a scale
+/// per 16 values by [`make_qx_quants`] (levels -32..31), the scales quantized
+/// to signed bytes against the super-block's f16 `d` (the scale of largest
+/// magnitude maps to -128, capped at 127), then every value requantized against
+/// its sub-block's `d * scale`. Stored as maxc's parts: the low 4 bits of each
+/// `q = l + 32` as Q4_0's nibbles, its two high bits 2 per value (`high_bits`,
+/// bits `2 (t % 4)` of byte `t / 4` of a block's 8), the sub-block scales
+/// (`sub_scales`, i8) and the f16 `scales`.
+fn encode_q6_k(values: &[f32]) -> Vec<Vec<u8>> {
+    let n = values.len();
+    let (mut q, mut high, mut sub, mut d) = (Vec::with_capacity(n / 2), Vec::with_capacity(n / 4), Vec::with_capacity(n / 16), Vec::new());
+    for x in values.chunks_exact(QK_K) {
+        let mut levels = [0i8; QK_K];
+        let mut scales = [0.0f32; QK_K / 16];
+        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+        for (ib, scale) in scales.iter_mut().enumerate() {
+            *scale = make_qx_quants(&x[16 * ib..16 * ib + 16], 32, &mut levels[16 * ib..16 * ib + 16]);
+            if scale.abs() > max_abs_scale {
+                max_abs_scale = scale.abs();
+                max_scale = *scale;
+            }
+        }
+        let mut sub_scales = [0i8; QK_K / 16];
+        if max_abs_scale < GROUP_MAX_EPS {
+            levels = [0; QK_K];
+            put_f16(&mut d, 0.0);
+        } else {
+            let iscale = -128.0 / max_scale;
+            put_f16(&mut d, 1.0 / iscale);
+            let d16 = f16::from_f32(1.0 / iscale).to_f32();
+            for (s, scale) in sub_scales.iter_mut().zip(&scales) {
+                *s = nearest_int(iscale * scale).min(127) as i8;
+            }
+            for (j, &s) in sub_scales.iter().enumerate() {
+                let dj = d16 * s as f32;
+                if dj == 0.0 {
+                    continue;
+                }
+                for ii in 0..16 {
+                    levels[16 * j + ii] = (nearest_int(x[16 * j + ii] / dj).clamp(-32, 31) + 32) as i8;
+                }
+            }
+        }
+        sub.extend(sub_scales.map(|s| s as u8));
+        for block in levels.chunks_exact(QK) {
+            let l = |t: usize| block[t] as u8;
+            q.extend((0..QK / 2).map(|t| (l(t) & 15) | ((l(t + QK / 2) & 15) << 4)));
+            high.extend((0..QK / 4).map(|b| (0..4).fold(0u8, |acc, i| acc | ((l(4 * b + i) >> 4) & 3) << (2 * i))));
+        }
+    }
+    vec![q, high, sub, d]
 }
 
 /// A block's smallest and largest value.

@@ -233,18 +233,23 @@ impl Machine<'_> {
                     };
                     let (scale, sum) = (self.eval(&d.act_scales[0]).f(), self.eval(&d.act_scales[1]).f());
                     let w = |at: i64| self.byte(d.weights, w0 + at);
-                    let fifth_start = d.fifth_bits.as_ref().map(|(p, start)| (*p, self.eval(start).i()));
-                    let fifth = |at: i64| {
-                        let (p, f0) = fifth_start.expect("the verifier gives Nibbles5 its fifth bits");
-                        self.byte(p, f0 + at)
+                    let high_start = d.high_bits.as_ref().map(|(p, start)| (*p, self.eval(start).i()));
+                    let high = |at: i64| {
+                        let (p, h0) = high_start.expect("the verifier gives these forms their high bits");
+                        self.byte(p, h0 + at)
                     };
-                    let per_row = |r: &RowScale, g: i64| -> f32 {
+                    // Row g's value, times its factor for half `h` (bytes read
+                    // as their element type: u8 unsigned, i8 signed).
+                    let per_row_half = |r: &RowScale, g: i64, h: i64| -> f32 {
                         let value = self.load(r.values.0, self.eval(&r.values.1).i() + g).f();
                         match &r.factors {
                             None => value,
-                            Some((p, start)) => value * (self.byte(*p, self.eval(start).i() + g) as u8) as f32,
+                            Some((p, start)) => value * self.byte(*p, self.eval(start).i() + 16 * h + g) as f32,
                         }
                     };
+                    let per_row = |r: &RowScale, g: i64| per_row_half(r, g, 0);
+                    let halves = d.form.halves();
+                    let per_half = RowsForm::VALUES / halves;
                     // An integer offset is applied to the levels, exactly (equal
                     // to the `offset * S * act_scales[1]` term under RowDot's
                     // contract on the activation sums, without the cancellation
@@ -256,10 +261,11 @@ impl Machine<'_> {
                     let terms: Vec<f32> = (0..DOT_LANES)
                         .map(|g| {
                             let row_scale = per_row(&d.row_scales, g);
-                            let dot = (0..RowsForm::VALUES).map(|t| (d.form.level(&w, &fifth, g, t) + level_offset.unwrap_or(0)) * act(t)).sum::<i64>() as f32;
+                            let half_dot = |h: i64| (h * per_half..(h + 1) * per_half).map(|t| (d.form.level(&w, &high, g, t) + level_offset.unwrap_or(0)) * act(t)).sum::<i64>() as f32;
                             if level_offset.is_some() {
-                                return row_scale * scale * dot;
+                                return (0..halves).map(|h| per_row_half(&d.row_scales, g, h) * scale * half_dot(h)).sum();
                             }
+                            let dot = half_dot(0);
                             let min = match &d.row_min {
                                 RowMin::Offset(o) => o * row_scale,
                                 RowMin::Stored(m) => per_row(m, g),

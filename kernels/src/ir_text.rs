@@ -28,7 +28,7 @@
 //!           | "dot_block" "{" "acc" LOCAL "scales" "[" expr "," expr "]" "weights" PARAM
 //!               "w_start" expr "form" ("int8" | "nibble_pairs") "act" PARAM "act_start" expr "}"
 //!           | "dot_rows" "{" "acc" LOCAL "weights" PARAM "w_start" expr
-//!               "form" ("nibbles" | "bytes" | "nibbles5" "fifth_bits" PARAM "at" expr)
+//!               "form" ("nibbles" | "bytes" | ("nibbles5" | "nibbles6") "high_bits" PARAM "at" expr)
 //!               "act" PARAM "act_start" expr
 //!               "act_levels" ("bytes" | "planes" "low" expr | "words")
 //!               "act_scales" "[" expr "," expr "]" "row_scales" rowscale
@@ -200,11 +200,16 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
             writeln!(f, "{:pad$}}}", "")
         }
         Stmt::DotRows(d) => {
-            let form = match (d.form, &d.fifth_bits) {
-                (RowsForm::Nibbles, _) => "nibbles".to_string(),
-                (RowsForm::Bytes, _) => "bytes".to_string(),
-                (RowsForm::Nibbles5, Some((p, start))) => format!("nibbles5 fifth_bits {p} at {}", E(start)),
-                (RowsForm::Nibbles5, None) => "nibbles5 fifth_bits none".to_string(),
+            let name = match d.form {
+                RowsForm::Nibbles => "nibbles",
+                RowsForm::Bytes => "bytes",
+                RowsForm::Nibbles5 => "nibbles5",
+                RowsForm::Nibbles6 => "nibbles6",
+            };
+            let form = match (d.form.high_bit_count() > 0, &d.high_bits) {
+                (false, _) => name.to_string(),
+                (true, Some((p, start))) => format!("{name} high_bits {p} at {}", E(start)),
+                (true, None) => format!("{name} high_bits none"),
             };
             writeln!(f, "dot_rows {{")?;
             let field = pad + 2;
@@ -987,9 +992,10 @@ impl Parser {
         let acc = self.field("acc", Self::local)?;
         let weights = self.field("weights", Self::param)?;
         let w_start = self.field("w_start", Self::expr)?;
-        let form = self.field("form", |p| p.choice(&[(RowsForm::Nibbles5, "nibbles5"), (RowsForm::Nibbles, "nibbles"), (RowsForm::Bytes, "bytes")], "a rows form"))?;
-        let fifth_bits = match form {
-            RowsForm::Nibbles5 => self.field("fifth_bits", |p| {
+        let form = self.field("form", |p| p.choice(&[(RowsForm::Nibbles5, "nibbles5"), (RowsForm::Nibbles6, "nibbles6"), (RowsForm::Nibbles, "nibbles"), (RowsForm::Bytes, "bytes")], "a rows form"))?;
+        let high_bits = match form.high_bit_count() {
+            0 => None,
+            _ => self.field("high_bits", |p| {
                 if p.eat_keyword("none") {
                     return Ok(None);
                 }
@@ -997,7 +1003,6 @@ impl Parser {
                 p.keyword("at")?;
                 Ok(Some((param, p.expr()?)))
             })?,
-            _ => None,
         };
         let act = self.field("act", Self::param)?;
         let act_start = self.field("act_start", Self::expr)?;
@@ -1028,7 +1033,7 @@ impl Parser {
         })?;
         let prefetch_ahead = self.field("prefetch_ahead", |p| if p.eat_keyword("none") { Ok(None) } else { p.int("`none` or bytes ahead (an i64)").map(Some) })?;
         self.punct("}")?;
-        Ok(Stmt::DotRows(RowDot { acc, weights, w_start, form, fifth_bits, act, act_start, act_levels, act_scales, row_scales, row_min, prefetch_ahead }))
+        Ok(Stmt::DotRows(RowDot { acc, weights, w_start, form, high_bits, act, act_start, act_levels, act_scales, row_scales, row_min, prefetch_ahead }))
     }
 
     /// `values PARAM at expr factors (none | PARAM at expr)`.
@@ -1164,7 +1169,7 @@ mod tests {
     const ADDENDS: [Option<Broadcast>; 4] = [None, Some(Broadcast::None), Some(Broadcast::Row), Some(Broadcast::Scalar)];
     const BLOCK_ENCODINGS: [WeightEncoding; 4] = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K];
     /// The encodings layout `interleaved16` takes.
-    const INTERLEAVED_ENCODINGS: [WeightEncoding; 6] = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1];
+    const INTERLEAVED_ENCODINGS: [WeightEncoding; 7] = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K];
     const TILES: [RegisterTile; 2] = [RegisterTile::ZMM, RegisterTile::YMM];
 
     /// Every kernel constructor of the library, for two shapes each where the
@@ -1269,7 +1274,8 @@ mod tests {
             for (k, n) in [(512, 48), (256, 32)] {
                 for addend in ADDENDS {
                     for encoding in INTERLEAVED_ENCODINGS {
-                        for levels in [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
+                        // Q6_K's two halves take bytes or planes, not words.
+                        for levels in [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
                             for tile in TILES {
                                 ks.push(matmul_interleaved::matmul_interleaved(k, n, encoding, addend, seq, tile, levels));
                             }
@@ -1315,7 +1321,7 @@ mod tests {
         }
         // Every kind of statement and operand the library emits is among them.
         let text: String = kernels.iter().map(print).collect();
-        for needle in ["for ", "for_vec ", "if ", "set ", "store ", "prefetch ", "dot_block {", "dot_rows {", "act_levels planes", "act_levels words", "form nibbles5 fifth_bits", "row_min subtracted", "factors p", "prefetch_ahead 4096", "select(", "seq"] {
+        for needle in ["for ", "for_vec ", "if ", "set ", "store ", "prefetch ", "dot_block {", "dot_rows {", "act_levels planes", "act_levels words", "form nibbles5 high_bits", "form nibbles6 high_bits", "row_min subtracted", "factors p", "prefetch_ahead 4096", "select(", "seq"] {
             assert!(text.contains(needle), "no library kernel prints `{needle}`");
         }
         eprintln!("{} library kernels round-trip", kernels.len());
@@ -1357,7 +1363,7 @@ mod tests {
                 weights: odd,
                 w_start: mul(v(t), i(256)),
                 form: if prefetch_ahead == Some(64) { RowsForm::Nibbles5 } else { RowsForm::Bytes },
-                fifth_bits: (prefetch_ahead == Some(64)).then(|| (odd, sub(v(t), i(3)))),
+                high_bits: (prefetch_ahead == Some(64)).then(|| (odd, sub(v(t), i(3)))),
                 act: acts,
                 act_start: i(7),
                 act_levels,

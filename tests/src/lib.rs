@@ -301,6 +301,76 @@ pub fn ptxas() -> PathBuf {
 /// minimum as it was. `d / 2 * 2q + m = d q + m`: a lossless change of block
 /// type, so the GGUF is a file llama.cpp would read as the same model.
 pub fn smollm2_as_q5_1() -> TempPath {
+    let mut rewritten = 0;
+    let path = smollm2_rewritten("smollm2-q5_1", "SmolLM2-135M-Instruct.Q5_1.gguf", |_, ty, bytes, _| {
+        if ty != 3 {
+            return None;
+        }
+        rewritten += 1;
+        let mut data = Vec::new();
+        for block in bytes.chunks_exact(20) {
+            let d = u16::from_le_bytes([block[0], block[1]]);
+            // Exponent field above 1: halving keeps the f16 normal and exact.
+            let halve = (d >> 10) & 0x1f > 1 && (d >> 10) & 0x1f != 0x1f;
+            let (d, shift) = if halve { (d - (1 << 10), 1) } else { (d, 0) };
+            let levels: Vec<u8> = (0..32).map(|t| ((block[4 + t % 16] >> (4 * (t / 16))) & 15) << shift).collect();
+            let high_bits: u32 = (0..32).map(|t| ((levels[t] >> 4) as u32 & 1) << t).sum();
+            data.extend(d.to_le_bytes());
+            data.extend(&block[2..4]);
+            data.extend(high_bits.to_le_bytes());
+            data.extend((0..16).map(|j| (levels[j] & 15) | (levels[j + 16] & 15) << 4));
+        }
+        Some((7, data))
+    });
+    assert!(rewritten >= 7 * 30, "only {rewritten} Q4_1 tensors");
+    path
+}
+
+/// SmolLM2's GGUF with every down projection (`blk.N.ffn_down.weight`, Q4_1,
+/// 1536 wide) requantized to Q6_K: its exact values quantized by maxc's
+/// `quantize_row_q6_K_ref` (byte for byte llama.cpp's, the quantizer tests
+/// check), written in GGUF's block layout (`ql`, `qh`, `scales`, `d`): the file
+/// `llama-quantize` makes of these tensors under Q6_K.
+pub fn smollm2_with_q6_k_down_projections() -> TempPath {
+    use maxc::graph::WeightEncoding;
+    use maxc::import::weights::{dequantize, StorageType};
+    smollm2_rewritten("smollm2-q6_k", "SmolLM2-135M-Instruct.Q6_K-down.gguf", |name, ty, bytes, elements| {
+        if ty != 3 || !name.ends_with("ffn_down.weight") {
+            return None;
+        }
+        let values = dequantize(StorageType::Q4_1, bytes, elements);
+        let parts = maxc::quant::encode(WeightEncoding::Q6K, &values, 256).parts;
+        // Ours per block of 32 (nibbles of t and t + 16, two high bits per
+        // value, 2 i8 scales) back to GGUF's per 256.
+        let mut data = Vec::new();
+        for (sb, d) in parts[3].chunks_exact(2).enumerate() {
+            let level = |v: usize| {
+                let (blk, t) = (8 * sb + v / 32, v % 32);
+                let nibble = (parts[0][16 * blk + t % 16] >> (4 * (t / 16))) & 15;
+                nibble | ((parts[1][8 * blk + t / 4] >> (2 * (t % 4))) & 3) << 4
+            };
+            let (mut ql, mut qh) = (vec![0u8; 128], vec![0u8; 64]);
+            for n in 0..2 {
+                for l in 0..32 {
+                    let q = |i: usize| level(128 * n + 32 * i + l);
+                    ql[64 * n + l] = (q(0) & 15) | (q(2) & 15) << 4;
+                    ql[64 * n + 32 + l] = (q(1) & 15) | (q(3) & 15) << 4;
+                    qh[32 * n + l] = (q(0) >> 4) | (q(1) >> 4) << 2 | (q(2) >> 4) << 4 | (q(3) >> 4) << 6;
+                }
+            }
+            data.extend(ql);
+            data.extend(qh);
+            data.extend(&parts[2][16 * sb..16 * sb + 16]);
+            data.extend(d);
+        }
+        Some((14, data))
+    })
+}
+
+/// SmolLM2's GGUF with tensors rewritten: `rewrite(name, ggml type, bytes,
+/// elements)` gives a tensor's new type and bytes, or `None` to keep it.
+/// Metadata and tensor order stay; offsets are recomputed (alignment 32).
+pub fn smollm2_rewritten(tag: &str, file_name: &str, mut rewrite: impl FnMut(&str, u32, &[u8], usize) -> Option<(u32, Vec<u8>)>) -> TempPath {
     let b = std::fs::read(smollm2_gguf()).unwrap();
     let mut at = 24;
     let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
@@ -343,7 +413,6 @@ pub fn smollm2_as_q5_1() -> TempPath {
     }
     let data_start = at.div_ceil(32) * 32;
     let mut data = Vec::new();
-    let mut rewritten = 0;
     for (head, ty, offset, elements) in &infos {
         let size = match ty {
             0 => elements * 4,
@@ -352,33 +421,18 @@ pub fn smollm2_as_q5_1() -> TempPath {
             other => panic!("SmolLM2's GGUF has a tensor of type {other}"),
         };
         let bytes = &b[data_start + offset..data_start + offset + size];
-        let new_type = if *ty == 3 { 7 } else { *ty };
+        let name_len = u64::from_le_bytes(head[..8].try_into().unwrap()) as usize;
+        let name = std::str::from_utf8(&head[8..8 + name_len]).expect("a tensor name");
+        let (new_type, new_bytes) = rewrite(name, *ty, bytes, *elements).unwrap_or_else(|| (*ty, bytes.to_vec()));
         out.extend(head);
         out.extend(new_type.to_le_bytes());
         out.extend((data.len() as u64).to_le_bytes());
-        if *ty == 3 {
-            rewritten += 1;
-            for block in bytes.chunks_exact(20) {
-                let d = u16::from_le_bytes([block[0], block[1]]);
-                // Exponent field above 1: halving keeps the f16 normal and exact.
-                let halve = (d >> 10) & 0x1f > 1 && (d >> 10) & 0x1f != 0x1f;
-                let (d, shift) = if halve { (d - (1 << 10), 1) } else { (d, 0) };
-                let levels: Vec<u8> = (0..32).map(|t| ((block[4 + t % 16] >> (4 * (t / 16))) & 15) << shift).collect();
-                let high_bits: u32 = (0..32).map(|t| ((levels[t] >> 4) as u32 & 1) << t).sum();
-                data.extend(d.to_le_bytes());
-                data.extend(&block[2..4]);
-                data.extend(high_bits.to_le_bytes());
-                data.extend((0..16).map(|j| (levels[j] & 15) | (levels[j + 16] & 15) << 4));
-            }
-        } else {
-            data.extend(bytes);
-        }
+        data.extend(new_bytes);
         data.resize(data.len().div_ceil(32) * 32, 0);
     }
-    assert!(rewritten >= 7 * 30, "only {rewritten} Q4_1 tensors");
     out.resize(out.len().div_ceil(32) * 32, 0);
     out.extend(data);
-    let path = temp_file("smollm2-q5_1", "SmolLM2-135M-Instruct.Q5_1.gguf");
+    let path = temp_file(tag, file_name);
     std::fs::write(&path, out).unwrap();
     path
 }

@@ -70,8 +70,8 @@ fn cases() -> Vec<Case> {
             }
         }
         // Block-quantized weights: x, every part, [r], out.
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
-            let (k, n) = if encoding == WeightEncoding::Q4K { (512u64, 21u64) } else { (96, 21) };
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+            let (k, n) = if encoding.block() == 256 { (512u64, 21u64) } else { (96, 21) };
             for addend in [None, Some(Broadcast::Row), Some(Broadcast::None)] {
                 let mut sizes = vec![s * k as usize];
                 sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
@@ -107,8 +107,8 @@ fn cases() -> Vec<Case> {
         // Weights interleaved by 16 rows (DotRows): 48 columns are one full task
         // and a last single panel; k = 96 is three blocks (Q4_K: one super-block
         // of 256). Their tables gathered.
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
-            let (k, n) = (if encoding == WeightEncoding::Q4K { 256 } else { 96 }, 48u64);
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+            let (k, n) = (if encoding.block() == 256 { 256 } else { 96 }, 48u64);
             let parts: Vec<usize> = (0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize).collect();
             for addend in [None, Some(Broadcast::None)] {
                 let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
@@ -122,7 +122,8 @@ fn cases() -> Vec<Case> {
                     // 16-bit activations: two byte planes per row, or words.
                     let mut sizes = sizes.clone();
                     sizes[0] *= 2;
-                    for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
+                    // (Q6_K's two halves take planes only.)
+                    for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
                         v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, sixteen), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
                     }
                 }
@@ -446,7 +447,7 @@ fn decode_attention_prefetches_value_rows() {
 
 /// Int8 dots with every weight and activation byte at an extreme (weight bytes
 /// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15, five-bit
-/// levels 0 / 31): where a pair of
+/// levels 0 / 31, six-bit 0 / 63 with signed scales -128 / 127): where a pair of
 /// products can exceed i16 (`vpmaddubsw` saturates), the result must still be
 /// the interpreter's, on this machine and on x86-64-v3.
 #[test]
@@ -454,7 +455,8 @@ fn int8_dots_are_exact_at_extreme_bytes() {
     let mut all = Vec::new();
     for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
         let s = if seq == SeqMode::Dynamic { 3usize } else { 1 };
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+            let k = if encoding.block() == 256 { 256 } else { 96 };
             // Activations, their scales, the weight parts, the output.
             let case = |kernel: Kernel, k: u64, n: u64| {
                 let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
@@ -463,9 +465,9 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                 Case { kernel, sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) }
             };
             for tile in register_tiles(seq) {
-                all.push(case(matmul_interleaved(96, 48, encoding, None, seq, tile, ActivationLevels::Int8), 96, 48));
-                for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
-                    let mut wide = case(matmul_interleaved(96, 48, encoding, None, seq, tile, sixteen), 96, 48);
+                all.push(case(matmul_interleaved(k, 48, encoding, None, seq, tile, ActivationLevels::Int8), k, 48));
+                for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
+                    let mut wide = case(matmul_interleaved(k, 48, encoding, None, seq, tile, sixteen), k, 48);
                     wide.sizes[0] *= 2;
                     all.push(wide);
                 }
@@ -691,8 +693,8 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
     ];
     for (backend, tile, compile) in backends {
         let mut pairs = Vec::new();
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
-            let k = if encoding == WeightEncoding::Q4K { 256 } else { 96 };
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+            let k = if encoding.block() == 256 { 256 } else { 96 };
             for addend in [None, Some(Broadcast::None)] {
                 // 16-bit levels as the scheduler picks them: byte planes, and
                 // Q8_0's words at decode beside planes in a batch.

@@ -213,28 +213,46 @@ impl Lowering<'_, '_> {
             _ => None,
         };
         let (act_scale, act_sum) = (self.expr(&d.act_scales[0])?, self.expr(&d.act_scales[1])?);
-        let fifth_base = match &d.fifth_bits {
+        let high_base = match &d.high_bits {
             Some((p, start)) => Some(self.address(*p, start)?),
             None => None,
         };
+        // Two halves (Q6_K): each half's dot with the integer offset applied
+        // to the levels, scaled by its own factor.
+        let halves = d.form.halves();
+        let half_offset = match d.row_min {
+            RowMin::Offset(o) if halves > 1 => o as i64,
+            _ => 0,
+        };
         let acc_base = self.locals[d.acc.index()];
         for g in 0..DOT_LANES {
+            let mut sums = Vec::new();
             let mut sum = self.b.ins().iconst(types::I32, 0);
             for t in 0..RowsForm::VALUES {
+                if t > 0 && t % (RowsForm::VALUES / halves) == 0 {
+                    sums.push(sum);
+                    sum = self.b.ins().iconst(types::I32, 0);
+                }
                 let (at, high) = d.form.byte_of(g, t);
                 let byte = self.b.ins().uload8(types::I32, flags, w_base, at as i32);
                 let mut w = match (d.form, high) {
-                    (RowsForm::Nibbles | RowsForm::Nibbles5, false) => self.b.ins().band_imm_u(byte, 15),
-                    (RowsForm::Nibbles | RowsForm::Nibbles5, true) => self.b.ins().ushr_imm_u(byte, 4),
                     (RowsForm::Bytes, _) => byte,
+                    (_, false) => self.b.ins().band_imm_u(byte, 15),
+                    (_, true) => self.b.ins().ushr_imm_u(byte, 4),
                 };
-                // Five-bit levels: bit 4 from the fifth bits (RowsForm::fifth_bit_of).
-                if let Some(fifth_base) = fifth_base {
-                    let (at, bit) = RowsForm::fifth_bit_of(g, t);
-                    let bits = self.b.ins().uload8(types::I32, flags, fifth_base, at as i32);
-                    let moved = if bit <= 4 { self.b.ins().ishl_imm_u(bits, 4 - bit) } else { self.b.ins().ushr_imm_u(bits, bit - 4) };
-                    let fifth = self.b.ins().band_imm_u(moved, 16);
-                    w = self.b.ins().bor(w, fifth);
+                // Bits 4 and up from the high bits (RowsForm::high_bit_of).
+                if let Some(high_base) = high_base {
+                    for b in 0..d.form.high_bit_count() {
+                        let (at, bit) = RowsForm::high_bit_of(g, t, b);
+                        let bits = self.b.ins().uload8(types::I32, flags, high_base, at as i32);
+                        let to = 4 + b;
+                        let moved = if bit <= to { self.b.ins().ishl_imm_u(bits, to - bit) } else { self.b.ins().ushr_imm_u(bits, bit - to) };
+                        let one = self.b.ins().band_imm_u(moved, 1 << to);
+                        w = self.b.ins().bor(w, one);
+                    }
+                }
+                if half_offset != 0 {
+                    w = self.b.ins().iadd_imm_s(w, half_offset);
                 }
                 let mut a = match d.act_levels {
                     ActLevels::Words => self.b.ins().sload16(types::I32, flags, a_base, 2 * t as i32),
@@ -247,6 +265,25 @@ impl Lowering<'_, '_> {
                 }
                 let p = self.b.ins().imul(w, a);
                 sum = self.b.ins().iadd(sum, p);
+            }
+            if halves > 1 {
+                sums.push(sum);
+                // act_scale * (S_0 * dot_0 + S_1 * dot_1)
+                let mut total = None;
+                for (h, sum) in sums.into_iter().enumerate() {
+                    let dot = self.b.ins().fcvt_from_sint(types::F32, sum);
+                    let scale = self.row_value_at(&d.row_scales, g, h as i64)?;
+                    let term = self.b.ins().fmul(scale, dot);
+                    total = Some(match total {
+                        None => term,
+                        Some(t) => self.b.ins().fadd(t, term),
+                    });
+                }
+                let term = self.b.ins().fmul(total.expect("two halves"), act_scale);
+                let old = self.b.ins().load(types::F32, flags, acc_base, (4 * g) as i32);
+                let new = self.b.ins().fadd(old, term);
+                self.b.ins().store(flags, new, acc_base, (4 * g) as i32);
+                continue;
             }
             let dot = self.b.ins().fcvt_from_sint(types::F32, sum);
             let row_scale = self.row_value(&d.row_scales, g)?;
@@ -272,14 +309,25 @@ impl Lowering<'_, '_> {
         Ok(())
     }
 
-    /// Row `g`'s value of a [`RowScale`]: the float value, times the unsigned byte factor if any.
+    /// Row `g`'s value of a [`RowScale`]: the float value, times the byte
+    /// factor if any (read as its element type: `u8` unsigned, `i8` signed).
     fn row_value(&mut self, r: &RowScale, g: i64) -> Result<Value, CodegenError> {
-        let at = |start: &Expr| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(g)));
-        let value = self.expr(&Expr::Load { buf: Buf::Param(r.values.0), index: Box::new(at(&r.values.1)) })?;
+        self.row_value_at(r, g, 0)
+    }
+
+    /// [`Self::row_value`] with half `half`'s factor (`16 half` further on).
+    fn row_value_at(&mut self, r: &RowScale, g: i64, half: i64) -> Result<Value, CodegenError> {
+        let at = |start: &Expr, extra: i64| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(g + extra)));
+        let value = self.expr(&Expr::Load { buf: Buf::Param(r.values.0), index: Box::new(at(&r.values.1, 0)) })?;
         let Some((param, start)) = &r.factors else { return Ok(value) };
-        let byte = self.address(*param, &at(start))?;
-        let byte = self.b.ins().uload8(types::I32, MemFlagsData::trusted(), byte, 0);
-        let factor = self.b.ins().fcvt_from_uint(types::F32, byte);
+        let byte = self.address(*param, &at(start, DOT_LANES * half))?;
+        let factor = if self.kernel.params[param.index()].elem == ElemType::I8 {
+            let byte = self.b.ins().sload8(types::I32, MemFlagsData::trusted(), byte, 0);
+            self.b.ins().fcvt_from_sint(types::F32, byte)
+        } else {
+            let byte = self.b.ins().uload8(types::I32, MemFlagsData::trusted(), byte, 0);
+            self.b.ins().fcvt_from_uint(types::F32, byte)
+        };
         Ok(self.b.ins().fmul(value, factor))
     }
 

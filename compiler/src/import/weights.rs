@@ -95,9 +95,9 @@ impl StorageType {
 
     /// The encoding a matrix stored as this keeps under `--quantization-encoding
     /// stored`: its own where it is a float one or its matmuls have integer
-    /// kernels (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1), float32 for
-    /// F32, else the nearest more precise encoding with integer kernels: q8_0
-    /// for Q5_K and Q6_K, q4_k for the 2- and 3-bit blocks (Q2_K, Q3_K). Never
+    /// kernels (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K), float32
+    /// for F32, else the nearest more precise encoding with integer kernels:
+    /// q8_0 for Q5_K, q4_k for the 2- and 3-bit blocks (Q2_K, Q3_K). Never
     /// less precise than the file.
     pub fn stored_scheme(self) -> WeightEncoding {
         use StorageType as S;
@@ -121,9 +121,10 @@ impl StorageType {
             StorageType::Q4K => Some(WeightEncoding::Q4K),
             StorageType::Q5_0 => Some(WeightEncoding::Q5_0),
             StorageType::Q5_1 => Some(WeightEncoding::Q5_1),
+            StorageType::Q6K => Some(WeightEncoding::Q6K),
             // No kernels compute on these blocks: they are dequantized exactly
             // at import and encoded as the compile asks.
-            StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => None,
+            StorageType::Q2K | StorageType::Q3K | StorageType::Q5K => None,
         }
     }
 }
@@ -399,7 +400,28 @@ pub fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
                 }
             }
         }
-        StorageType::Q2K | StorageType::Q3K | StorageType::Q5K | StorageType::Q6K => {
+        StorageType::Q6K => {
+            // ql[128], qh[64], scales: i8[16], d: f16. Value 128 n + 32 i + l
+            // (n, i < 2... 4, l < 32): the low or high nibble of ql[64 n + 32 (i % 2)
+            // + l] (high for i >= 2), bits 2 i.. of qh[32 n + l].
+            for block in bytes.chunks_exact(210) {
+                let (ql, qh, scales, d) = (&block[..128], &block[128..192], &block[192..208], &block[208..]);
+                let level = |v: usize| {
+                    let (n, i, l) = (v / 128, (v % 128) / 32, v % 32);
+                    let byte = ql[64 * n + 32 * (i % 2) + l];
+                    let nibble = if i < 2 { byte & 15 } else { byte >> 4 };
+                    nibble | ((qh[32 * n + l] >> (2 * i)) & 3) << 4
+                };
+                for blk in 0..8 {
+                    let l = |t: usize| level(32 * blk + t);
+                    parts[0].extend((0..16).map(|t| (l(t) & 15) | (l(t + 16) & 15) << 4));
+                    parts[1].extend((0..8).map(|b| (0..4).fold(0u8, |acc, i| acc | ((l(4 * b + i) >> 4) & 3) << (2 * i))));
+                }
+                parts[2].extend_from_slice(scales);
+                parts[3].extend_from_slice(d);
+            }
+        }
+        StorageType::Q2K | StorageType::Q3K | StorageType::Q5K => {
             unreachable!("{} blocks have no native encoding", storage.name())
         }
     }
@@ -677,13 +699,13 @@ mod tests {
         let order = [WeightEncoding::Float32, WeightEncoding::Float16, WeightEncoding::Q8_0, WeightEncoding::Float8E4M3, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q4_0];
         assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
         assert_eq!(bits_per_value(WeightEncoding::Q8_0), 8.5);
-        // File bits per value: Q5_K 5.5, Q6_K 6.5625, Q2_K 2.625, Q3_K 3.4375.
-        for (storage, want) in [(S::Q5K, WeightEncoding::Q8_0), (S::Q6K, WeightEncoding::Q8_0), (S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
+        // File bits per value: Q5_K 5.5, Q2_K 2.625, Q3_K 3.4375.
+        for (storage, want) in [(S::Q5K, WeightEncoding::Q8_0), (S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
             assert_eq!(storage.stored_scheme(), want, "{storage:?}");
             let (per, bytes) = storage.block();
             assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
         }
-        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K, S::Q5_0, S::Q5_1] {
+        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K, S::Q5_0, S::Q5_1, S::Q6K] {
             assert_eq!(Some(storage.stored_scheme()), storage.native_scheme(), "{storage:?} keeps its blocks");
         }
         assert_eq!(S::F32.stored_scheme(), WeightEncoding::Float32);

@@ -9,12 +9,12 @@
 //! llama.cpp's quantized files (4-bit vocabulary projections flip top tokens). A weight whose row length is not
 //! a whole number of the encoding's blocks falls back: q4_k to q4_1 (rows that are
 //! whole 32-blocks but not 256-blocks, e.g. SmolLM2's 576-wide projections; llama.cpp
-//! falls back to q5_0 there), anything else to float32.
+//! falls back to q5_0 there), q6_k to q8_0 (as llama.cpp), anything else to float32.
 //!
 //! `--quantization-encoding stored` instead keeps each weight's checkpoint
 //! encoding where there are integer kernels for it (F16, BF16, Q8_0, Q4_0,
-//! Q4_1, Q4_K, Q5_0, Q5_1), and the nearest more precise one otherwise (GGUF
-//! Q5_K / Q6_K: q8_0; Q2_K / Q3_K: q4_k; F32: float32); a stacked projection takes its most precise part's.
+//! Q4_1, Q4_K, Q5_0, Q5_1, Q6_K), and the nearest more precise one otherwise
+//! (GGUF Q5_K: q8_0; Q2_K / Q3_K: q4_k; F32: float32); a stacked projection takes its most precise part's.
 //!
 //! Only the types' `quant` changes; the interpreter, the scheduler and the writer
 //! all read values through it, so the reference interpreter remains the oracle.
@@ -57,6 +57,9 @@ pub fn fitting(wanted: WeightEncoding, cols: u64) -> WeightEncoding {
         wanted
     } else if wanted == WeightEncoding::Q4K && fits(WeightEncoding::Q4_1) {
         WeightEncoding::Q4_1
+    } else if wanted == WeightEncoding::Q6K && fits(WeightEncoding::Q8_0) {
+        // As llama.cpp falls back from Q6_K (never less precise).
+        WeightEncoding::Q8_0
     } else {
         WeightEncoding::Float32
     }

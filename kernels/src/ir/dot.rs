@@ -28,8 +28,14 @@ use super::*;
 /// (`o = -128`) that way, on the signed levels, without the activation sum; so
 /// does the interpreter for any integer offset (exact: no cancellation of
 /// `o * S * act_scales[1]` against a dot of unsigned levels).
-/// With [`RowsForm::Nibbles5`] (Q5_0 / Q5_1) a level's fifth bit comes from
-/// `fifth_bits` (see [`RowsForm::fifth_bit_of`]), `None` with the other forms.
+/// With [`RowsForm::Nibbles5`] (Q5_0 / Q5_1) a level's fifth bit, with
+/// [`RowsForm::Nibbles6`] (Q6_K) its fifth and sixth, come from `high_bits`
+/// (see [`RowsForm::high_bit_of`]); `None` with the other forms. A form with
+/// two halves ([`RowsForm::halves`]: Q6_K's scale per 16 values) sums
+/// `S_h[g] * act_scales[0] * dot_h` over its halves `h` (values `16 h..16 h +
+/// 16`), where `S_h[g]` takes its factor at `factors.1 + 16 h + g`; its minimum
+/// is an integer `RowMin::Offset(o)` applied to the levels exactly (`dot_h` sums
+/// `(W[g][t] + o) * A[t]`), and `act_scales[1]` is not read.
 /// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
 /// lowering also prefetches the levels that many bytes past each 64-byte chunk it
 /// reads (a hint with no effect on the result; it may point past the weights).
@@ -39,9 +45,10 @@ pub struct RowDot {
     pub weights: ParamId,
     pub w_start: Expr,
     pub form: RowsForm,
-    /// The 64 bytes of the block's fifth bits ([`RowsForm::Nibbles5`] only):
-    /// a byte parameter and the first byte's index.
-    pub fifth_bits: Option<(ParamId, Expr)>,
+    /// The block's high bits ([`RowsForm::high_bits_bytes`] of them, for
+    /// [`RowsForm::Nibbles5`] and [`RowsForm::Nibbles6`]): a byte parameter
+    /// and the first byte's index.
+    pub high_bits: Option<(ParamId, Expr)>,
     pub act: ParamId,
     pub act_start: Expr,
     /// How the activation levels are stored.
@@ -71,8 +78,10 @@ pub enum ActLevels {
 
 /// Per-row values of a [`RowDot`]: for row `g`, element `values.1 + g` of the
 /// float parameter `values.0`, times element `factors.1 + g` of the byte
-/// parameter `factors.0` (read unsigned) when there are factors (Q4_K: a
-/// super-block's f16 scale times the block's 6-bit scale).
+/// parameter `factors.0` when there are factors (Q4_K: a super-block's f16
+/// scale times the block's 6-bit scale, unsigned bytes; Q6_K: times each
+/// half's scale, `i8`: read signed). A byte parameter is read as its element
+/// type says: `u8` unsigned, `i8` signed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowScale {
     pub values: (ParamId, Expr),
@@ -111,13 +120,17 @@ pub enum RowsForm {
     /// `64 (t / 8) + 4 g + t % 4` for `t % 8 < 4`, else its high nibble (4 chunks).
     Nibbles,
     /// Q5_0 / Q5_1 levels (`0..32`): the low four bits as [`RowsForm::Nibbles`],
-    /// bit 4 from a fifth 64-byte chunk of their own ([`RowDot::fifth_bits`]),
+    /// bit 4 from a 64-byte chunk of their own ([`RowDot::high_bits`]),
     /// ordered so that each dot step finds its bits by one shift: bit `t / 4`
-    /// of byte `4 g + t % 4` ([`RowsForm::fifth_bit_of`]). Lane `g` of the
+    /// of byte `4 g + t % 4` ([`RowsForm::high_bit_of`]). Lane `g` of the
     /// chunk is row `g`'s, byte `j` of it the fifth bits of values `j, j + 4,
     /// ..., j + 28`, so step `s` (values `4 s..4 s + 4`) takes bit `s` of each
     /// byte.
     Nibbles5,
+    /// Q6_K levels (`0..64`): as [`RowsForm::Nibbles5`] with a second chunk of
+    /// high bits (bit 5) after the first (bit 4), and two halves (values
+    /// `0..16`, `16..32`: steps `0..4`, `4..8`) with a scale each.
+    Nibbles6,
     /// Byte levels: `W[g][t]` is byte `64 (t / 4) + 4 g + t % 4` read as unsigned
     /// (8 chunks; Q8_0 stores `q + 128`).
     Bytes,
@@ -138,48 +151,62 @@ impl RowsForm {
     /// 4..8 of a chunk of nibbles).
     pub fn values_per_chunk(self) -> i64 {
         match self {
-            RowsForm::Nibbles | RowsForm::Nibbles5 => 8,
+            RowsForm::Nibbles | RowsForm::Nibbles5 | RowsForm::Nibbles6 => 8,
             RowsForm::Bytes => 4,
         }
     }
 
-    /// Byte (within a [`RowsForm::Nibbles5`] block's 64 bytes of fifth bits)
-    /// and bit holding bit 4 of `W[g][t]`.
-    pub fn fifth_bit_of(g: i64, t: i64) -> (i64, i64) {
-        (4 * g + t % 4, t / 4)
+    /// Byte (within a block's [`RowsForm::high_bits_bytes`]) and bit holding
+    /// bit `4 + b` of `W[g][t]`: chunk `b` of 64 bytes, bit `t / 4` of byte `4 g
+    /// + t % 4` there.
+    pub fn high_bit_of(g: i64, t: i64, b: i64) -> (i64, i64) {
+        (64 * b + 4 * g + t % 4, t / 4)
     }
 
-    /// `W[g][t]` from the bytes `w` of the block (and `fifth` of its fifth
-    /// bits, read by [`RowsForm::Nibbles5`] only).
-    pub fn level(self, w: &dyn Fn(i64) -> i64, fifth: &dyn Fn(i64) -> i64, g: i64, t: i64) -> i64 {
-        let (at, high) = self.byte_of(g, t);
-        let byte = w(at) as u8;
-        let nibble = (if high { byte >> 4 } else { byte & 15 }) as i64;
+    /// How many high bits above the nibble a level has (0 for nibbles and bytes).
+    pub fn high_bit_count(self) -> i64 {
         match self {
-            RowsForm::Nibbles => nibble,
-            RowsForm::Nibbles5 => {
-                let (at, bit) = Self::fifth_bit_of(g, t);
-                nibble | ((((fifth(at) as u8) >> bit) & 1) as i64) << 4
-            }
-            RowsForm::Bytes => byte as i64,
+            RowsForm::Nibbles | RowsForm::Bytes => 0,
+            RowsForm::Nibbles5 => 1,
+            RowsForm::Nibbles6 => 2,
         }
     }
 
-    /// Bytes of levels of one block of 16 rows (a [`RowsForm::Nibbles5`]
-    /// block's fifth bits, 64 more, are in their own part).
+    /// Bytes of high bits per block of 16 rows ([`RowDot::high_bits`]).
+    pub fn high_bits_bytes(self) -> i64 {
+        64 * self.high_bit_count()
+    }
+
+    /// Parts of a block with a scale of their own (values `16 h..16 h + 16` of
+    /// each row for half `h` when there are two).
+    pub fn halves(self) -> i64 {
+        match self {
+            RowsForm::Nibbles6 => 2,
+            _ => 1,
+        }
+    }
+
+    /// `W[g][t]` from the bytes `w` of the block (and `high` of its high bits,
+    /// read by the forms that have them).
+    pub fn level(self, w: &dyn Fn(i64) -> i64, high: &dyn Fn(i64) -> i64, g: i64, t: i64) -> i64 {
+        let (at, high_nibble) = self.byte_of(g, t);
+        let byte = w(at) as u8;
+        if self == RowsForm::Bytes {
+            return byte as i64;
+        }
+        let nibble = (if high_nibble { byte >> 4 } else { byte & 15 }) as i64;
+        (0..self.high_bit_count()).fold(nibble, |level, b| {
+            let (at, bit) = Self::high_bit_of(g, t, b);
+            level | ((((high(at) as u8) >> bit) & 1) as i64) << (4 + b)
+        })
+    }
+
+    /// Bytes of levels of one block of 16 rows (the high bits of the forms
+    /// with them are in their own part).
     pub fn bytes(self) -> i64 {
         match self {
-            RowsForm::Nibbles | RowsForm::Nibbles5 => 256,
+            RowsForm::Nibbles | RowsForm::Nibbles5 | RowsForm::Nibbles6 => 256,
             RowsForm::Bytes => 512,
-        }
-    }
-
-    /// The largest level (the dot instructions' bounds depend on it).
-    pub fn max_level(self) -> i64 {
-        match self {
-            RowsForm::Nibbles => 15,
-            RowsForm::Nibbles5 => 31,
-            RowsForm::Bytes => 255,
         }
     }
 

@@ -89,8 +89,10 @@ impl Kernel {
     ///   match the form (`i8` for int8, `u8` for nibble pairs), `DotRows` weights
     ///   are bytes, its row scales a float parameter and its row factors (Q4_K's
     ///   6-bit ones) a byte parameter, each with an `i64` start; a `DotRows`
-    ///   has fifth bits (a byte parameter, an `i64` start) exactly when its
-    ///   form is `Nibbles5`.
+    ///   has high bits (a byte parameter, an `i64` start) exactly when its
+    ///   form has them (`Nibbles5`, `Nibbles6`); a form with two halves
+    ///   (`Nibbles6`) has row factors, an integer offset as its minimum and
+    ///   activations as bytes or planes.
     pub fn validate(&self) -> Result<(), KernelError> {
         let err = |message: String| KernelError { kernel: self.name.clone(), message };
         if self.vars.get(self.task_var as usize) != Some(&ValType::I64) {
@@ -191,15 +193,22 @@ impl Kernel {
                     if !matches!(w_elem, ElemType::U8 | ElemType::I8) {
                         return Err(format!("row dots take byte weights, got {w_elem:?}"));
                     }
-                    match (&d.fifth_bits, d.form) {
-                        (Some((p, start)), RowsForm::Nibbles5) => {
-                            if !matches!(self.dot_param(*p, "fifth bits")?, ElemType::U8 | ElemType::I8) || self.type_of(start)? != ValType::I64 {
-                                return Err(format!("fifth bits {p} must be a byte parameter with an i64 start"));
+                    match (&d.high_bits, d.form.high_bit_count() > 0) {
+                        (Some((p, start)), true) => {
+                            if !matches!(self.dot_param(*p, "high bits")?, ElemType::U8 | ElemType::I8) || self.type_of(start)? != ValType::I64 {
+                                return Err(format!("high bits {p} must be a byte parameter with an i64 start"));
                             }
                         }
-                        (None, RowsForm::Nibbles5) => return Err("a nibbles5 row dot needs its fifth bits".into()),
-                        (Some(_), form) => return Err(format!("a {form:?} row dot has no fifth bits")),
-                        (None, _) => {}
+                        (None, true) => return Err(format!("a {:?} row dot needs its high bits", d.form)),
+                        (Some(_), false) => return Err(format!("a {:?} row dot has no high bits", d.form)),
+                        (None, false) => {}
+                    }
+                    // Two halves: each with its own factor, the minimum an
+                    // exact integer offset, activations as bytes or planes.
+                    if d.form.halves() > 1 {
+                        if !matches!(d.row_min, RowMin::Offset(o) if o.fract() == 0.0) || d.row_scales.factors.is_none() || d.act_levels == ActLevels::Words {
+                            return Err(format!("a {:?} row dot takes per-half factors, an integer offset and byte or plane activations", d.form));
+                        }
                     }
                     for r in d.per_row() {
                         let (p, start) = &r.values;

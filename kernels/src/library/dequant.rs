@@ -30,10 +30,12 @@ pub const INTERLEAVED_ROWS: i64 = DOT_LANES;
 
 /// The [`RowsForm`] of an encoding stored in layout `interleaved16` (docs/mef.md):
 /// Q8_0 (bytes `q + 128`), Q4_0, Q4_1 and Q4_K (nibbles), Q5_0 and Q5_1
-/// (nibbles and fifth bits); every block of 32 values of 16 consecutive rows is
-/// stored together, levels in the form's chunks (Q5's fifth bits in 64 bytes of
-/// their own part, [`RowsForm::fifth_bit_of`]), then every per-block part
-/// (scales, minimums; Q4_K's per-super-block ones too) as `[rows / 16][blocks][16]`. `None` for other encodings or shapes (`rows` not a
+/// (nibbles and fifth bits), Q6_K (nibbles and two high bits); every block of
+/// 32 values of 16 consecutive rows is stored together, levels in the form's
+/// chunks (the high bits in 64 bytes per bit of their own part,
+/// [`RowsForm::high_bit_of`]), then every per-block part (scales, minimums;
+/// Q4_K's and Q6_K's per-super-block ones, Q6_K's per 16 values) as
+/// `[rows / 16][blocks][16]`, blocks of the part's own size. `None` for other encodings or shapes (`rows` not a
 /// multiple of 16).
 pub fn rows_form(encoding: WeightEncoding, rows: u64, cols: u64) -> Option<RowsForm> {
     if !Layout::Interleaved16.admits(encoding, &[rows, cols]) {
@@ -42,13 +44,20 @@ pub fn rows_form(encoding: WeightEncoding, rows: u64, cols: u64) -> Option<RowsF
     Some(match encoding {
         WeightEncoding::Q8_0 => RowsForm::Bytes,
         WeightEncoding::Q5_0 | WeightEncoding::Q5_1 => RowsForm::Nibbles5,
+        WeightEncoding::Q6K => RowsForm::Nibbles6,
         _ => RowsForm::Nibbles,
     })
 }
 
-/// Bytes of fifth bits per block of 16 rows ([`RowsForm::Nibbles5`]'s
-/// `high_bits` part in layout `interleaved16`).
-pub const FIFTH_BITS_BYTES: i64 = 64;
+/// Bit `b` above the nibble of value `t` of a row-major block's `high_bits`
+/// (Q5: 4 bytes, bit `t % 8` of byte `t / 8`; Q6_K: 8 bytes, bit `2 (t % 4) +
+/// b` of byte `t / 4`): (byte, bit).
+pub fn row_major_high_bit(form: RowsForm, t: i64, b: i64) -> (i64, i64) {
+    match form.high_bit_count() {
+        1 => (t / 8, t % 8),
+        _ => (t / 4, 2 * (t % 4) + b),
+    }
+}
 
 /// Reorders the row-major parts of a `[rows, cols]` weight in a block encoding
 /// into layout `interleaved16` (see [`rows_form`]); `parts` in the encoding's order.
@@ -70,7 +79,7 @@ pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize,
                         for t in 0..BLOCK {
                             let level = match form {
                                 // Row-major nibbles: value t of a block in byte t % 16, high nibble from 16.
-                                RowsForm::Nibbles | RowsForm::Nibbles5 => (src[(t % HALF) as usize] >> (4 * (t / HALF))) & 15,
+                                RowsForm::Nibbles | RowsForm::Nibbles5 | RowsForm::Nibbles6 => (src[(t % HALF) as usize] >> (4 * (t / HALF))) & 15,
                                 RowsForm::Bytes => src[t as usize] ^ 0x80,
                             };
                             let (at, high) = form.byte_of((r % g16) as i64, t);
@@ -79,17 +88,21 @@ pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize,
                     }
                 }
             } else if encoding.parts()[p].0 == "high_bits" {
-                // Q5's fifth bits: row-major, bit t % 8 of byte t / 8 of a
-                // block's 4; here bit t / 4 of byte 4 (r % 16) + t % 4 of the
-                // group block's 64.
+                // Q5's fifth bits, Q6_K's two high bits: row-major per block
+                // (`row_major_high_bit`), here by bit in the group block's
+                // chunks of 64 (`RowsForm::high_bit_of`).
+                let (per_block, group_bytes) = (form.high_bit_count() as usize * 4, form.high_bits_bytes() as usize);
                 for r in 0..rows {
                     for blk in 0..nb {
-                        let src = &bytes[(r * nb + blk) * 4..][..4];
-                        let base = ((r / g16) * nb + blk) * FIFTH_BITS_BYTES as usize;
+                        let src = &bytes[(r * nb + blk) * per_block..][..per_block];
+                        let base = ((r / g16) * nb + blk) * group_bytes;
                         for t in 0..BLOCK {
-                            let bit = (src[(t / 8) as usize] >> (t % 8)) & 1;
-                            let (at, shift) = RowsForm::fifth_bit_of((r % g16) as i64, t);
-                            out[base + at as usize] |= bit << shift;
+                            for b in 0..form.high_bit_count() {
+                                let (byte, bit) = row_major_high_bit(form, t, b);
+                                let value = (src[byte as usize] >> bit) & 1;
+                                let (at, shift) = RowsForm::high_bit_of((r % g16) as i64, t, b);
+                                out[base + at as usize] |= value << shift;
+                            }
                         }
                     }
                 }
@@ -188,9 +201,21 @@ impl WeightParams {
                 let min = mul(ld(self.part("mins"), super_index), to_f32(ld(self.part("sub_mins"), block_index())));
                 (scale, Some(un(UnOp::Neg, min)))
             }
+            // The super-block's scale; the sub-block scales are in the numbers
+            // (`block_pair`: `sub_scale * (q - 32)`).
+            WeightEncoding::Q6K => {
+                let super_index = self.per_block_index(row.clone(), div(blk.clone(), i(8)), self.cols / (BLOCK * 8));
+                (ld(self.part("scales"), super_index), None)
+            }
             WeightEncoding::Float8E4M3 => (ld(self.part("scales"), row), None),
             WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => (f(1.0), None),
         }
+    }
+
+    /// Q6_K's signed scale of the 16 values `16 half..16 half + 16` of block
+    /// `blk` of `row` (an i64 in -128..128).
+    fn q6_k_sub_scale(&self, row: Expr, blk: Expr, half: Expr) -> Expr {
+        ld(self.part("sub_scales"), self.per_block_index(row, add(mul(blk, i(2)), half), self.cols / HALF))
     }
 
     /// The stored numbers `q` (as f32) of values `lane` and `lane + HALF` of block
@@ -225,6 +250,22 @@ impl WeightParams {
                 let hi = add(shr(byte, i(4)), fifth(add(lane, i(HALF))));
                 (to_f32(lo), to_f32(hi))
             }
+            // The nibbles with their two high bits (bits `2 (t % 4)..` of byte
+            // `t / 4` of the block's 8) as 16 and 32: `sub_scale * (q - 32)`,
+            // exact in integers (the super-block scale is `block_scale`'s).
+            WeightEncoding::Q6K => {
+                let block = add(mul(row.clone(), i(self.blocks_per_row())), blk.clone());
+                let byte = ld(self.part("quants"), add(lane.clone(), mul(block.clone(), i(HALF))));
+                let high_bits = self.part("high_bits");
+                let high = |t: Expr| {
+                    let bits = ld(high_bits, add(div(t.clone(), i(4)), mul(block.clone(), i(8))));
+                    shl(and(shr(bits, mul(rem(t, i(4)), i(2))), i(3)), i(4))
+                };
+                let lo = add(and(byte.clone(), i(15)), high(lane.clone()));
+                let hi = add(shr(byte, i(4)), high(add(lane, i(HALF))));
+                let scaled = |q: Expr, half: i64| to_f32(mul(self.q6_k_sub_scale(row.clone(), blk.clone(), i(half)), sub(q, i(32))));
+                (scaled(lo, 0), scaled(hi, 1))
+            }
             WeightEncoding::Float8E4M3 => {
                 let q = self.part("quants");
                 (e4m3_to_f32(ld(q, at(0))), e4m3_to_f32(ld(q, at(HALF))))
@@ -254,22 +295,28 @@ impl WeightParams {
     /// `t`) of its group block.
     fn interleaved_level(&self, form: RowsForm, row: Expr, blk: Expr, t: Expr) -> Expr {
         let g = INTERLEAVED_ROWS;
-        let group_block = add(mul(div(row.clone(), i(g)), i(self.blocks_per_row())), blk);
+        let group_block = add(mul(div(row.clone(), i(g)), i(self.blocks_per_row())), blk.clone());
         let per_chunk = form.values_per_chunk();
-        let row_in_group = rem(row, i(g));
+        let row_in_group = rem(row.clone(), i(g));
         let within = add(mul(div(t.clone(), i(per_chunk)), i(64)), add(mul(row_in_group.clone(), i(4)), rem(t.clone(), i(4))));
         let byte = ld(self.part("quants"), add(mul(group_block.clone(), i(form.bytes())), within));
         let nibble = |byte: Expr, t: Expr| {
             let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(per_chunk))));
             select(high, shr(byte.clone(), i(4)), and(byte, i(15)))
         };
+        // Bit t / 4 of byte 64 b + 4 (row % 16) + t % 4 of the group block's
+        // high bits is bit 4 + b of the level.
+        let high = |b: i64| {
+            let at = add(mul(group_block.clone(), i(form.high_bits_bytes())), add(i(64 * b), add(mul(row_in_group.clone(), i(4)), rem(t.clone(), i(4)))));
+            shl(and(shr(ld(self.part("high_bits"), at), div(t.clone(), i(4))), i(1)), i(4 + b))
+        };
         match form {
             RowsForm::Nibbles => to_f32(nibble(byte, t)),
-            // Bit t / 4 of byte 4 (row % 16) + t % 4 of the group block's fifth bits.
-            RowsForm::Nibbles5 => {
-                let at = add(mul(group_block, i(FIFTH_BITS_BYTES)), add(mul(row_in_group, i(4)), rem(t.clone(), i(4))));
-                let fifth = and(shr(ld(self.part("high_bits"), at), div(t.clone(), i(4))), i(1));
-                to_f32(add(nibble(byte, t), shl(fifth, i(4))))
+            RowsForm::Nibbles5 => to_f32(add(nibble(byte, t.clone()), high(0))),
+            // `sub_scale * (q - 32)`, as `block_pair`.
+            RowsForm::Nibbles6 => {
+                let q = add(add(nibble(byte, t.clone()), high(0)), high(1));
+                to_f32(mul(self.q6_k_sub_scale(row, blk, div(t.clone(), i(HALF))), sub(q, i(32))))
             }
             // q + 128 stored in a signed byte: (byte & 255) - 128.
             RowsForm::Bytes => to_f32(sub(and(byte, i(255)), i(128))),

@@ -1,4 +1,4 @@
-//! Matmul / GEMV on block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, FP8 e4m3),
+//! Matmul / GEMV on block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, FP8 e4m3),
 //! computed on the packed form: `out[m, n] = x[m, k] @ dequant(w)[n, k]^T`.
 //!
 //! The weights are never expanded to f32 in memory. For each block of 32 values
@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn every_block_encoding_matches_the_decoded_matmul() {
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
             // 11 columns: two full column tiles and 3 ragged; 6 rows: a row tile and 2 more.
             let (k, n) = (256usize, 11usize);
             let parts = random_parts(encoding, n, k, 7);

@@ -18,7 +18,9 @@
 //! ones times the block's 6-bit ones. Q5's levels are Q4's nibbles with a fifth
 //! bit each from a 64-byte chunk per block, ORed in per dot step
 //! ([`RowsForm::Nibbles5`]): one more load per block and a shift and mask per
-//! step, where the float-activation block kernels decoded every value.
+//! step, where the float-activation block kernels decoded every value. Q6_K's
+//! have two such bits ([`RowsForm::Nibbles6`]) and a signed scale per 16
+//! values: two dots per block, each with its `q - 32` applied exactly.
 //! Tasks own panels of 16 output columns (`matmul_panel.rs`'s task structure);
 //! decode runs a task's panels one after another, prefill in register tiles.
 //!
@@ -38,7 +40,7 @@
 
 use maxc_format::WeightEncoding;
 
-use super::dequant::{declare_interleaved, WeightParams, FIFTH_BITS_BYTES, INTERLEAVED_ROWS};
+use super::dequant::{declare_interleaved, WeightParams, INTERLEAVED_ROWS};
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, matmul_name};
 use super::quantize_activations::ActivationLevels;
@@ -101,6 +103,10 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                     RowScale { values: per_super("scales"), factors: Some(per_row("sub_scales")) },
                     RowMin::Subtracted(RowScale { values: per_super("mins"), factors: Some(per_row("sub_mins")) }),
                 ),
+                // A super-block's f16 scale times each half's signed one (the
+                // 16 rows' first halves, then their second halves), q - 32
+                // applied exactly.
+                WeightEncoding::Q6K => (RowScale { values: per_super("scales"), factors: Some((w.part("sub_scales"), mul(v(gb), i(2 * lanes)))) }, RowMin::Offset(-32.0)),
                 e => unreachable!("{} has no interleaved layout", e.name()),
             };
             per_block.push(Stmt::DotRows(RowDot {
@@ -108,7 +114,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 weights: w.part("quants"),
                 w_start: mul(v(gb), i(form.bytes())),
                 form,
-                fifth_bits: (form == RowsForm::Nibbles5).then(|| (w.part("high_bits"), mul(v(gb), i(FIFTH_BITS_BYTES)))),
+                high_bits: (form.high_bit_count() > 0).then(|| (w.part("high_bits"), mul(v(gb), i(form.high_bits_bytes())))),
                 act: xq,
                 act_start: act_start.clone(),
                 act_levels: act_levels.clone(),
@@ -195,11 +201,12 @@ mod tests {
     /// and two more.
     #[test]
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
-        let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1];
+        let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K];
         let all_levels = [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words];
-        for (encoding, levels) in encodings.into_iter().flat_map(|e| all_levels.map(|l| (e, l))) {
+        // Q6_K's halves take no words (the scheduler gives words to Q8_0 only).
+        for (encoding, levels) in encodings.into_iter().flat_map(|e| all_levels.map(|l| (e, l))).filter(|&(e, l)| !(e == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
             // Q4_K's super-blocks need whole 256s.
-            let (k, n) = (if encoding == WeightEncoding::Q4K { 512usize } else { 96 }, 48usize);
+            let (k, n) = (if encoding.block() == 256 { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);
             let packed = interleaved_parts(encoding, &parts, n, k);
             for ((m, seq, addend), register_tile) in panel_cases() {

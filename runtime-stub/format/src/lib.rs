@@ -12,7 +12,7 @@ pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
 pub const FORMAT_MAJOR: u32 = 8;
 /// Compatible additions bump the minor version (1: the q5_0 and q5_1
-/// encodings; 2: q5_0 / q5_1 weights in layout `interleaved16`).
+/// encodings; 2: q5_0 / q5_1 weights in layout `interleaved16`, the q6_k encoding).
 pub const FORMAT_MINOR: u32 = 2;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
@@ -501,6 +501,12 @@ pub enum WeightEncoding {
     Q5_0,
     /// As Q5_0 plus `mins: f16` (GGUF Q5_1); value = scale * q + min.
     Q5_1,
+    /// Super-blocks of 256, as GGUF Q6_K: 6-bit `q` as Q4_0's nibbles per block of
+    /// 32 (`quants`) plus their two high bits (`high_bits: u8[8]` per block, bits
+    /// `2 (t % 4)..` of byte `t / 4` for element `t`), a signed byte scale per 16
+    /// elements (`sub_scales: i8`), an f16 `scales` per super-block; value =
+    /// scale * (sub_scale * (q - 32)).
+    Q6K,
 }
 
 impl WeightEncoding {
@@ -516,12 +522,12 @@ impl WeightEncoding {
 
     /// Whether matrices in this encoding may be stored in layout
     /// `interleaved16` (the interleaved integer matmul's: Q8_0, Q4_0, Q4_1,
-    /// Q4_K, Q5_0, Q5_1); [`Layout::admits`] adds the shape's conditions.
+    /// Q4_K, Q5_0, Q5_1, Q6_K); [`Layout::admits`] adds the shape's conditions.
     pub fn interleaves(self) -> bool {
-        matches!(self, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1)
+        matches!(self, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q6K)
     }
 
-    pub const ALL: [WeightEncoding; 10] = [
+    pub const ALL: [WeightEncoding; 11] = [
         WeightEncoding::Float32,
         WeightEncoding::BFloat16,
         WeightEncoding::Float16,
@@ -532,6 +538,7 @@ impl WeightEncoding {
         WeightEncoding::Float8E4M3,
         WeightEncoding::Q5_0,
         WeightEncoding::Q5_1,
+        WeightEncoding::Q6K,
     ];
 
     /// The `--quantization-encoding` spelling.
@@ -547,6 +554,7 @@ impl WeightEncoding {
             WeightEncoding::Float8E4M3 => "float8_e4m3fn",
             WeightEncoding::Q5_0 => "q5_0",
             WeightEncoding::Q5_1 => "q5_1",
+            WeightEncoding::Q6K => "q6_k",
         }
     }
 
@@ -566,7 +574,7 @@ impl WeightEncoding {
         match self {
             WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => 1,
             WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Float8E4M3 => 32,
-            WeightEncoding::Q4K => 256,
+            WeightEncoding::Q4K | WeightEncoding::Q6K => 256,
         }
     }
 
@@ -590,6 +598,7 @@ impl WeightEncoding {
             WeightEncoding::Float8E4M3 => &[("quants", DType::U8, Every(1)), ("scales", DType::F32, One)],
             WeightEncoding::Q5_0 => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(8)), ("scales", DType::F16, Every(32))],
             WeightEncoding::Q5_1 => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(8)), ("scales", DType::F16, Every(32)), ("mins", DType::F16, Every(32))],
+            WeightEncoding::Q6K => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(4)), ("sub_scales", DType::I8, Every(16)), ("scales", DType::F16, Every(256))],
         }
     }
 

@@ -257,16 +257,20 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     pub(super) fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
-        let (acc, folded_offset) = match d.act_levels {
+        let (half_dots, folded_offset) = match d.act_levels {
             ActLevels::Words => {
                 // Q8_0's minimum folded exactly where byte planes fold it (the
                 // same `folds_offset`): a row decoded alone (words) and in a
                 // batch (planes) then take the same float steps.
                 let folded = self.folds_offset(d);
-                (self.word_dots(d, folded)?, folded)
+                (vec![self.word_dots(d, folded)?], folded)
             }
             _ => self.byte_level_dots(d)?,
         };
+        if half_dots.len() > 1 {
+            return self.dot_rows_by_halves(d, &half_dots);
+        }
+        let acc = half_dots[0];
         let f32v = f32t.vec_type(lanes);
         let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
             let one = b.build_insert_element(f32v.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
@@ -319,6 +323,33 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         self.store_local(d.acc, new)
     }
 
+    /// The epilogue of a [`RowDot`] with two halves (Q6_K): `acc += act_scale *
+    /// (S_0 * D_0 + S_1 * D_1)`, `D_h` the half's integer dot with its offset
+    /// applied ([`Self::byte_level_dots`]) and `S_h` the rows' scales times the
+    /// half's factors; no fast-math flags (see [`Self::dot_rows`]).
+    pub(super) fn dot_rows_by_halves(&mut self, d: &RowDot, half_dots: &[inkwell::values::VectorValue<'ctx>]) -> Result<(), CodegenError> {
+        let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
+        let lanes = DOT_LANES as u32;
+        let f32v = f32t.vec_type(lanes);
+        let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
+        let scales = (0..half_dots.len() as i64).map(|h| self.row_values_at(&d.row_scales, lanes, h)).collect::<Result<Vec<_>, _>>()?;
+        let b = &self.builder;
+        let mut sum: Option<inkwell::values::VectorValue<'ctx>> = None;
+        for (dot, scale) in half_dots.iter().zip(scales) {
+            let dot = self.builder.build_signed_int_to_float(*dot, f32v, "half_dot").map_err(llvm_err)?;
+            sum = Some(match sum {
+                None => self.builder.build_float_mul(scale, dot, "half_term").map_err(llvm_err)?,
+                Some(s) => self.mul_add(scale, dot, s)?,
+            });
+        }
+        let one = b.build_insert_element(f32v.get_undef(), act_scale, i32t.const_zero(), "act_scale").map_err(llvm_err)?;
+        let act = b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), "act_scale").map_err(llvm_err)?;
+        let term = self.builder.build_float_mul(sum.expect("two halves"), act, "term").map_err(llvm_err)?;
+        let old = self.load_local(d.acc, f32v)?;
+        let new = self.builder.build_float_add(old, term, "acc").map_err(llvm_err)?;
+        self.store_local(d.acc, new)
+    }
+
     /// `a * b + c` as `llvm.fmuladd` without fast-math flags: fused where the
     /// target has FMA, the same way in every loop shape.
     pub(super) fn mul_add(&self, a: inkwell::values::VectorValue<'ctx>, b: inkwell::values::VectorValue<'ctx>, c: inkwell::values::VectorValue<'ctx>) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
@@ -341,34 +372,41 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let (low, high) = self.nibbles(chunk)?;
                 vec![(low, 8 * c), (high, 8 * c + 4)]
             }
-            RowsForm::Nibbles5 => {
+            RowsForm::Nibbles5 | RowsForm::Nibbles6 => {
                 let (low, high) = self.nibbles(chunk)?;
-                vec![(self.with_fifth_bits(d, low, 8 * c)?, 8 * c), (self.with_fifth_bits(d, high, 8 * c + 4)?, 8 * c + 4)]
+                vec![(self.with_high_bits(d, low, 8 * c)?, 8 * c), (self.with_high_bits(d, high, 8 * c + 4)?, 8 * c + 4)]
             }
         })
     }
 
-    /// The 64 levels of a [`RowsForm::Nibbles5`] dot step over values `first..first
-    /// + 4` of the 16 rows: its nibbles `low4` with bit 4 set from the block's
-    /// fifth bits, bit `first / 4` of each byte (lane `g` of the 64 bytes is row
-    /// `g`'s, [`RowsForm::fifth_bit_of`]): shifted to bit 4 in i32 lanes (one
-    /// shift for all 64 bytes, as no bit crosses a byte at the mask), masked and
-    /// ORed in (x86: `vpsrld` / `vpslld`, then one `vpternlogd` with AVX-512).
-    /// The 64 bytes are loaded once per block (the loads of the block's steps
-    /// are one value to LLVM).
-    pub(super) fn with_fifth_bits(&mut self, d: &RowDot, low4: inkwell::values::VectorValue<'ctx>, first: i64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-        let (param, start) = d.fifth_bits.as_ref().expect("the verifier gives Nibbles5 its fifth bits");
-        let ptr = self.element_ptr(*param, start)?;
+    /// The 64 levels of a [`RowsForm::Nibbles5`] / [`RowsForm::Nibbles6`] dot
+    /// step over values `first..first + 4` of the 16 rows: its nibbles `low4`
+    /// with bit `4 + b` set from chunk `b` of the block's high bits, bit `first
+    /// / 4` of each byte (lane `g` of a chunk is row `g`'s,
+    /// [`RowsForm::high_bit_of`]): shifted to its place in i32 lanes (one shift
+    /// for all 64 bytes, as no bit crosses a byte at the mask), masked and
+    /// ORed in (x86: `vpsrld` / `vpslld`, then `vpternlogd` with AVX-512). A
+    /// chunk is loaded once per block (the loads of the block's steps are one
+    /// value to LLVM).
+    pub(super) fn with_high_bits(&mut self, d: &RowDot, low4: inkwell::values::VectorValue<'ctx>, first: i64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (param, start) = d.high_bits.as_ref().expect("the verifier gives these forms their high bits");
         let i32t = self.context.i32_type();
-        let bits = self.byte_load(self.context.i8_type().vec_type(64), ptr)?;
-        let b = &self.builder;
-        let words = b.build_bit_cast(bits, i32t.vec_type(16), "fifth_words").map_err(llvm_err)?.into_vector_value();
         let step = first / 4;
         let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i32t.const_int(x, false); 16]);
-        let moved = if step <= 4 { b.build_left_shift(words, splat(4 - step as u64), "fifth_up") } else { b.build_right_shift(words, splat(step as u64 - 4), false, "fifth_down") }.map_err(llvm_err)?;
-        let masked = b.build_and(moved, splat(0x1010_1010), "fifth").map_err(llvm_err)?;
-        let as_bytes = b.build_bit_cast(masked, low4.get_type(), "fifth_bytes").map_err(llvm_err)?.into_vector_value();
-        b.build_or(low4, as_bytes, "levels5").map_err(llvm_err)
+        let mut levels = low4;
+        for b in 0..d.form.high_bit_count() {
+            let ptr = self.element_ptr(*param, &dsl::add(start.clone(), dsl::i(64 * b)))?;
+            let bits = self.byte_load(self.context.i8_type().vec_type(64), ptr)?;
+            let builder = &self.builder;
+            let words = builder.build_bit_cast(bits, i32t.vec_type(16), "high_words").map_err(llvm_err)?.into_vector_value();
+            // Bit `step` of each byte to bit `4 + b`.
+            let to = 4 + b;
+            let moved = if step <= to { builder.build_left_shift(words, splat((to - step) as u64), "high_up") } else { builder.build_right_shift(words, splat((step - to) as u64), false, "high_down") }.map_err(llvm_err)?;
+            let masked = builder.build_and(moved, splat(0x0101_0101 << to), "high").map_err(llvm_err)?;
+            let as_bytes = builder.build_bit_cast(masked, low4.get_type(), "high_bytes").map_err(llvm_err)?.into_vector_value();
+            levels = builder.build_or(levels, as_bytes, "levels_high").map_err(llvm_err)?;
+        }
+        Ok(levels)
     }
 
     /// The 16 rows' integer dots of a [`RowDot`] whose activations are words:
@@ -467,16 +505,20 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// The 16 rows' integer dots of a [`RowDot`] whose activations are bytes or
-    /// byte planes (see [`Self::dot_rows`]), and whether they already hold
-    /// Q8_0's -128 minimum (`folded_offset`: the signed levels' dot).
-    pub(super) fn byte_level_dots(&mut self, d: &RowDot) -> Result<(inkwell::values::VectorValue<'ctx>, bool), CodegenError> {
+    /// byte planes (see [`Self::dot_rows`]), one per half of the block
+    /// ([`RowsForm::halves`]), and whether they already hold Q8_0's -128
+    /// minimum (`folded_offset`: the signed levels' dot). With two halves
+    /// (Q6_K) each half's dot has the integer offset applied exactly: the
+    /// activations' sum over the half (a dot of ones against the same
+    /// broadcasts) times the offset, added per plane before the planes meet.
+    pub(super) fn byte_level_dots(&mut self, d: &RowDot) -> Result<(Vec<inkwell::values::VectorValue<'ctx>>, bool), CodegenError> {
         let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
         let lanes = DOT_LANES as u32;
         // Without VNNI (`Some(zmm)`): Q8_0 as sum u * a = sum (u - 128) * a + 128 * sum a
         // (the second term cancels against the -128 minimum: `folded_offset`);
         // nibbles with their pair products summed in i16 over the whole block
         // (8 steps of at most 2 * 15 * 128: below 2^15), widened once after it
-        // (five-bit levels: every 4 steps).
+        // (five-bit levels: every 4 steps; six-bit: every 2).
         let madd = match self.byte_dots() {
             ByteDots::Madd { zmm } => Some(zmm),
             _ => None,
@@ -484,79 +526,112 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let arm = matches!(self.byte_dots(), ByteDots::Arm { .. });
         let signed_levels = self.takes_signed_levels(d);
         let folded_offset = self.folds_offset(d);
-        // One accumulator per activation byte plane (16-bit activations have a
-        // high and a low one), each fed the same unpacked levels.
+        let halves = d.form.halves() as usize;
+        let per_half = RowsForm::VALUES / halves as i64;
+        // One accumulator per half and activation byte plane (16-bit
+        // activations have a high and a low one), each fed the same unpacked levels.
         let low = match &d.act_levels {
             ActLevels::Planes { low } => Some(low),
             _ => None,
         };
         let planes: Vec<&Expr> = std::iter::once(&d.act_start).chain(low).collect();
-        let mut accs = Vec::with_capacity(planes.len());
-        for &start in &planes {
-            accs.push(if signed_levels && !folded_offset { self.splat_act_sum(d.act, start, 128)? } else { i32t.vec_type(lanes).const_zero() });
+        let zero = i32t.vec_type(lanes).const_zero();
+        let mut accs = vec![Vec::with_capacity(planes.len()); halves];
+        for acc in accs.iter_mut() {
+            for &start in &planes {
+                acc.push(if signed_levels && !folded_offset { self.splat_act_sum(d.act, start, 128)? } else { zero });
+            }
         }
+        // Two halves: the activations' sums per half and plane.
+        let mut act_sums = vec![vec![zero; planes.len()]; halves];
+        let ones = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(1, false); 64]);
         let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
         let mut nibble_pairs: Vec<Option<inkwell::values::VectorValue<'ctx>>> = vec![None; planes.len()];
         // Steps whose i16 pair sums add up without saturating: 8 for nibbles
-        // (8 * 2 * 15 * 127 < 2^15), 4 for five-bit levels (4 * 2 * 31 * 127).
-        let pair_steps = if d.form == RowsForm::Nibbles5 { 4 } else { 8 };
+        // (8 * 2 * 15 * 127 < 2^15), 4 for five-bit levels (4 * 2 * 31 * 127),
+        // 2 for six-bit ones (2 * 2 * 63 * 127).
+        let pair_steps = match d.form {
+            RowsForm::Nibbles5 => 4,
+            RowsForm::Nibbles6 => 2,
+            _ => 8,
+        };
         let mut steps_in_pairs = 0;
         for c in 0..d.form.chunks() {
             for (levels, first) in self.chunk_steps(d, c)? {
-                if let (Some(zmm), true) = (madd, steps_in_pairs == pair_steps && nibble_pairs.iter().all(Option::is_some)) {
-                    for (acc, words) in accs.iter_mut().zip(nibble_pairs.iter_mut()) {
-                        let fours = self.pair_sums(words.take().expect("pairs summed"), zmm)?;
-                        *acc = self.builder.build_int_add(*acc, fours, "acc").map_err(llvm_err)?;
-                    }
-                    steps_in_pairs = 0;
-                }
-                steps_in_pairs += 1;
+                let half = (first / per_half) as usize;
                 // Q8_0's signed levels, once for both planes.
                 let signed = if signed_levels { Some(self.builder.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?) } else { None };
+                let mut paired = false;
                 for (p, &start) in planes.iter().enumerate() {
                     let a_ptr = self.element_ptr(d.act, &dsl::add(start.clone(), dsl::i(first)))?;
                     let four = self.byte_load(i8t.vec_type(4), a_ptr)?;
                     let broadcast = self.builder.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
-                    if let (RowsForm::Nibbles | RowsForm::Nibbles5, Some(zmm)) = (d.form, madd) {
+                    if halves > 1 {
+                        act_sums[half][p] = self.dot_fours(act_sums[half][p], ones, broadcast, WeightBytes::Small)?;
+                    }
+                    if let (RowsForm::Nibbles | RowsForm::Nibbles5 | RowsForm::Nibbles6, Some(zmm)) = (d.form, madd) {
                         let products = self.pair_products(levels, broadcast, zmm)?;
                         nibble_pairs[p] = Some(match nibble_pairs[p] {
                             None => products,
                             Some(w) => self.builder.build_int_add(w, products, "pairs").map_err(llvm_err)?,
                         });
+                        paired = true;
                         continue;
                     }
-                    accs[p] = match signed {
-                        Some(signed) if arm => self.dot_fours(accs[p], signed, broadcast, WeightBytes::Signed)?,
+                    accs[half][p] = match signed {
+                        Some(signed) if arm => self.dot_fours(accs[half][p], signed, broadcast, WeightBytes::Signed)?,
                         Some(signed) => {
                             let (abs, moved) = self.sign_moved(signed, broadcast)?;
-                            self.dot_fours(accs[p], abs, moved, WeightBytes::Unsigned)?
+                            self.dot_fours(accs[half][p], abs, moved, WeightBytes::Unsigned)?
                         }
-                        None if d.form != RowsForm::Bytes => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Small)?,
-                        None => self.dot_fours(accs[p], levels, broadcast, WeightBytes::Unsigned)?,
+                        None if d.form != RowsForm::Bytes => self.dot_fours(accs[half][p], levels, broadcast, WeightBytes::Small)?,
+                        None => self.dot_fours(accs[half][p], levels, broadcast, WeightBytes::Unsigned)?,
                     };
+                }
+                // Pair sums widened into the step's half before they could saturate
+                // (a half is a whole number of `pair_steps`).
+                steps_in_pairs += paired as i64;
+                if let (Some(zmm), true) = (madd, paired && steps_in_pairs == pair_steps) {
+                    for (acc, words) in accs[half].iter_mut().zip(nibble_pairs.iter_mut()) {
+                        let fours = self.pair_sums(words.take().expect("pairs summed"), zmm)?;
+                        *acc = self.builder.build_int_add(*acc, fours, "acc").map_err(llvm_err)?;
+                    }
+                    steps_in_pairs = 0;
                 }
             }
         }
         if let Some(zmm) = madd {
-            for (acc, words) in accs.iter_mut().zip(nibble_pairs) {
+            for (acc, words) in accs[halves - 1].iter_mut().zip(nibble_pairs) {
                 if let Some(words) = words {
                     let fours = self.pair_sums(words, zmm)?;
                     *acc = self.builder.build_int_add(*acc, fours, "acc").map_err(llvm_err)?;
                 }
             }
         }
-        // 16-bit activations: 255 times the high plane's dots plus the low one's
-        // (at most 32 * 255 * 32512 in magnitude: exact in i32).
-        let acc = match accs[..] {
-            [acc] => acc,
-            [high, low] => {
-                let weight = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(HIGH_PLANE_WEIGHT as u64, false); lanes as usize]);
-                let scaled = self.builder.build_int_mul(high, weight, "high").map_err(llvm_err)?;
-                self.builder.build_int_add(scaled, low, "dots16").map_err(llvm_err)?
+        let mut dots = Vec::with_capacity(halves);
+        for (half, mut per_plane) in accs.into_iter().enumerate() {
+            // Two halves: the offset times the half's activation sum (exact:
+            // at most 16 * 32 * 127 per plane).
+            if let (true, &RowMin::Offset(o)) = (halves > 1, &d.row_min) {
+                let offset = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(o as i64 as u64, true); lanes as usize]);
+                for (acc, sum) in per_plane.iter_mut().zip(&act_sums[half]) {
+                    let moved = self.builder.build_int_mul(*sum, offset, "offset_sum").map_err(llvm_err)?;
+                    *acc = self.builder.build_int_add(*acc, moved, "offset_dot").map_err(llvm_err)?;
+                }
             }
-            _ => unreachable!("one or two activation planes"),
-        };
-        Ok((acc, folded_offset))
+            // 16-bit activations: 255 times the high plane's dots plus the low one's
+            // (at most 32 * 255 * 32512 in magnitude: exact in i32).
+            dots.push(match per_plane[..] {
+                [acc] => acc,
+                [high, low] => {
+                    let weight = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(HIGH_PLANE_WEIGHT as u64, false); lanes as usize]);
+                    let scaled = self.builder.build_int_mul(high, weight, "high").map_err(llvm_err)?;
+                    self.builder.build_int_add(scaled, low, "dots16").map_err(llvm_err)?
+                }
+                _ => unreachable!("one or two activation planes"),
+            });
+        }
+        Ok((dots, folded_offset))
     }
 
     /// `times` the sum of the [`RowsForm::VALUES`] activation bytes from `start`, in all
@@ -574,14 +649,22 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// A [`RowScale`]'s `lanes` values as f32: the float values, times the byte
-    /// factors (unsigned) if any.
+    /// factors if any (read as their element type: `u8` unsigned, `i8` signed).
     pub(super) fn row_values(&mut self, r: &RowScale, lanes: u32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        self.row_values_at(r, lanes, 0)
+    }
+
+    /// [`Self::row_values`] with the factors of half `half` (at `16 half` past
+    /// the factors' start; [`RowsForm::halves`]).
+    pub(super) fn row_values_at(&mut self, r: &RowScale, lanes: u32, half: i64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let values = self.float_vector(r.values.0, &r.values.1, lanes)?;
         let Some((param, start)) = &r.factors else { return Ok(values) };
-        let ptr = self.element_ptr(*param, start)?;
+        let signed = self.kernel.params[param.index()].elem == ElemType::I8;
+        let ptr = self.element_ptr(*param, &dsl::add(start.clone(), dsl::i(DOT_LANES * half)))?;
         let bytes = self.byte_load(self.context.i8_type().vec_type(lanes), ptr)?;
         let b = &self.builder;
-        let factors = b.build_unsigned_int_to_float(bytes, self.context.f32_type().vec_type(lanes), "factors").map_err(llvm_err)?;
+        let f32v = self.context.f32_type().vec_type(lanes);
+        let factors = if signed { b.build_signed_int_to_float(bytes, f32v, "factors") } else { b.build_unsigned_int_to_float(bytes, f32v, "factors") }.map_err(llvm_err)?;
         Ok(self.fast(b.build_float_mul(values, factors, "row_values").map_err(llvm_err)?.into()).into_vector_value())
     }
 
