@@ -4,7 +4,7 @@
 # the named model's architecture, vocabulary, GQA ratio, FFN width, tied or
 # untied head). For each shape: the F16 file is written once, llama-quantize
 # makes the other types from it, `maxc compile --model FILE.gguf` keeps each
-# file's own blocks (Q4_K_M's Q6_K tensors widen to q8_0), and `maxrun bench`
+# file's own blocks (a Q4_K_M's Q4_K / Q5_0 / Q6_K / Q8_0 alike), and `maxrun bench`
 # runs back to back with `llama-bench` on the same file, threads and depth.
 # Prints one markdown table (docs/performance.md "At 1B-8B") and each compile's
 # peak anonymous memory (the compile's phase table).

@@ -413,7 +413,7 @@ pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightSt
     let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| t.stored_scheme() == q);
     let mut fates = Vec::new();
     if widened(crate::graph::WeightEncoding::Q8_0) {
-        fates.push("q8_0 (Q5_K blocks)");
+        fates.push("q8_0");
     }
     if widened(crate::graph::WeightEncoding::Q4K) {
         fates.push("q4_k (2- and 3-bit blocks)");
@@ -447,7 +447,7 @@ mod tests {
         let err = messages(resolve("embedding_encoding = \"stored\""));
         assert!(err[0].contains("compile.embedding_encoding") && err[0].contains("stored") && err[0].contains("q8_0"), "{err:?}");
         let err = messages(resolve("quantization_encoding = \"q3\""));
-        assert!(err[0].contains("compile.quantization_encoding") && err[0].contains("q4_k, float8_e4m3fn, q5_0, q5_1, q6_k, stored"), "{err:?}");
+        assert!(err[0].contains("compile.quantization_encoding") && err[0].contains("q4_k, float8_e4m3fn, q5_0, q5_1, q6_k, q5_k, stored"), "{err:?}");
     }
 
     #[test]

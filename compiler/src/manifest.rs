@@ -63,10 +63,10 @@ pub struct CompileSection {
     #[arg(long, value_name = "POLICY")]
     pub attention_sharding: Option<String>,
     /// Storage of the linear layers' weights: float32 (the default for Hugging Face checkpoints),
-    /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn, q5_0, q5_1, q6_k; a GGUF
-    /// already in that block type keeps its blocks. `stored` (the default for GGUF files): every
-    /// weight keeps the checkpoint's encoding where maxc has integer kernels for it, else the
-    /// nearest more precise one (GGUF Q5_K: q8_0; Q2_K / Q3_K: q4_k).
+    /// bfloat16, float16, q8_0, q4_0, q4_1, q4_k, float8_e4m3fn, q5_0, q5_1, q6_k, q5_k; a
+    /// GGUF already in that block type keeps its blocks. `stored` (the default for GGUF files):
+    /// every weight keeps the checkpoint's encoding where maxc has integer kernels for it, else
+    /// the nearest more precise one (GGUF Q2_K / Q3_K: q4_k).
     #[arg(long, value_name = "ENCODING")]
     pub quantization_encoding: Option<String>,
     /// Storage of the embedding table and lm_head (default: the linear layers'

@@ -299,6 +299,7 @@ mod tests {
             (WeightEncoding::Q4K, Layout::Interleaved16),
             (WeightEncoding::Q5_1, Layout::Interleaved16),
             (WeightEncoding::Q6K, Layout::Interleaved16),
+            (WeightEncoding::Q5K, Layout::Interleaved16),
             (WeightEncoding::Q4_1, Layout::RowMajor),
             (WeightEncoding::Float8E4M3, Layout::Panel16),
         ];

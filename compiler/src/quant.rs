@@ -6,7 +6,7 @@
 //!
 //! The block quantizers follow llama.cpp's reference implementations
 //! (`quantize_row_q8_0_ref`, `_q4_0_ref`, `_q4_1_ref`, `_q4_K_ref` with
-//! `make_qkx2_quants`, `_q5_0_ref`, `_q5_1_ref`, `_q6_K_ref` with
+//! `make_qkx2_quants`, `_q5_0_ref`, `_q5_1_ref`, `_q5_K_ref`, `_q6_K_ref` with
 //! `make_qx_quants`), so a tensor quantized here holds the numbers llama.cpp
 //! would store; only the byte layout differs (parts instead of interleaved blocks).
 
@@ -168,7 +168,8 @@ pub fn encode(encoding: WeightEncoding, values: &[f32], cols: usize) -> Encoded 
             }
             vec![q, d, m]
         }
-        WeightEncoding::Q4K => encode_q4_k(values),
+        WeightEncoding::Q4K => encode_k_quant(values, false),
+        WeightEncoding::Q5K => encode_k_quant(values, true),
         WeightEncoding::Float8E4M3 => encode_f8_e4m3(values, cols),
         WeightEncoding::Q5_0 => encode_q5(values, false),
         WeightEncoding::Q5_1 => encode_q5(values, true),
@@ -202,6 +203,10 @@ pub fn decode(scheme: WeightEncoding, e: &Encoded, cols: usize) -> Vec<f32> {
         WeightEncoding::Q5_0 => decode_q5(&p[0], &p[1], |blk| (get_f16(&p[2], blk), -16.0 * get_f16(&p[2], blk))),
         WeightEncoding::Q5_1 => decode_q5(&p[0], &p[1], |blk| (get_f16(&p[2], blk), get_f16(&p[3], blk))),
         WeightEncoding::Q6K => decode_q6_k(&p[0], &p[1], &p[2], &p[3]),
+        WeightEncoding::Q5K => decode_q5(&p[0], &p[1], |blk| {
+            let sup = blk / (QK_K / QK);
+            (get_f16(&p[4], sup) * p[2][blk] as f32, -(get_f16(&p[5], sup) * p[3][blk] as f32))
+        }),
     }
 }
 
@@ -390,8 +395,7 @@ fn decode_nibbles(q: &[u8], scale_min: impl Fn(usize) -> (f32, f32)) -> Vec<f32>
 /// llama.cpp's `make_qkx2_quants`: a scale and (non-positive) minimum for one
 /// sub-block, refined by trying `nstep + 1` nearby scales and solving the weighted
 /// least-squares fit for each. Returns `(scale, -min)` and fills `levels`.
-fn make_qkx2_quants(x: &[f32], weights: &[f32], nmax: i32, levels: &mut [u8]) -> (f32, f32) {
-    let (rmin, rdelta, nstep) = (-1.0f32, 0.1f32, 20);
+fn make_qkx2_quants(x: &[f32], weights: &[f32], nmax: i32, (rmin, rdelta, nstep): (f32, f32, i32), levels: &mut [u8]) -> (f32, f32) {
     let n = x.len();
     let mut min = x.iter().fold(f32::INFINITY, |a, &v| a.min(v));
     let max = x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
@@ -450,10 +454,15 @@ fn make_qkx2_quants(x: &[f32], weights: &[f32], nmax: i32, levels: &mut [u8]) ->
     (scale, -min)
 }
 
-/// Q4_K (`quantize_row_q4_K_ref`): per super-block of 256, eight sub-block scales
-/// and minimums fitted by [`make_qkx2_quants`], quantized to 6 bits against the
-/// super-block's largest, then the 4-bit levels recomputed with the rounded scales.
-fn encode_q4_k(values: &[f32]) -> Vec<Vec<u8>> {
+/// Q4_K (`quantize_row_q4_K_ref`) and, with `five_bits`, Q5_K
+/// (`quantize_row_q5_K_ref`): per super-block of 256, eight sub-block scales
+/// and minimums fitted by [`make_qkx2_quants`] (Q4_K: 15 levels, trial scales
+/// from -1 in 20 steps of 0.1; Q5_K: 31 levels, from -0.5 in 15), quantized to 6
+/// bits against the super-block's largest, then the levels recomputed with the
+/// rounded scales. Q5_K's fifth bits as Q5_0's (`high_bits`, 4 bytes per 32).
+fn encode_k_quant(values: &[f32], five_bits: bool) -> Vec<Vec<u8>> {
+    let (nmax, search) = if five_bits { (31, (-0.5, 0.1, 15)) } else { (15, (-1.0, 0.1, 20)) };
+    let mut high = Vec::new();
     let n = values.len();
     let (mut q, mut sub_scales, mut sub_mins, mut d, mut dmin) = (Vec::with_capacity(n / 2), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut levels = [0u8; QK_K];
@@ -463,7 +472,7 @@ fn encode_q4_k(values: &[f32]) -> Vec<Vec<u8>> {
         for (j, x) in sup.chunks_exact(QK).enumerate() {
             let av_x = (x.iter().map(|v| v * v).sum::<f32>() / QK as f32).sqrt();
             let weights: Vec<f32> = x.iter().map(|v| av_x + v.abs()).collect();
-            (scales[j], mins[j]) = make_qkx2_quants(x, &weights, 15, &mut levels[j * QK..(j + 1) * QK]);
+            (scales[j], mins[j]) = make_qkx2_quants(x, &weights, nmax, search, &mut levels[j * QK..(j + 1) * QK]);
         }
         let max_scale = scales.iter().fold(0.0f32, |a, &v| a.max(v));
         let max_min = mins.iter().fold(0.0f32, |a, &v| a.max(v));
@@ -481,16 +490,24 @@ fn encode_q4_k(values: &[f32]) -> Vec<Vec<u8>> {
             }
             let min = dm * lm[j] as f32;
             for (l, v) in levels[j * QK..(j + 1) * QK].iter_mut().zip(x) {
-                *l = nearest_int((v + min) / scale).clamp(0, 15) as u8;
+                *l = nearest_int((v + min) / scale).clamp(0, nmax) as u8;
             }
         }
         for blk in levels.chunks_exact(QK) {
-            q.extend((0..QK / 2).map(|t| blk[t] | (blk[t + QK / 2] << 4)));
+            q.extend((0..QK / 2).map(|t| (blk[t] & 15) | ((blk[t + QK / 2] & 15) << 4)));
+            if five_bits {
+                let bits = blk.iter().enumerate().fold(0u32, |acc, (t, l)| acc | (((l >> 4) as u32 & 1) << t));
+                high.extend(bits.to_le_bytes());
+            }
         }
         sub_scales.extend_from_slice(&ls);
         sub_mins.extend_from_slice(&lm);
     }
-    vec![q, sub_scales, sub_mins, d, dmin]
+    if five_bits {
+        vec![q, high, sub_scales, sub_mins, d, dmin]
+    } else {
+        vec![q, sub_scales, sub_mins, d, dmin]
+    }
 }
 
 /// The largest finite e4m3fn value.
@@ -588,7 +605,7 @@ mod tests {
         assert_eq!(got, vec![1.0, 1.0 + 4.0 / 256.0]);
         assert_eq!(roundtrip(WeightEncoding::Float16, &[65504.0], 1), vec![65504.0]);
         assert_eq!(encode(WeightEncoding::BFloat16, &[1.5, -2.0], 2).parts[0], vec![0xc0, 0x3f, 0x00, 0xc0]);
-        assert!(parse_encoding("q5_k").unwrap_err().contains("q4_k"));
+        assert!(parse_encoding("q3_k").unwrap_err().contains("q4_k"));
     }
 
     /// Every block encoding's error stays within half a quantization step of its block.

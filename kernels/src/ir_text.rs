@@ -1169,7 +1169,7 @@ mod tests {
     const ADDENDS: [Option<Broadcast>; 4] = [None, Some(Broadcast::None), Some(Broadcast::Row), Some(Broadcast::Scalar)];
     const BLOCK_ENCODINGS: [WeightEncoding; 4] = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K];
     /// The encodings layout `interleaved16` takes.
-    const INTERLEAVED_ENCODINGS: [WeightEncoding; 7] = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K];
+    const INTERLEAVED_ENCODINGS: [WeightEncoding; 8] = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K];
     const TILES: [RegisterTile; 2] = [RegisterTile::ZMM, RegisterTile::YMM];
 
     /// Every kernel constructor of the library, for two shapes each where the

@@ -70,7 +70,7 @@ fn cases() -> Vec<Case> {
             }
         }
         // Block-quantized weights: x, every part, [r], out.
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
             let (k, n) = if encoding.block() == 256 { (512u64, 21u64) } else { (96, 21) };
             for addend in [None, Some(Broadcast::Row), Some(Broadcast::None)] {
                 let mut sizes = vec![s * k as usize];
@@ -107,7 +107,7 @@ fn cases() -> Vec<Case> {
         // Weights interleaved by 16 rows (DotRows): 48 columns are one full task
         // and a last single panel; k = 96 is three blocks (Q4_K: one super-block
         // of 256). Their tables gathered.
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
             let (k, n) = (if encoding.block() == 256 { 256 } else { 96 }, 48u64);
             let parts: Vec<usize> = (0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize).collect();
             for addend in [None, Some(Broadcast::None)] {
@@ -455,7 +455,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
     let mut all = Vec::new();
     for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
         let s = if seq == SeqMode::Dynamic { 3usize } else { 1 };
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
             let k = if encoding.block() == 256 { 256 } else { 96 };
             // Activations, their scales, the weight parts, the output.
             let case = |kernel: Kernel, k: u64, n: u64| {
@@ -693,7 +693,7 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
     ];
     for (backend, tile, compile) in backends {
         let mut pairs = Vec::new();
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
             let k = if encoding.block() == 256 { 256 } else { 96 };
             for addend in [None, Some(Broadcast::None)] {
                 // 16-bit levels as the scheduler picks them: byte planes, and

@@ -337,9 +337,9 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
     let out = temp_file("q5k", "m.mef");
     let r = run_bin(
         "maxc",
-        &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--quantization-encoding"), os("q5_k")],
+        &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--quantization-encoding"), os("q3_k")],
     );
-    assert_clean_error(&r, 1, &["--quantization-encoding", "q5_k", "q4_k", "float8_e4m3fn"]);
+    assert_clean_error(&r, 1, &["--quantization-encoding", "q3_k", "q4_k", "float8_e4m3fn"]);
     assert!(!out.exists());
 }
 
@@ -420,16 +420,17 @@ fn quantizers_reproduce_llama_cpp_blocks() {
 
 /// The 5- and 6-bit quantizers write llama.cpp's blocks byte for byte: the
 /// same rows of SmolLM2 (dequantized exactly from its Q4_1 file) quantized by
-/// maxc to q5_0, q5_1 and q6_k are the parts of the Q5_0 / Q5_1 / Q6_K blocks
-/// llama-quantize wrote (tests/golden/llama_cpp_quant), scales, high bits and
-/// nibbles alike (Q6_K: `make_qx_quants`' scale search and the signed
+/// maxc to q5_0, q5_1, q5_k and q6_k are the parts of the Q5_0 / Q5_1 / Q5_K /
+/// Q6_K blocks llama-quantize wrote (tests/golden/llama_cpp_quant), scales,
+/// high bits and nibbles alike (Q5_K: `make_qkx2_quants` with 31 levels and its
+/// own trial scales; Q6_K: `make_qx_quants`' scale search and the signed
 /// sub-block scales).
 #[test]
 fn five_and_six_bit_quantizers_write_llama_cpps_blocks() {
     use maxc::graph::WeightEncoding;
     use maxc::import::weights::{native_parts, StorageType};
     let model = maxc::import::import(&smollm2_gguf(), None).unwrap();
-    for (file, scheme, storage) in [("q5_0", WeightEncoding::Q5_0, StorageType::Q5_0), ("q5_1", WeightEncoding::Q5_1, StorageType::Q5_1), ("q6_k", WeightEncoding::Q6K, StorageType::Q6K)] {
+    for (file, scheme, storage) in [("q5_0", WeightEncoding::Q5_0, StorageType::Q5_0), ("q5_1", WeightEncoding::Q5_1, StorageType::Q5_1), ("q6_k", WeightEncoding::Q6K, StorageType::Q6K), ("q5_k", WeightEncoding::Q5K, StorageType::Q5K)] {
         let path = workspace_root().join("tests/golden/llama_cpp_quant").join(format!("{file}.json"));
         let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(g["type"].as_str(), Some(storage.name()));
@@ -448,9 +449,9 @@ fn five_and_six_bit_quantizers_write_llama_cpps_blocks() {
     }
 }
 
-/// The kernels read Q5_0 / Q5_1 / Q6_K blocks as ggml does: llama.cpp's blocks
+/// The kernels read Q5_0 / Q5_1 / Q5_K / Q6_K blocks as ggml does: llama.cpp's blocks
 /// (tests/golden/llama_cpp_dequant, with ggml's own `dequantize_row_*` values),
-/// kept as q5_0 / q5_1 / q6_k parts and gathered row by row by the embedding
+/// kept as q5_0 / q5_1 / q5_k / q6_k parts and gathered row by row by the embedding
 /// kernel (the value expressions every such kernel decodes with), give ggml's
 /// values through the kernel-IR interpreter and through LLVM's code for this
 /// machine; and so do the interleaved kernels
@@ -461,7 +462,7 @@ fn five_and_six_bit_kernels_decode_ggml_blocks_as_ggml_does() {
     use maxc::import::weights::{native_parts, StorageType};
     use maxc_kernels::interp::{run, Buffer};
     use maxc_kernels::library::{embedding::embedding, SeqMode};
-    for (file, encoding, storage) in [("q5_0", WeightEncoding::Q5_0, StorageType::Q5_0), ("q5_1", WeightEncoding::Q5_1, StorageType::Q5_1), ("q6_k", WeightEncoding::Q6K, StorageType::Q6K)] {
+    for (file, encoding, storage) in [("q5_0", WeightEncoding::Q5_0, StorageType::Q5_0), ("q5_1", WeightEncoding::Q5_1, StorageType::Q5_1), ("q6_k", WeightEncoding::Q6K, StorageType::Q6K), ("q5_k", WeightEncoding::Q5K, StorageType::Q5K)] {
         let path = workspace_root().join("tests/golden/llama_cpp_dequant").join(format!("{file}.json"));
         let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let (rows, cols) = (g["rows"].as_u64().unwrap() as usize, g["cols"].as_u64().unwrap() as usize);

@@ -277,7 +277,7 @@ impl GgufFile {
                 path,
                 name,
                 format!(
-                    "{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K (kept as they are), Q2_K, Q3_K, Q5_K (dequantized, then encoded as the compile asks); requantize the file to one of them (llama-quantize --allow-requantize) or compile the Hugging Face checkpoint.{more}"
+                    "{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K (kept as they are), Q2_K, Q3_K (dequantized, then encoded as the compile asks); requantize the file to one of them (llama-quantize --allow-requantize) or compile the Hugging Face checkpoint.{more}"
                 ),
             ));
         }

@@ -95,10 +95,10 @@ impl StorageType {
 
     /// The encoding a matrix stored as this keeps under `--quantization-encoding
     /// stored`: its own where it is a float one or its matmuls have integer
-    /// kernels (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K), float32
-    /// for F32, else the nearest more precise encoding with integer kernels:
-    /// q8_0 for Q5_K, q4_k for the 2- and 3-bit blocks (Q2_K, Q3_K). Never
-    /// less precise than the file.
+    /// kernels (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K),
+    /// float32 for F32, else the nearest more precise encoding with integer
+    /// kernels: q4_k for the 2- and 3-bit blocks (Q2_K, Q3_K). Never less
+    /// precise than the file.
     pub fn stored_scheme(self) -> WeightEncoding {
         use StorageType as S;
         match (self, self.native_scheme()) {
@@ -122,9 +122,10 @@ impl StorageType {
             StorageType::Q5_0 => Some(WeightEncoding::Q5_0),
             StorageType::Q5_1 => Some(WeightEncoding::Q5_1),
             StorageType::Q6K => Some(WeightEncoding::Q6K),
+            StorageType::Q5K => Some(WeightEncoding::Q5K),
             // No kernels compute on these blocks: they are dequantized exactly
             // at import and encoded as the compile asks.
-            StorageType::Q2K | StorageType::Q3K | StorageType::Q5K => None,
+            StorageType::Q2K | StorageType::Q3K => None,
         }
     }
 }
@@ -380,22 +381,33 @@ pub fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
                 }
             }
         }
-        StorageType::Q4K => {
-            for block in bytes.chunks_exact(144) {
-                parts[3].extend_from_slice(&block[..2]);
-                parts[4].extend_from_slice(&block[2..4]);
-                let (packed, qs) = (&block[4..16], &block[16..]);
+        StorageType::Q4K | StorageType::Q5K => {
+            // d, dmin, 12 bytes of packed 6-bit scales and minimums, (Q5_K: 32
+            // bytes of fifth bits,) 128 bytes of nibbles.
+            let five = storage == StorageType::Q5K;
+            let first = if five { 1 } else { 0 };
+            for block in bytes.chunks_exact(if five { 176 } else { 144 }) {
+                parts[first + 3].extend_from_slice(&block[..2]);
+                parts[first + 4].extend_from_slice(&block[2..4]);
+                let packed = &block[4..16];
+                let (qh, qs) = if five { (&block[16..48], &block[48..]) } else { (&block[16..16], &block[16..]) };
                 for j in 0..8 {
                     let (sc, m) = q4_k_scale_min(j, packed);
-                    parts[1].push(sc);
-                    parts[2].push(m);
+                    parts[first + 1].push(sc);
+                    parts[first + 2].push(m);
                 }
                 // Chunk c of 64 values: 32 bytes, sub-block 2c in the low nibbles and
-                // 2c+1 in the high ones. Our blocks pack values t and t+16 in byte t.
-                for chunk in qs.chunks_exact(32) {
-                    for shift in [0, 4] {
+                // 2c+1 in the high ones (Q5_K: their fifth bits in bits 2c and
+                // 2c+1 of qh[l]). Our blocks pack values t and t+16 in byte t,
+                // the fifth bits in 4 bytes per block (bit t of their u32).
+                for (c, chunk) in qs.chunks_exact(32).enumerate() {
+                    for (h, shift) in [0, 4].into_iter().enumerate() {
                         let nib = |l: usize| (chunk[l] >> shift) & 15;
                         parts[0].extend((0..16).map(|t| nib(t) | (nib(t + 16) << 4)));
+                        if five {
+                            let bits: u32 = (0..32).map(|l| (((qh[l] >> (2 * c + h)) & 1) as u32) << l).sum();
+                            parts[1].extend(bits.to_le_bytes());
+                        }
                     }
                 }
             }
@@ -421,7 +433,7 @@ pub fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
                 parts[3].extend_from_slice(d);
             }
         }
-        StorageType::Q2K | StorageType::Q3K | StorageType::Q5K => {
+        StorageType::Q2K | StorageType::Q3K => {
             unreachable!("{} blocks have no native encoding", storage.name())
         }
     }
@@ -699,18 +711,18 @@ mod tests {
         let order = [WeightEncoding::Float32, WeightEncoding::Float16, WeightEncoding::Q8_0, WeightEncoding::Float8E4M3, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q4_0];
         assert!(order.windows(2).all(|w| bits_per_value(w[0]) > bits_per_value(w[1])), "{:?}", order.map(bits_per_value));
         assert_eq!(bits_per_value(WeightEncoding::Q8_0), 8.5);
-        // File bits per value: Q5_K 5.5, Q2_K 2.625, Q3_K 3.4375.
-        for (storage, want) in [(S::Q5K, WeightEncoding::Q8_0), (S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
+        // File bits per value: Q2_K 2.625, Q3_K 3.4375.
+        for (storage, want) in [(S::Q2K, WeightEncoding::Q4K), (S::Q3K, WeightEncoding::Q4K)] {
             assert_eq!(storage.stored_scheme(), want, "{storage:?}");
             let (per, bytes) = storage.block();
             assert!(bits_per_value(want) >= (bytes * 8) as f32 / per as f32, "{storage:?}");
         }
-        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K, S::Q5_0, S::Q5_1, S::Q6K] {
+        for storage in [S::F16, S::BF16, S::Q8_0, S::Q4_0, S::Q4_1, S::Q4K, S::Q5_0, S::Q5_1, S::Q5K, S::Q6K] {
             assert_eq!(Some(storage.stored_scheme()), storage.native_scheme(), "{storage:?} keeps its blocks");
         }
         assert_eq!(S::F32.stored_scheme(), WeightEncoding::Float32);
         assert_eq!(parse_linear_encoding("stored"), Ok(None));
         assert_eq!(parse_linear_encoding("q4_k"), Ok(Some(WeightEncoding::Q4K)));
-        assert!(parse_linear_encoding("q5_k").unwrap_err().contains("stored"));
+        assert!(parse_linear_encoding("q3_k").unwrap_err().contains("stored"));
     }
 }

@@ -13,8 +13,8 @@
 //!
 //! `--quantization-encoding stored` instead keeps each weight's checkpoint
 //! encoding where there are integer kernels for it (F16, BF16, Q8_0, Q4_0,
-//! Q4_1, Q4_K, Q5_0, Q5_1, Q6_K), and the nearest more precise one otherwise
-//! (GGUF Q5_K: q8_0; Q2_K / Q3_K: q4_k; F32: float32); a stacked projection takes its most precise part's.
+//! Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K), and the nearest more precise one
+//! otherwise (GGUF Q2_K / Q3_K: q4_k; F32: float32); a stacked projection takes its most precise part's.
 //!
 //! Only the types' `quant` changes; the interpreter, the scheduler and the writer
 //! all read values through it, so the reference interpreter remains the oracle.

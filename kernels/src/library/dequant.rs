@@ -43,7 +43,7 @@ pub fn rows_form(encoding: WeightEncoding, rows: u64, cols: u64) -> Option<RowsF
     }
     Some(match encoding {
         WeightEncoding::Q8_0 => RowsForm::Bytes,
-        WeightEncoding::Q5_0 | WeightEncoding::Q5_1 => RowsForm::Nibbles5,
+        WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q5K => RowsForm::Nibbles5,
         WeightEncoding::Q6K => RowsForm::Nibbles6,
         _ => RowsForm::Nibbles,
     })
@@ -194,7 +194,7 @@ impl WeightParams {
                 let d = ld(self.part("scales"), block_index());
                 (d.clone(), Some(mul(f(-16.0), d)))
             }
-            WeightEncoding::Q4K => {
+            WeightEncoding::Q4K | WeightEncoding::Q5K => {
                 let sub_blocks = BLOCK * 8;
                 let super_index = self.per_block_index(row.clone(), div(blk.clone(), i(8)), self.cols / sub_blocks);
                 let scale = mul(ld(self.part("scales"), super_index.clone()), to_f32(ld(self.part("sub_scales"), block_index())));
@@ -238,7 +238,7 @@ impl WeightParams {
             }
             // The nibbles as Q4_0's, each with its fifth bit (bit `t % 8` of
             // byte `t / 8` of the block's 4 high-bit bytes) as 16.
-            WeightEncoding::Q5_0 | WeightEncoding::Q5_1 => {
+            WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q5K => {
                 let block = add(mul(row, i(self.blocks_per_row())), blk);
                 let byte = ld(self.part("quants"), add(lane.clone(), mul(block.clone(), i(HALF))));
                 let high_bits = self.part("high_bits");

@@ -75,7 +75,7 @@ mod tests {
     #[test]
     fn interleaved_tables_gather_the_same_rows() {
         use crate::library::test_util::*;
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
             let (vocab, hidden) = (32usize, if encoding.block() == 256 { 512 } else { 64 });
             let parts = random_parts(encoding, vocab, hidden, 3);
             let packed = interleaved_parts(encoding, &parts, vocab, hidden);

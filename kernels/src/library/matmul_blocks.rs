@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn every_block_encoding_matches_the_decoded_matmul() {
-        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K] {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Float8E4M3, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
             // 11 columns: two full column tiles and 3 ragged; 6 rows: a row tile and 2 more.
             let (k, n) = (256usize, 11usize);
             let parts = random_parts(encoding, n, k, 7);

