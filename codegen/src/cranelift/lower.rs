@@ -243,7 +243,7 @@ impl Lowering<'_, '_> {
                 // Bits 4 and up from the high bits (RowsForm::high_bit_of).
                 if let Some(high_base) = high_base {
                     for b in 0..d.form.high_bit_count() {
-                        let (at, bit) = RowsForm::high_bit_of(g, t, b);
+                        let (at, bit) = d.form.high_bit_of(g, t, b);
                         let bits = self.b.ins().uload8(types::I32, flags, high_base, at as i32);
                         let to = 4 + b;
                         let moved = if bit <= to { self.b.ins().ishl_imm_u(bits, to - bit) } else { self.b.ins().ushr_imm_u(bits, bit - to) };

@@ -127,9 +127,9 @@ pub enum RowsForm {
     /// ..., j + 28`, so step `s` (values `4 s..4 s + 4`) takes bit `s` of each
     /// byte.
     Nibbles5,
-    /// Q6_K levels (`0..64`): as [`RowsForm::Nibbles5`] with a second chunk of
-    /// high bits (bit 5) after the first (bit 4), and two halves (values
-    /// `0..16`, `16..32`: steps `0..4`, `4..8`) with a scale each.
+    /// Q6_K levels (`0..64`): nibbles as [`RowsForm::Nibbles`], bits 4 and 5
+    /// side by side in 128 bytes ([`RowsForm::high_bit_of`]), and two halves
+    /// (values `0..16`, `16..32`: steps `0..4`, `4..8`) with a scale each.
     Nibbles6,
     /// Byte levels: `W[g][t]` is byte `64 (t / 4) + 4 g + t % 4` read as unsigned
     /// (8 chunks; Q8_0 stores `q + 128`).
@@ -157,10 +157,32 @@ impl RowsForm {
     }
 
     /// Byte (within a block's [`RowsForm::high_bits_bytes`]) and bit holding
-    /// bit `4 + b` of `W[g][t]`: chunk `b` of 64 bytes, bit `t / 4` of byte `4 g
-    /// + t % 4` there.
-    pub fn high_bit_of(g: i64, t: i64, b: i64) -> (i64, i64) {
-        (64 * b + 4 * g + t % 4, t / 4)
+    /// bit `4 + b` of `W[g][t]`. [`RowsForm::Nibbles5`]: bit `t / 4` of byte
+    /// `4 g + t % 4`. [`RowsForm::Nibbles6`]: a level's two bits side by side
+    /// in byte `64 p + 4 g + t % 4` for the pair `p` of nibble chunks (values
+    /// `16 p..16 p + 16`), at bits 4-5 for the first chunk's low-nibble step,
+    /// 0-1 for its high-nibble step, 6-7 and 2-3 for the second chunk's: so a
+    /// step's two bits come to bits 4-5 by one byte shift (none for the first
+    /// low step) and a mask, where the nibble is extracted anyway.
+    pub fn high_bit_of(self, g: i64, t: i64, b: i64) -> (i64, i64) {
+        match self {
+            RowsForm::Nibbles6 => {
+                let (pair, second, high) = (t / 16, (t / 8) % 2, (t % 8) >= 4);
+                (64 * pair + 4 * g + t % 4, Self::six_bit_base(second == 1, high) + b)
+            }
+            _ => (64 * b + 4 * g + t % 4, t / 4),
+        }
+    }
+
+    /// Where a [`RowsForm::Nibbles6`] step's two high bits sit in its byte:
+    /// the first or second chunk of a pair, its low- or high-nibble step.
+    pub fn six_bit_base(second: bool, high: bool) -> i64 {
+        match (second, high) {
+            (false, false) => 4,
+            (false, true) => 0,
+            (true, false) => 6,
+            (true, true) => 2,
+        }
     }
 
     /// How many high bits above the nibble a level has (0 for nibbles and bytes).
@@ -196,7 +218,7 @@ impl RowsForm {
         }
         let nibble = (if high_nibble { byte >> 4 } else { byte & 15 }) as i64;
         (0..self.high_bit_count()).fold(nibble, |level, b| {
-            let (at, bit) = Self::high_bit_of(g, t, b);
+            let (at, bit) = self.high_bit_of(g, t, b);
             level | ((((high(at) as u8) >> bit) & 1) as i64) << (4 + b)
         })
     }

@@ -100,7 +100,7 @@ pub fn interleave_rows(encoding: WeightEncoding, parts: &[Vec<u8>], rows: usize,
                             for b in 0..form.high_bit_count() {
                                 let (byte, bit) = row_major_high_bit(form, t, b);
                                 let value = (src[byte as usize] >> bit) & 1;
-                                let (at, shift) = RowsForm::high_bit_of((r % g16) as i64, t, b);
+                                let (at, shift) = form.high_bit_of((r % g16) as i64, t, b);
                                 out[base + at as usize] |= value << shift;
                             }
                         }
@@ -304,8 +304,8 @@ impl WeightParams {
             let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(per_chunk))));
             select(high, shr(byte.clone(), i(4)), and(byte, i(15)))
         };
-        // Bit t / 4 of byte 64 b + 4 (row % 16) + t % 4 of the group block's
-        // high bits is bit 4 + b of the level.
+        // Q5: bit t / 4 of byte 64 b + 4 (row % 16) + t % 4 of the group
+        // block's high bits is bit 4 + b of the level.
         let high = |b: i64| {
             let at = add(mul(group_block.clone(), i(form.high_bits_bytes())), add(i(64 * b), add(mul(row_in_group.clone(), i(4)), rem(t.clone(), i(4)))));
             shl(and(shr(ld(self.part("high_bits"), at), div(t.clone(), i(4))), i(1)), i(4 + b))
@@ -313,9 +313,14 @@ impl WeightParams {
         match form {
             RowsForm::Nibbles => to_f32(nibble(byte, t)),
             RowsForm::Nibbles5 => to_f32(add(nibble(byte, t.clone()), high(0))),
+            // Both high bits in byte 64 (t / 16) + 4 (row % 16) + t % 4, from
+            // bit 4 - 4 ((t % 8) / 4) + 2 ((t / 8) % 2) (`RowsForm::high_bit_of`);
             // `sub_scale * (q - 32)`, as `block_pair`.
             RowsForm::Nibbles6 => {
-                let q = add(add(nibble(byte, t.clone()), high(0)), high(1));
+                let at = add(mul(group_block, i(form.high_bits_bytes())), add(mul(div(t.clone(), i(HALF)), i(64)), add(mul(row_in_group, i(4)), rem(t.clone(), i(4)))));
+                let base = add(sub(i(4), mul(div(rem(t.clone(), i(8)), i(4)), i(4))), mul(rem(div(t.clone(), i(8)), i(2)), i(2)));
+                let bits = shl(and(shr(ld(self.part("high_bits"), at), base), i(3)), i(4));
+                let q = add(nibble(byte, t.clone()), bits);
                 to_f32(mul(self.q6_k_sub_scale(row, blk, div(t.clone(), i(HALF))), sub(q, i(32))))
             }
             // q + 128 stored in a signed byte: (byte & 255) - 128.

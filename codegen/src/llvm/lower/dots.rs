@@ -390,6 +390,23 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// value to LLVM).
     pub(super) fn with_high_bits(&mut self, d: &RowDot, low4: inkwell::values::VectorValue<'ctx>, first: i64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let (param, start) = d.high_bits.as_ref().expect("the verifier gives these forms their high bits");
+        if d.form == RowsForm::Nibbles6 {
+            // Both bits of the step side by side in its pair's 64 bytes
+            // (`RowsForm::high_bit_of`): one byte shift to bits 4-5 and a mask.
+            let i8t = self.context.i8_type();
+            let ptr = self.element_ptr(*param, &dsl::add(start.clone(), dsl::i(64 * (first / 16))))?;
+            let bits = self.byte_load(i8t.vec_type(64), ptr)?;
+            let base = RowsForm::six_bit_base((first / 8) % 2 == 1, first % 8 >= 4);
+            let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i8t.const_int(x, false); 64]);
+            let b = &self.builder;
+            let moved = match base {
+                4 => bits,
+                b4 if b4 > 4 => b.build_right_shift(bits, splat((b4 - 4) as u64), false, "high_down").map_err(llvm_err)?,
+                b4 => b.build_left_shift(bits, splat((4 - b4) as u64), "high_up").map_err(llvm_err)?,
+            };
+            let masked = b.build_and(moved, splat(0x30), "high").map_err(llvm_err)?;
+            return b.build_or(low4, masked, "levels6").map_err(llvm_err);
+        }
         let i32t = self.context.i32_type();
         let step = first / 4;
         let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i32t.const_int(x, false); 16]);
