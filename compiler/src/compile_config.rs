@@ -410,14 +410,12 @@ pub(crate) fn block_storage_notes(path: &Path, weights: &crate::import::WeightSt
     if !stored {
         return vec![format!("{file}: {listed} matrices have no kernels in maxc; they are dequantized exactly, then encoded as {named}")];
     }
-    let widened = |q: crate::graph::WeightEncoding| counts.values().any(|(t, _)| t.stored_scheme() == q);
-    let mut fates = Vec::new();
-    if widened(crate::graph::WeightEncoding::Q8_0) {
-        fates.push("q8_0");
+    // Each encoding the noted types widen to, with those types.
+    let mut fates: std::collections::BTreeMap<&'static str, Vec<&'static str>> = Default::default();
+    for (name, (t, _)) in &counts {
+        fates.entry(t.stored_scheme().name()).or_default().push(name);
     }
-    if widened(crate::graph::WeightEncoding::Q4K) {
-        fates.push("q4_k (2- and 3-bit blocks)");
-    }
+    let fates: Vec<String> = fates.iter().map(|(q, from)| format!("{q} ({})", from.join(", "))).collect();
     vec![format!(
         "{file}: {listed} matrices are in GGUF blocks without integer kernels in maxc; they are dequantized exactly, then encoded as {}, the nearest more precise encoding with them (--quantization-encoding names another)",
         fates.join(" and ")

@@ -680,6 +680,36 @@ fn stored_encoding_keeps_the_checkpoints_blocks() {
     }
 }
 
+/// Under `stored`, GGUF blocks without integer kernels (Q3_K) are widened to
+/// the nearest more precise encoding with them (q4_k), and the compile says so,
+/// naming the type, the count and what they became: SmolLM2 with every down
+/// projection made of llama-quantize's Q3_K blocks (tests/golden/
+/// llama_cpp_dequant/q3_k.json, its 2 rows repeated over the matrix).
+#[test]
+fn stored_encoding_widens_blocks_without_integer_kernels_and_says_so() {
+    use maxc::import::weights::StorageType;
+    let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(workspace_root().join("tests/golden/llama_cpp_dequant/q3_k.json")).unwrap()).unwrap();
+    assert_eq!(g["type"].as_str(), Some("Q3_K"));
+    let hex = g["blocks_hex"].as_str().unwrap();
+    let rows: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    let gguf = smollm2_rewritten("smollm2-q3_k", "SmolLM2-135M-Instruct.Q3_K-down.gguf", |name, _, _, elements| {
+        name.ends_with("ffn_down.weight").then(|| {
+            let bytes = StorageType::Q3K.bytes_for(elements).unwrap();
+            (11, rows.iter().copied().cycle().take(bytes).collect())
+        })
+    });
+    let mef = temp_file("smollm2-q3_k-stored", "model.mef");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str()]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert!(
+        r.2.contains("30 Q3_K matrices are in GGUF blocks without integer kernels in maxc; they are dequantized exactly, then encoded as q4_k (Q3_K), the nearest more precise encoding with them"),
+        "{}",
+        r.2
+    );
+    let by = inspect(&mef)["weights"]["by_encoding"].clone();
+    assert_eq!(by["q4_k"]["tensors"].as_u64(), Some(30), "every Q3_K down projection became q4_k: {by}");
+}
+
 /// A GGUF's Q6_K matrices (SmolLM2's down projections requantized to Q6_K
 /// blocks as llama.cpp writes them, `smollm2_with_q6_k_down_projections`)
 /// stay q6_k under `stored` (its default): kept as they are, with nothing to

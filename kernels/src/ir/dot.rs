@@ -170,7 +170,11 @@ impl RowsForm {
                 let (pair, second, high) = (t / 16, (t / 8) % 2, (t % 8) >= 4);
                 (64 * pair + 4 * g + t % 4, Self::six_bit_base(second == 1, high) + b)
             }
-            _ => (64 * b + 4 * g + t % 4, t / 4),
+            // Nibbles5's one bit (b = 0).
+            _ => {
+                debug_assert_eq!(b, 0, "{self:?} has one high bit");
+                (4 * g + t % 4, t / 4)
+            }
         }
     }
 

@@ -304,15 +304,15 @@ impl WeightParams {
             let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(per_chunk))));
             select(high, shr(byte.clone(), i(4)), and(byte, i(15)))
         };
-        // Q5: bit t / 4 of byte 64 b + 4 (row % 16) + t % 4 of the group
-        // block's high bits is bit 4 + b of the level.
-        let high = |b: i64| {
-            let at = add(mul(group_block.clone(), i(form.high_bits_bytes())), add(i(64 * b), add(mul(row_in_group.clone(), i(4)), rem(t.clone(), i(4)))));
-            shl(and(shr(ld(self.part("high_bits"), at), div(t.clone(), i(4))), i(1)), i(4 + b))
-        };
         match form {
             RowsForm::Nibbles => to_f32(nibble(byte, t)),
-            RowsForm::Nibbles5 => to_f32(add(nibble(byte, t.clone()), high(0))),
+            // Bit t / 4 of byte 4 (row % 16) + t % 4 of the group block's
+            // fifth bits is bit 4 of the level.
+            RowsForm::Nibbles5 => {
+                let at = add(mul(group_block, i(form.high_bits_bytes())), add(mul(row_in_group, i(4)), rem(t.clone(), i(4))));
+                let fifth = shl(and(shr(ld(self.part("high_bits"), at), div(t.clone(), i(4))), i(1)), i(4));
+                to_f32(add(nibble(byte, t), fifth))
+            }
             // Both high bits in byte 64 (t / 16) + 4 (row % 16) + t % 4, from
             // bit 4 - 4 ((t % 8) / 4) + 2 ((t / 8) % 2) (`RowsForm::high_bit_of`);
             // `sub_scale * (q - 32)`, as `block_pair`.

@@ -44,6 +44,13 @@ pub(super) enum WeightBytes {
     Small,
 }
 
+/// `x` in all [`DOT_LANES`] lanes of an f32 vector (the dot epilogues' scalars).
+fn splat_lanes<'ctx>(b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+    let i32t = x.get_type().get_context().i32_type();
+    let one = b.build_insert_element(x.get_type().vec_type(DOT_LANES as u32).get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
+    b.build_shuffle_vector(one, one, i32t.vec_type(DOT_LANES as u32).const_zero(), name).map_err(llvm_err)
+}
+
 impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// A [`Stmt::DotBlock`] as vector code: the 64 weight levels and activations as
     /// `<64 x i8>`, the 16 four-byte dot products by [`ByteDots`] (Q8_0's signed
@@ -255,7 +262,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// With `prefetch_ahead` (CPU only), each chunk's load is preceded by a
     /// `prefetcht0` that many bytes further on.
     pub(super) fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
-        let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
+        let f32t = self.context.f32_type();
         let lanes = DOT_LANES as u32;
         let (half_dots, folded_offset) = match d.act_levels {
             ActLevels::Words => {
@@ -272,10 +279,6 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         }
         let acc = half_dots[0];
         let f32v = f32t.vec_type(lanes);
-        let splat = |b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-            let one = b.build_insert_element(f32v.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
-            b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), name).map_err(llvm_err)
-        };
         let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
         let act_sum = self.expr(&d.act_scales[1])?.into_float_value();
         let row_scales = self.row_values(&d.row_scales, lanes)?;
@@ -294,14 +297,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         // rows beside it, at the operation count contraction gave before.
         let b = &self.builder;
         let dots = b.build_signed_int_to_float(acc, f32v, "dots").map_err(llvm_err)?;
-        let (scale, sum) = (splat(b, act_scale, "act_scale")?, splat(b, act_sum, "act_sum")?);
+        let (scale, sum) = (splat_lanes(b, act_scale, "act_scale")?, splat_lanes(b, act_sum, "act_sum")?);
         let scaled = b.build_float_mul(dots, scale, "scaled").map_err(llvm_err)?;
         let term = match (&d.row_min, mins) {
             // S * d * (signed dot)
             (RowMin::Offset(_), _) if folded_offset => b.build_float_mul(row_scales, scaled, "term").map_err(llvm_err)?,
             // S * (d * dot + offset * s)
             (RowMin::Offset(o), _) => {
-                let inner = self.mul_add(sum, splat(b, f32t.const_float(*o as f64), "offset")?, scaled)?;
+                let inner = self.mul_add(sum, splat_lanes(b, f32t.const_float(*o as f64), "offset")?, scaled)?;
                 self.builder.build_float_mul(row_scales, inner, "term").map_err(llvm_err)?
             }
             // S * d * dot +- M * s
@@ -328,12 +331,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// applied ([`Self::byte_level_dots`]) and `S_h` the rows' scales times the
     /// half's factors; no fast-math flags (see [`Self::dot_rows`]).
     pub(super) fn dot_rows_by_halves(&mut self, d: &RowDot, half_dots: &[inkwell::values::VectorValue<'ctx>]) -> Result<(), CodegenError> {
-        let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
-        let f32v = f32t.vec_type(lanes);
+        let f32v = self.context.f32_type().vec_type(lanes);
         let act_scale = self.expr(&d.act_scales[0])?.into_float_value();
         let scales = (0..half_dots.len() as i64).map(|h| self.row_values_at(&d.row_scales, lanes, h)).collect::<Result<Vec<_>, _>>()?;
-        let b = &self.builder;
         let mut sum: Option<inkwell::values::VectorValue<'ctx>> = None;
         for (dot, scale) in half_dots.iter().zip(scales) {
             let dot = self.builder.build_signed_int_to_float(*dot, f32v, "half_dot").map_err(llvm_err)?;
@@ -342,8 +343,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 Some(s) => self.mul_add(scale, dot, s)?,
             });
         }
-        let one = b.build_insert_element(f32v.get_undef(), act_scale, i32t.const_zero(), "act_scale").map_err(llvm_err)?;
-        let act = b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), "act_scale").map_err(llvm_err)?;
+        let act = splat_lanes(&self.builder, act_scale, "act_scale")?;
         let term = self.builder.build_float_mul(sum.expect("two halves"), act, "term").map_err(llvm_err)?;
         let old = self.load_local(d.acc, f32v)?;
         let new = self.builder.build_float_add(old, term, "acc").map_err(llvm_err)?;
@@ -381,13 +381,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 
     /// The 64 levels of a [`RowsForm::Nibbles5`] / [`RowsForm::Nibbles6`] dot
     /// step over values `first..first + 4` of the 16 rows: its nibbles `low4`
-    /// with bit `4 + b` set from chunk `b` of the block's high bits, bit `first
-    /// / 4` of each byte (lane `g` of a chunk is row `g`'s,
-    /// [`RowsForm::high_bit_of`]): shifted to its place in i32 lanes (one shift
-    /// for all 64 bytes, as no bit crosses a byte at the mask), masked and
-    /// ORed in (x86: `vpsrld` / `vpslld`, then `vpternlogd` with AVX-512). A
-    /// chunk is loaded once per block (the loads of the block's steps are one
-    /// value to LLVM).
+    /// with the high bits ORed in from the block's high bits
+    /// ([`RowsForm::high_bit_of`]). Nibbles5: bit `first / 4` of each byte
+    /// (lane `g` is row `g`'s) shifted to bit 4 in i32 lanes (one shift for all
+    /// 64 bytes, as no bit crosses a byte at the mask), masked and ORed in
+    /// (x86: `vpsrld` / `vpslld`, then `vpternlogd` with AVX-512). Nibbles6:
+    /// the two bits side by side, one byte shift to bits 4-5. The 64 bytes are
+    /// loaded once per block (the loads of the block's steps are one value to
+    /// LLVM).
     pub(super) fn with_high_bits(&mut self, d: &RowDot, low4: inkwell::values::VectorValue<'ctx>, first: i64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let (param, start) = d.high_bits.as_ref().expect("the verifier gives these forms their high bits");
         if d.form == RowsForm::Nibbles6 {
@@ -407,23 +408,18 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let masked = b.build_and(moved, splat(0x30), "high").map_err(llvm_err)?;
             return b.build_or(low4, masked, "levels6").map_err(llvm_err);
         }
+        // Nibbles5: bit `step` of each byte to bit 4.
         let i32t = self.context.i32_type();
         let step = first / 4;
         let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i32t.const_int(x, false); 16]);
-        let mut levels = low4;
-        for b in 0..d.form.high_bit_count() {
-            let ptr = self.element_ptr(*param, &dsl::add(start.clone(), dsl::i(64 * b)))?;
-            let bits = self.byte_load(self.context.i8_type().vec_type(64), ptr)?;
-            let builder = &self.builder;
-            let words = builder.build_bit_cast(bits, i32t.vec_type(16), "high_words").map_err(llvm_err)?.into_vector_value();
-            // Bit `step` of each byte to bit `4 + b`.
-            let to = 4 + b;
-            let moved = if step <= to { builder.build_left_shift(words, splat((to - step) as u64), "high_up") } else { builder.build_right_shift(words, splat((step - to) as u64), false, "high_down") }.map_err(llvm_err)?;
-            let masked = builder.build_and(moved, splat(0x0101_0101 << to), "high").map_err(llvm_err)?;
-            let as_bytes = builder.build_bit_cast(masked, low4.get_type(), "high_bytes").map_err(llvm_err)?.into_vector_value();
-            levels = builder.build_or(levels, as_bytes, "levels_high").map_err(llvm_err)?;
-        }
-        Ok(levels)
+        let ptr = self.element_ptr(*param, start)?;
+        let bits = self.byte_load(self.context.i8_type().vec_type(64), ptr)?;
+        let b = &self.builder;
+        let words = b.build_bit_cast(bits, i32t.vec_type(16), "fifth_words").map_err(llvm_err)?.into_vector_value();
+        let moved = if step <= 4 { b.build_left_shift(words, splat((4 - step) as u64), "fifth_up") } else { b.build_right_shift(words, splat((step - 4) as u64), false, "fifth_down") }.map_err(llvm_err)?;
+        let masked = b.build_and(moved, splat(0x1010_1010), "fifth").map_err(llvm_err)?;
+        let as_bytes = b.build_bit_cast(masked, low4.get_type(), "fifth_bytes").map_err(llvm_err)?.into_vector_value();
+        b.build_or(low4, as_bytes, "levels5").map_err(llvm_err)
     }
 
     /// The 16 rows' integer dots of a [`RowDot`] whose activations are words:
@@ -617,14 +613,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 }
             }
         }
-        if let Some(zmm) = madd {
-            for (acc, words) in accs[halves - 1].iter_mut().zip(nibble_pairs) {
-                if let Some(words) = words {
-                    let fours = self.pair_sums(words, zmm)?;
-                    *acc = self.builder.build_int_add(*acc, fours, "acc").map_err(llvm_err)?;
-                }
-            }
-        }
+        debug_assert!(nibble_pairs.iter().all(Option::is_none), "every form's steps are whole `pair_steps`");
         let mut dots = Vec::with_capacity(halves);
         for (half, mut per_plane) in accs.into_iter().enumerate() {
             // Two halves: the offset times the half's activation sum (exact:
