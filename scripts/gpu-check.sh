@@ -193,45 +193,58 @@ bench)
     out="$report/bench"
     mkdir -p "$work" "$out"
     p="${BENCH_P:-512}" n="${BENCH_N:-128}" r="${BENCH_R:-3}"
-    # The build started in the background by bench-build, else one now.
-    for _ in $(seq 1 600); do
-        [ -f "$llama/build/.done" ] && break
-        pgrep -f "gpu-check.sh bench-build" >/dev/null || break
-        sleep 1
-    done
-    [ -x "$llama/build/bin/llama-bench" ] || "$0" bench-build
+    # BENCH_PEERS=0: maxrun alone, on artifacts maxc quantizes from the generated
+    # Hugging Face directory (no llama.cpp build, no PyTorch): a short device
+    # command that times this project's GPU code against an earlier peer run.
+    peers="${BENCH_PEERS:-1}"
+    if [ "$peers" = 1 ]; then
+        # The build started in the background by bench-build, else one now.
+        for _ in $(seq 1 600); do
+            [ -f "$llama/build/.done" ] && break
+            pgrep -f "gpu-check.sh bench-build" >/dev/null || break
+            sleep 1
+        done
+        [ -x "$llama/build/bin/llama-bench" ] || "$0" bench-build
+    fi
     bin_llama="$llama/build/bin"
     for shape in ${BENCH_SHAPES:-smollm2-135m llama-1.17b}; do
         hf="$work/$shape"
         if [ ! -f "$hf/config.json" ]; then
             python3 scripts/gpu_model.py generate "$shape" "$hf" --tokenizer "$fixtures/tiny-llama" --seed 0
         fi
-        if [ ! -f "$work/$shape-bf16.gguf" ]; then
+        if [ "$peers" = 1 ] && [ ! -f "$work/$shape-bf16.gguf" ]; then
             PYTHONPATH="$llama/gguf-py" python3 "$llama/convert_hf_to_gguf.py" "$hf" --outtype bf16 \
                 --outfile "$work/$shape-bf16.gguf" >"$out/$shape-convert.log" 2>&1 \
                 || { echo "convert_hf_to_gguf $shape failed: $(tail -3 "$out/$shape-convert.log")"; continue; }
         fi
         # --pure: every tensor in the one type (no k-quant mixture).
         for q in q8_0:Q8_0 q4_k:Q4_K_S; do
+            [ "$peers" = 1 ] || break
             gguf="$work/$shape-${q%%:*}.gguf"
             [ -f "$gguf" ] || "$bin_llama/llama-quantize" --pure "$work/$shape-bf16.gguf" "$gguf" "${q#*:}" \
                 >"$out/$shape-${q%%:*}-quantize.log" 2>&1 || echo "llama-quantize $shape $q failed"
         done
         for enc in bf16 q8_0 q4_k; do
-            gguf="$work/$shape-$enc.gguf"
+            gguf="$work/$shape-$enc.gguf" model="$gguf" encoding=stored
+            if [ "$peers" != 1 ]; then
+                model="$hf"
+                case "$enc" in bf16) encoding=bfloat16 ;; *) encoding="$enc" ;; esac
+            fi
             cat > "$work/$shape-$enc.toml" <<TOML
 [model]
-path = "$gguf"
+path = "$model"
 name = "$shape-$enc"
 
 [compile]
 target = "cuda:sm_90"
 max_length = 1024
-quantization_encoding = "stored"
+quantization_encoding = "$encoding"
 TOML
             # A step that fails is logged and leaves its cells empty; the rest goes on.
-            "$bin_llama/llama-bench" -m "$gguf" -ngl 99 -p "$p" -n "$n" -r "$r" -o json > "$out/$shape-$enc-llama.json" \
-                2>"$out/$shape-$enc-llama.log" || echo "llama-bench $shape $enc failed: $(tail -2 "$out/$shape-$enc-llama.log")"
+            if [ "$peers" = 1 ]; then
+                "$bin_llama/llama-bench" -m "$gguf" -ngl 99 -p "$p" -n "$n" -r "$r" -o json > "$out/$shape-$enc-llama.json" \
+                    2>"$out/$shape-$enc-llama.log" || echo "llama-bench $shape $enc failed: $(tail -2 "$out/$shape-$enc-llama.log")"
+            fi
             if ! "$bin/maxc" compile "$work/$shape-$enc.toml" -o "$work/$shape-$enc.mef" --quiet 2>"$out/$shape-$enc-maxc.log"; then
                 echo "maxc compile $shape $enc failed: $(tail -3 "$out/$shape-$enc-maxc.log")"; continue
             fi
@@ -242,8 +255,10 @@ TOML
                     > "$out/$shape-$enc-maxrun-nograph.json" 2>/dev/null || true
             fi
         done
-        python3 scripts/gpu_model.py torch-bench "$hf" -p "$p" -n "$n" -r "$r" > "$out/$shape-torch.json" \
-            2>"$out/$shape-torch.log" || echo "PyTorch $shape failed: $(tail -3 "$out/$shape-torch.log")"
+        if [ "$peers" = 1 ]; then
+            python3 scripts/gpu_model.py torch-bench "$hf" -p "$p" -n "$n" -r "$r" > "$out/$shape-torch.json" \
+                2>"$out/$shape-torch.log" || echo "PyTorch $shape failed: $(tail -3 "$out/$shape-torch.log")"
+        fi
     done
     "$0" bench-table
     ;;

@@ -11,6 +11,14 @@
 #   scripts/gpu-remote.sh bench SECONDS
 #       the benchmark (scripts/gpu-check.sh bench, the 1.17B shape first);
 #       $OUT/bench.tar.xz holds its JSON, logs and bench.md.
+#   scripts/gpu-remote.sh profile SECONDS
+#       Nsight Compute's per-kernel times of the 1.17B shape's decode at bf16 and
+#       q4_k (the artifacts bench compiled; CUDA graphs off, so each launch is a
+#       kernel of its own); $OUT/profile.tar.xz holds the summaries.
+#   scripts/gpu-remote.sh all SECONDS
+#       check (the small fixtures), bench and profile in one command, each stopped
+#       at its share of SECONDS: the whole GPU session in one device call
+#       (BENCH_PEERS=0: without llama.cpp and PyTorch, see gpu-check.sh bench).
 #
 # Each step gets a share of SECONDS and is stopped at its end, so the archive is
 # always written before the command's own limit.
@@ -30,7 +38,7 @@ case "${1:-}" in
 check)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true
     scripts/gpu-check.sh unpack
-    if [ -d .gpu-check/root/llama.cpp ] && [ ! -f .gpu-check/root/llama.cpp/build/.done ]; then
+    if [ "${BENCH_PEERS:-1}" = 1 ] && [ -d .gpu-check/root/llama.cpp ] && [ ! -f .gpu-check/root/llama.cpp/build/.done ]; then
         # In a session of its own, so it outlives this command while the machine is held.
         setsid nohup nice -n 10 scripts/gpu-check.sh bench-build > /tmp/gpu-remote/llama-build.log 2>&1 < /dev/null &
     fi
@@ -71,8 +79,30 @@ bench)
     cp /tmp/gpu-remote/llama-build.log "$report/bench/" 2>/dev/null || true
     tar -cJf "$OUT/bench.tar.xz" -C "$report" bench
     ;;
+profile)
+    work=.gpu-check/bench
+    mkdir -p "$report/profile"
+    for enc in ${PROFILE_ENCODINGS:-bf16 q4_k}; do
+        mef="$work/llama-1.17b-$enc.mef"
+        [ -f "$mef" ] || { echo "no $mef: run bench first"; continue; }
+        # A short prompt and 8 tokens: decode's kernels dominate the summary.
+        MAXRUN_CUDA_GRAPHS=0 timeout "$(( $(left 15) / 2 ))" ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+            .gpu-check/root/bin/maxrun "$mef" --device gpu --prompt "The capital of France is" -n 8 \
+            > "$report/profile/llama-1.17b-$enc.txt" 2>&1
+        echo "ncu $enc: exit $? after $SECONDS s"
+    done
+    tar -cJf "$OUT/profile.tar.xz" -C "$report" profile
+    ;;
+all)
+    # Shares: the check (with its sanitizer runs) ALL_CHECK% (default 36), the
+    # benchmark ALL_BENCH% (default 52), the profile the rest. With BENCH_PEERS=0
+    # the benchmark times maxrun alone (scripts/gpu-check.sh bench).
+    "$0" check "$(( budget * ${ALL_CHECK:-36} / 100 ))"
+    "$0" bench "$(( budget * ${ALL_BENCH:-52} / 100 ))"
+    "$0" profile "$(left 5)"
+    ;;
 *)
-    sed -n '2,15p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
     ;;
 esac

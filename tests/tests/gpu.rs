@@ -96,12 +96,20 @@ fn gpu_forms_split_a_decode_step_into_many_tasks() {
     assert_eq!(split("swiglu_h1536_"), [6, 6]);
     assert_eq!(split("attention_combine16_"), [9, 9], "decode and the batch plans' decode rows");
     assert_eq!(split("slice_w960_o0_l576_"), [9, 9]);
-    // The matmuls keep a task per row range; embedding and norms a task per token.
+    // The block matmuls of a GPU-only artifact are their GPU form itself (a task
+    // per column, no split); embedding and norms keep a task per token.
     for k in &header.kernels {
         if k.symbol.starts_with("matmul") || k.symbol.starts_with("rms_norm") || k.symbol.starts_with("embedding") {
             assert_eq!(k.gpu_task_split, 1, "{}", k.symbol);
         }
     }
+    // Row-major float weights keep the CPU's eight-column tasks in the plan and
+    // run a task per column on the GPU (`matmul_rowwise`).
+    let (_dir, mef, ptx) = compile_with_ptx("ptx-split-bf16", &fixture("tiny-llama"), "cuda:sm_90", &["--quantization-encoding", "bfloat16"]);
+    assemble(&ptx, "sm_90");
+    let header = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+    let matmuls: Vec<(&str, u32)> = header.kernels.iter().filter(|k| k.symbol.starts_with("matmul")).map(|k| (k.symbol.as_str(), k.gpu_task_split)).collect();
+    assert!(!matmuls.is_empty() && matmuls.iter().all(|&(_, split)| split == 8), "{matmuls:?}");
 }
 
 #[test]

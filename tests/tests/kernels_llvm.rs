@@ -8,7 +8,7 @@ use maxc_kernels::library::attention::{attention, attention_combine, attention_p
 use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::{embedding, embedding_in};
-use maxc_kernels::library::matmul::{matmul, matmul_add};
+use maxc_kernels::library::matmul::{matmul, matmul_add, matmul_rowwise};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
@@ -51,6 +51,9 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: matmul(576, 19, ElemType::F32, seq), sizes: vec![s * 576, 19 * 576, s * 19], int_max: 1, seq: s as u64, tol: reduction_tol(576) });
         v.push(Case { kernel: matmul_add(64, 21, Broadcast::None, ElemType::F32, seq), sizes: vec![s * 64, 21 * 64, s * 21, s * 21], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
         v.push(Case { kernel: matmul_add(64, 24, Broadcast::Row, ElemType::BF16, seq), sizes: vec![s * 64, 24 * 64, 24, s * 24], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        // The float GPU form: a task per column, a row tile at prefill, 21 columns (a padded last task).
+        v.push(Case { kernel: matmul_rowwise(64, 21, ElemType::BF16, None, seq), sizes: vec![s * 64, 21 * 64, s * 21], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        v.push(Case { kernel: matmul_rowwise(40, 21, ElemType::F32, Some(Broadcast::None), seq), sizes: vec![s * 40, 21 * 40, s * 21, s * 21], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
         // Panel-packed float weights (48 columns: a two-panel task and a single
         // panel), in prefill with each target's register tile.
         for tile in register_tiles(seq) {
@@ -81,8 +84,8 @@ fn cases() -> Vec<Case> {
                     None => {}
                 }
                 sizes.push(s * n as usize);
-                if matches!(encoding, WeightEncoding::Q4_1 | WeightEncoding::Q4K) {
-                    // The GPU-only form (one decoded value per k iteration).
+                {
+                    // The GPU form (half a block per lane and k iteration, a row tile at prefill).
                     v.push(Case { kernel: matmul_blocks_rowwise(k, n, encoding, addend, seq), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
                 }
                 v.push(Case { kernel: matmul_blocks(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
@@ -214,6 +217,9 @@ fn long_loop_cases() -> Vec<Case> {
     let mut out = Vec::new();
     for (seq, s) in [(SeqMode::Fixed(1), 1usize), (SeqMode::Dynamic, 3)] {
         out.push(Case { kernel: matmul(1536, 9, ElemType::F32, seq), sizes: vec![s * 1536, 9 * 1536, s * 9], int_max: 1, seq: s as u64, tol: reduction_tol(1536) });
+        // Its GPU form: four warps per column, five rows (a row tile and one more) at prefill.
+        let s = if s == 1 { 1 } else { 5 };
+        out.push(Case { kernel: matmul_rowwise(1536, 9, ElemType::F32, None, seq), sizes: vec![s * 1536, 9 * 1536, s * 9], int_max: 1, seq: s as u64, tol: reduction_tol(1536) });
     }
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);

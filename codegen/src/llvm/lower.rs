@@ -197,6 +197,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 Flavor::Cpu(_) => AddressSpace::default(),
             };
             let p = b.build_load(self.context.ptr_type(space), slot, &self.kernel.params[i].name).map_err(llvm_err)?.into_pointer_value();
+            if matches!(self.flavor, Flavor::Nvptx) {
+                // Every GPU buffer starts 16-byte aligned (device allocations, and
+                // arena offsets the loader checks): said to LLVM, its load/store
+                // vectorizer joins consecutive accesses at offsets it can prove
+                // aligned (a GPU lane's 8 quant bytes into one 64-bit load).
+                let align = self.context.metadata_node(&[i64t.const_int(16, false).into()]);
+                let load = p.as_instruction_value().expect("a load is an instruction");
+                load.set_metadata(align, self.context.get_kind_id("align")).map_err(|_| CodegenError::Llvm("align metadata on a buffer pointer".into()))?;
+            }
             self.params.push(p);
         }
         self.seq = Some(b.build_load(i64t, dims, "seq").map_err(llvm_err)?);

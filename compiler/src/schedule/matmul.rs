@@ -174,10 +174,13 @@ impl Scheduler<'_, '_, '_> {
             }
             _ if quant.is_block() && self.weights.row_major_only => (matmul_blocks_rowwise(k, n, quant, bc, seq), None),
             _ if quant.is_block() => (matmul_blocks(k, n, quant, bc, seq), Some(matmul_blocks_rowwise(k, n, quant, bc, seq))),
-            Layout::RowMajor => match bc {
-                None => (matmul(k, n, elem_of(quant), seq), None),
-                Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), None),
-            },
+            Layout::RowMajor => {
+                let gpu = Some(matmul_rowwise(k, n, elem_of(quant), bc, seq));
+                match bc {
+                    None => (matmul(k, n, elem_of(quant), seq), gpu),
+                    Some(bc) => (matmul_add(k, n, bc, elem_of(quant), seq), gpu),
+                }
+            }
             Layout::Interleaved16 => unreachable!("interleaved weights are read by the integer matmul (integer_matmul)"),
         };
         if let Some(gpu) = gpu_form {

@@ -22,7 +22,7 @@ use maxc_kernels::library::copy::{gather_rows, last_row, slice_columns, slice_co
 use maxc_kernels::library::elementwise::{binary, binary_gpu, l2_normalize, mean_rows, swiglu, swiglu_gpu, unary, unary_gpu, Broadcast};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::library::embedding::{embedding_in, embedding_range};
-use maxc_kernels::library::matmul::{matmul, matmul_add};
+use maxc_kernels::library::matmul::{matmul, matmul_add, matmul_rowwise};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};

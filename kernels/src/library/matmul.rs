@@ -216,11 +216,78 @@ fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Br
     b.finish(name, "matmul", tasks, t, body)
 }
 
+/// The GPU form of [`matmul`] / [`matmul_add`] (`addend`): one task per output
+/// column instead of [`COLS_PER_TASK`], so a decode GEMV has thousands of
+/// thread groups and enough loads in flight for HBM (a task of eight columns
+/// left an H100 two blocks per SM: 0.9-1.4 TB/s on the 1.17B shape's smaller
+/// projections). The k loop is one reduction per activation row, dealt to the
+/// lanes in 16-byte-aligned chunks; at prefill [`ROW_TILE`] rows share each
+/// weight load (the rows past `seq` of the last tile compute a copy of the last
+/// row and store nothing). Same parameters and result; tasks
+/// [`COLS_PER_TASK`] times the CPU form's, those past `n` idle.
+pub fn matmul_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let w = b.param("w", w_elem, false);
+    let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
+    let out = b.param("out", ElemType::F32, true);
+    let (t, kk, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let (ki, ni) = (k as i64, n as i64);
+    let rows = if seq.is_decode() { 1 } else { ROW_TILE as i64 };
+    let acc: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
+    let x_row: Vec<VarId> = (0..rows).map(|_| b.var(ValType::I64)).collect();
+    let wv = ld(w, add(v(kk), mul(v(t), i(ki))));
+    let step: Vec<Stmt> = acc.iter().zip(&x_row).map(|(&a, &xr)| set(a, add(v(a), mul(ld(x, add(v(kk), mul(v(xr), i(ki)))), wv.clone())))).collect();
+    let mut tile = vec![set(r0, mul(v(rb), i(rows)))];
+    for r in 0..rows as usize {
+        tile.push(set(x_row[r], min(add(v(r0), i(r as i64)), sub(seq.expr(), i(1)))));
+        tile.push(set(acc[r], f(0.0)));
+    }
+    tile.push(for_vec(kk, i(0), i(ki), step));
+    for (r, &a) in acc.iter().enumerate() {
+        let row = add(v(r0), i(r as i64));
+        let st = store(out, add(mul(row.clone(), i(ni)), v(t)), epilogue(v(a), row.clone(), v(t), ni, addend));
+        tile.push(if r == 0 { st } else { if_(lt(row, seq.expr()), vec![st]) });
+    }
+    let tiles = div(add(seq.expr(), i(rows - 1)), i(rows));
+    let body = vec![if_(lt(v(t), i(ni)), vec![for_(rb, i(0), tiles, tile)])];
+    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) * COLS_PER_TASK };
+    let enc = float_suffix(w_elem);
+    let name = match addend {
+        None => format!("matmul_rows{enc}_k{k}_n{n}_{}", seq.tag()),
+        Some((_, bc)) => format!("matmul_add_rows{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
+    };
+    b.finish(name, "matmul", tasks, t, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
     use crate::library::test_util::*;
+
+    #[test]
+    fn the_gpu_form_matches_the_cpu_form() {
+        // 6 rows: a row tile and 2 more; 11 columns: a padded last task.
+        for (m, seq, addend) in [(6usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))] {
+            let (k, n) = (40usize, 11usize);
+            let (x, w) = (rand(m * k, 1), rand(n * k, 2));
+            let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
+            let mut cpu = matmul_buffers(&x, &[Buffer::F32(w.clone())], &r, addend, m * n);
+            let mut gpu = cpu.clone();
+            let kernel = match addend {
+                None => matmul(k as u64, n as u64, ElemType::F32, seq),
+                Some(bc) => matmul_add(k as u64, n as u64, bc, ElemType::F32, seq),
+            };
+            let form = matmul_rowwise(k as u64, n as u64, ElemType::F32, addend, seq);
+            assert_eq!(crate::warp::task_split(&kernel.tasks, &form.tasks), Some(COLS_PER_TASK as u32));
+            run(&kernel, &mut cpu, m as u64);
+            run(&form, &mut gpu, m as u64);
+            let (Some(Buffer::F32(want)), Some(Buffer::F32(got))) = (cpu.pop(), gpu.pop()) else { unreachable!() };
+            close(&got, &want, 1e-5);
+            close(&got, &naive_matmul(&x, &w, &r, (m, k, n), addend), 1e-5);
+        }
+    }
 
     #[test]
     fn matches_naive_matmul_with_ragged_rows_and_columns() {

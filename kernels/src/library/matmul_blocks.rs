@@ -111,25 +111,76 @@ fn block_params(b: &mut KernelBuilder, encoding: WeightEncoding, k: u64, addend:
     (x, w, addend, out)
 }
 
-/// The GPU form of [`matmul_blocks`], for artifacts without CPU code: each output
-/// is one dot product whose k loop decodes one weight value per iteration
-/// (`WeightParams::value`), a plain reduction that the GPU mapping deals to a
-/// warp's lanes (`crate::warp`), where the CPU form's per-lane local accumulators
-/// would keep every thread of the warp doing the same work. Same parameters,
-/// tasks and result as [`matmul_blocks`].
+/// Byte pairs (values `l` and `l + HALF` of a block) one GPU lane takes per
+/// iteration of [`matmul_blocks_rowwise`]'s k loop: a whole block, whose 4-bit
+/// quants are one 16-byte load.
+pub const GPU_PAIRS: i64 = HALF;
+/// Activation rows one task of [`matmul_blocks_rowwise`] multiplies with each
+/// decoded weight at prefill (one at decode).
+pub const GPU_ROW_TILE: i64 = 4;
+
+/// The GPU form of [`matmul_blocks`] (and the kernel itself in artifacts without
+/// CPU code): one task per output column, whose k loop runs over blocks (of
+/// [`GPU_PAIRS`] byte pairs), a plain reduction that the GPU mapping deals to a
+/// warp's lanes (`crate::warp`). Each iteration loads its block's scale (and
+/// minimum) once and decodes the block, so a warp reads 32 consecutive blocks
+/// (512 bytes of 4-bit quants) per step, as llama.cpp's mmvq reads whole
+/// blocks per lane, instead of decoding one value and loading its block's
+/// scales per iteration. One column per task gives a decode GEMV thousands of
+/// warps, enough loads in flight for HBM. At prefill each decoded weight is
+/// multiplied with [`GPU_ROW_TILE`] activation rows. The CPU form's per-lane
+/// local accumulators would keep every thread of a warp doing the same work.
+/// Same parameters and result as [`matmul_blocks`]; its tasks are
+/// [`COLS_PER_TASK`] times as many (the launch's GPU task split), the last
+/// ones past `n` idle.
 pub fn matmul_blocks_rowwise(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
     let (x, w, addend, out) = block_params(&mut b, encoding, k, addend);
-    let (t, j, r, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+    let (t, it, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let (ki, ni) = (k as i64, n as i64);
-    let dot = vec![
-        set(acc, f(0.0)),
-        for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(mul(v(r), i(ki)), v(kk))), w.value(v(j), v(kk)))))]),
-        store(out, add(mul(v(r), i(ni)), v(j)), epilogue(v(acc), v(r), v(j), ni, addend)),
-    ];
-    let first = mul(v(t), i(COLS_PER_TASK as i64));
-    let body = vec![for_(j, first.clone(), min(add(first, i(COLS_PER_TASK as i64)), i(ni)), vec![for_(r, i(0), seq.expr(), dot)])];
-    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) };
+    let rows = if seq.is_decode() { 1 } else { GPU_ROW_TILE };
+    let acc: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
+    // Row r0 + r of the tile, clamped to the last row: the rows past `seq` of
+    // the last tile compute a copy of it and store nothing.
+    let x_row: Vec<VarId> = (0..rows).map(|_| b.var(ValType::I64)).collect();
+    let j = v(t);
+    let steps_per_block = HALF / GPU_PAIRS;
+    let blk = div(v(it), i(steps_per_block));
+    let first_pair = mul(rem(v(it), i(steps_per_block)), i(GPU_PAIRS));
+    let (scale, min_value) = w.block_scale(j.clone(), blk.clone());
+    let pairs: Vec<(Expr, Expr)> = (0..GPU_PAIRS).map(|p| w.block_pair(j.clone(), blk.clone(), add(first_pair.clone(), i(p)))).collect();
+    let mut step = Vec::new();
+    for (r, &a) in acc.iter().enumerate() {
+        let x_at = |offset: i64, p: i64| ld(x, add(add(first_pair.clone(), i(offset + p)), add(mul(v(x_row[r]), i(ki)), mul(blk.clone(), i(BLOCK)))));
+        let mut dot = None;
+        let mut sum = None;
+        for (p, (q_lo, q_hi)) in pairs.iter().enumerate() {
+            let (x_lo, x_hi) = (x_at(0, p as i64), x_at(HALF, p as i64));
+            let term = add(mul(x_lo.clone(), q_lo.clone()), mul(x_hi.clone(), q_hi.clone()));
+            dot = Some(match dot { None => term, Some(d) => add(d, term) });
+            let pair_sum = add(x_lo, x_hi);
+            sum = Some(match sum { None => pair_sum, Some(s) => add(s, pair_sum) });
+        }
+        let mut update = mul(scale.clone(), dot.expect("GPU_PAIRS > 0"));
+        if let Some(m) = &min_value {
+            update = add(update, mul(m.clone(), sum.expect("GPU_PAIRS > 0")));
+        }
+        step.push(set(a, add(v(a), update)));
+    }
+    let mut tile = vec![set(r0, mul(v(rb), i(rows)))];
+    for r in 0..rows as usize {
+        tile.push(set(x_row[r], min(add(v(r0), i(r as i64)), sub(seq.expr(), i(1)))));
+        tile.push(set(acc[r], f(0.0)));
+    }
+    tile.push(for_vec(it, i(0), i(steps_per_block * w.blocks_per_row()), step));
+    for (r, &a) in acc.iter().enumerate() {
+        let row = add(v(r0), i(r as i64));
+        let st = store(out, add(mul(row.clone(), i(ni)), j.clone()), epilogue(v(a), row.clone(), j.clone(), ni, addend));
+        tile.push(if r == 0 { st } else { if_(lt(row, seq.expr()), vec![st]) });
+    }
+    let tiles = div(add(seq.expr(), i(rows - 1)), i(rows));
+    let body = vec![if_(lt(v(t), i(ni)), vec![for_(rb, i(0), tiles, tile)])];
+    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) * COLS_PER_TASK };
     b.finish(matmul_name("matmul_rows", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
 }
 
@@ -152,6 +203,21 @@ mod tests {
         run(&k, &mut bufs, 1);
         let Some(Buffer::F32(v)) = bufs.pop() else { unreachable!() };
         v
+    }
+
+    #[test]
+    fn the_gpu_form_deals_blocks_to_a_warp() {
+        use crate::warp::{gpu_mapping, LoopMapping, WARP};
+        for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
+            let kernel = matmul_blocks_rowwise(2048, 3000, WeightEncoding::Q4K, None, seq);
+            let mapping = gpu_mapping(&kernel);
+            assert_eq!(mapping.threads, WARP as u32, "{}", kernel.name);
+            let dealt: Vec<_> = mapping.loops.iter().filter(|m| matches!(m, LoopMapping::Lanes { .. })).collect();
+            let rows = if seq.is_decode() { 1 } else { GPU_ROW_TILE as usize };
+            assert!(matches!(dealt.as_slice(), [LoopMapping::Lanes { reductions, stores: false, .. }] if reductions.len() == rows), "{}: {:?}", kernel.name, mapping.loops);
+            // One task per column, padded to the CPU form's whole tasks.
+            assert_eq!(crate::warp::task_split(&matmul_blocks(2048, 3000, WeightEncoding::Q4K, None, seq).tasks, &kernel.tasks), Some(COLS_PER_TASK as u32));
+        }
     }
 
     #[test]
