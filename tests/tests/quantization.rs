@@ -17,34 +17,6 @@ fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let lse = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
-    row.iter().map(|&x| x as f64 - lse).collect()
-}
-
-/// Per-position comparison: (positions, top-1 agreements, summed KL, unexplained flips).
-/// A flip is "explained" when the golden top-2 margin at that position is smaller
-/// than twice the largest logit error there: a near tie that any rounding of the
-/// weights may turn over.
-fn compare(ours: &[f32], golden: &[f32], vocab: usize) -> (usize, usize, f64, usize) {
-    let (mut agree, mut kl, mut unexplained) = (0, 0.0, 0);
-    for (a, b) in ours.chunks(vocab).zip(golden.chunks(vocab)) {
-        let argmax = |r: &[f32]| r.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &v)| if v > m.1 { (i, v) } else { m }).0;
-        if argmax(a) == argmax(b) {
-            agree += 1;
-        } else {
-            let mut sorted = b.to_vec();
-            sorted.sort_by(|x, y| y.total_cmp(x));
-            let err = a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-            unexplained += (sorted[0] - sorted[1] >= 2.0 * err) as usize;
-        }
-        let (la, lb) = (log_softmax(a), log_softmax(b));
-        kl += lb.iter().zip(&la).map(|(p, q)| p.exp() * (p - q)).sum::<f64>();
-    }
-    (golden.len() / vocab, agree, kl, unexplained)
-}
-
 fn compile(tag: &str, model: &Path, encoding: &str) -> TempPath {
     compile_model(tag, model, &["--quantization-encoding", encoding])
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use super::config::{Architecture, ModelConfig};
+use super::config::{Architecture, GraniteMultipliers, ModelConfig};
 use super::mmap_file;
 use super::weights::{StorageType, WeightStore};
 use crate::error::{Error, Result};
@@ -364,14 +364,22 @@ impl GgufFile {
             .and_then(MetaValue::as_str)
             .ok_or_else(|| Error::invalid(&self.path, "general.architecture", "required metadata key is missing"))?
             .to_string();
-        let architecture = Architecture::parse(architecture.unwrap_or(&arch_key), &self.path)?;
-        if !matches!(architecture, Architecture::Llama | Architecture::Mistral | Architecture::Qwen2) {
-            return Err(Error::UnsupportedArchitecture {
-                path: self.path.clone(),
-                architecture: format!("{} (from GGUF)", architecture.hf_name()),
-                supported: "llama, mistral, qwen2 (GGUF); the others from Hugging Face safetensors".into(),
-            });
-        }
+        let name = architecture.unwrap_or(&arch_key);
+        let architecture = match Architecture::parse(name, &self.path) {
+            Ok(a) if layer_parts(a).is_some() => a,
+            parsed => {
+                let shown = parsed.map_or_else(|_| name.to_string(), |a| format!("{name} ({})", a.hf_name()));
+                return Err(Error::UnsupportedArchitecture {
+                    path: self.path.clone(),
+                    architecture: format!("{shown} from GGUF"),
+                    supported: format!(
+                        "{} (GGUF); {} from Hugging Face safetensors",
+                        GGUF_ARCHITECTURES.join(", "),
+                        Architecture::ALL.map(|a| a.hf_name()).join(", ")
+                    ),
+                });
+            }
+        };
         let k = |s: &str| format!("{arch_key}.{s}");
         let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
         let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
@@ -486,7 +494,10 @@ impl GgufFile {
             bos_token_id: self.token_id("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: self.token_id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             dtype: "gguf".into(),
-            granite: None,
+            granite: match architecture {
+                Architecture::Granite => Some(self.granite_multipliers(&arch_key)?),
+                _ => None,
+            },
             gemma: None,
             encoder: None,
         };
@@ -501,6 +512,27 @@ impl GgufFile {
             other => other.to_string(),
         })?;
         Ok(config)
+    }
+
+    /// Granite's four multipliers, as llama.cpp's converter writes them
+    /// (`attention.scale`, `embedding_scale`, `residual_scale`, `logit_scale`:
+    /// the config's attention, embedding and residual multipliers and its
+    /// logits scaling); each is required, as llama.cpp's loader requires it.
+    fn granite_multipliers(&self, arch: &str) -> Result<GraniteMultipliers> {
+        let get = |key: &str| -> Result<f32> {
+            let key = format!("{arch}.{key}");
+            let value = self.get(&key).ok_or_else(|| Error::invalid(&self.path, &key, "required for granite but missing: convert the checkpoint again with a current llama.cpp"))?;
+            match value.as_f64() {
+                Some(x) if x.is_finite() && x != 0.0 => Ok(x as f32),
+                _ => Err(Error::invalid(&self.path, &key, format!("{value}: expected a finite, non-zero number"))),
+            }
+        };
+        Ok(GraniteMultipliers {
+            embedding_multiplier: get("embedding_scale")?,
+            attention_multiplier: get("attention.scale")?,
+            residual_multiplier: get("residual_scale")?,
+            logits_scaling: get("logit_scale")?,
+        })
     }
 
     /// A number-valued key, `default` when absent; any other type is refused.
@@ -527,13 +559,17 @@ impl GgufFile {
     /// projections whose rows llama.cpp permuted (Llama-family conversions only).
     pub fn register_weights(&self, config: &ModelConfig, store: &mut WeightStore) -> Result<()> {
         let file = store.add_file(&self.path, self.map.clone());
-        store.name_as_in_file(gguf_name, "the GGUF's metadata");
-        let permuted = matches!(config.architecture, Architecture::Llama | Architecture::Mistral);
+        let architecture = config.architecture;
+        store.name_as_in_file(move |hf| gguf_name(architecture, hf), "the GGUF's metadata");
+        // llama.cpp's converter permutes the Q/K rows of LlamaModel and its
+        // subclasses (Granite) for its interleaved RoPE; the others keep
+        // Hugging Face's rotate-half layout.
+        let permuted = matches!(architecture, Architecture::Llama | Architecture::Mistral | Architecture::Granite);
         for t in &self.tensors {
             if t.name == "rope_freqs.weight" {
                 continue;
             }
-            let Some(hf) = hf_name(&t.name) else {
+            let Some(hf) = hf_name(architecture, &t.name) else {
                 return Err(Error::invalid(&self.path, &t.name, "tensor name is not one of llama.cpp's names for this architecture"));
             };
             let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
@@ -561,8 +597,9 @@ const MODEL_TENSORS: &[(&str, &str)] = &[
 ];
 
 /// llama.cpp's names of a layer's parts (`blk.N.PART.SUFFIX`) and the Hugging
-/// Face ones (`model.layers.N.PART.SUFFIX`).
-const LAYER_PARTS: &[(&str, &str)] = &[
+/// Face ones (`model.layers.N.PART.SUFFIX`) for the Llama family (Llama,
+/// Mistral, Qwen2, Granite).
+const LLAMA_PARTS: &[(&str, &str)] = &[
     ("attn_norm", "input_layernorm"),
     ("ffn_norm", "post_attention_layernorm"),
     ("attn_q", "self_attn.q_proj"),
@@ -574,19 +611,66 @@ const LAYER_PARTS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
-/// Maps a llama.cpp tensor name to the Hugging Face one.
-fn hf_name(gguf: &str) -> Option<String> {
-    rename(gguf, true)
+/// Qwen3: the Llama parts and the per-head Q/K norms.
+const QWEN3_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// OLMo 2: norms after attention and after the MLP (llama.cpp's
+/// `post_attention_norm` / `post_ffw_norm`, not `ffn_norm`), none before, and
+/// Q/K norms over the whole projection.
+const OLMO2_PARTS: &[(&str, &str)] = &[
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// The architectures maxc reads from GGUF, as `general.architecture` spells them.
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"];
+
+/// The layer-part names of `arch`'s GGUF files (the same string, `ffn_norm`,
+/// means a different Hugging Face tensor in different architectures), or
+/// `None` for an architecture maxc does not read from GGUF.
+fn layer_parts(arch: Architecture) -> Option<&'static [(&'static str, &'static str)]> {
+    match arch {
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Granite => Some(LLAMA_PARTS),
+        Architecture::Qwen3 => Some(QWEN3_PARTS),
+        Architecture::Olmo2 => Some(OLMO2_PARTS),
+        _ => None,
+    }
 }
 
-/// Maps a Hugging Face tensor name to llama.cpp's (the inverse of [`hf_name`]),
-/// so that errors about a GGUF name its own tensors.
-pub fn gguf_name(hf: &str) -> Option<String> {
-    rename(hf, false)
+/// Maps a llama.cpp tensor name of an `arch` file to the Hugging Face one.
+fn hf_name(arch: Architecture, gguf: &str) -> Option<String> {
+    rename(layer_parts(arch)?, gguf, true)
+}
+
+/// Maps a Hugging Face tensor name to llama.cpp's for `arch` (the inverse of
+/// [`hf_name`]), so that errors about a GGUF name its own tensors.
+pub fn gguf_name(arch: Architecture, hf: &str) -> Option<String> {
+    rename(layer_parts(arch)?, hf, false)
 }
 
 /// `name` in the other naming: llama.cpp's to Hugging Face's when `to_hf`, else back.
-fn rename(name: &str, to_hf: bool) -> Option<String> {
+fn rename(parts: &[(&'static str, &'static str)], name: &str, to_hf: bool) -> Option<String> {
     let from = |p: &(&'static str, &'static str)| if to_hf { p.0 } else { p.1 };
     let to = |p: &(&'static str, &'static str)| if to_hf { p.1 } else { p.0 };
     if let Some(pair) = MODEL_TENSORS.iter().find(|p| from(p) == name) {
@@ -596,7 +680,7 @@ fn rename(name: &str, to_hf: bool) -> Option<String> {
     let (layer, rest) = name.strip_prefix(from_prefix)?.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (part, suffix) = rest.rsplit_once('.')?;
-    let pair = LAYER_PARTS.iter().find(|p| from(p) == part)?;
+    let pair = parts.iter().find(|p| from(p) == part)?;
     Some(format!("{to_prefix}{layer}.{}.{suffix}", to(pair)))
 }
 
@@ -688,18 +772,25 @@ pub(crate) mod tests {
 
     #[test]
     fn names_map_both_ways() {
-        for name in ["token_embd.weight", "output.weight", "blk.3.attn_k.bias", "blk.12.ffn_down.weight"] {
-            assert_eq!(gguf_name(&hf_name(name).unwrap()).as_deref(), Some(name));
+        use Architecture::*;
+        for (arch, name) in [(Llama, "token_embd.weight"), (Llama, "output.weight"), (Qwen2, "blk.3.attn_k.bias"), (Llama, "blk.12.ffn_down.weight"), (Qwen3, "blk.1.attn_q_norm.weight"), (Olmo2, "blk.0.post_ffw_norm.weight")] {
+            assert_eq!(gguf_name(arch, &hf_name(arch, name).unwrap()).as_deref(), Some(name));
         }
-        assert_eq!(gguf_name("model.layers.0.mlp.gate_proj.weight").as_deref(), Some("blk.0.ffn_gate.weight"));
-        assert_eq!(gguf_name("model.layers.0.self_attn.q_norm.weight"), None);
+        assert_eq!(gguf_name(Llama, "model.layers.0.mlp.gate_proj.weight").as_deref(), Some("blk.0.ffn_gate.weight"));
+        assert_eq!(gguf_name(Llama, "model.layers.0.self_attn.q_norm.weight"), None);
+        // The same Hugging Face norm has different llama.cpp names by architecture.
+        assert_eq!(gguf_name(Llama, "model.layers.2.post_attention_layernorm.weight").as_deref(), Some("blk.2.ffn_norm.weight"));
+        assert_eq!(gguf_name(Olmo2, "model.layers.2.post_attention_layernorm.weight").as_deref(), Some("blk.2.post_attention_norm.weight"));
+        assert_eq!(hf_name(Olmo2, "blk.0.attn_norm.weight"), None, "OLMo 2 has no norm before attention");
     }
 
     #[test]
     fn maps_llama_cpp_names() {
-        assert_eq!(hf_name("blk.3.attn_q.weight").unwrap(), "model.layers.3.self_attn.q_proj.weight");
-        assert_eq!(hf_name("blk.0.ffn_down.weight").unwrap(), "model.layers.0.mlp.down_proj.weight");
-        assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
-        assert!(hf_name("blk.x.attn_q.weight").is_none());
+        use Architecture::Llama;
+        assert_eq!(hf_name(Llama, "blk.3.attn_q.weight").unwrap(), "model.layers.3.self_attn.q_proj.weight");
+        assert_eq!(hf_name(Llama, "blk.0.ffn_down.weight").unwrap(), "model.layers.0.mlp.down_proj.weight");
+        assert_eq!(hf_name(Llama, "output.weight").unwrap(), "lm_head.weight");
+        assert!(hf_name(Llama, "blk.x.attn_q.weight").is_none());
+        assert!(hf_name(Architecture::Gemma2, "blk.0.attn_q.weight").is_none(), "not read from GGUF");
     }
 }

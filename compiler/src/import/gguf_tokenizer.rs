@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// `tokenizer.ggml.pre` values this importer understands.
-pub const SUPPORTED_PRE: &[&str] = &["default", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2"];
+pub const SUPPORTED_PRE: &[&str] = &["default", "gpt-2", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2"];
 
 fn byte_level(use_regex: bool) -> Value {
     json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
@@ -45,7 +45,9 @@ pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     }
     let pre = str_key("tokenizer.ggml.pre").unwrap_or("default");
     let pre_tokenizer = match pre {
-        "default" | "gpt2" => byte_level(true),
+        // `gpt-2` is llama.cpp's spelling (its converter writes it for GPT-2's
+        // byte-level regex); `gpt2` is kept for files that used it before.
+        "default" | "gpt-2" | "gpt2" => byte_level(true),
         "smollm" => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true},
             byte_level(true),

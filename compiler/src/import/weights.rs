@@ -156,7 +156,7 @@ impl WeightEntry {
 
 /// How a checkpoint names tensors and hyperparameters when not as Hugging Face
 /// does: the file's name of a tensor, and what holds the hyperparameters.
-type FileNaming = (fn(&str) -> Option<String>, &'static str);
+type FileNaming = (Arc<dyn Fn(&str) -> Option<String> + Send + Sync>, &'static str);
 
 /// All tensors of a checkpoint, by name.
 #[derive(Default)]
@@ -193,18 +193,18 @@ impl WeightStore {
     /// Tensors are stored under Hugging Face names; `file_name` gives the
     /// checkpoint's own (None: the same), `config` says what holds the
     /// hyperparameters. Messages then use the names the user's file has.
-    pub fn name_as_in_file(&mut self, file_name: fn(&str) -> Option<String>, config: &'static str) {
-        self.file_names = Some((file_name, config));
+    pub fn name_as_in_file(&mut self, file_name: impl Fn(&str) -> Option<String> + Send + Sync + 'static, config: &'static str) {
+        self.file_names = Some((Arc::new(file_name), config));
     }
 
     /// `name` as the checkpoint spells it (`token_embd.weight` in a GGUF).
     pub fn shown_name(&self, name: &str) -> String {
-        self.file_names.and_then(|(f, _)| f(name)).unwrap_or_else(|| name.to_string())
+        self.file_names.as_ref().and_then(|(f, _)| f(name)).unwrap_or_else(|| name.to_string())
     }
 
     /// What holds the hyperparameters the shapes come from.
     pub fn config_source(&self) -> &'static str {
-        self.file_names.map_or("config.json", |(_, c)| c)
+        self.file_names.as_ref().map_or("config.json", |(_, c)| c)
     }
 
     /// The error for a tensor the graph needs and the checkpoint lacks.

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""GGUF files of the `arch-*` golden fixtures, made by llama.cpp's own converter
+(`convert_hf_to_gguf.py` with its `gguf-py`, from the llama.cpp source that
+scripts/build-llama-cpp.sh unpacks) and quantized by its `llama-quantize`:
+
+    arch-X.f32.gguf      --outtype f32 (exact: the fixture's weights as stored)
+    arch-X.q8_0.gguf     llama-quantize ... Q8_0
+    arch-X.q4_k_m.gguf   llama-quantize ... Q4_K_M (on these 64-wide tensors
+                         llama.cpp falls back to Q5_0 / Q5_1 / Q8_0 blocks)
+
+tests/tests/gguf_architectures.rs compiles each with maxc and compares the
+logits with the fixture's goldens (made by transformers from the same weights).
+
+The converter identifies a BPE tokenizer's pre-tokenizer by hashing how it
+splits a test text, and knows only published tokenizers; the fixtures' small
+test vocabulary (1024 tokens, GPT-2's byte-level regex, as their tokenizer.json
+says) is declared here as llama.cpp's `gpt-2` pre-tokenizer instead. Nothing
+else of the converter is changed.
+
+Needs torch (the converter imports it), transformers and sentencepiece:
+tests/golden/gguf/make.sh installs them into a virtual environment first.
+"""
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+LLAMA = os.path.join(ROOT, ".cache/llama.cpp/src")
+QUANTIZE = os.path.join(ROOT, ".cache/llama.cpp/build/bin/llama-quantize")
+FIXTURES = os.environ.get("MAXC_FIXTURES", os.path.join(ROOT, "../shared/fixtures"))
+OUT = os.path.dirname(os.path.abspath(__file__))
+ARCHS = sys.argv[1:] or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gpt2"]
+QUANTS = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
+
+
+def convert(arch):
+    src = os.path.join(FIXTURES, f"arch-{arch}")
+    out = os.path.join(OUT, f"arch-{arch}.f32.gguf")
+    sys.path[:0] = [LLAMA, os.path.join(LLAMA, "gguf-py")]
+    import conversion.base as base
+
+    def fixture_pre_tokenizer(self, tokenizer):
+        return "gpt-2"
+
+    base.TextModel.get_vocab_base_pre = fixture_pre_tokenizer
+    argv = sys.argv
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outtype", "f32", "--outfile", out]
+    try:
+        runpy.run_path(os.path.join(LLAMA, "convert_hf_to_gguf.py"), run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+    finally:
+        sys.argv = argv
+    return out
+
+
+def main():
+    for arch in ARCHS:
+        # One process per architecture: the converter's module state is global.
+        if len(ARCHS) > 1:
+            subprocess.run([sys.executable, __file__, arch], check=True)
+            continue
+        f32 = convert(arch)
+        for name, ty in QUANTS:
+            out = os.path.join(OUT, f"arch-{arch}.{name}.gguf")
+            subprocess.run([QUANTIZE, f32, out, ty], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for f in sorted(os.listdir(OUT)):
+            if f.startswith(f"arch-{arch}."):
+                print(f, os.path.getsize(os.path.join(OUT, f)))
+
+
+if __name__ == "__main__":
+    main()

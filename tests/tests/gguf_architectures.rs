@@ -1,0 +1,117 @@
+//! GGUF files of the `arch-*` fixtures, made by llama.cpp's own converter and
+//! quantizer (tests/golden/gguf/make.py), compiled by maxc and compared with the
+//! fixtures' transformers goldens: the F32 files within the float32 tolerance
+//! (logits of every golden case) and with the golden greedy texts, with
+//! `--prompt` tokenized by the tokenizer rebuilt from the GGUF's metadata; the
+//! Q8_0 and Q4_K_M files, compiled with `stored` (their own blocks), within the
+//! error budgets of docs/quantization.md.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use maxc_tests::*;
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// The converter-made file of fixture `arch-{arch}` at `quant` (`f32`, `q8_0`, `q4_k_m`).
+fn gguf(arch: &str, quant: &str) -> PathBuf {
+    workspace_root().join(format!("tests/golden/gguf/arch-{arch}.{quant}.gguf"))
+}
+
+/// F32: every golden case's logits from `--prompt` (so the prompt must
+/// tokenize to the golden ids, or the shapes and logits differ) and from
+/// `--token-ids`, and the greedy text.
+fn check_f32(arch: &str) {
+    let name = format!("arch-{arch}");
+    let mef = compile_model(&format!("gguf-{arch}-f32"), &gguf(arch, "f32"), &[]);
+    let golden = golden(&name);
+    for (i, case) in cases(&golden).iter().enumerate() {
+        let what = format!("{name} F32 GGUF case {i}");
+        let (gshape, gold) = golden_logits(&name, case);
+        let (shape, ours) = dump_logits(&mef, case);
+        assert_eq!(shape, gshape, "{what}");
+        assert_logits_close(&what, &ours, &gold);
+
+        let prompt = case["prompt"].as_str().unwrap();
+        let npy = temp_file("gguf-prompt", "l.npy");
+        let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(prompt), os("--dump-logits"), npy.as_os_str()]);
+        assert_eq!(r.0, 0, "{what}: {}", r.2);
+        let (pshape, from_prompt) = maxrun::npy::read_f32(&npy).unwrap();
+        assert_eq!(pshape, gshape, "{what}: --prompt must tokenize to the golden ids {:?}", case["input_ids"]);
+        assert_logits_close(&format!("{what} (--prompt)"), &from_prompt, &gold);
+
+        let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(prompt), os("--temperature"), os("0"), os("-n"), os("24"), os("--ignore-eos")]);
+        assert_eq!(r.0, 0, "{what}: {}", r.2);
+        assert_eq!(r.1, case["greedy_text"].as_str().unwrap(), "{what}: greedy text");
+    }
+}
+
+/// A quantized file compiled with `stored`: top-1 agreement (near ties of the
+/// random fixture counting as agreements, as in tests/tests/quantization.rs)
+/// and mean KL against the golden, and no tensor widened to float.
+fn check_quantized(arch: &str, quant: &str, min_top1: f64, max_kl: f64) {
+    let name = format!("arch-{arch}");
+    let mef = compile_model(&format!("gguf-{arch}-{quant}"), &gguf(arch, quant), &["--quantization-encoding", "stored"]);
+    let golden = golden(&name);
+    let (mut n, mut agree, mut kl, mut unexplained) = (0, 0, 0.0, 0);
+    for case in cases(&golden) {
+        let (shape, ours) = dump_logits(&mef, case);
+        let (_, gold) = golden_logits(&name, case);
+        let (cn, ca, ck, cu) = compare(&ours, &gold, shape[1]);
+        n += cn;
+        agree += ca;
+        kl += ck;
+        unexplained += cu;
+    }
+    let (counted, mean_kl) = ((n - unexplained) as f64 / n as f64, kl / n as f64);
+    eprintln!("{name} {quant} GGUF: top-1 {agree}/{n}, mean KL {mean_kl:.2e}, flips at clear margins {unexplained}");
+    assert!(counted >= min_top1, "{name} {quant}: top-1 {agree}/{n} ({unexplained} flips at clear margins), below {min_top1}");
+    assert!(mean_kl <= max_kl, "{name} {quant}: mean KL {mean_kl} > {max_kl}");
+    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let by_encoding = v["weights"]["by_encoding"].as_object().unwrap();
+    let blocks: u64 = by_encoding.iter().filter(|(e, _)| e.starts_with('q')).map(|(_, s)| s["tensors"].as_u64().unwrap_or(0)).sum();
+    assert!(blocks > 0, "{name} {quant}: no block-quantized tensors in {by_encoding:?}");
+}
+
+fn check_all(arch: &str) {
+    check_f32(arch);
+    check_quantized(arch, "q8_0", 0.98, 5e-3);
+    check_quantized(arch, "q4_k_m", 0.90, 5e-2);
+}
+
+#[test]
+fn qwen3_ggufs_match_the_golden() {
+    check_all("qwen3");
+}
+
+#[test]
+fn olmo2_ggufs_match_the_golden() {
+    check_all("olmo2");
+}
+
+#[test]
+fn granite_ggufs_match_the_golden() {
+    check_all("granite");
+}
+
+/// A GGUF of an architecture maxc does not read is refused by name, with the
+/// list of those it reads (here the qwen3 file with `general.architecture`
+/// changed to a name nothing knows, byte for byte the same length).
+#[test]
+fn unknown_gguf_architectures_are_refused_by_name() {
+    let mut bytes = std::fs::read(gguf("qwen3", "f32")).unwrap();
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4 + 8;
+    assert_eq!(&bytes[at..at + 5], b"qwen3");
+    bytes[at..at + 5].copy_from_slice(b"qwen9");
+    let path = temp_file("gguf-arch", "qwen9.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let out = temp_file("gguf-arch", "out.mef");
+    let r = run_bin("maxc", &[os("compile"), os("--model"), path.as_os_str(), os("-o"), out.as_os_str()]);
+    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite (GGUF)"]);
+    assert!(!out.as_path().exists(), "nothing written");
+}
