@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use super::config::{Architecture, GraniteMultipliers, ModelConfig};
+use super::config::{Architecture, GemmaParams, GraniteMultipliers, ModelConfig};
 use super::mmap_file;
 use super::weights::{StorageType, WeightStore};
 use crate::error::{Error, Result};
@@ -473,7 +473,11 @@ impl GgufFile {
             qkv_bias: has_q_bias,
             o_bias: has_o_bias,
             mlp_bias: false,
-            sliding_window: self.optional_u64(&k("attention.sliding_window"))?.map(|v| v as usize),
+            sliding_window: match (architecture, self.get(&k("attention.sliding_window"))) {
+                // llama.cpp's converter writes 0 for Phi-3 models without a window.
+                (Architecture::Phi3, Some(MetaValue::Int(0))) => None,
+                _ => self.optional_u64(&k("attention.sliding_window"))?.map(|v| v as usize),
+            },
             max_position_embeddings: match self.get(&k("context_length")) {
                 Some(MetaValue::Int(0)) => {
                     return Err(Error::invalid(
@@ -498,7 +502,10 @@ impl GgufFile {
                 Architecture::Granite => Some(self.granite_multipliers(&arch_key)?),
                 _ => None,
             },
-            gemma: None,
+            gemma: match architecture {
+                Architecture::Gemma2 => Some(self.gemma2_params(&arch_key, head_dim, hidden_size / num_heads)?),
+                _ => None,
+            },
             encoder: None,
         };
         let has_key_length = self.get(&k("attention.key_length")).is_some();
@@ -532,6 +539,31 @@ impl GgufFile {
             attention_multiplier: get("attention.scale")?,
             residual_multiplier: get("residual_scale")?,
             logits_scaling: get("logit_scale")?,
+        })
+    }
+
+    /// Gemma 2's parameters as llama.cpp reads them: soft-capping from
+    /// `attn_logit_softcapping` / `final_logit_softcapping` (50 and 30 when
+    /// absent, llama.cpp's defaults), sliding-window attention on every even
+    /// layer (its pattern of 2), and queries scaled by the head size, or by
+    /// hidden / heads for the 46-layer 27B model (the converter writes no
+    /// `query_pre_attn_scalar`; llama.cpp decides by the layer count).
+    fn gemma2_params(&self, arch: &str, head_dim: usize, width_per_head: usize) -> Result<GemmaParams> {
+        let capping = |key: &str, default: f64| -> Result<Option<f32>> {
+            let key = format!("{arch}.{key}");
+            match self.f64_or(&key, default)? {
+                x if x.is_finite() && x > 0.0 => Ok(Some(x as f32)),
+                x => Err(Error::invalid(&self.path, &key, format!("{x}: expected a number > 0"))),
+            }
+        };
+        let layers = self.require_u64(&format!("{arch}.block_count"))? as usize;
+        Ok(GemmaParams {
+            attn_logit_softcapping: capping("attn_logit_softcapping", 50.0)?,
+            final_logit_softcapping: capping("final_logit_softcapping", 30.0)?,
+            query_pre_attn_scalar: if layers == 46 { width_per_head } else { head_dim } as f32,
+            sliding_layers: (0..layers).map(|l| l % 2 == 0).collect(),
+            local_rope_theta: None,
+            qk_norm: false,
         })
     }
 
@@ -574,6 +606,9 @@ impl GgufFile {
             };
             let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
             store.insert(hf.clone(), t.storage, shape, file, t.offset, t.len);
+            if architecture == Architecture::Gemma2 && t.name.ends_with("norm.weight") {
+                store.get_mut(&hf).expect("just inserted").stored_plus_one = true;
+            }
             if permuted {
                 let heads = if hf.contains("self_attn.q_proj.") {
                     Some(config.num_heads)
@@ -643,8 +678,35 @@ const OLMO2_PARTS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
+/// Phi-3: the fused Q/K/V projection (`attn_qkv`) and gate/up projection
+/// (`ffn_up` holds both, gate first), as Hugging Face's Phi3 stores them.
+const PHI3_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_qkv", "self_attn.qkv_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_up", "mlp.gate_up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// Gemma 2: norms before and after both attention and the MLP; the one before
+/// the MLP is llama.cpp's `ffn_norm`.
+const GEMMA2_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
 /// The architectures maxc reads from GGUF, as `general.architecture` spells them.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2"];
 
 /// The layer-part names of `arch`'s GGUF files (the same string, `ffn_norm`,
 /// means a different Hugging Face tensor in different architectures), or
@@ -654,6 +716,8 @@ fn layer_parts(arch: Architecture) -> Option<&'static [(&'static str, &'static s
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Granite => Some(LLAMA_PARTS),
         Architecture::Qwen3 => Some(QWEN3_PARTS),
         Architecture::Olmo2 => Some(OLMO2_PARTS),
+        Architecture::Phi3 => Some(PHI3_PARTS),
+        Architecture::Gemma2 => Some(GEMMA2_PARTS),
         _ => None,
     }
 }

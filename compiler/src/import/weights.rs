@@ -141,6 +141,11 @@ pub struct WeightEntry {
     len: usize,
     /// `Some(heads)` for GGUF Q/K projections whose rows llama.cpp permuted per head.
     pub unpermute_heads: Option<usize>,
+    /// A GGUF Gemma norm weight, which llama.cpp's converter stores as `1 + w`
+    /// (its RMSNorm multiplies by the weight); read back as `w`, the Hugging
+    /// Face value the graph's `(1 + w)` expects. Exact: the subtraction of 1
+    /// from a value in [0.5, 2] is, and adding 1 back gives the stored value.
+    pub stored_plus_one: bool,
 }
 
 impl WeightEntry {
@@ -185,7 +190,7 @@ impl WeightStore {
 
     /// Adds a tensor whose bytes are `file[offset..offset+len]` (already bounds-checked by the reader).
     pub fn insert(&mut self, name: String, storage: StorageType, shape: Vec<usize>, file: usize, offset: usize, len: usize) {
-        let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None };
+        let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None, stored_plus_one: false };
         debug_assert!(offset + len <= self.files[file].1.len());
         self.entries.insert(name, entry);
     }
@@ -298,7 +303,7 @@ impl WeightStore {
     /// Decodes a tensor to f32 in logical (HF) layout.
     pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
         let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
-        Ok(dequantize(entry.storage, &self.stored_rows(name, entry, 0..entry.rows()), entry.num_elements()))
+        Ok(decoded(entry, dequantize(entry.storage, &self.stored_rows(name, entry, 0..entry.rows()), entry.num_elements())))
     }
 
     /// The stored bytes of rows `rows` of `entry` in logical (HF) order: a
@@ -333,10 +338,10 @@ impl WeightStore {
         let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
         let cols = entry.shape.last().copied().unwrap_or(1);
         let bytes = self.stored_rows(name, entry, rows.clone());
-        Ok(if entry.storage.native_scheme() == Some(scheme) {
+        Ok(if entry.storage.native_scheme() == Some(scheme) && !entry.stored_plus_one {
             native_parts(entry.storage, &bytes)
         } else {
-            crate::quant::encode(scheme, &dequantize(entry.storage, &bytes, rows.len() * cols), cols)
+            crate::quant::encode(scheme, &decoded(entry, dequantize(entry.storage, &bytes, rows.len() * cols)), cols)
         })
     }
 
@@ -345,6 +350,15 @@ impl WeightStore {
         let entry = self.entries.get(name).ok_or_else(|| self.not_stored(name))?;
         self.rows_encoded(name, scheme, 0..entry.rows())
     }
+}
+
+/// `values` of `entry` as the Hugging Face checkpoint holds them (see
+/// [`WeightEntry::stored_plus_one`]).
+fn decoded(entry: &WeightEntry, mut values: Vec<f32>) -> Vec<f32> {
+    if entry.stored_plus_one {
+        values.iter_mut().for_each(|x| *x -= 1.0);
+    }
+    values
 }
 
 /// Where llama.cpp's `permute(w, n_head)` put row `row` (of `rows`) of a Q or K
