@@ -20,10 +20,16 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     let pe = g.add(Op::Embedding, &[wpe, positions]);
     let mut x = g.add(Op::Binary(BinaryOp::Add), &[te, pe]);
     let layer_norm = |g: &mut Graph, x: ValueId, name: &str| w.layer_norm(g, x, name, h, c.rms_norm_eps);
-    // Conv1D: y = x @ W + b with W stored [in, out].
+    // Conv1D: y = x @ W + b with W stored [in, out]; llama.cpp's converter
+    // stores it transposed, [out, in], as a Linear weight (the layout MatMul takes).
+    let from_gguf = crate::import::is_gguf(&model.source);
     let conv1d = |g: &mut Graph, x: ValueId, name: &str, inp: usize, out: usize| -> Result<ValueId> {
-        let weight = w.weight(g, &format!("{name}.weight"), &[inp, out])?;
-        let wt = g.add(Op::Transpose, &[weight]);
+        let wt = if from_gguf {
+            w.weight(g, &format!("{name}.weight"), &[out, inp])?
+        } else {
+            let weight = w.weight(g, &format!("{name}.weight"), &[inp, out])?;
+            g.add(Op::Transpose, &[weight])
+        };
         let y = g.add(Op::MatMul, &[x, wt]);
         let bias = w.weight(g, &format!("{name}.bias"), &[out])?;
         Ok(g.add(Op::Binary(BinaryOp::Add), &[y, bias]))

@@ -454,6 +454,9 @@ impl GgufFile {
                 return Err(Error::invalid(&self.path, k("rope.scaling.type"), format!("`{other}` is not supported; supported: none, linear")))
             }
         };
+        let gpt2 = architecture == Architecture::Gpt2;
+        // GPT-2's LayerNorm epsilon; the RMSNorm one elsewhere.
+        let eps_key = if gpt2 { "attention.layer_norm_epsilon" } else { "attention.layer_norm_rms_epsilon" };
         let has_output = self.tensors.iter().any(|t| t.name == "output.weight");
         let has_q_bias = self.tensors.iter().any(|t| t.name == "blk.0.attn_q.bias");
         let has_o_bias = self.tensors.iter().any(|t| t.name == "blk.0.attn_output.bias");
@@ -466,13 +469,14 @@ impl GgufFile {
             head_dim,
             intermediate_size: self.require_u64(&k("feed_forward_length"))? as usize,
             vocab_size,
-            rms_norm_eps: self.f64_or(&k("attention.layer_norm_rms_epsilon"), 1e-5)? as f32,
+            rms_norm_eps: self.f64_or(&k(eps_key), 1e-5)? as f32,
             rope_theta: self.f64_or(&k("rope.freq_base"), 10000.0)? as f32,
             rope_scaling,
             tie_word_embeddings: !has_output,
-            qkv_bias: has_q_bias,
-            o_bias: has_o_bias,
-            mlp_bias: false,
+            // GPT-2's projections all have biases (llama.cpp's loader requires them).
+            qkv_bias: has_q_bias || gpt2,
+            o_bias: has_o_bias || gpt2,
+            mlp_bias: gpt2,
             sliding_window: match (architecture, self.get(&k("attention.sliding_window"))) {
                 // llama.cpp's converter writes 0 for Phi-3 models without a window.
                 (Architecture::Phi3, Some(MetaValue::Int(0))) => None,
@@ -514,7 +518,7 @@ impl GgufFile {
             "num_attention_heads" => k("attention.head_count"),
             "head_dim" if has_key_length => k("attention.key_length"),
             "head_dim" => format!("{} / {}", k("embedding_length"), k("attention.head_count")),
-            "rms_norm_eps" => k("attention.layer_norm_rms_epsilon"),
+            "rms_norm_eps" => k(eps_key),
             "rope_theta" => k("rope.freq_base"),
             other => other.to_string(),
         })?;
@@ -624,6 +628,28 @@ impl GgufFile {
     }
 }
 
+/// GPT-2's whole-model tensors (Hugging Face's names without the
+/// `transformer.` prefix, which maxc's GPT-2 builder accepts either way).
+const GPT2_MODEL_TENSORS: &[(&str, &str)] = &[
+    ("token_embd.weight", "wte.weight"),
+    ("position_embd.weight", "wpe.weight"),
+    ("output_norm.weight", "ln_f.weight"),
+    ("output_norm.bias", "ln_f.bias"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// GPT-2's layer parts (`h.N.PART`): LayerNorms with biases, the fused
+/// `c_attn`, and the Conv1D projections (which llama.cpp stores transposed:
+/// the GPT-2 builder reads them as `[out, in]` from GGUF).
+const GPT2_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "ln_1"),
+    ("attn_qkv", "attn.c_attn"),
+    ("attn_output", "attn.c_proj"),
+    ("ffn_norm", "ln_2"),
+    ("ffn_up", "mlp.c_fc"),
+    ("ffn_down", "mlp.c_proj"),
+];
+
 /// llama.cpp's names of the whole-model tensors and the Hugging Face ones.
 const MODEL_TENSORS: &[(&str, &str)] = &[
     ("token_embd.weight", "model.embed_tokens.weight"),
@@ -706,7 +732,23 @@ const GEMMA2_PARTS: &[(&str, &str)] = &[
 ];
 
 /// The architectures maxc reads from GGUF, as `general.architecture` spells them.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gpt2"];
+
+/// How `arch`'s GGUF names map to Hugging Face's: the whole-model tensors, the
+/// layer prefix (`model.layers.` or GPT-2's `h.`) and the layer parts; `None`
+/// for an architecture maxc does not read from GGUF.
+struct Naming {
+    model: &'static [(&'static str, &'static str)],
+    layer_prefix: &'static str,
+    parts: &'static [(&'static str, &'static str)],
+}
+
+fn naming(arch: Architecture) -> Option<Naming> {
+    Some(match arch {
+        Architecture::Gpt2 => Naming { model: GPT2_MODEL_TENSORS, layer_prefix: "h.", parts: GPT2_PARTS },
+        _ => Naming { model: MODEL_TENSORS, layer_prefix: "model.layers.", parts: layer_parts(arch)? },
+    })
+}
 
 /// The layer-part names of `arch`'s GGUF files (the same string, `ffn_norm`,
 /// means a different Hugging Face tensor in different architectures), or
@@ -718,33 +760,34 @@ fn layer_parts(arch: Architecture) -> Option<&'static [(&'static str, &'static s
         Architecture::Olmo2 => Some(OLMO2_PARTS),
         Architecture::Phi3 => Some(PHI3_PARTS),
         Architecture::Gemma2 => Some(GEMMA2_PARTS),
+        Architecture::Gpt2 => Some(GPT2_PARTS),
         _ => None,
     }
 }
 
 /// Maps a llama.cpp tensor name of an `arch` file to the Hugging Face one.
 fn hf_name(arch: Architecture, gguf: &str) -> Option<String> {
-    rename(layer_parts(arch)?, gguf, true)
+    rename(&naming(arch)?, gguf, true)
 }
 
 /// Maps a Hugging Face tensor name to llama.cpp's for `arch` (the inverse of
 /// [`hf_name`]), so that errors about a GGUF name its own tensors.
 pub fn gguf_name(arch: Architecture, hf: &str) -> Option<String> {
-    rename(layer_parts(arch)?, hf, false)
+    rename(&naming(arch)?, hf, false)
 }
 
 /// `name` in the other naming: llama.cpp's to Hugging Face's when `to_hf`, else back.
-fn rename(parts: &[(&'static str, &'static str)], name: &str, to_hf: bool) -> Option<String> {
+fn rename(naming: &Naming, name: &str, to_hf: bool) -> Option<String> {
     let from = |p: &(&'static str, &'static str)| if to_hf { p.0 } else { p.1 };
     let to = |p: &(&'static str, &'static str)| if to_hf { p.1 } else { p.0 };
-    if let Some(pair) = MODEL_TENSORS.iter().find(|p| from(p) == name) {
+    if let Some(pair) = naming.model.iter().find(|p| from(p) == name) {
         return Some(to(pair).to_string());
     }
-    let (from_prefix, to_prefix) = if to_hf { ("blk.", "model.layers.") } else { ("model.layers.", "blk.") };
+    let (from_prefix, to_prefix) = if to_hf { ("blk.", naming.layer_prefix) } else { (naming.layer_prefix, "blk.") };
     let (layer, rest) = name.strip_prefix(from_prefix)?.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (part, suffix) = rest.rsplit_once('.')?;
-    let pair = parts.iter().find(|p| from(p) == part)?;
+    let pair = naming.parts.iter().find(|p| from(p) == part)?;
     Some(format!("{to_prefix}{layer}.{}.{suffix}", to(pair)))
 }
 
@@ -837,7 +880,7 @@ pub(crate) mod tests {
     #[test]
     fn names_map_both_ways() {
         use Architecture::*;
-        for (arch, name) in [(Llama, "token_embd.weight"), (Llama, "output.weight"), (Qwen2, "blk.3.attn_k.bias"), (Llama, "blk.12.ffn_down.weight"), (Qwen3, "blk.1.attn_q_norm.weight"), (Olmo2, "blk.0.post_ffw_norm.weight")] {
+        for (arch, name) in [(Llama, "token_embd.weight"), (Llama, "output.weight"), (Qwen2, "blk.3.attn_k.bias"), (Llama, "blk.12.ffn_down.weight"), (Qwen3, "blk.1.attn_q_norm.weight"), (Olmo2, "blk.0.post_ffw_norm.weight"), (Gpt2, "blk.1.attn_qkv.bias"), (Gpt2, "position_embd.weight"), (Phi3, "blk.0.ffn_up.weight")] {
             assert_eq!(gguf_name(arch, &hf_name(arch, name).unwrap()).as_deref(), Some(name));
         }
         assert_eq!(gguf_name(Llama, "model.layers.0.mlp.gate_proj.weight").as_deref(), Some("blk.0.ffn_gate.weight"));
@@ -846,6 +889,9 @@ pub(crate) mod tests {
         assert_eq!(gguf_name(Llama, "model.layers.2.post_attention_layernorm.weight").as_deref(), Some("blk.2.ffn_norm.weight"));
         assert_eq!(gguf_name(Olmo2, "model.layers.2.post_attention_layernorm.weight").as_deref(), Some("blk.2.post_attention_norm.weight"));
         assert_eq!(hf_name(Olmo2, "blk.0.attn_norm.weight"), None, "OLMo 2 has no norm before attention");
+        assert_eq!(hf_name(Gpt2, "blk.4.ffn_down.weight").as_deref(), Some("h.4.mlp.c_proj.weight"));
+        assert_eq!(hf_name(Phi3, "blk.0.ffn_up.weight").as_deref(), Some("model.layers.0.mlp.gate_up_proj.weight"));
+        assert_eq!(hf_name(Gemma2, "blk.0.ffn_norm.weight").as_deref(), Some("model.layers.0.pre_feedforward_layernorm.weight"));
     }
 
     #[test]
@@ -855,6 +901,6 @@ pub(crate) mod tests {
         assert_eq!(hf_name(Llama, "blk.0.ffn_down.weight").unwrap(), "model.layers.0.mlp.down_proj.weight");
         assert_eq!(hf_name(Llama, "output.weight").unwrap(), "lm_head.weight");
         assert!(hf_name(Llama, "blk.x.attn_q.weight").is_none());
-        assert!(hf_name(Architecture::Gemma2, "blk.0.attn_q.weight").is_none(), "not read from GGUF");
+        assert!(hf_name(Architecture::Bert, "blk.0.attn_q.weight").is_none(), "not read from GGUF");
     }
 }

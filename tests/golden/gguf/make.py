@@ -38,6 +38,20 @@ QUANTS = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
 def convert(arch):
     src = os.path.join(FIXTURES, f"arch-{arch}")
     out = os.path.join(OUT, f"arch-{arch}.f32.gguf")
+    if arch == "gpt2":
+        # The converter reads GPT-2's context from `n_ctx`, which configs saved
+        # by current transformers no longer write (they keep `n_positions`, the
+        # same number): a copy of the fixture with it added.
+        import json
+        import tempfile
+        copy = os.path.join(tempfile.mkdtemp(), "arch-gpt2")
+        shutil.copytree(src, copy)
+        with open(os.path.join(copy, "config.json")) as f:
+            config = json.load(f)
+        config.setdefault("n_ctx", config["n_positions"])
+        with open(os.path.join(copy, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        src = copy
     sys.path[:0] = [LLAMA, os.path.join(LLAMA, "gguf-py")]
     import conversion.base as base
 
