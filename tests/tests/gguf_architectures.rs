@@ -170,3 +170,38 @@ fn gpt2_ggufs_match_the_golden() {
     check_quantized("gpt2", "q8_0", 0.98, 5e-3);
     check_quantized("gpt2", "q4_k_m", 0.90, 5e-2);
 }
+
+/// llama.cpp's tokenizer tests (tests/golden/gguf/vocab, copied from its
+/// `models/`): a vocabulary-only GGUF, texts, and the ids the model's
+/// transformers tokenizer gives each (`encode(text, add_special_tokens=False)`,
+/// llama.cpp's convert_hf_to_gguf_update.py). The tokenizer maxc rebuilds
+/// from the GGUF must give the same ids.
+fn check_vocab(name: &str) {
+    let dir = workspace_root().join("tests/golden/gguf/vocab");
+    let path = dir.join(format!("ggml-vocab-{name}.gguf"));
+    let gguf = maxc::import::gguf::GgufFile::open(&path).unwrap();
+    let vocab = gguf.get("tokenizer.ggml.tokens").and_then(|t| t.as_array()).map_or(0, |t| t.len());
+    let json = maxc::import::gguf_tokenizer::tokenizer_json(&gguf, vocab).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let tokenizer: tokenizers::Tokenizer = json.parse().unwrap();
+    let inputs = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
+    let outputs = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
+    let texts: Vec<&str> = inputs.split("\n__ggml_vocab_test__\n").collect();
+    let expected: Vec<Vec<u32>> = outputs.lines().map(|l| l.split_whitespace().map(|id| id.parse().unwrap()).collect()).collect();
+    assert_eq!(texts.len(), expected.len() + 1, "{name}: one text per line of ids, and a last separator");
+    for (text, want) in texts.iter().zip(&expected) {
+        let got = tokenizer.encode(*text, false).unwrap().get_ids().to_vec();
+        assert_eq!(&got, want, "{name}: {text:?}");
+    }
+}
+
+#[test]
+fn gpt2_vocabulary_tokenizes_as_transformers() {
+    check_vocab("gpt-2");
+}
+
+/// A SentencePiece vocabulary (Llama 2's), as Llama 2, Mistral and Phi-3
+/// GGUF files carry it.
+#[test]
+fn sentencepiece_vocabulary_tokenizes_as_transformers() {
+    check_vocab("llama-spm");
+}

@@ -1,9 +1,13 @@
 //! Rebuilds a Hugging Face `tokenizer.json` from GGUF `tokenizer.ggml.*` metadata.
 //!
-//! Only byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; the
-//! pre-tokenizer is chosen from `tokenizer.ggml.pre` with the same table llama.cpp
-//! uses, so the rebuilt tokenizer encodes exactly as the model's original
-//! tokenizer.json (tests check this against the fixtures' HF tokenizer).
+//! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`): the pre-tokenizer is chosen
+//! from `tokenizer.ggml.pre` with the same table llama.cpp uses. SentencePiece
+//! (`"llama"`: Llama 2, Mistral, Phi-3, Gemma files): the BPE that transformers'
+//! `LlamaConverter` builds from a SentencePiece model, its merges derived from
+//! the token scores as its `SentencePieceExtractor` does, byte fallback, and the
+//! `▁` word boundary. Either way the rebuilt tokenizer encodes as the model's
+//! transformers tokenizer (tests check the fixtures' tokenizers and llama.cpp's
+//! own tokenizer tests, tests/golden/gguf/vocab).
 
 use std::path::Path;
 
@@ -36,12 +40,15 @@ pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     let str_key = |k: &str| gguf.get(k).and_then(MetaValue::as_str);
     let model = str_key("tokenizer.ggml.model")
         .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.model", "required metadata key is missing; the GGUF has no tokenizer"))?;
-    if model != "gpt2" {
+    if model != "gpt2" && model != "llama" {
         return Err(Error::invalid(
             path,
             "tokenizer.ggml.model",
-            format!("tokenizer model `{model}` is not supported; supported: gpt2 (byte-level BPE)"),
+            format!("tokenizer model `{model}` is not supported; supported: gpt2 (byte-level BPE), llama (SentencePiece)"),
         ));
+    }
+    if model == "llama" {
+        return sentencepiece_json(gguf, vocab_size);
     }
     let pre = str_key("tokenizer.ggml.pre").unwrap_or("default");
     let pre_tokenizer = match pre {
@@ -127,17 +134,148 @@ pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     Ok(text)
 }
 
+/// The token strings of `tokenizer.ggml.tokens` (non-empty).
+fn token_strings<'g>(gguf: &'g GgufFile) -> Result<Vec<&'g str>> {
+    let path = &gguf.path;
+    let tokens = gguf
+        .get("tokenizer.ggml.tokens")
+        .and_then(MetaValue::as_array)
+        .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.tokens", "required array is missing"))?;
+    if tokens.is_empty() {
+        return Err(Error::invalid(path, "tokenizer.ggml.tokens", "the vocabulary is empty; the GGUF's tokenizer is damaged: convert the model again"));
+    }
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| t.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.tokens", format!("entry {id} is not a string"))))
+        .collect()
+}
+
+/// One number per token from array `key` (`scores`, `token_type`), or `None`
+/// when the file has no such array; a length that differs from the
+/// vocabulary's is refused.
+fn per_token(gguf: &GgufFile, key: &str, tokens: usize) -> Result<Option<Vec<f64>>> {
+    let path = &gguf.path;
+    match gguf.get(key) {
+        None => Ok(None),
+        Some(MetaValue::Array(values)) if values.len() == tokens => values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v.as_f64().ok_or_else(|| Error::invalid(path, key, format!("entry {i} is {v}, not a number"))))
+            .collect::<Result<Vec<_>>>()
+            .map(Some),
+        Some(other) => Err(Error::invalid(path, key, format!("{other}, but tokenizer.ggml.tokens has {tokens} entries: there must be one per token"))),
+    }
+}
+
+/// A SentencePiece (`tokenizer.ggml.model = "llama"`) vocabulary as the
+/// tokenizer.json transformers' `LlamaConverter` makes of the same model: BPE
+/// over the pieces with merges ranked by the merged piece's score (every
+/// split of a piece into two pieces, highest score first, as
+/// `SentencePieceExtractor` orders them), byte fallback to the `<0xXX>`
+/// pieces, unknown pieces fused, and spaces as `▁` with one prepended (unless
+/// `tokenizer.ggml.add_space_prefix` is false). BOS is added unless
+/// `tokenizer.ggml.add_bos_token` says otherwise (llama.cpp's default for
+/// SentencePiece models).
+fn sentencepiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
+    let path = &gguf.path;
+    let tokens = token_strings(gguf)?;
+    let scores = per_token(gguf, "tokenizer.ggml.scores", tokens.len())?
+        .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.scores", "required by a SentencePiece (`llama`) vocabulary, and missing"))?;
+    let types = per_token(gguf, "tokenizer.ggml.token_type", tokens.len())?;
+    let mut ids = std::collections::HashMap::with_capacity(tokens.len());
+    let mut vocab = serde_json::Map::with_capacity(tokens.len());
+    let mut added = Vec::new();
+    for (id, &t) in tokens.iter().enumerate() {
+        ids.entry(t).or_insert(id);
+        vocab.insert(t.to_string(), json!(id));
+        // llama.cpp's token types: 3 = control (special), 4 = user-defined.
+        let ty = types.as_ref().map_or(1.0, |ts| ts[id]) as i64;
+        if ty == 3 || ty == 4 {
+            added.push(json!({
+                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": ty == 3,
+            }));
+        }
+    }
+    // Every split of a piece into two pieces, ordered within the piece by the
+    // halves' ids, then all by the piece's score, highest first (a stable sort).
+    let mut merges: Vec<(&str, &str, f64)> = Vec::new();
+    for (id, &piece) in tokens.iter().enumerate() {
+        let mut local: Vec<(usize, usize, &str, &str)> = piece
+            .char_indices()
+            .skip(1)
+            .filter_map(|(at, _)| {
+                let (l, r) = piece.split_at(at);
+                Some((*ids.get(l)?, *ids.get(r)?, l, r))
+            })
+            .collect();
+        local.sort_by_key(|&(a, b, _, _)| (a, b));
+        merges.extend(local.into_iter().map(|(_, _, l, r)| (l, r, scores[id])));
+    }
+    merges.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let merges: Vec<Value> = merges.into_iter().map(|(l, r, _)| json!([l, r])).collect();
+    let unk = match gguf.get("tokenizer.ggml.unknown_token_id") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .and_then(|id| tokens.get(id as usize))
+                .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.unknown_token_id", format!("{v} is outside the vocabulary of {} tokens", tokens.len())))?
+                .to_string(),
+        ),
+    };
+    let space_prefix = match gguf.get("tokenizer.ggml.add_space_prefix") {
+        None => true,
+        Some(MetaValue::Bool(b)) => *b,
+        Some(other) => return Err(Error::invalid(path, "tokenizer.ggml.add_space_prefix", format!("expected a bool, found {other}"))),
+    };
+    let mut normalizers = Vec::new();
+    if space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    let token_values: Vec<MetaValue> = tokens.iter().map(|t| MetaValue::Str(t.to_string())).collect();
+    let post_processor = post_processor_with_default(gguf, &token_values, path, true)?;
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": post_processor,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": if space_prefix { 1 } else { 0 }, "stop": 0},
+        ]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    });
+    let text = serde_json::to_string(&tokenizer).expect("JSON values always serialize");
+    super::check_tokenizer(&text, path, vocab_size)?;
+    Ok(text)
+}
+
 /// The post-processor that adds what the GGUF's `tokenizer.ggml.add_bos_token` /
 /// `add_eos_token` ask for (llama.cpp's `llama_tokenize` with `add_special`):
 /// BOS before and EOS after a text. A flag set without its token id is refused.
 fn post_processor(gguf: &GgufFile, tokens: &[MetaValue], path: &Path) -> Result<Value> {
+    post_processor_with_default(gguf, tokens, path, false)
+}
+
+/// [`post_processor`], with `bos_by_default` when the file has no
+/// `add_bos_token` (llama.cpp adds BOS to SentencePiece vocabularies then).
+fn post_processor_with_default(gguf: &GgufFile, tokens: &[MetaValue], path: &Path, bos_by_default: bool) -> Result<Value> {
     let mut single = Vec::new();
     let mut pair = Vec::new();
     let mut special = serde_json::Map::new();
     let mut wanted = |flag: &str, id_key: &str| -> Result<Option<String>> {
         let key = format!("tokenizer.ggml.{flag}");
         let on = match gguf.get(&key) {
-            None => false,
+            None => bos_by_default && flag == "add_bos_token",
             Some(MetaValue::Bool(b)) => *b,
             Some(other) => return Err(Error::invalid(path, key.as_str(), format!("expected a bool, found {other}"))),
         };

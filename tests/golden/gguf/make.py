@@ -10,6 +10,8 @@ scripts/build-llama-cpp.sh unpacks) and quantized by its `llama-quantize`:
 
 tests/tests/gguf_architectures.rs compiles each with maxc and compares the
 logits with the fixture's goldens (made by transformers from the same weights).
+vocab/ holds llama.cpp's own tokenizer tests (ggml-vocab-*.gguf with .inp
+texts and the .out ids transformers gives them), copied from its `models/`.
 
 The converter identifies a BPE tokenizer's pre-tokenizer by hashing how it
 splits a test text, and knows only published tokenizers; the fixtures' small
@@ -66,7 +68,7 @@ def convert(arch):
     if arch in ("phi3", "gemma2"):
         import conversion.phi as phi
         import conversion.gemma as gemma
-        cls = phi.Phi3MiniModel if arch == "phi3" else gemma.Gemma2Model
+        cls = {"phi3": phi.Phi3MiniModel, "gemma2": gemma.Gemma2Model}[arch]
         cls.set_vocab = lambda self: self._set_vocab_gpt2()
     argv = sys.argv
     sys.argv = ["convert_hf_to_gguf.py", src, "--outtype", "f32", "--outfile", out]
