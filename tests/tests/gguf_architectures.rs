@@ -15,16 +15,26 @@ fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
-/// The converter-made file of fixture `arch-{arch}` at `quant` (`f32`, `q8_0`, `q4_k_m`).
+/// The converter-made file of architecture `arch`'s fixture at `quant` (`f32`, `q8_0`, `q4_k_m`).
 fn gguf(arch: &str, quant: &str) -> PathBuf {
     workspace_root().join(format!("tests/golden/gguf/arch-{arch}.{quant}.gguf"))
+}
+
+/// The fixture a file was made from: `arch-{arch}`, or for Gemma 3 the one a
+/// GGUF can describe (tests/fixtures/arch-gemma3-gguf/make.py says why).
+fn fixture_name(arch: &str) -> String {
+    if arch == "gemma3" {
+        "arch-gemma3-gguf".into()
+    } else {
+        format!("arch-{arch}")
+    }
 }
 
 /// F32: every golden case's logits from `--prompt` (so the prompt must
 /// tokenize to the golden ids, or the shapes and logits differ) and from
 /// `--token-ids`, and the greedy text.
 fn check_f32(arch: &str) {
-    let name = format!("arch-{arch}");
+    let name = fixture_name(arch);
     let mef = compile_model(&format!("gguf-{arch}-f32"), &gguf(arch, "f32"), &[]);
     let golden = golden(&name);
     for (i, case) in cases(&golden).iter().enumerate() {
@@ -70,7 +80,7 @@ fn quality(mef: &std::path::Path, name: &str, what: &str) -> (f64, f64) {
 /// A quantized file compiled with `stored` (its own blocks, none widened to
 /// float) within an error budget.
 fn check_quantized(arch: &str, quant: &str, min_top1: f64, max_kl: f64) {
-    let name = format!("arch-{arch}");
+    let name = fixture_name(arch);
     let mef = compile_model(&format!("gguf-{arch}-{quant}"), &gguf(arch, quant), &["--quantization-encoding", "stored"]);
     let (top1, kl) = quality(&mef, &name, &format!("{quant} GGUF"));
     assert!(top1 >= min_top1, "{name} {quant}: top-1 {top1} below {min_top1}");
@@ -87,7 +97,7 @@ fn check_quantized(arch: &str, quant: &str, min_top1: f64, max_kl: f64) {
 /// fixture's weights (llama.cpp's rounding, tests/tests/quantization.rs): the
 /// two artifacts must give the same logits on every golden case.
 fn check_q8_0_parity(arch: &str) {
-    let name = format!("arch-{arch}");
+    let name = fixture_name(arch);
     let from_gguf = compile_model(&format!("gguf-{arch}-q8-parity"), &gguf(arch, "q8_0"), &["--quantization-encoding", "stored"]);
     let from_hf = compile_model(&format!("hf-{arch}-q8-parity"), &fixture(&name), &["--quantization-encoding", "q8_0"]);
     for (i, case) in cases(&golden(&name)).iter().enumerate() {
@@ -133,7 +143,7 @@ fn unknown_gguf_architectures_are_refused_by_name() {
     std::fs::write(&path, bytes).unwrap();
     let out = temp_file("gguf-arch", "out.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), path.as_os_str(), os("-o"), out.as_os_str()]);
-    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gpt2 (GGUF)"]);
+    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2 (GGUF)"]);
     assert!(!out.as_path().exists(), "nothing written");
 }
 
@@ -204,4 +214,11 @@ fn gpt2_vocabulary_tokenizes_as_transformers() {
 #[test]
 fn sentencepiece_vocabulary_tokenizes_as_transformers() {
     check_vocab("llama-spm");
+}
+
+/// Gemma 3 (the fixture a GGUF can describe): llama.cpp's layer pattern and
+/// query scale, the sliding layers' own RoPE base, Q/K norms, norms as `1 + w`.
+#[test]
+fn gemma3_ggufs_match_the_golden() {
+    check_all("gemma3");
 }

@@ -478,8 +478,9 @@ impl GgufFile {
             o_bias: has_o_bias || gpt2,
             mlp_bias: gpt2,
             sliding_window: match (architecture, self.get(&k("attention.sliding_window"))) {
-                // llama.cpp's converter writes 0 for Phi-3 models without a window.
-                (Architecture::Phi3, Some(MetaValue::Int(0))) => None,
+                // llama.cpp's converter writes 0 for Phi-3 models without a
+                // window; llama.cpp reads 0 as none for Gemma 3 too.
+                (Architecture::Phi3 | Architecture::Gemma3, Some(MetaValue::Int(0))) => None,
                 _ => self.optional_u64(&k("attention.sliding_window"))?.map(|v| v as usize),
             },
             max_position_embeddings: match self.get(&k("context_length")) {
@@ -508,6 +509,7 @@ impl GgufFile {
             },
             gemma: match architecture {
                 Architecture::Gemma2 => Some(self.gemma2_params(&arch_key, head_dim, hidden_size / num_heads)?),
+                Architecture::Gemma3 => Some(self.gemma3_params(&arch_key, head_dim, hidden_size / num_heads)?),
                 _ => None,
             },
             encoder: None,
@@ -571,6 +573,58 @@ impl GgufFile {
         })
     }
 
+    /// Gemma 3's parameters as llama.cpp reads them: with a sliding window,
+    /// the layers of `attention.sliding_window_pattern` (an array of flags, or
+    /// every N-th layer global, N = 6 when absent) slide and use RoPE base
+    /// `rope.freq_base_swa` (the global base when absent) without scaling;
+    /// optional final soft-capping, no attention soft-capping; queries scaled
+    /// by the head size, or by hidden / heads for the 62-layer 27B model;
+    /// per-head Q/K norms.
+    fn gemma3_params(&self, arch: &str, head_dim: usize, width_per_head: usize) -> Result<GemmaParams> {
+        let key = |s: &str| format!("{arch}.{s}");
+        let layers = self.require_u64(&key("block_count"))? as usize;
+        let window = self.get(&key("attention.sliding_window")).and_then(MetaValue::as_u64).unwrap_or(0);
+        let pattern_key = key("attention.sliding_window_pattern");
+        let sliding_layers = match (window, self.get(&pattern_key)) {
+            (0, _) => vec![false; layers],
+            (_, Some(MetaValue::Array(flags))) => {
+                if flags.len() != layers {
+                    return Err(Error::invalid(&self.path, &pattern_key, format!("{} flags for {layers} layers: there must be one per layer", flags.len())));
+                }
+                flags
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| match f {
+                        MetaValue::Bool(b) => Ok(*b),
+                        other => Err(Error::invalid(&self.path, &pattern_key, format!("entry {i} is {other}, not a bool"))),
+                    })
+                    .collect::<Result<_>>()?
+            }
+            (_, Some(v)) => {
+                let n = v.as_u64().ok_or_else(|| Error::invalid(&self.path, &pattern_key, format!("{v}: expected a layer count or an array of flags")))? as usize;
+                (0..layers).map(|l| n == 0 || l % n < n - 1).collect()
+            }
+            (_, None) => (0..layers).map(|l| l % 6 < 5).collect(),
+        };
+        let global_theta = self.f64_or(&key("rope.freq_base"), 10000.0)?;
+        let final_capping = match self.get(&key("final_logit_softcapping")) {
+            None => None,
+            Some(_) => match self.f64_or(&key("final_logit_softcapping"), 0.0)? {
+                x if x == 0.0 => None,
+                x if x.is_finite() && x > 0.0 => Some(x as f32),
+                x => return Err(Error::invalid(&self.path, key("final_logit_softcapping"), format!("{x}: expected a number > 0"))),
+            },
+        };
+        Ok(GemmaParams {
+            attn_logit_softcapping: None,
+            final_logit_softcapping: final_capping,
+            query_pre_attn_scalar: if layers == 62 { width_per_head } else { head_dim } as f32,
+            sliding_layers,
+            local_rope_theta: Some(self.f64_or(&key("rope.freq_base_swa"), global_theta)? as f32),
+            qk_norm: true,
+        })
+    }
+
     /// A number-valued key, `default` when absent; any other type is refused.
     fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
         match self.get(key) {
@@ -610,7 +664,7 @@ impl GgufFile {
             };
             let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
             store.insert(hf.clone(), t.storage, shape, file, t.offset, t.len);
-            if architecture == Architecture::Gemma2 && t.name.ends_with("norm.weight") {
+            if matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) && t.name.ends_with("norm.weight") {
                 store.get_mut(&hf).expect("just inserted").stored_plus_one = true;
             }
             if permuted {
@@ -731,8 +785,25 @@ const GEMMA2_PARTS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
+/// Gemma 3: Gemma 2's parts and per-head Q/K norms.
+const GEMMA3_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
 /// The architectures maxc reads from GGUF, as `general.architecture` spells them.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gpt2"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2"];
 
 /// How `arch`'s GGUF names map to Hugging Face's: the whole-model tensors, the
 /// layer prefix (`model.layers.` or GPT-2's `h.`) and the layer parts; `None`
@@ -760,6 +831,7 @@ fn layer_parts(arch: Architecture) -> Option<&'static [(&'static str, &'static s
         Architecture::Olmo2 => Some(OLMO2_PARTS),
         Architecture::Phi3 => Some(PHI3_PARTS),
         Architecture::Gemma2 => Some(GEMMA2_PARTS),
+        Architecture::Gemma3 => Some(GEMMA3_PARTS),
         Architecture::Gpt2 => Some(GPT2_PARTS),
         _ => None,
     }
