@@ -222,3 +222,9 @@ fn sentencepiece_vocabulary_tokenizes_as_transformers() {
 fn gemma3_ggufs_match_the_golden() {
     check_all("gemma3");
 }
+
+/// A WordPiece vocabulary (BAAI's bge-small, an uncased BERT).
+#[test]
+fn wordpiece_vocabulary_tokenizes_as_transformers() {
+    check_vocab("bert-bge");
+}

@@ -5,7 +5,8 @@
 //! (`"llama"`: Llama 2, Mistral, Phi-3, Gemma files): the BPE that transformers'
 //! `LlamaConverter` builds from a SentencePiece model, its merges derived from
 //! the token scores as its `SentencePieceExtractor` does, byte fallback, and the
-//! `▁` word boundary. Either way the rebuilt tokenizer encodes as the model's
+//! `▁` word boundary. WordPiece (`"bert"`): BERT's tokenizer.json, the pieces'
+//! `##` restored from llama.cpp's `▁` convention. Each way the rebuilt tokenizer encodes as the model's
 //! transformers tokenizer (tests check the fixtures' tokenizers and llama.cpp's
 //! own tokenizer tests, tests/golden/gguf/vocab).
 
@@ -40,15 +41,17 @@ pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     let str_key = |k: &str| gguf.get(k).and_then(MetaValue::as_str);
     let model = str_key("tokenizer.ggml.model")
         .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.model", "required metadata key is missing; the GGUF has no tokenizer"))?;
-    if model != "gpt2" && model != "llama" {
-        return Err(Error::invalid(
-            path,
-            "tokenizer.ggml.model",
-            format!("tokenizer model `{model}` is not supported; supported: gpt2 (byte-level BPE), llama (SentencePiece)"),
-        ));
-    }
-    if model == "llama" {
-        return sentencepiece_json(gguf, vocab_size);
+    match model {
+        "gpt2" => {}
+        "llama" => return sentencepiece_json(gguf, vocab_size),
+        "bert" => return wordpiece_json(gguf, vocab_size),
+        _ => {
+            return Err(Error::invalid(
+                path,
+                "tokenizer.ggml.model",
+                format!("tokenizer model `{model}` is not supported; supported: gpt2 (byte-level BPE), llama (SentencePiece), bert (WordPiece)"),
+            ))
+        }
     }
     let pre = str_key("tokenizer.ggml.pre").unwrap_or("default");
     let pre_tokenizer = match pre {
@@ -253,6 +256,92 @@ fn sentencepiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
                   "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
                   "vocab": vocab, "merges": merges},
+    });
+    let text = serde_json::to_string(&tokenizer).expect("JSON values always serialize");
+    super::check_tokenizer(&text, path, vocab_size)?;
+    Ok(text)
+}
+
+/// A WordPiece (`tokenizer.ggml.model = "bert"`) vocabulary as BERT's
+/// tokenizer.json has it. llama.cpp's converter writes word-initial pieces
+/// with a `▁` in front and continuation pieces without their `##`, control
+/// tokens as they are; this undoes that (`▁x` is `x`, another normal piece `x`
+/// is `##x`). Text is lowercased, accents stripped, split at whitespace,
+/// punctuation and CJK characters (BERT's normalizer and pre-tokenizer, as
+/// llama.cpp's WordPiece tokenizer does), and `[CLS] ... [SEP]` added around
+/// it (the file's `cls_token_id` and `seperator_token_id`, llama.cpp's
+/// spelling), unless `add_bos_token` / `add_eos_token` say otherwise.
+fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
+    let path = &gguf.path;
+    let tokens = token_strings(gguf)?;
+    let types = per_token(gguf, "tokenizer.ggml.token_type", tokens.len())?;
+    let mut vocab = serde_json::Map::with_capacity(tokens.len());
+    let mut added = Vec::new();
+    for (id, &t) in tokens.iter().enumerate() {
+        let ty = types.as_ref().map_or(1.0, |ts| ts[id]) as i64;
+        let piece = if ty == 3 {
+            added.push(json!({
+                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": true,
+            }));
+            t.to_string()
+        } else if let Some(word) = t.strip_prefix('\u{2581}') {
+            word.to_string()
+        } else {
+            format!("##{t}")
+        };
+        vocab.entry(piece).or_insert(json!(id));
+    }
+    let special = |key: &str| -> Result<Option<String>> {
+        match gguf.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|id| tokens.get(id as usize))
+                .map(|t| Some(t.to_string()))
+                .ok_or_else(|| Error::invalid(path, key, format!("{v} is outside the vocabulary of {} tokens", tokens.len()))),
+        }
+    };
+    let flag = |key: &str| -> Result<bool> {
+        match gguf.get(key) {
+            None => Ok(true),
+            Some(MetaValue::Bool(b)) => Ok(*b),
+            Some(other) => Err(Error::invalid(path, key, format!("expected a bool, found {other}"))),
+        }
+    };
+    let unk = special("tokenizer.ggml.unknown_token_id")?.ok_or_else(|| Error::invalid(path, "tokenizer.ggml.unknown_token_id", "required by a WordPiece (`bert`) vocabulary, and missing"))?;
+    let (add_cls, add_sep) = (flag("tokenizer.ggml.add_bos_token")?, flag("tokenizer.ggml.add_eos_token")?);
+    let cls = special("tokenizer.ggml.cls_token_id")?.filter(|_| add_cls);
+    let sep = special("tokenizer.ggml.seperator_token_id")?.filter(|_| add_sep);
+    let (mut single, mut pair, mut specials) = (Vec::new(), Vec::new(), serde_json::Map::new());
+    for t in cls.iter().chain(&sep) {
+        let id = vocab[t.as_str()].clone();
+        specials.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
+    }
+    if let Some(c) = &cls {
+        single.push(json!({"SpecialToken": {"id": c, "type_id": 0}}));
+        pair.push(json!({"SpecialToken": {"id": c, "type_id": 0}}));
+    }
+    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    if let Some(s) = &sep {
+        single.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
+        pair.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
+    }
+    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+    if let Some(s) = &sep {
+        pair.push(json!({"SpecialToken": {"id": s, "type_id": 1}}));
+    }
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials},
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+        "model": {"type": "WordPiece", "unk_token": unk, "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": vocab},
     });
     let text = serde_json::to_string(&tokenizer).expect("JSON values always serialize");
     super::check_tokenizer(&text, path, vocab_size)?;
