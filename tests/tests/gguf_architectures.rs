@@ -129,7 +129,7 @@ fn granite_ggufs_match_the_golden() {
     check_all("granite");
 }
 
-/// A GGUF of an architecture maxc does not read is refused by name, with the
+/// A GGUF of an architecture maxc does not know is refused by name, with the
 /// list of those it reads (here the qwen3 file with `general.architecture`
 /// changed to a name nothing knows, byte for byte the same length).
 #[test]
@@ -143,7 +143,7 @@ fn unknown_gguf_architectures_are_refused_by_name() {
     std::fs::write(&path, bytes).unwrap();
     let out = temp_file("gguf-arch", "out.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), path.as_os_str(), os("-o"), out.as_os_str()]);
-    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2 (GGUF)"]);
+    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2, bert (GGUF)"]);
     assert!(!out.as_path().exists(), "nothing written");
 }
 
@@ -227,4 +227,41 @@ fn gemma3_ggufs_match_the_golden() {
 #[test]
 fn wordpiece_vocabulary_tokenizes_as_transformers() {
     check_vocab("bert-bge");
+}
+
+/// `maxrun --embed-file` of the fixture's sentences against its golden
+/// embeddings (cosine >= `min_cosine` each).
+fn check_embeddings(mef: &std::path::Path, what: &str, min_cosine: f32) {
+    let dir = fixture("arch-bert");
+    let golden = golden("arch-bert");
+    let sentences: Vec<&str> = golden["sentences"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    let file = temp_file("bert-sentences", "s.txt");
+    std::fs::write(&file, sentences.join("\n")).unwrap();
+    let r = run_bin("maxrun", &[mef.as_os_str(), os("--embed-file"), file.as_os_str()]);
+    assert_eq!(r.0, 0, "{what}: {}", r.2);
+    let (shape, want) = maxrun::npy::read_f32(&dir.join("embeddings.npy")).unwrap();
+    let lines: Vec<&str> = r.1.lines().collect();
+    assert_eq!(lines.len(), shape[0], "{what}");
+    for (i, line) in lines.iter().enumerate() {
+        let ours: Vec<f32> = serde_json::from_str(line).unwrap();
+        let gold = &want[i * shape[1]..(i + 1) * shape[1]];
+        let dot: f32 = ours.iter().zip(gold).map(|(a, b)| a * b).sum();
+        let cos = dot / (ours.iter().map(|a| a * a).sum::<f32>().sqrt() * gold.iter().map(|b| b * b).sum::<f32>().sqrt());
+        eprintln!("{what} sentence {i}: cosine {cos}");
+        assert!(cos >= min_cosine, "{what} sentence {i}: cosine {cos} < {min_cosine}");
+    }
+}
+
+/// BERT (a tiny sentence encoder, tests/fixtures/arch-bert): from its Hugging
+/// Face directory, then from the converter's files, whose WordPiece vocabulary
+/// must tokenize the sentences to the golden ids (through the embeddings) and
+/// whose weights give the golden embeddings: F32 at MiniLM's bar (cosine
+/// 0.9999), Q8_0 at 0.999 and Q4_K_M (Q5_0 / Q8_0 blocks on these 32-wide
+/// rows) at 0.99.
+#[test]
+fn bert_ggufs_match_the_golden() {
+    check_embeddings(&compile_model("bert-hf", &fixture("arch-bert"), &[]), "arch-bert (Hugging Face)", 0.9999);
+    check_embeddings(&compile_model("bert-f32", &gguf("bert", "f32"), &[]), "arch-bert F32 GGUF", 0.9999);
+    check_embeddings(&compile_model("bert-q8_0", &gguf("bert", "q8_0"), &["--quantization-encoding", "stored"]), "arch-bert Q8_0 GGUF", 0.999);
+    check_embeddings(&compile_model("bert-q4_k_m", &gguf("bert", "q4_k_m"), &["--quantization-encoding", "stored"]), "arch-bert Q4_K_M GGUF", 0.99);
 }

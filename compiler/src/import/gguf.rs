@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use super::config::{Architecture, GemmaParams, GraniteMultipliers, ModelConfig};
+use super::config::{Architecture, EncoderParams, GemmaParams, GraniteMultipliers, ModelConfig};
 use super::mmap_file;
 use super::weights::{StorageType, WeightStore};
 use crate::error::{Error, Result};
@@ -365,21 +365,18 @@ impl GgufFile {
             .ok_or_else(|| Error::invalid(&self.path, "general.architecture", "required metadata key is missing"))?
             .to_string();
         let name = architecture.unwrap_or(&arch_key);
-        let architecture = match Architecture::parse(name, &self.path) {
-            Ok(a) if layer_parts(a).is_some() => a,
-            parsed => {
-                let shown = parsed.map_or_else(|_| name.to_string(), |a| format!("{name} ({})", a.hf_name()));
-                return Err(Error::UnsupportedArchitecture {
-                    path: self.path.clone(),
-                    architecture: format!("{shown} from GGUF"),
-                    supported: format!(
-                        "{} (GGUF); {} from Hugging Face safetensors",
-                        GGUF_ARCHITECTURES.join(", "),
-                        Architecture::ALL.map(|a| a.hf_name()).join(", ")
-                    ),
-                });
-            }
+        // Every architecture maxc builds is read from GGUF too; the list in the
+        // message is llama.cpp's spelling of them.
+        let Ok(architecture) = Architecture::parse(name, &self.path) else {
+            return Err(Error::UnsupportedArchitecture {
+                path: self.path.clone(),
+                architecture: format!("{name} from GGUF"),
+                supported: format!("{} (GGUF)", GGUF_ARCHITECTURES.join(", ")),
+            });
         };
+        if architecture == Architecture::Bert {
+            return self.bert_config(&arch_key);
+        }
         let k = |s: &str| format!("{arch_key}.{s}");
         let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
         let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
@@ -522,6 +519,62 @@ impl GgufFile {
             "head_dim" => format!("{} / {}", k("embedding_length"), k("attention.head_count")),
             "rms_norm_eps" => k(eps_key),
             "rope_theta" => k("rope.freq_base"),
+            other => other.to_string(),
+        })?;
+        Ok(config)
+    }
+
+    /// A BERT sentence encoder as llama.cpp's converter describes it: LayerNorm
+    /// epsilon `attention.layer_norm_epsilon`, non-causal attention (a causal
+    /// one is refused), `pooling_type` 1 (mean; the default) or 2 (the [CLS]
+    /// token), the token-type count of the `token_types` table. Embeddings are
+    /// L2-normalized, as llama.cpp's embedding tools and server do by default.
+    fn bert_config(&self, arch: &str) -> Result<ModelConfig> {
+        let k = |s: &str| format!("{arch}.{s}");
+        if let Some(MetaValue::Bool(true)) = self.get(&k("attention.causal")) {
+            return Err(Error::invalid(&self.path, k("attention.causal"), "true: maxc reads BERT encoders with bidirectional attention only"));
+        }
+        let mean_pooling = match self.get(&k("pooling_type")).map(|v| (v, v.as_u64())) {
+            None | Some((_, Some(1))) => true,
+            Some((_, Some(2))) => false,
+            Some((v, _)) => return Err(Error::invalid(&self.path, k("pooling_type"), format!("{v}: supported: 1 (mean), 2 (the [CLS] token)"))),
+        };
+        let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
+        let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
+        let vocab_size = self.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map_or(0, <[_]>::len);
+        let type_vocab_size = match self.tensors.iter().find(|t| t.name == "token_types.weight") {
+            Some(t) => t.dims.get(1).copied().unwrap_or(1) as usize,
+            None => self.optional_u64("tokenizer.ggml.token_type_count")?.unwrap_or(2) as usize,
+        };
+        let config = ModelConfig {
+            architecture: Architecture::Bert,
+            hidden_size,
+            num_layers: self.require_u64(&k("block_count"))? as usize,
+            num_heads,
+            num_kv_heads: num_heads,
+            head_dim: if num_heads > 0 { hidden_size / num_heads } else { 0 },
+            intermediate_size: self.require_u64(&k("feed_forward_length"))? as usize,
+            vocab_size,
+            rms_norm_eps: self.f64_or(&k("attention.layer_norm_epsilon"), 1e-12)? as f32,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            tie_word_embeddings: false,
+            qkv_bias: true,
+            o_bias: true,
+            mlp_bias: true,
+            sliding_window: None,
+            max_position_embeddings: self.require_u64(&k("context_length"))? as usize,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+            dtype: "gguf".into(),
+            granite: None,
+            gemma: None,
+            encoder: Some(EncoderParams { mean_pooling, normalize: true, type_vocab_size }),
+        };
+        config.validate_named(&self.path, &|field| match field {
+            "num_attention_heads" => k("attention.head_count"),
+            "vocab_size" => "tokenizer.ggml.tokens".to_string(),
+            "rms_norm_eps" => k("attention.layer_norm_epsilon"),
             other => other.to_string(),
         })?;
         Ok(config)
@@ -704,6 +757,28 @@ const GPT2_PARTS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.c_proj"),
 ];
 
+/// BERT's whole-model tensors (BertModel's names, as maxc's builder reads them).
+const BERT_MODEL_TENSORS: &[(&str, &str)] = &[
+    ("token_embd.weight", "embeddings.word_embeddings.weight"),
+    ("position_embd.weight", "embeddings.position_embeddings.weight"),
+    ("token_types.weight", "embeddings.token_type_embeddings.weight"),
+    ("token_embd_norm.weight", "embeddings.LayerNorm.weight"),
+    ("token_embd_norm.bias", "embeddings.LayerNorm.bias"),
+];
+
+/// BERT's layer parts (`encoder.layer.N.PART`): post-norm LayerNorms after
+/// attention and after the MLP.
+const BERT_PARTS: &[(&str, &str)] = &[
+    ("attn_q", "attention.self.query"),
+    ("attn_k", "attention.self.key"),
+    ("attn_v", "attention.self.value"),
+    ("attn_output", "attention.output.dense"),
+    ("attn_output_norm", "attention.output.LayerNorm"),
+    ("ffn_up", "intermediate.dense"),
+    ("ffn_down", "output.dense"),
+    ("layer_output_norm", "output.LayerNorm"),
+];
+
 /// llama.cpp's names of the whole-model tensors and the Hugging Face ones.
 const MODEL_TENSORS: &[(&str, &str)] = &[
     ("token_embd.weight", "model.embed_tokens.weight"),
@@ -803,49 +878,49 @@ const GEMMA3_PARTS: &[(&str, &str)] = &[
 ];
 
 /// The architectures maxc reads from GGUF, as `general.architecture` spells them.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert"];
 
 /// How `arch`'s GGUF names map to Hugging Face's: the whole-model tensors, the
-/// layer prefix (`model.layers.` or GPT-2's `h.`) and the layer parts; `None`
-/// for an architecture maxc does not read from GGUF.
+/// layer prefix (`model.layers.`, GPT-2's `h.`, BERT's `encoder.layer.`) and
+/// the layer parts.
 struct Naming {
     model: &'static [(&'static str, &'static str)],
     layer_prefix: &'static str,
     parts: &'static [(&'static str, &'static str)],
 }
 
-fn naming(arch: Architecture) -> Option<Naming> {
-    Some(match arch {
+fn naming(arch: Architecture) -> Naming {
+    match arch {
         Architecture::Gpt2 => Naming { model: GPT2_MODEL_TENSORS, layer_prefix: "h.", parts: GPT2_PARTS },
-        _ => Naming { model: MODEL_TENSORS, layer_prefix: "model.layers.", parts: layer_parts(arch)? },
-    })
+        Architecture::Bert => Naming { model: BERT_MODEL_TENSORS, layer_prefix: "encoder.layer.", parts: BERT_PARTS },
+        _ => Naming { model: MODEL_TENSORS, layer_prefix: "model.layers.", parts: layer_parts(arch) },
+    }
 }
 
 /// The layer-part names of `arch`'s GGUF files (the same string, `ffn_norm`,
-/// means a different Hugging Face tensor in different architectures), or
-/// `None` for an architecture maxc does not read from GGUF.
-fn layer_parts(arch: Architecture) -> Option<&'static [(&'static str, &'static str)]> {
+/// means a different Hugging Face tensor in different architectures).
+fn layer_parts(arch: Architecture) -> &'static [(&'static str, &'static str)] {
     match arch {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Granite => Some(LLAMA_PARTS),
-        Architecture::Qwen3 => Some(QWEN3_PARTS),
-        Architecture::Olmo2 => Some(OLMO2_PARTS),
-        Architecture::Phi3 => Some(PHI3_PARTS),
-        Architecture::Gemma2 => Some(GEMMA2_PARTS),
-        Architecture::Gemma3 => Some(GEMMA3_PARTS),
-        Architecture::Gpt2 => Some(GPT2_PARTS),
-        _ => None,
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Granite => LLAMA_PARTS,
+        Architecture::Qwen3 => QWEN3_PARTS,
+        Architecture::Olmo2 => OLMO2_PARTS,
+        Architecture::Phi3 => PHI3_PARTS,
+        Architecture::Gemma2 => GEMMA2_PARTS,
+        Architecture::Gemma3 => GEMMA3_PARTS,
+        Architecture::Gpt2 => GPT2_PARTS,
+        Architecture::Bert => BERT_PARTS,
     }
 }
 
 /// Maps a llama.cpp tensor name of an `arch` file to the Hugging Face one.
 fn hf_name(arch: Architecture, gguf: &str) -> Option<String> {
-    rename(&naming(arch)?, gguf, true)
+    rename(&naming(arch), gguf, true)
 }
 
 /// Maps a Hugging Face tensor name to llama.cpp's for `arch` (the inverse of
 /// [`hf_name`]), so that errors about a GGUF name its own tensors.
 pub fn gguf_name(arch: Architecture, hf: &str) -> Option<String> {
-    rename(&naming(arch)?, hf, false)
+    rename(&naming(arch), hf, false)
 }
 
 /// `name` in the other naming: llama.cpp's to Hugging Face's when `to_hf`, else back.
@@ -973,6 +1048,6 @@ pub(crate) mod tests {
         assert_eq!(hf_name(Llama, "blk.0.ffn_down.weight").unwrap(), "model.layers.0.mlp.down_proj.weight");
         assert_eq!(hf_name(Llama, "output.weight").unwrap(), "lm_head.weight");
         assert!(hf_name(Llama, "blk.x.attn_q.weight").is_none());
-        assert!(hf_name(Architecture::Bert, "blk.0.attn_q.weight").is_none(), "not read from GGUF");
+        assert_eq!(hf_name(Architecture::Bert, "blk.1.layer_output_norm.bias").as_deref(), Some("encoder.layer.1.output.LayerNorm.bias"));
     }
 }

@@ -266,7 +266,8 @@ fn sentencepiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
 /// tokenizer.json has it. llama.cpp's converter writes word-initial pieces
 /// with a `▁` in front and continuation pieces without their `##`, control
 /// tokens as they are; this undoes that (`▁x` is `x`, another normal piece `x`
-/// is `##x`). Text is lowercased, accents stripped, split at whitespace,
+/// is `##x`). Text is lowercased (unless `normalizer.lowercase` is false) and
+/// accents stripped, split at whitespace,
 /// punctuation and CJK characters (BERT's normalizer and pre-tokenizer, as
 /// llama.cpp's WordPiece tokenizer does), and `[CLS] ... [SEP]` added around
 /// it (the file's `cls_token_id` and `seperator_token_id`, llama.cpp's
@@ -311,8 +312,15 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     };
     let unk = special("tokenizer.ggml.unknown_token_id")?.ok_or_else(|| Error::invalid(path, "tokenizer.ggml.unknown_token_id", "required by a WordPiece (`bert`) vocabulary, and missing"))?;
     let (add_cls, add_sep) = (flag("tokenizer.ggml.add_bos_token")?, flag("tokenizer.ggml.add_eos_token")?);
-    let cls = special("tokenizer.ggml.cls_token_id")?.filter(|_| add_cls);
-    let sep = special("tokenizer.ggml.seperator_token_id")?.filter(|_| add_sep);
+    // Older files name [CLS] / [SEP] as cls / seperator, newer ones as BOS / EOS.
+    let cls = special("tokenizer.ggml.cls_token_id")?.or(special("tokenizer.ggml.bos_token_id")?).filter(|_| add_cls);
+    let sep = special("tokenizer.ggml.seperator_token_id")?.or(special("tokenizer.ggml.eos_token_id")?).filter(|_| add_sep);
+    // Cased BERTs: the converter's `normalizer.lowercase` (absent: lowercase, as llama.cpp does).
+    let lowercase = match gguf.get("tokenizer.ggml.normalizer.lowercase") {
+        None => true,
+        Some(MetaValue::Bool(b)) => *b,
+        Some(other) => return Err(Error::invalid(path, "tokenizer.ggml.normalizer.lowercase", format!("expected a bool, found {other}"))),
+    };
     let (mut single, mut pair, mut specials) = (Vec::new(), Vec::new(), serde_json::Map::new());
     for t in cls.iter().chain(&sep) {
         let id = vocab[t.as_str()].clone();
@@ -337,7 +345,7 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         "truncation": null,
         "padding": null,
         "added_tokens": added,
-        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": lowercase},
         "pre_tokenizer": {"type": "BertPreTokenizer"},
         "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials},
         "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},

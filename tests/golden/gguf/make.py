@@ -33,14 +33,15 @@ LLAMA = os.path.join(ROOT, ".cache/llama.cpp/src")
 QUANTIZE = os.path.join(ROOT, ".cache/llama.cpp/build/bin/llama-quantize")
 FIXTURES = os.environ.get("MAXC_FIXTURES", os.path.join(ROOT, "../shared/fixtures"))
 OUT = os.path.dirname(os.path.abspath(__file__))
-ARCHS = sys.argv[1:] or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2"]
+ARCHS = sys.argv[1:] or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert"]
 QUANTS = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
 
 
 def convert(arch):
     # Gemma 3's fixture is this repository's own, made to what a GGUF can say
     # (tests/fixtures/arch-gemma3-gguf/make.py).
-    src = os.path.join(ROOT, "tests/fixtures/arch-gemma3-gguf") if arch == "gemma3" else os.path.join(FIXTURES, f"arch-{arch}")
+    ours = {"gemma3": "arch-gemma3-gguf", "bert": "arch-bert"}
+    src = os.path.join(ROOT, "tests/fixtures", ours[arch]) if arch in ours else os.path.join(FIXTURES, f"arch-{arch}")
     out = os.path.join(OUT, f"arch-{arch}.f32.gguf")
     if arch == "gpt2":
         # The converter reads GPT-2's context from `n_ctx`, which configs saved
@@ -60,7 +61,8 @@ def convert(arch):
     import conversion.base as base
 
     def fixture_pre_tokenizer(self, tokenizer):
-        return "gpt-2"
+        # WordPiece ignores the name; BERT's own (`bert-bge`, ...) are hashes of published models.
+        return "default" if arch == "bert" else "gpt-2"
 
     base.TextModel.get_vocab_base_pre = fixture_pre_tokenizer
     # Phi-3's and Gemma 2's converters read a SentencePiece tokenizer.model,
