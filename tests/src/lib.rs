@@ -367,6 +367,64 @@ pub fn smollm2_with_q6_k_down_projections() -> TempPath {
     })
 }
 
+/// Skips one GGUF metadata value of type `ty` at `at`.
+fn skip_gguf_value(b: &[u8], at: &mut usize, ty: u32) {
+    let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
+    match ty {
+        0 | 1 | 7 => *at += 1,
+        2 | 3 => *at += 2,
+        4..=6 => *at += 4,
+        10..=12 => *at += 8,
+        8 => *at += 8 + u64_at(*at),
+        9 => {
+            let (item, n) = (u32::from_le_bytes(b[*at..*at + 4].try_into().unwrap()), u64_at(*at + 4));
+            *at += 12;
+            (0..n).for_each(|_| skip_gguf_value(b, at, item));
+        }
+        other => panic!("GGUF metadata type {other}"),
+    }
+}
+
+/// The GGUF at `src` with `extra` u32 metadata keys appended (as llama.cpp's
+/// gguf-py writes them), in a fresh file `file_name`; tensors and their data
+/// stay (the default alignment of 32, re-padded after the longer header).
+pub fn gguf_with_u32_keys(src: &Path, tag: &str, file_name: &str, extra: &[(&str, u32)]) -> TempPath {
+    let b = std::fs::read(src).unwrap();
+    let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
+    let (n_tensors, n_kv) = (u64_at(8), u64_at(16));
+    let mut at = 24;
+    for _ in 0..n_kv {
+        let key_len = u64_at(at);
+        assert_ne!(&b[at + 8..at + 8 + key_len], b"general.alignment");
+        at += 8 + key_len;
+        let ty = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        at += 4;
+        skip_gguf_value(&b, &mut at, ty);
+    }
+    let kv_end = at;
+    for _ in 0..n_tensors {
+        let name_len = u64_at(at);
+        let n_dims = u32::from_le_bytes(b[at + 8 + name_len..at + 12 + name_len].try_into().unwrap()) as usize;
+        at += 8 + name_len + 4 + 8 * n_dims + 4 + 8;
+    }
+    let data_start = at.div_ceil(32) * 32;
+    let mut out = b[..24].to_vec();
+    out[16..24].copy_from_slice(&((n_kv + extra.len()) as u64).to_le_bytes());
+    out.extend(&b[24..kv_end]);
+    for (key, value) in extra {
+        out.extend((key.len() as u64).to_le_bytes());
+        out.extend(key.as_bytes());
+        out.extend(4u32.to_le_bytes());
+        out.extend(value.to_le_bytes());
+    }
+    out.extend(&b[kv_end..at]);
+    out.resize(out.len().div_ceil(32) * 32, 0);
+    out.extend(&b[data_start..]);
+    let path = temp_file(tag, file_name);
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
 /// SmolLM2's GGUF with tensors rewritten: `rewrite(name, ggml type, bytes,
 /// elements)` gives a tensor's new type and bytes, or `None` to keep it.
 /// Metadata and tensor order stay; offsets are recomputed (alignment 32).
@@ -376,30 +434,13 @@ pub fn smollm2_rewritten(tag: &str, file_name: &str, mut rewrite: impl FnMut(&st
     let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
     let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
     let (n_tensors, n_kv) = (u64_at(&b, 8), u64_at(&b, 16));
-    // Skips one metadata value of GGUF type `ty` (the alignment stays the default 32).
-    fn skip(b: &[u8], at: &mut usize, ty: u32) {
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
-        match ty {
-            0 | 1 | 7 => *at += 1,
-            2 | 3 => *at += 2,
-            4..=6 => *at += 4,
-            10..=12 => *at += 8,
-            8 => *at += 8 + u64_at(*at),
-            9 => {
-                let (item, n) = (u32::from_le_bytes(b[*at..*at + 4].try_into().unwrap()), u64_at(*at + 4));
-                *at += 12;
-                (0..n).for_each(|_| skip(b, at, item));
-            }
-            other => panic!("GGUF metadata type {other}"),
-        }
-    }
     for _ in 0..n_kv {
         let key_len = u64_at(&b, at);
         assert_ne!(&b[at + 8..at + 8 + key_len], b"general.alignment");
         at += 8 + key_len;
         let ty = u32_at(&b, at);
         at += 4;
-        skip(&b, &mut at, ty);
+        skip_gguf_value(&b, &mut at, ty);
     }
     let mut out = b[..at].to_vec();
     let mut infos = Vec::new();

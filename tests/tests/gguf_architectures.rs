@@ -265,3 +265,36 @@ fn bert_ggufs_match_the_golden() {
     check_embeddings(&compile_model("bert-q8_0", &gguf("bert", "q8_0"), &["--quantization-encoding", "stored"]), "arch-bert Q8_0 GGUF", 0.999);
     check_embeddings(&compile_model("bert-q4_k_m", &gguf("bert", "q4_k_m"), &["--quantization-encoding", "stored"]), "arch-bert Q4_K_M GGUF", 0.99);
 }
+
+/// A GGUF's end-of-turn and end-of-message ids end generation as its EOS does
+/// (llama.cpp stops at each): arch-qwen3's F32 file with `eot_token_id` set
+/// to the first token the golden greedy continuation of case 0 generates, and
+/// `eom_token_id` to EOS again (listed once), stops before printing anything.
+#[test]
+fn end_of_turn_ids_end_generation() {
+    let golden = golden("arch-qwen3");
+    let case = &cases(&golden)[0];
+    let first = ids(&case["greedy_ids"])[0];
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("arch-qwen3").join("config.json")).unwrap()).unwrap();
+    let eos = config["eos_token_id"].as_u64().unwrap() as u32;
+    let path = gguf_with_u32_keys(&gguf("qwen3", "f32"), "gguf-eot", "eot.gguf", &[("tokenizer.ggml.eot_token_id", first), ("tokenizer.ggml.eom_token_id", eos)]);
+    let plain = compile_model("gguf-eot-plain", &gguf("qwen3", "f32"), &[]);
+    let with_eot = compile_model("gguf-eot", &path, &[]);
+    let info = |mef: &std::path::Path| {
+        let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
+        assert_eq!(r.0, 0, "{}", r.2);
+        serde_json::from_str::<serde_json::Value>(&r.1).unwrap()["tokenizer"]["eos_token_ids"].clone()
+    };
+    assert_eq!(info(&plain), serde_json::json!([eos]));
+    assert_eq!(info(&with_eot), serde_json::json!([eos, first]));
+    // The appended keys moved the tensor data: the logits must not change.
+    let (_, a) = dump_logits(&with_eot, case);
+    assert_logits_close("eot file", &a, &golden_logits("arch-qwen3", case).1);
+    let generate = |mef: &std::path::Path| {
+        let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(case["prompt"].as_str().unwrap()), os("--temperature"), os("0"), os("-n"), os("8")]);
+        assert_eq!(r.0, 0, "{}", r.2);
+        r.1
+    };
+    assert!(!generate(&plain).trim().is_empty(), "the plain file generates text");
+    assert!(generate(&with_eot).trim().is_empty(), "the end-of-turn token ends generation at once");
+}

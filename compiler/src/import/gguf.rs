@@ -498,7 +498,7 @@ impl GgufFile {
                 }
             },
             bos_token_id: self.token_id("tokenizer.ggml.bos_token_id")?,
-            eos_token_ids: self.token_id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+            eos_token_ids: self.end_of_generation_ids()?,
             dtype: "gguf".into(),
             granite: match architecture {
                 Architecture::Granite => Some(self.granite_multipliers(&arch_key)?),
@@ -684,6 +684,22 @@ impl GgufFile {
             None => Ok(default),
             Some(v) => v.as_f64().ok_or_else(|| Error::invalid(&self.path, key, format!("{v}: expected a number"))),
         }
+    }
+
+    /// The tokens that end generation: EOS and, where the file names them,
+    /// end of turn (`eot_token_id`: Llama 3's `<|eot_id|>` when EOS is
+    /// `<|end_of_text|>`) and end of message (`eom_token_id`), as llama.cpp
+    /// stops at each.
+    fn end_of_generation_ids(&self) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            if let Some(id) = self.token_id(key)? {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        Ok(ids)
     }
 
     /// A token id key (absent: None); a non-integer is refused.
