@@ -86,7 +86,9 @@ profile)
         mef="$work/llama-1.17b-$enc.mef"
         [ -f "$mef" ] || { echo "no $mef: run bench first"; continue; }
         # A short prompt and 8 tokens: decode's kernels dominate the summary.
-        MAXRUN_CUDA_GRAPHS=0 timeout "$(( $(left 15) / 2 ))" ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+        # At least a second: `timeout 0` would not limit the run at all.
+        share=$(( $(left 15) / 2 )); [ "$share" -ge 1 ] || share=1
+        MAXRUN_CUDA_GRAPHS=0 timeout "$share" ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
             .gpu-check/root/bin/maxrun "$mef" --device gpu --prompt "The capital of France is" -n 8 \
             > "$report/profile/llama-1.17b-$enc.txt" 2>&1
         echo "ncu $enc: exit $? after $SECONDS s"

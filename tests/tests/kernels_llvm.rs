@@ -85,7 +85,7 @@ fn cases() -> Vec<Case> {
                 }
                 sizes.push(s * n as usize);
                 {
-                    // The GPU form (half a block per lane and k iteration, a row tile at prefill).
+                    // The GPU form (a whole block per lane and k iteration, a row tile at prefill).
                     v.push(Case { kernel: matmul_blocks_rowwise(k, n, encoding, addend, seq), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
                 }
                 v.push(Case { kernel: matmul_blocks(k, n, encoding, addend, seq), sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });

@@ -476,8 +476,10 @@ impl GgufFile {
             mlp_bias: gpt2,
             sliding_window: match (architecture, self.get(&k("attention.sliding_window"))) {
                 // llama.cpp's converter writes 0 for Phi-3 models without a
-                // window; llama.cpp reads 0 as none for Gemma 3 too.
+                // window; llama.cpp reads 0 as none for Gemma 3 too, and gives
+                // Gemma 2 a window of 4096 when the key is absent.
                 (Architecture::Phi3 | Architecture::Gemma3, Some(MetaValue::Int(0))) => None,
+                (Architecture::Gemma2, None) => Some(4096),
                 _ => self.optional_u64(&k("attention.sliding_window"))?.map(|v| v as usize),
             },
             max_position_embeddings: match self.get(&k("context_length")) {
@@ -501,7 +503,7 @@ impl GgufFile {
             eos_token_ids: self.end_of_generation_ids()?,
             dtype: "gguf".into(),
             granite: match architecture {
-                Architecture::Granite => Some(self.granite_multipliers(&arch_key)?),
+                Architecture::Granite => Some(self.granite_multipliers(&arch_key, head_dim)?),
                 _ => None,
             },
             gemma: match architecture {
@@ -580,24 +582,28 @@ impl GgufFile {
         Ok(config)
     }
 
-    /// Granite's four multipliers, as llama.cpp's converter writes them
-    /// (`attention.scale`, `embedding_scale`, `residual_scale`, `logit_scale`:
-    /// the config's attention, embedding and residual multipliers and its
-    /// logits scaling); each is required, as llama.cpp's loader requires it.
-    fn granite_multipliers(&self, arch: &str) -> Result<GraniteMultipliers> {
-        let get = |key: &str| -> Result<f32> {
-            let key = format!("{arch}.{key}");
-            let value = self.get(&key).ok_or_else(|| Error::invalid(&self.path, &key, "required for granite but missing: convert the checkpoint again with a current llama.cpp"))?;
+    /// Granite's four multipliers as llama.cpp reads them: `logit_scale`
+    /// (logits are divided by it) is required; `attention.scale`,
+    /// `embedding_scale` and `residual_scale` are optional, and absent or 0
+    /// means not applied (the converter leaves out a multiplier the config
+    /// does not set): attention then scales by 1/sqrt(head size).
+    fn granite_multipliers(&self, arch: &str, head_dim: usize) -> Result<GraniteMultipliers> {
+        let get = |name: &str, required: bool| -> Result<Option<f32>> {
+            let key = format!("{arch}.{name}");
+            let Some(value) = self.get(&key) else {
+                return if required { Err(Error::invalid(&self.path, &key, "required for granite but missing: convert the checkpoint again with a current llama.cpp")) } else { Ok(None) };
+            };
             match value.as_f64() {
-                Some(x) if x.is_finite() && x != 0.0 => Ok(x as f32),
+                Some(x) if x.is_finite() && x != 0.0 => Ok(Some(x as f32)),
+                Some(x) if x == 0.0 && !required => Ok(None),
                 _ => Err(Error::invalid(&self.path, &key, format!("{value}: expected a finite, non-zero number"))),
             }
         };
         Ok(GraniteMultipliers {
-            embedding_multiplier: get("embedding_scale")?,
-            attention_multiplier: get("attention.scale")?,
-            residual_multiplier: get("residual_scale")?,
-            logits_scaling: get("logit_scale")?,
+            logits_scaling: get("logit_scale", true)?.expect("required"),
+            embedding_multiplier: get("embedding_scale", false)?.unwrap_or(1.0),
+            attention_multiplier: get("attention.scale", false)?.unwrap_or(1.0 / (head_dim as f32).sqrt()),
+            residual_multiplier: get("residual_scale", false)?.unwrap_or(1.0),
         })
     }
 
@@ -629,7 +635,7 @@ impl GgufFile {
     /// Gemma 3's parameters as llama.cpp reads them: with a sliding window,
     /// the layers of `attention.sliding_window_pattern` (an array of flags, or
     /// every N-th layer global, N = 6 when absent) slide and use RoPE base
-    /// `rope.freq_base_swa` (the global base when absent) without scaling;
+    /// `rope.freq_base_swa` (10000 when absent, llama.cpp's default) without scaling;
     /// optional final soft-capping, no attention soft-capping; queries scaled
     /// by the head size, or by hidden / heads for the 62-layer 27B model;
     /// per-head Q/K norms.
@@ -659,7 +665,6 @@ impl GgufFile {
             }
             (_, None) => (0..layers).map(|l| l % 6 < 5).collect(),
         };
-        let global_theta = self.f64_or(&key("rope.freq_base"), 10000.0)?;
         let final_capping = match self.get(&key("final_logit_softcapping")) {
             None => None,
             Some(_) => match self.f64_or(&key("final_logit_softcapping"), 0.0)? {
@@ -673,7 +678,7 @@ impl GgufFile {
             final_logit_softcapping: final_capping,
             query_pre_attn_scalar: if layers == 62 { width_per_head } else { head_dim } as f32,
             sliding_layers,
-            local_rope_theta: Some(self.f64_or(&key("rope.freq_base_swa"), global_theta)? as f32),
+            local_rope_theta: Some(self.f64_or(&key("rope.freq_base_swa"), 10000.0)? as f32),
             qk_norm: true,
         })
     }

@@ -174,8 +174,8 @@ fn per_token(gguf: &GgufFile, key: &str, tokens: usize) -> Result<Option<Vec<f64
 /// A SentencePiece (`tokenizer.ggml.model = "llama"`) vocabulary as the
 /// tokenizer.json transformers' `LlamaConverter` makes of the same model: BPE
 /// over the pieces with merges ranked by the merged piece's score (every
-/// split of a piece into two pieces, highest score first, as
-/// `SentencePieceExtractor` orders them), byte fallback to the `<0xXX>`
+/// split of a piece into two pieces, highest score first, then longer halves,
+/// as transformers' `generate_merges` orders them), byte fallback to the `<0xXX>`
 /// pieces, unknown pieces fused, and spaces as `▁` with one prepended (unless
 /// `tokenizer.ggml.add_space_prefix` is false). BOS is added unless
 /// `tokenizer.ggml.add_bos_token` says otherwise (llama.cpp's default for
@@ -216,7 +216,10 @@ fn sentencepiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         local.sort_by_key(|&(a, b, _, _)| (a, b));
         merges.extend(local.into_iter().map(|(_, _, l, r)| (l, r, scores[id])));
     }
-    merges.sort_by(|a, b| b.2.total_cmp(&a.2));
+    // transformers' generate_merges: by score, then the longer left and right
+    // halves first (in characters), all descending; ties keep their order.
+    let chars = |s: &str| s.chars().count();
+    merges.sort_by(|a, b| b.2.total_cmp(&a.2).then(chars(b.0).cmp(&chars(a.0))).then(chars(b.1).cmp(&chars(a.1))));
     let merges: Vec<Value> = merges.into_iter().map(|(l, r, _)| json!([l, r])).collect();
     let unk = match gguf.get("tokenizer.ggml.unknown_token_id") {
         None => None,
@@ -277,6 +280,7 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     let tokens = token_strings(gguf)?;
     let types = per_token(gguf, "tokenizer.ggml.token_type", tokens.len())?;
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
+    let mut pieces = Vec::with_capacity(tokens.len());
     let mut added = Vec::new();
     for (id, &t) in tokens.iter().enumerate() {
         let ty = types.as_ref().map_or(1.0, |ts| ts[id]) as i64;
@@ -291,15 +295,16 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         } else {
             format!("##{t}")
         };
-        vocab.entry(piece).or_insert(json!(id));
+        vocab.entry(piece.clone()).or_insert(json!(id));
+        pieces.push(piece);
     }
-    let special = |key: &str| -> Result<Option<String>> {
+    // A special token as (its piece in the rebuilt vocabulary, its id).
+    let special = |key: &str| -> Result<Option<(String, u64)>> {
         match gguf.get(key) {
             None => Ok(None),
             Some(v) => v
                 .as_u64()
-                .and_then(|id| tokens.get(id as usize))
-                .map(|t| Some(t.to_string()))
+                .and_then(|id| pieces.get(id as usize).map(|p| Some((p.clone(), id))))
                 .ok_or_else(|| Error::invalid(path, key, format!("{v} is outside the vocabulary of {} tokens", tokens.len()))),
         }
     };
@@ -310,7 +315,9 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
             Some(other) => Err(Error::invalid(path, key, format!("expected a bool, found {other}"))),
         }
     };
-    let unk = special("tokenizer.ggml.unknown_token_id")?.ok_or_else(|| Error::invalid(path, "tokenizer.ggml.unknown_token_id", "required by a WordPiece (`bert`) vocabulary, and missing"))?;
+    let unk = special("tokenizer.ggml.unknown_token_id")?
+        .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.unknown_token_id", "required by a WordPiece (`bert`) vocabulary, and missing"))?
+        .0;
     let (add_cls, add_sep) = (flag("tokenizer.ggml.add_bos_token")?, flag("tokenizer.ggml.add_eos_token")?);
     // Older files name [CLS] / [SEP] as cls / seperator, newer ones as BOS / EOS.
     let cls = special("tokenizer.ggml.cls_token_id")?.or(special("tokenizer.ggml.bos_token_id")?).filter(|_| add_cls);
@@ -322,10 +329,10 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         Some(other) => return Err(Error::invalid(path, "tokenizer.ggml.normalizer.lowercase", format!("expected a bool, found {other}"))),
     };
     let (mut single, mut pair, mut specials) = (Vec::new(), Vec::new(), serde_json::Map::new());
-    for t in cls.iter().chain(&sep) {
-        let id = vocab[t.as_str()].clone();
+    for (t, id) in cls.iter().chain(&sep) {
         specials.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
     }
+    let (cls, sep) = (cls.map(|c| c.0), sep.map(|s| s.0));
     if let Some(c) = &cls {
         single.push(json!({"SpecialToken": {"id": c, "type_id": 0}}));
         pair.push(json!({"SpecialToken": {"id": c, "type_id": 0}}));

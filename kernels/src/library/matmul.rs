@@ -221,7 +221,8 @@ fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Br
 /// thread groups and enough loads in flight for HBM (a task of eight columns
 /// left an H100 two blocks per SM: 0.9-1.4 TB/s on the 1.17B shape's smaller
 /// projections). The k loop is one reduction per activation row, dealt to the
-/// lanes in 16-byte-aligned chunks; at prefill [`ROW_TILE`] rows share each
+/// lanes in aligned vector chunks of 4 weights (16 bytes of f32, 8 of bf16 /
+/// f16) where k allows; at prefill [`ROW_TILE`] rows share each
 /// weight load (the rows past `seq` of the last tile compute a copy of the last
 /// row and store nothing). Same parameters and result; tasks
 /// [`COLS_PER_TASK`] times the CPU form's, those past `n` idle.
