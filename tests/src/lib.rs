@@ -505,3 +505,21 @@ pub fn compare(ours: &[f32], golden: &[f32], vocab: usize) -> (usize, usize, f64
     }
     (golden.len() / vocab, agree, kl, unexplained)
 }
+
+/// [`compare`] of `mef`'s logits with fixture `name`'s golden ones, summed
+/// over every golden case: (positions, top-1 agreements, summed KL, flips at
+/// clear margins).
+pub fn compare_with_golden(mef: &Path, name: &str) -> (usize, usize, f64, usize) {
+    let golden = golden(name);
+    let (mut n, mut agree, mut kl, mut unexplained) = (0, 0, 0.0, 0);
+    for case in cases(&golden) {
+        let (shape, ours) = dump_logits(mef, case);
+        let (_, gold) = golden_logits(name, case);
+        let (cn, ca, ck, cu) = compare(&ours, &gold, shape[1]);
+        n += cn;
+        agree += ca;
+        kl += ck;
+        unexplained += cu;
+    }
+    (n, agree, kl, unexplained)
+}

@@ -62,17 +62,7 @@ fn check_f32(arch: &str) {
 /// as in tests/tests/quantization.rs) and mean KL of `mef` against fixture
 /// `name`'s golden logits, over every case.
 fn quality(mef: &std::path::Path, name: &str, what: &str) -> (f64, f64) {
-    let golden = golden(name);
-    let (mut n, mut agree, mut kl, mut unexplained) = (0, 0, 0.0, 0);
-    for case in cases(&golden) {
-        let (shape, ours) = dump_logits(mef, case);
-        let (_, gold) = golden_logits(name, case);
-        let (cn, ca, ck, cu) = compare(&ours, &gold, shape[1]);
-        n += cn;
-        agree += ca;
-        kl += ck;
-        unexplained += cu;
-    }
+    let (n, agree, kl, unexplained) = compare_with_golden(mef, name);
     eprintln!("{name} {what}: top-1 {agree}/{n}, mean KL {:.2e}, flips at clear margins {unexplained}", kl / n as f64);
     ((n - unexplained) as f64 / n as f64, kl / n as f64)
 }

@@ -53,17 +53,7 @@ fn check_with(encoding: &str, extra: &[&str], models: Vec<(&'static str, PathBuf
         let mut flags = vec!["--quantization-encoding", encoding];
         flags.extend_from_slice(extra);
         let mef = compile_model(&format!("{name}-{encoding}{}", extra.join("")), &model, &flags);
-        let golden = golden(name);
-        let (mut n, mut agree, mut kl, mut unexplained) = (0, 0, 0.0, 0);
-        for case in cases(&golden) {
-            let (shape, ours) = dump_logits(&mef, case);
-            let (_, gold) = golden_logits(name, case);
-            let (cn, ca, ck, cu) = compare(&ours, &gold, shape[1]);
-            n += cn;
-            agree += ca;
-            kl += ck;
-            unexplained += cu;
-        }
+        let (n, agree, kl, unexplained) = compare_with_golden(&mef, name);
         let (top1, mean_kl) = (agree as f64 / n as f64, kl / n as f64);
         eprintln!("{name} {encoding} {extra:?}: top-1 {agree}/{n}, mean KL {mean_kl:.2e}, flips at clear margins {unexplained}");
         let near_ties_agree = name.starts_with("tiny-") || extra.contains(&"int8");

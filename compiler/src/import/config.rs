@@ -480,33 +480,63 @@ fn bert_config(f: &Fields<'_>) -> Result<ModelConfig> {
             return Err(Error::invalid(f.path, "position_embedding_type", format!("`{kind}` is not supported; supported: absolute")));
         }
     }
-    let config = ModelConfig {
-        architecture: Architecture::Bert,
+    let shape = BertShape {
         hidden_size,
         num_layers: f.usize("num_hidden_layers")?,
         num_heads: heads,
-        num_kv_heads: heads,
-        head_dim: hidden_size / heads,
         intermediate_size: f.usize("intermediate_size")?,
         vocab_size: f.usize("vocab_size")?,
-        rms_norm_eps: f.f64_opt("layer_norm_eps")?.unwrap_or(1e-12) as f32,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::None,
-        tie_word_embeddings: false,
-        qkv_bias: true,
-        o_bias: true,
-        mlp_bias: true,
-        sliding_window: None,
+        layer_norm_eps: f.f64_opt("layer_norm_eps")?.unwrap_or(1e-12) as f32,
         max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(512),
-        bos_token_id: None,
-        eos_token_ids: vec![],
-        dtype: "float32".into(),
-        granite: None,
-        gemma: None,
-        encoder: Some(EncoderParams { mean_pooling: true, normalize: false, type_vocab_size: f.usize_opt("type_vocab_size")?.unwrap_or(2) }),
     };
+    let encoder = EncoderParams { mean_pooling: true, normalize: false, type_vocab_size: f.usize_opt("type_vocab_size")?.unwrap_or(2) };
+    let config = ModelConfig::bert(shape, "float32", encoder);
     config.validate(f.path)?;
     Ok(config)
+}
+
+/// The sizes of a BertModel, from config.json or GGUF metadata.
+pub(crate) struct BertShape {
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub intermediate_size: usize,
+    pub vocab_size: usize,
+    pub layer_norm_eps: f32,
+    pub max_position_embeddings: usize,
+}
+
+impl ModelConfig {
+    /// A BertModel of `shape`: bidirectional attention without RoPE, biases on
+    /// every projection, LayerNorms (their epsilon in `rms_norm_eps`), no
+    /// special tokens to generate with; `dtype` as the checkpoint stores it.
+    pub(crate) fn bert(shape: BertShape, dtype: &str, encoder: EncoderParams) -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Bert,
+            hidden_size: shape.hidden_size,
+            num_layers: shape.num_layers,
+            num_heads: shape.num_heads,
+            num_kv_heads: shape.num_heads,
+            head_dim: if shape.num_heads > 0 { shape.hidden_size / shape.num_heads } else { 0 },
+            intermediate_size: shape.intermediate_size,
+            vocab_size: shape.vocab_size,
+            rms_norm_eps: shape.layer_norm_eps,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            tie_word_embeddings: false,
+            qkv_bias: true,
+            o_bias: true,
+            mlp_bias: true,
+            sliding_window: None,
+            max_position_embeddings: shape.max_position_embeddings,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+            dtype: dtype.into(),
+            granite: None,
+            gemma: None,
+            encoder: Some(encoder),
+        }
+    }
 }
 
 fn parse_rope_scaling(s: &Value, path: &Path, field: &str) -> Result<RopeScaling> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use super::config::{Architecture, EncoderParams, GemmaParams, GraniteMultipliers, ModelConfig};
+use super::config::{Architecture, BertShape, EncoderParams, GemmaParams, GraniteMultipliers, ModelConfig};
 use super::mmap_file;
 use super::weights::{StorageType, WeightStore};
 use crate::error::{Error, Result};
@@ -379,6 +379,7 @@ impl GgufFile {
         }
         let k = |s: &str| format!("{arch_key}.{s}");
         let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
+        let num_layers = self.require_u64(&k("block_count"))? as usize;
         let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
         let num_kv_heads = self.optional_u64(&k("attention.head_count_kv"))?.map_or(num_heads, |n| n as usize);
         let head_dim = match self.optional_u64(&k("attention.key_length"))? {
@@ -460,7 +461,7 @@ impl GgufFile {
         let config = ModelConfig {
             architecture,
             hidden_size,
-            num_layers: self.require_u64(&k("block_count"))? as usize,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -507,8 +508,8 @@ impl GgufFile {
                 _ => None,
             },
             gemma: match architecture {
-                Architecture::Gemma2 => Some(self.gemma2_params(&arch_key, head_dim, hidden_size / num_heads)?),
-                Architecture::Gemma3 => Some(self.gemma3_params(&arch_key, head_dim, hidden_size / num_heads)?),
+                Architecture::Gemma2 => Some(self.gemma2_params(&arch_key, num_layers, head_dim, hidden_size / num_heads)?),
+                Architecture::Gemma3 => Some(self.gemma3_params(&arch_key, num_layers, head_dim, hidden_size / num_heads)?),
                 _ => None,
             },
             encoder: None,
@@ -541,38 +542,20 @@ impl GgufFile {
             Some((_, Some(2))) => false,
             Some((v, _)) => return Err(Error::invalid(&self.path, k("pooling_type"), format!("{v}: supported: 1 (mean), 2 (the [CLS] token)"))),
         };
-        let hidden_size = self.require_u64(&k("embedding_length"))? as usize;
-        let num_heads = self.require_u64(&k("attention.head_count"))? as usize;
-        let vocab_size = self.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map_or(0, <[_]>::len);
         let type_vocab_size = match self.tensors.iter().find(|t| t.name == "token_types.weight") {
             Some(t) => t.dims.get(1).copied().unwrap_or(1) as usize,
             None => self.optional_u64("tokenizer.ggml.token_type_count")?.unwrap_or(2) as usize,
         };
-        let config = ModelConfig {
-            architecture: Architecture::Bert,
-            hidden_size,
+        let shape = BertShape {
+            hidden_size: self.require_u64(&k("embedding_length"))? as usize,
             num_layers: self.require_u64(&k("block_count"))? as usize,
-            num_heads,
-            num_kv_heads: num_heads,
-            head_dim: if num_heads > 0 { hidden_size / num_heads } else { 0 },
+            num_heads: self.require_u64(&k("attention.head_count"))? as usize,
             intermediate_size: self.require_u64(&k("feed_forward_length"))? as usize,
-            vocab_size,
-            rms_norm_eps: self.f64_or(&k("attention.layer_norm_epsilon"), 1e-12)? as f32,
-            rope_theta: 10000.0,
-            rope_scaling: RopeScaling::None,
-            tie_word_embeddings: false,
-            qkv_bias: true,
-            o_bias: true,
-            mlp_bias: true,
-            sliding_window: None,
+            vocab_size: self.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array).map_or(0, <[_]>::len),
+            layer_norm_eps: self.f64_or(&k("attention.layer_norm_epsilon"), 1e-12)? as f32,
             max_position_embeddings: self.require_u64(&k("context_length"))? as usize,
-            bos_token_id: None,
-            eos_token_ids: vec![],
-            dtype: "gguf".into(),
-            granite: None,
-            gemma: None,
-            encoder: Some(EncoderParams { mean_pooling, normalize: true, type_vocab_size }),
         };
+        let config = ModelConfig::bert(shape, "gguf", EncoderParams { mean_pooling, normalize: true, type_vocab_size });
         config.validate_named(&self.path, &|field| match field {
             "num_attention_heads" => k("attention.head_count"),
             "vocab_size" => "tokenizer.ggml.tokens".to_string(),
@@ -613,7 +596,7 @@ impl GgufFile {
     /// layer (its pattern of 2), and queries scaled by the head size, or by
     /// hidden / heads for the 46-layer 27B model (the converter writes no
     /// `query_pre_attn_scalar`; llama.cpp decides by the layer count).
-    fn gemma2_params(&self, arch: &str, head_dim: usize, width_per_head: usize) -> Result<GemmaParams> {
+    fn gemma2_params(&self, arch: &str, layers: usize, head_dim: usize, width_per_head: usize) -> Result<GemmaParams> {
         let capping = |key: &str, default: f64| -> Result<Option<f32>> {
             let key = format!("{arch}.{key}");
             match self.f64_or(&key, default)? {
@@ -621,7 +604,6 @@ impl GgufFile {
                 x => Err(Error::invalid(&self.path, &key, format!("{x}: expected a number > 0"))),
             }
         };
-        let layers = self.require_u64(&format!("{arch}.block_count"))? as usize;
         Ok(GemmaParams {
             attn_logit_softcapping: capping("attn_logit_softcapping", 50.0)?,
             final_logit_softcapping: capping("final_logit_softcapping", 30.0)?,
@@ -639,9 +621,8 @@ impl GgufFile {
     /// optional final soft-capping, no attention soft-capping; queries scaled
     /// by the head size, or by hidden / heads for the 62-layer 27B model;
     /// per-head Q/K norms.
-    fn gemma3_params(&self, arch: &str, head_dim: usize, width_per_head: usize) -> Result<GemmaParams> {
+    fn gemma3_params(&self, arch: &str, layers: usize, head_dim: usize, width_per_head: usize) -> Result<GemmaParams> {
         let key = |s: &str| format!("{arch}.{s}");
-        let layers = self.require_u64(&key("block_count"))? as usize;
         let window = self.get(&key("attention.sliding_window")).and_then(MetaValue::as_u64).unwrap_or(0);
         let pattern_key = key("attention.sliding_window_pattern");
         let sliding_layers = match (window, self.get(&pattern_key)) {
@@ -807,94 +788,47 @@ const MODEL_TENSORS: &[(&str, &str)] = &[
     ("output.weight", "lm_head.weight"),
 ];
 
-/// llama.cpp's names of a layer's parts (`blk.N.PART.SUFFIX`) and the Hugging
-/// Face ones (`model.layers.N.PART.SUFFIX`) for the Llama family (Llama,
-/// Mistral, Qwen2, Granite).
-const LLAMA_PARTS: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
+// llama.cpp's names of a decoder layer's parts (`blk.N.PART.SUFFIX`) and the
+// Hugging Face ones (`model.layers.N.PART.SUFFIX`), in groups that each
+// architecture combines (`layer_parts`).
+
+/// Separate Q, K, V and output projections.
+const ATTENTION: &[(&str, &str)] = &[
     ("attn_q", "self_attn.q_proj"),
     ("attn_k", "self_attn.k_proj"),
     ("attn_v", "self_attn.v_proj"),
     ("attn_output", "self_attn.o_proj"),
-    ("ffn_gate", "mlp.gate_proj"),
-    ("ffn_up", "mlp.up_proj"),
-    ("ffn_down", "mlp.down_proj"),
 ];
 
-/// Qwen3: the Llama parts and the per-head Q/K norms.
-const QWEN3_PARTS: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ("attn_q", "self_attn.q_proj"),
-    ("attn_k", "self_attn.k_proj"),
-    ("attn_v", "self_attn.v_proj"),
-    ("attn_output", "self_attn.o_proj"),
-    ("attn_q_norm", "self_attn.q_norm"),
-    ("attn_k_norm", "self_attn.k_norm"),
-    ("ffn_gate", "mlp.gate_proj"),
-    ("ffn_up", "mlp.up_proj"),
-    ("ffn_down", "mlp.down_proj"),
-];
+/// RMSNorms of the queries and keys (Qwen3, Gemma 3: per head; OLMo 2: over
+/// the whole projection).
+const QK_NORMS: &[(&str, &str)] = &[("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm")];
 
-/// OLMo 2: norms after attention and after the MLP (llama.cpp's
-/// `post_attention_norm` / `post_ffw_norm`, not `ffn_norm`), none before, and
-/// Q/K norms over the whole projection.
-const OLMO2_PARTS: &[(&str, &str)] = &[
-    ("attn_q", "self_attn.q_proj"),
-    ("attn_k", "self_attn.k_proj"),
-    ("attn_v", "self_attn.v_proj"),
-    ("attn_output", "self_attn.o_proj"),
-    ("attn_q_norm", "self_attn.q_norm"),
-    ("attn_k_norm", "self_attn.k_norm"),
+/// The gated MLP.
+const MLP: &[(&str, &str)] = &[("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")];
+
+/// The Llama family's norms, before attention and before the MLP.
+const LLAMA_NORMS: &[(&str, &str)] = &[("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")];
+
+/// OLMo 2's norms, after attention and after the MLP (llama.cpp's
+/// `post_attention_norm` / `post_ffw_norm`, not `ffn_norm`), none before.
+const OLMO2_NORMS: &[(&str, &str)] = &[("post_attention_norm", "post_attention_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")];
+
+/// Gemma's norms before and after both attention and the MLP; the one before
+/// the MLP is llama.cpp's `ffn_norm`.
+const GEMMA_NORMS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
     ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
     ("post_ffw_norm", "post_feedforward_layernorm"),
-    ("ffn_gate", "mlp.gate_proj"),
-    ("ffn_up", "mlp.up_proj"),
-    ("ffn_down", "mlp.down_proj"),
 ];
 
 /// Phi-3: the fused Q/K/V projection (`attn_qkv`) and gate/up projection
 /// (`ffn_up` holds both, gate first), as Hugging Face's Phi3 stores them.
 const PHI3_PARTS: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("ffn_norm", "post_attention_layernorm"),
     ("attn_qkv", "self_attn.qkv_proj"),
     ("attn_output", "self_attn.o_proj"),
     ("ffn_up", "mlp.gate_up_proj"),
-    ("ffn_down", "mlp.down_proj"),
-];
-
-/// Gemma 2: norms before and after both attention and the MLP; the one before
-/// the MLP is llama.cpp's `ffn_norm`.
-const GEMMA2_PARTS: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("post_attention_norm", "post_attention_layernorm"),
-    ("ffn_norm", "pre_feedforward_layernorm"),
-    ("post_ffw_norm", "post_feedforward_layernorm"),
-    ("attn_q", "self_attn.q_proj"),
-    ("attn_k", "self_attn.k_proj"),
-    ("attn_v", "self_attn.v_proj"),
-    ("attn_output", "self_attn.o_proj"),
-    ("ffn_gate", "mlp.gate_proj"),
-    ("ffn_up", "mlp.up_proj"),
-    ("ffn_down", "mlp.down_proj"),
-];
-
-/// Gemma 3: Gemma 2's parts and per-head Q/K norms.
-const GEMMA3_PARTS: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
-    ("post_attention_norm", "post_attention_layernorm"),
-    ("ffn_norm", "pre_feedforward_layernorm"),
-    ("post_ffw_norm", "post_feedforward_layernorm"),
-    ("attn_q", "self_attn.q_proj"),
-    ("attn_k", "self_attn.k_proj"),
-    ("attn_v", "self_attn.v_proj"),
-    ("attn_output", "self_attn.o_proj"),
-    ("attn_q_norm", "self_attn.q_norm"),
-    ("attn_k_norm", "self_attn.k_norm"),
-    ("ffn_gate", "mlp.gate_proj"),
-    ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
 ];
 
@@ -907,29 +841,30 @@ pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", 
 struct Naming {
     model: &'static [(&'static str, &'static str)],
     layer_prefix: &'static str,
-    parts: &'static [(&'static str, &'static str)],
+    parts: &'static [&'static [(&'static str, &'static str)]],
 }
 
 fn naming(arch: Architecture) -> Naming {
-    match arch {
-        Architecture::Gpt2 => Naming { model: GPT2_MODEL_TENSORS, layer_prefix: "h.", parts: GPT2_PARTS },
-        Architecture::Bert => Naming { model: BERT_MODEL_TENSORS, layer_prefix: "encoder.layer.", parts: BERT_PARTS },
-        _ => Naming { model: MODEL_TENSORS, layer_prefix: "model.layers.", parts: layer_parts(arch) },
-    }
+    let (model, layer_prefix) = match arch {
+        Architecture::Gpt2 => (GPT2_MODEL_TENSORS, "h."),
+        Architecture::Bert => (BERT_MODEL_TENSORS, "encoder.layer."),
+        _ => (MODEL_TENSORS, "model.layers."),
+    };
+    Naming { model, layer_prefix, parts: layer_parts(arch) }
 }
 
-/// The layer-part names of `arch`'s GGUF files (the same string, `ffn_norm`,
+/// The layer-part groups of `arch`'s GGUF files (the same string, `ffn_norm`,
 /// means a different Hugging Face tensor in different architectures).
-fn layer_parts(arch: Architecture) -> &'static [(&'static str, &'static str)] {
+fn layer_parts(arch: Architecture) -> &'static [&'static [(&'static str, &'static str)]] {
     match arch {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Granite => LLAMA_PARTS,
-        Architecture::Qwen3 => QWEN3_PARTS,
-        Architecture::Olmo2 => OLMO2_PARTS,
-        Architecture::Phi3 => PHI3_PARTS,
-        Architecture::Gemma2 => GEMMA2_PARTS,
-        Architecture::Gemma3 => GEMMA3_PARTS,
-        Architecture::Gpt2 => GPT2_PARTS,
-        Architecture::Bert => BERT_PARTS,
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Granite => &[LLAMA_NORMS, ATTENTION, MLP],
+        Architecture::Qwen3 => &[LLAMA_NORMS, ATTENTION, QK_NORMS, MLP],
+        Architecture::Olmo2 => &[OLMO2_NORMS, ATTENTION, QK_NORMS, MLP],
+        Architecture::Phi3 => &[LLAMA_NORMS, PHI3_PARTS],
+        Architecture::Gemma2 => &[GEMMA_NORMS, ATTENTION, MLP],
+        Architecture::Gemma3 => &[GEMMA_NORMS, ATTENTION, QK_NORMS, MLP],
+        Architecture::Gpt2 => &[GPT2_PARTS],
+        Architecture::Bert => &[BERT_PARTS],
     }
 }
 
@@ -955,7 +890,7 @@ fn rename(naming: &Naming, name: &str, to_hf: bool) -> Option<String> {
     let (layer, rest) = name.strip_prefix(from_prefix)?.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (part, suffix) = rest.rsplit_once('.')?;
-    let pair = naming.parts.iter().find(|p| from(p) == part)?;
+    let pair = naming.parts.iter().flat_map(|group| group.iter()).find(|p| from(p) == part)?;
     Some(format!("{to_prefix}{layer}.{}.{suffix}", to(pair)))
 }
 

@@ -10,7 +10,6 @@
 //! transformers tokenizer (tests check the fixtures' tokenizers and llama.cpp's
 //! own tokenizer tests, tests/golden/gguf/vocab).
 
-use std::path::Path;
 
 use serde_json::{json, Value};
 
@@ -72,45 +71,18 @@ pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
             ))
         }
     };
-    let array = |k: &str| -> Result<&[MetaValue]> {
-        gguf.get(k).and_then(MetaValue::as_array).ok_or_else(|| Error::invalid(path, k, "required array is missing"))
-    };
-    let tokens = array("tokenizer.ggml.tokens")?;
-    if tokens.is_empty() {
-        return Err(Error::invalid(path, "tokenizer.ggml.tokens", "the vocabulary is empty; the GGUF's tokenizer is damaged: convert the model again"));
-    }
-    let merges = array("tokenizer.ggml.merges")?;
-    // One type per token, as llama.cpp requires: anything else would mark the
-    // wrong tokens special.
-    let types: Option<Vec<u64>> = match gguf.get("tokenizer.ggml.token_type") {
-        None => None,
-        Some(MetaValue::Array(types)) if types.len() == tokens.len() => Some(
-            types
-                .iter()
-                .enumerate()
-                .map(|(i, t)| t.as_u64().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.token_type", format!("entry {i} is {t}, not a token type"))))
-                .collect::<Result<_>>()?,
-        ),
-        Some(other) => {
-            return Err(Error::invalid(
-                path,
-                "tokenizer.ggml.token_type",
-                format!("{other}, but tokenizer.ggml.tokens has {} entries: there must be one type per token", tokens.len()),
-            ))
-        }
-    };
+    let tokens = token_strings(gguf)?;
+    let merges = gguf
+        .get("tokenizer.ggml.merges")
+        .and_then(MetaValue::as_array)
+        .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.merges", "required array is missing"))?;
+    let types = token_types(gguf, tokens.len())?;
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut added = Vec::new();
-    for (id, t) in tokens.iter().enumerate() {
-        let t = t.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.tokens", format!("entry {id} is not a string")))?;
+    for (id, &t) in tokens.iter().enumerate() {
         vocab.insert(t.to_string(), json!(id));
-        // Token types follow llama.cpp: 3 = control (special), 4 = user-defined.
-        let ty = types.as_ref().map_or(1, |ts| ts[id]);
-        if ty == 3 || ty == 4 {
-            added.push(json!({
-                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
-                "normalized": false, "special": ty == 3,
-            }));
+        if let Some(special) = added_kind(&types, id) {
+            added.push(added_token(id, t, special));
         }
     }
     let merges: Vec<&str> = merges
@@ -118,7 +90,7 @@ pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         .enumerate()
         .map(|(i, m)| m.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.merges", format!("entry {i} is not a string"))))
         .collect::<Result<_>>()?;
-    let post_processor = post_processor(gguf, tokens, path)?;
+    let post_processor = post_processor(gguf, &tokens, false)?;
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -154,21 +126,90 @@ fn token_strings<'g>(gguf: &'g GgufFile) -> Result<Vec<&'g str>> {
         .collect()
 }
 
-/// One number per token from array `key` (`scores`, `token_type`), or `None`
-/// when the file has no such array; a length that differs from the
-/// vocabulary's is refused.
-fn per_token(gguf: &GgufFile, key: &str, tokens: usize) -> Result<Option<Vec<f64>>> {
+/// One entry per token from array `key`, each read by `read` (`what` names
+/// it in errors), or `None` when the file has no such array; any other
+/// length is refused.
+fn per_token<T>(gguf: &GgufFile, key: &str, tokens: usize, what: &str, read: impl Fn(&MetaValue) -> Option<T>) -> Result<Option<Vec<T>>> {
     let path = &gguf.path;
     match gguf.get(key) {
         None => Ok(None),
         Some(MetaValue::Array(values)) if values.len() == tokens => values
             .iter()
             .enumerate()
-            .map(|(i, v)| v.as_f64().ok_or_else(|| Error::invalid(path, key, format!("entry {i} is {v}, not a number"))))
+            .map(|(i, v)| read(v).ok_or_else(|| Error::invalid(path, key, format!("entry {i} is {v}, not a {what}"))))
             .collect::<Result<Vec<_>>>()
             .map(Some),
-        Some(other) => Err(Error::invalid(path, key, format!("{other}, but tokenizer.ggml.tokens has {tokens} entries: there must be one per token"))),
+        Some(other) => Err(Error::invalid(path, key, format!("{other}, but tokenizer.ggml.tokens has {tokens} entries: there must be one {what} per token"))),
     }
+}
+
+/// `tokenizer.ggml.token_type`, one per token as llama.cpp requires: anything
+/// else would mark the wrong tokens special.
+fn token_types(gguf: &GgufFile, tokens: usize) -> Result<Option<Vec<u64>>> {
+    per_token(gguf, "tokenizer.ggml.token_type", tokens, "token type", MetaValue::as_u64)
+}
+
+/// Whether token `id` is an added token, and if so whether it is special:
+/// llama.cpp's types 3 (control: special) and 4 (user-defined).
+fn added_kind(types: &Option<Vec<u64>>, id: usize) -> Option<bool> {
+    match types.as_ref().map_or(1, |ts| ts[id]) {
+        3 => Some(true),
+        4 => Some(false),
+        _ => None,
+    }
+}
+
+/// An entry of tokenizer.json's `added_tokens`.
+fn added_token(id: usize, content: &str, special: bool) -> Value {
+    json!({
+        "id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+        "normalized": false, "special": special,
+    })
+}
+
+/// Bool key `key`, `default` when absent; another type is refused.
+fn bool_key(gguf: &GgufFile, key: &str, default: bool) -> Result<bool> {
+    match gguf.get(key) {
+        None => Ok(default),
+        Some(MetaValue::Bool(b)) => Ok(*b),
+        Some(other) => Err(Error::invalid(&gguf.path, key, format!("expected a bool, found {other}"))),
+    }
+}
+
+/// The id that id key `key` holds, checked against a vocabulary of `tokens`
+/// (`None` when absent).
+fn token_id(gguf: &GgufFile, key: &str, tokens: usize) -> Result<Option<usize>> {
+    match gguf.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(id) if (id as usize) < tokens => Ok(Some(id as usize)),
+            _ => Err(Error::invalid(&gguf.path, key, format!("{v} is outside the vocabulary of {tokens} tokens"))),
+        },
+    }
+}
+
+/// A TemplateProcessing post-processor that puts `head` before and `tail`
+/// after each sequence (each a token's text and id).
+fn template(head: Option<(&str, usize)>, tail: Option<(&str, usize)>) -> Value {
+    let (mut single, mut pair, mut special) = (Vec::new(), Vec::new(), serde_json::Map::new());
+    for (t, id) in head.iter().chain(&tail) {
+        special.insert(t.to_string(), json!({"id": t, "ids": [id], "tokens": [t]}));
+    }
+    if let Some((h, _)) = head {
+        single.push(json!({"SpecialToken": {"id": h, "type_id": 0}}));
+        pair.push(json!({"SpecialToken": {"id": h, "type_id": 0}}));
+    }
+    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    if let Some((t, _)) = tail {
+        single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+        pair.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+    }
+    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+    if let Some((t, _)) = tail {
+        pair.push(json!({"SpecialToken": {"id": t, "type_id": 1}}));
+    }
+    json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special})
 }
 
 /// A SentencePiece (`tokenizer.ggml.model = "llama"`) vocabulary as the
@@ -183,22 +224,17 @@ fn per_token(gguf: &GgufFile, key: &str, tokens: usize) -> Result<Option<Vec<f64
 fn sentencepiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     let path = &gguf.path;
     let tokens = token_strings(gguf)?;
-    let scores = per_token(gguf, "tokenizer.ggml.scores", tokens.len())?
+    let scores = per_token(gguf, "tokenizer.ggml.scores", tokens.len(), "score", MetaValue::as_f64)?
         .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.scores", "required by a SentencePiece (`llama`) vocabulary, and missing"))?;
-    let types = per_token(gguf, "tokenizer.ggml.token_type", tokens.len())?;
+    let types = token_types(gguf, tokens.len())?;
     let mut ids = std::collections::HashMap::with_capacity(tokens.len());
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut added = Vec::new();
     for (id, &t) in tokens.iter().enumerate() {
         ids.entry(t).or_insert(id);
         vocab.insert(t.to_string(), json!(id));
-        // llama.cpp's token types: 3 = control (special), 4 = user-defined.
-        let ty = types.as_ref().map_or(1.0, |ts| ts[id]) as i64;
-        if ty == 3 || ty == 4 {
-            added.push(json!({
-                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
-                "normalized": false, "special": ty == 3,
-            }));
+        if let Some(special) = added_kind(&types, id) {
+            added.push(added_token(id, t, special));
         }
     }
     // Every split of a piece into two pieces, ordered within the piece by the
@@ -221,27 +257,14 @@ fn sentencepiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     let chars = |s: &str| s.chars().count();
     merges.sort_by(|a, b| b.2.total_cmp(&a.2).then(chars(b.0).cmp(&chars(a.0))).then(chars(b.1).cmp(&chars(a.1))));
     let merges: Vec<Value> = merges.into_iter().map(|(l, r, _)| json!([l, r])).collect();
-    let unk = match gguf.get("tokenizer.ggml.unknown_token_id") {
-        None => None,
-        Some(v) => Some(
-            v.as_u64()
-                .and_then(|id| tokens.get(id as usize))
-                .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.unknown_token_id", format!("{v} is outside the vocabulary of {} tokens", tokens.len())))?
-                .to_string(),
-        ),
-    };
-    let space_prefix = match gguf.get("tokenizer.ggml.add_space_prefix") {
-        None => true,
-        Some(MetaValue::Bool(b)) => *b,
-        Some(other) => return Err(Error::invalid(path, "tokenizer.ggml.add_space_prefix", format!("expected a bool, found {other}"))),
-    };
+    let unk = token_id(gguf, "tokenizer.ggml.unknown_token_id", tokens.len())?.map(|id| tokens[id]);
+    let space_prefix = bool_key(gguf, "tokenizer.ggml.add_space_prefix", true)?;
     let mut normalizers = Vec::new();
     if space_prefix {
         normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
     }
     normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
-    let token_values: Vec<MetaValue> = tokens.iter().map(|t| MetaValue::Str(t.to_string())).collect();
-    let post_processor = post_processor_with_default(gguf, &token_values, path, true)?;
+    let post_processor = post_processor(gguf, &tokens, true)?;
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -278,17 +301,13 @@ fn sentencepiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
 fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
     let path = &gguf.path;
     let tokens = token_strings(gguf)?;
-    let types = per_token(gguf, "tokenizer.ggml.token_type", tokens.len())?;
+    let types = token_types(gguf, tokens.len())?;
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut pieces = Vec::with_capacity(tokens.len());
     let mut added = Vec::new();
     for (id, &t) in tokens.iter().enumerate() {
-        let ty = types.as_ref().map_or(1.0, |ts| ts[id]) as i64;
-        let piece = if ty == 3 {
-            added.push(json!({
-                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
-                "normalized": false, "special": true,
-            }));
+        let piece = if added_kind(&types, id) == Some(true) {
+            added.push(added_token(id, t, true));
             t.to_string()
         } else if let Some(word) = t.strip_prefix('\u{2581}') {
             word.to_string()
@@ -299,54 +318,16 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         pieces.push(piece);
     }
     // A special token as (its piece in the rebuilt vocabulary, its id).
-    let special = |key: &str| -> Result<Option<(String, u64)>> {
-        match gguf.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|id| pieces.get(id as usize).map(|p| Some((p.clone(), id))))
-                .ok_or_else(|| Error::invalid(path, key, format!("{v} is outside the vocabulary of {} tokens", tokens.len()))),
-        }
-    };
-    let flag = |key: &str| -> Result<bool> {
-        match gguf.get(key) {
-            None => Ok(true),
-            Some(MetaValue::Bool(b)) => Ok(*b),
-            Some(other) => Err(Error::invalid(path, key, format!("expected a bool, found {other}"))),
-        }
-    };
+    let special = |key: &str| -> Result<Option<(&str, usize)>> { Ok(token_id(gguf, key, tokens.len())?.map(|id| (pieces[id].as_str(), id))) };
     let unk = special("tokenizer.ggml.unknown_token_id")?
         .ok_or_else(|| Error::invalid(path, "tokenizer.ggml.unknown_token_id", "required by a WordPiece (`bert`) vocabulary, and missing"))?
         .0;
-    let (add_cls, add_sep) = (flag("tokenizer.ggml.add_bos_token")?, flag("tokenizer.ggml.add_eos_token")?);
+    let (add_cls, add_sep) = (bool_key(gguf, "tokenizer.ggml.add_bos_token", true)?, bool_key(gguf, "tokenizer.ggml.add_eos_token", true)?);
     // Older files name [CLS] / [SEP] as cls / seperator, newer ones as BOS / EOS.
     let cls = special("tokenizer.ggml.cls_token_id")?.or(special("tokenizer.ggml.bos_token_id")?).filter(|_| add_cls);
     let sep = special("tokenizer.ggml.seperator_token_id")?.or(special("tokenizer.ggml.eos_token_id")?).filter(|_| add_sep);
     // Cased BERTs: the converter's `normalizer.lowercase` (absent: lowercase, as llama.cpp does).
-    let lowercase = match gguf.get("tokenizer.ggml.normalizer.lowercase") {
-        None => true,
-        Some(MetaValue::Bool(b)) => *b,
-        Some(other) => return Err(Error::invalid(path, "tokenizer.ggml.normalizer.lowercase", format!("expected a bool, found {other}"))),
-    };
-    let (mut single, mut pair, mut specials) = (Vec::new(), Vec::new(), serde_json::Map::new());
-    for (t, id) in cls.iter().chain(&sep) {
-        specials.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
-    }
-    let (cls, sep) = (cls.map(|c| c.0), sep.map(|s| s.0));
-    if let Some(c) = &cls {
-        single.push(json!({"SpecialToken": {"id": c, "type_id": 0}}));
-        pair.push(json!({"SpecialToken": {"id": c, "type_id": 0}}));
-    }
-    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    if let Some(s) = &sep {
-        single.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
-        pair.push(json!({"SpecialToken": {"id": s, "type_id": 0}}));
-    }
-    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
-    if let Some(s) = &sep {
-        pair.push(json!({"SpecialToken": {"id": s, "type_id": 1}}));
-    }
+    let lowercase = bool_key(gguf, "tokenizer.ggml.normalizer.lowercase", true)?;
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -354,7 +335,7 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         "added_tokens": added,
         "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": lowercase},
         "pre_tokenizer": {"type": "BertPreTokenizer"},
-        "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials},
+        "post_processor": template(cls, sep),
         "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
         "model": {"type": "WordPiece", "unk_token": unk, "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": vocab},
     });
@@ -365,55 +346,21 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
 
 /// The post-processor that adds what the GGUF's `tokenizer.ggml.add_bos_token` /
 /// `add_eos_token` ask for (llama.cpp's `llama_tokenize` with `add_special`):
-/// BOS before and EOS after a text. A flag set without its token id is refused.
-fn post_processor(gguf: &GgufFile, tokens: &[MetaValue], path: &Path) -> Result<Value> {
-    post_processor_with_default(gguf, tokens, path, false)
-}
-
-/// [`post_processor`], with `bos_by_default` when the file has no
-/// `add_bos_token` (llama.cpp adds BOS to SentencePiece vocabularies then).
-fn post_processor_with_default(gguf: &GgufFile, tokens: &[MetaValue], path: &Path, bos_by_default: bool) -> Result<Value> {
-    let mut single = Vec::new();
-    let mut pair = Vec::new();
-    let mut special = serde_json::Map::new();
-    let mut wanted = |flag: &str, id_key: &str| -> Result<Option<String>> {
+/// BOS before and EOS after a text; `bos_by_default` when the file has no
+/// `add_bos_token` (llama.cpp adds BOS to SentencePiece vocabularies then). A
+/// flag set without its token id is refused.
+fn post_processor<'t>(gguf: &GgufFile, tokens: &[&'t str], bos_by_default: bool) -> Result<Value> {
+    let path = &gguf.path;
+    let wanted = |flag: &str, default: bool, id_key: &str| -> Result<Option<(&'t str, usize)>> {
         let key = format!("tokenizer.ggml.{flag}");
-        let on = match gguf.get(&key) {
-            None => bos_by_default && flag == "add_bos_token",
-            Some(MetaValue::Bool(b)) => *b,
-            Some(other) => return Err(Error::invalid(path, key.as_str(), format!("expected a bool, found {other}"))),
-        };
-        if !on {
+        if !bool_key(gguf, &key, default)? {
             return Ok(None);
         }
         let id_key = format!("tokenizer.ggml.{id_key}");
-        let id = gguf
-            .get(&id_key)
-            .and_then(MetaValue::as_u64)
-            .ok_or_else(|| Error::invalid(path, key.as_str(), format!("is true, but `{id_key}` is missing: the token to add is unknown")))?;
-        let content = tokens
-            .get(id as usize)
-            .and_then(MetaValue::as_str)
-            .ok_or_else(|| Error::invalid(path, id_key.as_str(), format!("{id} is outside the vocabulary of {} tokens", tokens.len())))?
-            .to_string();
-        special.insert(content.clone(), json!({"id": content, "ids": [id], "tokens": [content]}));
-        Ok(Some(content))
+        if gguf.get(&id_key).and_then(MetaValue::as_u64).is_none() {
+            return Err(Error::invalid(path, key.as_str(), format!("is true, but `{id_key}` is missing: the token to add is unknown")));
+        }
+        Ok(token_id(gguf, &id_key, tokens.len())?.map(|id| (tokens[id], id)))
     };
-    let bos = wanted("add_bos_token", "bos_token_id")?;
-    let eos = wanted("add_eos_token", "eos_token_id")?;
-    if let Some(b) = &bos {
-        single.push(json!({"SpecialToken": {"id": b, "type_id": 0}}));
-        pair.push(json!({"SpecialToken": {"id": b, "type_id": 0}}));
-    }
-    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    if let Some(e) = &eos {
-        single.push(json!({"SpecialToken": {"id": e, "type_id": 0}}));
-        pair.push(json!({"SpecialToken": {"id": e, "type_id": 0}}));
-    }
-    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
-    if let Some(e) = &eos {
-        pair.push(json!({"SpecialToken": {"id": e, "type_id": 1}}));
-    }
-    Ok(json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special}))
+    Ok(template(wanted("add_bos_token", bos_by_default, "bos_token_id")?, wanted("add_eos_token", false, "eos_token_id")?))
 }

@@ -232,33 +232,65 @@ pub fn matmul_rowwise(k: u64, n: u64, w_elem: ElemType, addend: Option<Broadcast
     let w = b.param("w", w_elem, false);
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
-    let (t, kk, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let (ki, ni) = (k as i64, n as i64);
-    let rows = if seq.is_decode() { 1 } else { ROW_TILE as i64 };
-    let acc: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
-    let x_row: Vec<VarId> = (0..rows).map(|_| b.var(ValType::I64)).collect();
+    let (t, kk) = (b.var(ValType::I64), b.var(ValType::I64));
+    let ki = k as i64;
+    let rows = GpuColumnRows::new(&mut b, seq, ROW_TILE as i64);
     let wv = ld(w, add(v(kk), mul(v(t), i(ki))));
-    let step: Vec<Stmt> = acc.iter().zip(&x_row).map(|(&a, &xr)| set(a, add(v(a), mul(ld(x, add(v(kk), mul(v(xr), i(ki)))), wv.clone())))).collect();
-    let mut tile = vec![set(r0, mul(v(rb), i(rows)))];
-    for r in 0..rows as usize {
-        tile.push(set(x_row[r], min(add(v(r0), i(r as i64)), sub(seq.expr(), i(1)))));
-        tile.push(set(acc[r], f(0.0)));
-    }
-    tile.push(for_vec(kk, i(0), i(ki), step));
-    for (r, &a) in acc.iter().enumerate() {
-        let row = add(v(r0), i(r as i64));
-        let st = store(out, add(mul(row.clone(), i(ni)), v(t)), epilogue(v(a), row.clone(), v(t), ni, addend));
-        tile.push(if r == 0 { st } else { if_(lt(row, seq.expr()), vec![st]) });
-    }
-    let tiles = div(add(seq.expr(), i(rows - 1)), i(rows));
-    let body = vec![if_(lt(v(t), i(ni)), vec![for_(rb, i(0), tiles, tile)])];
-    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) * COLS_PER_TASK };
+    let step: Vec<Stmt> = rows.acc.iter().zip(&rows.x_row).map(|(&a, &xr)| set(a, add(v(a), mul(ld(x, add(v(kk), mul(v(xr), i(ki)))), wv.clone())))).collect();
+    let (body, tasks) = rows.task(t, n, seq, for_vec(kk, i(0), i(ki), step), out, addend);
     let enc = float_suffix(w_elem);
     let name = match addend {
         None => format!("matmul_rows{enc}_k{k}_n{n}_{}", seq.tag()),
         Some((_, bc)) => format!("matmul_add_rows{enc}_{}_k{k}_n{n}_{}", format!("{bc:?}").to_lowercase(), seq.tag()),
     };
     b.finish(name, "matmul", tasks, t, body)
+}
+
+/// The task structure the matmuls' GPU forms share ([`matmul_rowwise`],
+/// `matmul_blocks::matmul_blocks_rowwise`): task `t` is output column `t`
+/// ([`COLS_PER_TASK`] times the CPU form's tasks, those past `n` idle), whose
+/// rows go in tiles of `acc.len()` (one at decode). For each tile the caller's
+/// dealt loop adds row `r`'s dot product into `acc[r]`, reading activation row
+/// `x_row[r]`: the tile's rows clamped to the last one, so the rows past `seq`
+/// of the last tile compute a copy of it and store nothing.
+pub(super) struct GpuColumnRows {
+    pub acc: Vec<VarId>,
+    pub x_row: Vec<VarId>,
+    tile_index: VarId,
+    first_row: VarId,
+}
+
+impl GpuColumnRows {
+    /// Variables for tiles of `row_tile` rows (one at decode).
+    pub(super) fn new(b: &mut KernelBuilder, seq: SeqMode, row_tile: i64) -> GpuColumnRows {
+        let rows = if seq.is_decode() { 1 } else { row_tile };
+        GpuColumnRows {
+            acc: (0..rows).map(|_| b.var(ValType::F32)).collect(),
+            x_row: (0..rows).map(|_| b.var(ValType::I64)).collect(),
+            tile_index: b.var(ValType::I64),
+            first_row: b.var(ValType::I64),
+        }
+    }
+
+    /// The body of task `t` around `dealt` (zero the accumulators, run it,
+    /// store each row's result with `addend`), and the task count.
+    pub(super) fn task(&self, t: VarId, n: u64, seq: SeqMode, dealt: Stmt, out: ParamId, addend: Option<(ParamId, Broadcast)>) -> (Vec<Stmt>, TaskCount) {
+        let (rows, ni, r0) = (self.acc.len() as i64, n as i64, self.first_row);
+        let mut tile = vec![set(r0, mul(v(self.tile_index), i(rows)))];
+        for (r, (&a, &xr)) in self.acc.iter().zip(&self.x_row).enumerate() {
+            tile.push(set(xr, min(add(v(r0), i(r as i64)), sub(seq.expr(), i(1)))));
+            tile.push(set(a, f(0.0)));
+        }
+        tile.push(dealt);
+        for (r, &a) in self.acc.iter().enumerate() {
+            let row = add(v(r0), i(r as i64));
+            let st = store(out, add(mul(row.clone(), i(ni)), v(t)), epilogue(v(a), row.clone(), v(t), ni, addend));
+            tile.push(if r == 0 { st } else { if_(lt(row, seq.expr()), vec![st]) });
+        }
+        let tiles = div(add(seq.expr(), i(rows - 1)), i(rows));
+        let body = vec![if_(lt(v(t), i(ni)), vec![for_(self.tile_index, i(0), tiles, tile)])];
+        (body, TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) * COLS_PER_TASK })
+    }
 }
 
 #[cfg(test)]

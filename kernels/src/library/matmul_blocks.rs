@@ -13,7 +13,7 @@ use maxc_format::WeightEncoding;
 
 use super::dequant::{declare, WeightParams, BLOCK, HALF};
 use super::elementwise::Broadcast;
-use super::matmul::{column_tasks, epilogue, matmul_name, COLS_PER_TASK, COL_TILE};
+use super::matmul::{column_tasks, epilogue, matmul_name, GpuColumnRows, COLS_PER_TASK, COL_TILE};
 use super::SeqMode;
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -136,13 +136,9 @@ pub const GPU_ROW_TILE: i64 = 4;
 pub fn matmul_blocks_rowwise(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode) -> Kernel {
     let mut b = KernelBuilder::new();
     let (x, w, addend, out) = block_params(&mut b, encoding, k, addend);
-    let (t, it, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let (ki, ni) = (k as i64, n as i64);
-    let rows = if seq.is_decode() { 1 } else { GPU_ROW_TILE };
-    let acc: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
-    // Row r0 + r of the tile, clamped to the last row: the rows past `seq` of
-    // the last tile compute a copy of it and store nothing.
-    let x_row: Vec<VarId> = (0..rows).map(|_| b.var(ValType::I64)).collect();
+    let (t, it) = (b.var(ValType::I64), b.var(ValType::I64));
+    let ki = k as i64;
+    let rows = GpuColumnRows::new(&mut b, seq, GPU_ROW_TILE);
     let j = v(t);
     let steps_per_block = HALF / GPU_PAIRS;
     let blk = div(v(it), i(steps_per_block));
@@ -150,8 +146,8 @@ pub fn matmul_blocks_rowwise(k: u64, n: u64, encoding: WeightEncoding, addend: O
     let (scale, min_value) = w.block_scale(j.clone(), blk.clone());
     let pairs: Vec<(Expr, Expr)> = (0..GPU_PAIRS).map(|p| w.block_pair(j.clone(), blk.clone(), add(first_pair.clone(), i(p)))).collect();
     let mut step = Vec::new();
-    for (r, &a) in acc.iter().enumerate() {
-        let x_at = |offset: i64, p: i64| ld(x, add(add(first_pair.clone(), i(offset + p)), add(mul(v(x_row[r]), i(ki)), mul(blk.clone(), i(BLOCK)))));
+    for (&a, &x_row) in rows.acc.iter().zip(&rows.x_row) {
+        let x_at = |offset: i64, p: i64| ld(x, add(add(first_pair.clone(), i(offset + p)), add(mul(v(x_row), i(ki)), mul(blk.clone(), i(BLOCK)))));
         let mut dot = None;
         let mut sum = None;
         for (p, (q_lo, q_hi)) in pairs.iter().enumerate() {
@@ -167,20 +163,7 @@ pub fn matmul_blocks_rowwise(k: u64, n: u64, encoding: WeightEncoding, addend: O
         }
         step.push(set(a, add(v(a), update)));
     }
-    let mut tile = vec![set(r0, mul(v(rb), i(rows)))];
-    for r in 0..rows as usize {
-        tile.push(set(x_row[r], min(add(v(r0), i(r as i64)), sub(seq.expr(), i(1)))));
-        tile.push(set(acc[r], f(0.0)));
-    }
-    tile.push(for_vec(it, i(0), i(steps_per_block * w.blocks_per_row()), step));
-    for (r, &a) in acc.iter().enumerate() {
-        let row = add(v(r0), i(r as i64));
-        let st = store(out, add(mul(row.clone(), i(ni)), j.clone()), epilogue(v(a), row.clone(), j.clone(), ni, addend));
-        tile.push(if r == 0 { st } else { if_(lt(row, seq.expr()), vec![st]) });
-    }
-    let tiles = div(add(seq.expr(), i(rows - 1)), i(rows));
-    let body = vec![if_(lt(v(t), i(ni)), vec![for_(rb, i(0), tiles, tile)])];
-    let tasks = TaskCount { per_seq: 0, fixed: n.div_ceil(COLS_PER_TASK) * COLS_PER_TASK };
+    let (body, tasks) = rows.task(t, n, seq, for_vec(it, i(0), i(steps_per_block * w.blocks_per_row()), step), out, addend);
     b.finish(matmul_name("matmul_rows", encoding.name(), addend.map(|(_, bc)| bc), k, n, seq), "matmul", tasks, t, body)
 }
 
