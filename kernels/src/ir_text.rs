@@ -31,7 +31,9 @@
 //!               "form" ("nibbles" | "bytes" | ("nibbles5" | "nibbles6") "high_bits" PARAM "at" expr)
 //!               "act" PARAM "act_start" expr
 //!               "act_levels" ("bytes" | "planes" "low" expr | "words")
-//!               "act_scales" "[" expr "," expr "]" "row_scales" rowscale
+//!               "act_scales" "[" expr "," expr "]"
+//!               ["half_sums" ("none" | PARAM "at" expr)]   # forms with two halves (nibbles6)
+//!               "row_scales" rowscale
 //!               "row_min" ("offset" F32 | "stored" rowscale | "subtracted" rowscale)
 //!               "prefetch_ahead" ("none" | I64) "}"
 //! rowscale := "values" PARAM "at" expr "factors" ("none" | PARAM "at" expr)
@@ -225,6 +227,12 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
                 ActLevels::Words => writeln!(f, "{:field$}act_levels words", "")?,
             }
             writeln!(f, "{:field$}act_scales [{}, {}]", "", E(&d.act_scales[0]), E(&d.act_scales[1]))?;
+            if d.form.halves() > 1 {
+                match &d.half_sums {
+                    Some((p, start)) => writeln!(f, "{:field$}half_sums {p} at {}", "", E(start))?,
+                    None => writeln!(f, "{:field$}half_sums none", "")?,
+                }
+            }
             writeln!(f, "{:field$}row_scales {}", "", Scale(&d.row_scales))?;
             match &d.row_min {
                 RowMin::Offset(o) => writeln!(f, "{:field$}row_min offset {}", "", F32Lit(*o))?,
@@ -995,14 +1003,7 @@ impl Parser {
         let form = self.field("form", |p| p.choice(&[(RowsForm::Nibbles5, "nibbles5"), (RowsForm::Nibbles6, "nibbles6"), (RowsForm::Nibbles, "nibbles"), (RowsForm::Bytes, "bytes")], "a rows form"))?;
         let high_bits = match form.high_bit_count() {
             0 => None,
-            _ => self.field("high_bits", |p| {
-                if p.eat_keyword("none") {
-                    return Ok(None);
-                }
-                let param = p.param()?;
-                p.keyword("at")?;
-                Ok(Some((param, p.expr()?)))
-            })?,
+            _ => self.field("high_bits", Self::param_at_or_none)?,
         };
         let act = self.field("act", Self::param)?;
         let act_start = self.field("act_start", Self::expr)?;
@@ -1019,6 +1020,10 @@ impl Parser {
             }
         })?;
         let act_scales = self.field("act_scales", Self::pair)?;
+        let half_sums = match form.halves() {
+            1 => None,
+            _ => self.field("half_sums", Self::param_at_or_none)?,
+        };
         let row_scales = self.field("row_scales", Self::row_scale)?;
         let row_min = self.field("row_min", |p| {
             if p.eat_keyword("offset") {
@@ -1033,7 +1038,17 @@ impl Parser {
         })?;
         let prefetch_ahead = self.field("prefetch_ahead", |p| if p.eat_keyword("none") { Ok(None) } else { p.int("`none` or bytes ahead (an i64)").map(Some) })?;
         self.punct("}")?;
-        Ok(Stmt::DotRows(RowDot { acc, weights, w_start, form, high_bits, act, act_start, act_levels, act_scales, row_scales, row_min, prefetch_ahead }))
+        Ok(Stmt::DotRows(RowDot { acc, weights, w_start, form, high_bits, half_sums, act, act_start, act_levels, act_scales, row_scales, row_min, prefetch_ahead }))
+    }
+
+    /// `none`, or `PARAM at expr` (a dot's optional parameter and start).
+    fn param_at_or_none(&mut self) -> PResult<Option<(ParamId, Expr)>> {
+        if self.eat_keyword("none") {
+            return Ok(None);
+        }
+        let param = self.param()?;
+        self.keyword("at")?;
+        Ok(Some((param, self.expr()?)))
     }
 
     /// `values PARAM at expr factors (none | PARAM at expr)`.
@@ -1364,6 +1379,7 @@ mod tests {
                 w_start: mul(v(t), i(256)),
                 form: if prefetch_ahead == Some(64) { RowsForm::Nibbles5 } else { RowsForm::Bytes },
                 high_bits: (prefetch_ahead == Some(64)).then(|| (odd, sub(v(t), i(3)))),
+                half_sums: None,
                 act: acts,
                 act_start: i(7),
                 act_levels,

@@ -263,7 +263,7 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
                     ActLevels::Planes { low } => Some(low),
                     _ => None,
                 };
-                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start]).chain(low) {
+                for e in d.act_scales.iter().chain([&d.w_start, &d.act_start]).chain(low).chain(d.half_sums.as_ref().map(|(_, e)| e)) {
                     count_expr(e, var, n);
                 }
                 for r in d.per_row() {

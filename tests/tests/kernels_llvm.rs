@@ -13,7 +13,7 @@ use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise}
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
-use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
+use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
@@ -115,6 +115,11 @@ fn cases() -> Vec<Case> {
             let parts: Vec<usize> = (0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize).collect();
             for addend in [None, Some(Broadcast::None)] {
                 let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
+                // Q6_K: the activations' sums per 16 values (random here: every
+                // backend reads them alike, as the interpreter does).
+                if encoding == WeightEncoding::Q6K {
+                    sizes.push(s * k as usize / 16);
+                }
                 sizes.extend(&parts);
                 if addend.is_some() {
                     sizes.push(s * n as usize);
@@ -138,6 +143,9 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: quantize_q8(96, DotForm::Int8, seq), sizes: vec![s * 96, s * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
         for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
             v.push(Case { kernel: quantize_q16(96, sixteen, seq), sizes: vec![s * 96, s * 2 * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
+        }
+        for (levels, bytes) in [(ActivationLevels::Int8, 1), (ActivationLevels::Int16Planes, 2)] {
+            v.push(Case { kernel: level_half_sums(96, levels, seq), sizes: vec![s * 96 * bytes, s * 6], int_max: 1, seq: s as u64, tol: 0.0 });
         }
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: rms_norm(33, 33, 1e-5, seq), sizes: vec![s * 33, 33, s * 33], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -466,6 +474,10 @@ fn int8_dots_are_exact_at_extreme_bytes() {
             // Activations, their scales, the weight parts, the output.
             let case = |kernel: Kernel, k: u64, n: u64| {
                 let mut sizes = vec![s * k as usize, s * 2 * k as usize / 32];
+                // Q6_K: the activations' sums per 16 values.
+                if takes_half_sums(&kernel) {
+                    sizes.push(s * k as usize / 16);
+                }
                 sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
                 sizes.push(s * n as usize);
                 Case { kernel, sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) }
@@ -506,6 +518,18 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                         Buffer::I8(v) if p == 0 => Buffer::I8(v.iter().map(|_| if trial < 2 || rng.f() > 0.0 { 127 } else { -127 }).collect()),
                         Buffer::I8(v) => Buffer::I8(v.iter().map(|_| weight(&mut rng) as i8).collect()),
                         Buffer::U8(v) => Buffer::U8(v.iter().map(|_| weight(&mut rng)).collect()),
+                        // Q6_K's half sums at the largest 16 int16 levels give (16 * 32512).
+                        Buffer::I32(v) => Buffer::I32(v.iter().map(|_| if rng.f() > 0.0 { 520_192 } else { -520_192 }).collect()),
+                        // Scales of one sign (the activations' and the weights'):
+                        // the blocks' terms of an output never cancel, so the
+                        // float epilogue's rounding stays within the tolerance.
+                        // (With VNNI, Q8_0's minimum is a float term of its
+                        // own, 128 times the unsigned dot's rounding; terms of
+                        // both signs once cancelled to an output 2% off the
+                        // interpreter's exact one.) The integer dots are what
+                        // this test is about.
+                        Buffer::F32(v) if p == 1 => Buffer::F32(v.iter().map(|x| x.abs()).collect()),
+                        Buffer::F16(v) => Buffer::F16(v.iter().map(|h| h & 0x7fff).collect()),
                         other => other,
                     })
                     .collect();
@@ -656,11 +680,24 @@ fn parts(encoding: WeightEncoding, n: u64, k: u64) -> Vec<usize> {
 }
 
 /// The activation parameters (levels, scales) of `rows` f32 rows `x` made by `q`.
-fn activations(q: &Kernel, x: &[f32], k: u64, rows: usize) -> Vec<Buffer> {
+fn activations(q: &Kernel, consumer: &Kernel, x: &[f32], k: u64, rows: usize) -> Vec<Buffer> {
     let level_bytes = if q.name.starts_with("quantize_q8") { 1 } else { 2 };
     let mut bufs = vec![Buffer::F32(x.to_vec()), Buffer::I8(vec![0; rows * level_bytes * k as usize]), Buffer::F32(vec![0.0; rows * 2 * k as usize / 32])];
     run(q, &mut bufs, rows as u64);
-    bufs.split_off(1)
+    let mut out = bufs.split_off(1);
+    // Q6_K's row dots also read the levels' sums per 16 values.
+    if takes_half_sums(consumer) {
+        let levels = if level_bytes == 1 { ActivationLevels::Int8 } else { ActivationLevels::Int16Planes };
+        let mut sums = vec![out[0].clone(), Buffer::I32(vec![0; rows * k as usize / 16])];
+        run(&level_half_sums(k, levels, SeqMode::Dynamic), &mut sums, rows as u64);
+        out.push(sums.pop().expect("the sums"));
+    }
+    out
+}
+
+/// Whether an integer matmul reads the activations' sums per 16 values (its `h`).
+fn takes_half_sums(kernel: &Kernel) -> bool {
+    kernel.params.get(2).is_some_and(|p| p.name == "h")
 }
 
 /// Runs compiled `kernel` over `rows` rows of `bufs`.
@@ -729,10 +766,11 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
             let x: Vec<f32> = (0..ROWS * k).map(|_| rng.f() * 3.0).collect();
             let addend: Vec<f32> = (0..ROWS * n).map(|_| rng.f()).collect();
             // Weights drawn as the differential cases draw them (`inputs`).
-            let sizes: Vec<usize> = [0, 0].into_iter().chain(p.weight_sizes.iter().copied()).collect();
-            let weights = inputs(&Case { kernel: p.batch.clone(), sizes, int_max: 1, seq: 1, tol: 0.0 }, &mut rng).split_off(2);
+            let activation_params = if takes_half_sums(&p.batch) { 3 } else { 2 };
+            let sizes: Vec<usize> = vec![0; activation_params].into_iter().chain(p.weight_sizes.iter().copied()).collect();
+            let weights = inputs(&Case { kernel: p.batch.clone(), sizes, int_max: 1, seq: 1, tol: 0.0 }, &mut rng).split_off(activation_params);
             let run_rows = |kernel: &Kernel, quantize: &Kernel, x: &[f32], addend: &[f32], rows: usize| -> Vec<u32> {
-                let mut bufs = activations(quantize, x, p.k, rows);
+                let mut bufs = activations(quantize, kernel, x, p.k, rows);
                 bufs.extend(weights.iter().cloned());
                 if p.row_addend {
                     bufs.push(Buffer::F32(addend.to_vec()));

@@ -556,6 +556,12 @@ fn interleaved_kernels_read_ggml_values(file: &str, encoding: maxc::graph::Weigh
             scales[r * 2 * (cols / 32) + c / 32] as f64 * level
         };
         let mut bufs = vec![q[1].clone(), q[2].clone()];
+        // Q6_K's row dots also read the activations' sums per 16 values.
+        if encoding == maxc::graph::WeightEncoding::Q6K {
+            let mut sums = vec![q[1].clone(), Buffer::I32(vec![0; seq * cols / 16])];
+            run(&maxc_kernels::library::quantize_activations::level_half_sums(cols as u64, levels, SeqMode::Dynamic), &mut sums, seq as u64);
+            bufs.push(sums.pop().expect("the sums"));
+        }
         bufs.extend(as_buffers(&packed));
         bufs.push(Buffer::F32(vec![f32::NAN; seq * GROUP]));
         let kernel = matmul_interleaved(cols as u64, GROUP as u64, encoding, None, SeqMode::Dynamic, RegisterTile::ZMM, levels);

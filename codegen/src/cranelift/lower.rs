@@ -218,12 +218,21 @@ impl Lowering<'_, '_> {
             None => None,
         };
         // Two halves (Q6_K): each half's dot with the integer offset applied
-        // to the levels, scaled by its own factor.
+        // through the half's activation sum, scaled by its own factor.
         let halves = d.form.halves();
         let half_offset = match d.row_min {
             RowMin::Offset(o) if halves > 1 => o as i64,
             _ => 0,
         };
+        // (The verifier gives every form with two halves its sums.)
+        let mut offset_terms = Vec::new();
+        if let (Some((p, start)), true) = (&d.half_sums, half_offset != 0) {
+            let base = self.address(*p, start)?;
+            for h in 0..halves {
+                let sum = self.b.ins().load(types::I32, flags, base, (4 * h) as i32);
+                offset_terms.push(self.b.ins().imul_imm_s(sum, half_offset));
+            }
+        }
         let acc_base = self.locals[d.acc.index()];
         for g in 0..DOT_LANES {
             let mut sums = Vec::new();
@@ -251,9 +260,6 @@ impl Lowering<'_, '_> {
                         w = self.b.ins().bor(w, one);
                     }
                 }
-                if half_offset != 0 {
-                    w = self.b.ins().iadd_imm_s(w, half_offset);
-                }
                 let mut a = match d.act_levels {
                     ActLevels::Words => self.b.ins().sload16(types::I32, flags, a_base, 2 * t as i32),
                     _ => self.b.ins().sload8(types::I32, flags, a_base, t as i32),
@@ -268,6 +274,9 @@ impl Lowering<'_, '_> {
             }
             if halves > 1 {
                 sums.push(sum);
+                for (sum, offset) in sums.iter_mut().zip(&offset_terms) {
+                    *sum = self.b.ins().iadd(*sum, *offset);
+                }
                 // act_scale * (S_0 * dot_0 + S_1 * dot_1)
                 let mut total = None;
                 for (h, sum) in sums.into_iter().enumerate() {

@@ -118,6 +118,18 @@ impl Scheduler<'_, '_, '_> {
         Ok(q)
     }
 
+    /// The sums per 16 values of `v`'s integer levels `q` (`level_half_sums`),
+    /// one launch per value and levels.
+    fn activation_half_sums(&mut self, v: ValueId, k: u64, levels: ActivationLevels, q: Arg, seq: SeqMode) -> Arg {
+        if let Some(&h) = self.half_sums.get(&(v.index(), levels)) {
+            return h;
+        }
+        let sums = k / 16;
+        let h = self.launch_outputs(level_half_sums(k, levels, seq), vec![q], &[sums * 4], TaskCount { per_seq: sums, fixed: 0 })[0];
+        self.half_sums.insert((v.index(), levels), h);
+        h
+    }
+
     /// The integer-activation form of a matmul of `x` with block weight `w`
     /// (plus `addend`), when enabled and the encoding has integer levels: the
     /// interleaved kernel where the weight has that layout, else (int8 only)
@@ -147,6 +159,10 @@ impl Scheduler<'_, '_, '_> {
         };
         let (q, scales) = self.quantized_activations(x, k, (levels, form), seq)?;
         let mut args = vec![q, scales];
+        // Q6_K's row dots apply their offset per 16 values through the activations' sums.
+        if layout == Layout::Interleaved16 && maxc_kernels::library::dequant::rows_form(encoding, n, k).is_some_and(|f| f.halves() > 1) {
+            args.push(self.activation_half_sums(x, k, levels, q, seq));
+        }
         args.extend(self.weight_parts_in(w, layout)?);
         if let Some((r, _)) = addend {
             args.push(self.input(r)?);

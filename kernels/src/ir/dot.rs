@@ -34,8 +34,11 @@ use super::*;
 /// two halves ([`RowsForm::halves`]: Q6_K's scale per 16 values) sums
 /// `S_h[g] * act_scales[0] * dot_h` over its halves `h` (values `16 h..16 h +
 /// 16`), where `S_h[g]` takes its factor at `factors.1 + 16 h + g`; its minimum
-/// is an integer `RowMin::Offset(o)` applied to the levels exactly (`dot_h` sums
-/// `(W[g][t] + o) * A[t]`), and `act_scales[1]` is not read.
+/// is an integer `RowMin::Offset(o)` applied exactly, through the half's
+/// activation level sum `H_h` ([`RowDot::half_sums`]): `dot_h = sum over the
+/// half of W[g][t] * A[t] + o * H_h` (the sum of `(W[g][t] + o) * A[t]` when
+/// `H_h` is the sum of the half's levels, as `level_half_sums` writes it), and
+/// `act_scales[1]` is not read.
 /// `acc` is a local of at least `DOT_LANES` f32. With `prefetch_ahead`, the CPU
 /// lowering also prefetches the levels that many bytes past each 64-byte chunk it
 /// reads (a hint with no effect on the result; it may point past the weights).
@@ -49,6 +52,12 @@ pub struct RowDot {
     /// [`RowsForm::Nibbles5`] and [`RowsForm::Nibbles6`]): a byte parameter
     /// and the first byte's index.
     pub high_bits: Option<(ParamId, Expr)>,
+    /// Forms with two halves: an i32 parameter and the index of the block's
+    /// first half's activation level sum `H_0` (`H_1` follows;
+    /// `quantize_activations::level_half_sums`). With them no backend sums a
+    /// block's activations again for every 16 weight rows. `None` with the
+    /// other forms.
+    pub half_sums: Option<(ParamId, Expr)>,
     pub act: ParamId,
     pub act_start: Expr,
     /// How the activation levels are stored.

@@ -204,11 +204,22 @@ impl Kernel {
                         (None, false) => {}
                     }
                     // Two halves: each with its own factor, the minimum an
-                    // exact integer offset, activations as bytes or planes.
+                    // exact integer offset, activations as bytes or planes,
+                    // and the halves' activation sums.
                     if d.form.halves() > 1 {
                         if !matches!(d.row_min, RowMin::Offset(o) if o.fract() == 0.0) || d.row_scales.factors.is_none() || d.act_levels == ActLevels::Words {
                             return Err(format!("a {:?} row dot takes per-half factors, an integer offset and byte or plane activations", d.form));
                         }
+                    }
+                    match (&d.half_sums, d.form.halves() > 1) {
+                        (Some((p, start)), true) => {
+                            if self.dot_param(*p, "half sums")? != ElemType::I32 || self.type_of(start)? != ValType::I64 {
+                                return Err(format!("half sums {p} must be an i32 parameter with an i64 start"));
+                            }
+                        }
+                        (None, true) => return Err(format!("a {:?} row dot needs its halves' activation sums", d.form)),
+                        (Some(_), false) => return Err(format!("a {:?} row dot has no halves to sum", d.form)),
+                        (None, false) => {}
                     }
                     for r in d.per_row() {
                         let (p, start) = &r.values;

@@ -70,7 +70,7 @@ pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs, levels): (ParamId, ParamId, ActivationLevels), w: &WeightParams, form: RowsForm, out: ParamId, n: i64, addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs, xh, levels): (ParamId, ParamId, Option<ParamId>, ActivationLevels), w: &WeightParams, form: RowsForm, out: ParamId, n: i64, addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let lanes = INTERLEAVED_ROWS;
     let (k, nb) = (w.cols, w.blocks_per_row());
     let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
@@ -115,6 +115,8 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
                 w_start: mul(v(gb), i(form.bytes())),
                 form,
                 high_bits: (form.high_bit_count() > 0).then(|| (w.part("high_bits"), mul(v(gb), i(form.high_bits_bytes())))),
+                // The row's two half sums of this block.
+                half_sums: xh.map(|h| (h, add(mul(row(r), i(2 * nb)), mul(v(blk), i(2))))),
                 act: xq,
                 act_start: act_start.clone(),
                 act_levels: act_levels.clone(),
@@ -140,12 +142,16 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
 /// `q, s` (integer activations of `x: f32[seq, k]` with `levels`, natural
 /// order) times `w: [n, k]` in `encoding` and layout `interleaved16` ->
 /// `out: f32[seq, n]`; with `addend`, `+ r` broadcast as given; prefill in
-/// register tiles of `register_tile`. Params: `q`, `s`, the weight's parts,
-/// `r`?, `out`.
+/// register tiles of `register_tile`. Params: `q`, `s`, `h` (Q6_K: the
+/// activations' sums per 16 values, [`super::quantize_activations::level_half_sums`]),
+/// the weight's parts, `r`?, `out`.
 pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Option<Broadcast>, seq: SeqMode, register_tile: RegisterTile, levels: ActivationLevels) -> Kernel {
     let mut b = KernelBuilder::new();
     let xq = b.param("q", ElemType::I8, false);
     let xs = b.param("s", ElemType::F32, false);
+    // Forms with two halves (Q6_K): each row's activation sums per 16 values.
+    let halves = super::dequant::rows_form(encoding, n, k).is_some_and(|f| f.halves() > 1);
+    let xh = halves.then(|| b.param("h", ElemType::I32, false));
     let w = declare_interleaved(&mut b, "w", encoding, n, k);
     let form = w.interleaved.expect("declared interleaved");
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
@@ -164,7 +170,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     };
     let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| {
         if !seq.is_decode() {
-            return tile(b, rows, panels, (r0, p0), (xq, xs, levels), &w, form, out, ni, addend, prefetch);
+            return tile(b, rows, panels, (r0, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch);
         }
         // Decode: the task's panels one after another, each with its own block
         // loop, not side by side in one: two panels' accumulators (per plane) and
@@ -179,7 +185,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
         for p in 0..panels {
             let at = b.var(ValType::I64);
             all.push(set(at, add(v(p0), i(p))));
-            all.extend(tile(b, rows, 1, (r0, at), (xq, xs, levels), &w, form, out, ni, addend, prefetch));
+            all.extend(tile(b, rows, 1, (r0, at), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch));
         }
         all
     });
@@ -192,7 +198,7 @@ mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
     use crate::library::matmul_blocks::matmul_blocks;
-    use crate::library::quantize_activations::{quantize_q16, quantize_q8};
+    use crate::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8};
     use crate::library::test_util::*;
 
     /// The interleaved int8 and int16 (planes, words) matmuls equal the float block matmul
@@ -227,7 +233,14 @@ mod tests {
                 let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * level(at)).collect();
                 let r_values = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);
                 let r = addend.map(|_| &r_values[..]);
-                let got = run_matmul(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq, register_tile, levels), vec![qbufs[1].clone(), qbufs[2].clone()], &packed, r, (m, n));
+                let mut acts = vec![qbufs[1].clone(), qbufs[2].clone()];
+                // Q6_K: the levels' sums per 16 values.
+                if encoding == WeightEncoding::Q6K {
+                    let mut sums = vec![qbufs[1].clone(), Buffer::I32(vec![0; m * k / 16])];
+                    run(&level_half_sums(k as u64, levels, seq), &mut sums, m as u64);
+                    acts.push(sums.pop().expect("the sums"));
+                }
+                let got = run_matmul(&matmul_interleaved(k as u64, n as u64, encoding, addend, seq, register_tile, levels), acts, &packed, r, (m, n));
                 let want = run_matmul(&matmul_blocks(k as u64, n as u64, encoding, addend, seq), vec![Buffer::F32(xd)], &parts, r, (m, n));
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
                 for (g, w) in got.iter().zip(&want) {

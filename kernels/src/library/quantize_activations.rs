@@ -197,6 +197,35 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
     b.finish(format!("{name}_k{k}_{}", seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
+/// One task per row: the integer activation levels `q` of `k` values (as
+/// `levels` stores them: [`quantize_q8`]'s bytes or [`quantize_q16`]'s planes)
+/// -> `h: i32[seq, k / 16]`, the sum of each 16 consecutive levels (at most
+/// `16 * 32512` in magnitude). Q6_K's row dots read them
+/// ([`RowDot::half_sums`]) to apply their `-32` offset per 16-value half, once
+/// per row and block where every 16 weight rows summed the activations again.
+pub fn level_half_sums(k: u64, levels: ActivationLevels, seq: SeqMode) -> Kernel {
+    assert!(levels != ActivationLevels::Int16Words, "Q6_K's row dots take bytes or planes, not words");
+    assert_eq!(k % 16, 0, "half sums need whole halves of 16 values ({k} values)");
+    let mut b = KernelBuilder::new();
+    let q = b.param("q", ElemType::I8, false);
+    let h = b.param("h", ElemType::I32, true);
+    let (t, half, l, sum) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let ki = k as i64;
+    let value = add(v(l), mul(v(half), i(16)));
+    let row_start = mul(v(t), i(ki * levels.bytes() as i64));
+    let level = match levels {
+        ActivationLevels::Int16Planes => add(mul(i(HIGH_PLANE_WEIGHT), ld(q, add(row_start.clone(), value.clone()))), ld(q, add(add(row_start, i(ki)), value))),
+        _ => ld(q, add(row_start, value)),
+    };
+    let body = vec![for_(
+        half,
+        i(0),
+        i(ki / 16),
+        vec![set(sum, i(0)), for_vec(l, i(0), i(16), vec![set(sum, add(v(sum), level))]), store(h, add(mul(v(t), i(ki / 16)), v(half)), v(sum))],
+    )];
+    b.finish(format!("level_half_sums_{}_k{k}_{}", levels.tag(), seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +237,15 @@ mod tests {
         let mut x: Vec<f32> = (0..2 * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
         x[k..k + 32].fill(0.0);
         x[k + 32..k + 64].fill(1e-41);
+        x
+    }
+
+    /// [`rows_with_zero_and_denormal_blocks`] where row 0's block 1 reaches
+    /// both extremes of the int16 levels exactly.
+    fn rows_with_zero_denormal_and_extreme_blocks(k: usize) -> Vec<f32> {
+        let mut x = rows_with_zero_and_denormal_blocks(k);
+        x[40] = -9.5;
+        x[41] = 9.5;
         x
     }
 
@@ -255,6 +293,36 @@ mod tests {
         }
     }
 
+    /// The half sums are the sums of each 16 consecutive levels, as the
+    /// levels are stored (int8 bytes; int16 planes as `255 high + low`), for
+    /// two rows with extreme, zero and denormal blocks.
+    #[test]
+    fn half_sums_add_each_16_levels() {
+        let k = 128usize;
+        let x = rows_with_zero_denormal_and_extreme_blocks(k);
+        for (levels, quantize) in [(ActivationLevels::Int8, quantize_q8(k as u64, DotForm::Int8, SeqMode::Dynamic)), (ActivationLevels::Int16Planes, quantize_q16(k as u64, ActivationLevels::Int16Planes, SeqMode::Dynamic))] {
+            let width = k * levels.bytes() as usize;
+            let mut bufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; 2 * width]), Buffer::F32(vec![0.0; 2 * 2 * k / 32])];
+            run(&quantize, &mut bufs, 2);
+            let mut sums = vec![bufs[1].clone(), Buffer::I32(vec![i32::MIN; 2 * k / 16])];
+            run(&level_half_sums(k as u64, levels, SeqMode::Dynamic), &mut sums, 2);
+            let (Buffer::I8(q), Buffer::I32(h)) = (&sums[0], &sums[1]) else { unreachable!() };
+            for row in 0..2 {
+                for half in 0..k / 16 {
+                    let want: i64 = (16 * half..16 * half + 16)
+                        .map(|t| match levels {
+                            ActivationLevels::Int8 => q[row * width + t] as i64,
+                            _ => HIGH_PLANE_WEIGHT * q[row * width + t] as i64 + q[row * width + k + t] as i64,
+                        })
+                        .sum();
+                    assert_eq!(h[row * k / 16 + half] as i64, want, "{levels:?} row {row} half {half}");
+                }
+            }
+            // Some half is far from zero (the test is not vacuous).
+            assert!(h.iter().any(|v| v.abs() > 200), "{levels:?}: {h:?}");
+        }
+    }
+
     /// Int16 levels: `round(x / d)` with `d = max |x| / 32512`, split into a
     /// high and a low byte, both in -127..=127, `255 high + low`, in two planes
     /// (a row's high bytes, then its low bytes), with the block's `d` and
@@ -263,10 +331,7 @@ mod tests {
     #[test]
     fn int16_levels_split_into_two_byte_planes_or_words() {
         let k = 128usize;
-        let mut x = rows_with_zero_and_denormal_blocks(k);
-        // Row 0 block 1 reaches both extremes exactly.
-        x[40] = -9.5;
-        x[41] = 9.5;
+        let x = rows_with_zero_denormal_and_extreme_blocks(k);
         let levels = check_blocks(&quantize_q16(k as u64, ActivationLevels::Int16Planes, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
             let at = blk * 32 + t;
             let (high, low) = (q[row * 2 * k + at] as i64, q[row * 2 * k + k + at] as i64);
