@@ -254,11 +254,12 @@ impl Machine<'_> {
                     // to the `offset * S * act_scales[1]` term under RowDot's
                     // contract on the activation sums, without the cancellation
                     // of two large float terms); with two halves, through the
-                    // halves' activation sums (truncated, as every backend reads them).
+                    // halves' activation sums.
                     let level_offset = match d.row_min {
                         RowMin::Offset(o) if o.fract() == 0.0 => Some(o as i64),
                         _ => None,
                     };
+                    // A half's activation sum (0 without them: the offset is per level then).
                     let half_sum = |h: i64| match &d.half_sums {
                         Some((p, start)) => self.load(*p, self.eval(start).i() + h).i(),
                         None => 0,
@@ -269,8 +270,7 @@ impl Machine<'_> {
                             let row_scale = per_row(&d.row_scales, g);
                             let half_dot = |h: i64| {
                                 let dot: i64 = (h * per_half..(h + 1) * per_half).map(|t| (d.form.level(&w, &high, g, t) + per_level_offset) * act(t)).sum();
-                                let through_sums = if d.half_sums.is_some() { level_offset.unwrap_or(0) * half_sum(h) } else { 0 };
-                                (dot + through_sums) as f32
+                                (dot + level_offset.unwrap_or(0) * half_sum(h)) as f32
                             };
                             if level_offset.is_some() {
                                 return (0..halves).map(|h| per_row_half(&d.row_scales, g, h) * scale * half_dot(h)).sum();

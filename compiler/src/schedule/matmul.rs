@@ -160,7 +160,7 @@ impl Scheduler<'_, '_, '_> {
         let (q, scales) = self.quantized_activations(x, k, (levels, form), seq)?;
         let mut args = vec![q, scales];
         // Q6_K's row dots apply their offset per 16 values through the activations' sums.
-        if layout == Layout::Interleaved16 && maxc_kernels::library::dequant::rows_form(encoding, n, k).is_some_and(|f| f.halves() > 1) {
+        if layout == Layout::Interleaved16 && maxc_kernels::library::matmul_interleaved::reads_half_sums(encoding, n, k) {
             args.push(self.activation_half_sums(x, k, levels, q, seq));
         }
         args.extend(self.weight_parts_in(w, layout)?);

@@ -139,6 +139,13 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
     body
 }
 
+/// Whether [`matmul_interleaved`] of `encoding` weights `[n, k]` reads `h`,
+/// each activation row's level sums per 16 values: the forms with two halves
+/// (Q6_K), whose offset applies per half through them.
+pub fn reads_half_sums(encoding: WeightEncoding, n: u64, k: u64) -> bool {
+    super::dequant::rows_form(encoding, n, k).is_some_and(|f| f.halves() > 1)
+}
+
 /// `q, s` (integer activations of `x: f32[seq, k]` with `levels`, natural
 /// order) times `w: [n, k]` in `encoding` and layout `interleaved16` ->
 /// `out: f32[seq, n]`; with `addend`, `+ r` broadcast as given; prefill in
@@ -149,9 +156,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     let mut b = KernelBuilder::new();
     let xq = b.param("q", ElemType::I8, false);
     let xs = b.param("s", ElemType::F32, false);
-    // Forms with two halves (Q6_K): each row's activation sums per 16 values.
-    let halves = super::dequant::rows_form(encoding, n, k).is_some_and(|f| f.halves() > 1);
-    let xh = halves.then(|| b.param("h", ElemType::I32, false));
+    let xh = reads_half_sums(encoding, n, k).then(|| b.param("h", ElemType::I32, false));
     let w = declare_interleaved(&mut b, "w", encoding, n, k);
     let form = w.interleaved.expect("declared interleaved");
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));

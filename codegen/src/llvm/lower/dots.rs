@@ -44,10 +44,17 @@ pub(super) enum WeightBytes {
     Small,
 }
 
-/// `x` in all [`DOT_LANES`] lanes of an f32 vector (the dot epilogues' scalars).
-fn splat_lanes<'ctx>(b: &Builder<'ctx>, x: inkwell::values::FloatValue<'ctx>, name: &str) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-    let i32t = x.get_type().get_context().i32_type();
-    let one = b.build_insert_element(x.get_type().vec_type(DOT_LANES as u32).get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
+/// `x` in all [`DOT_LANES`] lanes of a vector: the dot epilogues' f32
+/// scalars, and the i32 sums added to every row's dot.
+fn splat_lanes<'ctx>(b: &Builder<'ctx>, x: impl BasicValue<'ctx>, name: &str) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+    let x = x.as_basic_value_enum();
+    let lanes = match x {
+        BasicValueEnum::FloatValue(f) => f.get_type().vec_type(DOT_LANES as u32),
+        BasicValueEnum::IntValue(i) => i.get_type().vec_type(DOT_LANES as u32),
+        other => unreachable!("dot scalars are floats or integers, not {other:?}"),
+    };
+    let i32t = lanes.get_context().i32_type();
+    let one = b.build_insert_element(lanes.get_undef(), x, i32t.const_zero(), name).map_err(llvm_err)?;
     b.build_shuffle_vector(one, one, i32t.vec_type(DOT_LANES as u32).const_zero(), name).map_err(llvm_err)
 }
 
@@ -631,9 +638,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 let offset = i32t.const_int(o as i64 as u64, true);
                 let b = &self.builder;
                 let moved = b.build_int_mul(sum, offset, "offset_sum").map_err(llvm_err)?;
-                let one = b.build_insert_element(i32t.vec_type(lanes).get_undef(), moved, i32t.const_zero(), "offset_one").map_err(llvm_err)?;
-                let splat = b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), "offset_all").map_err(llvm_err)?;
-                dot = b.build_int_add(dot, splat, "offset_dot").map_err(llvm_err)?;
+                dot = b.build_int_add(dot, splat_lanes(b, moved, "offset_all")?, "offset_dot").map_err(llvm_err)?;
             }
             dots.push(dot);
         }
@@ -657,8 +662,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let sum = self.intrinsic_typed("llvm.vector.reduce.add", &[wide.into()], &[wide.get_type().into()])?.into_int_value();
         let b = &self.builder;
         let sum = b.build_int_mul(sum, i32t.const_int(times, false), "act_sum").map_err(llvm_err)?;
-        let one = b.build_insert_element(i32t.vec_type(DOT_LANES as u32).get_undef(), sum, i32t.const_zero(), "act_sum").map_err(llvm_err)?;
-        b.build_shuffle_vector(one, one, i32t.vec_type(DOT_LANES as u32).const_zero(), "act_sums").map_err(llvm_err)
+        splat_lanes(b, sum, "act_sums")
     }
 
     /// A [`RowScale`]'s `lanes` values as f32: the float values, times the byte
