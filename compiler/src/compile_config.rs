@@ -60,7 +60,8 @@ pub struct CompileConfig {
     pub embedding_encoding: Option<WeightEncoding>,
     /// The activation encoding when one is named (else chosen in [`CompileConfig::plan_for`]).
     pub activations: Option<ActivationEncoding>,
-    pub kv_encoding: KvEncoding,
+    /// The KV cache's element type when one is named (else chosen in [`CompileConfig::plan_for`]).
+    pub kv_encoding: Option<KvEncoding>,
     /// The target as written (`cpu` when none is given).
     pub target_spec: String,
     pub targets: maxc_codegen::TargetSpec,
@@ -83,6 +84,9 @@ pub struct ModelPlan {
     /// The linear layers' encoding (`WeightEncoding::Float32` under `stored`).
     pub encoding: WeightEncoding,
     pub activations: ActivationEncoding,
+    /// The KV cache's element type: the one named, else float32 with float32
+    /// weights and float16 with anything narrower.
+    pub kv_encoding: KvEncoding,
     pub mesh: DeviceMesh,
     /// Attention split by heads over the mesh (else replicated).
     pub split_attention: bool,
@@ -114,7 +118,7 @@ impl CompileConfig {
         );
         let kv_encoding = keep(
             &mut problems,
-            c.kv_cache_encoding.as_deref().map_or(Ok(KvEncoding::Float32), crate::manifest::parse_kv_cache_encoding).map_err(|m| invalid("kv_cache_encoding", m)),
+            c.kv_cache_encoding.as_deref().map(crate::manifest::parse_kv_cache_encoding).transpose().map_err(|m| invalid("kv_cache_encoding", m)),
         );
         let target_spec = c.target.clone().unwrap_or_else(|| "cpu".into());
         let targets = keep(
@@ -293,6 +297,13 @@ impl CompileConfig {
                 ),
             ));
         }
+        // The default cache: exact (float32) beside float32 weights; halves, as
+        // llama.cpp's default cache, beside anything narrower, whose rounding
+        // is far larger than the halves' (docs/quantization.md, KV cache).
+        let narrow_weights = encoding != WeightEncoding::Float32
+            || self.embedding_encoding.is_some_and(|e| e != WeightEncoding::Float32)
+            || stored.as_ref().is_some_and(|s| s.values().any(|q| *q != WeightEncoding::Float32));
+        let kv_encoding = self.kv_encoding.unwrap_or(if narrow_weights { KvEncoding::Float16 } else { KvEncoding::Float32 });
         let mut notes = Vec::new();
         // Asked for integer activations with weights whose matmuls have no
         // integer kernels (fp8): said, not silently dropped.
@@ -325,7 +336,7 @@ impl CompileConfig {
             max_rows: self.max_rows,
             max_sequences: self.max_sequences,
         });
-        Ok(ModelPlan { stored, encoding, activations, mesh: self.mesh.clone(), split_attention, max_length, batch, notes })
+        Ok(ModelPlan { stored, encoding, activations, kv_encoding, mesh: self.mesh.clone(), split_attention, max_length, batch, notes })
     }
 }
 

@@ -282,7 +282,7 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
     weights.activations = plan.activations;
     weights.register_tile = config.targets.cpu.as_ref().map(|t| maxc_kernels::library::RegisterTile::for_cpu(t.has_avx512())).unwrap_or_default();
     let mut kernels = KernelSet::default();
-    let cache = crate::schedule::KvCacheSpec::new(max_length, config.kv_encoding);
+    let cache = crate::schedule::KvCacheSpec::new(max_length, plan.kv_encoding);
     let mut schedules = Vec::with_capacity(graphs.len());
     for (index, graph) in graphs.iter().enumerate() {
         weights.device = index as u32;
@@ -401,7 +401,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
     };
     let mesh = &plan.mesh;
     let devices = mesh.len();
-    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, encoding: config.kv_encoding };
+    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, encoding: plan.kv_encoding };
     let sub_models: Vec<mef::SubModel> = scheduled
         .schedules
         .iter()
@@ -445,7 +445,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
 fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode, options: &CompileOptions<'_>) -> Result<maxrun::format::Header> {
     use maxrun::format as mef;
     let first = cpu_variant(config, plan, scheduled, code);
-    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, encoding: config.kv_encoding };
+    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, encoding: plan.kv_encoding };
     // One code path with the compile cache's key (`cache.rs`), which computes
     // it before compiling: the build id it predicts is the one recorded here.
     let provenance = crate::provenance::provenance(&fe.manifest.text, &config.target_spec, &options.flags, &fe.model.input_files)?;

@@ -36,6 +36,10 @@ fn fixture_name(arch: &str) -> String {
 fn check_f32(arch: &str) {
     let name = fixture_name(arch);
     let mef = compile_model(&format!("gguf-{arch}-f32"), &gguf(arch, "f32"), &[]);
+    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    assert_eq!(v["memory"]["kv_encoding"], "float32", "{name}: float32 weights keep an exact cache by default");
     let golden = golden(&name);
     for (i, case) in cases(&golden).iter().enumerate() {
         let what = format!("{name} F32 GGUF case {i}");
@@ -81,6 +85,10 @@ fn check_quantized(arch: &str, quant: &str, min_top1: f64, max_kl: f64) {
     let by_encoding = v["weights"]["by_encoding"].as_object().unwrap();
     let blocks: u64 = by_encoding.iter().filter(|(e, _)| e.starts_with('q')).map(|(_, s)| s["tensors"].as_u64().unwrap_or(0)).sum();
     assert!(blocks > 0, "{name} {quant}: no block-quantized tensors in {by_encoding:?}");
+    // Block weights take a cache of halves by default (llama.cpp's default
+    // cache type), where the F32 file keeps float32 (`check_f32` passes the
+    // float32 tolerance with it).
+    assert_eq!(v["memory"]["kv_encoding"], "float16", "{name} {quant}: the default cache beside block weights");
 }
 
 /// The Q8_0 file holds the blocks maxc's own q8_0 quantizer makes from the

@@ -104,4 +104,16 @@ fn gguf_add_bos_and_add_eos_flags_are_honoured() {
     gguf.metadata.insert("tokenizer.ggml.add_bos_token".into(), MetaValue::Int(1));
     let err = maxc::import::gguf_tokenizer::tokenizer_json(&gguf, 49152).unwrap_err().to_string();
     assert!(err.contains("tokenizer.ggml.add_bos_token") && err.contains("expected a bool"), "{err}");
+    // Without the key, llama.cpp's defaults (llama-vocab.cpp): BOS for the
+    // Llama 3 pre-tokenizer's vocabularies (Llama 3 files from older
+    // converters lack the key), nothing for the others (SmolLM2's, Qwen2's).
+    gguf.metadata.remove("tokenizer.ggml.add_eos_token");
+    for (pre, adds_bos) in [("llama-bpe", true), ("llama3", true), ("smollm", false), ("qwen2", false)] {
+        gguf.metadata.insert("tokenizer.ggml.pre".into(), MetaValue::Str(pre.into()));
+        gguf.metadata.insert("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(false));
+        let bare = encode(&gguf);
+        gguf.metadata.remove("tokenizer.ggml.add_bos_token");
+        let want = if adds_bos { [&[bos][..], &bare].concat() } else { bare };
+        assert_eq!(encode(&gguf), want, "pre-tokenizer {pre} without add_bos_token");
+    }
 }

@@ -90,7 +90,10 @@ pub fn tokenizer_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
         .enumerate()
         .map(|(i, m)| m.as_str().ok_or_else(|| Error::invalid(path, "tokenizer.ggml.merges", format!("entry {i} is not a string"))))
         .collect::<Result<_>>()?;
-    let post_processor = post_processor(gguf, &tokens, false)?;
+    // llama.cpp adds BOS by default to the vocabularies of its Llama 3
+    // pre-tokenizer (`llama-bpe`, `llama3`) and to no other byte-level BPE one,
+    // when the file has no `add_bos_token`.
+    let post_processor = post_processor(gguf, &tokens, matches!(pre, "llama-bpe" | "llama3"))?;
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -347,7 +350,8 @@ fn wordpiece_json(gguf: &GgufFile, vocab_size: usize) -> Result<String> {
 /// The post-processor that adds what the GGUF's `tokenizer.ggml.add_bos_token` /
 /// `add_eos_token` ask for (llama.cpp's `llama_tokenize` with `add_special`):
 /// BOS before and EOS after a text; `bos_by_default` when the file has no
-/// `add_bos_token` (llama.cpp adds BOS to SentencePiece vocabularies then). A
+/// `add_bos_token` (llama.cpp adds BOS to SentencePiece vocabularies and to
+/// byte-level BPE ones with the Llama 3 pre-tokenizer then). A
 /// flag set without its token id is refused.
 fn post_processor<'t>(gguf: &GgufFile, tokens: &[&'t str], bos_by_default: bool) -> Result<Value> {
     let path = &gguf.path;
