@@ -174,7 +174,12 @@ fn gemm_rows(c: &mut Criterion) {
     let target = CpuTarget::host();
     let mut group = c.benchmark_group(format!("gemm_k{K}_n{N}_{ROWS}rows_1thread"));
     let (k, n) = (K as usize, N as usize);
-    let tiles = [RegisterTile::ZMM, RegisterTile { rows: 2, panels: 2 }, RegisterTile { rows: 1, panels: 2 }];
+    // The target's tile and narrower ones (AVX2: one 16-wide panel, fewer rows).
+    let tiles = if target.has_avx512() {
+        [RegisterTile::ZMM, RegisterTile { rows: 2, panels: 2 }, RegisterTile { rows: 1, panels: 2 }]
+    } else {
+        [RegisterTile::YMM, RegisterTile { rows: 3, panels: 1 }, RegisterTile { rows: 2, panels: 1 }]
+    };
     for (encoding, levels) in [(WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q8_0, ActivationLevels::Int16Words)] {
         let parts = part_sizes(encoding);
         let weight_bytes: u64 = parts.iter().map(|(e, n)| e.size() * *n as u64).sum();

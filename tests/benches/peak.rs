@@ -7,6 +7,11 @@
 //! - `fma_f32`: `vfmadd231ps` (zmm with AVX-512, ymm with AVX2): the float32 paths.
 //! - `vnni_u8i8`: `vpdpbusd` zmm (AVX-512 VNNI): the int8-activation paths.
 //! - `bf16_dot`: `vdpbf16ps` zmm (AVX512_BF16): what bfloat16 weights could use.
+//! - `madd_u8i8_ymm`: `vpmaddubsw` ymm (AVX2), byte products summed in pairs:
+//!   the multiply of the int8 / int16-activation paths on CPUs without VNNI
+//!   (each dot step adds a `vpaddw`, and each block a `vpmaddwd`, on top).
+//! - `madd_i16_ymm`: `vpmaddwd` ymm (AVX2), word products summed in pairs:
+//!   Q8_0's word activations, and the widening of the byte pairs.
 //!
 //! Each is skipped where the CPU lacks its instructions.
 //!
@@ -67,6 +72,43 @@ mod x86 {
         acc.iter().map(|&x| _mm512_reduce_add_epi32(x)).fold(0, i32::wrapping_add)
     }
 
+    /// Each accumulator fed back as the unsigned bytes of the next multiply
+    /// (saturating: the values do not matter, the instruction count does).
+    #[target_feature(enable = "avx2")]
+    pub fn maddubs_ymm(seed: i8) -> i32 {
+        let mut acc = [_mm256_set1_epi8(seed); CHAINS];
+        let b = _mm256_set1_epi8(-3);
+        for _ in 0..STEPS {
+            for x in &mut acc {
+                *x = _mm256_maddubs_epi16(*x, b);
+            }
+        }
+        reduce_ymm(&acc)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub fn maddwd_ymm(seed: i16) -> i32 {
+        let mut acc = [_mm256_set1_epi16(seed); CHAINS];
+        let b = _mm256_set1_epi16(-3);
+        for _ in 0..STEPS {
+            for x in &mut acc {
+                *x = _mm256_madd_epi16(*x, b);
+            }
+        }
+        reduce_ymm(&acc)
+    }
+
+    /// The accumulators' i32 lanes summed (wrapping), so that none is dead code.
+    #[target_feature(enable = "avx2")]
+    fn reduce_ymm(acc: &[__m256i]) -> i32 {
+        let mut out = [0i32; 8];
+        acc.iter().fold(0, |s: i32, &x| {
+            // SAFETY: `out` holds 8 i32.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), x) };
+            out.iter().fold(s, |t, &v| t.wrapping_add(v))
+        })
+    }
+
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub fn bf16_zmm(seed: f32) -> f32 {
         let mut acc = [_mm512_set1_ps(seed); CHAINS];
@@ -105,7 +147,7 @@ fn peak(c: &mut Criterion) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         // (name, operations per instruction, available, one call)
         type Bench = (&'static str, u64, bool, fn());
-        let benches: [Bench; 4] = [
+        let benches: [Bench; 6] = [
             ("fma_f32_zmm", 16 * 2, is_x86_feature_detected!("avx512f"), || {
                 // SAFETY: guarded by the feature check above.
                 black_box(unsafe { x86::fma_zmm(black_box(1.0)) });
@@ -117,6 +159,14 @@ fn peak(c: &mut Criterion) {
             ("vnni_u8i8_zmm", 64 * 2, is_x86_feature_detected!("avx512vnni"), || {
                 // SAFETY: guarded by the feature check above.
                 black_box(unsafe { x86::vnni_zmm(black_box(1)) });
+            }),
+            ("madd_u8i8_ymm", 32 * 2, is_x86_feature_detected!("avx2"), || {
+                // SAFETY: guarded by the feature check above.
+                black_box(unsafe { x86::maddubs_ymm(black_box(1)) });
+            }),
+            ("madd_i16_ymm", 16 * 2, is_x86_feature_detected!("avx2"), || {
+                // SAFETY: guarded by the feature check above.
+                black_box(unsafe { x86::maddwd_ymm(black_box(1)) });
             }),
             ("bf16_dot_zmm", 32 * 2, is_x86_feature_detected!("avx512bf16"), || {
                 // SAFETY: guarded by the feature check above.
