@@ -277,8 +277,12 @@ impl CompileConfig {
             Arc::new(w.names().map(|n| (n.to_string(), w.get(n).expect("a listed tensor").storage.stored_scheme())).collect())
         });
         let encoding = self.linear_encoding.unwrap_or(WeightEncoding::Float32);
-        let block_weights =
-            encoding.is_block() || self.embedding_encoding.is_some_and(|e| e.is_block()) || stored.as_ref().is_some_and(|s| s.values().any(|q| q.is_block()));
+        // Whether any weight's encoding (the linear layers', the embedding's,
+        // or under `stored` each checkpoint tensor's) satisfies `test`.
+        let any_weight = |test: &dyn Fn(WeightEncoding) -> bool| {
+            test(encoding) || self.embedding_encoding.is_some_and(test) || stored.as_ref().is_some_and(|s| s.values().any(|&q| test(q)))
+        };
+        let block_weights = any_weight(&|e| e.is_block());
         // The default: int16 activations where they can apply (block weights, CPU
         // code only), else float32 (docs/quantization.md, Int16 activations).
         let activations = self.activations.unwrap_or(if block_weights && self.targets.gpus.is_empty() {
@@ -300,10 +304,7 @@ impl CompileConfig {
         // The default cache: exact (float32) beside float32 weights; halves, as
         // llama.cpp's default cache, beside anything narrower, whose rounding
         // is far larger than the halves' (docs/quantization.md, KV cache).
-        let narrow_weights = encoding != WeightEncoding::Float32
-            || self.embedding_encoding.is_some_and(|e| e != WeightEncoding::Float32)
-            || stored.as_ref().is_some_and(|s| s.values().any(|q| *q != WeightEncoding::Float32));
-        let kv_encoding = self.kv_encoding.unwrap_or(if narrow_weights { KvEncoding::Float16 } else { KvEncoding::Float32 });
+        let kv_encoding = self.kv_encoding.unwrap_or(if any_weight(&|e| e != WeightEncoding::Float32) { KvEncoding::Float16 } else { KvEncoding::Float32 });
         let mut notes = Vec::new();
         // Asked for integer activations with weights whose matmuls have no
         // integer kernels (fp8): said, not silently dropped.

@@ -112,6 +112,13 @@ pub fn run_bin(name: &str, args: &[&std::ffi::OsStr]) -> (i32, String, String) {
     run_bin_env(name, args, &[])
 }
 
+/// `maxrun inspect --json ARTIFACT`, which must succeed, as one JSON value.
+pub fn inspect_json(artifact: &Path) -> Value {
+    let (code, out, err) = run_bin("maxrun", &["inspect".as_ref(), artifact.as_os_str(), "--json".as_ref()]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
 /// Like [`run_bin`] with extra environment variables.
 pub fn run_bin_env(name: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = std::process::Command::new(bin(name));

@@ -153,13 +153,6 @@ fn two_compiles_of_one_key_at_once_leave_one_valid_entry() {
     assert!(err.contains("from the cache") && !err.contains("warning"), "{err}");
 }
 
-/// `maxrun inspect --json ARTIFACT`.
-fn inspect(artifact: &Path) -> Value {
-    let (code, out, err) = run_bin("maxrun", &["inspect".as_ref(), artifact.as_os_str(), "--json".as_ref()]);
-    assert_eq!(code, 0, "{err}");
-    serde_json::from_str(&out).unwrap()
-}
-
 #[test]
 fn json_prints_one_summary_that_matches_the_artifact() {
     let _shared_cpus = shared();
@@ -168,7 +161,7 @@ fn json_prints_one_summary_that_matches_the_artifact() {
     let cache = dir.join("cache");
     let (stdout, _, _) = compile(&tiny(), &out, &["--json", "--cache-dir", cache.to_str().unwrap()], &[]);
     let s: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"));
-    let inspected = inspect(&out);
+    let inspected = inspect_json(&out);
     assert_eq!(s["artifact"], out.display().to_string());
     assert_eq!(s["bytes"].as_u64(), Some(std::fs::metadata(&out).unwrap().len()));
     assert_eq!(s["build_id"], inspected["provenance"]["build_id"]);

@@ -36,10 +36,7 @@ fn fixture_name(arch: &str) -> String {
 fn check_f32(arch: &str) {
     let name = fixture_name(arch);
     let mef = compile_model(&format!("gguf-{arch}-f32"), &gguf(arch, "f32"), &[]);
-    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
-    assert_eq!(v["memory"]["kv_encoding"], "float32", "{name}: float32 weights keep an exact cache by default");
+    assert_eq!(inspect_json(&mef)["memory"]["kv_encoding"], "float32", "{name}: float32 weights keep an exact cache by default");
     let golden = golden(&name);
     for (i, case) in cases(&golden).iter().enumerate() {
         let what = format!("{name} F32 GGUF case {i}");
@@ -79,9 +76,7 @@ fn check_quantized(arch: &str, quant: &str, min_top1: f64, max_kl: f64) {
     let (top1, kl) = quality(&mef, &name, &format!("{quant} GGUF"));
     assert!(top1 >= min_top1, "{name} {quant}: top-1 {top1} below {min_top1}");
     assert!(kl <= max_kl, "{name} {quant}: mean KL {kl} > {max_kl}");
-    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let v = inspect_json(&mef);
     let by_encoding = v["weights"]["by_encoding"].as_object().unwrap();
     let blocks: u64 = by_encoding.iter().filter(|(e, _)| e.starts_with('q')).map(|(_, s)| s["tensors"].as_u64().unwrap_or(0)).sum();
     assert!(blocks > 0, "{name} {quant}: no block-quantized tensors in {by_encoding:?}");
