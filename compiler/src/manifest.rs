@@ -81,9 +81,10 @@ pub struct CompileSection {
     /// activations are CPU code only.
     #[arg(long, value_name = "ENCODING")]
     pub activation_encoding: Option<String>,
-    /// The KV cache's element type: float32 (default, exact) or float16 (half
-    /// the cache memory and the bytes attention reads, as llama.cpp's default;
-    /// keys and values rounded to nearest even).
+    /// The KV cache's element type: float32 (exact) or float16 (half the cache
+    /// memory and the bytes attention reads; keys and values rounded to nearest
+    /// even). Default: float32 when every weight is float32, else float16 (as
+    /// llama.cpp's default cache type).
     #[arg(long, value_name = "ENCODING")]
     pub kv_cache_encoding: Option<String>,
     /// The longest sequence (prompt + generated) the artifact supports

@@ -140,6 +140,19 @@ fn cases() -> Vec<Case> {
             sizes.extend([s, s * k as usize]);
             v.push(Case { kernel: embedding_in(n, k, encoding, true, seq), sizes, int_max: n as i32, seq: s as u64, tol: 0.0 });
         }
+        // 15 rows: AVX2's 8-row words tile, then the leftover rows in tiles of
+        // 4, 2 and 1 (`row_tiles`); the 4-row planes tile three times and 2 + 1.
+        if !seq.is_decode() {
+            for (encoding, levels) in [(WeightEncoding::Q8_0, ActivationLevels::Int16Words), (WeightEncoding::Q4_1, ActivationLevels::Int16Planes)] {
+                let (k, n, rows) = (96u64, 48u64, 15usize);
+                let mut sizes = vec![rows * 2 * k as usize, rows * 2 * k as usize / 32];
+                sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+                sizes.push(rows * n as usize);
+                for tile in register_tiles(seq) {
+                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq, tile, levels), sizes: sizes.clone(), int_max: 1, seq: rows as u64, tol: reduction_tol(k * 16) });
+                }
+            }
+        }
         v.push(Case { kernel: quantize_q8(96, DotForm::Int8, seq), sizes: vec![s * 96, s * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
         for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
             v.push(Case { kernel: quantize_q16(96, sixteen, seq), sizes: vec![s * 96, s * 2 * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });

@@ -305,19 +305,24 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
     assert!(!out.exists());
 }
 
-/// Default (int16) activations meet Q8_0 weights as words at decode and in byte
-/// planes in prefill (`integer_matmul`: planes reuse the raw bytes across a
-/// full register tile; words widen them for half the rows).
+/// Default (int16) activations meet Q8_0 weights as words at decode, and in
+/// prefill in byte planes where the byte dots take Q8_0's bytes as they are
+/// (VNNI: planes reuse the raw bytes across a full register tile) but as words
+/// without VNNI (`vpmaddubsw` would need the weights' signs moved onto every
+/// row's planes; `integer_matmul`).
 #[test]
-fn q8_0_takes_words_at_decode_and_planes_in_prefill() {
-    let mef = compile("q8-levels", &fixture("tiny-llama"), "q8_0");
-    let v = inspect(&mef);
-    let names: Vec<&str> = v["kernels"]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
-    let q8 = |seq: &str| names.iter().filter(|n| n.contains("_q8_0_") && n.starts_with("matmul") && n.contains(seq)).copied().collect::<Vec<_>>();
-    let (decode, prefill) = (q8("_s1"), q8("_sN"));
-    assert!(!decode.is_empty() && decode.iter().all(|n| n.contains("_w16x16_")), "decode: {decode:?}");
-    assert!(!prefill.is_empty() && prefill.iter().all(|n| n.contains("_i16x16_")), "prefill: {prefill:?}");
-    assert!(names.iter().any(|n| n.starts_with("quantize_q16_") && n.contains("_sN")) && names.iter().any(|n| n.starts_with("quantize_w16_") && n.ends_with("_s1")), "{names:?}");
+fn q8_0_takes_words_at_decode_and_planes_in_prefill_only_with_vnni() {
+    for (target, prefill_form) in [("cpu:x86-64-v4+avx512vnni", "_i16x16_"), ("cpu:x86-64-v3", "_w16x16_")] {
+        let mef = compile_model("q8-levels", &fixture("tiny-llama"), &["--quantization-encoding", "q8_0", "--target", target]);
+        let v = inspect(&mef);
+        let names: Vec<&str> = v["kernels"]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+        let q8 = |seq: &str| names.iter().filter(|n| n.contains("_q8_0_") && n.starts_with("matmul") && n.contains(seq)).copied().collect::<Vec<_>>();
+        let (decode, prefill) = (q8("_s1"), q8("_sN"));
+        assert!(!decode.is_empty() && decode.iter().all(|n| n.contains("_w16x16_")), "{target} decode: {decode:?}");
+        assert!(!prefill.is_empty() && prefill.iter().all(|n| n.contains(prefill_form)), "{target} prefill: {prefill:?}");
+        let prefill_quantize = if prefill_form == "_i16x16_" { "quantize_q16_" } else { "quantize_w16_" };
+        assert!(names.iter().any(|n| n.starts_with(prefill_quantize) && n.contains("_sN")) && names.iter().any(|n| n.starts_with("quantize_w16_") && n.ends_with("_s1")), "{target}: {names:?}");
+    }
 }
 
 /// A tiny-llama q8_0 artifact whose first weight entry matching `pick` was

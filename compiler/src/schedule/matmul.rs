@@ -141,15 +141,18 @@ impl Scheduler<'_, '_, '_> {
         let (encoding, bc) = (ty.quant, addend.map(|(_, bc)| bc));
         // 16-bit levels: in byte planes (byte dots take nibbles as they are), and
         // as words for Q8_0's bytes at decode (widened once, one word dot per
-        // 16: int8's instruction count). Prefill keeps Q8_0 on planes: a words
-        // tile holds four accumulators per row and takes half the rows, each
-        // widened weight vector costing a shuffle-port `vpmovzxbw` for two rows'
-        // dots; planes reuse the raw bytes across the full tile. Intel Xeon VM
-        // (AVX-512 VNNI), 2 threads, pp512 planes against words: 1.17B Q8_0
-        // 139.8 / 107.8 tok/s, Q4_K_M (its Q6_K tensors as q8_0) 161 / 148,
-        // SmolLM2 q8_0 1062 / 765.
+        // 16: int8's instruction count). Prefill tiles keep Q8_0 on planes where
+        // the byte dots take its bytes as they are: a words tile holds four
+        // accumulators per row and takes half the rows, each widened weight
+        // vector costing a shuffle-port `vpmovzxbw` for two rows' dots; planes
+        // reuse the raw bytes across the full tile. Intel Xeon VM (AVX-512
+        // VNNI), 2 threads, pp512 planes against words: 1.17B Q8_0 139.8 / 107.8
+        // tok/s, Q4_K_M (its Q6_K tensors as q8_0) 161 / 148, SmolLM2 q8_0 1062 /
+        // 765. Without VNNI each row and plane moves the weights' signs first
+        // (`vpsignb`), and words win: Zen 3 VM (AVX2), SmolLM2 q8_0 pp512 words
+        // against planes 1.24x, the batched step's q8_0 lm_head 1.06x.
         let levels = match levels {
-            ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 && seq.is_decode() => ActivationLevels::Int16Words,
+            ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 && (seq.is_decode() || !self.weights.byte_dots_take_q8_0) => ActivationLevels::Int16Words,
             other => other,
         };
         let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {

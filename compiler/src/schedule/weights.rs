@@ -96,6 +96,12 @@ pub struct WeightTable {
     /// The prefill register tile of the panel and interleaved matmuls, sized to
     /// the CPU target's vector registers.
     pub register_tile: RegisterTile,
+    /// The CPU target's byte dots take Q8_0's stored bytes (`q + 128`) as they
+    /// are (VNNI's `vpdpbusd`; NEON's signed dots take `q`): int16 activations
+    /// as byte planes suit prefill tiles there. Without it (x86 without VNNI:
+    /// `vpmaddubsw` saturates above 128, so each row and plane moves the weights'
+    /// signs onto its activations first) Q8_0 takes words in tiles too.
+    pub byte_dots_take_q8_0: bool,
 }
 
 impl WeightTable {

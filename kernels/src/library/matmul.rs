@@ -35,7 +35,10 @@ pub(super) type TileBuilder<'t> = dyn FnMut(&mut KernelBuilder, i64, i64, VarId,
 
 /// The row loop of a register-tiled matmul task: row tiles of `row_tile` rows
 /// (one at decode, `seq = 1`) starting at `r0`, counted by `rb`, then the rows
-/// left over one at a time; `tile(b, rows)` builds one tile of `rows` rows at `r0`.
+/// left over in tiles of half as many rows, a quarter, ... (each at most once:
+/// a batched step's 7 rows under an 8-row tile run as 4 + 2 + 1, not 7 single
+/// rows, each of which would unpack the weights again), and the last ones one
+/// at a time; `tile(b, rows)` builds one tile of `rows` rows at `r0`.
 pub(super) fn row_tiles(b: &mut KernelBuilder, seq: SeqMode, row_tile: i64, (rb, r0): (VarId, VarId), tile: &mut dyn FnMut(&mut KernelBuilder, i64) -> Vec<Stmt>) -> Vec<Stmt> {
     let row_tile = if seq.is_decode() { 1 } else { row_tile };
     let full_rows = tile(b, row_tile);
@@ -46,8 +49,18 @@ pub(super) fn row_tiles(b: &mut KernelBuilder, seq: SeqMode, row_tile: i64, (rb,
         body
     })];
     if row_tile > 1 {
+        // `rb` counts the rows done from here on.
+        tiled.push(set(rb, mul(full_blocks, i(row_tile))));
+        let mut rows = row_tile / 2;
+        while rows > 1 {
+            let mut body = vec![set(r0, v(rb))];
+            body.extend(tile(b, rows));
+            body.push(set(rb, add(v(rb), i(rows))));
+            tiled.push(if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(rb), i(rows))), Box::new(seq.expr())), body));
+            rows /= 2;
+        }
         let tail_row = tile(b, 1);
-        tiled.push(for_(r0, mul(full_blocks, i(row_tile)), seq.expr(), tail_row));
+        tiled.push(for_(r0, v(rb), seq.expr(), tail_row));
     }
     tiled
 }

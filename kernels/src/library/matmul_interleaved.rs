@@ -33,10 +33,8 @@
 //! bytes are widened to words once per chunk and each 16 of them meet the
 //! activation words in one word dot (`ActLevels::Words`): int8's instruction
 //! count. Each activation row of a words tile keeps four accumulators (pairs
-//! of values per row, folded once per block), so prefill takes half the
-//! target's tile rows: on x86-64-v3 the 4-row tile's loop had 334 stack
-//! accesses against 165 for 2 rows, at the same SmolLM2 q8_0 prefill speed
-//! (turn about, 0.97-1.04x), so the smaller register footprint was kept.
+//! of values per row, folded once per block); the tile's rows are
+//! [`RegisterTile::for_word_dots`]'s.
 
 use maxc_format::WeightEncoding;
 
@@ -169,7 +167,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     // pp512 1.16x, 1.17B Q4_K_M pp256 1.08x, Q8_0 1.05-1.17x (3 x 2 0.89x, 4 x 1
     // 0.97x, 8 x 1 1.03x). AVX2's 4 x 1 stays: 2 x 1 was 0.88-0.98x on x86-64-v3 code.
     let register_tile = match levels {
-        ActivationLevels::Int16Words => RegisterTile { rows: (register_tile.rows / 2).max(1), ..register_tile },
+        ActivationLevels::Int16Words => register_tile.for_word_dots(),
         ActivationLevels::Int16Planes if register_tile == RegisterTile::ZMM => RegisterTile { rows: 2, panels: 2 },
         _ => register_tile,
     };

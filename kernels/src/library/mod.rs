@@ -168,6 +168,25 @@ impl RegisterTile {
         }
     }
 
+    /// The tile of the interleaved matmul with int16 activations as words
+    /// (`matmul_interleaved.rs`), whose rows keep four accumulators each and
+    /// whose weight bytes are widened to words once per tile (`vpmovzxbw`, a
+    /// shuffle-port instruction per 16 bytes). AVX-512 halves the rows (2 x 2).
+    /// AVX2 takes 8 x 1 although its accumulators spill: the widening shared by
+    /// 8 rows instead of 2 is worth more than the stack traffic. Zen 3 VM
+    /// (AVX2), 2 threads, SmolLM2 Q8_0 GGUF, `bench --compare` against 2 x 1:
+    /// pp512 1.21x (4 x 1 1.08-1.31x, 6 x 1 1.23x; 8 x 1 against 4 x 1 1.12x,
+    /// 16 x 1 against 8 x 1 0.95-1.08x), and the batched step at 8 sequences
+    /// 1.40-1.49x (236 / 264 against 172 / 177 tok/s). On x86-64-v3 code an
+    /// earlier measurement had found 4 x 1 no faster than 2 x 1 (0.97-1.04x).
+    pub fn for_word_dots(self) -> RegisterTile {
+        if self == RegisterTile::YMM {
+            RegisterTile { rows: 8, panels: 1 }
+        } else {
+            RegisterTile { rows: (self.rows / 2).max(1), ..self }
+        }
+    }
+
     /// A kernel-name suffix: empty for [`RegisterTile::ZMM`] (the names kernels
     /// had before tiles were chosen per target), `_t{rows}x{panels}` otherwise.
     pub fn tag(self) -> String {
