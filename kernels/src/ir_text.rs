@@ -1361,7 +1361,7 @@ mod tests {
         let ops = [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::Rem, BinOp::Max, BinOp::Min, BinOp::Shl, BinOp::Shr, BinOp::And];
         body.extend(ops.map(|op| set(t, bin(op, i(i64::MIN), i(i64::MAX)))));
         body.extend(UN_OPS.map(|op| set(x, un(op, v(x)))));
-        body.push(set(c, Expr::Cmp(CmpOp::Le, Box::new(seq()), Box::new(i(-1)))));
+        body.push(set(c, le(seq(), i(-1))));
         body.push(set(c, eq(v(u32::MAX), ld(LocalId(u32::MAX), i(0)))));
         body.push(if_(lt(v(t), i(3)), vec![]));
         body.push(Stmt::For { var: t, start: i(-5), end: seq(), hint: LoopHint::Serial, body: vec![prefetch(ParamId(u32::MAX), i(1 << 40)), if_(v(c), vec![store(out, v(t), select(v(c), f(1.5), f(-0.0)))])] });

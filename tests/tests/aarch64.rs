@@ -108,9 +108,7 @@ fn smollm2_matches_golden(target: &str, cpu: &str, max_prompt: usize, tokens: us
     let Some(arm) = arm() else { return };
     let started = std::time::Instant::now();
     let mef = compile_model("aarch64-smollm2", &smollm2_gguf(), &["--target", target, "--quantization-encoding", "q4_1", "--kv-cache-encoding", "float16", "--quiet"]);
-    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let v = inspect_json(&mef);
     assert_eq!(v["target"]["triple"], "aarch64-unknown-linux-gnu", "{}", v["target"]);
     let _one_at_a_time = QEMU.lock().unwrap_or_else(|e| e.into_inner());
     let golden = golden("smollm2-135m");

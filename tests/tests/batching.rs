@@ -300,9 +300,7 @@ fn the_kv_pool_holds_as_many_tokens_as_its_bytes_allow() {
     let h = &artifact.header;
     let b = h.batch.unwrap();
     let per_block = b.block_bytes(&h.kv_cache).unwrap() * 2 * h.kv_cache.layers;
-    let r = run_bin("maxrun", &[std::ffi::OsStr::new("inspect"), mef.as_os_str(), std::ffi::OsStr::new("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let v = inspect_json(&mef);
     assert_eq!(v["batch"]["kv_bytes_per_block"].as_u64(), Some(per_block), "inspect reports a block's bytes");
     assert_eq!(v["batch"]["block_size"].as_u64(), Some(16));
     let blocks = b.blocks_per_sequence;

@@ -124,9 +124,7 @@ fn gguf_q5_1_blocks_import_exactly_and_run_as_stored() {
         assert_eq!(r.0, 0, "{}", r.2);
         // Blocks with kernels are not worth a note, whatever the encoding asked for.
         assert!(!r.2.contains("Q5_1 matrices"), "{}", r.2);
-        let (code, json, err) = run_bin("maxrun", &[os("inspect"), os("--json"), mef.as_os_str()]);
-        assert_eq!(code, 0, "{err}");
-        let by: serde_json::Value = serde_json::from_str::<serde_json::Value>(&json).unwrap()["weights"]["by_encoding"].clone();
+        let by = inspect_json(&mef)["weights"]["by_encoding"].clone();
         if encoding == "q5_1" {
             // Every linear layer (stacked: 4 per layer) is q5_1; the embedding stays the file's Q8_0, norms float32.
             assert_eq!(by["q5_1"]["tensors"].as_u64(), Some(4 * 30), "{by}");
@@ -179,9 +177,7 @@ fn default_manifest_keeps_q4_1_blocks_and_matches_golden() {
     let mef = temp_file("default-manifest", "model.mef");
     let r = run_bin("maxc", &[os("compile"), manifest.as_os_str(), os("-o"), mef.as_os_str(), os("--quiet")]);
     assert_eq!(r.0, 0, "{}", r.2);
-    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let v = inspect_json(&mef);
     let by_encoding = &v["weights"]["by_encoding"];
     // The linear layers in Q4_1, the tied embedding / lm_head in Q8_0 (the file's).
     assert_eq!(by_encoding["q8_0"]["tensors"].as_u64(), Some(1), "{by_encoding}");
@@ -261,9 +257,7 @@ fn portable_target_runs_and_matches() {
     assert_logits_close("x86-64-v3", &dump_logits(&mef, case).1, &golden_logits("tiny-qwen2", case).1);
     let v4 = compile_model("v4", &fixture("tiny-qwen2"), &["--target", "cpu:x86-64-v4"]);
     for (artifact, tile) in [(&mef, "_t4x1"), (&v4, "_t8x2")] {
-        let r = run_bin("maxrun", &[os("inspect"), artifact.as_os_str(), os("--json")]);
-        assert_eq!(r.0, 0, "{}", r.2);
-        let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+        let v = inspect_json(&artifact);
         let names: Vec<&str> = v["kernels"]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
         let prefill_panels: Vec<&&str> = names.iter().filter(|n| n.contains("panel") && n.contains("_sN")).collect();
         assert!(!prefill_panels.is_empty(), "no prefill panel matmuls: {names:?}");
@@ -677,9 +671,7 @@ fn f16_kv_cache_halves_the_cache_and_keeps_the_golden_logits() {
         let mef = compile_model(&format!("{name}-kv-f16"), &model, &["--kv-cache-encoding", "float16"]);
         let f32_mef = artifact(name);
         let memory = |mef: &Path| {
-            let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-            assert_eq!(r.0, 0, "{}", r.2);
-            serde_json::from_str::<serde_json::Value>(&r.1).unwrap()["memory"].clone()
+            inspect_json(&mef)["memory"].clone()
         };
         let (half, full) = (memory(&mef), memory(f32_mef));
         assert_eq!((half["kv_encoding"].as_str(), full["kv_encoding"].as_str()), (Some("float16"), Some("float32")));
@@ -725,8 +717,7 @@ fn generation_config_penalty_and_stop_tokens_are_honoured() {
     assert_ne!(plain, penalized, "the penalty must change tiny-llama's repetitive text for this test to mean anything");
     assert_eq!(text(&with, &[]), penalized, "the checkpoint's repetition_penalty is the default");
     assert_eq!(text(&with, &["--repeat-penalty", "1"]), plain, "the flag overrides the default");
-    let r = run_bin("maxrun", &[os("inspect"), with.as_os_str(), os("--json")]);
-    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let v = inspect_json(&with);
     assert_eq!(v["generation"]["repetition_penalty"].as_f64(), Some(1.8f32 as f64), "{}", v["generation"]);
     assert_eq!(v["tokenizer"]["eos_token_ids"], serde_json::json!([2, 7]), "{}", v["tokenizer"]);
 }

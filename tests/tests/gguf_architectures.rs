@@ -274,9 +274,7 @@ fn end_of_turn_ids_end_generation() {
     let plain = compile_model("gguf-eot-plain", &gguf("qwen3", "f32"), &[]);
     let with_eot = compile_model("gguf-eot", &path, &[]);
     let info = |mef: &std::path::Path| {
-        let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-        assert_eq!(r.0, 0, "{}", r.2);
-        serde_json::from_str::<serde_json::Value>(&r.1).unwrap()["tokenizer"]["eos_token_ids"].clone()
+        inspect_json(&mef)["tokenizer"]["eos_token_ids"].clone()
     };
     assert_eq!(info(&plain), serde_json::json!([eos]));
     assert_eq!(info(&with_eot), serde_json::json!([eos, first]));

@@ -72,8 +72,7 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
             assert!(text.contains(".entry matmul_rows_q4_1_k576_n960_s1"), "{tag}: no lane-split q4_1 GEMV in the PTX");
         }
         // The artifact carries both modules and no CPU code.
-        let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-        let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+        let v = inspect_json(&mef);
         assert_eq!(v["cpu_code"], false, "{tag}");
         let archs: Vec<&str> = v["gpu"].as_array().unwrap().iter().map(|g| g["arch"].as_str().unwrap()).collect();
         assert_eq!(archs, ["sm_80", "sm_90"], "{tag}");

@@ -35,9 +35,7 @@ fn numeric_compile_keys_are_flags_too() {
     let flags = ["--max-length", "64", "--max-sequences", "2", "--max-batch-tokens", "32"].map(OsStr::new);
     let (code, _, err) = maxc_tests::run_bin("maxc", &[&args[..], &flags[..]].concat());
     assert_eq!(code, 0, "{err}");
-    let (code, json, err) = maxc_tests::run_bin("maxrun", &[OsStr::new("inspect"), OsStr::new("--json"), out.as_os_str()]);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let v = maxc_tests::inspect_json(&out);
     let batch = &v["batch"];
     assert_eq!((batch["max_sequences"].as_u64(), batch["max_batch_tokens"].as_u64()), (Some(2), Some(32)), "{batch}");
     assert_eq!(v["memory"]["max_length"].as_u64(), Some(64), "{}", v["memory"]);

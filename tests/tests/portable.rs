@@ -13,12 +13,6 @@ fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
-fn inspect(mef: &std::path::Path) -> Value {
-    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    serde_json::from_str(&r.1).unwrap()
-}
-
 /// The levels this machine can run, each with the features to take away so
 /// that it is the best variant left: (variant, MAXRUN_DISABLE_CPU_FEATURES).
 fn levels_here() -> Vec<(&'static str, &'static str)> {
@@ -38,7 +32,7 @@ fn levels_here() -> Vec<(&'static str, &'static str)> {
 fn one_artifact_runs_every_x86_64_level_with_the_golden_logits() {
     let mef = compile_model("multi-isa", &smollm2_gguf(), &["--target", "cpu:x86-64-v2,x86-64-v3,x86-64-v4"]);
     let single = compile_model("single-v3", &smollm2_gguf(), &["--target", "cpu:x86-64-v3"]);
-    let (multi, one) = (inspect(&mef), inspect(&single));
+    let (multi, one) = (inspect_json(&mef), inspect_json(&single));
     let variants = multi["cpu_variants"].as_array().unwrap();
     let specs: Vec<&str> = variants.iter().map(|v| v["spec"].as_str().unwrap()).collect();
     assert_eq!(specs, ["cpu:x86-64-v2", "cpu:x86-64-v3", "cpu:x86-64-v4"]);
@@ -97,7 +91,7 @@ fn bad_variant_lists_are_refused() {
 #[test]
 fn variant_code_is_reproducible_and_checked() {
     let mef = compile_model("variants-repro", &fixture("tiny-llama"), &["--target", "cpu:x86-64-v3,x86-64-v4", "--check-reproducible"]);
-    let v = inspect(&mef);
+    let v = inspect_json(&mef);
     let sections = v["sections"].as_array().unwrap();
     let variant = sections.iter().find(|s| s["kind"] == "VariantCode(0)").expect("the second variant's code section");
     let mut bytes = std::fs::read(&mef).unwrap();

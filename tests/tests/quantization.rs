@@ -29,12 +29,6 @@ fn smollm2_only() -> Vec<(&'static str, PathBuf)> {
     vec![("smollm2-135m", smollm2_gguf())]
 }
 
-fn inspect(mef: &Path) -> serde_json::Value {
-    let r = run_bin("maxrun", &[os("inspect"), mef.as_os_str(), os("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    serde_json::from_str(&r.1).unwrap()
-}
-
 /// Checks `encoding` on `models` against the budgets. On the tiny random
 /// fixtures, golden top-2 margins can be far below the encoding's logit noise
 /// (tiny-llama has margins of 0.029 and 0.049 against a logit spread of 1.3,
@@ -62,7 +56,7 @@ fn check_with(encoding: &str, extra: &[&str], models: Vec<(&'static str, PathBuf
         assert!(mean_kl <= max_kl, "{name} {encoding}: mean KL {mean_kl} > {max_kl}");
         // The linear layers really are stored in the encoding (q4_k falls back to
         // q4_1 where rows are not whole 256-blocks, as SmolLM2's 576-wide ones).
-        let v = inspect(&mef);
+        let v = inspect_json(&mef);
         let tensors = v["weights"]["by_encoding"][encoding]["tensors"].as_u64().unwrap_or(0);
         assert!(tensors > 0, "{name}: no {encoding} tensors in {}", v["weights"]);
     }
@@ -183,11 +177,11 @@ fn smollm2_q4_1_blocks_are_kept_native() {
     }
     // The default really is int16: its quantization and matmul kernels, in byte
     // planes for the nibbles, as words for the Q8_0 lm_head.
-    let names = inspect(&mef)["kernels"]["names"].to_string();
+    let names = inspect_json(&mef)["kernels"]["names"].to_string();
     assert!(names.contains("quantize_q16_k576_s1") && names.contains("matmul_i16x16_q4_1_k576_n3072_s1"), "{names}");
     assert!(names.contains("quantize_w16_k576_s1") && names.contains("matmul_w16x16_q8_0_k576_n49152_s1"), "{names}");
-    assert!(!inspect(&float)["kernels"]["names"].to_string().contains("quantize_q"), "float32 activations are quantized");
-    let v = inspect(&mef);
+    assert!(!inspect_json(&float)["kernels"]["names"].to_string().contains("quantize_q"), "float32 activations are quantized");
+    let v = inspect_json(&mef);
     let enc = &v["weights"]["by_encoding"];
     // 4 per block: stacked q/k/v, o, stacked gate/up, down.
     assert_eq!(enc["q4_1"]["tensors"], 120, "every linear layer of the 30 blocks: {enc}");
@@ -213,7 +207,7 @@ fn float32_activations_meet_the_budgets() {
 #[test]
 fn artifact_size_is_the_quantized_weights_plus_code() {
     let mef = compile("tiny-llama-q4_0-size", &fixture("tiny-llama"), "q4_0");
-    let v = inspect(&mef);
+    let v = inspect_json(&mef);
     let weights = v["weights"]["bytes"].as_u64().unwrap() as f64;
     let code = v["kernels"]["code_bytes"].as_u64().unwrap() as f64;
     let tokenizer = v["sections"].as_array().unwrap().iter().filter(|s| s["kind"] != "Code" && s["kind"] != "Weights").map(|s| s["bytes"].as_f64().unwrap()).sum::<f64>();
@@ -221,7 +215,7 @@ fn artifact_size_is_the_quantized_weights_plus_code() {
     assert!(file <= 1.05 * (weights + code + tokenizer), "file {file} vs weights {weights} + code {code} + tokenizer {tokenizer}");
     // And the q4_0 linear layers are 4.5 bits per weight: 64x160 up_proj is 5760 bytes.
     let f32_mef = compile_model("tiny-llama-f32-size", &fixture("tiny-llama"), &[]);
-    let f32_weights = inspect(&f32_mef)["weights"]["bytes"].as_u64().unwrap() as f64;
+    let f32_weights = inspect_json(&f32_mef)["weights"]["bytes"].as_u64().unwrap() as f64;
     assert!(weights < 0.4 * f32_weights, "q4_0 weights {weights} vs float32 {f32_weights}");
 }
 
@@ -244,7 +238,7 @@ fn int8_activations_stay_within_their_bounds() {
     // The plans really use the int8 kernels on weights interleaved by 16 rows,
     // the tied embedding table included (its gather reads that layout).
     let mef = compile_model("smollm2-int8-kernels", &smollm2_gguf(), &["--quantization-encoding", "q4_1", "--activation-encoding", "int8"]);
-    let report = inspect(&mef);
+    let report = inspect_json(&mef);
     let names = report["kernels"]["names"].to_string();
     for kernel in ["quantize_q8_i8_k576_s1", "matmul_i8x16_q4_1_k576_n3072_s1", "matmul_add_i8x16_q4_1_none_k1536_n576_s1", "matmul_i8x16_q8_0_k576_n49152_s1", "embedding_q8_0_x16_v49152_h576_s1"] {
         assert!(names.contains(kernel), "no {kernel} in {names}");
@@ -255,7 +249,7 @@ fn int8_activations_stay_within_their_bounds() {
     assert_eq!(layouts["interleaved16"].as_u64(), Some(30 * 4 + 1), "{layouts}");
     // One copy of each tensor: the artifact is no bigger than the float-activation one.
     let float = compile_model("smollm2-q4_1-float-activations", &smollm2_gguf(), &["--quantization-encoding", "q4_1", "--activation-encoding", "float32"]);
-    assert_eq!(report["weights"]["bytes"], inspect(&float)["weights"]["bytes"]);
+    assert_eq!(report["weights"]["bytes"], inspect_json(&float)["weights"]["bytes"]);
 }
 
 #[test]
@@ -312,15 +306,14 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
 /// row's planes; `integer_matmul`).
 #[test]
 fn q8_0_takes_words_at_decode_and_planes_in_prefill_only_with_vnni() {
-    for (target, prefill_form) in [("cpu:x86-64-v4+avx512vnni", "_i16x16_"), ("cpu:x86-64-v3", "_w16x16_")] {
+    for (target, prefill_form, prefill_quantize) in [("cpu:x86-64-v4+avx512vnni", "_i16x16_", "quantize_q16_"), ("cpu:x86-64-v3", "_w16x16_", "quantize_w16_")] {
         let mef = compile_model("q8-levels", &fixture("tiny-llama"), &["--quantization-encoding", "q8_0", "--target", target]);
-        let v = inspect(&mef);
+        let v = inspect_json(&mef);
         let names: Vec<&str> = v["kernels"]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
         let q8 = |seq: &str| names.iter().filter(|n| n.contains("_q8_0_") && n.starts_with("matmul") && n.contains(seq)).copied().collect::<Vec<_>>();
         let (decode, prefill) = (q8("_s1"), q8("_sN"));
         assert!(!decode.is_empty() && decode.iter().all(|n| n.contains("_w16x16_")), "{target} decode: {decode:?}");
         assert!(!prefill.is_empty() && prefill.iter().all(|n| n.contains(prefill_form)), "{target} prefill: {prefill:?}");
-        let prefill_quantize = if prefill_form == "_i16x16_" { "quantize_q16_" } else { "quantize_w16_" };
         assert!(names.iter().any(|n| n.starts_with(prefill_quantize) && n.contains("_sN")) && names.iter().any(|n| n.starts_with("quantize_w16_") && n.ends_with("_s1")), "{target}: {names:?}");
     }
 }
@@ -633,7 +626,7 @@ fn dequantizers_reproduce_llama_cpp_values() {
 fn stored_encoding_keeps_the_checkpoints_blocks() {
     let golden = golden("smollm2-135m");
     let mef = compile_model("smollm2-stored", &smollm2_gguf(), &[]);
-    let by = inspect(&mef)["weights"]["by_encoding"].clone();
+    let by = inspect_json(&mef)["weights"]["by_encoding"].clone();
     assert_eq!(by["q8_0"]["tensors"].as_u64(), Some(1), "the Q8_0 embedding: {by}");
     assert!(by["q4_1"]["tensors"].as_u64().unwrap() > 0, "{by}");
     assert!(by.get("float32").is_none_or(|f| f["bytes"].as_u64().unwrap() < 1 << 20), "only norms stay float32: {by}");
@@ -645,7 +638,7 @@ fn stored_encoding_keeps_the_checkpoints_blocks() {
     let r = run_bin("maxc", &[os("compile"), os("--model"), smollm2_as_q5_1().as_os_str(), os("-o"), mef.as_os_str(), os("--quantization-encoding"), os("stored")]);
     assert_eq!(r.0, 0, "{}", r.2);
     assert!(!r.2.contains("GGUF blocks without integer kernels"), "{}", r.2);
-    let by = inspect(&mef)["weights"]["by_encoding"].clone();
+    let by = inspect_json(&mef)["weights"]["by_encoding"].clone();
     assert_eq!(by["q5_1"]["tensors"].as_u64(), Some(4 * 30), "Q5_1 stays q5_1 (stacked: 4 per layer): {by}");
     assert_eq!(by["q8_0"]["tensors"].as_u64(), Some(1), "only the embedding is q8_0: {by}");
     for (i, case) in cases(&golden).iter().enumerate() {
@@ -679,7 +672,7 @@ fn stored_encoding_widens_blocks_without_integer_kernels_and_says_so() {
         "{}",
         r.2
     );
-    let by = inspect(&mef)["weights"]["by_encoding"].clone();
+    let by = inspect_json(&mef)["weights"]["by_encoding"].clone();
     assert_eq!(by["q4_k"]["tensors"].as_u64(), Some(30), "every Q3_K down projection became q4_k: {by}");
 }
 
@@ -699,7 +692,7 @@ fn stored_encoding_keeps_q6_k_blocks() {
     let r = run_bin("maxc", &[os("compile"), os("--model"), gguf.as_os_str(), os("-o"), mef.as_os_str()]);
     assert_eq!(r.0, 0, "{}", r.2);
     assert!(!r.2.contains("GGUF blocks without integer kernels"), "{}", r.2);
-    let by = inspect(&mef)["weights"]["by_encoding"].clone();
+    let by = inspect_json(&mef)["weights"]["by_encoding"].clone();
     assert_eq!(by["q6_k"]["tensors"].as_u64(), Some(30), "every down projection stays q6_k: {by}");
     let exact = compile_model("smollm2-q6_k-float32", &gguf, &["--quantization-encoding", "float32"]);
     let golden = golden("smollm2-135m");

@@ -93,9 +93,7 @@ fn tiny_llama_on_two_cpu_devices_matches_golden() {
     // Everything but the norms is split: each device holds half, within 1%.
     assert!((device0 as f64 - total as f64 / 2.0).abs() < 0.01 * total as f64, "device 0 holds {device0} of {total}");
     // The header says so too, and `maxrun inspect --json` lists the sub-models.
-    let r = run_bin("maxrun", &[os("inspect"), sharded.as_os_str(), os("--json")]);
-    assert_eq!(r.0, 0, "{}", r.2);
-    let report: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    let report = inspect_json(&sharded);
     let subs = report["sub_models"].as_array().unwrap();
     assert_eq!(subs.len(), 2);
     for (d, m) in subs.iter().enumerate() {

@@ -91,6 +91,9 @@ pub mod dsl {
     pub fn lt(a: Expr, b: Expr) -> Expr {
         Expr::Cmp(CmpOp::Lt, Box::new(a), Box::new(b))
     }
+    pub fn le(a: Expr, b: Expr) -> Expr {
+        Expr::Cmp(CmpOp::Le, Box::new(a), Box::new(b))
+    }
     pub fn un(op: UnOp, a: Expr) -> Expr {
         Expr::Un(op, Box::new(a))
     }

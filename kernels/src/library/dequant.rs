@@ -301,7 +301,7 @@ impl WeightParams {
         let within = add(mul(div(t.clone(), i(per_chunk)), i(64)), add(mul(row_in_group.clone(), i(4)), rem(t.clone(), i(4))));
         let byte = ld(self.part("quants"), add(mul(group_block.clone(), i(form.bytes())), within));
         let nibble = |byte: Expr, t: Expr| {
-            let high = Expr::Cmp(CmpOp::Le, Box::new(i(4)), Box::new(rem(t, i(per_chunk))));
+            let high = le(i(4), rem(t, i(per_chunk)));
             select(high, shr(byte.clone(), i(4)), and(byte, i(15)))
         };
         match form {

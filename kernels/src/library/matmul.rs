@@ -56,7 +56,7 @@ pub(super) fn row_tiles(b: &mut KernelBuilder, seq: SeqMode, row_tile: i64, (rb,
             let mut body = vec![set(r0, v(rb))];
             body.extend(tile(b, rows));
             body.push(set(rb, add(v(rb), i(rows))));
-            tiled.push(if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(rb), i(rows))), Box::new(seq.expr())), body));
+            tiled.push(if_(le(add(v(rb), i(rows)), seq.expr()), body));
             rows /= 2;
         }
         let tail_row = tile(b, 1);
@@ -92,7 +92,7 @@ pub(super) fn column_tasks(
         vec![
             set(j0, add(mul(v(t), i(cols_per_task as i64)), mul(v(jb), i(ct)))),
             if_(lt(add(v(j0), i(ct - 1)), i(ni)), tiled),
-            if_(lt(v(j0), i(ni)), vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(ct - 1)))), ragged)]),
+            if_(lt(v(j0), i(ni)), vec![if_(le(i(ni), add(v(j0), i(ct - 1))), ragged)]),
         ],
     )];
     (body, TaskCount { per_seq: 0, fixed: n.div_ceil(cols_per_task) }, t)
@@ -216,7 +216,7 @@ fn matmul_impl(k: u64, n: u64, w_elem: ElemType, seq: SeqMode, addend: Option<Br
             if_(lt(add(v(j0), i(COL_TILE as i64 - 1)), i(ni)), tiled),
             if_(
                 Expr::Cmp(CmpOp::Lt, Box::new(v(j0)), Box::new(i(ni))),
-                vec![if_(Expr::Cmp(CmpOp::Le, Box::new(i(ni)), Box::new(add(v(j0), i(COL_TILE as i64 - 1)))), ragged)],
+                vec![if_(le(i(ni), add(v(j0), i(COL_TILE as i64 - 1))), ragged)],
             ),
         ],
     )];

@@ -162,7 +162,7 @@ pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_pe
     let single = row_tiles(b, seq, register_tile.rows, (rb, r0), &mut |b, rows| tile(b, rows, 1, r0, pp));
     let body = vec![
         set(p0, mul(v(t), i(panels_per_task))),
-        if_(Expr::Cmp(CmpOp::Le, Box::new(add(v(p0), i(panels_per_task))), Box::new(i(panels_total))), all),
+        if_(le(add(v(p0), i(panels_per_task)), i(panels_total)), all),
         // The leftover panels one at a time.
         if_(lt(v(p0), i(panels_total)), vec![if_(lt(i(panels_total), add(v(p0), i(panels_per_task))), vec![for_(pp, v(p0), i(panels_total), single)])]),
     ];
