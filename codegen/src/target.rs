@@ -200,6 +200,17 @@ impl CpuTarget {
     pub fn has_avx2(&self) -> bool {
         self.has_feature("avx2")
     }
+
+    /// Whether one four-byte dot instruction multiplies Q8_0's levels as
+    /// stored: VNNI's `vpdpbusd` (the unsigned `q + 128` times signed
+    /// activations) or NEON's `sdot` / `smull` (the signed `q`). Without it
+    /// (`vpmaddubsw`, whose pair sums saturate above 2 x 128 x 128), byte
+    /// planes move the weights' signs onto every row's activations
+    /// (`lower/dots.rs`, `sign_moved`), so Q8_0 takes word dots in prefill
+    /// tiles as well as in decode (the schedule's `byte_dots_take_q8_0`).
+    pub fn multiplies_q8_0_bytes_directly(&self) -> bool {
+        self.is_aarch64() || self.has_avx512_vnni() || self.has_avx_vnni()
+    }
 }
 
 /// NVIDIA architectures maxc emits PTX for (Volta and later: 64-bit atomics and

@@ -165,10 +165,13 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     // (30 stack accesses per 128 `vpdpbusd` in the 1.17B q4_k loop), 2 x 2 does
     // not. Intel Xeon VM, 2 threads, prefill 2 x 2 against 4 x 2: SmolLM2 q4_1
     // pp512 1.16x, 1.17B Q4_K_M pp256 1.08x, Q8_0 1.05-1.17x (3 x 2 0.89x, 4 x 1
-    // 0.97x, 8 x 1 1.03x). AVX2's 4 x 1 stays: 2 x 1 was 0.88-0.98x on x86-64-v3 code.
+    // 0.97x, 8 x 1 1.03x). AVX2's 4 x 1 stays: 2 x 1 was 0.88-0.98x on x86-64-v3 code,
+    // except for Q6_K's six-bit levels, whose sums widen every two steps
+    // ([`RegisterTile::for_six_bit_planes`]: 2 x 1).
     let register_tile = match levels {
         ActivationLevels::Int16Words => register_tile.for_word_dots(),
         ActivationLevels::Int16Planes if register_tile == RegisterTile::ZMM => RegisterTile { rows: 2, panels: 2 },
+        ActivationLevels::Int16Planes if form == RowsForm::Nibbles6 => register_tile.for_six_bit_planes(),
         _ => register_tile,
     };
     let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| {

@@ -187,6 +187,25 @@ impl RegisterTile {
         }
     }
 
+    /// The tile of Q6_K's int16 byte planes (`matmul_interleaved.rs`) without
+    /// AVX-512: 2 x 1. Six-bit levels widen their i16 pair sums every two dot
+    /// steps instead of eight, and each row keeps two halves' sums per plane,
+    /// so AVX2's 4 x 1 tile spills half again as much as Q4_K's (`llc
+    /// -mcpu=znver3` on `maxc compile --emit-llvm`: 190 stack accesses per 128
+    /// `vpmaddubsw` in the block loop against 107). Zen 3 VM (AVX2), 2 threads,
+    /// 1.17B Q4_K_M pp256 `--profile`, the Q6_K down projection's time over the
+    /// Q4_K one's (the same k8192 x n2048 shape, in the same run): 4 x 1 1.61 /
+    /// 1.79, 2 x 1 1.45 / 1.52, 3 x 1 1.59 (about 2.5% of prefill; `bench
+    /// --compare` cannot resolve it: A/A gave 1.09x that hour). AVX-512 keeps
+    /// its planes tile (2 x 2).
+    pub fn for_six_bit_planes(self) -> RegisterTile {
+        if self == RegisterTile::YMM {
+            RegisterTile { rows: 2, panels: 1 }
+        } else {
+            self
+        }
+    }
+
     /// A kernel-name suffix: empty for [`RegisterTile::ZMM`] (the names kernels
     /// had before tiles were chosen per target), `_t{rows}x{panels}` otherwise.
     pub fn tag(self) -> String {
