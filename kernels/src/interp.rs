@@ -229,6 +229,10 @@ impl Machine<'_> {
                         (ActLevels::Planes { .. }, Some(l0)) => HIGH_PLANE_WEIGHT * self.byte(d.act, a0 + t) + self.byte(d.act, l0 + t),
                         // Little-endian: the low byte unsigned, the high one signed.
                         (ActLevels::Words, _) => 256 * self.byte(d.act, a0 + 2 * t + 1) + (self.byte(d.act, a0 + 2 * t) as u8) as i64,
+                        (ActLevels::WordPairs, _) => {
+                            let p = word_pair_position(t);
+                            256 * self.byte(d.act, a0 + 2 * p + 1) + (self.byte(d.act, a0 + 2 * p) as u8) as i64
+                        }
                         _ => self.byte(d.act, a0 + t),
                     };
                     let (scale, sum) = (self.eval(&d.act_scales[0]).f(), self.eval(&d.act_scales[1]).f());

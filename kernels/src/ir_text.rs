@@ -225,6 +225,7 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
                 ActLevels::Bytes => writeln!(f, "{:field$}act_levels bytes", "")?,
                 ActLevels::Planes { low } => writeln!(f, "{:field$}act_levels planes low {}", "", E(low))?,
                 ActLevels::Words => writeln!(f, "{:field$}act_levels words", "")?,
+                ActLevels::WordPairs => writeln!(f, "{:field$}act_levels word_pairs", "")?,
             }
             writeln!(f, "{:field$}act_scales [{}, {}]", "", E(&d.act_scales[0]), E(&d.act_scales[1]))?;
             if d.form.halves() > 1 {
@@ -1010,13 +1011,15 @@ impl Parser {
         let act_levels = self.field("act_levels", |p| {
             if p.eat_keyword("bytes") {
                 Ok(ActLevels::Bytes)
+            } else if p.eat_keyword("word_pairs") {
+                Ok(ActLevels::WordPairs)
             } else if p.eat_keyword("words") {
                 Ok(ActLevels::Words)
             } else if p.eat_keyword("planes") {
                 p.keyword("low")?;
                 Ok(ActLevels::Planes { low: p.expr()? })
             } else {
-                Err(p.error("activation levels (`bytes`, `planes low EXPR`, `words`)"))
+                Err(p.error("activation levels (`bytes`, `planes low EXPR`, `words`, `word_pairs`)"))
             }
         })?;
         let act_scales = self.field("act_scales", Self::pair)?;
@@ -1262,7 +1265,7 @@ mod tests {
                 for form in [DotForm::Int8, DotForm::NibblePairs] {
                     ks.push(quantize_activations::quantize_q8(k, form, seq));
                 }
-                for levels in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
+                for levels in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs] {
                     ks.push(quantize_activations::quantize_q16(k, levels, seq));
                 }
             }
@@ -1290,7 +1293,7 @@ mod tests {
                 for addend in ADDENDS {
                     for encoding in INTERLEAVED_ENCODINGS {
                         // Q6_K's two halves take bytes or planes, not words.
-                        for levels in [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
+                        for levels in ActivationLevels::ALL.into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l.is_words())) {
                             for tile in TILES {
                                 ks.push(matmul_interleaved::matmul_interleaved(k, n, encoding, addend, seq, tile, levels));
                             }
@@ -1371,6 +1374,7 @@ mod tests {
             (ActLevels::Bytes, RowMin::Offset(f32::NAN), None),
             (ActLevels::Planes { low: add(v(t), i(512)) }, RowMin::Offset(-0.0), Some(i64::MIN)),
             (ActLevels::Words, RowMin::Stored(RowScale { values: (scales, i(2)), factors: None }), Some(-1)),
+            (ActLevels::WordPairs, RowMin::Offset(-8.0), None),
             (ActLevels::Bytes, RowMin::Subtracted(RowScale { values: (ParamId(u32::MAX - 1), i(3)), factors: Some((odd, v(t))) }), Some(64)),
         ] {
             body.push(Stmt::DotRows(RowDot {

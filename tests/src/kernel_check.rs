@@ -68,7 +68,7 @@ pub fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
         .collect()
 }
 
-/// Random inputs of an interleaved matmul (`matmul[_add]_{i8,i16,w16}x16_*`:
+/// Random inputs of an interleaved matmul (`matmul[_add]_{i8,i16,w16,p16}x16_*`:
 /// parameter 0 the activation levels, 1 their scales) made to keep
 /// `RowDot`'s contract, as `quantize_q8` / `quantize_q16` do: each block's
 /// second scale is its first times the sum of the block's levels (a lowering may
@@ -78,6 +78,7 @@ fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
     let levels = match &case.kernel.name {
         name if name.contains("_i16x16_") => ActivationLevels::Int16Planes,
         name if name.contains("_w16x16_") => ActivationLevels::Int16Words,
+        name if name.contains("_p16x16_") => ActivationLevels::Int16WordPairs,
         name if name.contains("_i8x16_") => ActivationLevels::Int8,
         _ => return inputs,
     };
@@ -92,6 +93,8 @@ fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
                 ActivationLevels::Int8 => q[r * k + t] as i64,
                 ActivationLevels::Int16Planes => maxc_kernels::ir::HIGH_PLANE_WEIGHT * q[r * 2 * k + t] as i64 + q[r * 2 * k + k + t] as i64,
                 ActivationLevels::Int16Words => i16::from_le_bytes([q[r * 2 * k + 2 * t] as u8, q[r * 2 * k + 2 * t + 1] as u8]) as i64,
+                // The sum of a block's levels, whatever order its words are in.
+                ActivationLevels::Int16WordPairs => i16::from_le_bytes([q[r * 2 * k + 2 * t] as u8, q[r * 2 * k + 2 * t + 1] as u8]) as i64,
             };
             let sum: i64 = (32 * b..32 * b + 32).map(level).sum();
             s[r * 2 * nb + nb + b] = s[r * 2 * nb + b] * sum as f32;

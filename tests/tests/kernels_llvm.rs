@@ -131,7 +131,7 @@ fn cases() -> Vec<Case> {
                     let mut sizes = sizes.clone();
                     sizes[0] *= 2;
                     // (Q6_K's two halves take planes only.)
-                    for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
+                    for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l.is_words())) {
                         v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, sixteen), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
                     }
                 }
@@ -141,9 +141,10 @@ fn cases() -> Vec<Case> {
             v.push(Case { kernel: embedding_in(n, k, encoding, true, seq), sizes, int_max: n as i32, seq: s as u64, tol: 0.0 });
         }
         // 15 rows: AVX2's 8-row words tile, then the leftover rows in tiles of
-        // 4, 2 and 1 (`row_tiles`); the 4-row planes tile three times and 2 + 1.
+        // 4, 2 and 1 (`row_tiles`); the 4-row planes and word-pairs tiles three
+        // times and 2 + 1.
         if !seq.is_decode() {
-            for (encoding, levels) in [(WeightEncoding::Q8_0, ActivationLevels::Int16Words), (WeightEncoding::Q4_1, ActivationLevels::Int16Planes)] {
+            for (encoding, levels) in [(WeightEncoding::Q8_0, ActivationLevels::Int16Words), (WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q4_0, ActivationLevels::Int16WordPairs)] {
                 let (k, n, rows) = (96u64, 48u64, 15usize);
                 let mut sizes = vec![rows * 2 * k as usize, rows * 2 * k as usize / 32];
                 sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
@@ -154,7 +155,7 @@ fn cases() -> Vec<Case> {
             }
         }
         v.push(Case { kernel: quantize_q8(96, DotForm::Int8, seq), sizes: vec![s * 96, s * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
-        for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words] {
+        for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs] {
             v.push(Case { kernel: quantize_q16(96, sixteen, seq), sizes: vec![s * 96, s * 2 * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
         }
         for (levels, bytes) in [(ActivationLevels::Int8, 1), (ActivationLevels::Int16Planes, 2)] {
@@ -497,7 +498,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
             };
             for tile in register_tiles(seq) {
                 all.push(case(matmul_interleaved(k, 48, encoding, None, seq, tile, ActivationLevels::Int8), k, 48));
-                for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
+                for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l.is_words())) {
                     let mut wide = case(matmul_interleaved(k, 48, encoding, None, seq, tile, sixteen), k, 48);
                     wide.sizes[0] *= 2;
                     all.push(wide);
@@ -753,12 +754,22 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
             let k = if encoding.block() == 256 { 256 } else { 96 };
             for addend in [None, Some(Broadcast::None)] {
                 // 16-bit levels as the scheduler picks them: byte planes, and
-                // Q8_0's words at decode beside planes in a batch.
+                // Q8_0's words at decode beside planes (VNNI) or words in a
+                // batch; nibbles' planes at decode beside planes or (AVX2
+                // without VNNI) word pairs in a batch.
                 let alone16 = if encoding == WeightEncoding::Q8_0 { ActivationLevels::Int16Words } else { ActivationLevels::Int16Planes };
-                for (alone, batch, quantize) in [
-                    (alone16, ActivationLevels::Int16Planes, (quantize_q16(k, alone16, one), quantize_q16(k, ActivationLevels::Int16Planes, many))),
-                    (ActivationLevels::Int8, ActivationLevels::Int8, (quantize_q8(k, DotForm::Int8, one), quantize_q8(k, DotForm::Int8, many))),
-                ] {
+                let mut forms = vec![(alone16, ActivationLevels::Int16Planes), (ActivationLevels::Int8, ActivationLevels::Int8)];
+                match encoding {
+                    WeightEncoding::Q8_0 => forms.push((alone16, ActivationLevels::Int16Words)),
+                    WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => forms.push((alone16, ActivationLevels::Int16WordPairs)),
+                    _ => {}
+                }
+                let quantize_as = |levels: ActivationLevels, seq: SeqMode| match levels {
+                    ActivationLevels::Int8 => quantize_q8(k, DotForm::Int8, seq),
+                    sixteen => quantize_q16(k, sixteen, seq),
+                };
+                for (alone, batch) in forms {
+                    let quantize = (quantize_as(alone, one), quantize_as(batch, many));
                     pairs.push(RowPair {
                         alone: matmul_interleaved(k, 48, encoding, addend, one, tile, alone),
                         batch: matmul_interleaved(k, 48, encoding, addend, many, tile, batch),
@@ -771,7 +782,13 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
                 }
             }
         }
-        let kernels: Vec<Kernel> = pairs.iter().flat_map(|p| [p.alone.clone(), p.batch.clone()]).collect();
+        // (A GEMV paired with two batch forms is compiled once.)
+        let mut kernels: Vec<Kernel> = Vec::new();
+        for kernel in pairs.iter().flat_map(|p| [&p.alone, &p.batch]) {
+            if !kernels.iter().any(|k| k.name == kernel.name) {
+                kernels.push(kernel.clone());
+            }
+        }
         let code = LoadedCode::load(&compile(&kernels)).unwrap();
         let mut rng = Rng(0x0bad_5eed);
         for p in &pairs {

@@ -203,7 +203,8 @@ impl Lowering<'_, '_> {
     /// i32, converted, scaled by the row's scale and the activation scale, plus
     /// the row's minimum times the activation sum, added to the accumulator.
     /// 16-bit activations multiply `255 * high + low` bytes (`ActLevels::Planes`)
-    /// or little-endian words (`ActLevels::Words`).
+    /// or little-endian words (`ActLevels::Words`; `ActLevels::WordPairs` in
+    /// their `0 2 1 3` order).
     fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let flags = MemFlagsData::trusted();
         let w_base = self.address(d.weights, &d.w_start)?;
@@ -262,6 +263,7 @@ impl Lowering<'_, '_> {
                 }
                 let mut a = match d.act_levels {
                     ActLevels::Words => self.b.ins().sload16(types::I32, flags, a_base, 2 * t as i32),
+                    ActLevels::WordPairs => self.b.ins().sload16(types::I32, flags, a_base, 2 * word_pair_position(t) as i32),
                     _ => self.b.ins().sload8(types::I32, flags, a_base, t as i32),
                 };
                 if let Some(low_base) = low_base {

@@ -258,8 +258,26 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     fn block(&mut self, stmts: &[Stmt]) -> Result<(), CodegenError> {
-        for s in stmts {
-            self.stmt(s)?;
+        let mut at = 0;
+        while at < stmts.len() {
+            // A register tile's word-pair row dots of one block: lowered chunk
+            // by chunk across its rows (`word_pair_tile`).
+            if let Stmt::DotRows(first) = &stmts[at] {
+                let mut run = vec![first];
+                while let Some(Stmt::DotRows(next)) = stmts.get(at + run.len()) {
+                    if !self.word_pairs_share_levels(first, next) {
+                        break;
+                    }
+                    run.push(next);
+                }
+                if run.len() > 1 {
+                    at += run.len();
+                    self.word_pair_tile(&run)?;
+                    continue;
+                }
+            }
+            self.stmt(&stmts[at])?;
+            at += 1;
         }
         Ok(())
     }

@@ -151,8 +151,19 @@ impl Scheduler<'_, '_, '_> {
         // 765. Without VNNI each row and plane moves the weights' signs first
         // (`vpsignb`), and words win: Zen 3 VM (AVX2), SmolLM2 q8_0 pp512 words
         // against planes 1.24x, the batched step's q8_0 lm_head 1.06x.
+        // Nibbles (Q4_0, Q4_1, Q4_K) in prefill tiles on AVX2 without VNNI take
+        // the levels as word pairs: masked out of 16-bit lanes, one `vpmaddwd`
+        // per 16 products with its pair of activation words broadcast, one i32
+        // accumulator per 8 weight rows, where two byte planes issue two
+        // `vpmaddubsw` per 32 products and keep four i16 sums per tile row
+        // (AVX2's 4 x 1 tile spilled 107 times per 128 `vpmaddubsw` in the
+        // 1.17B Q4_K block loop). Decode keeps planes (the same integers, so a
+        // row gets the same bits in a GEMV and in a tile). Measured in
+        // docs/performance.md ("Nibbles as word pairs").
+        let nibbles = maxc_kernels::library::dequant::rows_form(encoding, n, k) == Some(maxc_kernels::ir::RowsForm::Nibbles);
         let levels = match levels {
             ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 && (seq.is_decode() || !self.weights.byte_dots_take_q8_0) => ActivationLevels::Int16Words,
+            ActivationLevels::Int16Planes if nibbles && !seq.is_decode() && self.weights.nibble_tiles_take_word_pairs => ActivationLevels::Int16WordPairs,
             other => other,
         };
         let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {

@@ -83,6 +83,20 @@ pub enum ActLevels {
     /// weights' levels are widened to 16 bits and meet them in word dot
     /// instructions (x86 `vpmaddwd`).
     Words,
+    /// 16-bit levels as little-endian words with the middle two of every four
+    /// swapped: level `t` at word [`word_pair_position`]`(t)` (`a0 a2 a1 a3`),
+    /// bytes `act_start + 2 p` (low, unsigned) and `act_start + 2 p + 1` (high,
+    /// signed). Nibble levels masked out of 16-bit lanes pair a row's values
+    /// `0, 2` and `1, 3` of each four (x86: three shifts and four masks per 32
+    /// bytes of nibbles, no byte shuffles), and each such pair of activation
+    /// words is then one 32-bit broadcast.
+    WordPairs,
+}
+
+/// Where [`ActLevels::WordPairs`] stores level `t` of a block: the middle two
+/// of every four swapped (`0 2 1 3`; its own inverse).
+pub const fn word_pair_position(t: i64) -> i64 {
+    (t & !3) | ((t & 1) << 1) | ((t >> 1) & 1)
 }
 
 /// Per-row values of a [`RowDot`]: for row `g`, element `values.1 + g` of the

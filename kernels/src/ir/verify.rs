@@ -207,7 +207,7 @@ impl Kernel {
                     // exact integer offset, activations as bytes or planes,
                     // and the halves' activation sums.
                     if d.form.halves() > 1 {
-                        if !matches!(d.row_min, RowMin::Offset(o) if o.fract() == 0.0) || d.row_scales.factors.is_none() || d.act_levels == ActLevels::Words {
+                        if !matches!(d.row_min, RowMin::Offset(o) if o.fract() == 0.0) || d.row_scales.factors.is_none() || matches!(d.act_levels, ActLevels::Words | ActLevels::WordPairs) {
                             return Err(format!("a {:?} row dot takes per-half factors, an integer offset and byte or plane activations", d.form));
                         }
                     }

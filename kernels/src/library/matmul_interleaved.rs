@@ -34,7 +34,13 @@
 //! activation words in one word dot (`ActLevels::Words`): int8's instruction
 //! count. Each activation row of a words tile keeps four accumulators (pairs
 //! of values per row, folded once per block); the tile's rows are
-//! [`RegisterTile::for_word_dots`]'s.
+//! [`RegisterTile::for_word_dots`]'s. Nibble levels in prefill tiles on AVX2
+//! without VNNI take the levels as word pairs
+//! ([`ActivationLevels::Int16WordPairs`], `ActLevels::WordPairs`): the
+//! nibbles masked out of 16-bit lanes meet a broadcast pair of activation
+//! words in one word dot per 16 products, one i32 accumulator per 8 weight
+//! rows, no planes to combine (the tile's rows lowered chunk by chunk
+//! together: `word_pair_tile` in the LLVM backend).
 
 use maxc_format::WeightEncoding;
 
@@ -207,16 +213,16 @@ mod tests {
     use crate::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8};
     use crate::library::test_util::*;
 
-    /// The interleaved int8 and int16 (planes, words) matmuls equal the float block matmul
+    /// The interleaved int8 and int16 (planes, words, word pairs) matmuls equal the float block matmul
     /// (row-major weights) on the dequantized activations, up to summation order;
     /// 48 columns make one full task and a last single panel, 6 rows a row tile
     /// and two more.
     #[test]
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
         let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K];
-        let all_levels = [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words];
-        // Q6_K's halves take no words (the scheduler gives words to Q8_0 only).
-        for (encoding, levels) in encodings.into_iter().flat_map(|e| all_levels.map(|l| (e, l))).filter(|&(e, l)| !(e == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
+        // Q6_K's halves take no words (the scheduler gives words to Q8_0, word
+        // pairs to nibbles without VNNI).
+        for (encoding, levels) in encodings.into_iter().flat_map(|e| ActivationLevels::ALL.map(|l| (e, l))).filter(|&(e, l)| !(e == WeightEncoding::Q6K && l.is_words())) {
             // Q4_K's super-blocks need whole 256s.
             let (k, n) = (if encoding.block() == 256 { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);
@@ -235,6 +241,10 @@ mod tests {
                     ActivationLevels::Int8 => q[at] as f32,
                     ActivationLevels::Int16Planes => (HIGH_PLANE_WEIGHT as i32 * q[(at / k) * width + at % k] as i32 + q[(at / k) * width + k + at % k] as i32) as f32,
                     ActivationLevels::Int16Words => i16::from_le_bytes([q[(at / k) * width + 2 * (at % k)] as u8, q[(at / k) * width + 2 * (at % k) + 1] as u8]) as f32,
+                    ActivationLevels::Int16WordPairs => {
+                        let word = word_pair_position((at % k) as i64) as usize;
+                        i16::from_le_bytes([q[(at / k) * width + 2 * word] as u8, q[(at / k) * width + 2 * word + 1] as u8]) as f32
+                    }
                 };
                 let xd: Vec<f32> = (0..m * k).map(|at| s[(at / k) * 2 * (k / 32) + (at % k) / 32] * level(at)).collect();
                 let r_values = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 4);

@@ -90,15 +90,30 @@ pub enum ActivationLevels {
     /// byte weights (Q8_0), widened to words once and shared by the activation
     /// rows of a register tile, one word dot instruction per 16 weights.
     Int16Words,
+    /// The same words with the middle two of every four swapped
+    /// ([`ActLevels::WordPairs`]): for nibble weights in prefill tiles without
+    /// VNNI, whose levels masked out of 16-bit lanes meet one 32-bit
+    /// broadcast per pair of words, and whose rows keep one i32 accumulator
+    /// per 8 weight rows instead of two byte planes' i16 sums.
+    Int16WordPairs,
 }
 
 impl ActivationLevels {
+    /// Every kind of integer activation levels.
+    pub const ALL: [ActivationLevels; 4] = [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs];
+
     /// Bytes of levels per activation value.
     pub fn bytes(self) -> u64 {
         match self {
             ActivationLevels::Int8 => 1,
-            ActivationLevels::Int16Planes | ActivationLevels::Int16Words => 2,
+            ActivationLevels::Int16Planes | ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => 2,
         }
+    }
+
+    /// Whether the levels are 16-bit words (in either order), which meet
+    /// widened weight levels in word dots.
+    pub fn is_words(self) -> bool {
+        matches!(self, ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs)
     }
 
     /// The tag kernel names carry.
@@ -107,6 +122,7 @@ impl ActivationLevels {
             ActivationLevels::Int8 => "i8",
             ActivationLevels::Int16Planes => "i16",
             ActivationLevels::Int16Words => "w16",
+            ActivationLevels::Int16WordPairs => "p16",
         }
     }
 
@@ -125,6 +141,7 @@ impl ActivationLevels {
                 (add(row_start.clone(), plane_offset.clone()), ActLevels::Planes { low: add(add(row_start, i(k)), plane_offset) })
             }
             ActivationLevels::Int16Words => (add(row_start, mul(blk, i(2 * BLOCK))), ActLevels::Words),
+            ActivationLevels::Int16WordPairs => (add(row_start, mul(blk, i(2 * BLOCK))), ActLevels::WordPairs),
         }
     }
 }
@@ -140,7 +157,9 @@ pub const Q16_MAX_LEVEL: f32 = (HIGH_PLANE_WEIGHT * 127 + 127) as f32;
 /// `round(level / 255)`, then the `k` low bytes `level - 255 * high`, both in
 /// natural order and in `-127..=127`; with [`ActivationLevels::Int16Words`] the
 /// `k` levels as little-endian words (low byte `level mod 256`, high byte
-/// `floor(level / 256)`), in natural order.
+/// `floor(level / 256)`), in natural order; with
+/// [`ActivationLevels::Int16WordPairs`] the same words with the middle two of
+/// every four swapped ([`word_pair_position`]).
 pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel {
     assert!(levels_as != ActivationLevels::Int8, "quantize_q16 writes 16-bit levels");
     assert_eq!(k % BLOCK as u64, 0, "int16 activations need whole blocks of {BLOCK} values ({k} values)");
@@ -157,8 +176,14 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
     let xv = || ld(x, add(mul(v(t), i(ki)), value.clone()));
     // Where a level's high and low bytes go, and what each holds.
     let row_start = mul(v(t), i(2 * ki));
+    // Word pairs: value `l` of a block at word `word_pair_position(l)`, that is
+    // `l + (l & 1) - ((l >> 1) & 1)`.
+    let word = match levels_as {
+        ActivationLevels::Int16WordPairs => add(mul(v(blk), i(BLOCK)), sub(add(v(l), and(v(l), i(1))), and(shr(v(l), i(1)), i(1)))),
+        _ => value.clone(),
+    };
     let (high_at, low_at, base) = match levels_as {
-        ActivationLevels::Int16Words => (add(add(row_start.clone(), mul(value.clone(), i(2))), i(1)), add(row_start, mul(value.clone(), i(2))), 256.0),
+        ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => (add(add(row_start.clone(), mul(word.clone(), i(2))), i(1)), add(row_start, mul(word, i(2))), 256.0),
         _ => (add(row_start.clone(), value.clone()), add(add(row_start, i(ki)), value.clone()), HIGH_PLANE_WEIGHT as f32),
     };
     let scale_at = add(mul(v(t), i(2 * nb)), v(blk));
@@ -177,7 +202,7 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
             vec![
                 set(level, un(UnOp::Floor, add(mul(xv(), v(inv)), f(0.5)))),
                 match levels_as {
-                    ActivationLevels::Int16Words => set(high, un(UnOp::Floor, mul(v(level), f(1.0 / 256.0)))),
+                    ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => set(high, un(UnOp::Floor, mul(v(level), f(1.0 / 256.0)))),
                     _ => set(high, un(UnOp::Floor, add(mul(v(level), f(1.0 / HIGH_PLANE_WEIGHT as f32)), f(0.5)))),
                 },
                 set(low, sub(v(level), mul(v(high), f(base)))),
@@ -192,6 +217,7 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
     let body = vec![for_(blk, i(0), i(nb), per_block)];
     let name = match levels_as {
         ActivationLevels::Int16Words => "quantize_w16",
+        ActivationLevels::Int16WordPairs => "quantize_p16",
         _ => "quantize_q16",
     };
     b.finish(format!("{name}_k{k}_{}", seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
@@ -204,7 +230,7 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
 /// ([`RowDot::half_sums`]) to apply their `-32` offset per 16-value half, once
 /// per row and block where every 16 weight rows summed the activations again.
 pub fn level_half_sums(k: u64, levels: ActivationLevels, seq: SeqMode) -> Kernel {
-    assert!(levels != ActivationLevels::Int16Words, "Q6_K's row dots take bytes or planes, not words");
+    assert!(!levels.is_words(), "Q6_K's row dots take bytes or planes, not words");
     assert_eq!(k % 16, 0, "half sums need whole halves of 16 values ({k} values)");
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::I8, false);
@@ -347,5 +373,12 @@ mod tests {
         });
         assert_eq!(words, levels);
         assert!(words.iter().any(|&l| l < 0 && l % 256 != 0), "no negative level with a nonzero low byte was checked");
+        // Word pairs: the same words, value t of a block at word 0 2 1 3 of its four.
+        let pairs = check_blocks(&quantize_q16(k as u64, ActivationLevels::Int16WordPairs, SeqMode::Dynamic), &x, 2, 32512.0, |q, row, blk, t| {
+            let word = [0, 2, 1, 3][t % 4] + 4 * (t / 4);
+            let at = row * 2 * k + 2 * (blk * 32 + word);
+            i16::from_le_bytes([q[at] as u8, q[at + 1] as u8]) as i64
+        });
+        assert_eq!(pairs, levels);
     }
 }

@@ -269,10 +269,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// With `prefetch_ahead` (CPU only), each chunk's load is preceded by a
     /// `prefetcht0` that many bytes further on.
     pub(super) fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
-        let f32t = self.context.f32_type();
-        let lanes = DOT_LANES as u32;
         let (half_dots, folded_offset) = match d.act_levels {
-            ActLevels::Words => {
+            ActLevels::WordPairs if self.word_pair_vectors(d).is_some() => {
+                let zmm = self.word_pair_vectors(d) == Some(true);
+                (self.nibble_word_pair_dots(&[d], zmm)?, false)
+            }
+            ActLevels::Words | ActLevels::WordPairs => {
                 // Q8_0's minimum folded exactly where byte planes fold it (the
                 // same `folds_offset`): a row decoded alone (words) and in a
                 // batch (planes) then take the same float steps.
@@ -281,8 +283,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
             _ => self.byte_level_dots(d)?,
         };
+        self.dot_rows_epilogue(d, &half_dots, folded_offset)
+    }
+
+    /// The float epilogue of a [`Stmt::DotRows`] on its integer dots (one
+    /// per half), with `folded_offset` as [`Self::byte_level_dots`] gives it.
+    pub(super) fn dot_rows_epilogue(&mut self, d: &RowDot, half_dots: &[inkwell::values::VectorValue<'ctx>], folded_offset: bool) -> Result<(), CodegenError> {
+        let f32t = self.context.f32_type();
+        let lanes = DOT_LANES as u32;
         if half_dots.len() > 1 {
-            return self.dot_rows_by_halves(d, &half_dots);
+            return self.dot_rows_by_halves(d, half_dots);
         }
         let acc = half_dots[0];
         let f32v = f32t.vec_type(lanes);
@@ -460,7 +470,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 four.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
                 let four = four.into_vector_value();
                 let b = &self.builder;
-                let broadcast = b.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| i % 4, 64), "acts").map_err(llvm_err)?;
+                // Word pairs hold values 0 2 1 3: value `t` is word `word_pair_position(t)`.
+                let word_pairs = d.act_levels == ActLevels::WordPairs;
+                let broadcast = b.build_shuffle_vector(four, four, shuffle_mask(self.context, &|i| if word_pairs { word_pair_position((i % 4) as i64) as u32 } else { i % 4 }, 64), "acts").map_err(llvm_err)?;
                 let words = if signed_levels {
                     let bias = inkwell::types::VectorType::const_vector(&vec![self.context.i8_type().const_int(0x80, false); 64]);
                     let signed = b.build_xor(levels, bias, "signed_levels").map_err(llvm_err)?;
@@ -498,6 +510,100 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let even = b.build_shuffle_vector(pairs, pairs, shuffle_mask(self.context, &|g| 2 * g, DOT_LANES as u32), "even").map_err(llvm_err)?;
         let odd = b.build_shuffle_vector(pairs, pairs, shuffle_mask(self.context, &|g| 2 * g + 1, DOT_LANES as u32), "odd").map_err(llvm_err)?;
         b.build_int_add(even, odd, "dots").map_err(llvm_err)
+    }
+
+    /// Whether a [`RowDot`] takes the word-pair dots of
+    /// [`Self::nibble_word_pair_dots`]: nibbles with [`ActLevels::WordPairs`] on
+    /// x86 with AVX2 or AVX-512 (`Some(zmm)`: whether on 512-bit vectors).
+    pub(super) fn word_pair_vectors(&self, d: &RowDot) -> Option<bool> {
+        match self.byte_dots() {
+            ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } if d.form == RowsForm::Nibbles && d.act_levels == ActLevels::WordPairs => Some(zmm),
+            _ => None,
+        }
+    }
+
+    /// Whether `b` is another row of `a`'s register tile whose word-pair dots
+    /// can share `a`'s masked levels: the same weights at the same place.
+    pub(super) fn word_pairs_share_levels(&self, a: &RowDot, b: &RowDot) -> bool {
+        self.word_pair_vectors(a).is_some() && self.word_pair_vectors(b).is_some() && a.weights == b.weights && a.w_start == b.w_start && a.prefetch_ahead == b.prefetch_ahead
+    }
+
+    /// A register tile's [`Stmt::DotRows`] of one block with word-pair
+    /// activations ([`Self::word_pairs_share_levels`]): each chunk's levels
+    /// masked once and met by every row's activations before the next chunk,
+    /// then each row's epilogue. The same integers and float steps per row as
+    /// alone (so the same bits); lowered row after row, LLVM kept all 32
+    /// masked level vectors of a block live across the rows and spilled
+    /// (`llc -mcpu=znver3`: 147 stack accesses per 128 `vpmaddwd` in the 1.17B
+    /// Q4_K 4 x 1 block loop).
+    pub(super) fn word_pair_tile(&mut self, ds: &[&RowDot]) -> Result<(), CodegenError> {
+        let zmm = self.word_pair_vectors(ds[0]) == Some(true);
+        let dots = self.nibble_word_pair_dots(ds, zmm)?;
+        for (d, dot) in ds.iter().zip(dots) {
+            self.dot_rows_epilogue(d, &[dot], false)?;
+        }
+        Ok(())
+    }
+
+    /// The integer dots of [`RowDot`]s of nibbles whose activations are word
+    /// pairs ([`ActLevels::WordPairs`]), rows of one tile over the same 16
+    /// weight rows (one row alone in a GEMV), on x86 (`zmm`: one 512-bit
+    /// vector per 32 words, else two 256-bit halves of 8 weight rows each).
+    /// Each 64-byte chunk of levels read as 32 words holds in word `j` weight
+    /// row `j / 2`'s values `2 (j % 2)` and `2 (j % 2) + 1` of the chunk's two
+    /// steps, one per nibble; masked and shifted in 16-bit lanes (`x & 15`, `x
+    /// >> 8 & 15`, `x >> 4 & 15`, `x >> 12`: three shifts and four masks, no
+    /// byte shuffles) they become four vectors whose adjacent lanes are one
+    /// weight row's values `0, 2` or `1, 3` of a step. Each meets the matching
+    /// pair of activation words (consecutive in the `0 2 1 3` order: one
+    /// 32-bit broadcast from memory) in one `vpmaddwd`, whose i32 lane `g` is
+    /// then weight row `g`'s: the 16 rows' sums accumulate over the block (at
+    /// most 32 * 15 * 32512: exact) with no fold and no planes to combine, the
+    /// integers byte planes give. Per chunk and half, the four masked vectors
+    /// are used by every row before the next half's are made.
+    pub(super) fn nibble_word_pair_dots(&mut self, ds: &[&RowDot], zmm: bool) -> Result<Vec<inkwell::values::VectorValue<'ctx>>, CodegenError> {
+        let (i8t, i16t, i32t) = (self.context.i8_type(), self.context.i16_type(), self.context.i32_type());
+        let parts: u32 = if zmm { 1 } else { 2 };
+        let (words, sums) = (i16t.vec_type(32 / parts), i32t.vec_type(16 / parts));
+        let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i16t.const_int(x, false); (32 / parts) as usize]);
+        let name = if zmm { "llvm.x86.avx512.pmaddw.d.512" } else { "llvm.x86.avx2.pmadd.wd" };
+        let pmaddwd = self.declared(name, sums.fn_type(&[words.into(), words.into()], false), None);
+        let mut accs = vec![vec![sums.const_zero(); parts as usize]; ds.len()];
+        let d0 = ds[0];
+        for c in 0..d0.form.chunks() {
+            let w_ptr = self.element_ptr(d0.weights, &dsl::add(d0.w_start.clone(), dsl::i(64 * c)))?;
+            if let (Some(ahead), Flavor::Cpu(_)) = (d0.prefetch_ahead, &self.flavor) {
+                self.prefetch(w_ptr, ahead)?;
+            }
+            for part in 0..parts {
+                let ptr = self.element_ptr(d0.weights, &dsl::add(d0.w_start.clone(), dsl::i(64 * c + (64 / parts as i64) * part as i64)))?;
+                let bytes = self.byte_load(i8t.vec_type(64 / parts), ptr)?;
+                let b = &self.builder;
+                let x = b.build_bit_cast(bytes, words, "level_words").map_err(llvm_err)?.into_vector_value();
+                let fields = [
+                    b.build_and(x, splat(15), "low_02").map_err(llvm_err)?,
+                    b.build_and(b.build_right_shift(x, splat(8), false, "byte1").map_err(llvm_err)?, splat(15), "low_13").map_err(llvm_err)?,
+                    b.build_and(b.build_right_shift(x, splat(4), false, "nibble1").map_err(llvm_err)?, splat(15), "high_02").map_err(llvm_err)?,
+                    b.build_right_shift(x, splat(12), false, "high_13").map_err(llvm_err)?,
+                ];
+                for (d, acc) in ds.iter().zip(accs.iter_mut()) {
+                    // The chunk's 8 activation words (values 8c..8c + 8 in 0 2 1 3
+                    // order): four pairs, one per field, each broadcast as an i32.
+                    for (f, field) in fields.iter().enumerate() {
+                        let a_ptr = self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(16 * c + 4 * f as i64)))?;
+                        let pair = self.builder.build_load(i32t, a_ptr, "act_pair").map_err(llvm_err)?;
+                        pair.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+                        let b = &self.builder;
+                        let one = b.build_insert_element(sums.get_undef(), pair.into_int_value(), i32t.const_zero(), "act_pair").map_err(llvm_err)?;
+                        let all = b.build_shuffle_vector(one, one, sums.const_zero(), "act_pairs").map_err(llvm_err)?;
+                        let all = b.build_bit_cast(all, words, "act_words").map_err(llvm_err)?.into_vector_value();
+                        let products = self.call_vector(pmaddwd, &[*field, all])?;
+                        acc[part as usize] = self.builder.build_int_add(acc[part as usize], products, "acc").map_err(llvm_err)?;
+                    }
+                }
+            }
+        }
+        accs.into_iter().map(|parts| self.joined(parts)).collect()
     }
 
     /// `vpmaddwd` of 64 i16 lanes `a` and `b` (one zmm per 32 or two ymm per 16
