@@ -228,9 +228,8 @@ impl Machine<'_> {
                     let act = |t: i64| match (&d.act_levels, low) {
                         (ActLevels::Planes { .. }, Some(l0)) => HIGH_PLANE_WEIGHT * self.byte(d.act, a0 + t) + self.byte(d.act, l0 + t),
                         // Little-endian: the low byte unsigned, the high one signed.
-                        (ActLevels::Words, _) => 256 * self.byte(d.act, a0 + 2 * t + 1) + (self.byte(d.act, a0 + 2 * t) as u8) as i64,
-                        (ActLevels::WordPairs, _) => {
-                            let p = word_pair_position(t);
+                        (ActLevels::Words | ActLevels::WordPairs, _) => {
+                            let p = if d.act_levels == ActLevels::WordPairs { word_pair_position(t) } else { t };
                             256 * self.byte(d.act, a0 + 2 * p + 1) + (self.byte(d.act, a0 + 2 * p) as u8) as i64
                         }
                         _ => self.byte(d.act, a0 + t),

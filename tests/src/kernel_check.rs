@@ -92,9 +92,8 @@ fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
             let level = |t: usize| match levels {
                 ActivationLevels::Int8 => q[r * k + t] as i64,
                 ActivationLevels::Int16Planes => maxc_kernels::ir::HIGH_PLANE_WEIGHT * q[r * 2 * k + t] as i64 + q[r * 2 * k + k + t] as i64,
-                ActivationLevels::Int16Words => i16::from_le_bytes([q[r * 2 * k + 2 * t] as u8, q[r * 2 * k + 2 * t + 1] as u8]) as i64,
-                // The sum of a block's levels, whatever order its words are in.
-                ActivationLevels::Int16WordPairs => i16::from_le_bytes([q[r * 2 * k + 2 * t] as u8, q[r * 2 * k + 2 * t + 1] as u8]) as i64,
+                // (Word `t`, not level `t`, for word pairs: the block's sum is the same.)
+                ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => i16::from_le_bytes([q[r * 2 * k + 2 * t] as u8, q[r * 2 * k + 2 * t + 1] as u8]) as i64,
             };
             let sum: i64 = (32 * b..32 * b + 32).map(level).sum();
             s[r * 2 * nb + nb + b] = s[r * 2 * nb + b] * sum as f32;

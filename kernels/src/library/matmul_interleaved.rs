@@ -240,9 +240,8 @@ mod tests {
                 let level = |at: usize| match levels {
                     ActivationLevels::Int8 => q[at] as f32,
                     ActivationLevels::Int16Planes => (HIGH_PLANE_WEIGHT as i32 * q[(at / k) * width + at % k] as i32 + q[(at / k) * width + k + at % k] as i32) as f32,
-                    ActivationLevels::Int16Words => i16::from_le_bytes([q[(at / k) * width + 2 * (at % k)] as u8, q[(at / k) * width + 2 * (at % k) + 1] as u8]) as f32,
-                    ActivationLevels::Int16WordPairs => {
-                        let word = word_pair_position((at % k) as i64) as usize;
+                    words => {
+                        let word = if words == ActivationLevels::Int16WordPairs { word_pair_position((at % k) as i64) as usize } else { at % k };
                         i16::from_le_bytes([q[(at / k) * width + 2 * word] as u8, q[(at / k) * width + 2 * word + 1] as u8]) as f32
                     }
                 };

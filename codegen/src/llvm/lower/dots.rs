@@ -269,12 +269,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// With `prefetch_ahead` (CPU only), each chunk's load is preceded by a
     /// `prefetcht0` that many bytes further on.
     pub(super) fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
-        let (half_dots, folded_offset) = match d.act_levels {
-            ActLevels::WordPairs if self.word_pair_vectors(d).is_some() => {
-                let zmm = self.word_pair_vectors(d) == Some(true);
-                (self.nibble_word_pair_dots(&[d], zmm)?, false)
-            }
-            ActLevels::Words | ActLevels::WordPairs => {
+        let (half_dots, folded_offset) = match (&d.act_levels, self.word_pair_vectors(d)) {
+            (_, Some(zmm)) => (self.nibble_word_pair_dots(&[d], zmm)?, false),
+            (ActLevels::Words | ActLevels::WordPairs, None) => {
                 // Q8_0's minimum folded exactly where byte planes fold it (the
                 // same `folds_offset`): a row decoded alone (words) and in a
                 // batch (planes) then take the same float steps.
