@@ -398,15 +398,20 @@ fn aarch64_dots_use_sdot_with_dotprod_and_no_x86_intrinsics() {
 
 /// Activation quantization vectorizes on AVX2: its block maximum is a vector max
 /// reduction (`maxnum` flagged `nnan`; without the flag LLVM 19 keeps a serial
-/// chain) and its levels convert in 32-bit lanes (AVX2 has no vector f32 -> i64).
+/// chain), its levels convert in 32-bit lanes (AVX2 has no vector f32 -> i64)
+/// and its level bytes are stored as vectors, word pairs' permuted order
+/// included (a permuted index per value kept that loop scalar).
 #[test]
 fn activation_quantization_vectorizes_its_max_and_conversions() {
-    for kernel in [quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1)), quantize_q16(576, ActivationLevels::Int16Planes, SeqMode::Fixed(1)), quantize_q16(576, ActivationLevels::Int16Words, SeqMode::Fixed(1))] {
+    let sixteen = [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].map(|levels| quantize_q16(576, levels, SeqMode::Fixed(1)));
+    for kernel in [quantize_q8(576, DotForm::Int8, SeqMode::Fixed(1))].into_iter().chain(sixteen) {
         let ir = maxc_codegen::llvm::emit_llvm_ir(std::slice::from_ref(&kernel), &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap();
         assert!(ir.contains("@llvm.vector.reduce.fmax"), "{}: the block maximum is not a vector reduction", kernel.name);
         let conversions: Vec<&str> = ir.lines().filter(|l| l.contains("fptosi")).collect();
         let in_i32_lanes = |l: &str| (l.contains("fptosi <8 x float>") || l.contains("fptosi <16 x float>")) && l.trim_end().ends_with("x i32>");
         assert!(!conversions.is_empty() && conversions.iter().all(|l| in_i32_lanes(l)), "{}: levels do not convert as <8 or 16 x float> -> i32 lanes: {conversions:?}", kernel.name);
+        let byte_stores: Vec<&str> = ir.lines().filter(|l| l.contains("store i8 ")).collect();
+        assert!(byte_stores.is_empty(), "{}: level bytes stored one at a time: {byte_stores:?}", kernel.name);
     }
 }
 

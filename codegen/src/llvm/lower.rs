@@ -84,6 +84,8 @@ struct KernelLowering<'a, 'ctx> {
     /// Inside copy `u` of a vector chunk of the loop over this variable: global
     /// accesses at `var + offset` are `VECTOR`-aligned when `u` is 0.
     chunk_copy: Option<(VarId, i64)>,
+    /// The variables of the loops hinted `Vectorize` being lowered (CPU).
+    vector_loops: Vec<VarId>,
     /// NVPTX with four warps per task: the shared array the warps' partial
     /// reductions meet in.
     shared: Option<PointerValue<'ctx>>,
@@ -155,6 +157,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             warp,
             lane: None,
             chunk_copy: None,
+            vector_loops: vec![],
             shared: None,
             loops_seen: 0,
         })
@@ -358,7 +361,15 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let c = self.builder.build_int_compare(IntPredicate::SLT, i, hi, "cond").map_err(llvm_err)?;
         self.builder.build_conditional_branch(c, body_bb, exit).map_err(llvm_err)?;
         self.builder.position_at_end(body_bb);
+        let Stmt::For { hint, .. } = s else { unreachable!() };
+        let vector_loop = *hint == LoopHint::Vectorize;
+        if vector_loop {
+            self.vector_loops.push(*var);
+        }
         self.block(body)?;
+        if vector_loop {
+            self.vector_loops.pop();
+        }
         let i = self.builder.build_load(i64t, slot, "i").map_err(llvm_err)?.into_int_value();
         let next = self.builder.build_int_nsw_add(i, i64t.const_int(1, false), "next").map_err(llvm_err)?;
         self.builder.build_store(slot, next).map_err(llvm_err)?;
@@ -526,7 +537,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         // read as an add, and each lane is then loaded alone (bf16 and f16 panels
         // at k = 2048: 16 scalar loads and inserts per vector).
         if let Expr::Bin(BinOp::Add, lane, rest) = index {
-            if matches!(**lane, Expr::Var(_)) {
+            // A strided lane of a vector loop (`var * stride + rest`: one group
+            // of values per iteration, quantize_p16's fours) splits the same way.
+            let strided = matches!(&**lane, Expr::Bin(BinOp::Mul, var, stride) if matches!((&**var, &**stride), (Expr::Var(v), Expr::I64(_)) if self.vector_loops.contains(v)));
+            if matches!(**lane, Expr::Var(_)) || strided {
                 let rest = self.expr(rest)?.into_int_value();
                 let lane = self.expr(lane)?.into_int_value();
                 // SAFETY: kernels index within their buffers (checked by the kernel interpreter in tests).

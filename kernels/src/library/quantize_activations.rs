@@ -169,48 +169,70 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
     let s = b.param("s", ElemType::F32, true);
     let (t, blk, l) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let (amax, inv, d, sum) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
-    let (level, high, low) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+    // A level and its two bytes, per value of a group of four (word pairs).
+    let vars: Vec<[VarId; 3]> = (0..4).map(|_| [b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32)]).collect();
     let ki = k as i64;
     let nb = ki / BLOCK;
     let value = add(v(l), mul(v(blk), i(BLOCK)));
-    let xv = || ld(x, add(mul(v(t), i(ki)), value.clone()));
-    // Where a level's high and low bytes go, and what each holds.
+    let x_at = |value: Expr| ld(x, add(mul(v(t), i(ki)), value));
+    let xv = || x_at(value.clone());
+    // Where a value in natural order (planes, words) puts its high and low
+    // bytes, and what the high byte weighs.
     let row_start = mul(v(t), i(2 * ki));
-    // Word pairs: value `l` of a block at word `word_pair_position(l)`, that is
-    // `l + (l & 1) - ((l >> 1) & 1)`.
-    let word = match levels_as {
-        ActivationLevels::Int16WordPairs => add(mul(v(blk), i(BLOCK)), sub(add(v(l), and(v(l), i(1))), and(shr(v(l), i(1)), i(1)))),
-        _ => value.clone(),
+    let placed = |value: Expr| match levels_as {
+        ActivationLevels::Int16Words => (add(add(row_start.clone(), mul(value.clone(), i(2))), i(1)), add(row_start.clone(), mul(value, i(2))), 256.0),
+        _ => (add(row_start.clone(), value.clone()), add(add(row_start.clone(), i(ki)), value), HIGH_PLANE_WEIGHT as f32),
     };
-    let (high_at, low_at, base) = match levels_as {
-        ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => (add(add(row_start.clone(), mul(word.clone(), i(2))), i(1)), add(row_start, mul(word, i(2))), 256.0),
-        _ => (add(row_start.clone(), value.clone()), add(add(row_start, i(ki)), value.clone()), HIGH_PLANE_WEIGHT as f32),
+    // One value's level and its two bytes where `high_at` and `low_at` say.
+    // Levels, their high bytes and the low remainders are exact integers in
+    // f32. Planes: `level / 255` is never within 0.002 of a half (levels are
+    // integers), far beyond the product's rounding, so `high` is exact. Words:
+    // `level / 256` is exact; the low byte `0..=255` is stored as the signed
+    // byte of the same bits.
+    let level_steps = |[level, high, low]: [VarId; 3], x_value: Expr, (high_at, low_at, base): (Expr, Expr, f32)| {
+        vec![
+            set(level, un(UnOp::Floor, add(mul(x_value, v(inv)), f(0.5)))),
+            match levels_as {
+                ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => set(high, un(UnOp::Floor, mul(v(level), f(1.0 / 256.0)))),
+                _ => set(high, un(UnOp::Floor, add(mul(v(level), f(1.0 / HIGH_PLANE_WEIGHT as f32)), f(0.5)))),
+            },
+            set(low, sub(v(level), mul(v(high), f(base)))),
+            store(q, high_at, un(UnOp::ToI64, v(high))),
+            store(q, low_at, un(UnOp::ToI64, select(lt(v(low), f(128.0)), v(low), sub(v(low), f(256.0))))),
+        ]
     };
     let scale_at = add(mul(v(t), i(2 * nb)), v(blk));
     let mut per_block = block_scale(amax, inv, d, l, &xv, Q16_MAX_LEVEL);
     per_block.extend([
         set(sum, f(0.0)),
-        // Levels, their high bytes and the low remainders are exact integers
-        // in f32. Planes: `level / 255` is never within 0.002 of a half (levels
-        // are integers), far beyond the product's rounding, so `high` is exact.
-        // Words: `level / 256` is exact; the low byte `0..=255` is stored as the
-        // signed byte of the same bits.
-        for_vec(
-            l,
-            i(0),
-            i(BLOCK),
-            vec![
-                set(level, un(UnOp::Floor, add(mul(xv(), v(inv)), f(0.5)))),
-                match levels_as {
-                    ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => set(high, un(UnOp::Floor, mul(v(level), f(1.0 / 256.0)))),
-                    _ => set(high, un(UnOp::Floor, add(mul(v(level), f(1.0 / HIGH_PLANE_WEIGHT as f32)), f(0.5)))),
-                },
-                set(low, sub(v(level), mul(v(high), f(base)))),
-                store(q, high_at, un(UnOp::ToI64, v(high))),
-                store(q, low_at, un(UnOp::ToI64, select(lt(v(low), f(128.0)), v(low), sub(v(low), f(256.0))))),
-                set(sum, add(v(sum), v(level))),
-            ],
-        ),
+        // Word pairs: value `4 g + j` of a block at word `4 g + [0, 2, 1, 3][j]`
+        // (`word_pair_position`), one group of four per iteration and one add
+        // of their sum, so that every store is at a stride and the sum a
+        // reduction the loop vectorizer takes (a permuted index per value kept
+        // the loop scalar: 2.5x quantize_q16's time). The sums are exact
+        // integers in f32 (at most 32 * 32512) in any order.
+        match levels_as {
+            ActivationLevels::Int16WordPairs => {
+                // Indices as `l * stride + rest` (the lane first, as the
+                // library writes a vector loop's index for the lowering).
+                let mut group: Vec<Stmt> = (0..4)
+                    .flat_map(|j| {
+                        let x_value = ld(x, add(mul(v(l), i(4)), add(mul(v(t), i(ki)), add(mul(v(blk), i(BLOCK)), i(j)))));
+                        let word_start = add(row_start.clone(), mul(add(mul(v(blk), i(BLOCK)), i(word_pair_position(j))), i(2)));
+                        let (high_at, low_at) = (add(mul(v(l), i(8)), add(word_start.clone(), i(1))), add(mul(v(l), i(8)), word_start));
+                        level_steps(vars[j as usize], x_value, (high_at, low_at, 256.0))
+                    })
+                    .collect();
+                let level = |j: usize| v(vars[j][0]);
+                group.push(set(sum, add(v(sum), add(add(level(0), level(1)), add(level(2), level(3))))));
+                for_vec(l, i(0), i(BLOCK / 4), group)
+            }
+            _ => {
+                let mut steps = level_steps(vars[0], xv(), placed(value.clone()));
+                steps.push(set(sum, add(v(sum), v(vars[0][0]))));
+                for_vec(l, i(0), i(BLOCK), steps)
+            }
+        },
         store(s, scale_at.clone(), v(d)),
         store(s, add(scale_at, i(nb)), mul(v(d), v(sum))),
     ]);

@@ -557,7 +557,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// then weight row `g`'s: the 16 rows' sums accumulate over the block (at
     /// most 32 * 15 * 32512: exact) with no fold and no planes to combine, the
     /// integers byte planes give. Per chunk and half, the four masked vectors
-    /// are used by every row before the next half's are made.
+    /// are used by every row before the next half's are made; a tile on
+    /// 256-bit vectors runs the whole block's first half, then its second.
     pub(super) fn nibble_word_pair_dots(&mut self, ds: &[&RowDot], zmm: bool) -> Result<Vec<inkwell::values::VectorValue<'ctx>>, CodegenError> {
         let (i8t, i16t, i32t) = (self.context.i8_type(), self.context.i16_type(), self.context.i32_type());
         let parts: u32 = if zmm { 1 } else { 2 };
@@ -567,36 +568,62 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let pmaddwd = self.declared(name, sums.fn_type(&[words.into(), words.into()], false), None);
         let mut accs = vec![vec![sums.const_zero(); parts as usize]; ds.len()];
         let d0 = ds[0];
-        for c in 0..d0.form.chunks() {
-            let w_ptr = self.element_ptr(d0.weights, &dsl::add(d0.w_start.clone(), dsl::i(64 * c)))?;
-            if let (Some(ahead), Flavor::Cpu(_)) = (d0.prefetch_ahead, &self.flavor) {
-                self.prefetch(w_ptr, ahead)?;
+        // A tile on 256-bit vectors takes the block half by half (weight rows
+        // 0-7 over every chunk, then 8-15), each half's activation pairs
+        // broadcast again from memory: chunk by chunk, the 16 broadcasts of a
+        // chunk were shared by both halves and LLVM kept them live between the
+        // halves and spilled them (about 100 stack stores per 128 `vpmaddwd`
+        // in the 4 x 1 block loop, `llc -mcpu=znver3`). The second half reads
+        // the activations through a copy of each row's pointer that LLVM
+        // cannot see through (an empty inline asm), so that it does not merge
+        // the halves' loads back into one.
+        let by_halves = parts == 2 && ds.len() > 1;
+        let order: Vec<(i64, u32)> = if by_halves {
+            (0..parts).flat_map(|part| (0..d0.form.chunks()).map(move |c| (c, part))).collect()
+        } else {
+            (0..d0.form.chunks()).flat_map(|c| (0..parts).map(move |part| (c, part))).collect()
+        };
+        let mut second_half_rows: Vec<Option<PointerValue<'ctx>>> = vec![None; ds.len()];
+        for (c, part) in order {
+            if part == 0 {
+                let w_ptr = self.element_ptr(d0.weights, &dsl::add(d0.w_start.clone(), dsl::i(64 * c)))?;
+                if let (Some(ahead), Flavor::Cpu(_)) = (d0.prefetch_ahead, &self.flavor) {
+                    self.prefetch(w_ptr, ahead)?;
+                }
             }
-            for part in 0..parts {
-                let ptr = self.element_ptr(d0.weights, &dsl::add(d0.w_start.clone(), dsl::i(64 * c + (64 / parts as i64) * part as i64)))?;
-                let bytes = self.byte_load(i8t.vec_type(64 / parts), ptr)?;
-                let b = &self.builder;
-                let x = b.build_bit_cast(bytes, words, "level_words").map_err(llvm_err)?.into_vector_value();
-                let fields = [
-                    b.build_and(x, splat(15), "low_02").map_err(llvm_err)?,
-                    b.build_and(b.build_right_shift(x, splat(8), false, "byte1").map_err(llvm_err)?, splat(15), "low_13").map_err(llvm_err)?,
-                    b.build_and(b.build_right_shift(x, splat(4), false, "nibble1").map_err(llvm_err)?, splat(15), "high_02").map_err(llvm_err)?,
-                    b.build_right_shift(x, splat(12), false, "high_13").map_err(llvm_err)?,
-                ];
-                for (d, acc) in ds.iter().zip(accs.iter_mut()) {
-                    // The chunk's 8 activation words (values 8c..8c + 8 in 0 2 1 3
-                    // order): four pairs, one per field, each broadcast as an i32.
-                    for (f, field) in fields.iter().enumerate() {
-                        let a_ptr = self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(16 * c + 4 * f as i64)))?;
-                        let pair = self.builder.build_load(i32t, a_ptr, "act_pair").map_err(llvm_err)?;
-                        pair.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
-                        let b = &self.builder;
-                        let one = b.build_insert_element(sums.get_undef(), pair.into_int_value(), i32t.const_zero(), "act_pair").map_err(llvm_err)?;
-                        let all = b.build_shuffle_vector(one, one, sums.const_zero(), "act_pairs").map_err(llvm_err)?;
-                        let all = b.build_bit_cast(all, words, "act_words").map_err(llvm_err)?.into_vector_value();
-                        let products = self.call_vector(pmaddwd, &[*field, all])?;
-                        acc[part as usize] = self.builder.build_int_add(acc[part as usize], products, "acc").map_err(llvm_err)?;
-                    }
+            let ptr = self.element_ptr(d0.weights, &dsl::add(d0.w_start.clone(), dsl::i(64 * c + (64 / parts as i64) * part as i64)))?;
+            let bytes = self.byte_load(i8t.vec_type(64 / parts), ptr)?;
+            let b = &self.builder;
+            let x = b.build_bit_cast(bytes, words, "level_words").map_err(llvm_err)?.into_vector_value();
+            let fields = [
+                b.build_and(x, splat(15), "low_02").map_err(llvm_err)?,
+                b.build_and(b.build_right_shift(x, splat(8), false, "byte1").map_err(llvm_err)?, splat(15), "low_13").map_err(llvm_err)?,
+                b.build_and(b.build_right_shift(x, splat(4), false, "nibble1").map_err(llvm_err)?, splat(15), "high_02").map_err(llvm_err)?,
+                b.build_right_shift(x, splat(12), false, "high_13").map_err(llvm_err)?,
+            ];
+            for ((d, acc), row) in ds.iter().zip(accs.iter_mut()).zip(second_half_rows.iter_mut()) {
+                if by_halves && part == 1 && row.is_none() {
+                    let start = self.element_ptr(d.act, &d.act_start)?;
+                    *row = Some(self.opaque_copy(start)?);
+                }
+                // The chunk's 8 activation words (values 8c..8c + 8 in 0 2 1 3
+                // order): four pairs, one per field, each broadcast as an i32.
+                for (f, field) in fields.iter().enumerate() {
+                    let a_ptr = match row {
+                        Some(start) if part == 1 => {
+                            // SAFETY: within the row's activations, as the element_ptr it copies.
+                            unsafe { self.builder.build_in_bounds_gep(i8t, *start, &[self.context.i64_type().const_int((16 * c + 4 * f as i64) as u64, false)], "act_pair_at") }.map_err(llvm_err)?
+                        }
+                        _ => self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(16 * c + 4 * f as i64)))?,
+                    };
+                    let pair = self.builder.build_load(i32t, a_ptr, "act_pair").map_err(llvm_err)?;
+                    pair.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+                    let b = &self.builder;
+                    let one = b.build_insert_element(sums.get_undef(), pair.into_int_value(), i32t.const_zero(), "act_pair").map_err(llvm_err)?;
+                    let all = b.build_shuffle_vector(one, one, sums.const_zero(), "act_pairs").map_err(llvm_err)?;
+                    let all = b.build_bit_cast(all, words, "act_words").map_err(llvm_err)?.into_vector_value();
+                    let products = self.call_vector(pmaddwd, &[*field, all])?;
+                    acc[part as usize] = self.builder.build_int_add(acc[part as usize], products, "acc").map_err(llvm_err)?;
                 }
             }
         }
@@ -609,6 +636,20 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     pub(super) fn word_pair_products(&self, a: inkwell::values::VectorValue<'ctx>, b: inkwell::values::VectorValue<'ctx>, zmm: bool) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let name = if zmm { "llvm.x86.avx512.pmaddw.d.512" } else { "llvm.x86.avx2.pmadd.wd" };
         self.pairwise_in_parts(name, self.context.i16_type(), self.context.i32_type(), &[a, b], zmm)
+    }
+
+    /// `ptr` through an empty inline asm: the same address, which LLVM cannot
+    /// prove equal to `ptr` (loads through it are not merged with loads
+    /// through `ptr`). No instruction beyond a register copy.
+    pub(super) fn opaque_copy(&self, ptr: PointerValue<'ctx>) -> Result<PointerValue<'ctx>, CodegenError> {
+        let ptr_type = ptr.get_type();
+        let fn_type = ptr_type.fn_type(&[ptr_type.into()], false);
+        let asm = self.context.create_inline_asm(fn_type, String::new(), "=r,0".to_string(), false, false, None, false);
+        let call = self.builder.build_indirect_call(fn_type, asm, &[ptr.into()], "opaque_ptr").map_err(llvm_err)?;
+        let inkwell::values::ValueKind::Basic(v) = call.try_as_basic_value() else {
+            return Err(CodegenError::Llvm("the pointer copy's asm returns nothing".into()));
+        };
+        Ok(v.into_pointer_value())
     }
 
     /// Whether a [`RowDot`]'s Q8_0 bytes go in as signed levels `u - 128` on
