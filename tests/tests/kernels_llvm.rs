@@ -759,13 +759,14 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
             let k = if encoding.block() == 256 { 256 } else { 96 };
             for addend in [None, Some(Broadcast::None)] {
                 // 16-bit levels as the scheduler picks them: byte planes, and
-                // Q8_0's words at decode beside planes (VNNI) or words in a
+                // Q8_0's words at decode beside planes (VNNI), words (AVX-512
+                // without VNNI) or word pairs (AVX2 without either) in a
                 // batch; nibbles' planes at decode beside planes or (AVX2
                 // without VNNI) word pairs in a batch.
                 let alone16 = if encoding == WeightEncoding::Q8_0 { ActivationLevels::Int16Words } else { ActivationLevels::Int16Planes };
                 let mut forms = vec![(alone16, ActivationLevels::Int16Planes), (ActivationLevels::Int8, ActivationLevels::Int8)];
                 match encoding {
-                    WeightEncoding::Q8_0 => forms.push((alone16, ActivationLevels::Int16Words)),
+                    WeightEncoding::Q8_0 => forms.extend([(alone16, ActivationLevels::Int16Words), (alone16, ActivationLevels::Int16WordPairs)]),
                     WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => forms.push((alone16, ActivationLevels::Int16WordPairs)),
                     _ => {}
                 }

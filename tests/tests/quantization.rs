@@ -301,12 +301,14 @@ fn unknown_encodings_are_refused_with_the_supported_list() {
 
 /// Default (int16) activations meet Q8_0 weights as words at decode, and in
 /// prefill in byte planes where the byte dots take Q8_0's bytes as they are
-/// (VNNI: planes reuse the raw bytes across a full register tile) but as words
-/// without VNNI (`vpmaddubsw` would need the weights' signs moved onto every
-/// row's planes; `integer_matmul`).
+/// (VNNI: planes reuse the raw bytes across a full register tile) but without
+/// VNNI (`vpmaddubsw` would need the weights' signs moved onto every row's
+/// planes) as words with AVX-512 and as word pairs with AVX2 alone
+/// (`integer_matmul`).
 #[test]
 fn q8_0_takes_words_at_decode_and_planes_in_prefill_only_with_vnni() {
-    for (target, prefill_form, prefill_quantize) in [("cpu:x86-64-v4+avx512vnni", "_i16x16_", "quantize_q16_"), ("cpu:x86-64-v3", "_w16x16_", "quantize_w16_")] {
+    let targets = [("cpu:x86-64-v4+avx512vnni", "_i16x16_", "quantize_q16_"), ("cpu:x86-64-v4", "_w16x16_", "quantize_w16_"), ("cpu:x86-64-v3", "_p16x16_", "quantize_p16_")];
+    for (target, prefill_form, prefill_quantize) in targets {
         let mef = compile_model("q8-levels", &fixture("tiny-llama"), &["--quantization-encoding", "q8_0", "--target", target]);
         let v = inspect_json(&mef);
         let names: Vec<&str> = v["kernels"]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();

@@ -159,11 +159,16 @@ impl Scheduler<'_, '_, '_> {
         // (AVX2's 4 x 1 tile spilled 107 times per 128 `vpmaddubsw` in the
         // 1.17B Q4_K block loop). Decode keeps planes (the same integers, so a
         // row gets the same bits in a GEMV and in a tile). Measured in
-        // docs/performance.md ("Nibbles as word pairs").
+        // docs/performance.md ("Nibbles as word pairs"). Q8_0's prefill tiles
+        // there take word pairs too (its signed bytes split out of 16-bit
+        // lanes, two vectors per 32 bytes, the decode words' integers): where
+        // the 8-row words tile kept four i32 accumulators per row and spilled
+        // 294 times per 256 `vpmaddwd`, the batched step's lm_head ran
+        // 1.18x faster (docs/performance.md, "Q8_0 as word pairs").
         let nibbles = maxc_kernels::library::dequant::rows_form(encoding, n, k) == Some(maxc_kernels::ir::RowsForm::Nibbles);
         let levels = match levels {
+            ActivationLevels::Int16Planes if (nibbles || encoding == WeightEncoding::Q8_0) && !seq.is_decode() && self.weights.tiles_take_word_pairs => ActivationLevels::Int16WordPairs,
             ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 && (seq.is_decode() || !self.weights.byte_dots_take_q8_0) => ActivationLevels::Int16Words,
-            ActivationLevels::Int16Planes if nibbles && !seq.is_decode() && self.weights.nibble_tiles_take_word_pairs => ActivationLevels::Int16WordPairs,
             other => other,
         };
         let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {

@@ -103,9 +103,9 @@ pub struct WeightTable {
     /// signs onto its activations first) Q8_0 takes words in tiles too.
     pub byte_dots_take_q8_0: bool,
     /// The CPU target is x86 with AVX2 but neither AVX-512 nor VNNI: int16
-    /// activations meet nibble weights in prefill tiles as word pairs
-    /// (`ActivationLevels::Int16WordPairs`) rather than byte planes.
-    pub nibble_tiles_take_word_pairs: bool,
+    /// activations meet nibble and Q8_0 weights in prefill tiles as word pairs
+    /// (`ActivationLevels::Int16WordPairs`) rather than byte planes or words.
+    pub tiles_take_word_pairs: bool,
 }
 
 impl WeightTable {

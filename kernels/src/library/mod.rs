@@ -179,6 +179,9 @@ impl RegisterTile {
     /// 16 x 1 against 8 x 1 0.95-1.08x), and the batched step at 8 sequences
     /// 1.40-1.49x (236 / 264 against 172 / 177 tok/s). On x86-64-v3 code an
     /// earlier measurement had found 4 x 1 no faster than 2 x 1 (0.97-1.04x).
+    /// (The schedule no longer gives AVX2 without VNNI words in prefill: Q8_0
+    /// takes word pairs there in the target's 4 x 1 tile, which does not spill;
+    /// 1.17B Q8_0 pp256 1.31x against this 8 x 1 words tile.)
     pub fn for_word_dots(self) -> RegisterTile {
         if self == RegisterTile::YMM {
             RegisterTile { rows: 8, panels: 1 }

@@ -270,7 +270,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// `prefetcht0` that many bytes further on.
     pub(super) fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let (half_dots, folded_offset) = match (&d.act_levels, self.word_pair_vectors(d)) {
-            (_, Some(zmm)) => (self.nibble_word_pair_dots(&[d], zmm)?, false),
+            (_, Some(zmm)) => (self.word_pair_dots(&[d], zmm)?, self.folds_offset(d)),
             (ActLevels::Words | ActLevels::WordPairs, None) => {
                 // Q8_0's minimum folded exactly where byte planes fold it (the
                 // same `folds_offset`): a row decoded alone (words) and in a
@@ -510,11 +510,11 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// Whether a [`RowDot`] takes the word-pair dots of
-    /// [`Self::nibble_word_pair_dots`]: nibbles with [`ActLevels::WordPairs`] on
+    /// [`Self::word_pair_dots`]: nibbles or Q8_0 bytes with [`ActLevels::WordPairs`] on
     /// x86 with AVX2 or AVX-512 (`Some(zmm)`: whether on 512-bit vectors).
     pub(super) fn word_pair_vectors(&self, d: &RowDot) -> Option<bool> {
         match self.byte_dots() {
-            ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } if d.form == RowsForm::Nibbles && d.act_levels == ActLevels::WordPairs => Some(zmm),
+            ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } if matches!(d.form, RowsForm::Nibbles | RowsForm::Bytes) && d.act_levels == ActLevels::WordPairs => Some(zmm),
             _ => None,
         }
     }
@@ -535,15 +535,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// Q4_K 4 x 1 block loop).
     pub(super) fn word_pair_tile(&mut self, ds: &[&RowDot]) -> Result<(), CodegenError> {
         let zmm = self.word_pair_vectors(ds[0]) == Some(true);
-        let dots = self.nibble_word_pair_dots(ds, zmm)?;
+        let dots = self.word_pair_dots(ds, zmm)?;
         for (d, dot) in ds.iter().zip(dots) {
-            self.dot_rows_epilogue(d, &[dot], false)?;
+            let folded = self.folds_offset(d);
+            self.dot_rows_epilogue(d, &[dot], folded)?;
         }
         Ok(())
     }
 
-    /// The integer dots of [`RowDot`]s of nibbles whose activations are word
-    /// pairs ([`ActLevels::WordPairs`]), rows of one tile over the same 16
+    /// The integer dots of [`RowDot`]s of nibbles or Q8_0 bytes whose
+    /// activations are word pairs ([`ActLevels::WordPairs`]), rows of one tile over the same 16
     /// weight rows (one row alone in a GEMV), on x86 (`zmm`: one 512-bit
     /// vector per 32 words, else two 256-bit halves of 8 weight rows each).
     /// Each 64-byte chunk of levels read as 32 words holds in word `j` weight
@@ -556,10 +557,14 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// 32-bit broadcast from memory) in one `vpmaddwd`, whose i32 lane `g` is
     /// then weight row `g`'s: the 16 rows' sums accumulate over the block (at
     /// most 32 * 15 * 32512: exact) with no fold and no planes to combine, the
-    /// integers byte planes give. Per chunk and half, the four masked vectors
+    /// integers byte planes give. Q8_0's chunk is one step: word `j` holds
+    /// row `j / 2`'s values `2 (j % 2)` and `2 (j % 2) + 1` as its low and high
+    /// byte, two vectors (signed `u - 128` where [`Self::takes_signed_levels`],
+    /// as the decode GEMV's words: the same integers) against the step's two
+    /// pairs. Per chunk and half, the masked vectors
     /// are used by every row before the next half's are made; a tile on
     /// 256-bit vectors runs the whole block's first half, then its second.
-    pub(super) fn nibble_word_pair_dots(&mut self, ds: &[&RowDot], zmm: bool) -> Result<Vec<inkwell::values::VectorValue<'ctx>>, CodegenError> {
+    pub(super) fn word_pair_dots(&mut self, ds: &[&RowDot], zmm: bool) -> Result<Vec<inkwell::values::VectorValue<'ctx>>, CodegenError> {
         let (i8t, i16t, i32t) = (self.context.i8_type(), self.context.i16_type(), self.context.i32_type());
         let parts: u32 = if zmm { 1 } else { 2 };
         let (words, sums) = (i16t.vec_type(32 / parts), i32t.vec_type(16 / parts));
@@ -595,12 +600,29 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let bytes = self.byte_load(i8t.vec_type(64 / parts), ptr)?;
             let b = &self.builder;
             let x = b.build_bit_cast(bytes, words, "level_words").map_err(llvm_err)?.into_vector_value();
-            let fields = [
-                b.build_and(x, splat(15), "low_02").map_err(llvm_err)?,
-                b.build_and(b.build_right_shift(x, splat(8), false, "byte1").map_err(llvm_err)?, splat(15), "low_13").map_err(llvm_err)?,
-                b.build_and(b.build_right_shift(x, splat(4), false, "nibble1").map_err(llvm_err)?, splat(15), "high_02").map_err(llvm_err)?,
-                b.build_right_shift(x, splat(12), false, "high_13").map_err(llvm_err)?,
-            ];
+            let fields = match d0.form {
+                // Q8_0: word `j` holds row `j / 2`'s values `2 (j % 2)` (low
+                // byte) and `2 (j % 2) + 1` (high byte) of the chunk's step;
+                // signed `u - 128` where the decode GEMV's words take them so
+                // (`takes_signed_levels`: the same integers, the same bits).
+                RowsForm::Bytes if self.takes_signed_levels(d0) => {
+                    let signed = b.build_xor(x, splat(0x8080), "signed_levels").map_err(llvm_err)?;
+                    vec![
+                        b.build_right_shift(b.build_left_shift(signed, splat(8), "low_up").map_err(llvm_err)?, splat(8), true, "low_02").map_err(llvm_err)?,
+                        b.build_right_shift(signed, splat(8), true, "high_13").map_err(llvm_err)?,
+                    ]
+                }
+                RowsForm::Bytes => vec![b.build_and(x, splat(255), "low_02").map_err(llvm_err)?, b.build_right_shift(x, splat(8), false, "high_13").map_err(llvm_err)?],
+                _ => vec![
+                    b.build_and(x, splat(15), "low_02").map_err(llvm_err)?,
+                    b.build_and(b.build_right_shift(x, splat(8), false, "byte1").map_err(llvm_err)?, splat(15), "low_13").map_err(llvm_err)?,
+                    b.build_and(b.build_right_shift(x, splat(4), false, "nibble1").map_err(llvm_err)?, splat(15), "high_02").map_err(llvm_err)?,
+                    b.build_right_shift(x, splat(12), false, "high_13").map_err(llvm_err)?,
+                ],
+            };
+            // Activation bytes per chunk: two per value, 8 values (nibbles:
+            // two steps) or 4 (bytes: one step).
+            let act_chunk_bytes = 4 * fields.len() as i64;
             for ((d, acc), row) in ds.iter().zip(accs.iter_mut()).zip(second_half_rows.iter_mut()) {
                 if by_halves && part == 1 && row.is_none() {
                     let start = self.element_ptr(d.act, &d.act_start)?;
@@ -612,9 +634,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     let a_ptr = match row {
                         Some(start) if part == 1 => {
                             // SAFETY: within the row's activations, as the element_ptr it copies.
-                            unsafe { self.builder.build_in_bounds_gep(i8t, *start, &[self.context.i64_type().const_int((16 * c + 4 * f as i64) as u64, false)], "act_pair_at") }.map_err(llvm_err)?
+                            unsafe { self.builder.build_in_bounds_gep(i8t, *start, &[self.context.i64_type().const_int((act_chunk_bytes * c + 4 * f as i64) as u64, false)], "act_pair_at") }.map_err(llvm_err)?
                         }
-                        _ => self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(16 * c + 4 * f as i64)))?,
+                        _ => self.element_ptr(d.act, &dsl::add(d.act_start.clone(), dsl::i(act_chunk_bytes * c + 4 * f as i64)))?,
                     };
                     let pair = self.builder.build_load(i32t, a_ptr, "act_pair").map_err(llvm_err)?;
                     pair.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
