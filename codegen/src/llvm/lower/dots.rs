@@ -628,8 +628,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     let start = self.element_ptr(d.act, &d.act_start)?;
                     *row = Some(self.opaque_copy(start)?);
                 }
-                // The chunk's 8 activation words (values 8c..8c + 8 in 0 2 1 3
-                // order): four pairs, one per field, each broadcast as an i32.
+                // The chunk's activation words in 0 2 1 3 order (nibbles: values
+                // 8c..8c + 8; bytes: 4c..4c + 4): one pair per field, each
+                // broadcast as an i32.
                 for (f, field) in fields.iter().enumerate() {
                     let a_ptr = match row {
                         Some(start) if part == 1 => {
