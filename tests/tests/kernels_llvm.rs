@@ -130,8 +130,8 @@ fn cases() -> Vec<Case> {
                     // 16-bit activations: two byte planes per row, or words.
                     let mut sizes = sizes.clone();
                     sizes[0] *= 2;
-                    // (Q6_K's two halves take planes only.)
-                    for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l.is_words())) {
+                    // (Q6_K's two halves take planes or word pairs, no words.)
+                    for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
                         v.push(Case { kernel: matmul_interleaved(k, n, encoding, addend, seq, tile, sixteen), sizes: sizes.clone(), int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) });
                     }
                 }
@@ -158,7 +158,7 @@ fn cases() -> Vec<Case> {
         for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs] {
             v.push(Case { kernel: quantize_q16(96, sixteen, seq), sizes: vec![s * 96, s * 2 * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
         }
-        for (levels, bytes) in [(ActivationLevels::Int8, 1), (ActivationLevels::Int16Planes, 2)] {
+        for (levels, bytes) in [(ActivationLevels::Int8, 1), (ActivationLevels::Int16Planes, 2), (ActivationLevels::Int16WordPairs, 2)] {
             v.push(Case { kernel: level_half_sums(96, levels, seq), sizes: vec![s * 96 * bytes, s * 6], int_max: 1, seq: s as u64, tol: 0.0 });
         }
         v.push(Case { kernel: swiglu(10, seq), sizes: vec![s * 20, s * 10], int_max: 1, seq: s as u64, tol: 1e-5 });
@@ -503,7 +503,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
             };
             for tile in register_tiles(seq) {
                 all.push(case(matmul_interleaved(k, 48, encoding, None, seq, tile, ActivationLevels::Int8), k, 48));
-                for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l.is_words())) {
+                for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
                     let mut wide = case(matmul_interleaved(k, 48, encoding, None, seq, tile, sixteen), k, 48);
                     wide.sizes[0] *= 2;
                     all.push(wide);
@@ -706,7 +706,11 @@ fn activations(q: &Kernel, consumer: &Kernel, x: &[f32], k: u64, rows: usize) ->
     let mut out = bufs.split_off(1);
     // Q6_K's row dots also read the levels' sums per 16 values.
     if takes_half_sums(consumer) {
-        let levels = if level_bytes == 1 { ActivationLevels::Int8 } else { ActivationLevels::Int16Planes };
+        let levels = match &q.name {
+            name if name.starts_with("quantize_q8") => ActivationLevels::Int8,
+            name if name.starts_with("quantize_p16") => ActivationLevels::Int16WordPairs,
+            _ => ActivationLevels::Int16Planes,
+        };
         let mut sums = vec![out[0].clone(), Buffer::I32(vec![0; rows * k as usize / 16])];
         run(&level_half_sums(k, levels, SeqMode::Dynamic), &mut sums, rows as u64);
         out.push(sums.pop().expect("the sums"));
@@ -762,12 +766,13 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
                 // Q8_0's words at decode beside planes (VNNI), words (AVX-512
                 // without VNNI) or word pairs (AVX2 without either) in a
                 // batch; nibbles' planes at decode beside planes or (AVX2
-                // without VNNI) word pairs in a batch.
+                // without VNNI) word pairs in a batch, and Q5's five-bit and
+                // Q6_K's six-bit levels alike.
                 let alone16 = if encoding == WeightEncoding::Q8_0 { ActivationLevels::Int16Words } else { ActivationLevels::Int16Planes };
                 let mut forms = vec![(alone16, ActivationLevels::Int16Planes), (ActivationLevels::Int8, ActivationLevels::Int8)];
                 match encoding {
                     WeightEncoding::Q8_0 => forms.extend([(alone16, ActivationLevels::Int16Words), (alone16, ActivationLevels::Int16WordPairs)]),
-                    WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K => forms.push((alone16, ActivationLevels::Int16WordPairs)),
+                    WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q5K | WeightEncoding::Q6K => forms.push((alone16, ActivationLevels::Int16WordPairs)),
                     _ => {}
                 }
                 let quantize_as = |levels: ActivationLevels, seq: SeqMode| match levels {

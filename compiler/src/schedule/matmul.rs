@@ -165,7 +165,10 @@ impl Scheduler<'_, '_, '_> {
         // the 8-row words tile kept four i32 accumulators per row and spilled
         // 294 times per 256 `vpmaddwd`, the batched step's lm_head ran
         // 1.18x faster (docs/performance.md, "Q8_0 as word pairs").
-        let nibbles = maxc_kernels::library::dequant::rows_form(encoding, n, k) == Some(maxc_kernels::ir::RowsForm::Nibbles);
+        // Q5's five-bit and Q6_K's six-bit levels too: their high bits ORed
+        // into the masked nibble words (docs/performance.md, "Five- and
+        // six-bit levels as word pairs").
+        let nibbles = matches!(maxc_kernels::library::dequant::rows_form(encoding, n, k), Some(maxc_kernels::ir::RowsForm::Nibbles | maxc_kernels::ir::RowsForm::Nibbles5 | maxc_kernels::ir::RowsForm::Nibbles6));
         let levels = match levels {
             ActivationLevels::Int16Planes if (nibbles || encoding == WeightEncoding::Q8_0) && !seq.is_decode() && self.weights.tiles_take_word_pairs => ActivationLevels::Int16WordPairs,
             ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 && (seq.is_decode() || !self.weights.byte_dots_take_q8_0) => ActivationLevels::Int16Words,

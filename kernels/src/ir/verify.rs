@@ -92,7 +92,7 @@ impl Kernel {
     ///   has high bits (a byte parameter, an `i64` start) exactly when its
     ///   form has them (`Nibbles5`, `Nibbles6`); a form with two halves
     ///   (`Nibbles6`) has row factors, an integer offset as its minimum and
-    ///   activations as bytes or planes.
+    ///   activations as bytes, planes or word pairs.
     pub fn validate(&self) -> Result<(), KernelError> {
         let err = |message: String| KernelError { kernel: self.name.clone(), message };
         if self.vars.get(self.task_var as usize) != Some(&ValType::I64) {
@@ -204,11 +204,11 @@ impl Kernel {
                         (None, false) => {}
                     }
                     // Two halves: each with its own factor, the minimum an
-                    // exact integer offset, activations as bytes or planes,
-                    // and the halves' activation sums.
+                    // exact integer offset, activations as bytes, planes or
+                    // word pairs, and the halves' activation sums.
                     if d.form.halves() > 1 {
-                        if !matches!(d.row_min, RowMin::Offset(o) if o.fract() == 0.0) || d.row_scales.factors.is_none() || matches!(d.act_levels, ActLevels::Words | ActLevels::WordPairs) {
-                            return Err(format!("a {:?} row dot takes per-half factors, an integer offset and byte or plane activations", d.form));
+                        if !matches!(d.row_min, RowMin::Offset(o) if o.fract() == 0.0) || d.row_scales.factors.is_none() || matches!(d.act_levels, ActLevels::Words) {
+                            return Err(format!("a {:?} row dot takes per-half factors, an integer offset and byte, plane or word-pair activations", d.form));
                         }
                     }
                     match (&d.half_sums, d.form.halves() > 1) {

@@ -34,8 +34,9 @@
 //! activation words in one word dot (`ActLevels::Words`): int8's instruction
 //! count. Each activation row of a words tile keeps four accumulators (pairs
 //! of values per row, folded once per block); the tile's rows are
-//! [`RegisterTile::for_word_dots`]'s. Nibble levels in prefill tiles on AVX2
-//! without VNNI take the levels as word pairs
+//! [`RegisterTile::for_word_dots`]'s. Nibble levels (also Q5's five-bit and
+//! Q6_K's six-bit ones, and Q8_0's bytes) in prefill tiles on AVX2 without
+//! VNNI take the levels as word pairs
 //! ([`ActivationLevels::Int16WordPairs`], `ActLevels::WordPairs`): the
 //! nibbles masked out of 16-bit lanes meet a broadcast pair of activation
 //! words in one word dot per 16 products, one i32 accumulator per 8 weight
@@ -221,8 +222,8 @@ mod tests {
     fn interleaved_matmul_matches_the_block_matmul_on_dequantized_activations() {
         let encodings = [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K];
         // Q6_K's halves take no words (the scheduler gives words to Q8_0, word
-        // pairs to nibbles without VNNI).
-        for (encoding, levels) in encodings.into_iter().flat_map(|e| ActivationLevels::ALL.map(|l| (e, l))).filter(|&(e, l)| !(e == WeightEncoding::Q6K && l.is_words())) {
+        // pairs to nibbles, six-bit levels and Q8_0 without VNNI).
+        for (encoding, levels) in encodings.into_iter().flat_map(|e| ActivationLevels::ALL.map(|l| (e, l))).filter(|&(e, l)| !(e == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
             // Q4_K's super-blocks need whole 256s.
             let (k, n) = (if encoding.block() == 256 { 512usize } else { 96 }, 48usize);
             let parts = random_parts(encoding, n, k, 7);

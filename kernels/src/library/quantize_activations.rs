@@ -246,13 +246,14 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
 }
 
 /// One task per row: the integer activation levels `q` of `k` values (as
-/// `levels` stores them: [`quantize_q8`]'s bytes or [`quantize_q16`]'s planes)
+/// `levels` stores them: [`quantize_q8`]'s bytes, [`quantize_q16`]'s planes or
+/// word pairs)
 /// -> `h: i32[seq, k / 16]`, the sum of each 16 consecutive levels (at most
 /// `16 * 32512` in magnitude). Q6_K's row dots read them
 /// ([`RowDot::half_sums`]) to apply their `-32` offset per 16-value half, once
 /// per row and block where every 16 weight rows summed the activations again.
 pub fn level_half_sums(k: u64, levels: ActivationLevels, seq: SeqMode) -> Kernel {
-    assert!(!levels.is_words(), "Q6_K's row dots take bytes or planes, not words");
+    assert!(levels != ActivationLevels::Int16Words, "Q6_K's row dots take bytes, planes or word pairs, not words");
     assert_eq!(k % 16, 0, "half sums need whole halves of 16 values ({k} values)");
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::I8, false);
@@ -263,6 +264,12 @@ pub fn level_half_sums(k: u64, levels: ActivationLevels, seq: SeqMode) -> Kernel
     let row_start = mul(v(t), i(ki * levels.bytes() as i64));
     let level = match levels {
         ActivationLevels::Int16Planes => add(mul(i(HIGH_PLANE_WEIGHT), ld(q, add(row_start.clone(), value.clone()))), ld(q, add(add(row_start, i(ki)), value))),
+        // Little-endian words, the high byte signed and the low one unsigned;
+        // word pairs permute within fours, which a sum over 16 does not see.
+        ActivationLevels::Int16WordPairs => {
+            let at = add(row_start, mul(value, i(2)));
+            add(mul(i(256), ld(q, add(at.clone(), i(1)))), bin(BinOp::And, ld(q, at), i(255)))
+        }
         _ => ld(q, add(row_start, value)),
     };
     let body = vec![for_(
@@ -342,13 +349,16 @@ mod tests {
     }
 
     /// The half sums are the sums of each 16 consecutive levels, as the
-    /// levels are stored (int8 bytes; int16 planes as `255 high + low`), for
-    /// two rows with extreme, zero and denormal blocks.
+    /// levels are stored (int8 bytes; int16 planes as `255 high + low`; word
+    /// pairs as little-endian words, each four in `0 2 1 3` order, which a
+    /// sum over 16 does not see), for two rows with extreme, zero and
+    /// denormal blocks.
     #[test]
     fn half_sums_add_each_16_levels() {
         let k = 128usize;
         let x = rows_with_zero_denormal_and_extreme_blocks(k);
-        for (levels, quantize) in [(ActivationLevels::Int8, quantize_q8(k as u64, DotForm::Int8, SeqMode::Dynamic)), (ActivationLevels::Int16Planes, quantize_q16(k as u64, ActivationLevels::Int16Planes, SeqMode::Dynamic))] {
+        let sixteen = |levels| (levels, quantize_q16(k as u64, levels, SeqMode::Dynamic));
+        for (levels, quantize) in [(ActivationLevels::Int8, quantize_q8(k as u64, DotForm::Int8, SeqMode::Dynamic)), sixteen(ActivationLevels::Int16Planes), sixteen(ActivationLevels::Int16WordPairs)] {
             let width = k * levels.bytes() as usize;
             let mut bufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; 2 * width]), Buffer::F32(vec![0.0; 2 * 2 * k / 32])];
             run(&quantize, &mut bufs, 2);
@@ -360,6 +370,7 @@ mod tests {
                     let want: i64 = (16 * half..16 * half + 16)
                         .map(|t| match levels {
                             ActivationLevels::Int8 => q[row * width + t] as i64,
+                            ActivationLevels::Int16WordPairs => i16::from_le_bytes([q[row * width + 2 * t] as u8, q[row * width + 2 * t + 1] as u8]) as i64,
                             _ => HIGH_PLANE_WEIGHT * q[row * width + t] as i64 + q[row * width + k + t] as i64,
                         })
                         .sum();

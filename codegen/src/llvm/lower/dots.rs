@@ -270,7 +270,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// `prefetcht0` that many bytes further on.
     pub(super) fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let (half_dots, folded_offset) = match (&d.act_levels, self.word_pair_vectors(d)) {
-            (_, Some(zmm)) => (self.word_pair_dots(&[d], zmm)?, self.folds_offset(d)),
+            (_, Some(zmm)) => (self.word_pair_dots(&[d], zmm)?.remove(0), self.folds_offset(d)),
             (ActLevels::Words | ActLevels::WordPairs, None) => {
                 // Q8_0's minimum folded exactly where byte planes fold it (the
                 // same `folds_offset`): a row decoded alone (words) and in a
@@ -510,11 +510,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     }
 
     /// Whether a [`RowDot`] takes the word-pair dots of
-    /// [`Self::word_pair_dots`]: nibbles or Q8_0 bytes with [`ActLevels::WordPairs`] on
-    /// x86 with AVX2 or AVX-512 (`Some(zmm)`: whether on 512-bit vectors).
+    /// [`Self::word_pair_dots`]: any levels (nibbles, Q5's five-bit and Q6_K's
+    /// six-bit ones, Q8_0's bytes) with [`ActLevels::WordPairs`] on x86 with
+    /// AVX2 or AVX-512 (`Some(zmm)`: whether on 512-bit vectors).
     pub(super) fn word_pair_vectors(&self, d: &RowDot) -> Option<bool> {
         match self.byte_dots() {
-            ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } if matches!(d.form, RowsForm::Nibbles | RowsForm::Bytes) && d.act_levels == ActLevels::WordPairs => Some(zmm),
+            ByteDots::Vnni { zmm } | ByteDots::Madd { zmm } if d.act_levels == ActLevels::WordPairs => Some(zmm),
             _ => None,
         }
     }
@@ -522,7 +523,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// Whether `b` is another row of `a`'s register tile whose word-pair dots
     /// can share `a`'s masked levels: the same weights at the same place.
     pub(super) fn word_pairs_share_levels(&self, a: &RowDot, b: &RowDot) -> bool {
-        self.word_pair_vectors(a).is_some() && self.word_pair_vectors(b).is_some() && a.weights == b.weights && a.w_start == b.w_start && a.prefetch_ahead == b.prefetch_ahead
+        self.word_pair_vectors(a).is_some() && self.word_pair_vectors(b).is_some() && a.weights == b.weights && a.w_start == b.w_start && a.high_bits == b.high_bits && a.prefetch_ahead == b.prefetch_ahead
     }
 
     /// A register tile's [`Stmt::DotRows`] of one block with word-pair
@@ -536,9 +537,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     pub(super) fn word_pair_tile(&mut self, ds: &[&RowDot]) -> Result<(), CodegenError> {
         let zmm = self.word_pair_vectors(ds[0]) == Some(true);
         let dots = self.word_pair_dots(ds, zmm)?;
-        for (d, dot) in ds.iter().zip(dots) {
+        for (d, half_dots) in ds.iter().zip(dots) {
             let folded = self.folds_offset(d);
-            self.dot_rows_epilogue(d, &[dot], folded)?;
+            self.dot_rows_epilogue(d, &half_dots, folded)?;
         }
         Ok(())
     }
@@ -557,22 +558,36 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// 32-bit broadcast from memory) in one `vpmaddwd`, whose i32 lane `g` is
     /// then weight row `g`'s: the 16 rows' sums accumulate over the block (at
     /// most 32 * 15 * 32512: exact) with no fold and no planes to combine, the
-    /// integers byte planes give. Q8_0's chunk is one step: word `j` holds
+    /// integers byte planes give. Q6_K's six-bit levels add their two high
+    /// bits per value from the block's high bits ([`RowsForm::high_bit_of`]),
+    /// read as words at the same places: a step's nibbles masked as
+    /// `0x0f0f` and its bits moved to 4-5 and 12-13 and masked as `0x3030`
+    /// give both bytes' levels in one OR, split into the two pair vectors
+    /// (`& 255`, `>> 8`); Q5's five-bit levels alike, the step's one bit
+    /// (bit `s` of each byte for step `s`) moved to 4 and 12 and masked as
+    /// `0x1010`. Q6_K's dots are kept per half (16 values, two chunks)
+    /// with the offset applied through the half's activation sum, as byte
+    /// planes apply it (at most 16 * 63 * 32512 per half: exact). Q8_0's
+    /// chunk is one step: word `j` holds
     /// row `j / 2`'s values `2 (j % 2)` and `2 (j % 2) + 1` as its low and high
     /// byte, two vectors (signed `u - 128` where [`Self::takes_signed_levels`],
     /// as the decode GEMV's words: the same integers) against the step's two
     /// pairs. Per chunk and half, the masked vectors
     /// are used by every row before the next half's are made; a tile on
     /// 256-bit vectors runs the whole block's first half, then its second.
-    pub(super) fn word_pair_dots(&mut self, ds: &[&RowDot], zmm: bool) -> Result<Vec<inkwell::values::VectorValue<'ctx>>, CodegenError> {
+    /// Returns each row's dots, one per half of the form ([`RowsForm::halves`]).
+    pub(super) fn word_pair_dots(&mut self, ds: &[&RowDot], zmm: bool) -> Result<Vec<Vec<inkwell::values::VectorValue<'ctx>>>, CodegenError> {
         let (i8t, i16t, i32t) = (self.context.i8_type(), self.context.i16_type(), self.context.i32_type());
         let parts: u32 = if zmm { 1 } else { 2 };
         let (words, sums) = (i16t.vec_type(32 / parts), i32t.vec_type(16 / parts));
         let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i16t.const_int(x, false); (32 / parts) as usize]);
         let name = if zmm { "llvm.x86.avx512.pmaddw.d.512" } else { "llvm.x86.avx2.pmadd.wd" };
         let pmaddwd = self.declared(name, sums.fn_type(&[words.into(), words.into()], false), None);
-        let mut accs = vec![vec![sums.const_zero(); parts as usize]; ds.len()];
         let d0 = ds[0];
+        let halves = d0.form.halves();
+        let chunks_per_half = d0.form.chunks() / halves;
+        // Per row, half and vector part.
+        let mut accs = vec![vec![vec![sums.const_zero(); parts as usize]; halves as usize]; ds.len()];
         // A tile on 256-bit vectors takes the block half by half (weight rows
         // 0-7 over every chunk, then 8-15), each half's activation pairs
         // broadcast again from memory: chunk by chunk, the 16 broadcasts of a
@@ -613,6 +628,35 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     ]
                 }
                 RowsForm::Bytes => vec![b.build_and(x, splat(255), "low_02").map_err(llvm_err)?, b.build_right_shift(x, splat(8), false, "high_13").map_err(llvm_err)?],
+                RowsForm::Nibbles5 | RowsForm::Nibbles6 => {
+                    // The high bits as words at the nibbles' places: Q6_K's
+                    // pair of chunks' 64 bytes, Q5's block's 64.
+                    let six = d0.form == RowsForm::Nibbles6;
+                    let (param, start) = d0.high_bits.as_ref().expect("the verifier gives five- and six-bit levels their high bits");
+                    let bits_at = if six { 64 * (c / 2) } else { 0 };
+                    let h_ptr = self.element_ptr(*param, &dsl::add(start.clone(), dsl::i(bits_at + (64 / parts as i64) * part as i64)))?;
+                    let h_bytes = self.byte_load(i8t.vec_type(64 / parts), h_ptr)?;
+                    let b = &self.builder;
+                    let h = b.build_bit_cast(h_bytes, words, "high_bit_words").map_err(llvm_err)?.into_vector_value();
+                    let mut fields = Vec::with_capacity(4);
+                    for high_step in [false, true] {
+                        let nibbles = if high_step { b.build_right_shift(x, splat(4), false, "high_nibbles").map_err(llvm_err)? } else { x };
+                        let nibbles = b.build_and(nibbles, splat(0x0f0f), "step_nibbles").map_err(llvm_err)?;
+                        // Six bits: bits `base, base + 1` of both bytes to
+                        // 4-5 and 12-13; five: the step's bit to 4 and 12.
+                        let (base, mask) = if six { (RowsForm::six_bit_base(c % 2 == 1, high_step), 0x3030) } else { (2 * c + high_step as i64, 0x1010) };
+                        let moved = match base {
+                            4 => h,
+                            base if base > 4 => b.build_right_shift(h, splat((base - 4) as u64), false, "bits_down").map_err(llvm_err)?,
+                            base => b.build_left_shift(h, splat((4 - base) as u64), "bits_up").map_err(llvm_err)?,
+                        };
+                        let bits = b.build_and(moved, splat(mask), "step_bits").map_err(llvm_err)?;
+                        let levels = b.build_or(nibbles, bits, "levels").map_err(llvm_err)?;
+                        fields.push(b.build_and(levels, splat(255), "levels_02").map_err(llvm_err)?);
+                        fields.push(b.build_right_shift(levels, splat(8), false, "levels_13").map_err(llvm_err)?);
+                    }
+                    fields
+                }
                 _ => vec![
                     b.build_and(x, splat(15), "low_02").map_err(llvm_err)?,
                     b.build_and(b.build_right_shift(x, splat(8), false, "byte1").map_err(llvm_err)?, splat(15), "low_13").map_err(llvm_err)?,
@@ -623,6 +667,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             // Activation bytes per chunk: two per value, 8 values (nibbles:
             // two steps) or 4 (bytes: one step).
             let act_chunk_bytes = 4 * fields.len() as i64;
+            let half = (c / chunks_per_half) as usize;
             for ((d, acc), row) in ds.iter().zip(accs.iter_mut()).zip(second_half_rows.iter_mut()) {
                 if by_halves && part == 1 && row.is_none() {
                     let start = self.element_ptr(d.act, &d.act_start)?;
@@ -646,11 +691,24 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     let all = b.build_shuffle_vector(one, one, sums.const_zero(), "act_pairs").map_err(llvm_err)?;
                     let all = b.build_bit_cast(all, words, "act_words").map_err(llvm_err)?.into_vector_value();
                     let products = self.call_vector(pmaddwd, &[*field, all])?;
-                    acc[part as usize] = self.builder.build_int_add(acc[part as usize], products, "acc").map_err(llvm_err)?;
+                    acc[half][part as usize] = self.builder.build_int_add(acc[half][part as usize], products, "acc").map_err(llvm_err)?;
                 }
             }
         }
-        accs.into_iter().map(|parts| self.joined(parts)).collect()
+        let mut dots = Vec::with_capacity(ds.len());
+        for (d, per_half) in ds.iter().zip(accs) {
+            let mut row_dots = Vec::with_capacity(per_half.len());
+            for (half, parts) in per_half.into_iter().enumerate() {
+                let mut dot = self.joined(parts)?;
+                // Two halves: the offset times the half's activation level sum.
+                if let (true, Some((param, start)), &RowMin::Offset(o)) = (halves > 1, &d.half_sums, &d.row_min) {
+                    dot = self.offset_by_half_sum(dot, *param, start, half as i64, o)?;
+                }
+                row_dots.push(dot);
+            }
+            dots.push(row_dots);
+        }
+        Ok(dots)
     }
 
     /// `vpmaddwd` of 64 i16 lanes `a` and `b` (one zmm per 32 or two ymm per 16
@@ -801,15 +859,21 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             // read once per row and block rather than summed again for every
             // 16 weight rows (exact: at most 32 * 16 * 32512).
             if let (Some((param, start)), &RowMin::Offset(o)) = (&d.half_sums, &d.row_min) {
-                let sum = self.half_sum(*param, start, half as i64)?;
-                let offset = i32t.const_int(o as i64 as u64, true);
-                let b = &self.builder;
-                let moved = b.build_int_mul(sum, offset, "offset_sum").map_err(llvm_err)?;
-                dot = b.build_int_add(dot, splat_lanes(b, moved, "offset_all")?, "offset_dot").map_err(llvm_err)?;
+                dot = self.offset_by_half_sum(dot, *param, start, half as i64, o)?;
             }
             dots.push(dot);
         }
         Ok((dots, folded_offset))
+    }
+
+    /// `dot` plus the integer offset `o` times half `half`'s activation level
+    /// sum (element `start + half` of the i32 parameter `param`), in every lane.
+    fn offset_by_half_sum(&mut self, dot: inkwell::values::VectorValue<'ctx>, param: ParamId, start: &Expr, half: i64, o: f32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let sum = self.half_sum(param, start, half)?;
+        let offset = self.context.i32_type().const_int(o as i64 as u64, true);
+        let b = &self.builder;
+        let moved = b.build_int_mul(sum, offset, "offset_sum").map_err(llvm_err)?;
+        b.build_int_add(dot, splat_lanes(b, moved, "offset_all")?, "offset_dot").map_err(llvm_err)
     }
 
     /// Half `half`'s activation level sum of a [`RowDot`]: element `start +
