@@ -68,6 +68,18 @@ pub fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
         .collect()
 }
 
+/// The activation levels an interleaved matmul takes, by its name
+/// (`matmul[_add]_{i8,i16,w16,p16}x16_*`); `None` for other kernels.
+pub fn interleaved_levels(name: &str) -> Option<ActivationLevels> {
+    match name {
+        name if name.contains("_i16x16_") => Some(ActivationLevels::Int16Planes),
+        name if name.contains("_w16x16_") => Some(ActivationLevels::Int16Words),
+        name if name.contains("_p16x16_") => Some(ActivationLevels::Int16WordPairs),
+        name if name.contains("_i8x16_") => Some(ActivationLevels::Int8),
+        _ => None,
+    }
+}
+
 /// Random inputs of an interleaved matmul (`matmul[_add]_{i8,i16,w16,p16}x16_*`:
 /// parameter 0 the activation levels, 1 their scales) made to keep
 /// `RowDot`'s contract, as `quantize_q8` / `quantize_q16` do: each block's
@@ -75,13 +87,7 @@ pub fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
 /// fold Q8_0's -128 minimum into the dot on the strength of it). Other kernels'
 /// inputs are returned as they are.
 fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
-    let levels = match &case.kernel.name {
-        name if name.contains("_i16x16_") => ActivationLevels::Int16Planes,
-        name if name.contains("_w16x16_") => ActivationLevels::Int16Words,
-        name if name.contains("_p16x16_") => ActivationLevels::Int16WordPairs,
-        name if name.contains("_i8x16_") => ActivationLevels::Int8,
-        _ => return inputs,
-    };
+    let Some(levels) = interleaved_levels(&case.kernel.name) else { return inputs };
     let Buffer::I8(q) = inputs[0].clone() else { panic!("{}: parameter 0 is not i8 levels", case.kernel.name) };
     let Buffer::F32(s) = &mut inputs[1] else { panic!("{}: parameter 1 is not f32 scales", case.kernel.name) };
     let rows = case.seq as usize;

@@ -21,7 +21,7 @@ use maxc_kernels::ir::DotForm;
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
 use maxrun::format::WeightEncoding;
-use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, reduction_tol, Case, Rng};
+use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, interleaved_levels, reduction_tol, Case, Rng};
 
 /// The register tiles a kernel of `seq` is built with: both in prefill (the
 /// AVX-512 and the AVX2 one, whatever this machine has), the one decode shape.
@@ -706,11 +706,7 @@ fn activations(q: &Kernel, consumer: &Kernel, x: &[f32], k: u64, rows: usize) ->
     let mut out = bufs.split_off(1);
     // Q6_K's row dots also read the levels' sums per 16 values.
     if takes_half_sums(consumer) {
-        let levels = match &q.name {
-            name if name.starts_with("quantize_q8") => ActivationLevels::Int8,
-            name if name.starts_with("quantize_p16") => ActivationLevels::Int16WordPairs,
-            _ => ActivationLevels::Int16Planes,
-        };
+        let levels = interleaved_levels(&consumer.name).expect("half sums are read by interleaved matmuls");
         let mut sums = vec![out[0].clone(), Buffer::I32(vec![0; rows * k as usize / 16])];
         run(&level_half_sums(k, levels, SeqMode::Dynamic), &mut sums, rows as u64);
         out.push(sums.pop().expect("the sums"));

@@ -413,12 +413,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let bits = self.byte_load(i8t.vec_type(64), ptr)?;
             let base = RowsForm::six_bit_base((first / 8) % 2 == 1, first % 8 >= 4);
             let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i8t.const_int(x, false); 64]);
+            let moved = self.bits_moved(bits, base, 4)?;
             let b = &self.builder;
-            let moved = match base {
-                4 => bits,
-                b4 if b4 > 4 => b.build_right_shift(bits, splat((b4 - 4) as u64), false, "high_down").map_err(llvm_err)?,
-                b4 => b.build_left_shift(bits, splat((4 - b4) as u64), "high_up").map_err(llvm_err)?,
-            };
             let masked = b.build_and(moved, splat(0x30), "high").map_err(llvm_err)?;
             return b.build_or(low4, masked, "levels6").map_err(llvm_err);
         }
@@ -428,12 +424,27 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let splat = |x: u64| inkwell::types::VectorType::const_vector(&vec![i32t.const_int(x, false); 16]);
         let ptr = self.element_ptr(*param, start)?;
         let bits = self.byte_load(self.context.i8_type().vec_type(64), ptr)?;
+        let words = self.builder.build_bit_cast(bits, i32t.vec_type(16), "fifth_words").map_err(llvm_err)?.into_vector_value();
+        let moved = self.bits_moved(words, step, 4)?;
         let b = &self.builder;
-        let words = b.build_bit_cast(bits, i32t.vec_type(16), "fifth_words").map_err(llvm_err)?.into_vector_value();
-        let moved = if step <= 4 { b.build_left_shift(words, splat((4 - step) as u64), "fifth_up") } else { b.build_right_shift(words, splat((step - 4) as u64), false, "fifth_down") }.map_err(llvm_err)?;
         let masked = b.build_and(moved, splat(0x1010_1010), "fifth").map_err(llvm_err)?;
         let as_bytes = b.build_bit_cast(masked, low4.get_type(), "fifth_bytes").map_err(llvm_err)?.into_vector_value();
         b.build_or(low4, as_bytes, "levels5").map_err(llvm_err)
+    }
+
+    /// Integer vector `v` shifted so that its bits at `from` land at `to`, in
+    /// every lane (logical right shift, left shift, or `v` itself). The
+    /// callers mask what they take, so bits crossing into neighbouring bytes
+    /// of a lane do not matter.
+    fn bits_moved(&self, v: inkwell::values::VectorValue<'ctx>, from: i64, to: i64) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let lane = v.get_type().get_element_type().into_int_type();
+        let by = |n: i64| inkwell::types::VectorType::const_vector(&vec![lane.const_int(n as u64, false); v.get_type().get_size() as usize]);
+        let b = &self.builder;
+        match from.cmp(&to) {
+            std::cmp::Ordering::Equal => Ok(v),
+            std::cmp::Ordering::Greater => b.build_right_shift(v, by(from - to), false, "bits_down").map_err(llvm_err),
+            std::cmp::Ordering::Less => b.build_left_shift(v, by(to - from), "bits_up").map_err(llvm_err),
+        }
     }
 
     /// The 16 rows' integer dots of a [`RowDot`] whose activations are words:
@@ -636,20 +647,16 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     let bits_at = if six { 64 * (c / 2) } else { 0 };
                     let h_ptr = self.element_ptr(*param, &dsl::add(start.clone(), dsl::i(bits_at + (64 / parts as i64) * part as i64)))?;
                     let h_bytes = self.byte_load(i8t.vec_type(64 / parts), h_ptr)?;
-                    let b = &self.builder;
-                    let h = b.build_bit_cast(h_bytes, words, "high_bit_words").map_err(llvm_err)?.into_vector_value();
+                    let h = self.builder.build_bit_cast(h_bytes, words, "high_bit_words").map_err(llvm_err)?.into_vector_value();
                     let mut fields = Vec::with_capacity(4);
                     for high_step in [false, true] {
-                        let nibbles = if high_step { b.build_right_shift(x, splat(4), false, "high_nibbles").map_err(llvm_err)? } else { x };
-                        let nibbles = b.build_and(nibbles, splat(0x0f0f), "step_nibbles").map_err(llvm_err)?;
                         // Six bits: bits `base, base + 1` of both bytes to
                         // 4-5 and 12-13; five: the step's bit to 4 and 12.
                         let (base, mask) = if six { (RowsForm::six_bit_base(c % 2 == 1, high_step), 0x3030) } else { (2 * c + high_step as i64, 0x1010) };
-                        let moved = match base {
-                            4 => h,
-                            base if base > 4 => b.build_right_shift(h, splat((base - 4) as u64), false, "bits_down").map_err(llvm_err)?,
-                            base => b.build_left_shift(h, splat((4 - base) as u64), "bits_up").map_err(llvm_err)?,
-                        };
+                        let moved = self.bits_moved(h, base, 4)?;
+                        let b = &self.builder;
+                        let nibbles = if high_step { b.build_right_shift(x, splat(4), false, "high_nibbles").map_err(llvm_err)? } else { x };
+                        let nibbles = b.build_and(nibbles, splat(0x0f0f), "step_nibbles").map_err(llvm_err)?;
                         let bits = b.build_and(moved, splat(mask), "step_bits").map_err(llvm_err)?;
                         let levels = b.build_or(nibbles, bits, "levels").map_err(llvm_err)?;
                         fields.push(b.build_and(levels, splat(255), "levels_02").map_err(llvm_err)?);
@@ -700,8 +707,9 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let mut row_dots = Vec::with_capacity(per_half.len());
             for (half, parts) in per_half.into_iter().enumerate() {
                 let mut dot = self.joined(parts)?;
-                // Two halves: the offset times the half's activation level sum.
-                if let (true, Some((param, start)), &RowMin::Offset(o)) = (halves > 1, &d.half_sums, &d.row_min) {
+                // Two halves (the verifier gives only them half sums): the
+                // offset times the half's activation level sum.
+                if let (Some((param, start)), &RowMin::Offset(o)) = (&d.half_sums, &d.row_min) {
                     dot = self.offset_by_half_sum(dot, *param, start, half as i64, o)?;
                 }
                 row_dots.push(dot);
