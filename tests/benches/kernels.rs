@@ -7,7 +7,8 @@
 //! words, the default, and in byte planes). The weights (1-7 MB) stay
 //! in this machine's L3 cache between iterations, so these figures are the
 //! kernels' compute throughput, the ceiling under the memory-bound decode
-//! figures of `maxrun bench`.
+//! figures of `maxrun bench`; `gemm_cold` streams the weights from memory
+//! instead, as the engine's steps do.
 //!
 //! `cargo bench -p maxc-tests --bench kernels` (docs/performance.md has figures).
 
@@ -168,7 +169,7 @@ fn gemv(c: &mut Criterion) {
 /// The batched engine's step at 8 sequences: the int16 interleaved matmuls on
 /// 8 activation rows (`SeqMode::Dynamic`), one thread, per register tile, with
 /// the weights' bytes as throughput. Weights stay in cache: this is the
-/// kernels' compute rate, which bounds the engine's aggregate decode.
+/// kernels' compute rate; `gemm_cold` adds the weights' stream from memory.
 fn gemm_rows(c: &mut Criterion) {
     const ROWS: usize = 8;
     let target = CpuTarget::host();
@@ -180,6 +181,7 @@ fn gemm_rows(c: &mut Criterion) {
     } else {
         [RegisterTile::YMM, RegisterTile { rows: 3, panels: 1 }, RegisterTile { rows: 2, panels: 1 }]
     };
+    let mut seen = Vec::new();
     for (encoding, levels) in [(WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q8_0, ActivationLevels::Int16Words)] {
         let parts = part_sizes(encoding);
         let weight_bytes: u64 = parts.iter().map(|(e, n)| e.size() * *n as u64).sum();
@@ -188,6 +190,11 @@ fn gemm_rows(c: &mut Criterion) {
             buffers.extend(parts.iter().map(|&(e, n)| buffer(e, n)));
             buffers.push(buffer(ElemType::F32, ROWS * n));
             let kernel = matmul_interleaved(K, N, encoding, None, SeqMode::Dynamic, tile, levels);
+            // (Tiles the kernel maps to the same one are run once.)
+            if seen.contains(&kernel.name) {
+                continue;
+            }
+            seen.push(kernel.name.clone());
             let quantize = quantize_q16(K, levels, SeqMode::Dynamic);
             let code = LoadedCode::load(&compile_shared(&[quantize.clone(), kernel.clone()], &target).unwrap().shared_object).unwrap();
             let (fq, fm) = (code.kernel(&quantize.name).unwrap(), code.kernel(&kernel.name).unwrap());
@@ -196,7 +203,9 @@ fn gemm_rows(c: &mut Criterion) {
             let (aq, am): (Vec<*mut u8>, Vec<*mut u8>) = (ptrs[..3].to_vec(), ptrs[1..].to_vec());
             let dims = [ROWS as i64];
             group.throughput(Throughput::Bytes(weight_bytes));
-            group.bench_function(format!("{}_{}_t{}x{}", encoding.name(), levels.tag(), tile.rows, tile.panels), |b| {
+            // The kernel's name says the tile its 8 rows take (`_f..`: a step
+            // of few rows, `matmul_interleaved::FEW_ROWS`).
+            group.bench_function(kernel.name.clone(), |b| {
                 b.iter(|| {
                     // SAFETY: each buffer is sized for its kernel's parameters at seq = ROWS.
                     unsafe {
@@ -210,5 +219,54 @@ fn gemm_rows(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gemv, gemm_rows);
+/// The int16 interleaved matmul of the engine's steps with its weights streamed
+/// from memory, as a step reads them: 64 copies of the weights (70 MB, beyond the
+/// L3 cache) taken in turn, one thread, at 1 row (the decode GEMV), 8 and 16
+/// (the batched engine's decode steps, `FEW_ROWS`: one panel at a time, the
+/// levels prefetched ahead) and 64 (the prefill tiles). Beside `gemm_k`'s figure
+/// of the same kernel in cache, the difference is the time the weights' stream
+/// adds (docs/performance.md, "Steps of few rows").
+fn gemm_rows_cold(c: &mut Criterion) {
+    const COPIES: usize = 64;
+    const MOST_ROWS: usize = 64;
+    let target = CpuTarget::host();
+    let mut group = c.benchmark_group(format!("gemm_cold_k{K}_n{N}_1thread"));
+    let (k, n) = (K as usize, N as usize);
+    let (encoding, levels) = (WeightEncoding::Q4_1, ActivationLevels::Int16Planes);
+    let parts = part_sizes(encoding);
+    let weight_bytes: u64 = parts.iter().map(|(e, n)| e.size() * *n as u64).sum();
+    let tile = RegisterTile::for_cpu(target.has_avx512());
+    let mut activations = vec![buffer(ElemType::F32, MOST_ROWS * k), buffer(ElemType::I8, MOST_ROWS * 2 * k), buffer(ElemType::F32, MOST_ROWS * 2 * k / 32), buffer(ElemType::F32, MOST_ROWS * n)];
+    let mut copies: Vec<Vec<Buffer>> = (0..COPIES).map(|_| parts.iter().map(|&(e, n)| buffer(e, n)).collect()).collect();
+    for rows in [1usize, 8, 16, MOST_ROWS] {
+        let seq = if rows == 1 { SeqMode::Fixed(1) } else { SeqMode::Dynamic };
+        let kernel = matmul_interleaved(K, N, encoding, None, seq, tile, levels);
+        let quantize = quantize_q16(K, levels, seq);
+        let code = LoadedCode::load(&compile_shared(&[quantize.clone(), kernel.clone()], &target).unwrap().shared_object).unwrap();
+        let (fq, fm) = (code.kernel(&quantize.name).unwrap(), code.kernel(&kernel.name).unwrap());
+        // x, q, s, out; each copy's arguments: q, s, its weight parts, out.
+        let ptrs: Vec<*mut u8> = activations.iter_mut().map(Buffer::as_mut_ptr).collect();
+        let args: Vec<Vec<*mut u8>> = copies
+            .iter_mut()
+            .map(|weights| ptrs[1..3].iter().copied().chain(weights.iter_mut().map(Buffer::as_mut_ptr)).chain([ptrs[3]]).collect())
+            .collect();
+        let (tq, tm) = (quantize.tasks.eval(rows as u64), kernel.tasks.eval(rows as u64));
+        let dims = [rows as i64];
+        let mut at = 0;
+        group.throughput(Throughput::Bytes(weight_bytes));
+        group.bench_function(format!("{}_{}_{rows}rows", encoding.name(), levels.tag()), |b| {
+            b.iter(|| {
+                at = (at + 1) % COPIES;
+                // SAFETY: each buffer is sized for its kernel's parameters at MOST_ROWS rows.
+                unsafe {
+                    fq(ptrs[..3].as_ptr(), dims.as_ptr(), 0, tq);
+                    fm(args[at].as_ptr(), dims.as_ptr(), 0, tm);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gemv, gemm_rows, gemm_rows_cold);
 criterion_main!(benches);

@@ -65,10 +65,13 @@ fn cases() -> Vec<Case> {
             // error follows the terms, 2^5 times the float cases'.
             v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float8E4M3, Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 48 * 40, 48, 48, s * 48], int_max: 1, seq: s as u64, tol: 32.0 * reduction_tol(40) });
             // 19 rows: two full tiles of AVX-512's 8-row float panel tile
-            // (`RegisterTile::for_float_panels`) and 3 more, bf16 and f16.
+            // (`RegisterTile::for_float_panels`) and 3 more, bf16 and f16, as a
+            // step of few rows (one panel at a time) and with `FEW_ROWS` more
+            // (the prefill tile).
             if !seq.is_decode() {
-                for elem in [ElemType::BF16, ElemType::F16] {
-                    v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float(elem), Some(Broadcast::None), seq, tile), sizes: vec![19 * 40, 48 * 40, 19 * 48, 19 * 48], int_max: 1, seq: 19, tol: reduction_tol(40) });
+                let few = maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
+                for (elem, rows) in [ElemType::BF16, ElemType::F16].into_iter().flat_map(|e| [(e, 19usize), (e, few + 19)]) {
+                    v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float(elem), Some(Broadcast::None), seq, tile), sizes: vec![rows * 40, 48 * 40, rows * 48, rows * 48], int_max: 1, seq: rows as u64, tol: reduction_tol(40) });
                 }
             }
         }
@@ -142,10 +145,12 @@ fn cases() -> Vec<Case> {
         }
         // 15 rows: AVX2's 8-row words tile, then the leftover rows in tiles of
         // 4, 2 and 1 (`row_tiles`); the 4-row planes and word-pairs tiles three
-        // times and 2 + 1.
+        // times and 2 + 1. Both as a step of few rows (one panel at a time,
+        // prefetched) and with `FEW_ROWS` more (the prefill tiles).
         if !seq.is_decode() {
-            for (encoding, levels) in [(WeightEncoding::Q8_0, ActivationLevels::Int16Words), (WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q4_0, ActivationLevels::Int16WordPairs)] {
-                let (k, n, rows) = (96u64, 48u64, 15usize);
+            let few = maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
+            for ((encoding, levels), rows) in [(WeightEncoding::Q8_0, ActivationLevels::Int16Words), (WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q4_0, ActivationLevels::Int16WordPairs)].into_iter().flat_map(|e| [(e, 15usize), (e, few + 15)]) {
+                let (k, n) = (96u64, 48u64);
                 let mut sizes = vec![rows * 2 * k as usize, rows * 2 * k as usize / 32];
                 sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
                 sizes.push(rows * n as usize);
@@ -416,26 +421,40 @@ fn activation_quantization_vectorizes_its_max_and_conversions() {
 }
 
 /// Decode GEMVs on interleaved blocks prefetch their levels a fixed distance
-/// ahead (`DECODE_PREFETCH_BYTES`), those on float panels their weights; prefill, which reuses each level vector for
-/// several rows, does not. (That a prefetch past the end of the weights is
-/// harmless is `int8_dots_are_exact_at_extreme_bytes`'s decode cases: their
-/// weights are smaller than the distance.)
+/// ahead (`DECODE_PREFETCH_BYTES`), those on float panels their weights, and so
+/// do both matmuls' steps of few rows (`FEW_ROWS`: the batched
+/// engine's decode steps, which stream their weights as a GEMV does); prefill
+/// of more rows, which reuses each level vector for several rows, does not.
+/// (That a prefetch past the end of the weights is harmless is
+/// `int8_dots_are_exact_at_extreme_bytes`'s decode cases: their weights are
+/// smaller than the distance.)
 #[test]
-fn decode_gemvs_prefetch_their_levels_and_prefill_does_not() {
-    let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
-    for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_1] {
-        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Fixed(1), RegisterTile::ZMM, ActivationLevels::Int8)], &target).unwrap();
-        let ahead = format!("i64 {}", maxc_kernels::library::matmul_interleaved::DECODE_PREFETCH_BYTES);
-        assert!(decode.contains("@llvm.prefetch.p0") && decode.contains(&ahead), "{}: decode GEMV does not prefetch {ahead} ahead", encoding.name());
-        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, SeqMode::Dynamic, RegisterTile::ZMM, ActivationLevels::Int8)], &target).unwrap();
-        assert!(!prefill.contains("@llvm.prefetch"), "{}: prefill matmul prefetches", encoding.name());
+fn decode_gemvs_and_few_row_steps_prefetch_their_levels_and_prefill_does_not() {
+    use maxc_kernels::library::matmul_interleaved::{DECODE_PREFETCH_BYTES, FEW_ROWS};
+    let ahead = format!("i64 {DECODE_PREFETCH_BYTES}");
+    for spec in ["cpu:x86-64-v3", "cpu:x86-64-v4+avx512vnni"] {
+        let target = CpuTarget::parse(spec).unwrap();
+        let tile = RegisterTile::for_cpu(target.has_avx512());
+        for (encoding, levels) in [(WeightEncoding::Q8_0, ActivationLevels::Int8), (WeightEncoding::Q4_1, ActivationLevels::Int8), (WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q4_1, ActivationLevels::Int16WordPairs)] {
+            let ir = |seq| maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, seq, tile, levels)], &target).unwrap();
+            let what = format!("{spec} {} {levels:?}", encoding.name());
+            for (seq, prefetches) in [(SeqMode::Fixed(1), true), (SeqMode::Fixed(FEW_ROWS as u64), true), (SeqMode::Dynamic, true), (SeqMode::Fixed(FEW_ROWS as u64 + 1), false)] {
+                let ir = ir(seq);
+                if prefetches {
+                    assert!(ir.contains("@llvm.prefetch.p0") && ir.contains(&ahead), "{what} at {seq:?}: does not prefetch {ahead} ahead");
+                } else {
+                    assert!(!ir.contains("@llvm.prefetch"), "{what} at {seq:?} (more rows than FEW_ROWS): prefetches");
+                }
+            }
+        }
     }
-    // The float panel GEMVs too (and their prefill not).
+    // The float panel GEMVs and steps of few rows too (and their prefill not).
+    let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
     for elem in [ElemType::F32, ElemType::BF16, ElemType::F16] {
-        let decode = maxc_codegen::llvm::emit_llvm_ir(&[matmul_panel(256, 32, PanelWeights::Float(elem), None, SeqMode::Fixed(1), RegisterTile::ZMM)], &target).unwrap();
-        assert!(decode.contains("@llvm.prefetch.p0"), "{elem:?}: panel decode GEMV does not prefetch");
-        let prefill = maxc_codegen::llvm::emit_llvm_ir(&[matmul_panel(256, 32, PanelWeights::Float(elem), None, SeqMode::Dynamic, RegisterTile::ZMM)], &target).unwrap();
-        assert!(!prefill.contains("@llvm.prefetch"), "{elem:?}: panel prefill matmul prefetches");
+        for (seq, prefetches) in [(SeqMode::Fixed(1), true), (SeqMode::Fixed(FEW_ROWS as u64), true), (SeqMode::Dynamic, true), (SeqMode::Fixed(FEW_ROWS as u64 + 1), false)] {
+            let ir = maxc_codegen::llvm::emit_llvm_ir(&[matmul_panel(256, 32, PanelWeights::Float(elem), None, seq, RegisterTile::ZMM)], &target).unwrap();
+            assert_eq!(ir.contains("@llvm.prefetch.p0"), prefetches, "{elem:?} panels at {seq:?}: prefetch {}expected", if prefetches { "" } else { "not " });
+        }
     }
 }
 
@@ -746,7 +765,9 @@ fn call(code: &LoadedCode, kernel: &Kernel, bufs: &mut [Buffer], rows: u64) {
 /// differential cases above; docs/serving.md).
 #[test]
 fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
-    const ROWS: usize = 11;
+    // A step of few rows (one panel at a time, prefetched) and one of more
+    // (the prefill tiles): both give each row its bits alone.
+    const ROWS: usize = 11 + maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
     let (one, many) = (SeqMode::Fixed(1), SeqMode::Dynamic);
     let backends: [(&str, RegisterTile, &Compile); 3] = [
         ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), &|kernels| compile_shared(kernels, &CpuTarget::host()).unwrap().shared_object),
@@ -817,11 +838,13 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
                 let Some(Buffer::F32(out)) = bufs.pop() else { unreachable!("the output is f32") };
                 out.iter().map(|v| v.to_bits()).collect()
             };
-            let batch = run_rows(&p.batch, &p.quantize.1, &x, &addend, ROWS);
-            for r in 0..ROWS {
-                let alone = run_rows(&p.alone, &p.quantize.0, &x[r * k..(r + 1) * k], &addend[r * n..(r + 1) * n], 1);
-                let differ = (0..n).filter(|&j| alone[j] != batch[r * n + j]).count();
-                assert_eq!(differ, 0, "{backend}: row {r} of {} differs from {} in {differ} of {n} outputs", p.batch.name, p.alone.name);
+            let alone: Vec<Vec<u32>> = (0..ROWS).map(|r| run_rows(&p.alone, &p.quantize.0, &x[r * k..(r + 1) * k], &addend[r * n..(r + 1) * n], 1)).collect();
+            for rows in [11, ROWS] {
+                let batch = run_rows(&p.batch, &p.quantize.1, &x[..rows * k], &addend[..rows * n], rows);
+                for (r, alone) in alone.iter().enumerate().take(rows) {
+                    let differ = (0..n).filter(|&j| alone[j] != batch[r * n + j]).count();
+                    assert_eq!(differ, 0, "{backend}: row {r} of {rows} in {} differs from {} in {differ} of {n} outputs", p.batch.name, p.alone.name);
+                }
             }
         }
     }

@@ -49,7 +49,7 @@ use super::dequant::{declare_interleaved, WeightParams, INTERLEAVED_ROWS};
 use super::elementwise::Broadcast;
 use super::matmul::{epilogue, matmul_name};
 use super::quantize_activations::ActivationLevels;
-use super::matmul_panel::{panel_tasks, tile_tag};
+use super::matmul_panel::{panel_tasks_by_rows, tile_tag};
 use super::{RegisterTile, SeqMode};
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -66,12 +66,32 @@ pub const PANELS_PER_TASK: i64 = 2;
 /// (On a Zen 5 VM at 50-70 GB/s, 1-4 KiB ahead had gained nothing.) Rechecked
 /// after the eleventh session's faster GEMVs, SmolLM2 q8_0 (int16 words) decode
 /// against 4 KiB: 8 KiB 1.04x then 0.98x, 16 KiB 0.99x, A/A 1.01x. Prefill
-/// reuses each level vector for a register tile's rows and does not prefetch.
-/// The float panel GEMVs (`matmul_panel.rs`) prefetch as far: SmolLM2 decode on
-/// an Intel Xeon VM (AVX-512, 24-26 GB/s), `bench --compare` against no
-/// prefetch, 2026-11-26: float32 1.06x, bfloat16 1.21x, float16 1.12x; bfloat16
-/// at 4 KiB against 8 KiB 1.08x, against 2 KiB 1.00x.
+/// reuses each level vector for a register tile's rows and does not prefetch,
+/// except in steps of few rows ([`FEW_ROWS`]). The float panel GEMVs
+/// (`matmul_panel.rs`) prefetch as far: SmolLM2 decode on an Intel Xeon VM
+/// (AVX-512, 24-26 GB/s), `bench --compare` against no prefetch, 2026-11-26:
+/// float32 1.06x, bfloat16 1.21x, float16 1.12x; bfloat16 at 4 KiB against 8
+/// KiB 1.08x, against 2 KiB 1.00x.
 pub const DECODE_PREFETCH_BYTES: i64 = 4096;
+
+/// Steps of at most this many activation rows (the batched engine's decode
+/// steps, up to `compile.max_sequences` rows, and small mixed ones) read each
+/// weight from memory for few multiplies, so the weights' stream bounds them as
+/// it bounds a GEMV: they run one panel at a time ([`few_rows_tile`])
+/// with the levels prefetched [`DECODE_PREFETCH_BYTES`] ahead, as the GEMVs do.
+/// Two panels side by side (AVX-512's 2 x 2 planes tile) are two streams 4.6
+/// KiB apart at SmolLM2's k = 576, and prefetching either ahead mostly fetches
+/// the other: no prefetch distance tried (2-18 KiB) helped them. Zen 5 VM
+/// (AVX-512 VNNI), one thread, q4_1 int16 planes at k 576 x n 3072, the weights
+/// streamed from memory (`cargo bench -p maxc-tests --bench kernels --
+/// gemm_cold`) against in cache (`gemm_k`): 2 x 2 without prefetch 143-160 us
+/// against 77 in cache at 8 rows; 4 x 1 with it 92 us against 84 at 8 rows, 184
+/// against 223 at 16, 376 against 390 at 32, 707 against 702 at 64 (so 32 is
+/// the bound). More rows reuse each level vector enough that the 2 x 2 tile's
+/// fewer instructions per product win. The float panels (`matmul_panel.rs`)
+/// take the same bound: their 8 x 2 tile lost alike (docs/performance.md,
+/// "Steps of few rows").
+pub const FEW_ROWS: i64 = 32;
 
 /// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
@@ -144,6 +164,17 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
     body
 }
 
+/// The register tile of steps of few rows ([`FEW_ROWS`]), given the tile of
+/// many rows: one panel at a time, so that each panel's levels are one stream
+/// to prefetch; AVX-512's byte planes in 4 rows (the accumulators of its 2 x 2
+/// planes tile), the other tiles' rows as they are.
+fn few_rows_tile(many: RegisterTile, levels: ActivationLevels) -> RegisterTile {
+    match levels {
+        ActivationLevels::Int16Planes if many == (RegisterTile { rows: 2, panels: 2 }) => RegisterTile { rows: 4, panels: 1 },
+        _ => RegisterTile { panels: 1, ..many },
+    }
+}
+
 /// Whether [`matmul_interleaved`] of `encoding` weights `[n, k]` reads `h`,
 /// each activation row's level sums per 16 values: the forms with two halves
 /// (Q6_K), whose offset applies per half through them.
@@ -181,28 +212,38 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
         ActivationLevels::Int16Planes if form == RowsForm::Nibbles6 => register_tile.for_six_bit_planes(),
         _ => register_tile,
     };
-    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK, register_tile, &mut |b, rows, panels, r0, p0| {
-        if !seq.is_decode() {
-            return tile(b, rows, panels, (r0, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch);
-        }
-        // Decode: the task's panels one after another, each with its own block
-        // loop, not side by side in one: two panels' accumulators (per plane) and
-        // the block's activation broadcasts, which LLVM keeps for both, are more
-        // than AVX2's 16 ymm registers (the q4_1 int16 block loop moved 56
-        // vectors to and from the stack per block on x86-64-v3, 2 after), and one
-        // panel's levels are one contiguous stream; the broadcasts reloaded per
-        // panel cost load slots only. Zen 3 VM, criterion turn about: q4_1 int16
-        // +8-13%, q8_0 int16 +15-40%, q8_0 int8 +17-48%; `bench --compare` decode
-        // q4_1 1.12x, q8_0 1.05x (docs/performance.md).
-        let mut all = Vec::new();
-        for p in 0..panels {
-            let at = b.var(ValType::I64);
-            all.push(set(at, add(v(p0), i(p))));
-            all.extend(tile(b, rows, 1, (r0, at), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch));
-        }
-        all
-    });
-    let name = matmul_name(&format!("matmul_{}x16", levels.tag()), encoding.name(), addend.map(|(_, bc)| bc), k, n, seq) + &tile_tag(seq, register_tile);
+    // Steps of few rows: one panel at a time, the levels prefetched ahead ([`FEW_ROWS`]).
+    let few_tile = few_rows_tile(register_tile, levels);
+    let (body, tasks, t) = panel_tasks_by_rows(
+        &mut b,
+        n,
+        seq,
+        PANELS_PER_TASK,
+        (register_tile, few_tile),
+        &mut |b, rows, panels, r0, p0| {
+            if !seq.is_decode() {
+                return tile(b, rows, panels, (r0, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch);
+            }
+            // Decode: the task's panels one after another, each with its own block
+            // loop, not side by side in one: two panels' accumulators (per plane) and
+            // the block's activation broadcasts, which LLVM keeps for both, are more
+            // than AVX2's 16 ymm registers (the q4_1 int16 block loop moved 56
+            // vectors to and from the stack per block on x86-64-v3, 2 after), and one
+            // panel's levels are one contiguous stream; the broadcasts reloaded per
+            // panel cost load slots only. Zen 3 VM, criterion turn about: q4_1 int16
+            // +8-13%, q8_0 int16 +15-40%, q8_0 int8 +17-48%; `bench --compare` decode
+            // q4_1 1.12x, q8_0 1.05x (docs/performance.md).
+            let mut all = Vec::new();
+            for p in 0..panels {
+                let at = b.var(ValType::I64);
+                all.push(set(at, add(v(p0), i(p))));
+                all.extend(tile(b, rows, 1, (r0, at), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch));
+            }
+            all
+        },
+        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, Some(DECODE_PREFETCH_BYTES)),
+    );
+    let name = matmul_name(&format!("matmul_{}x16", levels.tag()), encoding.name(), addend.map(|(_, bc)| bc), k, n, seq) + &tile_tag(seq, register_tile, few_tile);
     b.finish(name, "matmul", tasks, t, body)
 }
 

@@ -15,13 +15,15 @@
 //! each weight vector feeds `rows` FMAs and each broadcast activation `panels`;
 //! decode takes one row and all of the task's panels, and prefetches each panel's
 //! weights `DECODE_PREFETCH_BYTES` ahead (`matmul_interleaved.rs`), since it
-//! streams every weight once.
+//! streams every weight once; so do steps of few rows (`FEW_ROWS`, the batched
+//! engine's decode steps), one panel at a time in tiles of the prefill tile's
+//! rows ([`panel_tasks_by_rows`]).
 
 use maxc_format::WeightEncoding;
 
 use super::dequant::e4m3_half_bits_of_signed;
 use super::elementwise::Broadcast;
-use super::matmul_interleaved::DECODE_PREFETCH_BYTES;
+use super::matmul_interleaved::{DECODE_PREFETCH_BYTES, FEW_ROWS};
 use super::matmul::{epilogue, float_suffix, row_tiles, TileBuilder};
 use super::{RegisterTile, SeqMode};
 use crate::ir::dsl::*;
@@ -169,6 +171,26 @@ pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_pe
     (body, TaskCount { per_seq: 0, fixed: (panels_total as u64).div_ceil(panels_per_task as u64) }, t)
 }
 
+/// [`panel_tasks`] for a kernel whose steps of few rows (at most [`FEW_ROWS`])
+/// take their own tile and tile builder (`few`: one panel at a time, prefetched
+/// ahead) and steps of more rows the prefill tile (`many`): a branch on the
+/// step's rows over the two task structures, which share the task count and
+/// variable; decode takes `many`'s.
+pub(super) fn panel_tasks_by_rows(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_per_task: i64, (many_tile, few_tile): (RegisterTile, RegisterTile), many: &mut TileBuilder<'_>, few: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
+    let (many, tasks, t) = panel_tasks(b, n, seq, panels_per_task, many_tile, many);
+    if seq.is_decode() {
+        return (many, tasks, t);
+    }
+    let (few, _, t_few) = panel_tasks(b, n, seq, panels_per_task, few_tile, few);
+    let few: Vec<Stmt> = std::iter::once(set(t_few, v(t))).chain(few).collect();
+    let body = match seq {
+        SeqMode::Fixed(rows) if rows as i64 <= FEW_ROWS => few,
+        SeqMode::Fixed(_) => many,
+        SeqMode::Dynamic => vec![if_(le(seq.expr(), i(FEW_ROWS)), few), if_(lt(i(FEW_ROWS), seq.expr()), many)],
+    };
+    (body, tasks, t)
+}
+
 /// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements as
 /// `weights` says), plus `r` broadcast as given when `addend` is set, in prefill
 /// register tiles of `register_tile`. `n` must be a multiple of [`PANEL`].
@@ -186,9 +208,20 @@ pub fn matmul_panel(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadc
     // DECODE_PREFETCH_BYTES ahead (prefill reuses each weight vector for a tile's rows).
     let prefetch = seq.is_decode().then_some(DECODE_PREFETCH_BYTES / elem_bytes);
     let register_tile = register_tile.for_float_panels();
-    let (body, tasks, t) = panel_tasks(&mut b, n, seq, PANELS_PER_TASK as i64, register_tile, &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend, prefetch));
+    // Steps of few rows stream their weights as decode does: one panel at a
+    // time, prefetched as far ahead (`FEW_ROWS`).
+    let few_tile = RegisterTile { panels: 1, ..register_tile };
+    let (body, tasks, t) = panel_tasks_by_rows(
+        &mut b,
+        n,
+        seq,
+        PANELS_PER_TASK as i64,
+        (register_tile, few_tile),
+        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend, prefetch),
+        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend, Some(DECODE_PREFETCH_BYTES / elem_bytes)),
+    );
     let enc = weights.suffix();
-    let shape = format!("k{k}_n{n}_{}{}", seq.tag(), tile_tag(seq, register_tile));
+    let shape = format!("k{k}_n{n}_{}{}", seq.tag(), tile_tag(seq, register_tile, few_tile));
     let name = match addend {
         None => format!("matmul_panel{enc}_{shape}"),
         Some((_, bc)) => format!("matmul_add_panel{enc}_{}_{shape}", format!("{bc:?}").to_lowercase()),
@@ -225,12 +258,13 @@ pub fn matmul_panel_rowwise(k: u64, n: u64, weights: PanelWeights, addend: Optio
     b.finish(name, "matmul", tasks, t, body)
 }
 
-/// The register tile's name suffix where it shapes the kernel (not at decode).
-pub(super) fn tile_tag(seq: SeqMode, register_tile: RegisterTile) -> String {
+/// The register tiles' name suffix where they shape the kernel (not at decode):
+/// the tile of many rows, then `_f{rows}x{panels}`, the tile of few rows'.
+pub(super) fn tile_tag(seq: SeqMode, many: RegisterTile, few: RegisterTile) -> String {
     if seq.is_decode() {
         String::new()
     } else {
-        register_tile.tag()
+        format!("{}_f{}x{}", many.tag(), few.rows, few.panels)
     }
 }
 

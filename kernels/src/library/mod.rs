@@ -329,7 +329,9 @@ pub(crate) mod test_util {
     pub fn panel_cases() -> Vec<(PanelCase, super::RegisterTile)> {
         use super::elementwise::Broadcast;
         use super::{RegisterTile, SeqMode};
-        let cases = [(11usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None))];
+        // Steps of few rows, decode, and more rows than `FEW_ROWS` (the prefill tiles).
+        let many = super::matmul_interleaved::FEW_ROWS as usize + 9;
+        let cases = [(11usize, SeqMode::Dynamic, None), (1, SeqMode::Fixed(1), Some(Broadcast::Row)), (3, SeqMode::Dynamic, Some(Broadcast::None)), (many, SeqMode::Dynamic, Some(Broadcast::None))];
         cases.into_iter().flat_map(|c| [(c, RegisterTile::ZMM), (c, RegisterTile::YMM)]).collect()
     }
 
