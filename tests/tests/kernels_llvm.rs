@@ -432,13 +432,15 @@ fn activation_quantization_vectorizes_its_max_and_conversions() {
 fn decode_gemvs_and_few_row_steps_prefetch_their_levels_and_prefill_does_not() {
     use maxc_kernels::library::matmul_interleaved::{DECODE_PREFETCH_BYTES, FEW_ROWS};
     let ahead = format!("i64 {DECODE_PREFETCH_BYTES}");
+    // (row count, whether its kernel prefetches)
+    let row_counts = [(SeqMode::Fixed(1), true), (SeqMode::Fixed(FEW_ROWS as u64), true), (SeqMode::Dynamic, true), (SeqMode::Fixed(FEW_ROWS as u64 + 1), false)];
     for spec in ["cpu:x86-64-v3", "cpu:x86-64-v4+avx512vnni"] {
         let target = CpuTarget::parse(spec).unwrap();
         let tile = RegisterTile::for_cpu(target.has_avx512());
         for (encoding, levels) in [(WeightEncoding::Q8_0, ActivationLevels::Int8), (WeightEncoding::Q4_1, ActivationLevels::Int8), (WeightEncoding::Q4_1, ActivationLevels::Int16Planes), (WeightEncoding::Q4_1, ActivationLevels::Int16WordPairs)] {
             let ir = |seq| maxc_codegen::llvm::emit_llvm_ir(&[matmul_interleaved(256, 32, encoding, None, seq, tile, levels)], &target).unwrap();
             let what = format!("{spec} {} {levels:?}", encoding.name());
-            for (seq, prefetches) in [(SeqMode::Fixed(1), true), (SeqMode::Fixed(FEW_ROWS as u64), true), (SeqMode::Dynamic, true), (SeqMode::Fixed(FEW_ROWS as u64 + 1), false)] {
+            for (seq, prefetches) in row_counts {
                 let ir = ir(seq);
                 if prefetches {
                     assert!(ir.contains("@llvm.prefetch.p0") && ir.contains(&ahead), "{what} at {seq:?}: does not prefetch {ahead} ahead");
@@ -451,7 +453,7 @@ fn decode_gemvs_and_few_row_steps_prefetch_their_levels_and_prefill_does_not() {
     // The float panel GEMVs and steps of few rows too (and their prefill not).
     let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
     for elem in [ElemType::F32, ElemType::BF16, ElemType::F16] {
-        for (seq, prefetches) in [(SeqMode::Fixed(1), true), (SeqMode::Fixed(FEW_ROWS as u64), true), (SeqMode::Dynamic, true), (SeqMode::Fixed(FEW_ROWS as u64 + 1), false)] {
+        for (seq, prefetches) in row_counts {
             let ir = maxc_codegen::llvm::emit_llvm_ir(&[matmul_panel(256, 32, PanelWeights::Float(elem), None, seq, RegisterTile::ZMM)], &target).unwrap();
             assert_eq!(ir.contains("@llvm.prefetch.p0"), prefetches, "{elem:?} panels at {seq:?}: prefetch {}expected", if prefetches { "" } else { "not " });
         }

@@ -173,22 +173,20 @@ pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_pe
 
 /// [`panel_tasks`] for a kernel whose steps of few rows (at most [`FEW_ROWS`])
 /// take their own tile and tile builder (`few`: one panel at a time, prefetched
-/// ahead) and steps of more rows the prefill tile (`many`): a branch on the
-/// step's rows over the two task structures, which share the task count and
-/// variable; decode takes `many`'s.
+/// ahead) and steps of more rows the prefill tile (`many`). A fixed row count
+/// builds only the structure it runs (decode: `many`'s); a dynamic one branches
+/// on the step's rows over both, which share the task count and variable.
 pub(super) fn panel_tasks_by_rows(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_per_task: i64, (many_tile, few_tile): (RegisterTile, RegisterTile), many: &mut TileBuilder<'_>, few: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
-    let (many, tasks, t) = panel_tasks(b, n, seq, panels_per_task, many_tile, many);
-    if seq.is_decode() {
-        return (many, tasks, t);
+    match seq {
+        SeqMode::Fixed(rows) if rows > 1 && rows as i64 <= FEW_ROWS => panel_tasks(b, n, seq, panels_per_task, few_tile, few),
+        SeqMode::Fixed(_) => panel_tasks(b, n, seq, panels_per_task, many_tile, many),
+        SeqMode::Dynamic => {
+            let (many, tasks, t) = panel_tasks(b, n, seq, panels_per_task, many_tile, many);
+            let (few, _, t_few) = panel_tasks(b, n, seq, panels_per_task, few_tile, few);
+            let few: Vec<Stmt> = std::iter::once(set(t_few, v(t))).chain(few).collect();
+            (vec![if_(le(seq.expr(), i(FEW_ROWS)), few), if_(lt(i(FEW_ROWS), seq.expr()), many)], tasks, t)
+        }
     }
-    let (few, _, t_few) = panel_tasks(b, n, seq, panels_per_task, few_tile, few);
-    let few: Vec<Stmt> = std::iter::once(set(t_few, v(t))).chain(few).collect();
-    let body = match seq {
-        SeqMode::Fixed(rows) if rows as i64 <= FEW_ROWS => few,
-        SeqMode::Fixed(_) => many,
-        SeqMode::Dynamic => vec![if_(le(seq.expr(), i(FEW_ROWS)), few), if_(lt(i(FEW_ROWS), seq.expr()), many)],
-    };
-    (body, tasks, t)
 }
 
 /// `x: f32[seq, k]` times `w` packed as `[n/PANEL][k][PANEL]` (elements as
