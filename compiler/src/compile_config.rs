@@ -283,14 +283,28 @@ impl CompileConfig {
             test(encoding) || self.embedding_encoding.is_some_and(test) || stored.as_ref().is_some_and(|s| s.values().any(|&q| test(q)))
         };
         let block_weights = any_weight(&|e| e.is_block());
+        let bf16_weights = any_weight(&|e| e == WeightEncoding::BFloat16);
         // The default: int16 activations where they can apply (block weights, CPU
-        // code only), else float32 (docs/quantization.md, Int16 activations).
-        let activations = self.activations.unwrap_or(if block_weights && self.targets.gpus.is_empty() {
+        // code only), else bfloat16 ones beside bfloat16 weights where the CPU
+        // multiplies bfloat16 pairs (AVX512_BF16), else float32
+        // (docs/quantization.md, Int16 activations and bfloat16 activations).
+        let cpu_only = self.targets.gpus.is_empty();
+        let bf16_dots = self.targets.cpu.as_ref().is_some_and(|t| t.has_avx512() && t.has_feature("avx512bf16"));
+        let activations = self.activations.unwrap_or(if block_weights && cpu_only {
             ActivationEncoding::Int16
+        } else if bf16_weights && cpu_only && bf16_dots {
+            ActivationEncoding::BFloat16
         } else {
             ActivationEncoding::Float32
         });
-        if activations != ActivationEncoding::Float32 && !block_weights {
+        if activations == ActivationEncoding::BFloat16 && !bf16_weights {
+            problems.push(Error::invalid(
+                &self.shown,
+                field("activation_encoding"),
+                format!("bfloat16 activations multiply bfloat16 weights, and `{}` has none; use --quantization-encoding bfloat16, or drop the setting", self.encoding_name),
+            ));
+        }
+        if matches!(activations, ActivationEncoding::Int8 | ActivationEncoding::Int16) && !block_weights {
             problems.push(Error::invalid(
                 &self.shown,
                 field("activation_encoding"),
@@ -308,13 +322,23 @@ impl CompileConfig {
         let mut notes = Vec::new();
         // Asked for integer activations with weights whose matmuls have no
         // integer kernels (fp8): said, not silently dropped.
-        if self.activations.is_some_and(|a| a != ActivationEncoding::Float32) && encoding.is_block() && !maxc_kernels::library::matmul_int8::has_integer_kernels(encoding) {
+        if self.activations.is_some_and(|a| matches!(a, ActivationEncoding::Int8 | ActivationEncoding::Int16)) && encoding.is_block() && !maxc_kernels::library::matmul_int8::has_integer_kernels(encoding) {
             notes.push(format!(
                 "{} = {}: `{}` matmuls have no integer kernels, so the linear layers multiply float activations (only a block-encoded embedding / lm_head takes {} ones)",
                 field("activation_encoding"),
                 activations.name(),
                 encoding.name(),
                 activations.name()
+            ));
+        }
+        // Asked for bfloat16 activations on a CPU without pair dots: the same
+        // sums, in two multiply-adds per pair (SmolLM2 bfloat16 on x86-64-v3
+        // code: prefill 0.63x float32 activations', docs/performance.md).
+        if self.activations == Some(ActivationEncoding::BFloat16) && bf16_weights && cpu_only && !bf16_dots {
+            notes.push(format!(
+                "{} = bfloat16: `{}` has no AVX512_BF16, so each bfloat16 pair is two multiply-adds, slower than float32 activations (the default there), with the same rounding of the activations as on a CPU with it",
+                field("activation_encoding"),
+                self.cpu_spec
             ));
         }
         let mut split_attention = false;

@@ -265,10 +265,10 @@ impl Manifest {
     }
 }
 
-/// `compile.activation_encoding`: how block-quantized matmuls take their activations.
+/// `compile.activation_encoding`: how block-quantized and bfloat16 matmuls take their activations.
 pub fn parse_activation_encoding(name: &str) -> std::result::Result<crate::schedule::ActivationEncoding, String> {
     use crate::schedule::ActivationEncoding as A;
-    [A::Float32, A::Int8, A::Int16].into_iter().find(|a| a.name() == name).ok_or_else(|| format!("unknown activation encoding `{name}`; valid: float32, int8, int16"))
+    [A::Float32, A::Int8, A::Int16, A::BFloat16].into_iter().find(|a| a.name() == name).ok_or_else(|| format!("unknown activation encoding `{name}`; valid: float32, int8, int16, bfloat16"))
 }
 
 /// `compile.kv_cache_encoding`: the KV cache's element type.

@@ -105,7 +105,7 @@ fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
                 collect_loops(body, out);
             }
             Stmt::If { then, .. } => collect_loops(then, out),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => {}
         }
     }
 }
@@ -179,7 +179,12 @@ impl Machine<'_> {
                             let len = b.len();
                             *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = half::f16::from_f32(v.f()).to_bits()
                         }
-                        Buffer::BF16(_) | Buffer::U8(_) => {
+                        // Round to nearest even; a NaN stays a (quiet) NaN.
+                        Buffer::BF16(b) => {
+                            let len = b.len();
+                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = half::bf16::from_f32(v.f()).to_bits()
+                        }
+                        Buffer::U8(_) => {
                             unreachable!("weight-only parameters are never stored (validated)")
                         }
                     }
@@ -217,6 +222,15 @@ impl Machine<'_> {
                     let Buffer::F32(a) = &mut self.locals[acc.index()] else { unreachable!("locals are f32") };
                     for (g, x) in sums.into_iter().enumerate() {
                         a[g] += x;
+                    }
+                }
+                Stmt::PairDot { acc, weights, w_start, act, act_start } => {
+                    let (w0, a0) = (self.eval(w_start).i(), self.eval(act_start).i());
+                    let (x0, x1) = (self.load(*act, a0).f(), self.load(*act, a0 + 1).f());
+                    let w: Vec<(f32, f32)> = (0..DOT_LANES).map(|l| (self.load(*weights, w0 + l).f(), self.load(*weights, w0 + DOT_LANES + l).f())).collect();
+                    let Buffer::F32(a) = &mut self.locals[acc.index()] else { unreachable!("locals are f32") };
+                    for (l, (w0, w1)) in w.into_iter().enumerate() {
+                        a[l] = x1.mul_add(w1, x0.mul_add(w0, a[l]));
                     }
                 }
                 Stmt::DotRows(d) => {

@@ -246,6 +246,17 @@ pub enum Stmt {
     /// (layout `interleaved16`): integer dot products of the rows' block with one
     /// activation block, scaled per row and added to a local (see [`RowDot`]).
     DotRows(RowDot),
+    /// One bfloat16 pair step of a weight panel (x86 AVX512_BF16 `vdpbf16ps`):
+    /// for lane `l` in `0..`[`DOT_LANES`], `acc[l] += A[0] * W[l] + A[1] *
+    /// W[16 + l]`, where `W` is the 32 bfloat16 weights of `weights` from
+    /// `w_start` (two consecutive k rows of a `panel16` panel) and `A` the two
+    /// bfloat16 activations of `act` at `act_start` and `act_start + 1`. Each
+    /// product is exact in f32 (8-bit significands); the two additions round as
+    /// the backend does them (the interpreter: `A[0]`'s first, each a fused
+    /// multiply-add; `vdpbf16ps` flushes subnormals), so backends agree within
+    /// a reduction's tolerance, and every tile of one target gives the same bits.
+    /// `acc` is a local of at least [`DOT_LANES`] f32.
+    PairDot { acc: LocalId, weights: ParamId, w_start: Expr, act: ParamId, act_start: Expr },
     /// A hint that element `index` of parameter `param` is read soon: the CPU
     /// backend prefetches its cache line (`prefetcht0`), the others do nothing.
     /// Never faults, so `index` may lie past the buffer.

@@ -27,6 +27,8 @@
 //!           | "prefetch" PARAM "[" expr "]"
 //!           | "dot_block" "{" "acc" LOCAL "scales" "[" expr "," expr "]" "weights" PARAM
 //!               "w_start" expr "form" ("int8" | "nibble_pairs") "act" PARAM "act_start" expr "}"
+//!           | "pair_dot" "{" "acc" LOCAL "weights" PARAM "w_start" expr "act" PARAM
+//!               "act_start" expr "}"
 //!           | "dot_rows" "{" "acc" LOCAL "weights" PARAM "w_start" expr
 //!               "form" ("nibbles" | "bytes" | ("nibbles5" | "nibbles6") "high_bits" PARAM "at" expr)
 //!               "act" PARAM "act_start" expr
@@ -197,6 +199,16 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
             writeln!(f, "{:field$}weights {}", "", weights)?;
             writeln!(f, "{:field$}w_start {}", "", E(w_start))?;
             writeln!(f, "{:field$}form {form}", "")?;
+            writeln!(f, "{:field$}act {}", "", act)?;
+            writeln!(f, "{:field$}act_start {}", "", E(act_start))?;
+            writeln!(f, "{:pad$}}}", "")
+        }
+        Stmt::PairDot { acc, weights, w_start, act, act_start } => {
+            writeln!(f, "pair_dot {{")?;
+            let field = pad + 2;
+            writeln!(f, "{:field$}acc {}", "", acc)?;
+            writeln!(f, "{:field$}weights {}", "", weights)?;
+            writeln!(f, "{:field$}w_start {}", "", E(w_start))?;
             writeln!(f, "{:field$}act {}", "", act)?;
             writeln!(f, "{:field$}act_start {}", "", E(act_start))?;
             writeln!(f, "{:pad$}}}", "")
@@ -914,7 +926,8 @@ impl Parser {
             "prefetch" => Self::prefetch,
             "dot_block" => Self::dot_block,
             "dot_rows" => Self::dot_rows,
-            _ => return Err(self.error("a statement (`set`, `store`, `for`, `for_vec`, `if`, `prefetch`, `dot_block`, `dot_rows`) or `}`")),
+            "pair_dot" => Self::pair_dot,
+            _ => return Err(self.error("a statement (`set`, `store`, `for`, `for_vec`, `if`, `prefetch`, `dot_block`, `dot_rows`, `pair_dot`) or `}`")),
         };
         self.at += 1;
         parse(self)
@@ -993,6 +1006,18 @@ impl Parser {
         let act_start = self.field("act_start", Self::expr)?;
         self.punct("}")?;
         Ok(Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start })
+    }
+
+    /// `pair_dot` (consumed) and its fields in braces.
+    fn pair_dot(&mut self) -> PResult<Stmt> {
+        self.punct("{")?;
+        let acc = self.field("acc", Self::local)?;
+        let weights = self.field("weights", Self::param)?;
+        let w_start = self.field("w_start", Self::expr)?;
+        let act = self.field("act", Self::param)?;
+        let act_start = self.field("act_start", Self::expr)?;
+        self.punct("}")?;
+        Ok(Stmt::PairDot { acc, weights, w_start, act, act_start })
     }
 
     /// `dot_rows` (consumed) and its fields in braces.
@@ -1268,6 +1293,7 @@ mod tests {
                 for levels in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs] {
                     ks.push(quantize_activations::quantize_q16(k, levels, seq));
                 }
+                ks.push(quantize_activations::round_bf16(k, seq));
             }
             // Matmuls.
             for (k, n) in [(5, 11), (64, 576)] {
@@ -1308,6 +1334,12 @@ mod tests {
                             ks.push(matmul_panel::matmul_panel(k, n, weights, addend, seq, tile));
                         }
                         ks.push(matmul_panel::matmul_panel_rowwise(k, n, weights, addend, seq));
+                    }
+                    // bfloat16 pair dots: an even k only.
+                    if k % 2 == 0 {
+                        for tile in TILES {
+                            ks.push(matmul_panel::matmul_panel(k, n, PanelWeights::BFloat16Pairs, addend, seq, tile));
+                        }
                     }
                 }
             }

@@ -13,7 +13,7 @@ use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise}
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
-use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, ActivationLevels};
+use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, round_bf16, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
@@ -41,6 +41,7 @@ fn cases() -> Vec<Case> {
             SeqMode::Fixed(n) => n as usize,
         };
         v.push(Case { kernel: embedding(7, 13, WeightEncoding::Float32, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: round_bf16(40, seq), sizes: vec![s * 40, s * 40], int_max: 1, seq: s as u64, tol: 0.0 });
         v.push(Case { kernel: embedding(7, 13, WeightEncoding::BFloat16, seq), sizes: vec![7 * 13, s, s * 13], int_max: 7, seq: s as u64, tol: 0.0 });
         v.push(Case { kernel: embedding(7, 64, WeightEncoding::Q8_0, seq), sizes: vec![7 * 64, 7 * 2, s, s * 64], int_max: 7, seq: s as u64, tol: 1e-6 });
         v.push(Case { kernel: embedding(7, 64, WeightEncoding::Q4_1, seq), sizes: vec![7 * 32, 7 * 2, 7 * 2, s, s * 64], int_max: 7, seq: s as u64, tol: 1e-6 });
@@ -64,6 +65,9 @@ fn cases() -> Vec<Case> {
             // scale), so a sum near 1 can come from terms near 100: the rounding
             // error follows the terms, 2^5 times the float cases'.
             v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float8E4M3, Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 48 * 40, 48, 48, s * 48], int_max: 1, seq: s as u64, tol: 32.0 * reduction_tol(40) });
+            // bfloat16 pair dots (bf16 activations; `vdpbf16ps` where the
+            // target has AVX512_BF16, two products per lane elsewhere).
+            v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::BFloat16Pairs, Some(Broadcast::Row), seq, tile), sizes: vec![s * 40, 48 * 40, 48, s * 48], int_max: 1, seq: s as u64, tol: reduction_tol(40) });
             // 19 rows: two full tiles of AVX-512's 8-row float panel tile
             // (`RegisterTile::for_float_panels`) and 3 more, bf16 and f16, as a
             // step of few rows (one panel at a time) and with `FEW_ROWS` more
@@ -72,6 +76,9 @@ fn cases() -> Vec<Case> {
                 let few = maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
                 for (elem, rows) in [ElemType::BF16, ElemType::F16].into_iter().flat_map(|e| [(e, 19usize), (e, few + 19)]) {
                     v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::Float(elem), Some(Broadcast::None), seq, tile), sizes: vec![rows * 40, 48 * 40, rows * 48, rows * 48], int_max: 1, seq: rows as u64, tol: reduction_tol(40) });
+                }
+                for rows in [19usize, few + 19] {
+                    v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::BFloat16Pairs, Some(Broadcast::None), seq, tile), sizes: vec![rows * 40, 48 * 40, rows * 48, rows * 48], int_max: 1, seq: rows as u64, tol: reduction_tol(40) });
                 }
             }
         }
@@ -647,8 +654,6 @@ mod random_shapes {
 /// overflow to infinity, the largest half, signed zeros, NaN) and on random values.
 #[test]
 fn f16_stores_round_to_nearest_even_on_every_backend() {
-    use maxc_kernels::ir::dsl::*;
-    use maxc_kernels::{KernelBuilder, TaskCount, ValType};
     let mut values: Vec<f32> = vec![
         0.0, -0.0, 1.0, -1.0, 65504.0, 65519.9, 65520.0, -65520.0, 1e6, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE,
         2f32.powi(-14), 2f32.powi(-24), 2f32.powi(-25), 3.0 * 2f32.powi(-25), 5.0 * 2f32.powi(-25), 2f32.powi(-26), 1023.5 * 2f32.powi(-24),
@@ -658,22 +663,52 @@ fn f16_stores_round_to_nearest_even_on_every_backend() {
     // Random magnitudes over every exponent a half has and some beyond.
     values.extend((0..4000).map(|_| rng.f() * 2f32.powf(rng.f() * 24.0)));
     values.push(f32::NAN);
+    stores_round_like_the_half_crate(ElemType::F16, &values, &|x| half::f16::from_f32(x).to_bits(), &|h| h & 0x7c00 == 0x7c00 && h & 0x3ff != 0);
+}
+
+/// Stores to a bf16 buffer (`round_bf16`, the activations of bfloat16 pair
+/// dots) round to the nearest bfloat16, ties to even, on every backend (the
+/// integer rounding of the LLVM and Cranelift lowerings, the interpreter), bit
+/// for bit against the `half` crate: ties with an even and an odd upper half,
+/// values just beside ties, overflow of the largest finite f32 to infinity,
+/// subnormals, signed zeros, infinities and NaN (kept a NaN), and random values
+/// over the whole exponent range.
+#[test]
+fn bf16_stores_round_to_nearest_even_on_every_backend() {
+    let bits = |b: u32| f32::from_bits(b);
+    let mut values: Vec<f32> = vec![
+        0.0, -0.0, 1.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -f32::MAX, f32::MIN_POSITIVE, 1e-40, -1e-45,
+        bits(0x3f80_8000), bits(0x3f81_8000), bits(0x3f80_7fff), bits(0x3f80_8001), bits(0xbf81_8000), bits(0x7f7f_8000), bits(0x0000_8000), bits(0x0001_8000),
+        0.1, 1.0 / 3.0, 65504.0,
+    ];
+    let mut rng = Rng(0xbf16);
+    values.extend((0..4000).map(|_| rng.f() * 2f32.powf(rng.f() * 250.0 - 125.0)));
+    values.extend([f32::NAN, -f32::NAN, bits(0x7f80_0001), bits(0xffc0_1234)]);
+    stores_round_like_the_half_crate(ElemType::BF16, &values, &|x| half::bf16::from_f32(x).to_bits(), &|h| h & 0x7f80 == 0x7f80 && h & 0x7f != 0);
+}
+
+/// One kernel storing `values` to an `elem` (f16 or bf16) buffer, run by the
+/// interpreter and compiled by LLVM (this machine, x86-64-v3, x86-64) and by
+/// Cranelift: every result equals `want`'s bits (any NaN for a NaN, as `nan` says).
+fn stores_round_like_the_half_crate(elem: ElemType, values: &[f32], want: &dyn Fn(f32) -> u16, nan: &dyn Fn(u16) -> bool) {
+    use maxc_kernels::ir::dsl::*;
+    use maxc_kernels::{KernelBuilder, TaskCount, ValType};
     let n = values.len();
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
-    let out = b.param("out", ElemType::F16, true);
+    let out = b.param("out", elem, true);
     let (t, j) = (b.var(ValType::I64), b.var(ValType::I64));
-    let kernel = b.finish("store_f16".into(), "test", TaskCount { per_seq: 0, fixed: 1 }, t, vec![for_vec(j, i(0), i(n as i64), vec![store(out, v(j), ld(x, v(j)))])]);
-    let want: Vec<u16> = values.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+    let name = format!("store_{elem:?}").to_lowercase();
+    let kernel = b.finish(name.clone(), "test", TaskCount { per_seq: 0, fixed: 1 }, t, vec![for_vec(j, i(0), i(n as i64), vec![store(out, v(j), ld(x, v(j)))])]);
+    let want: Vec<u16> = values.iter().map(|&x| want(x)).collect();
     let check = |spec: &str, got: &[u16]| {
         for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            let nan = |h: u16| h & 0x7c00 == 0x7c00 && h & 0x3ff != 0;
-            assert!(g == w || (nan(g) && nan(w)), "{spec}: f16 of {:e} is {g:04x}, want {w:04x}", values[k]);
+            assert!(g == w || (nan(g) && nan(w)), "{spec}: {elem:?} of {:e} ({:08x}) is {g:04x}, want {w:04x}", values[k], values[k].to_bits());
         }
     };
-    let mut bufs = vec![Buffer::F32(values.clone()), Buffer::F16(vec![0; n])];
+    let mut bufs = vec![Buffer::F32(values.to_vec()), if elem == ElemType::F16 { Buffer::F16(vec![0; n]) } else { Buffer::BF16(vec![0; n]) }];
     run(&kernel, &mut bufs, 1);
-    let Buffer::F16(got) = &bufs[1] else { unreachable!() };
+    let (Buffer::F16(got) | Buffer::BF16(got)) = &bufs[1] else { unreachable!() };
     check("interpreter", got);
     let objects = [
         ("cpu", compile_shared(std::slice::from_ref(&kernel), &CpuTarget::parse("cpu").unwrap()).unwrap().shared_object),
@@ -683,8 +718,8 @@ fn f16_stores_round_to_nearest_even_on_every_backend() {
     ];
     for (spec, object) in objects {
         let loaded = LoadedCode::load(&object).unwrap();
-        let f = loaded.kernel("store_f16").unwrap();
-        let mut x = values.clone();
+        let f = loaded.kernel(&name).unwrap();
+        let mut x = values.to_vec();
         let mut got = vec![0u16; n];
         let ptrs = [x.as_mut_ptr() as *mut u8, got.as_mut_ptr() as *mut u8];
         let dims = [1i64];
@@ -749,6 +784,67 @@ fn call(code: &LoadedCode, kernel: &Kernel, bufs: &mut [Buffer], rows: u64) {
     unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, kernel.tasks.eval(rows)) };
 }
 
+/// The backends the batch-invariance tests compile for, each with its
+/// register tile: LLVM for this machine and for x86-64-v3, and Cranelift.
+fn batch_backends() -> [(&'static str, RegisterTile, &'static Compile); 3] {
+    [
+        ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), &|kernels| compile_shared(kernels, &CpuTarget::host()).unwrap().shared_object),
+        ("llvm x86-64-v3", RegisterTile::YMM, &|kernels| compile_shared(kernels, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap().shared_object),
+        ("cranelift", RegisterTile::ZMM, &|kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object),
+    ]
+}
+
+/// bfloat16 pair dots (`--activation-encoding bfloat16`) give a row the same
+/// bits alone (the decode GEMV) and in a batch step of few rows (one panel at
+/// a time) or of many (the prefill tile): every cell sums its pairs in k
+/// order, and a pair's products are exact, so neither the tile shape nor a
+/// fused multiply-add can change them. With `vdpbf16ps` on this machine where
+/// it has AVX512_BF16, two products per lane on x86-64-v3 and in Cranelift.
+#[test]
+fn bf16_pair_rows_alone_and_in_a_batch_give_the_same_bits() {
+    const ROWS: usize = 11 + maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
+    let (k, n) = (96usize, 48usize);
+    for (backend, tile, compile) in batch_backends() {
+        let alone = matmul_panel(k as u64, n as u64, PanelWeights::BFloat16Pairs, Some(Broadcast::None), SeqMode::Fixed(1), tile);
+        let batch = matmul_panel(k as u64, n as u64, PanelWeights::BFloat16Pairs, Some(Broadcast::None), SeqMode::Dynamic, tile);
+        let code = LoadedCode::load(&compile(&[alone.clone(), batch.clone()])).unwrap();
+        let mut rng = Rng(0xbf16_5eed);
+        let case = Case { kernel: batch.clone(), sizes: vec![ROWS * k, n * k, ROWS * n, ROWS * n], int_max: 1, seq: ROWS as u64, tol: 0.0 };
+        let bufs = inputs(&case, &mut rng);
+        let (Buffer::BF16(x), Buffer::F32(addend)) = (&bufs[0], &bufs[2]) else { unreachable!("bf16 activations, f32 addend") };
+        let run_rows = |kernel: &Kernel, x: &[u16], addend: &[f32], rows: usize| -> Vec<u32> {
+            let mut bufs = vec![Buffer::BF16(x.to_vec()), bufs[1].clone(), Buffer::F32(addend.to_vec()), Buffer::F32(vec![0.0; rows * n])];
+            call(&code, kernel, &mut bufs, rows as u64);
+            let Some(Buffer::F32(out)) = bufs.pop() else { unreachable!("the output is f32") };
+            out.iter().map(|v| v.to_bits()).collect()
+        };
+        let alone_rows: Vec<Vec<u32>> = (0..ROWS).map(|r| run_rows(&alone, &x[r * k..(r + 1) * k], &addend[r * n..(r + 1) * n], 1)).collect();
+        for rows in [11, ROWS] {
+            let out = run_rows(&batch, &x[..rows * k], &addend[..rows * n], rows);
+            for (r, want) in alone_rows.iter().enumerate().take(rows) {
+                let differ = (0..n).filter(|&j| want[j] != out[r * n + j]).count();
+                assert_eq!(differ, 0, "{backend}: row {r} of {rows} differs from the row alone in {differ} of {n} outputs");
+            }
+        }
+    }
+}
+
+/// bfloat16 pair dots are one `vdpbf16ps` where the target has AVX512_BF16,
+/// and no such instruction where it has not (the same sums in FMAs' stead).
+#[test]
+fn bf16_pair_dots_use_vdpbf16ps_where_the_target_has_it() {
+    let k = vec![
+        matmul_panel(64, 32, PanelWeights::BFloat16Pairs, None, SeqMode::Fixed(1), RegisterTile::ZMM),
+        matmul_panel(64, 32, PanelWeights::BFloat16Pairs, None, SeqMode::Dynamic, RegisterTile::ZMM),
+    ];
+    let bf16 = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse("cpu:x86-64-v4+avx512bf16").unwrap()).unwrap();
+    assert!(bf16.contains("@llvm.x86.avx512bf16.dpbf16ps.512"), "no vdpbf16ps with avx512bf16");
+    for spec in ["cpu:x86-64-v4", "cpu:x86-64-v3"] {
+        let ir = maxc_codegen::llvm::emit_llvm_ir(&k, &CpuTarget::parse(spec).unwrap()).unwrap();
+        assert!(!ir.contains("dpbf16ps"), "{spec} has no AVX512_BF16");
+    }
+}
+
 /// A sequence's logits must not depend on the sequences beside it in a batch
 /// step: the engine runs one sequence through the decode GEMVs and several
 /// through the row-tiled kernels, and a request's `n` sampled choices are
@@ -771,12 +867,7 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
     // (the prefill tiles): both give each row its bits alone.
     const ROWS: usize = 11 + maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
     let (one, many) = (SeqMode::Fixed(1), SeqMode::Dynamic);
-    let backends: [(&str, RegisterTile, &Compile); 3] = [
-        ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), &|kernels| compile_shared(kernels, &CpuTarget::host()).unwrap().shared_object),
-        ("llvm x86-64-v3", RegisterTile::YMM, &|kernels| compile_shared(kernels, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap().shared_object),
-        ("cranelift", RegisterTile::ZMM, &|kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object),
-    ];
-    for (backend, tile, compile) in backends {
+    for (backend, tile, compile) in batch_backends() {
         let mut pairs = Vec::new();
         for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
             let k = if encoding.block() == 256 { 256 } else { 96 };

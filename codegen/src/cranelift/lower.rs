@@ -130,13 +130,18 @@ impl Lowering<'_, '_> {
                             let h = self.f32_to_f16(v);
                             self.b.ins().istore16(flags, h, addr, 0);
                         }
-                        ElemType::BF16 | ElemType::U8 => {
+                        ElemType::BF16 => {
+                            let h = self.f32_to_bf16(v);
+                            self.b.ins().istore16(flags, h, addr, 0);
+                        }
+                        ElemType::U8 => {
                             unreachable!("weight-only parameters are never stored (validated)")
                         }
                     }
                 }
                 Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
                 Stmt::DotRows(d) => self.dot_rows(d)?,
+                Stmt::PairDot { acc, weights, w_start, act, act_start } => self.pair_dot(*acc, (*weights, w_start), (*act, act_start))?,
                 Stmt::For { var, start, end, body, hint } => {
                     let (lo, hi) = (self.expr(start)?, self.expr(end)?);
                     let plan = if *hint == LoopHint::Vectorize { VectorLoop::analyze(self.kernel, *var, body) } else { None };
@@ -157,6 +162,32 @@ impl Lowering<'_, '_> {
                     self.b.seal_block(done);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A [`Stmt::PairDot`] in scalar code: per lane, the two products (exact in
+    /// f32: bfloat16 significands have 8 bits) added to the accumulator, the
+    /// first activation's first.
+    fn pair_dot(&mut self, acc: LocalId, (weights, w_start): (ParamId, &Expr), (act, act_start): (ParamId, &Expr)) -> Result<(), CodegenError> {
+        let flags = MemFlagsData::trusted();
+        let w_base = self.address(weights, w_start)?;
+        let a_base = self.address(act, act_start)?;
+        let acc_base = self.locals[acc.index()];
+        let bf16_at = |this: &mut Self, base: Value, at: i64| {
+            let h = this.b.ins().uload16(types::I32, flags, base, (2 * at) as i32);
+            let bits = this.b.ins().ishl_imm_u(h, 16);
+            this.b.ins().bitcast(types::F32, MemFlagsData::new(), bits)
+        };
+        let x = [bf16_at(self, a_base, 0), bf16_at(self, a_base, 1)];
+        for l in 0..DOT_LANES {
+            let mut sum = self.b.ins().load(types::F32, flags, acc_base, (4 * l) as i32);
+            for (pair, &xp) in x.iter().enumerate() {
+                let w = bf16_at(self, w_base, pair as i64 * DOT_LANES + l);
+                let product = self.b.ins().fmul(xp, w);
+                sum = self.b.ins().fadd(sum, product);
+            }
+            self.b.ins().store(flags, sum, acc_base, (4 * l) as i32);
         }
         Ok(())
     }
@@ -410,7 +441,7 @@ impl Lowering<'_, '_> {
                     let addr = self.address(*buf, index)?;
                     self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 }
-                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
+                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
             }
         }
         let i = self.b.use_var(v);
@@ -494,6 +525,22 @@ impl Lowering<'_, '_> {
     /// bits of an i32: overflow to infinity, NaN stays NaN, subnormal halves
     /// rounded like normal ones. Computed in integers: Cranelift has no
     /// portable f32 -> f16 conversion.
+    /// The bits of the bfloat16 nearest `x` (ties to even, as `vcvtneps2bf16`),
+    /// in an I32: the f32's upper half rounded by its lower one; a NaN keeps
+    /// its sign and upper mantissa bits and is made quiet.
+    fn f32_to_bf16(&mut self, x: Value) -> Value {
+        let bits = self.b.ins().bitcast(types::I32, MemFlagsData::new(), x);
+        let upper = self.b.ins().ushr_imm_u(bits, 16);
+        let lsb = self.b.ins().band_imm_u(upper, 1);
+        let rounded = self.b.ins().iadd_imm_s(bits, 0x7fff);
+        let rounded = self.b.ins().iadd(rounded, lsb);
+        let rounded = self.b.ins().ushr_imm_u(rounded, 16);
+        let quiet = self.b.ins().bor_imm_u(upper, 0x40);
+        let abs = self.b.ins().band_imm_u(bits, 0x7fff_ffff);
+        let is_nan = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThan, abs, 0x7f80_0000);
+        self.b.ins().select(is_nan, quiet, rounded)
+    }
+
     fn f32_to_f16(&mut self, x: Value) -> Value {
         let i = self.b.ins();
         let bits = i.bitcast(types::I32, MemFlagsData::new(), x);

@@ -299,7 +299,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     ElemType::I32 | ElemType::I8 => self.builder.build_int_truncate(v.into_int_value(), self.elem(elem).into_int_type(), "trunc").map_err(llvm_err)?.into(),
                     // Round to nearest even: vcvtps2ph with F16C, cvt.rn.f16.f32 on NVPTX.
                     ElemType::F16 => self.builder.build_float_trunc(v.into_float_value(), self.context.f16_type(), "fptrunc").map_err(llvm_err)?.into(),
-                    ElemType::BF16 | ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
+                    ElemType::BF16 => self.f32_to_bf16_bits(v.into_float_value())?.into(),
+                    ElemType::U8 => unreachable!("weight-only parameters are never stored (validated)"),
                 };
                 let p = self.element_ptr(*buf, index)?;
                 let st = self.builder.build_store(p, v).map_err(llvm_err)?;
@@ -308,6 +309,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Stmt::For { .. } => self.lower_loop(s, None)?,
             Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
             Stmt::DotRows(d) => self.dot_rows(d)?,
+            Stmt::PairDot { acc, weights, w_start, act, act_start } => self.pair_dot(*acc, (*weights, w_start), (*act, act_start))?,
             Stmt::Prefetch { param, index } => {
                 if let Flavor::Cpu(_) = self.flavor {
                     let idx = self.expr(index)?.into_int_value();
@@ -721,6 +723,25 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 }
 
 impl<'ctx> KernelLowering<'_, 'ctx> {
+    /// The bits (an i16) of the bfloat16 nearest `x`, ties to even (as
+    /// `vcvtneps2bf16`): the f32's upper half rounded by its lower one, in
+    /// integer operations that vectorize on every target (no libcall); a NaN
+    /// keeps its sign and upper mantissa bits and is made quiet.
+    fn f32_to_bf16_bits(&mut self, x: inkwell::values::FloatValue<'ctx>) -> Result<inkwell::values::IntValue<'ctx>, CodegenError> {
+        let (b, i32t) = (&self.builder, self.context.i32_type());
+        let c = |v: u64| i32t.const_int(v, false);
+        let bits = b.build_bit_cast(x, i32t, "f32_bits").map_err(llvm_err)?.into_int_value();
+        let upper = b.build_right_shift(bits, c(16), false, "upper").map_err(llvm_err)?;
+        let lsb = b.build_and(upper, c(1), "lsb").map_err(llvm_err)?;
+        let rounded = b.build_int_add(bits, c(0x7fff), "bias").map_err(llvm_err)?;
+        let rounded = b.build_int_add(rounded, lsb, "ties_even").map_err(llvm_err)?;
+        let rounded = b.build_right_shift(rounded, c(16), false, "rounded").map_err(llvm_err)?;
+        let quiet = b.build_or(upper, c(0x40), "quiet_nan").map_err(llvm_err)?;
+        let is_nan = b.build_float_compare(inkwell::FloatPredicate::UNO, x, x, "is_nan").map_err(llvm_err)?;
+        let chosen = b.build_select(is_nan, quiet, rounded, "bf16").map_err(llvm_err)?.into_int_value();
+        b.build_int_truncate(chosen, self.context.i16_type(), "bf16_bits").map_err(llvm_err)
+    }
+
     /// The half whose bits are the low 16 bits of `bits` (any integer width),
     /// widened to f32: `vcvtph2ps` on x86 with F16C, `cvt.f32.f16` on NVPTX.
     fn half_bits_to_f32(&mut self, bits: inkwell::values::IntValue<'ctx>) -> Result<BasicValueEnum<'ctx>, CodegenError> {
@@ -828,6 +849,6 @@ fn converts_halves(kernel: &Kernel, body: &[Stmt]) -> bool {
         Stmt::Set { value, .. } => converts(value),
         Stmt::Store { buf, index, value } => half(*buf) || converts(index) || converts(value),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => converts_halves(kernel, body),
-        Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::Prefetch { .. } => false,
+        Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => false,
     })
 }

@@ -24,6 +24,12 @@ pub enum ActivationEncoding {
     /// nibble weights (the int8 kernels' dot instructions twice), as words for
     /// Q8_0 (one word dot per 16 weights).
     Int16,
+    /// bfloat16 weight panels only (other matmuls keep float activations):
+    /// each activation rounded to bfloat16 (`round_bf16`) and multiplied with
+    /// the weights two k at a time (`Stmt::PairDot`: `vdpbf16ps` on x86 with
+    /// AVX512_BF16, twice the multiply-adds of an FMA per instruction),
+    /// llama.cpp's scheme for BF16 files.
+    BFloat16,
 }
 
 impl ActivationEncoding {
@@ -33,6 +39,7 @@ impl ActivationEncoding {
             ActivationEncoding::Float32 => "float32",
             ActivationEncoding::Int8 => "int8",
             ActivationEncoding::Int16 => "int16",
+            ActivationEncoding::BFloat16 => "bfloat16",
         }
     }
 
@@ -40,7 +47,7 @@ impl ActivationEncoding {
     /// planes; `integer_matmul` takes words where the weights are bytes).
     pub fn levels(self) -> Option<ActivationLevels> {
         match self {
-            ActivationEncoding::Float32 => None,
+            ActivationEncoding::Float32 | ActivationEncoding::BFloat16 => None,
             ActivationEncoding::Int8 => Some(ActivationLevels::Int8),
             ActivationEncoding::Int16 => Some(ActivationLevels::Int16Planes),
         }
@@ -116,6 +123,18 @@ impl Scheduler<'_, '_, '_> {
         let q = (outputs[0], outputs[1]);
         self.quantized.insert(key, q);
         Ok(q)
+    }
+
+    /// Value `v` (`k` wide) rounded to bfloat16 (`round_bf16`), one launch per
+    /// value, shared by every pair-dot matmul reading it.
+    fn bf16_activations(&mut self, v: ValueId, k: u64, seq: SeqMode) -> Result<Arg> {
+        if let Some(&xb) = self.rounded_bf16.get(&v.index()) {
+            return Ok(xb);
+        }
+        let x = self.input(v)?;
+        let xb = self.launch_outputs(round_bf16(k, seq), vec![x], &[k * 2], TaskCount { per_seq: 1, fixed: 0 })[0];
+        self.rounded_bf16.insert(v.index(), xb);
+        Ok(xb)
     }
 
     /// The sums per 16 values of `v`'s integer levels `q` (`level_half_sums`),
@@ -204,8 +223,16 @@ impl Scheduler<'_, '_, '_> {
         let (quant, bc) = (ty.quant, addend.map(|(_, bc)| bc));
         let layout = self.weight_layout(w);
         let after: Vec<ValueId> = addend.map(|(r, _)| r).into_iter().collect();
-        let args = self.weight_args(&[x], w, &after, layout)?;
+        let pairs = layout == Layout::Panel16 && quant == WeightEncoding::BFloat16 && self.weights.bf16_pairs && k % 2 == 0;
+        let args = if pairs {
+            let mut args = vec![self.bf16_activations(x, k, seq)?];
+            args.extend(self.weight_args(&[], w, &after, layout)?);
+            args
+        } else {
+            self.weight_args(&[x], w, &after, layout)?
+        };
         let (kernel, gpu_form) = match layout {
+            Layout::Panel16 if pairs => (matmul_panel(k, n, PanelWeights::BFloat16Pairs, bc, seq, self.weights.register_tile), None),
             Layout::Panel16 => {
                 let weights = PanelWeights::of(quant).expect("panel16 weights have a panel form (weight_layout)");
                 (matmul_panel(k, n, weights, bc, seq, self.weights.register_tile), Some(matmul_panel_rowwise(k, n, weights, bc, seq)))

@@ -25,7 +25,7 @@ use maxc_kernels::library::embedding::{embedding_in, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add, matmul_rowwise};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
-use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, ActivationLevels};
+use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, round_bf16, ActivationLevels};
 use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PanelWeights};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::{rope, rope_gpu};
@@ -156,6 +156,8 @@ struct Scheduler<'g, 'i, 'w> {
     /// Per quantized activation value and levels: its sums per 16 values
     /// (`level_half_sums`, for Q6_K's row dots), one launch shared by its readers.
     half_sums: HashMap<(usize, ActivationLevels), Arg>,
+    /// Values already rounded to bfloat16 for pair-dot matmuls (`round_bf16`).
+    rounded_bf16: HashMap<usize, Arg>,
 }
 
 /// Arena bytes of a scratch buffer with `per_token` f32 per token of the step.
@@ -357,6 +359,7 @@ fn schedule_impl<'g>(
         logit_rows: false,
         quantized: HashMap::new(),
         half_sums: HashMap::new(),
+        rounded_bf16: HashMap::new(),
     };
     let static_dim = |d: Dim| d.fixed().expect("non-leading dims are static");
     // Values that hold one row (the last token's) in a last-row plan.

@@ -146,9 +146,9 @@ impl Kernel {
                         return Err("store index must be i64".into());
                     }
                     let want = match p.elem {
-                        ElemType::F32 | ElemType::F16 => ValType::F32,
+                        ElemType::F32 | ElemType::F16 | ElemType::BF16 => ValType::F32,
                         ElemType::I32 | ElemType::I8 => ValType::I64,
-                        ElemType::BF16 | ElemType::U8 => {
+                        ElemType::U8 => {
                             return Err(format!("store to weight-only parameter `{}` ({:?})", p.name, p.elem))
                         }
                     };
@@ -182,6 +182,19 @@ impl Kernel {
                     let want_w = if *form == DotForm::Int8 { ElemType::I8 } else { ElemType::U8 };
                     if w_elem != want_w {
                         return Err(format!("dot {form:?} takes {want_w:?} weights, got {w_elem:?}"));
+                    }
+                }
+                Stmt::PairDot { acc, weights, w_start, act, act_start } => {
+                    if self.locals.get(acc.index()).copied().unwrap_or(0) < DOT_LANES as u64 {
+                        return Err(format!("pair dot accumulator {acc} needs {DOT_LANES} elements"));
+                    }
+                    for (p, what) in [(*weights, "weights"), (*act, "activations")] {
+                        if self.dot_param(p, what)? != ElemType::BF16 {
+                            return Err(format!("pair dot {what} {p} must be a bf16 parameter"));
+                        }
+                    }
+                    if self.type_of(w_start)? != ValType::I64 || self.type_of(act_start)? != ValType::I64 {
+                        return Err("dot starts must be i64".into());
                     }
                 }
                 Stmt::DotRows(d) => {

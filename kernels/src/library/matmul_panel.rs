@@ -43,6 +43,14 @@ pub enum PanelWeights {
     /// the decoding), and a parameter of one f32 scale per output column (the
     /// `float8_e4m3fn` encoding: weight-only, per channel).
     Float8E4M3,
+    /// `BF16` elements multiplied in pairs of k with the activations rounded to
+    /// bfloat16 (`x` is then a bf16 parameter, [`round_bf16`]'s output): one
+    /// [`Stmt::PairDot`] per two k of a tile cell, `vdpbf16ps` on x86 with
+    /// AVX512_BF16, which does twice the multiply-adds of an f32 FMA per
+    /// instruction. `k` must be even.
+    ///
+    /// [`round_bf16`]: super::quantize_activations::round_bf16
+    BFloat16Pairs,
 }
 
 impl PanelWeights {
@@ -62,6 +70,7 @@ impl PanelWeights {
         match self {
             PanelWeights::Float(elem) => float_suffix(elem),
             PanelWeights::Float8E4M3 => "_float8_e4m3fn",
+            PanelWeights::BFloat16Pairs => "_bf16_pairs",
         }
     }
 }
@@ -92,29 +101,55 @@ impl PanelParams {
     }
 }
 
+/// A tile's accumulators, one local of [`PANEL`] per row and panel, and the
+/// statements that zero them (`l`: the lane variable).
+fn zeroed_accumulators(b: &mut KernelBuilder, rows: i64, panels: i64, l: VarId) -> (Vec<Vec<LocalId>>, Vec<Stmt>) {
+    let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..panels).map(|_| b.local(PANEL)).collect()).collect();
+    let zero = acc.iter().flatten().map(|&a| for_vec(l, i(0), i(PANEL as i64), vec![store(a, v(l), f(0.0))])).collect();
+    (acc, zero)
+}
+
+/// Sets each of `bases` to where panel `p0 + p`'s row `kk` starts (and
+/// prefetches the weights `prefetch_ahead` elements past it).
+fn panel_row_starts(bases: &[VarId], p0: VarId, (k, kk): (i64, Expr), w: PanelParams, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+    let mut stmts = Vec::new();
+    for (p, &base) in bases.iter().enumerate() {
+        stmts.push(set(base, mul(add(mul(add(v(p0), i(p as i64)), i(k)), kk.clone()), i(PANEL as i64))));
+        if let Some(ahead) = prefetch_ahead {
+            stmts.push(prefetch(w.w, add(v(base), i(ahead))));
+        }
+    }
+    stmts
+}
+
+/// Each accumulator's finished sum (plus the addend) stored to its row's outputs.
+fn stored_tile(acc: &[Vec<LocalId>], l: VarId, (r0, p0): (VarId, VarId), (w, out): (PanelParams, ParamId), n: i64, addend: Option<(ParamId, Broadcast)>) -> Vec<Stmt> {
+    let lanes = PANEL as i64;
+    let mut stmts = Vec::new();
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (p, &a) in row_acc.iter().enumerate() {
+            let row = add(v(r0), i(r as i64));
+            let col = add(mul(add(v(p0), i(p as i64)), i(lanes)), v(l));
+            let value = epilogue(w.finish(ld(a, v(l)), col.clone()), row.clone(), col.clone(), n, addend);
+            stmts.push(for_vec(l, i(0), i(lanes), vec![store(out, add(v(l), add(mul(row, i(n)), mul(add(v(p0), i(p as i64)), i(lanes)))), value)]));
+        }
+    }
+    stmts
+}
+
 /// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
 #[allow(clippy::too_many_arguments)]
 fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (ParamId, PanelParams, ParamId), (k, n): (i64, i64), addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
-    let lanes = PANEL as i64;
-    let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..panels).map(|_| b.local(PANEL)).collect()).collect();
     let (l, kk) = (b.var(ValType::I64), b.var(ValType::I64));
+    let (acc, mut body) = zeroed_accumulators(b, rows, panels, l);
     let xs: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
     let bases: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
-    let mut body = Vec::new();
-    for &a in acc.iter().flatten() {
-        body.push(for_vec(l, i(0), i(lanes), vec![store(a, v(l), f(0.0))]));
-    }
     let mut per_k = Vec::new();
     for (r, &xv) in xs.iter().enumerate() {
         per_k.push(set(xv, ld(x, add(mul(add(v(r0), i(r as i64)), i(k)), v(kk)))));
     }
-    for (p, &base) in bases.iter().enumerate() {
-        // Panel (p0 + p), row kk: PANEL consecutive weights.
-        per_k.push(set(base, mul(add(mul(add(v(p0), i(p as i64)), i(k)), v(kk)), i(lanes))));
-        if let Some(ahead) = prefetch_ahead {
-            per_k.push(prefetch(w.w, add(v(base), i(ahead))));
-        }
-    }
+    // Panel (p0 + p), row kk: PANEL consecutive weights.
+    per_k.extend(panel_row_starts(&bases, p0, (k, v(kk)), w, prefetch_ahead));
     // One lane loop for the whole tile: its body is too big for LLVM to unroll it
     // away before vectorizing, so the loop over k stays the outer loop.
     let mut lane_body = Vec::new();
@@ -125,16 +160,31 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
             lane_body.push(store(a, v(l), add(ld(a, v(l)), mul(v(xs[r]), wv))));
         }
     }
-    per_k.push(for_vec(l, i(0), i(lanes), lane_body));
+    per_k.push(for_vec(l, i(0), i(PANEL as i64), lane_body));
     body.push(for_(kk, i(0), i(k), per_k));
+    body.extend(stored_tile(&acc, l, (r0, p0), (w, out), n, addend));
+    body
+}
+
+/// [`tile`] for [`PanelWeights::BFloat16Pairs`]: per two k, one pair dot per
+/// cell (the panel's rows `kk` and `kk + 1` against the row's two bf16
+/// activations), so each cell sums its k in the same order in every tile.
+#[allow(clippy::too_many_arguments)]
+fn pair_tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (ParamId, PanelParams, ParamId), (k, n): (i64, i64), addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+    let (l, kp) = (b.var(ValType::I64), b.var(ValType::I64));
+    let (acc, mut body) = zeroed_accumulators(b, rows, panels, l);
+    let bases: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
+    let kk = mul(v(kp), i(2));
+    // Panel (p0 + p), rows kk and kk + 1: 2 x PANEL consecutive weights.
+    let mut per_pair = panel_row_starts(&bases, p0, (k, kk.clone()), w, prefetch_ahead);
     for (r, row_acc) in acc.iter().enumerate() {
         for (p, &a) in row_acc.iter().enumerate() {
-            let row = add(v(r0), i(r as i64));
-            let col = add(mul(add(v(p0), i(p as i64)), i(lanes)), v(l));
-            let value = epilogue(w.finish(ld(a, v(l)), col.clone()), row.clone(), col.clone(), n, addend);
-            body.push(for_vec(l, i(0), i(lanes), vec![store(out, add(v(l), add(mul(row, i(n)), mul(add(v(p0), i(p as i64)), i(lanes)))), value)]));
+            let act_start = add(mul(add(v(r0), i(r as i64)), i(k)), kk.clone());
+            per_pair.push(Stmt::PairDot { acc: a, weights: w.w, w_start: v(bases[p]), act: x, act_start });
         }
     }
+    body.push(for_(kp, i(0), i(k / 2), per_pair));
+    body.extend(stored_tile(&acc, l, (r0, p0), (w, out), n, addend));
     body
 }
 
@@ -201,6 +251,13 @@ pub fn matmul_panel(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadc
     let elem_bytes = match weights {
         PanelWeights::Float(elem) => elem.size() as i64,
         PanelWeights::Float8E4M3 => 1,
+        PanelWeights::BFloat16Pairs => 2,
+    };
+    let tile = if weights == PanelWeights::BFloat16Pairs {
+        assert_eq!(k % 2, 0, "bfloat16 pair dots need an even k, not {k}");
+        pair_tile
+    } else {
+        tile
     };
     // Decode streams every weight once: each panel's next weights are prefetched
     // DECODE_PREFETCH_BYTES ahead (prefill reuses each weight vector for a tile's rows).
@@ -269,9 +326,10 @@ pub(super) fn tile_tag(seq: SeqMode, many: RegisterTile, few: RegisterTile) -> S
 /// The parameters of a panel matmul: `x`, `w`, `scales` (fp8), `r`?, `out`.
 fn panel_params(b: &mut KernelBuilder, n: u64, weights: PanelWeights, addend: Option<Broadcast>) -> (ParamId, PanelParams, Option<(ParamId, Broadcast)>, ParamId) {
     assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
-    let x = b.param("x", ElemType::F32, false);
+    let x = b.param("x", if weights == PanelWeights::BFloat16Pairs { ElemType::BF16 } else { ElemType::F32 }, false);
     let w = match weights {
         PanelWeights::Float(elem) => PanelParams { w: b.param("w", elem, false), scales: None },
+        PanelWeights::BFloat16Pairs => PanelParams { w: b.param("w", ElemType::BF16, false), scales: None },
         PanelWeights::Float8E4M3 => PanelParams { w: b.param("w.quants", ElemType::I8, false), scales: Some(b.param("w.scales", ElemType::F32, false)) },
     };
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
@@ -309,6 +367,28 @@ mod tests {
             -magnitude
         } else {
             magnitude
+        }
+    }
+
+    /// bfloat16 pair dots, every task shape, row tile and addend, against the
+    /// naive product of the activations rounded to bfloat16 (the `half`
+    /// crate's rounding) and the weights, at k = 10 (an odd count of pairs).
+    #[test]
+    fn pair_dots_match_the_naive_product_of_rounded_activations() {
+        let (k, n) = (10usize, 48usize);
+        let bf16 = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        let value = |b: &[u16]| b.iter().map(|&h| half::bf16::from_bits(h).to_f32()).collect::<Vec<f32>>();
+        let w_bits = bf16(&rand(n * k, 2));
+        let w_bytes: Vec<u8> = w_bits.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let packed: Vec<u16> = pack_panels(&w_bytes, n, k, 2).chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        for ((m, seq, addend), register_tile) in panel_cases() {
+            let x_bits = bf16(&rand(m * k, 1));
+            let r = rand(if addend == Some(Broadcast::Row) { n } else { m * n }, 5);
+            let mut bufs = matmul_buffers(&[], &[Buffer::BF16(packed.clone())], &r, addend, m * n);
+            bufs[0] = Buffer::BF16(x_bits.clone());
+            run(&matmul_panel(k as u64, n as u64, PanelWeights::BFloat16Pairs, addend, seq, register_tile), &mut bufs, m as u64);
+            let Some(Buffer::F32(got)) = bufs.pop() else { unreachable!() };
+            close(&got, &naive_matmul(&value(&x_bits), &value(&w_bits), &r, (m, k, n), addend), 1e-5);
         }
     }
 

@@ -16,6 +16,9 @@
 //! interleaved matmul's `DotRows` multiplies both planes with the same unpacked
 //! weight levels. For byte weights (Q8_0) the same levels are stored as
 //! little-endian words instead, which word dot instructions take whole.
+//!
+//! [`round_bf16`] rounds activations to bfloat16 (nearest, ties to even) for
+//! the pair dots of bfloat16 weight panels (`matmul_panel.rs`, `Stmt::PairDot`).
 
 use super::dequant::BLOCK;
 use super::SeqMode;
@@ -243,6 +246,20 @@ pub fn quantize_q16(k: u64, levels_as: ActivationLevels, seq: SeqMode) -> Kernel
         _ => "quantize_q16",
     };
     b.finish(format!("{name}_k{k}_{}", seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
+/// One task per row: `x: f32[seq, k]` -> `xb: bf16[seq, k]`, each value
+/// rounded to the nearest bfloat16 (ties to even; a NaN stays NaN), the
+/// activations of [`matmul_panel`](super::matmul_panel::matmul_panel)'s pair
+/// dots.
+pub fn round_bf16(k: u64, seq: SeqMode) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let out = b.param("xb", ElemType::BF16, true);
+    let (t, l) = (b.var(ValType::I64), b.var(ValType::I64));
+    let at = add(v(l), mul(v(t), i(k as i64)));
+    let body = vec![for_vec(l, i(0), i(k as i64), vec![store(out, at.clone(), ld(x, at))])];
+    b.finish(format!("round_bf16_k{k}_{}", seq.tag()), "quantize", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
 /// One task per row: the integer activation levels `q` of `k` values (as

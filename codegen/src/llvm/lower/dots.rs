@@ -103,6 +103,56 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         self.store_local(acc, new)
     }
 
+    /// A [`Stmt::PairDot`]: with AVX512_BF16 one `vdpbf16ps` (the two k rows'
+    /// weights interleaved into pairs by one `vpermw`, the activation pair one
+    /// 32-bit broadcast); elsewhere the weights widened to f32 and the two
+    /// products (exact) added to the accumulator, the first activation's first.
+    pub(super) fn pair_dot(&mut self, acc: LocalId, (weights, w_start): (ParamId, &Expr), (act, act_start): (ParamId, &Expr)) -> Result<(), CodegenError> {
+        let (i16t, i32t, f32t) = (self.context.i16_type(), self.context.i32_type(), self.context.f32_type());
+        let lanes = DOT_LANES as u32;
+        let w_ptr = self.element_ptr(weights, w_start)?;
+        let a_ptr = self.element_ptr(act, act_start)?;
+        let w = self.builder.build_load(i16t.vec_type(2 * lanes), w_ptr, "bf16_weights").map_err(llvm_err)?;
+        w.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+        let w = w.into_vector_value();
+        let old = self.load_local(acc, f32t.vec_type(lanes))?;
+        let bf16_dot = matches!(self.flavor, Flavor::Cpu(t) if t.has_feature("avx512bf16") && t.has_avx512());
+        let new = if bf16_dot {
+            let b = &self.builder;
+            // Lane l of the pairs: weight l of row kk, then weight l of row kk + 1.
+            let pairs = b.build_shuffle_vector(w, w, shuffle_mask(self.context, &|j| if j % 2 == 0 { j / 2 } else { lanes + j / 2 }, 2 * lanes), "pairs").map_err(llvm_err)?;
+            let a = b.build_load(i32t, a_ptr, "bf16_pair").map_err(llvm_err)?;
+            a.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+            let one = b.build_insert_element(i32t.vec_type(lanes).get_undef(), a.into_int_value(), i32t.const_zero(), "pair").map_err(llvm_err)?;
+            let broadcast = b.build_shuffle_vector(one, one, i32t.vec_type(lanes).const_zero(), "pair_broadcast").map_err(llvm_err)?;
+            let bf16s = self.context.bf16_type().vec_type(2 * lanes);
+            let pairs = b.build_bit_cast(pairs, bf16s, "w_bf16").map_err(llvm_err)?.into_vector_value();
+            let broadcast = b.build_bit_cast(broadcast, bf16s, "x_bf16").map_err(llvm_err)?.into_vector_value();
+            let f = self.declared("llvm.x86.avx512bf16.dpbf16ps.512", f32t.vec_type(lanes).fn_type(&[f32t.vec_type(lanes).into(), bf16s.into(), bf16s.into()], false), None);
+            self.call_vector(f, &[old, broadcast, pairs])?
+        } else {
+            let b = &self.builder;
+            let widened = |v: inkwell::values::VectorValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+                let n = v.get_type().get_size();
+                let wide = b.build_int_z_extend(v, i32t.vec_type(n), name).map_err(llvm_err)?;
+                let shift = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(16, false); n as usize]);
+                let shifted = b.build_left_shift(wide, shift, name).map_err(llvm_err)?;
+                Ok(b.build_bit_cast(shifted, f32t.vec_type(n), name).map_err(llvm_err)?.into_vector_value())
+            };
+            let row = |r: u32| b.build_shuffle_vector(w, w, shuffle_mask(self.context, &|l| r * lanes + l, lanes), "row").map_err(llvm_err);
+            let (w0, w1) = (widened(row(0)?, "w0")?, widened(row(1)?, "w1")?);
+            let a = b.build_load(i16t.vec_type(2), a_ptr, "bf16_pair").map_err(llvm_err)?;
+            a.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
+            let x = widened(a.into_vector_value(), "x")?;
+            let splat = |i: u32| b.build_shuffle_vector(x, x, shuffle_mask(self.context, &|_| i, lanes), "x_splat").map_err(llvm_err);
+            let (x0, x1) = (splat(0)?, splat(1)?);
+            // Without fast-math flags: no contraction, the products exact anyway.
+            let sum = b.build_float_add(old, b.build_float_mul(x0, w0, "p0").map_err(llvm_err)?, "acc0").map_err(llvm_err)?;
+            b.build_float_add(sum, b.build_float_mul(x1, w1, "p1").map_err(llvm_err)?, "acc1").map_err(llvm_err)?
+        };
+        self.store_local(acc, new)
+    }
+
     /// How this target computes four-byte dot products.
     pub(super) fn byte_dots(&self) -> ByteDots {
         match self.flavor {
