@@ -180,6 +180,17 @@ impl CpuTarget {
         self.enabled.iter().any(|f| f == name)
     }
 
+    /// Whether bfloat16 pair dots (`vdpbf16ps` on zmm, AVX512_BF16) outrun f32
+    /// FMAs on this CPU: known for AMD Zen 4 and Zen 5 hosts (on a Zen 5 VM
+    /// 819 against 445 GFLOP/s on two cores, docs/performance.md "On a Zen 5
+    /// VM"; Zen 4 by its published rates, one per cycle as its zmm FMAs, with
+    /// twice their work: not measured here), not for
+    /// Intel's (on a Xeon VM with AMX 206 against 385) nor for a target named
+    /// by level and features, whose CPU is not known.
+    pub fn bf16_pairs_outrun_fmas(&self) -> bool {
+        self.has_avx512() && self.has_feature("avx512bf16") && matches!(self.cpu.as_str(), "znver4" | "znver5")
+    }
+
     /// Whether 512-bit VNNI byte dot products (`vpdpbusd` on zmm) are available.
     pub fn has_avx512_vnni(&self) -> bool {
         self.has_feature("avx512vnni") && self.has_feature("avx512bw")

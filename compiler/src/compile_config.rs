@@ -286,10 +286,10 @@ impl CompileConfig {
         let bf16_weights = any_weight(&|e| e == WeightEncoding::BFloat16);
         // The default: int16 activations where they can apply (block weights, CPU
         // code only), else bfloat16 ones beside bfloat16 weights where the CPU
-        // multiplies bfloat16 pairs (AVX512_BF16), else float32
-        // (docs/quantization.md, Int16 activations and bfloat16 activations).
+        // multiplies bfloat16 pairs faster than FMAs (AMD Zen 4 / 5), else
+        // float32 (docs/quantization.md, Int16 activations and bfloat16 activations).
         let cpu_only = self.targets.gpus.is_empty();
-        let bf16_dots = self.targets.cpu.as_ref().is_some_and(|t| t.has_avx512() && t.has_feature("avx512bf16"));
+        let bf16_dots = self.targets.cpu.as_ref().is_some_and(|t| t.bf16_pairs_outrun_fmas());
         let activations = self.activations.unwrap_or(if block_weights && cpu_only {
             ActivationEncoding::Int16
         } else if bf16_weights && cpu_only && bf16_dots {
@@ -331,15 +331,19 @@ impl CompileConfig {
                 activations.name()
             ));
         }
-        // Asked for bfloat16 activations on a CPU without pair dots: the same
-        // sums, in two multiply-adds per pair (SmolLM2 bfloat16 on x86-64-v3
-        // code: prefill 0.63x float32 activations', docs/performance.md).
+        // Asked for bfloat16 activations where they are not the default: on a
+        // CPU without pair dots the same sums in two multiply-adds per pair
+        // (SmolLM2 bfloat16 on x86-64-v3 code: prefill 0.63x float32
+        // activations', docs/performance.md); with AVX512_BF16 on a CPU not
+        // known to run it faster than FMAs, a measurement to make.
         if self.activations == Some(ActivationEncoding::BFloat16) && bf16_weights && cpu_only && !bf16_dots {
-            notes.push(format!(
-                "{} = bfloat16: `{}` has no AVX512_BF16, so each bfloat16 pair is two multiply-adds, slower than float32 activations (the default there), with the same rounding of the activations as on a CPU with it",
-                field("activation_encoding"),
-                self.cpu_spec
-            ));
+            let has_pairs = self.targets.cpu.as_ref().is_some_and(|t| t.has_avx512() && t.has_feature("avx512bf16"));
+            let why = if has_pairs {
+                "`vdpbf16ps` is not known to outrun FMAs there (it does on AMD Zen 4 / 5; on an Intel Xeon VM it ran 0.54x their rate), so float32 activations are the default; compare the two with maxrun bench --compare"
+            } else {
+                "it has no AVX512_BF16, so each bfloat16 pair is two multiply-adds, slower than float32 activations (the default there), with the same rounding of the activations as on a CPU with it"
+            };
+            notes.push(format!("{} = bfloat16 on `{}`: {why}", field("activation_encoding"), self.cpu_spec));
         }
         let mut split_attention = false;
         match plan_mesh(&self.shown, &self.mesh, self.attention, &model.config, &field("devices")) {
