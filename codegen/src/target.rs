@@ -188,7 +188,12 @@ impl CpuTarget {
     /// Intel's (on a Xeon VM with AMX 206 against 385) nor for a target named
     /// by level and features, whose CPU is not known.
     pub fn bf16_pairs_outrun_fmas(&self) -> bool {
-        self.has_avx512() && self.has_feature("avx512bf16") && matches!(self.cpu.as_str(), "znver4" | "znver5")
+        self.has_avx512_bf16() && matches!(self.cpu.as_str(), "znver4" | "znver5")
+    }
+
+    /// Whether 512-bit bfloat16 pair dots (`vdpbf16ps` on zmm, AVX512_BF16) are available.
+    pub fn has_avx512_bf16(&self) -> bool {
+        self.has_avx512() && self.has_feature("avx512bf16")
     }
 
     /// Whether 512-bit VNNI byte dot products (`vpdpbusd` on zmm) are available.

@@ -337,7 +337,7 @@ impl CompileConfig {
         // activations', docs/performance.md); with AVX512_BF16 on a CPU not
         // known to run it faster than FMAs, a measurement to make.
         if self.activations == Some(ActivationEncoding::BFloat16) && bf16_weights && cpu_only && !bf16_dots {
-            let has_pairs = self.targets.cpu.as_ref().is_some_and(|t| t.has_avx512() && t.has_feature("avx512bf16"));
+            let has_pairs = self.targets.cpu.as_ref().is_some_and(|t| t.has_avx512_bf16());
             let why = if has_pairs {
                 "`vdpbf16ps` is not known to outrun FMAs there (it does on AMD Zen 4 / 5; on an Intel Xeon VM it ran 0.54x their rate), so float32 activations are the default; compare the two with maxrun bench --compare"
             } else {

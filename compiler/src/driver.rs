@@ -282,7 +282,6 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
     weights.activations = plan.activations;
     weights.register_tile = config.targets.cpu.as_ref().map(|t| maxc_kernels::library::RegisterTile::for_cpu(t.has_avx512())).unwrap_or_default();
     weights.byte_dots_take_q8_0 = config.targets.cpu.as_ref().is_none_or(|t| t.multiplies_q8_0_bytes_directly());
-    weights.bf16_pairs = plan.activations == crate::schedule::ActivationEncoding::BFloat16;
     weights.tiles_take_word_pairs = config.targets.cpu.as_ref().is_some_and(|t| t.has_avx2() && !t.has_avx512() && !t.multiplies_q8_0_bytes_directly());
     let mut kernels = KernelSet::default();
     let cache = crate::schedule::KvCacheSpec::new(max_length, plan.kv_encoding);

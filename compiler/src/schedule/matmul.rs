@@ -223,7 +223,9 @@ impl Scheduler<'_, '_, '_> {
         let (quant, bc) = (ty.quant, addend.map(|(_, bc)| bc));
         let layout = self.weight_layout(w);
         let after: Vec<ValueId> = addend.map(|(r, _)| r).into_iter().collect();
-        let pairs = layout == Layout::Panel16 && quant == WeightEncoding::BFloat16 && self.weights.bf16_pairs && k % 2 == 0;
+        // bfloat16 panels meet activations rounded to bfloat16 in pair dots
+        // (`--activation-encoding bfloat16`), two k at a time.
+        let pairs = layout == Layout::Panel16 && quant == WeightEncoding::BFloat16 && self.weights.activations == ActivationEncoding::BFloat16 && k % 2 == 0;
         let args = if pairs {
             let mut args = vec![self.bf16_activations(x, k, seq)?];
             args.extend(self.weight_args(&[], w, &after, layout)?);

@@ -106,9 +106,6 @@ pub struct WeightTable {
     /// activations meet nibble and Q8_0 weights in prefill tiles as word pairs
     /// (`ActivationLevels::Int16WordPairs`) rather than byte planes or words.
     pub tiles_take_word_pairs: bool,
-    /// bfloat16 weight panels meet activations rounded to bfloat16 in pair
-    /// dots (`PanelWeights::BFloat16Pairs`; `--activation-encoding bfloat16`).
-    pub bf16_pairs: bool,
 }
 
 impl WeightTable {

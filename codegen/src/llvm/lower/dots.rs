@@ -116,7 +116,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         w.as_instruction_value().expect("a load").set_alignment(2).map_err(llvm_err)?;
         let w = w.into_vector_value();
         let old = self.load_local(acc, f32t.vec_type(lanes))?;
-        let bf16_dot = matches!(self.flavor, Flavor::Cpu(t) if t.has_feature("avx512bf16") && t.has_avx512());
+        let bf16_dot = matches!(self.flavor, Flavor::Cpu(t) if t.has_avx512_bf16());
         let new = if bf16_dot {
             let b = &self.builder;
             // Lane l of the pairs: weight l of row kk, then weight l of row kk + 1.
