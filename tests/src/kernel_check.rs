@@ -110,7 +110,17 @@ fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
 
 /// Runs compiled kernel `f` and the interpreter on the same `inputs` and
 /// compares every parameter afterwards (floats within the case's tolerance).
+///
+/// An interleaved matmul's outputs may also differ by a few float roundings of
+/// the magnitude of their terms ([`term_magnitudes`]): their blocks' terms are
+/// far larger than 1 (16-bit levels times six-bit weights), and random signs
+/// can cancel an output to near 0, where the backends' order of the terms and
+/// the interpreter's round differently. (A Q6_K word-pairs output of -0.359
+/// from terms of about 3e5 came out -0.356 in the interpreter: a difference
+/// of 1e-8 of the terms' magnitude. A wrong level or scale is off by a whole
+/// term.)
 pub fn assert_matches_interpreter(spec: &str, f: maxrun::code::KernelFn, case: &Case, inputs: Vec<Buffer>, trial: usize) {
+    let magnitudes = term_magnitudes(case, &inputs);
     let mut expected = with_activation_sums(case, inputs);
     let mut actual = expected.clone();
     run(&case.kernel, &mut expected, case.seq);
@@ -119,7 +129,67 @@ pub fn assert_matches_interpreter(spec: &str, f: maxrun::code::KernelFn, case: &
     let tasks = case.kernel.tasks.eval(case.seq);
     // SAFETY: buffers are sized for the kernel (the interpreter just ran it with bounds checks).
     unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, tasks) };
-    assert_same_outputs(&format!("{spec} {} trial {trial}", case.kernel.name), ("interpreter", spec), &expected, &actual, case.tol);
+    let slack = magnitudes.map(|m| m.into_iter().map(|x| ROUNDINGS_OF_TERMS * f32::EPSILON * x.abs()).collect::<Vec<f32>>());
+    assert_same_outputs_with_slack(&format!("{spec} {} trial {trial}", case.kernel.name), ("interpreter", spec), &expected, &actual, case.tol, slack.as_deref());
+}
+
+/// How many float roundings (`f32::EPSILON`) of its terms' magnitude an
+/// interleaved matmul's output may differ by, beyond the case's tolerance (the
+/// largest difference seen in 3000 random Q6_K word-pairs runs was 0.8).
+const ROUNDINGS_OF_TERMS: f32 = 8.0;
+
+/// The magnitude of each output's terms of an interleaved matmul
+/// (`matmul[_add]_{i8,i16,w16,p16}x16_*`): the interpreter's output on the same
+/// inputs made non-negative (activation levels in their own format, signed
+/// weight bytes and sub-scales, float scales and half sums; the activation
+/// sums recomputed). Where the weights' levels are unsigned this bounds the
+/// sum of the terms' absolute values; with a level offset (Q4_0's -8) it is of
+/// the same order. `None` for other kernels.
+pub fn term_magnitudes(case: &Case, inputs: &[Buffer]) -> Option<Vec<f32>> {
+    let levels = interleaved_levels(&case.kernel.name)?;
+    let rows = case.seq as usize;
+    let mut all: Vec<Buffer> = inputs
+        .iter()
+        .enumerate()
+        .map(|(p, b)| match b {
+            Buffer::I8(q) if p == 0 => {
+                let mut q = q.clone();
+                match levels {
+                    ActivationLevels::Int8 => q.iter_mut().for_each(|x| *x = x.saturating_abs()),
+                    // Level = 255 * high + low, both signed: negate both bytes of a negative level.
+                    ActivationLevels::Int16Planes => {
+                        let k = q.len() / rows / 2;
+                        for r in 0..rows {
+                            for t in 0..k {
+                                let (hi, lo) = (r * 2 * k + t, r * 2 * k + k + t);
+                                if maxc_kernels::ir::HIGH_PLANE_WEIGHT * q[hi] as i64 + (q[lo] as i64) < 0 {
+                                    (q[hi], q[lo]) = (-q[hi], -q[lo]);
+                                }
+                            }
+                        }
+                    }
+                    ActivationLevels::Int16Words | ActivationLevels::Int16WordPairs => {
+                        for w in q.chunks_mut(2) {
+                            let [lo, hi] = i16::from_le_bytes([w[0] as u8, w[1] as u8]).saturating_abs().to_le_bytes();
+                            (w[0], w[1]) = (lo as i8, hi as i8);
+                        }
+                    }
+                }
+                Buffer::I8(q)
+            }
+            Buffer::I8(v) => Buffer::I8(v.iter().map(|x| x.saturating_abs()).collect()),
+            Buffer::I32(v) => Buffer::I32(v.iter().map(|x| x.saturating_abs()).collect()),
+            Buffer::F32(v) => Buffer::F32(v.iter().map(|x| x.abs()).collect()),
+            Buffer::F16(v) => Buffer::F16(v.iter().map(|h| h & 0x7fff).collect()),
+            other => other.clone(),
+        })
+        .collect();
+    all = with_activation_sums(case, all);
+    run(&case.kernel, &mut all, case.seq);
+    match all.pop() {
+        Some(Buffer::F32(out)) => Some(out),
+        _ => None,
+    }
 }
 
 /// Runs `case` on `inputs` through the interpreter sequentially and under the
@@ -137,12 +207,19 @@ pub fn assert_warp_mapping_matches(what: &str, case: &Case, inputs: Vec<Buffer>)
 /// Every parameter after two runs of one kernel (`reference` gave `expected`,
 /// `other` gave `actual`): floats within `tol * (1 + |expected|)`, other element
 /// types equal.
-pub fn assert_same_outputs(what: &str, (reference, other): (&str, &str), expected: &[Buffer], actual: &[Buffer], tol: f32) {
+pub fn assert_same_outputs(what: &str, names: (&str, &str), expected: &[Buffer], actual: &[Buffer], tol: f32) {
+    assert_same_outputs_with_slack(what, names, expected, actual, tol, None);
+}
+
+/// [`assert_same_outputs`], the last parameter's floats allowed `slack[i]` more.
+fn assert_same_outputs_with_slack(what: &str, (reference, other): (&str, &str), expected: &[Buffer], actual: &[Buffer], tol: f32, slack: Option<&[f32]>) {
+    let last = expected.len().saturating_sub(1);
     for (p, (e, a)) in expected.iter().zip(actual).enumerate() {
         match (e, a) {
             (Buffer::F32(e), Buffer::F32(a)) => {
                 for (i, (x, y)) in e.iter().zip(a).enumerate() {
-                    assert!((x - y).abs() <= tol * (1.0 + x.abs()), "{what}: param {p}[{i}]: {reference} {x}, {other} {y}");
+                    let extra = slack.filter(|_| p == last).map_or(0.0, |s| s[i]);
+                    assert!((x - y).abs() <= tol * (1.0 + x.abs()) + extra, "{what}: param {p}[{i}]: {reference} {x}, {other} {y} (allowed {})", tol * (1.0 + x.abs()) + extra);
                 }
             }
             _ => assert_eq!(e, a, "{what}: param {p}"),
