@@ -1282,8 +1282,11 @@ mod tests {
                 ks.push(embedding::embedding_range(16, 16, 512, encoding, seq));
             }
             for encoding in INTERLEAVED_ENCODINGS {
-                ks.push(embedding::embedding_in(32, 512, encoding, true, seq));
-                ks.push(embedding::embedding_in(48, 256, encoding, true, seq));
+                ks.push(embedding::embedding_in(32, 512, encoding, maxc_format::Layout::Interleaved16, seq));
+                ks.push(embedding::embedding_in(48, 256, encoding, maxc_format::Layout::Interleaved16, seq));
+            }
+            for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16, WeightEncoding::Float16, WeightEncoding::Float8E4M3] {
+                ks.push(embedding::embedding_in(49152, 576, encoding, maxc_format::Layout::Panel16, seq));
             }
             // Quantized activations.
             for k in [128, 512] {

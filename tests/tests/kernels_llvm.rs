@@ -20,7 +20,7 @@ use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::{ElemType, Kernel};
 use maxrun::code::LoadedCode;
-use maxrun::format::WeightEncoding;
+use maxrun::format::{Layout, WeightEncoding};
 use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, interleaved_levels, reduction_tol, Case, Rng};
 
 /// The register tiles a kernel of `seq` is built with: both in prefill (the
@@ -141,7 +141,7 @@ fn cases() -> Vec<Case> {
             }
             let mut sizes = parts.clone();
             sizes.extend([s, s * k as usize]);
-            v.push(Case { kernel: embedding_in(n, k, encoding, true, seq), sizes, int_max: n as i32, seq: s as u64, tol: 0.0 });
+            v.push(Case { kernel: embedding_in(n, k, encoding, Layout::Interleaved16, seq), sizes, int_max: n as i32, seq: s as u64, tol: 0.0 });
         }
         // 15 rows: AVX2's 8-row words tile, then the leftover rows in tiles of
         // 4, 2 and 1 (`row_tiles`); the 4-row planes and word-pairs tiles three
@@ -214,6 +214,11 @@ fn cases() -> Vec<Case> {
             SeqMode::Fixed(n) => n as usize,
         };
         v.push(Case { kernel: round_bf16(40, seq), sizes: vec![s * 40, s * 40], int_max: 1, seq: s as u64, tol: 0.0 });
+        // Tied float tables packed for the panel matmul (rows 16 apart in memory).
+        for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16, WeightEncoding::Float16] {
+            v.push(Case { kernel: embedding_in(32, 13, encoding, Layout::Panel16, seq), sizes: vec![32 * 13, s, s * 13], int_max: 32, seq: s as u64, tol: 0.0 });
+        }
+        v.push(Case { kernel: embedding_in(32, 64, WeightEncoding::Float8E4M3, Layout::Panel16, seq), sizes: vec![32 * 64, 32, s, s * 64], int_max: 32, seq: s as u64, tol: 1e-6 });
         // bfloat16 pair dots (bf16 activations; `vdpbf16ps` where the target
         // has AVX512_BF16, two products per lane elsewhere), each target's
         // register tile; in prefill 19 rows (two of AVX-512's 8-row tiles and

@@ -573,7 +573,7 @@ fn interleaved_kernels_read_ggml_values(file: &str, encoding: maxc::graph::Weigh
     bufs.push(Buffer::I32((0..GROUP as i32).collect()));
     bufs.push(Buffer::F32(vec![f32::NAN; GROUP * cols]));
     let scale = theirs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    for (how, out) in outputs(&embedding_in(GROUP as u64, cols as u64, encoding, true, SeqMode::Dynamic), bufs, GROUP) {
+    for (how, out) in outputs(&embedding_in(GROUP as u64, cols as u64, encoding, maxrun::format::Layout::Interleaved16, SeqMode::Dynamic), bufs, GROUP) {
         for (i, got) in out.iter().enumerate() {
             let want = value(i / cols, i % cols);
             assert!((got - want).abs() <= scale * 1e-6, "{file} interleaved gather ({how}): value {i} is {got}, ggml's {want}");

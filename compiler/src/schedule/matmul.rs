@@ -82,21 +82,22 @@ impl Scheduler<'_, '_, '_> {
 
     /// The weight-layout decision, one per weight for every kernel that reads it:
     /// with int8 activations, a Q8_0 / Q4_0 / Q4_1 / Q4_K weight whose rows come in whole
-    /// groups of 16 is interleaved for `matmul_interleaved` (a tied embedding table
-    /// too: the gather reads that layout, unless the table is sharded by rows); a
-    /// float or fp8 matmul weight whose rows come in whole panels, and that nothing
-    /// reads row by row, is packed for `matmul_panel`; never in GPU-only artifacts.
+    /// groups of 16 is interleaved for `matmul_interleaved`; a float or fp8 matmul
+    /// weight whose rows come in whole panels is packed for `matmul_panel`. A tied
+    /// embedding table takes either too (the gather reads both layouts), unless it
+    /// is sharded by rows; never in GPU-only artifacts.
     pub(super) fn weight_layout(&self, w: ValueId) -> Layout {
         let ty = self.graph.ty(w);
         let shape: Vec<u64> = ty.shape.iter().map(|d| d.fixed().unwrap_or(0)).collect();
         let encoding = ty.quant;
         let gathered = self.graph.nodes.iter().any(|node| node.op == Op::Embedding && node.inputs.first() == Some(&w));
+        // A table sharded by rows is gathered per device range (`embedding_range`), row-major.
         let sharded_gather = gathered && matches!(&self.graph.node(w).op, Op::Weight { shard: Some(_), .. });
         if self.weights.row_major_only || shape.contains(&0) {
             Layout::RowMajor
         } else if self.weights.activations.levels().is_some() && Layout::Interleaved16.admits(encoding, &shape) && !sharded_gather {
             Layout::Interleaved16
-        } else if Layout::Panel16.admits(encoding, &shape) && !gathered {
+        } else if Layout::Panel16.admits(encoding, &shape) && !sharded_gather {
             Layout::Panel16
         } else {
             Layout::RowMajor

@@ -415,7 +415,7 @@ fn schedule_impl<'g>(
                 let kernel = match (&graph.node(node.inputs[0]).op, t.placement) {
                     (Op::Weight { shard: Some(sh), .. }, _) if sh.axis == 0 => embedding_range(vocab, sh.index as u64 * vocab, hidden, t.quant, seq),
                     (_, crate::graph::Placement::Sharded { .. }) => return Err(unsupported("a sharded embedding table that is not a checkpoint weight".into())),
-                    _ => embedding_in(vocab, hidden, t.quant, layout == Layout::Interleaved16, seq),
+                    _ => embedding_in(vocab, hidden, t.quant, layout, seq),
                 };
                 s.launch(kernel, args, hidden)
             }
