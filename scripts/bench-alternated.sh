@@ -38,9 +38,9 @@ cargo build --release --bins -q
 bin="$(dirname "$(scripts/build-llama-cpp.sh)")"
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
+ours() { target/release/maxrun bench "$mef" -p "$p" -n "$n" -r 1 -d "$d" --threads "$t" --json | tr -d '\n'; }
+theirs() { "$bin/llama-bench" -m "$gguf" -t "$t" -p "$p" -n "$n" -r 1 -d "$d" --repack 0,1 -o json 2>/dev/null | tr -d '\n'; }
 for round in $(seq 1 "$k"); do
-  ours() { target/release/maxrun bench "$mef" -p "$p" -n "$n" -r 1 -d "$d" --threads "$t" --json | tr -d '\n'; }
-  theirs() { "$bin/llama-bench" -m "$gguf" -t "$t" -p "$p" -n "$n" -r 1 -d "$d" --repack 0,1 -o json 2>/dev/null | tr -d '\n'; }
   if [ $((round % 2)) = 1 ]; then
     o=$(ours); l=$(theirs)
   else

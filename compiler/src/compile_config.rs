@@ -289,10 +289,10 @@ impl CompileConfig {
         // multiplies bfloat16 pairs faster than FMAs (AMD Zen 4 / 5), else
         // float32 (docs/quantization.md, Int16 activations and bfloat16 activations).
         let cpu_only = self.targets.gpus.is_empty();
-        let bf16_dots = self.targets.cpu.as_ref().is_some_and(|t| t.bf16_pairs_outrun_fmas());
+        let pairs_outrun_fmas = self.targets.cpu.as_ref().is_some_and(|t| t.bf16_pairs_outrun_fmas());
         let activations = self.activations.unwrap_or(if block_weights && cpu_only {
             ActivationEncoding::Int16
-        } else if bf16_weights && cpu_only && bf16_dots {
+        } else if bf16_weights && cpu_only && pairs_outrun_fmas {
             ActivationEncoding::BFloat16
         } else {
             ActivationEncoding::Float32
@@ -336,7 +336,7 @@ impl CompileConfig {
         // (SmolLM2 bfloat16 on x86-64-v3 code: prefill 0.63x float32
         // activations', docs/performance.md); with AVX512_BF16 on a CPU not
         // known to run it faster than FMAs, a measurement to make.
-        if self.activations == Some(ActivationEncoding::BFloat16) && bf16_weights && cpu_only && !bf16_dots {
+        if self.activations == Some(ActivationEncoding::BFloat16) && bf16_weights && cpu_only && !pairs_outrun_fmas {
             let has_pairs = self.targets.cpu.as_ref().is_some_and(|t| t.has_avx512_bf16());
             let why = if has_pairs {
                 "`vdpbf16ps` is not known to outrun FMAs there (it does on AMD Zen 4 / 5; on an Intel Xeon VM it ran 0.54x their rate), so float32 activations are the default; compare the two with maxrun bench --compare"
