@@ -284,7 +284,7 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
     weights.byte_dots_take_q8_0 = config.targets.cpu.as_ref().is_none_or(|t| t.multiplies_q8_0_bytes_directly());
     weights.tiles_take_word_pairs = config.targets.cpu.as_ref().is_some_and(|t| t.has_avx2() && !t.has_avx512() && !t.multiplies_q8_0_bytes_directly());
     let mut kernels = KernelSet::default();
-    let cache = crate::schedule::KvCacheSpec::new(max_length, plan.kv_encoding);
+    let cache = crate::schedule::KvCacheSpec::new(max_length, plan.kv_encoding, config.targets.cpu.is_some());
     let mut schedules = Vec::with_capacity(graphs.len());
     for (index, graph) in graphs.iter().enumerate() {
         weights.device = index as u32;

@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use maxc_codegen::{cranelift, llvm, CpuTarget};
 use maxc_kernels::interp::{run, Buffer};
-use maxc_kernels::library::attention::{attention, AttentionShape};
+use maxc_kernels::library::attention::{attention, AttentionShape, KeyLayout};
 use maxc_kernels::library::elementwise::{binary, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::matmul::matmul;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
@@ -30,7 +30,7 @@ fn kernel_from(b: &[u8]) -> Option<(Kernel, Vec<usize>, i32, u64)> {
         4 => (binary(Binary::Max, k, Broadcast::Row, seq), vec![su * k as usize, k as usize, su * k as usize], 1, s),
         _ => {
             let (heads, hd) = (get(4, 3), 2 * get(5, 8));
-            let shape = AttentionShape { heads, kv_heads: heads, head_dim: hd, scale: 0.4, window: None, max_len: 16, softcap: None, causal: true };
+            let shape = AttentionShape { heads, kv_heads: heads, head_dim: hd, scale: 0.4, window: None, max_len: 16, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
             let w = (heads * hd) as usize;
             (attention(shape, seq), vec![su * w, su, 16 * w, 16 * w, su * heads as usize * 16, su * w], 16, s)
         }

@@ -1200,7 +1200,7 @@ impl Parser {
 mod tests {
     use super::*;
     use crate::ir::dsl::*;
-    use crate::library::attention::{self, AttentionShape, Paging};
+    use crate::library::attention::{self, AttentionShape, KeyLayout, Paging};
     use crate::library::elementwise::{self, Binary, Broadcast, Unary};
     use crate::library::matmul_panel::PanelWeights;
     use crate::library::quantize_activations::ActivationLevels;
@@ -1230,14 +1230,14 @@ mod tests {
                 (ElemType::F32, None, None, false),
                 (ElemType::F16, Some(5), Some(2.5), false),
             ] {
-                for (heads, kv_heads, head_dim, max_len) in [(6, 2, 8, 20), (4, 4, 16, 150)] {
-                    let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.3, window, max_len, softcap, causal, cache };
+                for (heads, kv_heads, head_dim, max_len, keys) in [(6, 2, 8, 20, KeyLayout::Rows), (4, 4, 16, 150, KeyLayout::Rows), (6, 2, 8, 32, KeyLayout::Panels)] {
+                    let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.3, window, max_len, softcap, causal, cache, keys };
                     ks.push(attention::attention(shape, seq));
                     if causal {
                         for splits in [1, 3, attention::DECODE_SPLITS] {
                             ks.push(attention::attention_partial(shape, splits, seq));
                             ks.push(attention::attention_combine(shape, splits, seq));
-                            if seq == SeqMode::Dynamic {
+                            if seq == SeqMode::Dynamic && keys == KeyLayout::Rows {
                                 ks.push(attention::attention_paged(shape, Paging { block_size: 4, blocks_per_seq: 5 }, Some(splits)));
                             }
                         }
@@ -1248,11 +1248,13 @@ mod tests {
                 }
             }
             for cache in [ElemType::F32, ElemType::F16] {
-                ks.push(attention::kv_store(2, 8, 20, cache, seq));
-                ks.push(attention::kv_store(4, 64, 2048, cache, seq));
+                ks.push(attention::kv_store(2, 8, 20, cache, KeyLayout::Rows, seq));
+                ks.push(attention::kv_store(4, 64, 2048, cache, KeyLayout::Rows, seq));
+                ks.push(attention::kv_store(4, 64, 2048, cache, KeyLayout::Panels, seq));
                 if seq == SeqMode::Dynamic {
-                    ks.push(attention::kv_store_paged(2, 8, Paging { block_size: 4, blocks_per_seq: 5 }, cache));
-                    ks.push(attention::kv_store_paged(4, 64, Paging { block_size: 16, blocks_per_seq: 128 }, cache));
+                    ks.push(attention::kv_store_paged(2, 8, Paging { block_size: 4, blocks_per_seq: 5 }, cache, KeyLayout::Rows));
+                    ks.push(attention::kv_store_paged(4, 64, Paging { block_size: 16, blocks_per_seq: 128 }, cache, KeyLayout::Rows));
+                    ks.push(attention::kv_store_paged(4, 64, Paging { block_size: 16, blocks_per_seq: 128 }, cache, KeyLayout::Panels));
                 }
             }
             // Copies, elementwise, norms, rope.

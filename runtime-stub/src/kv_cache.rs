@@ -5,7 +5,8 @@
 //! Where the whole cache takes at most [`HUGE_PAGE_SHARE`] of the memory the
 //! system has available, it lives on transparent huge pages. Each layer's keys
 //! (and values) are laid out `[kv_heads][max_length][head_dim]` by the kernels
-//! that use them: a decode step stores one head row per KV head,
+//! that use them (CPU kernels store each aligned 16 key positions transposed,
+//! `[head_dim][16]`, within the same span): a decode step stores one head row per KV head,
 //! `4 * max_length * head_dim` bytes apart, and attention reads each head's
 //! positions back as one run. Huge pages were chosen when the key cache was transposed
 //! (`[kv_width][max_length]`, one float in each of `kv_width` rows per step: on

@@ -4,7 +4,7 @@
 
 use maxc_codegen::{llvm::compile_shared, CpuTarget};
 use maxc_kernels::interp::{run, Buffer};
-use maxc_kernels::library::attention::{attention, attention_combine, attention_partial, kv_store, AttentionShape};
+use maxc_kernels::library::attention::{attention, attention_combine, attention_partial, kv_store, AttentionShape, KeyLayout};
 use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::{embedding, embedding_in};
@@ -173,11 +173,11 @@ fn cases() -> Vec<Case> {
         v.push(Case { kernel: rope(24, 8, seq), sizes: vec![s * 24, s, 4, s * 24], int_max: 40, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: slice_columns(12, 3, 5, seq), sizes: vec![s * 12, s * 5], int_max: 1, seq: s as u64, tol: 0.0 });
         for cache in [ElemType::F32, ElemType::F16] {
-            v.push(Case { kernel: kv_store(2, 4, 64, cache, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
+            v.push(Case { kernel: kv_store(2, 4, 64, cache, KeyLayout::Rows, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
         }
         for window in [None, Some(3)] {
             for (heads, kv_heads, head_dim, cache) in [(4, 2, 4, ElemType::F32), (6, 2, 32, ElemType::F32), (6, 2, 32, ElemType::F16)] {
-                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4, cache };
+                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4, cache, keys: KeyLayout::Rows };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 // Positions are drawn below 40 and the caches hold 40 random positions.
                 let sizes = vec![s * qw, s, 40 * kvw, 40 * kvw, s * kv_heads as usize * shape.scratch_per_task() as usize, s * qw];
@@ -229,6 +229,23 @@ fn cases() -> Vec<Case> {
                 let few = maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
                 for rows in [19usize, few + 19] {
                     v.push(Case { kernel: matmul_panel(40, 48, PanelWeights::BFloat16Pairs, Some(Broadcast::None), seq, tile), sizes: vec![rows * 40, 48 * 40, rows * 48, rows * 48], int_max: 1, seq: rows as u64, tol: reduction_tol(40) });
+                }
+            }
+        }
+        // Keys in panels of 16 positions (CPU code): the store, and attention
+        // whole and split (flash-decoding's first half) over caches of 48 random
+        // positions, windows that start inside a panel included.
+        for cache in [ElemType::F32, ElemType::F16] {
+            v.push(Case { kernel: kv_store(2, 4, 64, cache, KeyLayout::Panels, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
+            for (heads, kv_heads, head_dim, window) in [(6, 2, 32, None), (6, 2, 32, Some(21)), (4, 4, 16, None), (8, 2, 24, Some(5))] {
+                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 48, softcap: None, causal: true, cache, keys: KeyLayout::Panels };
+                let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
+                let sizes = vec![s * qw, s, 48 * kvw, 48 * kvw, s * kv_heads as usize * shape.scratch_per_task() as usize, s * qw];
+                v.push(Case { kernel: attention(shape, seq), sizes, int_max: 48, seq: s as u64, tol: 1e-5 });
+                for splits in [1, 3] {
+                    let (scratch, parts) = (shape.split_scratch_per_token(splits) as usize, shape.partials_per_token(splits) as usize);
+                    let sizes = vec![s * qw, s, 48 * kvw, 48 * kvw, s * scratch, s * parts];
+                    v.push(Case { kernel: attention_partial(shape, splits, seq), sizes, int_max: 48, seq: s as u64, tol: 1e-5 });
                 }
             }
         }
@@ -519,7 +536,7 @@ fn half_panels_load_whole_vectors_at_power_of_two_k() {
 /// kernel against the interpreter.)
 #[test]
 fn decode_attention_prefetches_value_rows() {
-    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len: 64, softcap: None, causal: true, cache: ElemType::F32 };
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len: 64, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
     let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
     let decode = maxc_codegen::llvm::emit_llvm_ir(&[attention(shape, SeqMode::Fixed(1))], &target).unwrap();
     // Four per scored key (LLVM may unroll the key loop).
@@ -620,7 +637,7 @@ mod random_shapes {
         let kv = heads;
         let qh = heads * group;
         let (qw, kvw) = ((qh * hd) as usize, (kv * hd) as usize);
-        let max_len = 24u64;
+        let max_len = 32u64;
         let shape = AttentionShape {
             heads: qh,
             kv_heads: kv,
@@ -633,6 +650,7 @@ mod random_shapes {
             softcap: (window % 2 == 1).then_some(2.5),
             causal: window != 3,
             cache: if window.is_multiple_of(2) { ElemType::F16 } else { ElemType::F32 },
+            keys: if hd2.is_multiple_of(2) { KeyLayout::Panels } else { KeyLayout::Rows },
         };
         let seq = SeqMode::Dynamic;
         vec![

@@ -17,7 +17,7 @@ use weights::constant_slots;
 
 use std::collections::HashMap;
 
-use maxc_kernels::library::attention::{attention, attention_combine, attention_combine_gpu, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, Paging, DECODE_SPLITS};
+use maxc_kernels::library::attention::{attention, attention_combine, attention_combine_gpu, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, KeyLayout, Paging, DECODE_SPLITS};
 use maxc_kernels::library::copy::{gather_rows, last_row, slice_columns, slice_columns_gpu};
 use maxc_kernels::library::elementwise::{binary, binary_gpu, l2_normalize, mean_rows, swiglu, swiglu_gpu, unary, unary_gpu, Broadcast};
 use maxc_kernels::ir::DotForm;
@@ -234,21 +234,35 @@ impl Scheduler<'_, '_, '_> {
     }
 }
 
-/// The KV cache the kernels address: positions, and the element type.
+/// The KV cache the kernels address: positions, the element type, and whether
+/// the artifact has CPU code (whose kernels keep the keys in panels).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct KvCacheSpec {
     pub max_len: u64,
     /// `F32`, or `F16` (`--kv-cache-encoding float16`).
     pub elem: maxc_kernels::ElemType,
+    /// CPU code: its kernels lay the keys out in panels of 16 positions where
+    /// whole panels fit ([`KeyLayout::for_cpu`]); the GPU forms, and every
+    /// kernel of an artifact without CPU code, keep rows.
+    pub cpu_code: bool,
 }
 
 impl KvCacheSpec {
-    pub fn new(max_len: u64, encoding: maxrun::format::KvEncoding) -> Self {
+    pub fn new(max_len: u64, encoding: maxrun::format::KvEncoding, cpu_code: bool) -> Self {
         let elem = match encoding {
             maxrun::format::KvEncoding::Float32 => maxc_kernels::ElemType::F32,
             maxrun::format::KvEncoding::Float16 => maxc_kernels::ElemType::F16,
         };
-        KvCacheSpec { max_len, elem }
+        KvCacheSpec { max_len, elem, cpu_code }
+    }
+
+    /// The CPU kernels' key layout for caches of runs of `run` positions.
+    fn keys(&self, run: u64) -> KeyLayout {
+        if self.cpu_code {
+            KeyLayout::for_cpu(run)
+        } else {
+            KeyLayout::Rows
+        }
     }
 }
 
@@ -478,11 +492,21 @@ fn schedule_impl<'g>(
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
                 let (kc, vc) = (Arg::KeyCache(*layer), Arg::ValueCache(*layer));
-                let (store, store_args) = match s.batch {
-                    Some(b) => (kv_store_paged(*kv_heads as u64, *head_dim as u64, b.paging, cache.elem), vec![k, v, Arg::Slots, kc, vc]),
-                    None => (kv_store(*kv_heads as u64, *head_dim as u64, max_len, cache.elem, seq), vec![k, v, pos, kc, vc]),
+                // CPU code keeps the keys in panels of 16 positions where whole
+                // panels fit (scores without horizontal sums); the GPU forms keep
+                // rows (a warp's lanes share a key row's dot product).
+                let keys = cache.keys(s.batch.map_or(max_len, |b| b.paging.block_size));
+                let store_in = |keys| match s.batch {
+                    Some(b) => kv_store_paged(*kv_heads as u64, *head_dim as u64, b.paging, cache.elem, keys),
+                    None => kv_store(*kv_heads as u64, *head_dim as u64, max_len, cache.elem, keys, seq),
+                };
+                let (store, store_gpu) = (store_in(keys), store_in(KeyLayout::Rows));
+                let store_args = match s.batch {
+                    Some(_) => vec![k, v, Arg::Slots, kc, vc],
+                    None => vec![k, v, pos, kc, vc],
                 };
                 let tasks = store.tasks;
+                s.kernels.set_gpu_form(&store, store_gpu);
                 let kernel = s.kernels.add(store);
                 let none = TaskCount { per_seq: 0, fixed: 0 };
                 s.launches.push(ScheduledLaunch { kernel, args: store_args, tasks, output_elems: none, rows: maxrun::format::RowCount::Step });
@@ -496,7 +520,9 @@ fn schedule_impl<'g>(
                     softcap: *softcap,
                     causal: *causal,
                     cache: cache.elem,
+                    keys,
                 };
+                let rows = AttentionShape { keys: KeyLayout::Rows, ..shape };
                 if let Some(b) = s.batch {
                     if !shape.causal {
                         return Err(unsupported("bidirectional attention in a batch plan".into()));
@@ -508,11 +534,13 @@ fn schedule_impl<'g>(
                         let scratch = s.scratch(shape.split_scratch_per_token(splits));
                         let per_token = shape.partials_per_token(splits);
                         let written = TaskCount { per_seq: per_token, fixed: 0 };
-                        let partials = s.launch_outputs(attention_paged(shape, b.paging, Some(splits)), [&paged[..], &[scratch]].concat(), &[per_token * 4], written)[0];
+                        let kernel = attention_paged(shape, b.paging, Some(splits));
+                        s.kernels.set_gpu_form(&kernel, attention_paged(rows, b.paging, Some(splits)));
+                        let partials = s.launch_outputs(kernel, [&paged[..], &[scratch]].concat(), &[per_token * 4], written)[0];
                         s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
                     } else {
                         let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                        s.launch(attention_paged(shape, b.paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
+                        s.launch_with_gpu_form(attention_paged(shape, b.paging, None), attention_paged(rows, b.paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
                     }
                 } else if seq.is_decode() && shape.causal {
                     // Flash-decoding: a task per (KV head, chunk of positions),
@@ -521,11 +549,13 @@ fn schedule_impl<'g>(
                     let scratch = s.scratch(shape.split_scratch_per_token(splits));
                     let per_token = shape.partials_per_token(splits);
                     let written = TaskCount { per_seq: per_token, fixed: 0 };
-                    let partials = s.launch_outputs(attention_partial(shape, splits, seq), vec![q, pos, kc, vc, scratch], &[per_token * 4], written)[0];
+                    let kernel = attention_partial(shape, splits, seq);
+                    s.kernels.set_gpu_form(&kernel, attention_partial(rows, splits, seq));
+                    let partials = s.launch_outputs(kernel, vec![q, pos, kc, vc, scratch], &[per_token * 4], written)[0];
                     s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
                 } else {
                     let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                    s.launch(attention(shape, seq), vec![q, pos, kc, vc, scratch], out_width()?)
+                    s.launch_with_gpu_form(attention(shape, seq), attention(rows, seq), vec![q, pos, kc, vc, scratch], out_width()?)
                 }
             }
             Op::Slice { axis: 1, start, len } => {

@@ -7,10 +7,15 @@
 //! (and values) for every position are one contiguous run, so a task streams two
 //! runs of `positions * head_dim` floats, and a decode step's store is one
 //! contiguous head row per KV head in each cache (`2 * kv_heads * head_dim`
-//! floats on adjacent cache lines). Scores are dot products over the head
-//! dimension (a vector reduction per key position); the weighted sum of values is
-//! vectorized over the head dimension. Scores live in a scratch row of `max_len`
-//! floats per query head of the task.
+//! floats on adjacent cache lines). With [`KeyLayout::Rows`] (the GPU forms) a
+//! score is a dot product over the head dimension (a vector reduction per key
+//! position, then a horizontal sum). With [`KeyLayout::Panels`] (CPU code) each
+//! run of 16 positions of the key cache is stored transposed, `[head_dim][16]`,
+//! so 16 scores are one register tile: per element of the head dimension, one
+//! vector of 16 keys times each query head's element broadcast, no horizontal
+//! sums (the value cache stays in rows). The weighted sum of values is
+//! vectorized over the head dimension. Scores live in a scratch row per query
+//! head of the task.
 //!
 //! Decode has one token, so one task per KV head leaves threads idle (SmolLM2: 3
 //! tasks). `attention_partial` splits each KV head's positions into chunks, one
@@ -39,6 +44,64 @@ pub struct AttentionShape {
     /// The KV cache's element type: `F32`, or `F16` (`--kv-cache-encoding
     /// float16`: stores round to nearest even, loads widen).
     pub cache: ElemType,
+    /// How the key cache holds a KV head's positions.
+    pub keys: KeyLayout,
+}
+
+/// How the key cache holds a KV head's positions (the value cache always holds
+/// rows).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// `[positions, head_dim]`: each key one contiguous row.
+    Rows,
+    /// `[positions / 16, head_dim, 16]`: each run of [`KEY_PANEL`] positions
+    /// (aligned) transposed, so that one vector load holds element `d` of 16
+    /// keys. Needs the cache's length (or a paged cache's block size) to be a
+    /// multiple of [`KEY_PANEL`].
+    Panels,
+}
+
+/// Positions per key panel ([`KeyLayout::Panels`]): one zmm of f32 scores.
+pub const KEY_PANEL: u64 = 16;
+
+/// Accumulators per query head of a panel's scores: enough that the group's
+/// heads keep about eight multiply-add chains going, at most eight, a divisor
+/// of `head_dim`.
+fn panel_score_ways(group: u64, head_dim: u64) -> u64 {
+    let want = 8u64.div_ceil(group).min(8);
+    (1..=want).rev().find(|w| head_dim.is_multiple_of(*w)).unwrap_or(1)
+}
+
+impl KeyLayout {
+    /// The layout of CPU code for a cache of runs of `run` positions (its
+    /// length, or a paged cache's block size): panels where whole panels fit.
+    pub fn for_cpu(run: u64) -> KeyLayout {
+        if run.is_multiple_of(KEY_PANEL) {
+            KeyLayout::Panels
+        } else {
+            KeyLayout::Rows
+        }
+    }
+
+    /// The kernel-name suffix: none for rows.
+    fn tag(self) -> &'static str {
+        match self {
+            KeyLayout::Rows => "",
+            KeyLayout::Panels => "_kp16",
+        }
+    }
+
+    /// Where element `d` of the key at position `p` lives, given `run(p0)`: where
+    /// element 0 of position `p0` lives in the rows layout.
+    fn element(self, run: impl Fn(Expr) -> Expr, p: Expr, d: Expr) -> Expr {
+        match self {
+            KeyLayout::Rows => add(run(p), d),
+            KeyLayout::Panels => {
+                let lane = rem(p.clone(), i(KEY_PANEL as i64));
+                add(add(mul(d, i(KEY_PANEL as i64)), lane.clone()), run(sub(p, lane)))
+            }
+        }
+    }
 }
 
 impl AttentionShape {
@@ -46,12 +109,24 @@ impl AttentionShape {
         let w = self.window.map_or("full".to_string(), |w| format!("w{w}"));
         let cap = self.softcap.map_or(String::new(), |c| format!("_c{:08x}", c.to_bits()));
         let cap = if self.causal { cap } else { format!("{cap}_bidi") };
-        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len, cache_tag(self.cache))
+        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}{}{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len, cache_tag(self.cache), self.keys.tag())
     }
 
     /// Scratch floats per task: a score row for each query head of the group.
     pub fn scratch_per_task(&self) -> u64 {
-        self.heads / self.kv_heads * self.max_len
+        self.heads / self.kv_heads * self.score_row(None)
+    }
+
+    /// Floats of one query head's score row: the positions a task scores, and
+    /// with key panels the panels' positions around them (a task scores whole
+    /// panels, from the one holding its first position to the one holding its
+    /// last: at most `2 * (KEY_PANEL - 1)` more).
+    fn score_row(&self, splits: Option<u64>) -> u64 {
+        let slack = match self.keys {
+            KeyLayout::Rows => 0,
+            KeyLayout::Panels => 2 * KEY_PANEL,
+        };
+        self.scored_positions(splits) + slack
     }
 }
 
@@ -70,10 +145,13 @@ fn cache_index(h: Expr, p: Expr, d: Expr, head_dim: i64, max_len: i64) -> Expr {
 }
 
 /// `k, v: f32[seq, kv_heads*hd]`, `pos: i32[seq]` -> `k_cache`, `v_cache`, both
-/// `[kv_heads, max_len, head_dim]` (the runtime checks positions < max_len). One
-/// task per token: it writes one contiguous head row per KV head in each cache.
-pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, cache: ElemType, seq: SeqMode) -> Kernel {
+/// `[kv_heads, max_len, head_dim]`, the keys as `keys` lays them out (the
+/// runtime checks positions < max_len). One task per token: it writes one
+/// contiguous head row per KV head in each cache (with key panels, the key's
+/// elements 16 apart in its panel).
+pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, cache: ElemType, keys: KeyLayout, seq: SeqMode) -> Kernel {
     assert!(matches!(cache, ElemType::F32 | ElemType::F16), "a KV cache of {cache:?}");
+    assert!(keys == KeyLayout::Rows || max_len.is_multiple_of(KEY_PANEL), "key panels in a cache of {max_len} positions");
     let mut b = KernelBuilder::new();
     let k = b.param("k", ElemType::F32, false);
     let v_ = b.param("v", ElemType::F32, false);
@@ -83,13 +161,23 @@ pub fn kv_store(kv_heads: u64, head_dim: u64, max_len: u64, cache: ElemType, seq
     let (t, h, p, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let (hd, len, w) = (head_dim as i64, max_len as i64, (kv_heads * head_dim) as i64);
     let at = cache_index(v(h), v(p), v(d), hd, len);
+    let key_at = keys.element(|p| cache_index(v(h), p, i(0), hd, len), v(p), v(d));
     let from = add(add(mul(v(t), i(w)), mul(v(h), i(hd))), v(d));
-    let body = vec![
-        set(p, ld(pos, v(t))),
-        for_(h, i(0), i(kv_heads as i64), vec![for_vec(d, i(0), i(hd), vec![store(kc, at.clone(), ld(k, from.clone())), store(vc, at, ld(v_, from))])]),
-    ];
-    let name = format!("kv_store_kv{kv_heads}_d{head_dim}_l{max_len}{}_{}", cache_tag(cache), seq.tag());
+    let body = vec![set(p, ld(pos, v(t))), for_(h, i(0), i(kv_heads as i64), store_head_row(keys, d, hd, (k, kc, key_at), (v_, vc, at), from))];
+    let name = format!("kv_store_kv{kv_heads}_d{head_dim}_l{max_len}{}{}_{}", cache_tag(cache), keys.tag(), seq.tag());
     b.finish(name, "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
+/// One KV head's row of a token stored: `k[from]` to `k_cache[key_at]` and
+/// `v[from]` to `v_cache[value_at]` for `d` in `0..hd`; one vector loop for rows,
+/// the key's strided stores in a loop of their own for panels.
+fn store_head_row(keys: KeyLayout, d: VarId, hd: i64, (k, kc, key_at): (ParamId, ParamId, Expr), (v_, vc, value_at): (ParamId, ParamId, Expr), from: Expr) -> Vec<Stmt> {
+    let key = store(kc, key_at, ld(k, from.clone()));
+    let value = store(vc, value_at, ld(v_, from));
+    match keys {
+        KeyLayout::Rows => vec![for_vec(d, i(0), i(hd), vec![key, value])],
+        KeyLayout::Panels => vec![for_(d, i(0), i(hd), vec![key]), for_vec(d, i(0), i(hd), vec![value])],
+    }
 }
 
 /// The KV cache of a batch plan: per layer, blocks of `block_size` positions
@@ -124,9 +212,11 @@ fn paged_index(block: Expr, h: Expr, off: Expr, d: Expr, kv_heads: i64, head_dim
 
 /// `k, v: f32[rows, kv_heads*hd]`, `slots: i32[rows]` -> a paged `k_cache`,
 /// `v_cache` ([`Paging`]; the runtime gives each row a slot of a block its
-/// sequence holds). One task per row: one head row per KV head in each cache.
-pub fn kv_store_paged(kv_heads: u64, head_dim: u64, paging: Paging, cache: ElemType) -> Kernel {
+/// sequence holds), the keys as `keys` lays them out. One task per row: one head
+/// row per KV head in each cache.
+pub fn kv_store_paged(kv_heads: u64, head_dim: u64, paging: Paging, cache: ElemType, keys: KeyLayout) -> Kernel {
     assert!(matches!(cache, ElemType::F32 | ElemType::F16), "a KV cache of {cache:?}");
+    assert!(keys == KeyLayout::Rows || paging.block_size.is_multiple_of(KEY_PANEL), "key panels in blocks of {} positions", paging.block_size);
     let mut b = KernelBuilder::new();
     let k = b.param("k", ElemType::F32, false);
     let v_ = b.param("v", ElemType::F32, false);
@@ -136,12 +226,10 @@ pub fn kv_store_paged(kv_heads: u64, head_dim: u64, paging: Paging, cache: ElemT
     let (t, h, slot, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let (hd, bs, w) = (head_dim as i64, paging.block_size as i64, (kv_heads * head_dim) as i64);
     let at = paged_index(div(v(slot), i(bs)), v(h), rem(v(slot), i(bs)), v(d), kv_heads as i64, hd, bs);
+    let key_at = keys.element(|off| paged_index(div(v(slot), i(bs)), v(h), off, i(0), kv_heads as i64, hd, bs), rem(v(slot), i(bs)), v(d));
     let from = add(add(mul(v(t), i(w)), mul(v(h), i(hd))), v(d));
-    let body = vec![
-        set(slot, ld(slots, v(t))),
-        for_(h, i(0), i(kv_heads as i64), vec![for_vec(d, i(0), i(hd), vec![store(kc, at.clone(), ld(k, from.clone())), store(vc, at, ld(v_, from))])]),
-    ];
-    let name = format!("kv_store_paged_kv{kv_heads}_d{head_dim}_b{}{}_sN", paging.block_size, cache_tag(cache));
+    let body = vec![set(slot, ld(slots, v(t))), for_(h, i(0), i(kv_heads as i64), store_head_row(keys, d, hd, (k, kc, key_at), (v_, vc, at), from))];
+    let name = format!("kv_store_paged_kv{kv_heads}_d{head_dim}_b{}{}{}_sN", paging.block_size, cache_tag(cache), keys.tag());
     b.finish(name, "kv_store", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
@@ -177,7 +265,7 @@ impl AttentionShape {
     /// Scratch floats per token of [`attention_partial`] with `splits` chunks:
     /// a score row per query head, per chunk, per KV head.
     pub fn split_scratch_per_token(&self, splits: u64) -> u64 {
-        self.kv_heads * splits * self.heads / self.kv_heads * self.scored_positions(Some(splits))
+        self.kv_heads * splits * self.heads / self.kv_heads * self.score_row(Some(splits))
     }
 
     /// Floats per token of [`attention_partial`]'s output: a partial row per
@@ -258,7 +346,8 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
     let (nh, nkv, hd, len) = (shape.heads as i64, shape.kv_heads as i64, shape.head_dim as i64, shape.max_len as i64);
     let group = (nh / nkv) as usize;
-    let row_len = shape.scored_positions(splits) as i64;
+    let row_len = shape.score_row(splits) as i64;
+    let panels = shape.keys == KeyLayout::Panels;
     let fvars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::F32)).collect() };
     let ivars = |b: &mut KernelBuilder, n: usize| -> Vec<VarId> { (0..n).map(|_| b.var(ValType::I64)).collect() };
     // Per query head of the group: its q row offset, output offset, score row
@@ -270,8 +359,10 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
     let rows = ivars(&mut b, 4);
     let pj = b.var(ValType::F32);
     let start_expr = visible(&shape, v(p)).0;
-    // Score rows are indexed from the task's first position.
-    let score = |h: usize, j: Expr| add(sub(j, v(start)), v(so[h]));
+    // Score rows are indexed from the task's first position (with key panels,
+    // the first position of its first panel).
+    let first = ivar(&mut b);
+    let score = |h: usize, j: Expr| add(sub(j, v(first)), v(so[h]));
     let o = |h: usize, d: Expr| add(d, v(qo[h]));
     let o_out = |h: usize, d: Expr| add(d, v(oo[h]));
     // The start of KV head g's row at position j in either cache: the token's
@@ -309,6 +400,7 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
             set(end, min(add(v(start), v(chunk)), v(end))),
         ]);
     }
+    body.push(set(first, if panels { sub(v(start), rem(v(start), i(KEY_PANEL as i64))) } else { v(start) }));
     let prelude = body.len();
     let out_row = partial_row(shape.head_dim) as i64;
     for h in 0..group {
@@ -318,20 +410,104 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         body.push(set(so[h], mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(row_len))));
     }
 
-    // Scores: s_h[j] = scale * sum_d q_h[d] K[g, j, d], every head of the group
-    // against one key row.
-    let mut per_key = vec![set(rows[0], row(v(j)))];
-    // Decode: while key row j is scored, its value row is fetched for the output
-    // sweep (one prefetch per cache line), so the value run streams beside the
-    // key run instead of after it.
-    if seq.is_decode() || (splits.is_some() && paging.is_some()) {
-        per_key.extend((0..(hd * 4 + 63) / 64).map(|c| prefetch(vc, add(v(rows[0]), i(c * 16)))));
+    // Decode: while the keys of positions `j..j + n` are scored, their value
+    // rows are fetched for the output sweep (one prefetch per cache line), so the
+    // value run streams beside the key run instead of after it.
+    let prefetch_values = seq.is_decode() || (splits.is_some() && paging.is_some());
+    let value_prefetches = |at: VarId, n: i64| -> Vec<Stmt> {
+        if !prefetch_values {
+            return Vec::new();
+        }
+        (0..(n * hd * 4 + 63) / 64).map(|c| prefetch(vc, add(v(at), i(c * 16)))).collect()
+    };
+    if panels {
+        // Scores of one key panel (positions jb * 16 ..): per element d, the
+        // panel's 16 keys times each head's q_h[d], accumulated in a register
+        // per head; a task scores the whole panels its positions touch (the
+        // score row has room for them, and the positions outside are never read).
+        let lane = ivar(&mut b);
+        let width = KEY_PANEL as i64;
+        // Each head sums the elements d in `ways` interleaved accumulators per
+        // panel, and panels go two at a time (the odd one alone, its sums in the
+        // same order), so that eight or more multiply-add chains are in flight
+        // (one per head and panel left three chains of 4-cycle latency on two FMA
+        // units) and each broadcast of q_h[d] serves two panels.
+        let ways = panel_score_ways(group as u64, shape.head_dim) as usize;
+        let acc: Vec<Vec<Vec<LocalId>>> = (0..2).map(|_| (0..group).map(|_| (0..ways).map(|_| b.local(KEY_PANEL)).collect()).collect()).collect();
+        let qd: Vec<Vec<VarId>> = (0..group).map(|_| fvars(&mut b, ways)).collect();
+        let (pair, panel_count) = (ivar(&mut b), ivar(&mut b));
+        let element = |w: usize| add(mul(v(d), i(ways as i64)), i(w as i64));
+        // Panels jb .. jb + count: both caches' rows of a panel's first position
+        // start at the same place (the keys' panel, then its values' 16 rows).
+        let panels_from_jb = |count: usize| -> Vec<Stmt> {
+            let mut block = Vec::new();
+            for c in 0..count {
+                block.push(set(rows[c], row(mul(add(v(jb), i(c as i64)), i(width)))));
+            }
+            block.extend(acc[..count].iter().flatten().flatten().map(|&a| for_vec(lane, i(0), i(width), vec![store(a, v(lane), f(0.0))])));
+            let mut per_step: Vec<Stmt> = (0..group).flat_map(|h| (0..ways).map(move |w| (h, w))).map(|(h, w)| set(qd[h][w], ld(q, o(h, element(w))))).collect();
+            // Decode: each step also fetches the next part of the panels' 16
+            // value rows for the output sweep, so that the value runs stream
+            // beside the key panels, a few lines per step rather than a burst per
+            // panel (64 prefetches at once per panel ran 1.47x slower than
+            // rows at depth 4000, and none 1.30x).
+            if prefetch_values {
+                let step_elems = KEY_PANEL as i64 * ways as i64;
+                let line_elems = 64 / shape.cache.size() as i64;
+                for c in 0..count {
+                    for line in 0..(step_elems + line_elems - 1) / line_elems {
+                        per_step.push(prefetch(vc, add(add(v(rows[c]), mul(v(d), i(step_elems))), i(line * line_elems))));
+                    }
+                }
+            }
+            // The lane is the first operand of the index (LLVM keeps it consecutive).
+            let key = |c: usize, w: usize| ld(kc, add(v(lane), add(v(rows[c]), mul(element(w), i(width)))));
+            let mut lanes = Vec::new();
+            for (c, panel_acc) in acc[..count].iter().enumerate() {
+                for (h, head_acc) in panel_acc.iter().enumerate() {
+                    for (w, &a) in head_acc.iter().enumerate() {
+                        lanes.push(store(a, v(lane), add(ld(a, v(lane)), mul(v(qd[h][w]), key(c, w)))));
+                    }
+                }
+            }
+            per_step.push(for_vec(lane, i(0), i(width), lanes));
+            block.push(for_(d, i(0), i(hd / ways as i64), per_step));
+            for (c, panel_acc) in acc[..count].iter().enumerate() {
+                for (h, head_acc) in panel_acc.iter().enumerate() {
+                    let sum = head_acc.iter().skip(1).fold(ld(head_acc[0], v(lane)), |s, &a| add(s, ld(a, v(lane))));
+                    let at = score(h, mul(add(v(jb), i(c as i64)), i(width)));
+                    block.push(for_vec(lane, i(0), i(width), vec![store(sc, add(v(lane), at), mul(sum, f(shape.scale)))]));
+                }
+            }
+            block
+        };
+        let first_panel = div(v(first), i(width));
+        let last_panel = div(add(v(end), i(width - 1)), i(width));
+        if splits.is_some() {
+            // Split attention (decode) streams its keys and values from memory:
+            // one panel at a time keeps one key stream beside one value stream
+            // (two panels at a time ran 1.1x slower at depth 4000).
+            body.push(for_(jb, first_panel, last_panel, panels_from_jb(1)));
+        } else {
+            body.push(set(panel_count, sub(last_panel, first_panel.clone())));
+            let mut two = vec![set(jb, add(first_panel.clone(), mul(v(pair), i(2))))];
+            two.extend(panels_from_jb(2));
+            body.push(for_(pair, i(0), div(v(panel_count), i(2)), two));
+            let mut last = vec![set(jb, sub(add(first_panel, v(panel_count)), i(1)))];
+            last.extend(panels_from_jb(1));
+            body.push(if_(eq(rem(v(panel_count), i(2)), i(1)), last));
+        }
+    } else {
+        // Scores: s_h[j] = scale * sum_d q_h[d] K[g, j, d], every head of the group
+        // against one key row.
+        let mut per_key = vec![set(rows[0], row(v(j)))];
+        per_key.extend(value_prefetches(rows[0], 1));
+        per_key.extend((0..group).map(|h| set(dot[h], f(0.0))));
+        let lanes = (0..group).map(|h| set(dot[h], add(v(dot[h]), mul(ld(q, o(h, v(d))), ld(kc, add(v(rows[0]), v(d))))))).collect();
+        per_key.push(for_vec(d, i(0), i(hd), lanes));
+        per_key.extend((0..group).map(|h| store(sc, score(h, v(j)), mul(v(dot[h]), f(shape.scale)))));
+        body.push(for_(j, v(start), v(end), per_key));
     }
-    per_key.extend((0..group).map(|h| set(dot[h], f(0.0))));
-    let lanes = (0..group).map(|h| set(dot[h], add(v(dot[h]), mul(ld(q, o(h, v(d))), ld(kc, add(v(rows[0]), v(d))))))).collect();
-    per_key.push(for_vec(d, i(0), i(hd), lanes));
-    per_key.extend((0..group).map(|h| store(sc, score(h, v(j)), mul(v(dot[h]), f(shape.scale)))));
-    body.push(for_(j, v(start), v(end), per_key));
 
     for h in 0..group {
         // Soft-capping (Gemma 2): s = tanh(s / c) * c.
@@ -485,10 +661,26 @@ mod tests {
         (0..q.len()).map(|d| e.iter().zip(vals).map(|(w, v)| w / z * v[d]).sum()).collect()
     }
 
+    /// Where element `d` of KV head `h`'s key at position `p` lives in a cache of
+    /// `len` positions (`keys` laid out as the kernels do), written out anew.
+    fn key_at(keys: KeyLayout, (h, p, d): (usize, usize, usize), hd: usize, len: usize) -> usize {
+        match keys {
+            KeyLayout::Rows => (h * len + p) * hd + d,
+            KeyLayout::Panels => (h * len + p / 16 * 16) * hd + d * 16 + p % 16,
+        }
+    }
+
+    /// [`check_attention_in`] with the keys in rows, and in panels (the cache's
+    /// length rounded up to whole panels).
+    fn check_attention(shape: AttentionShape, seq: usize, decode: bool, splits: Option<u64>) {
+        check_attention_in(AttentionShape { keys: KeyLayout::Rows, ..shape }, seq, decode, splits);
+        check_attention_in(AttentionShape { keys: KeyLayout::Panels, max_len: shape.max_len.next_multiple_of(KEY_PANEL), ..shape }, seq, decode, splits);
+    }
+
     /// Stores `seq` tokens at positions 0.. with `kv_store` (prefill or decode, token
     /// by token) and runs attention over them: the output of every query head
     /// equals naive softmax attention over its window.
-    fn check_attention(shape: AttentionShape, seq: usize, decode: bool, splits: Option<u64>) {
+    fn check_attention_in(shape: AttentionShape, seq: usize, decode: bool, splits: Option<u64>) {
         let (kvw, qw) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize);
         let (hd, group, len) = (shape.head_dim as usize, (shape.heads / shape.kv_heads) as usize, shape.max_len as usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
@@ -500,7 +692,7 @@ mod tests {
         for &(a, b) in &steps {
             let pos: Vec<i32> = (a as i32..b as i32).collect();
             let mut bufs = vec![Buffer::F32(k[a * kvw..b * kvw].to_vec()), Buffer::F32(v[a * kvw..b * kvw].to_vec()), Buffer::I32(pos), kc, vc];
-            run(&kv_store(shape.kv_heads, shape.head_dim, len as u64, shape.cache, mode), &mut bufs, (b - a) as u64);
+            run(&kv_store(shape.kv_heads, shape.head_dim, len as u64, shape.cache, shape.keys, mode), &mut bufs, (b - a) as u64);
             vc = bufs.pop().unwrap();
             kc = bufs.pop().unwrap();
         }
@@ -516,14 +708,15 @@ mod tests {
             }
         };
         // Both caches are [kv_heads, max_len, head_dim]: head h's row at position p
-        // holds that token's elements h * hd .. (h + 1) * hd.
+        // holds that token's elements h * hd .. (h + 1) * hd (the keys' elements
+        // where their layout puts them).
         let (keys, values) = (widen(&kc), widen(&vc));
         for h in 0..shape.kv_heads as usize {
             for p in 0..len {
                 for d in 0..hd {
-                    let at = (h * len + p) * hd + d;
                     let want = |x: &[f32]| if p < seq { x[p * kvw + h * hd + d] } else { 0.0 };
-                    assert_eq!((keys[at], values[at]), (want(&k), want(&v)), "head {h} position {p} element {d}");
+                    let (key, value) = (keys[key_at(shape.keys, (h, p, d), hd, len)], values[(h * len + p) * hd + d]);
+                    assert_eq!((key, value), (want(&k), want(&v)), "{:?}: head {h} position {p} element {d}", shape.keys);
                 }
             }
         }
@@ -577,14 +770,17 @@ mod tests {
     /// hold are touched (the rest of the pool stays NaN).
     #[test]
     fn paged_attention_follows_each_sequences_block_table() {
-        let paging = Paging { block_size: 4, blocks_per_seq: 5 };
-        for (window, softcap, cache) in [(None, None, ElemType::F32), (Some(6), Some(3.0), ElemType::F32), (None, None, ElemType::F16)] {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len: 20, softcap, causal: true, cache };
+        // Keys in rows in blocks of 4; in panels in blocks of 16 (a panel is 16
+        // positions), the longest sequence in two of them.
+        let rows = (Paging { block_size: 4, blocks_per_seq: 5 }, KeyLayout::Rows, [5usize, 13, 3], vec![vec![7, 2], vec![0, 11, 5, 9], vec![4]]);
+        let panels = (Paging { block_size: 16, blocks_per_seq: 2 }, KeyLayout::Panels, [5usize, 21, 3], vec![vec![7], vec![0, 11], vec![4]]);
+        let layouts = [rows, panels];
+        let configs = [(None, None, ElemType::F32), (Some(6), Some(3.0), ElemType::F32), (None, None, ElemType::F16)];
+        for ((paging, keys, lens, tables), (window, softcap, cache)) in layouts.iter().flat_map(|l| configs.map(|c| (l.clone(), c))) {
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len: 32, softcap, causal: true, cache, keys };
             let (kvw, qw, hd) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize, shape.head_dim as usize);
             let group = (shape.heads / shape.kv_heads) as usize;
-            let lens = [5usize, 13, 3];
-            // Each sequence's blocks, scattered over a pool of 12.
-            let tables: Vec<Vec<i32>> = vec![vec![7, 2], vec![0, 11, 5, 9], vec![4]];
+            // Each sequence's blocks (`tables`), scattered over a pool of 12.
             let pool = 12usize;
             // Rows: the three sequences' positions, round robin.
             let mut rows: Vec<(usize, usize)> = Vec::new();
@@ -601,20 +797,21 @@ mod tests {
             let slots: Vec<i32> = rows.iter().map(|&(s, p)| tables[s][p / bs] * bs as i32 + (p % bs) as i32).collect();
             let seqs: Vec<i32> = rows.iter().map(|&(s, _)| s as i32).collect();
             let pos: Vec<i32> = rows.iter().map(|&(_, p)| p as i32).collect();
-            let mut flat = vec![0i32; 3 * paging.blocks_per_seq as usize];
+            let per_seq = paging.blocks_per_seq as usize;
+            let mut flat = vec![0i32; 3 * per_seq];
             for (s, t) in tables.iter().enumerate() {
-                flat[s * 5..s * 5 + t.len()].copy_from_slice(t);
+                flat[s * per_seq..s * per_seq + t.len()].copy_from_slice(t);
             }
             let elems = pool * paging.block_elems(shape.kv_heads, shape.head_dim) as usize;
             let half = cache == ElemType::F16;
             let poisoned = || if half { Buffer::F16(vec![::half::f16::NAN.to_bits(); elems]) } else { Buffer::F32(vec![f32::NAN; elems]) };
             let mut bufs = vec![Buffer::F32(k.clone()), Buffer::F32(v.clone()), Buffer::I32(slots), poisoned(), poisoned()];
-            run(&kv_store_paged(shape.kv_heads, shape.head_dim, paging, cache), &mut bufs, n as u64);
+            run(&kv_store_paged(shape.kv_heads, shape.head_dim, paging, cache, keys), &mut bufs, n as u64);
             let vc = bufs.pop().unwrap();
             let kc = bufs.pop().unwrap();
             // Blocks no sequence holds are untouched.
             let block = paging.block_elems(shape.kv_heads, shape.head_dim) as usize;
-            for b in [1, 3, 6, 8, 10] {
+            for b in [1, 3, 6, 8, 10].into_iter().filter(|b| !tables.iter().flatten().any(|&t| t == *b as i32)) {
                 let untouched = match &kc {
                     Buffer::F32(x) => x[b * block..(b + 1) * block].iter().all(|x| x.is_nan()),
                     Buffer::F16(x) => x[b * block..(b + 1) * block].iter().all(|&h| ::half::f16::from_bits(h).is_nan()),
@@ -655,7 +852,7 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_with_window_matches_naive_softmax() {
-        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true, cache: ElemType::F32 };
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
         check_attention(shape, 3, false, None);
     }
 
@@ -664,7 +861,7 @@ mod tests {
     /// equals naive softmax attention over those halves.
     #[test]
     fn f16_cache_holds_rounded_values_and_attention_reads_them() {
-        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window: None, max_len: 80, softcap: None, causal: true, cache: ElemType::F16 };
+        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window: None, max_len: 80, softcap: None, causal: true, cache: ElemType::F16, keys: KeyLayout::Rows };
         for decode in [false, true] {
             check_attention(shape, 70, decode, None);
         }
@@ -677,7 +874,7 @@ mod tests {
     #[test]
     fn attention_over_longer_caches_prefill_and_decode() {
         for (max_len, seq, window) in [(37, 37, None), (37, 30, Some(20)), (48, 40, Some(17)), (16, 16, None)] {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true, cache: ElemType::F32 };
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
             for decode in [false, true] {
                 check_attention(shape, seq, decode, None);
             }
@@ -690,7 +887,7 @@ mod tests {
     #[test]
     fn split_attention_and_combine_match_naive_softmax() {
         for (max_len, seq, window, splits, softcap) in [(8, 8, None, 1, None), (40, 40, None, 3, None), (150, 150, None, 4, None), (150, 140, Some(70), 2, Some(2.5)), (300, 300, Some(200), 16, None)] {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap, causal: true, cache: ElemType::F32 };
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
             check_attention(shape, seq, false, Some(splits));
         }
     }

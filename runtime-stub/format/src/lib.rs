@@ -666,7 +666,9 @@ pub enum BufferRef<A = u64> {
     /// The positions of this step, `i32[seq]`.
     Positions,
     /// Layer `n`'s key cache, `f32[kv_width * max_length]` (laid out by the
-    /// artifact's kernels; maxc's are `[kv_heads, max_length, head_dim]`).
+    /// artifact's kernels; maxc's are `[kv_heads, max_length, head_dim]`, CPU
+    /// kernels' keys in panels of 16 positions, `[kv_heads, max_length / 16,
+    /// head_dim, 16]`).
     KeyCache(u32),
     /// Layer `n`'s value cache, the same size and layout as the key cache (in
     /// batch plans both are pools of blocks: `[blocks, kv_heads, block_size,

@@ -11,7 +11,8 @@
 //! request that wants all of its logits).
 //!
 //! The KV pool holds, per layer, `blocks` blocks of keys and of values
-//! (`[blocks, kv_heads, block_size, head_dim]`, f32 or f16 as the artifact says),
+//! (`[blocks, kv_heads, block_size, head_dim]`, f32 or f16 as the artifact says;
+//! CPU kernels store each 16 key positions of a block transposed, their business),
 //! sized once at start (`kv_bytes`, else [`default_kv_bytes`]).
 
 use super::scheduler::{AddError, Limits, PromptLogits, Scheduler, Step};
