@@ -410,16 +410,10 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         body.push(set(so[h], mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(row_len))));
     }
 
-    // Decode: while the keys of positions `j..j + n` are scored, their value
-    // rows are fetched for the output sweep (one prefetch per cache line), so the
-    // value run streams beside the key run instead of after it.
+    // Decode: while keys are scored, the value rows of their positions are
+    // fetched for the output sweep (one prefetch per cache line), so the value
+    // run streams beside the key run instead of after it.
     let prefetch_values = seq.is_decode() || (splits.is_some() && paging.is_some());
-    let value_prefetches = |at: VarId, n: i64| -> Vec<Stmt> {
-        if !prefetch_values {
-            return Vec::new();
-        }
-        (0..(n * hd * 4 + 63) / 64).map(|c| prefetch(vc, add(v(at), i(c * 16)))).collect()
-    };
     if panels {
         // Scores of one key panel (positions jb * 16 ..): per element d, the
         // panel's 16 keys times each head's q_h[d], accumulated in a register
@@ -501,7 +495,9 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         // Scores: s_h[j] = scale * sum_d q_h[d] K[g, j, d], every head of the group
         // against one key row.
         let mut per_key = vec![set(rows[0], row(v(j)))];
-        per_key.extend(value_prefetches(rows[0], 1));
+        if prefetch_values {
+            per_key.extend((0..(hd * 4 + 63) / 64).map(|c| prefetch(vc, add(v(rows[0]), i(c * 16)))));
+        }
         per_key.extend((0..group).map(|h| set(dot[h], f(0.0))));
         let lanes = (0..group).map(|h| set(dot[h], add(v(dot[h]), mul(ld(q, o(h, v(d))), ld(kc, add(v(rows[0]), v(d))))))).collect();
         per_key.push(for_vec(d, i(0), i(hd), lanes));
