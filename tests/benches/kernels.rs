@@ -8,7 +8,9 @@
 //! in this machine's L3 cache between iterations, so these figures are the
 //! kernels' compute throughput, the ceiling under the memory-bound decode
 //! figures of `maxrun bench`; `gemm_cold` streams the weights from memory
-//! instead, as the engine's steps do.
+//! instead, as the engine's steps do. `gemm_prefill` runs the K-quant prefill
+//! tiles at a 1B model's down projection (Q4_K against Q6_K), with operations
+//! as throughput (elements: multiply-adds).
 //!
 //! `cargo bench -p maxc-tests --bench kernels` (docs/performance.md has figures).
 
@@ -268,5 +270,58 @@ fn gemm_rows_cold(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gemv, gemm_rows, gemm_rows_cold);
+/// Prefill register tiles of the K-quants at the 1.17B model's down
+/// projection (k 8192 x n 2048, 128 activation rows, one thread; weights and
+/// activations in cache): Q4_K and Q6_K with int8 activations and int16 byte
+/// planes, the target's tile (what `matmul_interleaved` makes of
+/// [`RegisterTile::for_cpu`]: Q6_K's `six_bit_zmm` on AVX-512) and, on
+/// AVX-512, Q6_K in one-panel tiles of other heights, with multiply-adds as
+/// throughput (criterion's elements/s: half the operations per second).
+/// docs/performance.md, "Q6_K's prefill tile", has figures.
+fn gemm_prefill(c: &mut Criterion) {
+    const ROWS: usize = 128;
+    const PK: u64 = 8192;
+    const PN: u64 = 2048;
+    let target = CpuTarget::host();
+    let mut group = c.benchmark_group(format!("gemm_prefill_k{PK}_n{PN}_{ROWS}rows_1thread"));
+    group.sample_size(20);
+    let (k, n) = (PK as usize, PN as usize);
+    let own = RegisterTile::for_cpu(target.has_avx512());
+    for (encoding, levels) in [WeightEncoding::Q4K, WeightEncoding::Q6K].into_iter().flat_map(|e| [(e, ActivationLevels::Int8), (e, ActivationLevels::Int16Planes)]) {
+        let mut tiles = vec![own];
+        if encoding == WeightEncoding::Q6K && target.has_avx512() {
+            let rows: &[i64] = if levels == ActivationLevels::Int8 { &[4, 6, 10] } else { &[2, 3, 5] };
+            tiles.extend(rows.iter().map(|&rows| RegisterTile { rows, panels: 1 }));
+        }
+        for tile in tiles {
+            let kernel = matmul_interleaved(PK, PN, encoding, None, SeqMode::Dynamic, tile, levels);
+            let width = k * levels.bytes() as usize;
+            let mut buffers: Vec<Buffer> = kernel
+                .params
+                .iter()
+                .map(|p| match p.name.as_str() {
+                    "q" => buffer(ElemType::I8, ROWS * width),
+                    "s" => buffer(ElemType::F32, ROWS * 2 * k / 32),
+                    "h" => buffer(ElemType::I32, ROWS * k / 16),
+                    "out" => buffer(ElemType::F32, ROWS * n),
+                    // A weight part: at most a byte per weight.
+                    _ => buffer(p.elem, k * n),
+                })
+                .collect();
+            let code = LoadedCode::load(&compile_shared(std::slice::from_ref(&kernel), &target).unwrap().shared_object).unwrap();
+            let f = code.kernel(&kernel.name).unwrap();
+            let ptrs: Vec<*mut u8> = buffers.iter_mut().map(Buffer::as_mut_ptr).collect();
+            let tasks = kernel.tasks.eval(ROWS as u64);
+            let dims = [ROWS as i64];
+            group.throughput(Throughput::Elements((ROWS * k * n) as u64));
+            group.bench_function(kernel.name.clone(), |b| {
+                // SAFETY: each buffer is sized for the kernel's parameters at ROWS rows.
+                b.iter(|| unsafe { f(ptrs.as_ptr(), dims.as_ptr(), 0, tasks) })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gemv, gemm_rows, gemm_rows_cold, gemm_prefill);
 criterion_main!(benches);

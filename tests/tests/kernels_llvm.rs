@@ -249,6 +249,26 @@ fn cases() -> Vec<Case> {
                 }
             }
         }
+        // Q6_K's prefill tiles of one panel (AVX-512: 8 rows with int8
+        // activations, 4 with int16 planes; `RegisterTile::six_bit_zmm`), the
+        // half offsets in the accumulators' start: 15 rows as a step of few
+        // rows and `FEW_ROWS` + 15 (five 8-row tiles and 4 + 2 + 1, or eleven
+        // 4-row tiles and 2 + 1), a super-block of 256 and one of 512.
+        if !seq.is_decode() {
+            let few = maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize;
+            let encoding = WeightEncoding::Q6K;
+            for (k, rows) in [(256u64, 15usize), (256, few + 15), (512, few + 15)] {
+                let n = 48u64;
+                for (levels, bytes) in [(ActivationLevels::Int8, 1), (ActivationLevels::Int16Planes, 2)] {
+                    let mut sizes = vec![rows * bytes * k as usize, rows * 2 * k as usize / 32, rows * k as usize / 16];
+                    sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+                    sizes.push(rows * n as usize);
+                    for tile in register_tiles(seq) {
+                        v.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq, tile, levels), sizes: sizes.clone(), int_max: 1, seq: rows as u64, tol: reduction_tol(k * 16) });
+                    }
+                }
+            }
+        }
     }
     v
 }

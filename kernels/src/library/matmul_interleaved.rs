@@ -206,6 +206,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     // 0.97x, 8 x 1 1.03x). AVX2's 4 x 1 stays: 2 x 1 was 0.88-0.98x on x86-64-v3 code,
     // except for Q6_K's six-bit levels, whose sums widen every two steps
     // ([`RegisterTile::for_six_bit_planes`]: 2 x 1).
+    let six_bit_zmm = form == RowsForm::Nibbles6 && register_tile == RegisterTile::ZMM;
     let register_tile = match levels {
         ActivationLevels::Int16Words => register_tile.for_word_dots(),
         ActivationLevels::Int16Planes if register_tile == RegisterTile::ZMM => RegisterTile { rows: 2, panels: 2 },
@@ -214,6 +215,8 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     };
     // Steps of few rows: one panel at a time, the levels prefetched ahead ([`FEW_ROWS`]).
     let few_tile = few_rows_tile(register_tile, levels);
+    // Q6_K's prefill on AVX-512: one panel, more rows ([`RegisterTile::six_bit_zmm`]).
+    let register_tile = if six_bit_zmm { RegisterTile::six_bit_zmm(levels == ActivationLevels::Int16Planes) } else { register_tile };
     let (body, tasks, t) = panel_tasks_by_rows(
         &mut b,
         n,

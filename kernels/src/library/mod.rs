@@ -212,6 +212,27 @@ impl RegisterTile {
         }
     }
 
+    /// The prefill tile of Q6_K's interleaved matmul on AVX-512: one panel of
+    /// 8 rows with int8 activations, 4 with int16 byte planes (two
+    /// accumulators per cell), instead of the other encodings' 4 x 2 and 2 x 2.
+    /// A six-bit block keeps two halves' integer sums per cell and plane, each
+    /// with its own scale, and its levels take a shift, a mask and a merge more
+    /// per step than nibbles; with two panels LLVM spilled the tile (the int8
+    /// 4 x 2 block loop: 28 stack stores and 22 reloads per 64 `vpdpbusd`,
+    /// 341 instructions against Q4_K's 203), with one panel it does not (8 x
+    /// 1: 3.3 instructions per `vpdpbusd`, Q4_K's 4 x 2 rate). The rows stop
+    /// at 8 activation lines per step: at k = 8192 (the down projection) the
+    /// rows, and a row's two planes, lie 8 KiB apart, in one L1 set, which
+    /// has 8 ways on Zen 4 (12 on Zen 5). Zen 5 VM, one thread, 128 rows, k
+    /// 8192 x n 2048 (`cargo bench -p maxc-tests --bench kernels --
+    /// gemm_prefill`), GOP/s: int8 8 x 1 472, 4 x 1 470, 6 x 1 466, 10 x 1
+    /// 461 (the 4 x 2 tile had run 267-417 in a probe of the same shape, 8 x 1
+    /// 416-470 beside it); int16 planes 4 x 1 307, 5 x 1 302, 3 x 1 285, 2 x 1
+    /// 273 (2 x 2: 188 in the probe). Q4_K's own tiles: int8 652, int16 382.
+    pub fn six_bit_zmm(planes: bool) -> RegisterTile {
+        RegisterTile { rows: if planes { 4 } else { 8 }, panels: 1 }
+    }
+
     /// A kernel-name suffix: empty for [`RegisterTile::ZMM`] (the names kernels
     /// had before tiles were chosen per target), `_t{rows}x{panels}` otherwise.
     pub fn tag(self) -> String {

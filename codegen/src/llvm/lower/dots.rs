@@ -813,7 +813,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// minimum (`folded_offset`: the signed levels' dot). With two halves
     /// (Q6_K) each half's dot has the integer offset applied exactly: the
     /// half's activation level sum ([`RowDot::half_sums`]) times the offset,
-    /// added once the planes have met. (Summing the activations here instead,
+    /// the start of the half's last plane's accumulator. (Summing the activations here instead,
     /// a dot of ones against the same broadcasts per step and plane, cost a
     /// third more dot instructions: 1.17B Q4_K_M pp512 0.96x, Intel Xeon VM.)
     pub(super) fn byte_level_dots(&mut self, d: &RowDot) -> Result<(Vec<inkwell::values::VectorValue<'ctx>>, bool), CodegenError> {
@@ -842,9 +842,22 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
         let planes: Vec<&Expr> = std::iter::once(&d.act_start).chain(low).collect();
         let zero = i32t.vec_type(lanes).const_zero();
         let mut accs = vec![Vec::with_capacity(planes.len()); halves];
-        for acc in accs.iter_mut() {
-            for &start in &planes {
-                acc.push(if signed_levels && !folded_offset { self.splat_act_sum(d.act, start, 128)? } else { zero });
+        for (half, acc) in accs.iter_mut().enumerate() {
+            for (p, &start) in planes.iter().enumerate() {
+                acc.push(if signed_levels && !folded_offset {
+                    self.splat_act_sum(d.act, start, 128)?
+                } else if let (Some((param, sums_at)), &RowMin::Offset(o), true) = (&d.half_sums, &d.row_min, p + 1 == planes.len()) {
+                    // Two halves (Q6_K): the half's last (or only) plane
+                    // starts at the offset times the half's activation level
+                    // sum, read once per row and block rather than summed
+                    // again for every 16 weight rows (with planes, `255 high +
+                    // (low + o s)`: the same integer, at most 32 * 16 * 32512).
+                    // Added up front rather than after the dots, it costs no
+                    // add per tile cell and no register held to the block's end.
+                    self.offset_splat(*param, sums_at, half as i64, o)?
+                } else {
+                    zero
+                });
             }
         }
         let bias = inkwell::types::VectorType::const_vector(&vec![i8t.const_int(0x80, false); 64]);
@@ -900,11 +913,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             }
         }
         debug_assert!(nibble_pairs.iter().all(Option::is_none), "every form's steps are whole `pair_steps`");
+        // 16-bit activations: 255 times the high plane's dots plus the low one's
+        // (at most 32 * 255 * 32512 in magnitude: exact in i32). (Two halves:
+        // the offset is in the accumulators' start, above.)
         let mut dots = Vec::with_capacity(halves);
-        for (half, per_plane) in accs.into_iter().enumerate() {
-            // 16-bit activations: 255 times the high plane's dots plus the low one's
-            // (at most 32 * 255 * 32512 in magnitude: exact in i32).
-            let mut dot = match per_plane[..] {
+        for per_plane in accs {
+            dots.push(match per_plane[..] {
                 [acc] => acc,
                 [high, low] => {
                     let weight = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(HIGH_PLANE_WEIGHT as u64, false); lanes as usize]);
@@ -912,14 +926,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     self.builder.build_int_add(scaled, low, "dots16").map_err(llvm_err)?
                 }
                 _ => unreachable!("one or two activation planes"),
-            };
-            // Two halves: the offset times the half's activation level sum,
-            // read once per row and block rather than summed again for every
-            // 16 weight rows (exact: at most 32 * 16 * 32512).
-            if let (Some((param, start)), &RowMin::Offset(o)) = (&d.half_sums, &d.row_min) {
-                dot = self.offset_by_half_sum(dot, *param, start, half as i64, o)?;
-            }
-            dots.push(dot);
+            });
         }
         Ok((dots, folded_offset))
     }
@@ -927,11 +934,18 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// `dot` plus the integer offset `o` times half `half`'s activation level
     /// sum (element `start + half` of the i32 parameter `param`), in every lane.
     fn offset_by_half_sum(&mut self, dot: inkwell::values::VectorValue<'ctx>, param: ParamId, start: &Expr, half: i64, o: f32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let offsets = self.offset_splat(param, start, half, o)?;
+        self.builder.build_int_add(dot, offsets, "offset_dot").map_err(llvm_err)
+    }
+
+    /// The integer offset `o` times half `half`'s activation level sum
+    /// (element `start + half` of the i32 parameter `param`), in every lane.
+    fn offset_splat(&mut self, param: ParamId, start: &Expr, half: i64, o: f32) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
         let sum = self.half_sum(param, start, half)?;
         let offset = self.context.i32_type().const_int(o as i64 as u64, true);
         let b = &self.builder;
         let moved = b.build_int_mul(sum, offset, "offset_sum").map_err(llvm_err)?;
-        b.build_int_add(dot, splat_lanes(b, moved, "offset_all")?, "offset_dot").map_err(llvm_err)
+        splat_lanes(b, moved, "offset_all")
     }
 
     /// Half `half`'s activation level sum of a [`RowDot`]: element `start +
