@@ -259,8 +259,8 @@ fn cases() -> Vec<Case> {
             let encoding = WeightEncoding::Q6K;
             for (k, rows) in [(256u64, 15usize), (256, few + 15), (512, few + 15)] {
                 let n = 48u64;
-                for (levels, bytes) in [(ActivationLevels::Int8, 1), (ActivationLevels::Int16Planes, 2)] {
-                    let mut sizes = vec![rows * bytes * k as usize, rows * 2 * k as usize / 32, rows * k as usize / 16];
+                for levels in [ActivationLevels::Int8, ActivationLevels::Int16Planes] {
+                    let mut sizes = vec![rows * levels.bytes() as usize * k as usize, rows * 2 * k as usize / 32, rows * k as usize / 16];
                     sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
                     sizes.push(rows * n as usize);
                     for tile in register_tiles(seq) {

@@ -813,9 +813,10 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// minimum (`folded_offset`: the signed levels' dot). With two halves
     /// (Q6_K) each half's dot has the integer offset applied exactly: the
     /// half's activation level sum ([`RowDot::half_sums`]) times the offset,
-    /// the start of the half's last plane's accumulator. (Summing the activations here instead,
-    /// a dot of ones against the same broadcasts per step and plane, cost a
-    /// third more dot instructions: 1.17B Q4_K_M pp512 0.96x, Intel Xeon VM.)
+    /// the start of the half's last plane's accumulator. (Summing the
+    /// activations here instead, a dot of ones against the same broadcasts per
+    /// step and plane, cost a third more dot instructions: 1.17B Q4_K_M pp512
+    /// 0.96x, Intel Xeon VM.)
     pub(super) fn byte_level_dots(&mut self, d: &RowDot) -> Result<(Vec<inkwell::values::VectorValue<'ctx>>, bool), CodegenError> {
         let (i8t, i32t) = (self.context.i8_type(), self.context.i32_type());
         let lanes = DOT_LANES as u32;
