@@ -91,7 +91,7 @@ pub struct ModelPlan {
     /// Attention split by heads over the mesh (else replicated).
     pub split_attention: bool,
     pub max_length: u64,
-    /// The batched engine's limits; `None` without batch plans (a mesh, an encoder).
+    /// The batched engine's limits; `None` without batch plans (an encoder).
     pub batch: Option<BatchLimits>,
     /// Decisions the user should know about.
     pub notes: Vec<String>,
@@ -359,7 +359,7 @@ impl CompileConfig {
         }
         let cfg = &model.config;
         let max_length = self.max_length.unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
-        let batch = (self.mesh.len() < 2 && cfg.encoder.is_none()).then_some(BatchLimits {
+        let batch = cfg.encoder.is_none().then_some(BatchLimits {
             block_size: KV_BLOCK_SIZE,
             blocks_per_sequence: max_length.div_ceil(KV_BLOCK_SIZE),
             max_rows: self.max_rows,

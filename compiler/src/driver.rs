@@ -396,7 +396,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
             collectives: s
                 .collectives
                 .iter()
-                .map(|c| mef::CollectiveStep { before_launch: c.before_launch as u32, op: c.op.clone(), input: arena(c.input), output: arena(c.output) })
+                .map(|c| mef::CollectiveStep { before_launch: c.before_launch as u32, op: c.op.clone(), input: arena(c.input), output: arena(c.output), rows: c.rows })
                 .collect(),
             logits: arena(s.logits),
         }

@@ -352,8 +352,17 @@ impl Artifact {
             };
             let mut last = 0;
             for c in &plan.collectives {
-                let (n_in, n_out) = (c.op.input_elems(plan.max_seq), c.op.output_elems(plan.max_seq, h.sub_models.len() as u64));
-                let ok = arena_ok(&c.input, n_in) && arena_ok(&c.output, n_out) && c.input != c.output && c.before_launch as usize <= plan.launches.len() && c.before_launch >= last;
+                // Counts of the rows with logits: at most a batch step's sequences.
+                let rows = match (c.rows, &h.batch) {
+                    (crate::format::RowCount::Step, _) => Some(plan.max_seq),
+                    (crate::format::RowCount::Logits, Some(b)) if batch => Some(b.max_sequences.min(plan.max_seq)),
+                    (crate::format::RowCount::Logits, _) => None,
+                };
+                let sizes = rows.map(|r| (c.op.input_elems(r), c.op.output_elems(r, h.sub_models.len() as u64)));
+                let ok = sizes.is_some_and(|(n_in, n_out)| arena_ok(&c.input, n_in) && arena_ok(&c.output, n_out))
+                    && c.input != c.output
+                    && c.before_launch as usize <= plan.launches.len()
+                    && c.before_launch >= last;
                 if !ok || h.sub_models.len() < 2 {
                     return Err(corrupt("launch plan".into(), format!("collective {c:?} is out of range or order")));
                 }

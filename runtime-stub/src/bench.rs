@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::runner::Runner;
-use crate::session::SessionError;
+use crate::executor::RunError;
 
 /// Bench settings.
 #[derive(Copy, Clone, Debug)]
@@ -33,7 +33,7 @@ fn depth_ids(depth: u64, vocab: u64) -> Vec<u32> {
 }
 
 /// One untimed step of each kind: pages the weights in and spins the threads up.
-fn warm_up(session: &mut Runner<'_>, prompt: &[u32]) -> Result<(), SessionError> {
+fn warm_up(session: &mut Runner<'_>, prompt: &[u32]) -> Result<(), RunError> {
     session.reset();
     session.forward_last(&prompt[..prompt.len().min(16)])?;
     session.reset();
@@ -42,7 +42,7 @@ fn warm_up(session: &mut Runner<'_>, prompt: &[u32]) -> Result<(), SessionError>
 }
 
 /// Empties the session's cache, then fills `depth` positions (untimed).
-fn start(session: &mut Runner<'_>, depth: &[u32]) -> Result<(), SessionError> {
+fn start(session: &mut Runner<'_>, depth: &[u32]) -> Result<(), RunError> {
     session.reset();
     if !depth.is_empty() {
         session.forward_last(depth)?;
@@ -52,14 +52,14 @@ fn start(session: &mut Runner<'_>, depth: &[u32]) -> Result<(), SessionError> {
 
 /// Seconds for the prompt test from where the cache stands: as llama-bench, a
 /// prompt's work up to the logits generation needs (the last token's).
-fn prefill_seconds(session: &mut Runner<'_>, prompt: &[u32]) -> Result<f64, SessionError> {
+fn prefill_seconds(session: &mut Runner<'_>, prompt: &[u32]) -> Result<f64, RunError> {
     let t = Instant::now();
     session.forward_last(prompt)?;
     Ok(t.elapsed().as_secs_f64())
 }
 
 /// Seconds for `tokens` single-token decode steps from where the cache stands.
-fn decode_seconds(session: &mut Runner<'_>, tokens: u64, vocab: u64) -> Result<f64, SessionError> {
+fn decode_seconds(session: &mut Runner<'_>, tokens: u64, vocab: u64) -> Result<f64, RunError> {
     let t = Instant::now();
     for i in 0..tokens {
         session.forward(&[((i * 31 + 7) % vocab) as u32])?;
@@ -70,10 +70,10 @@ fn decode_seconds(session: &mut Runner<'_>, tokens: u64, vocab: u64) -> Result<f
 /// The memory bandwidth a decode step can at best stream at, in GB/s: on the
 /// CPU the weights read by the session's threads, on a GPU a device-to-device
 /// copy (bytes read plus bytes written).
-fn bandwidth(session: &Runner<'_>, weights: &[u8]) -> Result<f64, SessionError> {
+fn bandwidth(session: &Runner<'_>, weights: &[u8]) -> Result<f64, RunError> {
     match session {
         #[cfg(feature = "cuda")]
-        Runner::Gpu(gpu) => gpu.copy_bandwidth().map_err(|e| SessionError::Gpu(e.to_string())),
+        Runner::Gpu(gpu) => gpu.copy_bandwidth().map_err(|e| RunError::Gpu(e.to_string())),
         _ => Ok(read_bandwidth(weights, session.threads())),
     }
 }
@@ -171,7 +171,7 @@ pub fn run(
     kv: (u64, &'static str),
     vocab: u64,
     weights_memory: &'static str,
-) -> Result<BenchReport, SessionError> {
+) -> Result<BenchReport, RunError> {
     let (kv_bytes_per_token, kv_cache_encoding) = kv;
     let on_gpu = session.describe().starts_with("GPU");
     let kv_cache_memory = match session.cpu() {
@@ -255,7 +255,7 @@ pub struct ComparisonReport {
 /// prefill and then the decode test on one artifact, then on the other, the order
 /// alternating between repetitions (A B B A ...), so that a slow moment of the
 /// machine falls on both.
-pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [String; 2], vocab: u64) -> Result<ComparisonReport, SessionError> {
+pub fn compare(sessions: [&mut Runner<'_>; 2], cfg: BenchConfig, artifacts: [String; 2], vocab: u64) -> Result<ComparisonReport, RunError> {
     let ids = prompt_ids(cfg.prompt_tokens, vocab);
     let depth = depth_ids(cfg.depth, vocab);
     let mut sessions = sessions;
@@ -439,7 +439,7 @@ pub fn concurrency(engine: &mut crate::engine::Engine<'_>, cfg: ConcurrencyConfi
             let salt = (rep as u64 * cfg.sequences as u64 + s as u64) * 7_919 + 1;
             let own: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 104_723 + salt * 31 + 11) % vocab) as u32).collect();
             let prompt = [prefix.clone(), own].concat();
-            engine.submit(Request::new(prompt, params.clone())).map_err(|e| crate::engine::EngineError::Session(crate::session::SessionError::Gpu(e.to_string())))?;
+            engine.submit(Request::new(prompt, params.clone())).map_err(crate::engine::EngineError::Submit)?;
         }
         let (mut decode_time, mut decode_tokens, mut decode_steps) = (0.0f64, 0u64, 0u64);
         let mut started = 0usize;

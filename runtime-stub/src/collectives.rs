@@ -73,6 +73,25 @@ impl std::fmt::Debug for MeshHub {
 }
 
 impl MeshHub {
+    /// A hub for every sub-model of `h`, its all-reduce scratch sized for the
+    /// largest all-reduce of any plan (single-stream and batch).
+    pub fn for_artifact(h: &crate::format::Header) -> Self {
+        use crate::format::CollectiveOp;
+        let plans = h.sub_models.iter().flat_map(|m| {
+            let batch = m.batch.iter().flat_map(|b| [&b.mixed, &b.decode, &b.single]);
+            [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten().chain(batch)
+        });
+        let largest = plans
+            .flat_map(|p| p.collectives.iter().map(move |c| (c, p.max_seq)))
+            .map(|(c, max_seq)| match c.op {
+                CollectiveOp::AllReduceSum { elems } => elems.eval(max_seq),
+                CollectiveOp::AllGather { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        MeshHub::new(h.sub_models.len(), largest as usize)
+    }
+
     /// A hub for `devices` devices; `max_elems` sizes the all-reduce scratch.
     pub fn new(devices: usize, max_elems: usize) -> Self {
         MeshHub {

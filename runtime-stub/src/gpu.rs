@@ -34,7 +34,7 @@ use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaS
 
 use crate::artifact::Artifact;
 use crate::format::{BufferRef, CollectiveOp, Plan, SectionKind, SubModel};
-use crate::session::{RunCounts, SessionError};
+use crate::executor::{RunCounts, RunError};
 
 /// Threads per block of every launch.
 pub const BLOCK_THREADS: u32 = 128;
@@ -79,12 +79,7 @@ pub fn launch_config(tasks: u64, per_task: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (threads.div_ceil(BLOCK_THREADS as u64).max(1) as u32, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// GPU tasks of a launch of `tasks` tasks whose kernel's GPU form splits each
-/// into `split` (task `t` of the plan is GPU tasks `t * split ..= t * split +
-/// split - 1`, so a launch's range scales with it).
-pub fn gpu_tasks(tasks: u64, split: u32) -> u64 {
-    tasks.saturating_mul(split as u64)
-}
+pub use crate::executor::gpu::gpu_tasks;
 
 /// Which of a sub-model's plans a step runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -442,15 +437,15 @@ impl<'a> GpuSession<'a> {
     }
 
     /// Appends `ids` (on every device) and returns their logits (as `Session::forward`).
-    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         let h = &self.artifact.header;
         crate::session::check_tokens(h, self.position, ids)?;
         self.logits.clear();
         if ids.len() == 1 {
-            self.step(ids, Which::Decode).map_err(|e| SessionError::Gpu(e.to_string()))?;
+            self.step(ids, Which::Decode).map_err(|e| RunError::Gpu(e.to_string()))?;
         } else {
             for chunk in ids.chunks(h.main().prefill.max_seq as usize) {
-                self.step(chunk, Which::Prefill).map_err(|e| SessionError::Gpu(e.to_string()))?;
+                self.step(chunk, Which::Prefill).map_err(|e| RunError::Gpu(e.to_string()))?;
             }
         }
         Ok(&self.logits)
@@ -459,7 +454,7 @@ impl<'a> GpuSession<'a> {
     /// Appends `ids` and returns the last token's logits only (as
     /// `Session::forward_last`): prompts run the last-token plan when the artifact
     /// has one.
-    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         let h = &self.artifact.header;
         if ids.len() <= 1 || h.main().prefill_last.is_none() || h.model.embedding_width.is_some() {
             let vocab = h.model.vocab_size as usize;
@@ -469,7 +464,7 @@ impl<'a> GpuSession<'a> {
         crate::session::check_tokens(h, self.position, ids)?;
         for chunk in ids.chunks(h.main().prefill.max_seq as usize) {
             self.logits.clear();
-            self.step(chunk, Which::PrefillLast).map_err(|e| SessionError::Gpu(e.to_string()))?;
+            self.step(chunk, Which::PrefillLast).map_err(|e| RunError::Gpu(e.to_string()))?;
         }
         Ok(&self.logits)
     }
@@ -580,6 +575,106 @@ impl<'a> GpuSession<'a> {
     }
 }
 
+
+/// One GPU as the batched executor's device (`crate::executor::gpu`): the
+/// artifact's PTX module loaded, one stream, device memory that lives as long
+/// as the device, and decode steps captured into CUDA graphs.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    functions: Vec<CudaFunction>,
+    /// Per kernel: GPU threads per task.
+    threads_per_task: Vec<u32>,
+    allocations: Vec<CudaSlice<u8>>,
+    name: String,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` and loads the artifact's PTX module for it.
+    pub fn open(artifact: &Artifact, ordinal: usize) -> Result<Self, GpuError> {
+        probe()?;
+        let ctx = CudaContext::new(ordinal).map_err(driver_err)?;
+        // SAFETY: every buffer is used on this device's one stream only (see `GpuDevice::open`).
+        unsafe { ctx.disable_event_tracking() };
+        let cc = ctx.compute_capability().map_err(driver_err)?;
+        let h = &artifact.header;
+        let module_index = pick_module(&h.gpu_archs, cc).ok_or_else(|| GpuError::NoModuleForDevice { archs: h.gpu_archs.clone(), major: cc.0, minor: cc.1 })?;
+        let ptx = std::str::from_utf8(artifact.section(SectionKind::Ptx(module_index as u32))).map_err(driver_err)?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver_err)?;
+        let functions = h.kernels.iter().map(|k| module.load_function(&k.symbol)).collect::<Result<_, _>>().map_err(driver_err)?;
+        let stream = ctx.new_stream().map_err(driver_err)?;
+        let name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
+        Ok(CudaDevice { ctx, stream, functions, threads_per_task: h.kernels.iter().map(|k| k.gpu_threads_per_task).collect(), allocations: vec![], name })
+    }
+}
+
+fn run_err(e: impl std::fmt::Debug) -> RunError {
+    RunError::Gpu(format!("{e:?}"))
+}
+
+impl crate::executor::gpu::GpuDevice for CudaDevice {
+    type Graph = CudaGraph;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.ctx.bind_to_thread().ok()?;
+        cudarc::driver::result::mem_get_info().ok().map(|(free, _)| free as u64)
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<u64, RunError> {
+        self.ctx.bind_to_thread().map_err(run_err)?;
+        let a = self.stream.alloc_zeros::<u8>(bytes).map_err(run_err)?;
+        let at = a.device_ptr(&self.stream).0;
+        self.allocations.push(a);
+        Ok(at)
+    }
+
+    fn upload(&mut self, dst: u64, data: &[u8]) -> Result<(), RunError> {
+        self.ctx.bind_to_thread().map_err(run_err)?;
+        // SAFETY: `dst` lies in an allocation of this device at least `data.len()` long (the executor's layout).
+        // From pageable memory the driver stages the data before the call
+        // returns (CUDA's API synchronization behavior), so `data` may go away
+        // after it, while the copy stays in order on the stream.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, data, self.stream.cu_stream()) }.map_err(run_err)
+    }
+
+    fn download(&mut self, src: u64, out: &mut [u8]) -> Result<(), RunError> {
+        self.ctx.bind_to_thread().map_err(run_err)?;
+        // SAFETY: `src` lies in an allocation of this device at least `out.len()` long.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, self.stream.cu_stream()) }.map_err(run_err)?;
+        self.stream.synchronize().map_err(run_err)
+    }
+
+    fn launch(&mut self, kernel: u32, args: u64, dims: u64, tasks: u64) -> Result<(), RunError> {
+        let (begin, end) = (0u64, tasks);
+        let mut builder = self.stream.launch_builder(&self.functions[kernel as usize]);
+        builder.arg(&args).arg(&dims).arg(&begin).arg(&end);
+        // SAFETY: the kernel's ABI is (args, dims, task_begin, task_end), the
+        // argument table at `args` holds its buffers' device addresses, sized by
+        // the compiler for this plan's steps.
+        unsafe { builder.launch(launch_config(tasks, self.threads_per_task[kernel as usize])) }.map_err(run_err)?;
+        Ok(())
+    }
+
+    fn begin_capture(&mut self) -> Result<(), RunError> {
+        self.ctx.bind_to_thread().map_err(run_err)?;
+        self.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(run_err)
+    }
+
+    fn end_capture(&mut self) -> Result<CudaGraph, RunError> {
+        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(run_err)?;
+        let graph = graph.ok_or_else(|| RunError::Gpu("the capture of a decode step gave no graph".into()))?;
+        graph.upload().map_err(run_err)?;
+        Ok(graph)
+    }
+
+    fn replay(&mut self, graph: &CudaGraph) -> Result<(), RunError> {
+        graph.launch().map_err(run_err)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -14,6 +14,7 @@ pub mod collectives;
 pub mod constrain;
 pub mod cpu;
 pub mod engine;
+pub mod executor;
 /// The artifact format lives in its own crate (`runtime-stub/format`), which the
 /// compiler's crates share without depending on this runtime.
 pub use maxc_format as format;

@@ -8,7 +8,7 @@ use anyhow::{anyhow, Context};
 use clap::{Args, Parser, Subcommand};
 
 use maxrun::artifact::Artifact;
-use maxrun::engine::{Engine, Event, GenerationParams, Request};
+use maxrun::engine::{Engine, Event, GenerationParams, ModelFacts, Request};
 use maxrun::sampler::SamplingParams;
 use maxrun::runner::{Device, Runner};
 use maxrun::usage::usage;
@@ -65,8 +65,9 @@ struct ServeArgs {
     /// at most a quarter of the available memory).
     #[arg(long, value_name = "BYTES")]
     kv_cache_memory: Option<u64>,
-    /// Where to run: auto (the batched engine on the CPU; the GPU, one request at
-    /// a time, for a GPU-only artifact), cpu, gpu, gpu:N.
+    /// Where the batched engine runs: auto (the GPU when the artifact has GPU
+    /// code and a CUDA driver and device are present, else the CPU code; a
+    /// sharded artifact on its CPU devices), cpu, gpu, gpu:N.
     #[arg(long, default_value = "auto")]
     device: Device,
     /// Skip the weights checksum, which is otherwise checked before serving.
@@ -514,7 +515,11 @@ fn bench_concurrency(args: &BenchArgs, artifact: &Artifact, n: usize, threads: u
     }
     fits_benchmark(&args.artifact, artifact, args.shared_prefix + args.prompt_tokens + args.generated_tokens)?;
     let tokenizer = maxrun::engine::load_tokenizer(artifact).map_err(|e| anyhow!(e))?;
-    let mut engine = Engine::batched(artifact, threads, args.kv_cache_memory, tokenizer)?;
+    let (executor, note) = maxrun::runner::open_executor(artifact, threads, args.device, args.kv_cache_memory)?;
+    if let Some(note) = note {
+        eprintln!("maxrun bench: {note}");
+    }
+    let mut engine = Engine::batched(ModelFacts::of(artifact), executor, tokenizer);
     let cfg = maxrun::bench::ConcurrencyConfig {
         sequences: n,
         prompt_tokens: args.prompt_tokens,
@@ -647,7 +652,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!("prompt: {} tokens | -n 0: nothing generated (the prompt was not run)", ids.len());
         return Ok(ExitCode::SUCCESS);
     }
-    let mut engine = Engine::serial(&artifact, session, tokenizer);
+    let mut engine = Engine::serial(ModelFacts::of(&artifact), Box::new(session), tokenizer);
     engine.submit(Request::new(ids.clone(), params)).map_err(|e| submit_error(&cli, e))?;
     let mut out = std::io::stdout().lock();
     let mut held = String::new();
@@ -688,8 +693,8 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         runner.counts().prefill,
         runner.counts().decode,
     );
-    if let (true, Some(cpu)) = (cli.profile, runner.cpu()) {
-        eprint!("{}", render_profile(&cpu.profile()));
+    if cli.profile {
+        eprint!("{}", render_profile(&runner.profile()));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -720,7 +725,7 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) ->
     let (bos, eos_text) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
     let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(256) as usize;
     let session = open_runner(artifact, cli)?;
-    let mut engine = Engine::serial(artifact, session, tokenizer);
+    let mut engine = Engine::serial(ModelFacts::of(artifact), Box::new(session), tokenizer);
     let mut messages: Vec<Message> = cli.system.iter().map(|s| Message::new("system", s)).collect();
     let interactive = std::io::stdin().is_terminal();
     let mut out = std::io::stdout().lock();
@@ -781,8 +786,8 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) ->
             eprint!("> ");
         }
     }
-    if let (true, Some(cpu)) = (cli.profile, engine.runner().and_then(|r| r.cpu())) {
-        eprint!("{}", render_profile(&cpu.profile()));
+    if cli.profile {
+        eprint!("{}", render_profile(&engine.profile()));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -871,7 +876,7 @@ fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_
 }
 
 /// The `--profile` table: kernels ranked by total time, per plan.
-fn render_profile(rows: &[maxrun::session::ProfileRow]) -> String {
+fn render_profile(rows: &[maxrun::executor::ProfileRow]) -> String {
     let mut out = String::new();
     for plan in ["prefill", "decode"] {
         let total: f64 = rows.iter().filter(|r| r.plan == plan).map(|r| r.seconds).sum();

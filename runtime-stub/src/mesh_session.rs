@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use crate::artifact::Artifact;
 use crate::collectives::MeshHub;
-use crate::format::{CollectiveOp, DeviceKind};
-use crate::session::{RunCounts, Session, SessionError};
+use crate::format::DeviceKind;
+use crate::executor::{RunCounts, RunError};
+use crate::session::Session;
 
 /// One sequence over every sub-model of a sharded artifact.
 pub struct MeshSession<'a> {
@@ -24,24 +25,13 @@ impl std::fmt::Debug for MeshSession<'_> {
 
 impl<'a> MeshSession<'a> {
     /// Opens every sub-model; `threads` are divided among the devices (at least one each).
-    pub fn new(artifact: &'a Artifact, threads: usize) -> Result<Self, SessionError> {
+    pub fn new(artifact: &'a Artifact, threads: usize) -> Result<Self, RunError> {
         let h = &artifact.header;
         if h.mesh.kind != DeviceKind::Cpu {
-            return Err(SessionError::Gpu(format!("the artifact is split over {}; the CPU runner runs CPU meshes", h.mesh.spec())));
+            return Err(RunError::Gpu(format!("the artifact is split over {}; the CPU runner runs CPU meshes", h.mesh.spec())));
         }
         let devices = h.sub_models.len();
-        let largest = h
-            .sub_models
-            .iter()
-            .flat_map(|m| [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten())
-            .flat_map(|p| p.collectives.iter().map(move |c| (c, p.max_seq)))
-            .map(|(c, max_seq)| match c.op {
-                CollectiveOp::AllReduceSum { elems } => elems.eval(max_seq),
-                CollectiveOp::AllGather { .. } => 0,
-            })
-            .max()
-            .unwrap_or(0);
-        let hub = Arc::new(MeshHub::new(devices, largest as usize));
+        let hub = Arc::new(MeshHub::for_artifact(h));
         let per_device = (threads / devices).max(1);
         let sessions = (0..devices).map(|d| Session::on_device(artifact, per_device, d, Some(hub.clone()))).collect::<Result<_, _>>()?;
         Ok(MeshSession { sessions })
@@ -58,12 +48,12 @@ impl<'a> MeshSession<'a> {
 
     /// Runs `f` on every device at once (device 0 on this thread) and returns
     /// device 0's result, or the first error.
-    fn on_all<F>(&mut self, last_only: bool, f: F) -> Result<&[f32], SessionError>
+    fn on_all<F>(&mut self, last_only: bool, f: F) -> Result<&[f32], RunError>
     where
-        F: Fn(&mut Session<'a>) -> Result<(), SessionError> + Sync,
+        F: Fn(&mut Session<'a>) -> Result<(), RunError> + Sync,
     {
         let (first, rest) = self.sessions.split_first_mut().expect("a mesh has a device");
-        let results: Vec<Result<(), SessionError>> = std::thread::scope(|scope| {
+        let results: Vec<Result<(), RunError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = rest.iter_mut().map(|s| scope.spawn(|| f(s))).collect();
             let mine = f(first);
             std::iter::once(mine).chain(handles.into_iter().map(|h| h.join().expect("a device thread panicked"))).collect()
@@ -73,14 +63,14 @@ impl<'a> MeshSession<'a> {
     }
 
     /// Appends `ids` on every device and returns their logits, `[ids.len(), vocab]`.
-    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         // Checked once here, so that no device starts a step the others refuse.
         crate::session::check_tokens(&self.sessions[0].artifact().header, self.sessions[0].position, ids)?;
         self.on_all(false, |s| s.forward(ids).map(|_| ()))
     }
 
     /// Appends `ids` and returns the last token's logits only.
-    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         crate::session::check_tokens(&self.sessions[0].artifact().header, self.sessions[0].position, ids)?;
         self.on_all(true, |s| s.forward_last(ids).map(|_| ()))
     }

@@ -9,7 +9,8 @@
 use std::path::PathBuf;
 
 use crate::artifact::{Artifact, ArtifactError};
-use crate::session::{RunCounts, Session, SessionError};
+use crate::executor::{Executor, ProfileRow, RunCounts, RunError, SequenceExecutor};
+use crate::session::Session;
 
 /// The device a run asks for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -38,7 +39,7 @@ impl std::str::FromStr for Device {
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
     #[error(transparent)]
-    Session(#[from] SessionError),
+    Run(#[from] RunError),
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
     #[error(
@@ -147,7 +148,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Appends `ids` and returns their logits.
-    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         match self {
             Runner::Cpu(s) => s.forward(ids),
             Runner::Mesh(s) => s.forward(ids),
@@ -157,7 +158,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Appends `ids` and returns the last token's logits only (what generation needs).
-    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         match self {
             Runner::Cpu(s) => s.forward_last(ids),
             Runner::Mesh(s) => s.forward_last(ids),
@@ -222,6 +223,100 @@ impl<'a> Runner<'a> {
             Runner::Gpu(_) => None,
         }
     }
+}
+
+impl SequenceExecutor for Runner<'_> {
+    fn forward(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
+        Runner::forward(self, ids)
+    }
+
+    fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
+        Runner::forward_last(self, ids)
+    }
+
+    fn truncate(&mut self, len: u64) {
+        Runner::truncate(self, len)
+    }
+
+    fn reset(&mut self) {
+        Runner::reset(self)
+    }
+
+    fn counts(&self) -> RunCounts {
+        Runner::counts(self)
+    }
+
+    fn threads(&self) -> usize {
+        Runner::threads(self)
+    }
+
+    fn describe(&self) -> String {
+        Runner::describe(self)
+    }
+
+    fn enable_profile(&mut self) {
+        if let Some(cpu) = self.cpu() {
+            cpu.enable_profile();
+        }
+    }
+
+    fn profile(&self) -> Vec<ProfileRow> {
+        match self {
+            Runner::Cpu(s) => s.profile(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Opens the batched executor of `artifact` on `device` with a KV pool of
+/// `kv_bytes` bytes (`None`: the executor's default): the CPU, a CPU mesh for a
+/// sharded artifact, or the GPU. `auto` takes the GPU when the artifact has GPU
+/// code and a GPU is usable, as [`Runner::open`] does, and then also returns
+/// a note for stderr when it fell back to the CPU code.
+pub fn open_executor<'a>(artifact: &'a Artifact, threads: usize, device: Device, kv_bytes: Option<u64>) -> Result<(Box<dyn Executor + 'a>, Option<String>), RunnerError> {
+    let h = &artifact.header;
+    let path = artifact.path.clone();
+    let has_gpu = !h.gpu_archs.is_empty();
+    if h.sub_models.len() > 1 {
+        use crate::format::DeviceKind;
+        let error = |reason: String| RunnerError::Mesh { path: path.clone(), mesh: h.mesh.spec(), reason };
+        return match (h.mesh.kind, device) {
+            (DeviceKind::Cpu, Device::Cpu | Device::Auto) => Ok((Box::new(crate::executor::mesh::MeshExecutor::new(artifact, threads, kv_bytes)?), None)),
+            (DeviceKind::Cpu, Device::Gpu(_)) => Err(error("its sub-models are CPU devices; run it with --device cpu (or auto), or recompile with --devices gpu:0,1".into())),
+            (DeviceKind::Gpu, _) => Err(error("batched steps on a GPU mesh are not supported by this maxrun; serve it one request at a time".into())),
+        };
+    }
+    let cpu = || -> Result<Box<dyn Executor + 'a>, RunnerError> { Ok(Box::new(crate::executor::cpu::CpuExecutor::new(artifact, threads, kv_bytes)?)) };
+    match device {
+        Device::Cpu => Ok((cpu()?, None)),
+        Device::Gpu(_) if !has_gpu => Err(RunnerError::NoGpuCode { path }),
+        Device::Gpu(n) => open_gpu_executor(artifact, n, kv_bytes).map(|e| (e, None)).map_err(|reason| {
+            if h.has_cpu_code() {
+                RunnerError::NoGpu { path, reason }
+            } else {
+                RunnerError::NoGpuNoCpu { path, reason, archs: h.gpu_archs.clone() }
+            }
+        }),
+        Device::Auto if !has_gpu => Ok((cpu()?, None)),
+        Device::Auto => match open_gpu_executor(artifact, 0, kv_bytes) {
+            Ok(e) => Ok((e, None)),
+            Err(reason) if h.has_cpu_code() => Ok((cpu()?, Some(format!("{reason}; running the artifact's CPU code")))),
+            Err(reason) => Err(RunnerError::NoGpuNoCpu { path, reason, archs: h.gpu_archs.clone() }),
+        },
+    }
+}
+
+/// The GPU executor on GPU `ordinal`, or why there is none here.
+#[cfg(feature = "cuda")]
+fn open_gpu_executor<'a>(artifact: &'a Artifact, ordinal: usize, kv_bytes: Option<u64>) -> Result<Box<dyn Executor + 'a>, String> {
+    let device = crate::gpu::CudaDevice::open(artifact, ordinal).map_err(|e| e.to_string())?;
+    let graphs = crate::gpu::graphs_enabled(std::env::var("MAXRUN_CUDA_GRAPHS").ok().as_deref());
+    Ok(Box::new(crate::executor::gpu::GpuExecutor::new(artifact, device, kv_bytes, graphs).map_err(|e| e.to_string())?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_gpu_executor<'a>(_artifact: &'a Artifact, _ordinal: usize, _kv_bytes: Option<u64>) -> Result<Box<dyn Executor + 'a>, String> {
+    Err(NO_CUDA.into())
 }
 
 #[cfg(test)]
@@ -297,7 +392,7 @@ mod tests {
     fn collectives_outside_the_arena_are_refused() {
         use crate::format::*;
         let mesh = DeviceMesh { kind: DeviceKind::Cpu, ordinals: vec![0, 1] };
-        let step = |op: CollectiveOp, input: u64, output: u64| CollectiveStep { before_launch: 0, op, input: BufferRef::Arena { offset: input }, output: BufferRef::Arena { offset: output } };
+        let step = |op: CollectiveOp, input: u64, output: u64| CollectiveStep { before_launch: 0, op, input: BufferRef::Arena { offset: input }, output: BufferRef::Arena { offset: output }, rows: RowCount::Step };
         let with = |c: CollectiveStep| move |h: &mut Header| h.sub_models[1].decode.collectives = vec![c.clone()];
         let fits = step(CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: 0, fixed: 8 } }, 0, 32);
         assert!(mesh_artifact_with(mesh.clone(), with(fits)).is_ok(), "8 + 8 f32 in a 64-byte arena");

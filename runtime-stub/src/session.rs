@@ -4,43 +4,26 @@
 //! chunks of up to `prefill.max_seq` tokens, or the decode plan for a single token,
 //! appending to the KV cache; nothing is allocated per step.
 
-use crate::artifact::{Artifact, ArtifactError};
-use crate::code::{CodeError, KernelFn, LoadedCode};
+use crate::artifact::Artifact;
+use crate::code::{KernelFn, LoadedCode};
 use crate::collectives::MeshHub;
-use crate::format::{BufferRef, CollectiveOp, Plan, SubModel};
+pub use crate::executor::{ProfileRow, RunCounts};
+use crate::executor::RunError;
+use crate::format::{BufferRef, CollectiveOp, CollectiveStep, Plan, RowCount, SubModel};
 use crate::kv_cache::KvCache;
 use crate::pool::ThreadPool;
-
-/// Errors while preparing or running a session.
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error(transparent)]
-    Artifact(#[from] ArtifactError),
-    #[error(transparent)]
-    Code(#[from] CodeError),
-    #[error("the sequence would reach {needed} tokens, beyond the artifact's maximum context length of {max} tokens")]
-    ContextFull { needed: u64, max: u64 },
-    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
-    BadToken { id: u32, vocab: u64 },
-    #[error("--check-nan: kernel `{kernel}` (launch {launch} of the {plan} plan) wrote {value} at output element {index}")]
-    NonFinite { kernel: String, launch: usize, plan: &'static str, index: usize, value: f32 },
-    #[error("GPU: {0}")]
-    Gpu(String),
-    #[error("cannot allocate the KV cache: {bytes} bytes for the artifact's {max_length} positions; recompile with a smaller `transformer.max_length` (--model-override transformer.max_length=N)")]
-    KvCacheMemory { bytes: u64, max_length: u64 },
-}
 
 /// Refuses `ids` before any work: an id outside the vocabulary, or a sequence
 /// that would outgrow the artifact's maximum length from `position` (shared by the
 /// CPU and GPU sessions).
-pub fn check_tokens(h: &crate::format::Header, position: u64, ids: &[u32]) -> Result<(), SessionError> {
+pub fn check_tokens(h: &crate::format::Header, position: u64, ids: &[u32]) -> Result<(), RunError> {
     let vocab = h.model.vocab_size;
     if let Some(&id) = ids.iter().find(|&&id| id as u64 >= vocab) {
-        return Err(SessionError::BadToken { id, vocab });
+        return Err(RunError::BadToken { id, vocab });
     }
     let needed = position + ids.len() as u64;
     if needed > h.max_length {
-        return Err(SessionError::ContextFull { needed, max: h.max_length });
+        return Err(RunError::ContextFull { needed, max: h.max_length });
     }
     Ok(())
 }
@@ -51,13 +34,6 @@ enum Which {
     Prefill,
     Decode,
     PrefillLast,
-}
-
-/// How often each plan ran (tests use it to show decode is O(1) tokens per step).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct RunCounts {
-    pub prefill: u64,
-    pub decode: u64,
 }
 
 /// A 64-byte aligned, zeroed byte buffer.
@@ -120,7 +96,7 @@ impl PlanState {
 
 /// Checks the CPU, loads the artifact's code and resolves every kernel (in the
 /// header's order).
-pub(crate) fn load_kernels(artifact: &Artifact) -> Result<(LoadedCode, Vec<KernelFn>), SessionError> {
+pub(crate) fn load_kernels(artifact: &Artifact) -> Result<(LoadedCode, Vec<KernelFn>), RunError> {
     artifact.check_cpu()?;
     let code = LoadedCode::load(artifact.code())?;
     let resolved = artifact.header.kernels.iter().map(|k| code.kernel(&k.symbol)).collect::<Result<_, _>>()?;
@@ -163,27 +139,51 @@ pub(crate) struct StepInputs<'b> {
 }
 
 /// What one plan's run shares with the others: the artifact, the threads, the
-/// KV cache and the run-time checks.
+/// KV cache, the run-time checks, and on a device mesh the hub and this device.
 pub(crate) struct Run<'r> {
     pub artifact: &'r Artifact,
     pub pool: &'r ThreadPool,
     pub kv_cache: &'r mut KvCache,
     pub check_nan: bool,
     pub plan_name: &'static str,
+    pub mesh: Option<(&'r MeshHub, usize)>,
+}
+
+/// Runs collective `c` of a plan on this device's `arena` for a step of
+/// `dims` rows (`dims[1]`: rows with logits, which the collectives after a
+/// batch plan's gather count).
+fn exchange(mesh: Option<(&MeshHub, usize)>, arena: *mut u8, c: &CollectiveStep, dims: [i64; 2]) {
+    let (hub, device) = mesh.expect("plans with collectives run on a mesh");
+    let at_arena = |r: &BufferRef| match *r {
+        // SAFETY: collective buffers were validated against the arena at open.
+        BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) as *mut f32 },
+        other => panic!("collective buffer {other:?}: the compiler places them in the arena"),
+    };
+    let (input, output) = (at_arena(&c.input), at_arena(&c.output));
+    let rows = match c.rows {
+        RowCount::Step => dims[0],
+        RowCount::Logits => dims[1],
+    } as u64;
+    // SAFETY: the compiler sized both buffers for the plan's rows.
+    unsafe {
+        match c.op {
+            CollectiveOp::AllReduceSum { elems } => hub.all_reduce_sum(device, input, output, elems.eval(rows) as usize),
+            CollectiveOp::AllGather { rows: r, cols } => hub.all_gather(device, input, output, r.eval(rows) as usize, cols as usize),
+        }
+    }
 }
 
 impl Run<'_> {
     /// Runs every launch of `plan` for a step of `dims[0]` rows (`dims[1]`: rows
-    /// with logits, for the launches that follow them), calling `exchange` for
-    /// the plan's collectives at their places.
+    /// with logits, for the launches that follow them), and the plan's
+    /// collectives at their places.
     pub(crate) fn plan(
         &mut self,
         plan: &Plan,
         state: &mut PlanState,
         inputs: &StepInputs<'_>,
         dims: [i64; 2],
-        exchange: &mut dyn FnMut(*mut u8, &crate::format::CollectiveStep),
-    ) -> Result<(), SessionError> {
+    ) -> Result<(), RunError> {
         let header = &self.artifact.header;
         let arena = state.arena.ptr();
         let mut args: Vec<*mut u8> = Vec::with_capacity(8);
@@ -191,7 +191,7 @@ impl Run<'_> {
         let input = |s: &[i32]| s.as_ptr() as *mut u8;
         for (index, (launch, kernel)) in plan.launches.iter().zip(&state.kernels).enumerate() {
             while let Some(c) = collectives.next_if(|c| c.before_launch as usize == index) {
-                exchange(arena, c);
+                exchange(self.mesh, arena, c, dims);
             }
             args.clear();
             for a in &launch.args {
@@ -241,13 +241,13 @@ impl Run<'_> {
                     let out = unsafe { std::slice::from_raw_parts(arena.add(offset as usize) as *const f32, written) };
                     if let Some((at, &value)) = out.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                         let kernel = header.kernels[launch.kernel as usize].symbol.clone();
-                        return Err(SessionError::NonFinite { kernel, launch: index, plan: self.plan_name, index: at, value });
+                        return Err(RunError::NonFinite { kernel, launch: index, plan: self.plan_name, index: at, value });
                     }
                 }
             }
         }
-        while let Some(c) = collectives.next() {
-            exchange(arena, c);
+        for c in collectives {
+            exchange(self.mesh, arena, c, dims);
         }
         Ok(())
     }
@@ -272,18 +272,6 @@ fn prefetch_plan(artifact: &Artifact, plan: &Plan) -> Vec<Vec<(usize, usize)>> {
     };
     let n = plan.launches.len();
     (0..n).map(|i| (1..=n).find_map(|d| streamed(&plan.launches[(i + d) % n])).unwrap_or_default()).collect()
-}
-
-/// One row of a kernel profile: a kernel's launches within one plan, summed.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProfileRow {
-    pub plan: &'static str,
-    pub kernel: String,
-    pub family: String,
-    pub calls: u64,
-    pub seconds: f64,
-    /// Weights read plus outputs written, summed over calls.
-    pub bytes: u64,
 }
 
 /// One running sequence over an artifact.
@@ -318,13 +306,13 @@ impl std::fmt::Debug for Session<'_> {
 
 impl<'a> Session<'a> {
     /// Checks the CPU, loads the code, resolves kernels and allocates the caches.
-    pub fn new(artifact: &'a Artifact, threads: usize) -> Result<Self, SessionError> {
+    pub fn new(artifact: &'a Artifact, threads: usize) -> Result<Self, RunError> {
         Self::on_device(artifact, threads, 0, None)
     }
 
     /// A session for sub-model `device` of a sharded artifact, exchanging data with
     /// the sessions of the other devices through `hub` (`None` on one device).
-    pub fn on_device(artifact: &'a Artifact, threads: usize, device: usize, hub: Option<std::sync::Arc<MeshHub>>) -> Result<Self, SessionError> {
+    pub fn on_device(artifact: &'a Artifact, threads: usize, device: usize, hub: Option<std::sync::Arc<MeshHub>>) -> Result<Self, RunError> {
         let (code, resolved) = load_kernels(artifact)?;
         let state = |plan: &Plan, decode: bool| PlanState::new(artifact, plan, &resolved, decode);
         let h = &artifact.header;
@@ -334,7 +322,7 @@ impl<'a> Session<'a> {
         let kv_cache = layer_bytes
             .ok_or(u64::MAX)
             .and_then(|b| KvCache::new(layers, b))
-            .map_err(|bytes| SessionError::KvCacheMemory { bytes, max_length: h.max_length })?;
+            .map_err(|bytes| RunError::KvCacheMemory { bytes, max_length: h.max_length })?;
         Ok(Session {
             artifact,
             device,
@@ -414,7 +402,7 @@ impl<'a> Session<'a> {
 
     /// Appends `ids` to the sequence and returns their logits, `[ids.len(), vocab]`
     /// (for an encoder: the sentence embedding, after a single step over all ids).
-    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         let h = &self.artifact.header;
         check_tokens(h, self.position, ids)?;
         self.logits.clear();
@@ -431,7 +419,7 @@ impl<'a> Session<'a> {
     /// Appends `ids` and returns the logits of the last one only, `[vocab]`: what
     /// generation needs. Uses the artifact's last-row prefill plan when it has one
     /// (every chunk skips the other rows' final norm and lm_head).
-    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], SessionError> {
+    pub fn forward_last(&mut self, ids: &[u32]) -> Result<&[f32], RunError> {
         let h = &self.artifact.header;
         if ids.len() <= 1 || self.prefill_last.is_none() || h.model.embedding_width.is_some() {
             let vocab = h.model.vocab_size as usize;
@@ -446,7 +434,7 @@ impl<'a> Session<'a> {
         Ok(&self.logits)
     }
 
-    fn step(&mut self, ids: &[u32], which: Which) -> Result<(), SessionError> {
+    fn step(&mut self, ids: &[u32], which: Which) -> Result<(), RunError> {
         let header = &self.artifact.header;
         let sub = &header.sub_models[self.device];
         let prefill = which != Which::Decode;
@@ -462,27 +450,10 @@ impl<'a> Session<'a> {
         self.positions.clear();
         self.positions.extend((self.position..self.position + seq).map(|p| p as i32));
         let inputs = StepInputs { tokens: &self.tokens, positions: &self.positions, ..StepInputs::default() };
-        let hub = self.hub.as_deref();
-        let device = self.device;
-        let mut exchange = |arena: *mut u8, c: &crate::format::CollectiveStep| {
-            let hub = hub.expect("plans with collectives run on a mesh");
-            let at_arena = |r: &BufferRef| match *r {
-                // SAFETY: collective buffers were validated against the arena at open.
-                BufferRef::Arena { offset } => unsafe { arena.add(offset as usize) as *mut f32 },
-                other => panic!("collective buffer {other:?}: the compiler places them in the arena"),
-            };
-            let (input, output) = (at_arena(&c.input), at_arena(&c.output));
-            // SAFETY: the compiler sized both buffers for `plan.max_seq` tokens.
-            unsafe {
-                match c.op {
-                    CollectiveOp::AllReduceSum { elems } => hub.all_reduce_sum(device, input, output, elems.eval(seq) as usize),
-                    CollectiveOp::AllGather { rows, cols } => hub.all_gather(device, input, output, rows.eval(seq) as usize, cols as usize),
-                }
-            }
-        };
         let name = if prefill { "prefill" } else { "decode" };
-        let mut run = Run { artifact: self.artifact, pool: &self.pool, kv_cache: &mut self.kv_cache, check_nan: self.check_nan, plan_name: name };
-        run.plan(plan, state, &inputs, [seq as i64, 0], &mut exchange)?;
+        let mesh = self.hub.as_deref().map(|hub| (hub, self.device));
+        let mut run = Run { artifact: self.artifact, pool: &self.pool, kv_cache: &mut self.kv_cache, check_nan: self.check_nan, plan_name: name, mesh };
+        run.plan(plan, state, &inputs, [seq as i64, 0])?;
         let n = match header.model.embedding_width {
             Some(width) => width as usize,
             None if which == Which::PrefillLast => header.model.vocab_size as usize,

@@ -9,13 +9,20 @@ use std::collections::HashMap;
 
 use maxc_tests::*;
 use maxrun::artifact::Artifact;
-use maxrun::engine::{load_tokenizer, Engine, Event, GenerationParams, Request, RequestId};
+use maxrun::engine::{load_tokenizer, Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
 use maxrun::runner::{Device, Runner};
 use maxrun::sampler::SamplingParams;
 
 fn float32_artifact(name: &str) -> TempPath {
     let model = if name == "smollm2-135m" { smollm2_gguf() } else { fixture(name) };
     compile_model(&format!("batch-{name}"), &model, &["--quantization-encoding", "float32"])
+}
+
+/// The batched engine on the artifact's CPU executor, 2 threads, a KV pool of
+/// `kv_bytes` (`None`: the default).
+fn batched(artifact: &Artifact, kv_bytes: Option<u64>) -> Result<Engine<'_>, maxrun::runner::RunnerError> {
+    let (executor, _) = maxrun::runner::open_executor(artifact, 2, Device::Cpu, kv_bytes)?;
+    Ok(Engine::batched(ModelFacts::of(artifact), executor, load_tokenizer(artifact).unwrap()))
 }
 
 fn greedy(max_tokens: usize, ignore_eos: bool) -> GenerationParams {
@@ -77,11 +84,11 @@ fn check_batch_against_golden_and_single(name: &str) {
     // As the goldens were generated: EOS suppressed on the arch-* fixtures.
     let ignore_eos = name.starts_with("arch-");
     let request = |c: &serde_json::Value| Request { prompt: ids(&c["input_ids"]), params: greedy(ids(&c["greedy_ids"]).len(), ignore_eos), all_logits: true };
-    let mut batched = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut batched = batched(&artifact, None).unwrap();
     let later: Vec<(usize, Request)> = cases.iter().enumerate().skip(1).map(|(i, c)| (2 * i - 1, request(c))).collect();
     let together = run_all(&mut batched, vec![request(&cases[0])], later);
     let (runner, _) = Runner::open(&artifact, 2, Device::Cpu).unwrap();
-    let mut serial = Engine::serial(&artifact, runner, load_tokenizer(&artifact).unwrap());
+    let mut serial = Engine::serial(ModelFacts::of(&artifact), Box::new(runner), load_tokenizer(&artifact).unwrap());
     for (i, (case, got)) in cases.iter().zip(&together).enumerate() {
         let what = format!("{name} case {i}");
         let prompt = ids(&case["input_ids"]);
@@ -143,7 +150,7 @@ fn tokens(artifact: &Artifact, text: &str) -> Vec<u32> {
 /// Each prompt alone through the serial engine (the single-stream plans).
 fn alone(artifact: &Artifact, requests: &[Request]) -> Vec<Outcome> {
     let (runner, _) = Runner::open(artifact, 2, Device::Cpu).unwrap();
-    let mut serial = Engine::serial(artifact, runner, load_tokenizer(artifact).unwrap());
+    let mut serial = Engine::serial(ModelFacts::of(artifact), Box::new(runner), load_tokenizer(artifact).unwrap());
     requests.iter().map(|r| run_all(&mut serial, vec![r.clone()], vec![]).remove(0)).collect()
 }
 
@@ -168,7 +175,7 @@ fn sixteen_concurrent_requests_with_random_arrivals_and_cancellations() {
     let arrivals: Vec<u64> = (0..16).map(|i| if i < 4 { 0 } else { dice.below(40) }).collect();
     // Three requests are cancelled a few steps after they arrive.
     let cancelled: HashMap<usize, u64> = [3usize, 8, 13].iter().map(|&i| (i, arrivals[i] + 2 + dice.below(10))).collect();
-    let mut engine = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut engine = batched(&artifact, None).unwrap();
     let mut ids: HashMap<usize, RequestId> = HashMap::new();
     let mut out: HashMap<RequestId, Outcome> = HashMap::new();
     let mut most_running = 0;
@@ -213,6 +220,42 @@ fn sixteen_concurrent_requests_with_random_arrivals_and_cancellations() {
     assert_eq!((s.running, s.waiting, s.kv_blocks_used), (0, 0, 0), "cancelled and finished requests gave their blocks back: {s:?}");
 }
 
+/// A sharded artifact (`--devices cpu:0,1`) serves many sequences at once
+/// through the mesh executor (the sub-models' batch plans, their collectives
+/// counting the step's rows, then its rows with logits): 8 requests submitted
+/// together run in the same steps, and each greedy text is the one the mesh
+/// gives the request alone through its single-stream plans.
+#[test]
+fn a_two_device_mesh_serves_eight_sequences_with_their_texts_alone() {
+    let mef = smollm2_default("batch-mesh", &["--devices", "cpu:0,1"]);
+    let artifact = Artifact::open(&mef).unwrap();
+    assert_eq!(artifact.header.sub_models.len(), 2);
+    assert!(artifact.header.sub_models.iter().all(|m| m.batch.as_ref().is_some_and(|b| !b.mixed.collectives.is_empty())), "every device's batch plans exchange activations");
+    let requests: Vec<Request> = PROMPTS[..8].iter().map(|p| Request::new(tokens(&artifact, p), greedy(24, true))).collect();
+    let mut engine = batched(&artifact, None).unwrap();
+    assert!(engine.is_batched() && engine.describe().contains("devices: 2"), "{}", engine.describe());
+    let ids: Vec<RequestId> = requests.iter().map(|r| engine.submit(r.clone()).unwrap()).collect();
+    let mut out: HashMap<RequestId, Outcome> = HashMap::new();
+    let mut most_running = 0;
+    while engine.has_work() {
+        for e in engine.step().unwrap() {
+            match e {
+                Event::Token { id, token, .. } => out.entry(id).or_default().tokens.push(token),
+                Event::Finished { id, .. } => out.entry(id).or_default().finished = true,
+                Event::Logits { .. } | Event::PromptLogprob { .. } => unreachable!("no request asked for prompt logits"),
+            }
+        }
+        most_running = most_running.max(engine.stats().running);
+    }
+    assert_eq!(most_running, 8, "the 8 requests ran together");
+    let single = alone(&artifact, &requests);
+    for (i, id) in ids.iter().enumerate() {
+        assert!(out[id].finished);
+        assert_eq!(out[id].tokens.len(), 24);
+        assert_eq!(out[id].tokens, single[i].tokens, "request {i} ({:?}): on the mesh batched and alone", PROMPTS[i]);
+    }
+}
+
 /// A sampled request draws, token for token, what its seed draws alone: its
 /// logits do not depend on what runs beside it. One sequence decodes through the
 /// single-row plan's GEMVs, several through the batch plan's row tiles, so this
@@ -226,7 +269,7 @@ fn sampled_requests_in_a_batch_draw_what_they_draw_alone() {
     let artifact = Artifact::open(&mef).unwrap();
     let sampled = |i: usize| GenerationParams { sampling: SamplingParams { temperature: 1.0, ..SamplingParams::default() }, seed: 40 + i as u64, ..greedy(48, true) };
     let requests: Vec<Request> = PROMPTS.iter().enumerate().map(|(i, p)| Request::new(tokens(&artifact, p), sampled(i))).collect();
-    let mut engine = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut engine = batched(&artifact, None).unwrap();
     let together = run_all(&mut engine, requests.clone(), vec![]);
     let mut texts = std::collections::HashSet::new();
     for (i, r) in requests.iter().enumerate() {
@@ -248,7 +291,7 @@ fn a_full_kv_pool_preempts_and_the_texts_stay_the_same() {
     let h = &artifact.header;
     let per_block = h.batch.unwrap().block_bytes(&h.kv_cache).unwrap() * 2 * h.kv_cache.layers;
     let requests: Vec<Request> = PROMPTS[..6].iter().map(|p| Request::new(tokens(&artifact, p), greedy(90, true))).collect();
-    let mut engine = Engine::batched(&artifact, 2, Some(20 * per_block), load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut engine = batched(&artifact, Some(20 * per_block)).unwrap();
     assert_eq!(engine.stats().kv_blocks_total, 20);
     let got = run_all(&mut engine, requests.clone(), vec![]);
     assert!(engine.stats().preemptions > 0, "the pool never filled: {:?}", engine.stats());
@@ -258,7 +301,7 @@ fn a_full_kv_pool_preempts_and_the_texts_stay_the_same() {
         assert_eq!(g.tokens, s.tokens, "request {i}: preempted and recomputed, batched vs alone");
     }
     // A pool too small for one sequence of the full context is refused.
-    let e = Engine::batched(&artifact, 2, Some(15 * per_block), load_tokenizer(&artifact).unwrap()).unwrap_err().to_string();
+    let e = batched(&artifact, Some(15 * per_block)).unwrap_err().to_string();
     assert!(e.contains("15 blocks") && e.contains("at least 16"), "{e}");
 }
 
@@ -271,7 +314,7 @@ fn a_shared_prefix_is_computed_once_and_gives_the_same_logits() {
     let first = Request::new([prefix.clone(), tokens(&artifact, " Summarize this.")].concat(), greedy(4, true));
     let second_prompt = [prefix, tokens(&artifact, " In one sentence, what came first?")].concat();
     let second = Request { prompt: second_prompt.clone(), params: greedy(4, true), all_logits: true };
-    let mut engine = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut engine = batched(&artifact, None).unwrap();
     run_all(&mut engine, vec![first], vec![]);
     let before = engine.stats();
     let got = run_all(&mut engine, vec![second.clone()], vec![]).remove(0);
@@ -304,7 +347,7 @@ fn the_kv_pool_holds_as_many_tokens_as_its_bytes_allow() {
     assert_eq!(v["batch"]["kv_bytes_per_block"].as_u64(), Some(per_block), "inspect reports a block's bytes");
     assert_eq!(v["batch"]["block_size"].as_u64(), Some(16));
     let blocks = b.blocks_per_sequence;
-    let mut engine = Engine::batched(&artifact, 2, Some(blocks * per_block + per_block / 2), load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut engine = batched(&artifact, Some(blocks * per_block + per_block / 2)).unwrap();
     assert_eq!(engine.stats().kv_blocks_total as u64, blocks, "the pool is as many blocks as its bytes hold");
     let requests: Vec<Request> = PROMPTS.iter().map(|p| Request::new(tokens(&artifact, p), greedy(30, true))).collect();
     for r in &requests {
@@ -332,7 +375,7 @@ fn requests_queued_together_share_the_prompt_blocks_computed_in_the_same_step() 
     let text = "The history of the printing press begins in East Asia, where woodblock printing was used for centuries. ".repeat(12);
     let prompt = tokens(&artifact, &text)[..203].to_vec();
     let request = Request::new(prompt.clone(), greedy(12, true));
-    let mut engine = Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap();
+    let mut engine = batched(&artifact, None).unwrap();
     let ids: Vec<RequestId> = (0..3).map(|_| engine.submit(request.clone()).unwrap()).collect();
     let cached = (prompt.len() - 1) / 16 * 16;
     let tail = prompt.len() - cached;
@@ -383,9 +426,9 @@ fn prompt_tokens_are_scored_against_the_golden_log_softmax() {
         let mef = float32_artifact(name);
         let artifact = Artifact::open(&mef).unwrap();
         let golden = golden(name);
-        let mut engines = vec![Engine::batched(&artifact, 2, None, load_tokenizer(&artifact).unwrap()).unwrap()];
+        let mut engines = vec![batched(&artifact, None).unwrap()];
         let (runner, _) = Runner::open(&artifact, 2, Device::Cpu).unwrap();
-        engines.push(Engine::serial(&artifact, runner, load_tokenizer(&artifact).unwrap()));
+        engines.push(Engine::serial(ModelFacts::of(&artifact), Box::new(runner), load_tokenizer(&artifact).unwrap()));
         for engine in &mut engines {
             for (i, case) in cases(&golden).iter().enumerate() {
                 let what = format!("{name} case {i} ({})", if engine.is_batched() { "batched" } else { "serial" });

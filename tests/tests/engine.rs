@@ -62,3 +62,188 @@ fn a_stop_string_ends_the_text_before_it() {
         assert_eq!(stream.text(), want);
     }
 }
+
+/// The engine over a fake executor: a device whose "model" makes each next
+/// token a hash of every token before it, read back through the step's block
+/// tables from a tiny paged KV pool (a token and its position per slot), with
+/// random step latencies. A wrong block table, slot, reused prefix block or
+/// recomputation after a preemption reads the wrong tokens and changes the
+/// output, which the test computes on its own from the prompts alone.
+mod fake_executor {
+    use std::collections::HashMap;
+
+    use maxrun::engine::{Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
+    use maxrun::executor::{BatchStep, Executor, PoolLimits, RunError};
+
+    const VOCAB: u64 = 512;
+
+    /// The fake model: the next token after `tokens` (never token 0).
+    fn next_token(tokens: &[u32]) -> u32 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &t in tokens {
+            h = (h ^ t as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        1 + (h % (VOCAB - 1)) as u32
+    }
+
+    struct Fake {
+        limits: PoolLimits,
+        /// Per slot: the token and position stored there by the last step that wrote it.
+        slots: Vec<Option<(u32, u32)>>,
+        logits: Vec<f32>,
+        rng: u64,
+        steps: usize,
+        max_rows_seen: usize,
+    }
+
+    impl Fake {
+        fn random(&mut self) -> u64 {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            self.rng
+        }
+    }
+
+    impl Executor for Fake {
+        fn limits(&self) -> PoolLimits {
+            self.limits
+        }
+
+        fn step(&mut self, step: &BatchStep<'_>) -> Result<&[f32], RunError> {
+            let l = self.limits;
+            assert!(step.rows() <= l.max_rows && step.logit_rows.len() <= l.max_logit_rows, "the step is within the plan's limits");
+            assert_eq!(step.block_tables.len() % l.blocks_per_sequence, 0);
+            self.steps += 1;
+            self.max_rows_seen = self.max_rows_seen.max(step.rows());
+            // Every row's key and value are stored before any row attends, as the kernels do.
+            for r in 0..step.rows() {
+                let (slot, seq, pos) = (step.slots[r] as usize, step.row_sequences[r] as usize, step.positions[r] as usize);
+                let table = &step.block_tables[seq * l.blocks_per_sequence..][..l.blocks_per_sequence];
+                assert_eq!(slot, table[pos / l.block_size] as usize * l.block_size + pos % l.block_size, "row {r}'s slot follows its block table");
+                assert!((table[pos / l.block_size] as usize) < l.blocks, "a block of the pool");
+                self.slots[slot] = Some((step.tokens[r] as u32, pos as u32));
+            }
+            self.logits.clear();
+            for &r in step.logit_rows {
+                let (seq, pos) = (step.row_sequences[r as usize] as usize, step.positions[r as usize] as usize);
+                let table = &step.block_tables[seq * l.blocks_per_sequence..][..l.blocks_per_sequence];
+                // "Attention": the sequence's tokens at positions 0..=pos, read through its table.
+                let seen: Vec<u32> = (0..=pos)
+                    .map(|p| {
+                        let slot = table[p / l.block_size] as usize * l.block_size + p % l.block_size;
+                        match self.slots[slot] {
+                            Some((token, at)) if at as usize == p => token,
+                            // A slot that holds another position: the output shows it.
+                            _ => 0,
+                        }
+                    })
+                    .collect();
+                let mut row = vec![0.0f32; VOCAB as usize];
+                row[next_token(&seen) as usize] = 10.0;
+                self.logits.extend(row);
+            }
+            let pause = self.random() % 1500;
+            std::thread::sleep(std::time::Duration::from_micros(pause));
+            Ok(&self.logits)
+        }
+
+        fn threads(&self) -> usize {
+            1
+        }
+
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+    }
+
+    /// The tokens a request generates, from its prompt alone.
+    fn expected(prompt: &[u32], n: usize) -> Vec<u32> {
+        let mut tokens = prompt.to_vec();
+        for _ in 0..n {
+            tokens.push(next_token(&tokens));
+        }
+        tokens[prompt.len()..].to_vec()
+    }
+
+    fn tokenizer() -> tokenizers::Tokenizer {
+        tokenizers::Tokenizer::from_file(maxc_tests::fixture("arch-gpt2").join("tokenizer.json")).unwrap()
+    }
+
+    #[test]
+    fn preemption_cancellation_and_prefix_reuse_through_a_fake_executor() {
+        let block_size = 4;
+        // 24 blocks of 4 positions: fewer than the requests below need at
+        // once, so decode rows preempt; a sequence may hold 16 blocks (64 positions).
+        let limits = PoolLimits { block_size, blocks_per_sequence: 16, blocks: 24, max_rows: 24, max_sequences: 6, max_logit_rows: 6 };
+        let fake = Fake { limits, slots: vec![None; 24 * block_size], logits: vec![], rng: 0x9e37_79b9_7f4a_7c15, steps: 0, max_rows_seen: 0 };
+        let facts = ModelFacts { vocab_size: VOCAB, max_length: 64, eos_token_ids: vec![0], tokenizer_json: None };
+        let mut engine = Engine::batched(facts, Box::new(fake), tokenizer());
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut random = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        // Prompts sharing a 12-token system prefix (three blocks), some of them
+        // twice, of 13-30 tokens, each asking for 8-24 tokens.
+        let prefix: Vec<u32> = (0..12).map(|i| 100 + i).collect();
+        let requests: Vec<(Vec<u32>, usize)> = (0..20)
+            .map(|i| {
+                let own = 1 + random(18) as usize;
+                let body: Vec<u32> = (0..own).map(|j| (1 + (i % 7) * 31 + j as u64 * 3) as u32 % VOCAB as u32).collect();
+                ([prefix.clone(), body].concat(), 8 + random(17) as usize)
+            })
+            .collect();
+        let params = |n| GenerationParams { max_tokens: n, ignore_eos: true, ..GenerationParams::default() };
+        let mut ids: HashMap<RequestId, usize> = HashMap::new();
+        let mut tokens: HashMap<usize, Vec<u32>> = HashMap::new();
+        let mut finished: Vec<usize> = Vec::new();
+        let mut cancelled: Vec<usize> = Vec::new();
+        let mut next = 0;
+        let mut steps = 0;
+        while next < requests.len() || engine.has_work() {
+            // Arrivals: up to three per step, at random.
+            for _ in 0..random(4) {
+                if next < requests.len() {
+                    let (prompt, n) = &requests[next];
+                    ids.insert(engine.submit(Request::new(prompt.clone(), params(*n))).unwrap(), next);
+                    next += 1;
+                }
+            }
+            // A cancellation now and then, of a request in flight.
+            if random(9) == 0 {
+                if let Some((&id, &index)) = ids.iter().filter(|(_, i)| !finished.contains(i) && !cancelled.contains(i)).min_by_key(|(id, _)| **id) {
+                    assert!(engine.cancel(id));
+                    cancelled.push(index);
+                }
+            }
+            for event in engine.step().unwrap() {
+                match event {
+                    Event::Token { id, token, .. } => tokens.entry(ids[&id]).or_default().push(token),
+                    Event::Finished { id, .. } => finished.push(ids[&id]),
+                    Event::Logits { .. } | Event::PromptLogprob { .. } => unreachable!("not asked for"),
+                }
+            }
+            steps += 1;
+            assert!(steps < 5000, "the engine does not finish");
+        }
+        assert!(!cancelled.is_empty(), "the test cancels some requests");
+        for (i, (prompt, n)) in requests.iter().enumerate() {
+            let got = tokens.get(&i).cloned().unwrap_or_default();
+            if cancelled.contains(&i) {
+                assert!(!finished.contains(&i), "request {i} was cancelled and did not finish");
+                assert_eq!(got, expected(prompt, *n)[..got.len()], "request {i}: what came before its cancellation");
+            } else {
+                assert!(finished.contains(&i), "request {i} finished");
+                assert_eq!(got, expected(prompt, *n), "request {i}");
+            }
+        }
+        let stats = engine.stats();
+        assert!(stats.preemptions > 0, "the tiny pool preempts: {stats:?}");
+        assert!(stats.prefix_hit_tokens >= 12, "the shared prefix is reused: {stats:?}");
+        assert_eq!(stats.kv_blocks_used, 0, "every block is given back (cached ones stay evictable): {stats:?}");
+        assert_eq!(stats.running + stats.waiting, 0, "nothing left in flight");
+    }
+}

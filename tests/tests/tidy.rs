@@ -145,3 +145,41 @@ fn compiler_modules_have_no_import_cycles() {
         visit(m, &uses, &mut Vec::new(), &mut done);
     }
 }
+
+/// The engine names no device: it drives the executor interface
+/// (`runtime-stub/src/executor/mod.rs`), which the CPU, the CPU mesh and the
+/// GPU implement, so that what is built on the engine (batching, preemption,
+/// prefix reuse, speculation, adapters) is written once for every device.
+#[test]
+fn the_engine_names_no_device() {
+    let dir = workspace_root().join("runtime-stub/src/engine");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    assert!(files.len() >= 5, "the engine's files: {files:?}");
+    let device_names = [
+        "session::",
+        "Session",
+        "mesh_session",
+        "gpu::",
+        "Gpu",
+        "runner::",
+        "Runner",
+        "KvCache",
+        "kv_cache",
+        "ThreadPool",
+        "pool::",
+        "executor::cpu",
+        "executor::mesh",
+        "CpuExecutor",
+        "MeshExecutor",
+        "cudarc",
+        "LoadedCode",
+        "PlanState",
+    ];
+    for file in files {
+        let code = without_comments(&std::fs::read_to_string(&file).unwrap());
+        for name in device_names {
+            assert!(!code.contains(name), "{} names `{name}`: the engine drives devices through `crate::executor`'s traits only", file.display());
+        }
+    }
+}

@@ -70,6 +70,8 @@ pub struct ScheduledCollective {
     pub op: maxrun::format::CollectiveOp,
     pub input: u32,
     pub output: u32,
+    /// Whether the op's counts follow the step's rows or its rows with logits.
+    pub rows: maxrun::format::RowCount,
 }
 
 /// A scheduled plan.
@@ -571,7 +573,6 @@ fn schedule_impl<'g>(
                 s.launch_with_gpu_form(slice_columns(width, *index as u64 * len, len, seq), slice_columns_gpu(width, *index as u64 * len, len, seq), args, len)
             }
             Op::ShardSlice { axis, .. } => return Err(unsupported(format!("a shard slice along axis {axis} of activations"))),
-            Op::AllReduce | Op::AllGather { axis: 1, .. } if s.batch.is_some() => return Err(unsupported("a collective in a batch plan (batch plans are for one device)".into())),
             Op::AllReduce | Op::AllGather { axis: 1, .. } => {
                 let src = match s.input(node.inputs[0])? {
                     Arg::Arena { offset: b } => b,
@@ -585,11 +586,17 @@ fn schedule_impl<'g>(
                 };
                 let at = s.launches.len();
                 let out = s.buffers.len() as u32;
-                let rows_held = if s.one_row { 1 } else { s.max_seq };
+                // In a batch plan, the exchanges after the gather of the rows with
+                // logits (the vocabulary's all-gather) count those rows.
+                let (rows_held, row_count) = match (s.one_row, s.logit_rows) {
+                    (true, _) => (1, maxrun::format::RowCount::Step),
+                    (false, true) => (s.batch.expect("logit rows are a batch plan's").max_outputs, maxrun::format::RowCount::Logits),
+                    (false, false) => (s.max_seq, maxrun::format::RowCount::Step),
+                };
                 s.buffers.push(BufferInfo { bytes: rows_held * out_width * 4, def: at, last_use: at });
                 let input = &mut s.buffers[src as usize];
                 input.last_use = input.last_use.max(at);
-                s.collectives.push(ScheduledCollective { before_launch: at, op, input: src, output: out });
+                s.collectives.push(ScheduledCollective { before_launch: at, op, input: src, output: out, rows: row_count });
                 Arg::Arena { offset: out }
             }
             Op::AllGather { axis, .. } => return Err(unsupported(format!("an all-gather along axis {axis}"))),

@@ -9,12 +9,11 @@ use serde::{Deserialize, Serialize};
 
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
-/// Incompatible layout changes bump the major version.
-pub const FORMAT_MAJOR: u32 = 8;
-/// Compatible additions bump the minor version (1: the q5_0 and q5_1
-/// encodings; 2: q5_0 / q5_1 weights in layout `interleaved16`, the q6_k and
-/// q5_k encodings).
-pub const FORMAT_MINOR: u32 = 2;
+/// Incompatible layout changes bump the major version (9: collectives say
+/// which row count they follow, so that batch plans of device meshes can hold them).
+pub const FORMAT_MAJOR: u32 = 9;
+/// Compatible additions bump the minor version (reset with each major).
+pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
 /// Sections start at multiples of this, so weights can be mapped zero-copy.
@@ -753,6 +752,9 @@ pub struct CollectiveStep {
     pub input: BufferRef,
     /// An arena buffer of this device (never the input).
     pub output: BufferRef,
+    /// Which of a step's row counts the op's counts follow: the step's rows, or
+    /// after a batch plan's gather the rows with logits (format 9).
+    pub rows: RowCount,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -8,16 +8,18 @@
 //! its usage. Requests join ([`Engine::submit`]) and leave ([`Engine::cancel`])
 //! between steps.
 //!
-//! Two backends run the steps (docs/serving.md):
-//! - **batched** (`batch.rs`): the artifact's batch plans over a paged KV cache.
-//!   Each step holds the decode rows of every running request plus chunks of new
-//!   prompts ([`scheduler`]), so the weights are read once per step for all of
-//!   them; prompts that share a prefix share its KV blocks ([`blocks`]).
-//! - **serial** (`serial.rs`): one request at a time on any artifact (GPU, a CPU
-//!   mesh, or without batch plans) through the single-stream plans, reusing the
-//!   cached prefix of the previous request (a chat's earlier turns). This is
-//!   `maxrun --prompt` and `--chat`: the single-stream plans are the fastest way
-//!   to run one sequence.
+//! The engine names no device: it drives the executor interface
+//! (`crate::executor`), which the CPU, a CPU mesh and the GPU implement. Two
+//! backends run the steps (docs/serving.md):
+//! - **batched** (`batch.rs`): the artifact's batch plans on an
+//!   [`Executor`] over its paged KV pool. Each step holds the decode rows of every
+//!   running request plus chunks of new prompts ([`scheduler`]), so the weights
+//!   are read once per step for all of them; prompts that share a prefix share
+//!   its KV blocks ([`blocks`]).
+//! - **serial** (`serial.rs`): one request at a time on a [`SequenceExecutor`]
+//!   through the single-stream plans, reusing the cached prefix of the previous
+//!   request (a chat's earlier turns). This is `maxrun --prompt` and `--chat`:
+//!   the single-stream plans are the fastest way to run one sequence.
 
 pub mod batch;
 pub mod blocks;
@@ -32,7 +34,7 @@ use std::time::Instant;
 use tokenizers::Tokenizer;
 
 use crate::artifact::Artifact;
-use crate::session::SessionError;
+use crate::executor::{Executor, ProfileRow, RunError, SequenceExecutor};
 pub use generation::{FinishReason, Generation, GenerationParams, TokenLogprob};
 pub use text::DecodeError;
 
@@ -102,7 +104,9 @@ pub enum SubmitError {
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
-    Session(#[from] SessionError),
+    Run(#[from] RunError),
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
     #[error(transparent)]
     Decode(#[from] DecodeError),
 }
@@ -145,11 +149,31 @@ enum Backend<'a> {
     Batched(Box<batch::Batched<'a>>),
 }
 
-/// The engine over one artifact.
+/// What the engine needs to know of the model it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelFacts<'a> {
+    pub vocab_size: u64,
+    /// The longest sequence (prompt and generated tokens).
+    pub max_length: u64,
+    pub eos_token_ids: Vec<u32>,
+    /// The tokenizer's JSON, for grammars (structured output); `None`: requests
+    /// with a grammar are refused.
+    pub tokenizer_json: Option<&'a str>,
+}
+
+impl<'a> ModelFacts<'a> {
+    /// The facts an artifact records.
+    pub fn of(artifact: &'a Artifact) -> ModelFacts<'a> {
+        let h = &artifact.header;
+        ModelFacts { vocab_size: h.model.vocab_size, max_length: h.max_length, eos_token_ids: h.tokenizer.eos_token_ids.clone(), tokenizer_json: artifact.tokenizer_json().ok() }
+    }
+}
+
+/// The engine over one model.
 pub struct Engine<'a> {
     backend: Backend<'a>,
     tokenizer: Tokenizer,
-    artifact: &'a Artifact,
+    model: ModelFacts<'a>,
     requests: HashMap<RequestId, Active>,
     next_id: RequestId,
     stats: Stats,
@@ -178,15 +202,14 @@ pub fn load_tokenizer(artifact: &Artifact) -> Result<Tokenizer, String> {
 
 impl<'a> Engine<'a> {
     /// An engine that runs one request at a time on `runner`.
-    pub fn serial(artifact: &'a Artifact, runner: crate::runner::Runner<'a>, tokenizer: Tokenizer) -> Engine<'a> {
-        Engine::with_backend(artifact, Backend::Serial(serial::Serial::new(runner)), tokenizer)
+    pub fn serial(model: ModelFacts<'a>, runner: Box<dyn SequenceExecutor + 'a>, tokenizer: Tokenizer) -> Engine<'a> {
+        Engine::with_backend(model, Backend::Serial(serial::Serial::new(runner)), tokenizer)
     }
 
-    /// An engine that batches requests over the artifact's batch plans on the
-    /// CPU, with a KV pool of `kv_bytes` bytes (`None`: [`batch::default_kv_bytes`]).
-    pub fn batched(artifact: &'a Artifact, threads: usize, kv_bytes: Option<u64>, tokenizer: Tokenizer) -> Result<Engine<'a>, batch::BatchError> {
-        let b = batch::Batched::new(artifact, threads, kv_bytes)?;
-        Ok(Engine::with_backend(artifact, Backend::Batched(Box::new(b)), tokenizer))
+    /// An engine that batches requests over `executor`'s batch plans and KV pool
+    /// (`crate::runner::open_executor` opens one for an artifact on a device).
+    pub fn batched(model: ModelFacts<'a>, executor: Box<dyn Executor + 'a>, tokenizer: Tokenizer) -> Engine<'a> {
+        Engine::with_backend(model, Backend::Batched(Box::new(batch::Batched::new(executor))), tokenizer)
     }
 
     /// Whether steps run many requests together.
@@ -194,9 +217,9 @@ impl<'a> Engine<'a> {
         matches!(self.backend, Backend::Batched(_))
     }
 
-    fn with_backend(artifact: &'a Artifact, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
-        let mut engine = Engine { backend, tokenizer, artifact, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false };
-        engine.masks_beside_step = engine.threads() < crate::pool::usable_cpus();
+    fn with_backend(model: ModelFacts<'a>, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
+        let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false };
+        engine.masks_beside_step = engine.threads() < crate::executor::usable_cpus();
         engine
     }
 
@@ -204,34 +227,30 @@ impl<'a> Engine<'a> {
         &self.tokenizer
     }
 
-    pub fn artifact(&self) -> &'a Artifact {
-        self.artifact
+    pub fn model(&self) -> &ModelFacts<'a> {
+        &self.model
     }
 
-    /// The serial backend's runner (profiles, NaN checks, its description).
-    pub fn runner(&mut self) -> Option<&mut crate::runner::Runner<'a>> {
+    /// The serial backend's executor (its plan counts and description).
+    pub fn runner(&mut self) -> Option<&mut (dyn SequenceExecutor + 'a)> {
         match &mut self.backend {
             Backend::Serial(s) => Some(s.runner()),
             Backend::Batched(_) => None,
         }
     }
 
-    /// Times every launch (the batched backend's; the serial one's through its runner).
+    /// Times every launch, where the executor can.
     pub fn enable_profile(&mut self) {
         match &mut self.backend {
-            Backend::Serial(s) => {
-                if let Some(cpu) = s.runner().cpu() {
-                    cpu.enable_profile();
-                }
-            }
+            Backend::Serial(s) => s.runner().enable_profile(),
             Backend::Batched(b) => b.enable_profile(),
         }
     }
 
-    /// The kernels' times so far, slowest first (empty unless profiling on the CPU).
-    pub fn profile(&mut self) -> Vec<crate::session::ProfileRow> {
+    /// The kernels' times so far, slowest first (empty unless profiling).
+    pub fn profile(&mut self) -> Vec<ProfileRow> {
         match &mut self.backend {
-            Backend::Serial(s) => s.runner().cpu().map(|c| c.profile()).unwrap_or_default(),
+            Backend::Serial(s) => s.runner().profile(),
             Backend::Batched(b) => b.profile(),
         }
     }
@@ -254,13 +273,13 @@ impl<'a> Engine<'a> {
 
     /// Queues a request; refused when it cannot run on this artifact.
     pub fn submit(&mut self, request: Request) -> Result<RequestId, SubmitError> {
-        let h = &self.artifact.header;
-        let max_length = h.max_length as usize;
+        let max_length = self.model.max_length as usize;
+        let vocab = self.model.vocab_size;
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
-        if let Some(&id) = request.prompt.iter().find(|&&id| id as u64 >= h.model.vocab_size) {
-            return Err(SubmitError::BadToken { id, vocab: h.model.vocab_size });
+        if let Some(&id) = request.prompt.iter().find(|&&id| id as u64 >= vocab) {
+            return Err(SubmitError::BadToken { id, vocab });
         }
         if request.prompt.len() > max_length {
             return Err(SubmitError::PromptTooLong { tokens: request.prompt.len(), max: max_length });
@@ -278,7 +297,7 @@ impl<'a> Engine<'a> {
             Backend::Batched(b) => b.add(id, &backend_request)?,
         }
         self.next_id += 1;
-        let mut generation = Generation::new(&request.prompt, request.params, &h.tokenizer.eos_token_ids, max_length);
+        let mut generation = Generation::new(&request.prompt, request.params, &self.model.eos_token_ids, max_length);
         if let Some(c) = constraint {
             generation = generation.with_constraint(c);
         }
@@ -289,9 +308,9 @@ impl<'a> Engine<'a> {
     /// The artifact's grammars (llguidance's token trie), built on first use.
     fn grammars(&mut self) -> Result<&crate::constrain::Grammars, SubmitError> {
         if self.grammars.is_none() {
-            let h = &self.artifact.header;
-            let json = self.artifact.tokenizer_json().map_err(|e| SubmitError::Grammar(e.to_string()))?;
-            let g = crate::constrain::Grammars::new(json, &self.tokenizer, h.model.vocab_size as usize, &h.tokenizer.eos_token_ids).map_err(SubmitError::Grammar)?;
+            let m = &self.model;
+            let json = m.tokenizer_json.ok_or_else(|| SubmitError::Grammar("the model's tokenizer JSON is not available".into()))?;
+            let g = crate::constrain::Grammars::new(json, &self.tokenizer, m.vocab_size as usize, &m.eos_token_ids).map_err(SubmitError::Grammar)?;
             self.grammars = Some(g);
         }
         Ok(self.grammars.as_ref().expect("built above"))
@@ -374,7 +393,7 @@ impl<'a> Engine<'a> {
         self.stats.steps += 1;
         self.stats.prompt_rows += output.prompt_rows as u64;
         self.stats.decode_rows += output.decode_rows as u64;
-        let vocab = self.artifact.header.model.vocab_size as usize;
+        let vocab = self.model.vocab_size as usize;
         for (i, out) in output.rows.iter().enumerate() {
             let row = &output.logits[i * vocab..(i + 1) * vocab];
             let Some(active) = self.requests.get_mut(&out.id) else { continue };

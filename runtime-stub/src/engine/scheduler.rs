@@ -186,6 +186,29 @@ impl Scheduler {
         self.seqs.get(&id).is_some_and(|s| s.tokens.len() < self.limits.blocks_per_sequence * self.limits.block_size)
     }
 
+    /// Keeps only the first `keep` tokens of `id` (the prompt and generated
+    /// tokens that stand; speculative tokens that were rejected go): its blocks
+    /// past them go back to the pool, and what it computed past them is
+    /// forgotten, so they are computed again when tokens come in their place.
+    /// Blocks in the prefix cache may be shared, so a rollback stops at the last
+    /// one: `Err` with the first position it may keep otherwise.
+    pub fn rollback(&mut self, id: SeqId, keep: usize) -> Result<(), usize> {
+        let bs = self.limits.block_size;
+        let Some(s) = self.seqs.get_mut(&id) else { return Ok(()) };
+        let cached = s.keys.len() * bs;
+        if keep < cached {
+            return Err(cached);
+        }
+        s.tokens.truncate(keep);
+        s.computed = s.computed.min(keep);
+        let held = keep.div_ceil(bs).max(s.computed.div_ceil(bs));
+        let gone: Vec<BlockId> = if s.blocks.len() > held { s.blocks.split_off(held) } else { vec![] };
+        for b in gone {
+            self.pool.release(b);
+        }
+        Ok(())
+    }
+
     /// Ends a sequence (finished or cancelled) and gives its blocks back.
     pub fn remove(&mut self, id: SeqId) -> bool {
         let Some(s) = self.seqs.remove(&id) else { return false };
@@ -575,6 +598,28 @@ mod tests {
         let st = s.schedule().unwrap();
         assert_eq!(st.rows.iter().map(|r| r.token).collect::<Vec<_>>(), vec![2, 2, 2, 2, 9]);
         assert_eq!(st.outputs, vec![LogitRow { seq: 2, position: 4, next: true }]);
+    }
+
+    #[test]
+    fn a_rollback_gives_back_the_blocks_past_what_it_keeps() {
+        let mut s = Scheduler::new(limits(), 16);
+        s.add(1, (0..6).collect(), PromptLogits::Last).unwrap();
+        // The prompt (6 tokens, block 0 full and cached), then 7 more decoded
+        // tokens: 13 positions in 4 blocks.
+        drive(&mut s, 8, 50);
+        assert_eq!((s.tokens(1).unwrap().len(), s.pool.used()), (14, 4));
+        // Blocks 0-2 filled up and joined the prefix cache; block 3 holds
+        // position 12. Back to 12 tokens: block 3 goes, and a token put in place
+        // of the dropped ones runs at position 12.
+        assert_eq!(s.rollback(1, 12), Ok(()));
+        assert_eq!((s.tokens(1).unwrap().len(), s.pool.used()), (12, 3));
+        s.append(1, 77);
+        let st = s.schedule().unwrap();
+        assert_eq!(st.rows.iter().map(|r| (r.position, r.token)).collect::<Vec<_>>(), vec![(12, 77)]);
+        assert!(st.decode_only);
+        s.complete(&st);
+        // Cached blocks may be shared: a rollback into them is refused.
+        assert_eq!(s.rollback(1, 11), Err(12));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The serial backend: one request at a time through the artifact's
 //! single-stream plans (the prompt's last-token plan, then the decode plan), on
-//! any device the runner supports. Requests queue first come first served.
+//! any [`SequenceExecutor`]. Requests queue first come first served.
 //!
 //! The runner's KV cache keeps the last request's tokens; a new request that
 //! starts with the same tokens (a chat's earlier turns, a shared system prompt)
@@ -9,8 +9,7 @@
 use std::collections::VecDeque;
 
 use super::{OutputRow, Request, RequestId, StepOutput};
-use crate::runner::Runner;
-use crate::session::SessionError;
+use crate::executor::{RunError, SequenceExecutor};
 
 struct Current {
     id: RequestId,
@@ -23,7 +22,7 @@ struct Current {
 }
 
 pub struct Serial<'a> {
-    runner: Runner<'a>,
+    runner: Box<dyn SequenceExecutor + 'a>,
     queue: VecDeque<(RequestId, Vec<u32>, bool)>,
     current: Option<Current>,
     /// The tokens whose keys and values the runner's cache holds, in order.
@@ -36,12 +35,12 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl<'a> Serial<'a> {
-    pub fn new(runner: Runner<'a>) -> Serial<'a> {
+    pub fn new(runner: Box<dyn SequenceExecutor + 'a>) -> Serial<'a> {
         Serial { runner, queue: VecDeque::new(), current: None, cached: Vec::new() }
     }
 
-    pub fn runner(&mut self) -> &mut Runner<'a> {
-        &mut self.runner
+    pub fn runner(&mut self) -> &mut (dyn SequenceExecutor + 'a) {
+        self.runner.as_mut()
     }
 
     pub fn threads(&self) -> usize {
@@ -85,7 +84,7 @@ impl<'a> Serial<'a> {
 
     /// Runs the current request's next step: its prompt, or its last token. A
     /// failed step forgets the cache (the runner may have run part of it).
-    pub fn step(&mut self) -> Result<StepOutput, SessionError> {
+    pub fn step(&mut self) -> Result<StepOutput, RunError> {
         let result = self.try_step();
         if result.is_err() {
             self.runner.reset();
@@ -95,7 +94,7 @@ impl<'a> Serial<'a> {
         result
     }
 
-    fn try_step(&mut self) -> Result<StepOutput, SessionError> {
+    fn try_step(&mut self) -> Result<StepOutput, RunError> {
         if self.current.is_none() {
             let Some((id, prompt, all_logits)) = self.queue.pop_front() else { return Ok(StepOutput::default()) };
             self.current = Some(Current { id, prompt, pending: None, all_logits, cached_tokens: 0 });

@@ -3,9 +3,9 @@
 //! per request). A request whose channel the handler dropped (the client went
 //! away) is cancelled before the next step, so its KV blocks go back at once.
 //!
-//! The engine is the batched one where the artifact has batch plans and runs on
-//! the CPU, else the serial one (one request at a time: a GPU, a device mesh);
-//! a sentence encoder gets a runner for embeddings instead.
+//! The engine is the batched one where the artifact has batch plans and an
+//! executor for the device (the CPU, a CPU mesh), else the serial one (one
+//! request at a time); a sentence encoder gets a runner for embeddings instead.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicUsize;
@@ -17,7 +17,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use super::errors::ApiError;
 use super::metrics::Metrics;
 use crate::artifact::Artifact;
-use crate::engine::{Engine, Event, FinishReason, GenerationParams, Request, RequestId, Stats, SubmitError, TokenLogprob, Usage};
+use crate::engine::{Engine, Event, FinishReason, GenerationParams, ModelFacts, Request, RequestId, Stats, SubmitError, TokenLogprob, Usage};
 use crate::runner::{Device, Runner};
 
 /// What a request's handler hears.
@@ -85,13 +85,7 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
                 Ok(t) => t,
                 Err(e) => return drop(ready_tx.send(Err(e))),
             };
-            let h = &artifact.header;
-            let gpu_wanted = matches!(opts.device, Device::Gpu(_)) || (opts.device == Device::Auto && !h.gpu_archs.is_empty() && !h.has_cpu_code());
-            let engine = if h.batch.is_some() && !gpu_wanted {
-                Engine::batched(&artifact, opts.threads, opts.kv_cache_memory, tokenizer).map_err(|e| e.to_string())
-            } else {
-                Runner::open(&artifact, opts.threads, opts.device).map(|(r, _)| Engine::serial(&artifact, r, tokenizer)).map_err(|e| e.to_string())
-            };
+            let engine = open_engine(&artifact, &opts, tokenizer);
             let mut engine = match engine {
                 Ok(e) => e,
                 Err(e) => return drop(ready_tx.send(Err(e))),
@@ -101,6 +95,30 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
         })?;
     let description = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine's thread ended while starting"))?.map_err(|e| anyhow::anyhow!(e))?;
     Ok((jobs, handle, description))
+}
+
+/// The batched engine on the artifact's executor for `opts.device` where it has
+/// one, else the serial engine (one request at a time) with the reason on stderr.
+fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: tokenizers::Tokenizer) -> Result<Engine<'a>, String> {
+    let model = ModelFacts::of(artifact);
+    let batched_error = match crate::executor::batch_limits(artifact) {
+        Err(e) => e.to_string(),
+        Ok(_) => match crate::runner::open_executor(artifact, opts.threads, opts.device, opts.kv_cache_memory) {
+            Ok((executor, note)) => {
+                if let Some(note) = note {
+                    eprintln!("maxrun serve: {note}");
+                }
+                return Ok(Engine::batched(model, executor, tokenizer));
+            }
+            // A pool that cannot hold one sequence is the operator's to fix, not a
+            // reason to serve one request at a time.
+            Err(e @ crate::runner::RunnerError::Run(crate::executor::RunError::PoolTooSmall { .. } | crate::executor::RunError::KvCacheMemory { .. })) => return Err(e.to_string()),
+            Err(e) => e.to_string(),
+        },
+    };
+    let (runner, _) = Runner::open(artifact, opts.threads, opts.device).map_err(|e| e.to_string())?;
+    eprintln!("maxrun serve: one request at a time: {batched_error}");
+    Ok(Engine::serial(model, Box::new(runner), tokenizer))
 }
 
 fn embed_loop(mut runner: Runner<'_>, rx: mpsc::Receiver<Job>) {
