@@ -178,7 +178,12 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
         let (prefill, decode) = (&scheduled.schedules[0].0, &scheduled.schedules[0].1);
         let text = format!("{}{}", launch_summary("prefill", prefill, &scheduled.kernels), launch_summary("decode", decode, &scheduled.kernels));
         std::fs::write(&path, text).map_err(|e| Error::write(&path, e))?;
-        dump_kernels(&dir.join("kernels"), &scheduled.kernels)?;
+        dump_kernels(&dir.join("kernels"), &scheduled.kernels.kernels)?;
+        // The kernels as the GPU runs them (each replaced by its GPU form), under
+        // the CPU kernels' names: what a simulated GPU interprets.
+        if !config.targets.gpus.is_empty() {
+            dump_kernels(&dir.join("kernels-gpu"), &scheduled.kernels.for_gpu())?;
+        }
     }
 
     let code = generate_code(&config, &scheduled.kernels, options)?;
@@ -403,7 +408,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
     };
     let mesh = &plan.mesh;
     let devices = mesh.len();
-    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, encoding: plan.kv_encoding };
+    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, head_dim: scheduled.kv.head_dim, encoding: plan.kv_encoding };
     let sub_models: Vec<mef::SubModel> = scheduled
         .schedules
         .iter()
@@ -447,7 +452,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
 fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode, options: &CompileOptions<'_>) -> Result<maxrun::format::Header> {
     use maxrun::format as mef;
     let first = cpu_variant(config, plan, scheduled, code);
-    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, encoding: plan.kv_encoding };
+    let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, head_dim: scheduled.kv.head_dim, encoding: plan.kv_encoding };
     // One code path with the compile cache's key (`cache.rs`), which computes
     // it before compiling: the build id it predicts is the one recorded here.
     let provenance = crate::provenance::provenance(&fe.manifest.text, &config.target_spec, &options.flags, &fe.model.input_files)?;
@@ -516,11 +521,11 @@ pub fn check(manifest: &LoadedManifest) -> Vec<crate::Error> {
     problems
 }
 
-/// `--dump-ir`: every kernel of the artifact in the kernel IR's text form
+/// `--dump-ir`: every kernel of `kernels` in the kernel IR's text form
 /// (`maxc_kernels::ir_text`), one `NAME.kir` file each in `dir`.
-fn dump_kernels(dir: &std::path::Path, kernels: &crate::schedule::KernelSet) -> Result<()> {
+fn dump_kernels(dir: &std::path::Path, kernels: &[maxc_kernels::Kernel]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| crate::Error::write(dir, e))?;
-    for kernel in &kernels.kernels {
+    for kernel in kernels {
         let path = dir.join(format!("{}.kir", kernel.name));
         std::fs::write(&path, maxc_kernels::ir_text::print(kernel)).map_err(|e| crate::Error::write(&path, e))?;
     }

@@ -273,7 +273,7 @@ pub fn parse_activation_encoding(name: &str) -> std::result::Result<crate::sched
 
 /// `compile.kv_cache_encoding`: the KV cache's element type.
 pub fn parse_kv_cache_encoding(name: &str) -> std::result::Result<maxrun::format::KvEncoding, String> {
-    maxrun::format::KvEncoding::from_name(name).ok_or_else(|| format!("unknown KV cache encoding `{name}`; valid: float32, float16"))
+    maxrun::format::KvEncoding::from_name(name).ok_or_else(|| format!("unknown KV cache encoding `{name}`; valid: {}", maxrun::format::KvEncoding::all_names()))
 }
 
 /// Keys of `[compile]` (that `transformer.<key>` overrides address): the

@@ -332,6 +332,9 @@ impl Artifact {
                 ));
             }
         }
+        if h.kv_cache.layers > 0 && (h.kv_cache.head_dim == 0 || h.kv_cache.position_bytes().is_none_or(|b| b == 0)) {
+            return Err(corrupt("KV cache layout".into(), format!("{:?}: its head rows are not whole blocks of its encoding", h.kv_cache)));
+        }
         if h.sub_models.iter().any(|m| m.batch.is_some()) != h.batch.is_some() {
             return Err(corrupt("batch plans".into(), "the header's batch limits and the sub-models' batch plans disagree".into()));
         }
@@ -379,7 +382,9 @@ impl Artifact {
                 for a in &l.args {
                     let ok = match *a {
                         BufferRef::Weight(i) => self.header.weights.get(i as usize).is_some_and(|w| w.device as usize == device),
-                        BufferRef::KeyCache(n) | BufferRef::ValueCache(n) => (n as u64) < self.header.kv_cache.layers,
+                        BufferRef::KeyCache { layer, part } | BufferRef::ValueCache { layer, part } => {
+                            (layer as u64) < self.header.kv_cache.layers && (part as usize) < self.header.kv_cache.encoding.parts().len()
+                        }
                         // Kernels may use 16-byte vector accesses from a buffer's start (GPU).
                         BufferRef::Arena { offset } => offset < plan.arena_bytes && offset % 16 == 0,
                         BufferRef::Tokens | BufferRef::Positions => true,

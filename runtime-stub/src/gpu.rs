@@ -174,10 +174,15 @@ impl GpuDevice {
         for (&i, w) in mine.iter().zip(&weights) {
             weight_ptrs[i] = w.device_ptr(&stream).0;
         }
-        // Bytes: f32 or f16 elements, as the artifact's KV encoding says.
-        let cache_bytes = h.kv_cache.layer_bytes(h.max_length).unwrap_or(u64::MAX).max(1) as usize;
-        let layers = h.kv_cache.layers as usize;
-        let caches: Vec<CudaSlice<u8>> = (0..2 * layers).map(|_| stream.alloc_zeros::<u8>(cache_bytes)).collect::<Result<_, _>>().map_err(driver_err)?;
+        // Per part of the KV encoding, per layer, keys then values.
+        let (layers, parts) = (h.kv_cache.layers as usize, h.kv_cache.encoding.parts().len());
+        let mut caches: Vec<CudaSlice<u8>> = Vec::with_capacity(2 * layers * parts);
+        for part in 0..parts {
+            let bytes = h.kv_cache.part_layer_bytes(part, h.max_length).unwrap_or(u64::MAX).max(1) as usize;
+            for _ in 0..2 * layers {
+                caches.push(stream.alloc_zeros::<u8>(bytes).map_err(driver_err)?);
+            }
+        }
         let max_seq = m.prefill.max_seq.max(1) as usize;
         let tokens = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;
         let positions = stream.alloc_zeros::<i32>(max_seq).map_err(driver_err)?;
@@ -198,8 +203,8 @@ impl GpuDevice {
                         BufferRef::Weight(i) => weight_ptrs[i as usize],
                         BufferRef::Tokens => tokens_ptr,
                         BufferRef::Positions => positions_ptr,
-                        BufferRef::KeyCache(layer) => cache_ptrs[layer as usize],
-                        BufferRef::ValueCache(layer) => cache_ptrs[layers + layer as usize],
+                        BufferRef::KeyCache { layer, part } => cache_ptrs[part as usize * 2 * layers + layer as usize],
+                        BufferRef::ValueCache { layer, part } => cache_ptrs[part as usize * 2 * layers + layers + layer as usize],
                         BufferRef::Slots | BufferRef::RowSequences | BufferRef::BlockTables | BufferRef::LogitRows => {
                             unreachable!("batch steps' inputs are in batch plans, which the GPU session does not run")
                         }

@@ -49,30 +49,42 @@ const LAYER_SKEW_BYTES: usize = 67 * 64;
 /// Where the value buffer's first layer starts (see [`LAYER_SKEW_BYTES`]).
 const VALUE_SKEW_BYTES: usize = 33 * 64;
 
-/// Every layer's key and value rows for the artifact's whole context.
-pub struct KvCache {
+/// One part of the encoding (a float cache has one): every layer's keys in
+/// one buffer and values in another.
+struct Part {
     keys: HugeBuf,
     values: HugeBuf,
-    /// Bytes from one layer's keys (or values) to the next: the layer's floats
+    /// Bytes from one layer's keys (or values) to the next: the layer's bytes
     /// rounded up to whole cache lines, plus [`LAYER_SKEW_BYTES`].
     layer_bytes: usize,
+}
+
+/// Every layer's keys and values for the artifact's whole context (or a batch
+/// pool's blocks), one pair of buffers per part of the KV encoding.
+pub struct KvCache {
+    parts: Vec<Part>,
     layers: usize,
     huge_pages: bool,
 }
 
 impl KvCache {
-    /// Zeroed caches for `layers` layers of `layer_bytes` bytes each (keys and
-    /// values alike: f32 or f16 elements, as the artifact says); if the system
-    /// has no memory for them, the bytes both buffers needed (`u64::MAX` where
-    /// that overflows).
-    pub fn new(layers: usize, layer_bytes: usize) -> Result<Self, u64> {
-        let layer_bytes = layer_bytes.checked_next_multiple_of(64).and_then(|b| b.checked_add(LAYER_SKEW_BYTES));
-        let sizes = layer_bytes.and_then(|l| Some((l, layers.checked_mul(l)?.checked_add(VALUE_SKEW_BYTES)?)));
-        // `bytes` is per buffer; keys and values together take twice this.
-        let Some((layer_bytes, bytes)) = sizes else { return Err(u64::MAX) };
-        let total = (bytes as u64).saturating_mul(2);
+    /// Zeroed caches for `layers` layers with `part_layer_bytes[p]` bytes of
+    /// part `p` per layer (keys and values alike, as the artifact's KV encoding
+    /// says); if the system has no memory for them, the bytes all buffers
+    /// needed (`u64::MAX` where that overflows).
+    pub fn new(layers: usize, part_layer_bytes: &[usize]) -> Result<Self, u64> {
+        let sizes: Option<Vec<(usize, usize)>> = part_layer_bytes
+            .iter()
+            .map(|&b| {
+                let layer = b.checked_next_multiple_of(64)?.checked_add(LAYER_SKEW_BYTES)?;
+                Some((layer, layers.checked_mul(layer)?.checked_add(VALUE_SKEW_BYTES)?))
+            })
+            .collect();
+        // Per part, `bytes` is per buffer; keys and values together take twice it.
+        let Some(sizes) = sizes else { return Err(u64::MAX) };
+        let total = sizes.iter().try_fold(0u64, |t, &(_, bytes)| t.checked_add((bytes as u64).checked_mul(2)?)).ok_or(u64::MAX)?;
         let huge_pages = available_memory().is_some_and(|available| total <= available / HUGE_PAGE_SHARE);
-        let buffer = || {
+        let buffer = |bytes: usize| {
             let mut b = HugeBuf::zeroed_on(bytes, huge_pages).ok_or(total)?;
             if huge_pages {
                 // One sequential first write (see the module docs).
@@ -80,7 +92,19 @@ impl KvCache {
             }
             Ok::<HugeBuf, u64>(b)
         };
-        Ok(KvCache { keys: buffer()?, values: buffer()?, layer_bytes, layers, huge_pages })
+        let parts = sizes.iter().map(|&(layer_bytes, bytes)| Ok(Part { keys: buffer(bytes)?, values: buffer(bytes)?, layer_bytes })).collect::<Result<_, u64>>()?;
+        Ok(KvCache { parts, layers, huge_pages })
+    }
+
+    /// The cache of an artifact's KV layout for `positions` positions per layer
+    /// (a sequence's whole context, or a batch pool's blocks times their
+    /// positions), one pair of buffers per part of its encoding.
+    pub fn for_layout(kv: &crate::format::KvCacheLayout, positions: u64, max_length: u64) -> Result<Self, crate::executor::RunError> {
+        let too_much = |bytes| crate::executor::RunError::KvCacheMemory { bytes, max_length };
+        let sizes: Vec<usize> = (0..kv.encoding.parts().len())
+            .map(|p| kv.part_layer_bytes(p, positions).and_then(|b| usize::try_from(b).ok()).ok_or(too_much(u64::MAX)))
+            .collect::<Result<_, _>>()?;
+        KvCache::new(kv.layers as usize, &sizes).map_err(too_much)
     }
 
     /// Whether the cache asked for huge pages.
@@ -88,22 +112,23 @@ impl KvCache {
         self.huge_pages
     }
 
-    /// The start of layer `layer`'s keys (kernels write through it).
-    pub fn keys(&mut self, layer: usize) -> *mut u8 {
-        let at = self.layer_offset(layer);
-        self.keys.as_mut_slice()[at..].as_mut_ptr()
+    /// The start of part `part` of layer `layer`'s keys (kernels write through it).
+    pub fn keys(&mut self, layer: usize, part: usize) -> *mut u8 {
+        let at = self.layer_offset(layer, part);
+        self.parts[part].keys.as_mut_slice()[at..].as_mut_ptr()
     }
 
-    /// The start of layer `layer`'s values (kernels write through it).
-    pub fn values(&mut self, layer: usize) -> *mut u8 {
-        let at = VALUE_SKEW_BYTES + self.layer_offset(layer);
-        self.values.as_mut_slice()[at..].as_mut_ptr()
+    /// The start of part `part` of layer `layer`'s values (kernels write through it).
+    pub fn values(&mut self, layer: usize, part: usize) -> *mut u8 {
+        let at = VALUE_SKEW_BYTES + self.layer_offset(layer, part);
+        self.parts[part].values.as_mut_slice()[at..].as_mut_ptr()
     }
 
-    /// Where layer `layer` starts in either buffer.
-    fn layer_offset(&self, layer: usize) -> usize {
+    /// Where layer `layer` starts in either buffer of part `part`.
+    fn layer_offset(&self, layer: usize, part: usize) -> usize {
         assert!(layer < self.layers, "layer {layer} of a {}-layer KV cache", self.layers);
-        layer * self.layer_bytes
+        assert!(part < self.parts.len(), "part {part} of a {}-part KV cache", self.parts.len());
+        layer * self.parts[part].layer_bytes
     }
 }
 
@@ -114,10 +139,10 @@ mod tests {
     #[test]
     fn layers_are_disjoint_zeroed_and_aligned() {
         let (layers, elems) = (3, 1000);
-        let mut cache = KvCache::new(layers, elems * 4).unwrap();
+        let mut cache = KvCache::new(layers, &[elems * 4]).unwrap();
         let mut starts = Vec::new();
         for l in 0..layers {
-            for p in [cache.keys(l), cache.values(l)] {
+            for p in [cache.keys(l, 0), cache.values(l, 0)] {
                 assert_eq!(p as usize % 64, 0);
                 // SAFETY: each layer holds `elems` floats from its start.
                 let rows = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, elems) };
@@ -128,7 +153,7 @@ mod tests {
         }
         // Each layer still holds what was written to it: no two overlap.
         for l in 0..layers {
-            for p in [cache.keys(l), cache.values(l)] {
+            for p in [cache.keys(l, 0), cache.values(l, 0)] {
                 // SAFETY: as above.
                 let rows = unsafe { std::slice::from_raw_parts(p as *const f32, elems) };
                 assert!(rows.iter().all(|&x| x == l as f32 + 1.0), "layer {l}");
@@ -140,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_small_cache_goes_on_huge_pages_where_memory_is_known() {
-        let cache = KvCache::new(2, 1024 * 4).unwrap();
+        let cache = KvCache::new(2, &[1024 * 4]).unwrap();
         let both_buffers = 2 * (2 * (4096 + LAYER_SKEW_BYTES) + VALUE_SKEW_BYTES) as u64;
         assert_eq!(cache.on_huge_pages(), available_memory().is_some_and(|a| a >= both_buffers * HUGE_PAGE_SHARE));
     }
@@ -152,8 +177,8 @@ mod tests {
     #[test]
     fn layers_and_values_are_skewed_against_cache_aliasing() {
         let (layers, elems) = (30, 3 * 2048 * 64);
-        let mut cache = KvCache::new(layers, elems * 4).unwrap();
-        let mut offsets: Vec<usize> = (0..layers).flat_map(|l| [cache.keys(l) as usize % 65536, cache.values(l) as usize % 65536]).collect();
+        let mut cache = KvCache::new(layers, &[elems * 4]).unwrap();
+        let mut offsets: Vec<usize> = (0..layers).flat_map(|l| [cache.keys(l, 0) as usize % 65536, cache.values(l, 0) as usize % 65536]).collect();
         offsets.sort();
         offsets.dedup();
         assert_eq!(offsets.len(), 2 * layers);
@@ -165,12 +190,12 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_cache_on_huge_pages_is_resident_from_creation() {
-        let cache = KvCache::new(8, 4 << 20).unwrap();
+        let cache = KvCache::new(8, &[4 << 20]).unwrap();
         if !cache.on_huge_pages() {
             return; // Too little memory here for the huge-page placement (32 MiB).
         }
         let page = 4096usize;
-        for buf in [&cache.keys, &cache.values] {
+        for buf in [&cache.parts[0].keys, &cache.parts[0].values] {
             let bytes = buf.as_slice();
             let mut resident = vec![0u8; bytes.len().div_ceil(page)];
             // SAFETY: the range is the buffer's own mapping (page-aligned start), and
@@ -182,9 +207,34 @@ mod tests {
         }
     }
 
+    /// Each part of a two-part encoding (levels and scales, say) has buffers
+    /// of its own size, disjoint from the other part's.
+    #[test]
+    fn every_part_has_its_own_buffers() {
+        let (layers, sizes) = (2, [4096usize, 256]);
+        let mut cache = KvCache::new(layers, &sizes).unwrap();
+        for l in 0..layers {
+            for (part, &bytes) in sizes.iter().enumerate() {
+                for p in [cache.keys(l, part), cache.values(l, part)] {
+                    // SAFETY: each layer holds `bytes` bytes of the part from its start.
+                    unsafe { std::slice::from_raw_parts_mut(p, bytes) }.fill(1 + (l * 2 + part) as u8);
+                }
+            }
+        }
+        for l in 0..layers {
+            for (part, &bytes) in sizes.iter().enumerate() {
+                for p in [cache.keys(l, part), cache.values(l, part)] {
+                    // SAFETY: as above.
+                    let got = unsafe { std::slice::from_raw_parts(p, bytes) };
+                    assert!(got.iter().all(|&b| b == 1 + (l * 2 + part) as u8), "layer {l} part {part}");
+                }
+            }
+        }
+    }
+
     #[test]
     #[should_panic(expected = "layer 2 of a 2-layer KV cache")]
     fn a_layer_past_the_last_is_refused() {
-        KvCache::new(2, 64).unwrap().keys(2);
+        KvCache::new(2, &[64]).unwrap().keys(2, 0);
     }
 }

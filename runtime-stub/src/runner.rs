@@ -362,7 +362,7 @@ mod tests {
             weights: vec![],
             sub_models: vec![sub(0), sub(1)],
             mesh,
-            kv_cache: KvCacheLayout { layers: 0, row_elems: 0, encoding: KvEncoding::Float32 },
+            kv_cache: KvCacheLayout { layers: 0, row_elems: 0, head_dim: 0, encoding: KvEncoding::Float32 },
             tokenizer: TokenizerInfo { bos_token_id: None, eos_token_ids: vec![] },
             generation: GenerationDefaults::default(),
             max_length: 8,

@@ -201,8 +201,8 @@ impl Run<'_> {
                     BufferRef::Weight(i) => self.artifact.weight_bytes(i as usize).as_ptr() as *mut u8,
                     BufferRef::Tokens => input(inputs.tokens),
                     BufferRef::Positions => input(inputs.positions),
-                    BufferRef::KeyCache(l) => self.kv_cache.keys(l as usize),
-                    BufferRef::ValueCache(l) => self.kv_cache.values(l as usize),
+                    BufferRef::KeyCache { layer, part } => self.kv_cache.keys(layer as usize, part as usize),
+                    BufferRef::ValueCache { layer, part } => self.kv_cache.values(layer as usize, part as usize),
                     BufferRef::Slots => input(inputs.slots),
                     BufferRef::RowSequences => input(inputs.row_sequences),
                     BufferRef::BlockTables => input(inputs.block_tables),
@@ -317,12 +317,7 @@ impl<'a> Session<'a> {
         let state = |plan: &Plan, decode: bool| PlanState::new(artifact, plan, &resolved, decode);
         let h = &artifact.header;
         let sub = &h.sub_models[device];
-        let layer_bytes = h.kv_cache.layer_bytes(h.max_length).and_then(|b| usize::try_from(b).ok());
-        let layers = h.kv_cache.layers as usize;
-        let kv_cache = layer_bytes
-            .ok_or(u64::MAX)
-            .and_then(|b| KvCache::new(layers, b))
-            .map_err(|bytes| RunError::KvCacheMemory { bytes, max_length: h.max_length })?;
+        let kv_cache = KvCache::for_layout(&h.kv_cache, h.max_length, h.max_length)?;
         Ok(Session {
             artifact,
             device,

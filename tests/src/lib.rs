@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 pub mod kernel_check;
+pub mod sim_gpu;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

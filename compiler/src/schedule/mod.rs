@@ -127,6 +127,7 @@ impl KernelSet {
 pub struct KvShape {
     pub layers: u64,
     pub row_elems: u64,
+    pub head_dim: u64,
 }
 
 fn unsupported(what: String) -> Error {
@@ -236,31 +237,35 @@ impl Scheduler<'_, '_, '_> {
     }
 }
 
-/// The KV cache the kernels address: positions, the element type, and whether
+/// The KV cache the kernels address: positions, the encoding, and whether
 /// the artifact has CPU code (whose kernels keep the keys in panels).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct KvCacheSpec {
     pub max_len: u64,
-    /// `F32`, or `F16` (`--kv-cache-encoding float16`).
+    /// `float32`, or `float16` (`--kv-cache-encoding float16`).
+    pub encoding: maxrun::format::KvEncoding,
+    /// The element type the attention kernels read and write: a one-part
+    /// encoding's ([`maxrun::format::KvEncoding::element`]).
     pub elem: maxc_kernels::ElemType,
     /// CPU code: its kernels lay the keys out in panels of 16 positions where
-    /// whole panels fit ([`KeyLayout::for_cpu`]); the GPU forms, and every
-    /// kernel of an artifact without CPU code, keep rows.
+    /// the encoding allows it and whole panels fit ([`KeyLayout::for_cpu`]);
+    /// the GPU forms, and every kernel of an artifact without CPU code, keep rows.
     pub cpu_code: bool,
 }
 
 impl KvCacheSpec {
     pub fn new(max_len: u64, encoding: maxrun::format::KvEncoding, cpu_code: bool) -> Self {
-        let elem = match encoding {
-            maxrun::format::KvEncoding::Float32 => maxc_kernels::ElemType::F32,
-            maxrun::format::KvEncoding::Float16 => maxc_kernels::ElemType::F16,
+        let elem = match encoding.element() {
+            Some(maxrun::format::DType::F32) => maxc_kernels::ElemType::F32,
+            Some(maxrun::format::DType::F16) => maxc_kernels::ElemType::F16,
+            other => unreachable!("the attention kernels take float caches; {} has parts {other:?}", encoding.name()),
         };
-        KvCacheSpec { max_len, elem, cpu_code }
+        KvCacheSpec { max_len, encoding, elem, cpu_code }
     }
 
     /// The CPU kernels' key layout for caches of runs of `run` positions.
     fn keys(&self, run: u64) -> KeyLayout {
-        if self.cpu_code {
+        if self.cpu_code && self.encoding.keys_in_panels() {
             KeyLayout::for_cpu(run)
         } else {
             KeyLayout::Rows
@@ -493,7 +498,8 @@ fn schedule_impl<'g>(
             Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
-                let (kc, vc) = (Arg::KeyCache(*layer), Arg::ValueCache(*layer));
+                // A float cache's one part (KvCacheSpec::new admits only those).
+                let (kc, vc) = (Arg::KeyCache { layer: *layer, part: 0 }, Arg::ValueCache { layer: *layer, part: 0 });
                 // CPU code keeps the keys in panels of 16 positions where whole
                 // panels fit (scores without horizontal sums); the GPU forms keep
                 // rows (a warp's lanes share a key row's dot product).
@@ -656,13 +662,14 @@ pub fn kv_shape(graph: &Graph) -> Result<KvShape> {
     let mut layers = 0u64;
     for n in &graph.nodes {
         if let Op::Attention { layer, kv_heads, head_dim, .. } = n.op {
-            let w = kv_heads as u64 * head_dim as u64;
+            let w = (kv_heads as u64 * head_dim as u64, head_dim as u64);
             if row.is_some_and(|r| r != w) {
-                return Err(unsupported("attention layers with different KV widths".into()));
+                return Err(unsupported("attention layers with different KV widths or head sizes".into()));
             }
             row = Some(w);
             layers = layers.max(layer as u64 + 1);
         }
     }
-    Ok(KvShape { layers, row_elems: row.unwrap_or(0) })
+    let (row_elems, head_dim) = row.unwrap_or((0, 0));
+    Ok(KvShape { layers, row_elems, head_dim })
 }

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 /// The first 8 bytes of every artifact.
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version (9: collectives say
-/// which row count they follow, so that batch plans of device meshes can hold them).
+/// which row count they follow, so that batch plans of device meshes can hold
+/// them; the KV cache is an encoding with parts, each its own buffer).
 pub const FORMAT_MAJOR: u32 = 9;
 /// Compatible additions bump the minor version (reset with each major).
 pub const FORMAT_MINOR: u32 = 0;
@@ -88,9 +89,9 @@ pub struct BatchLimits {
 }
 
 impl BatchLimits {
-    /// Bytes of one KV block of one layer's keys (or values).
+    /// Bytes of one KV block of one layer's keys (or values), all parts.
     pub fn block_bytes(&self, kv: &KvCacheLayout) -> Option<u64> {
-        self.block_size.checked_mul(kv.row_elems)?.checked_mul(kv.encoding.bytes())
+        self.block_size.checked_mul(kv.position_bytes()?)
     }
 }
 
@@ -664,15 +665,16 @@ pub enum BufferRef<A = u64> {
     Tokens,
     /// The positions of this step, `i32[seq]`.
     Positions,
-    /// Layer `n`'s key cache, `f32[kv_width * max_length]` (laid out by the
-    /// artifact's kernels; maxc's are `[kv_heads, max_length, head_dim]`, CPU
-    /// kernels' keys in panels of 16 positions, `[kv_heads, max_length / 16,
-    /// head_dim, 16]`).
-    KeyCache(u32),
-    /// Layer `n`'s value cache, the same size and layout as the key cache (in
-    /// batch plans both are pools of blocks: `[blocks, kv_heads, block_size,
-    /// head_dim]`).
-    ValueCache(u32),
+    /// Part `part` of layer `layer`'s key cache (the KV encoding's parts,
+    /// [`KvEncoding::parts`]: a float cache's one part holds `kv_width *
+    /// max_length` elements, laid out by the artifact's kernels; maxc's are
+    /// `[kv_heads, max_length, head_dim]`, CPU kernels' keys in panels of 16
+    /// positions, `[kv_heads, max_length / 16, head_dim, 16]`).
+    KeyCache { layer: u32, part: u32 },
+    /// Part `part` of layer `layer`'s value cache, the same size and layout as
+    /// the key cache's (in batch plans both are pools of blocks: `[blocks,
+    /// kv_heads, block_size, head_dim]`).
+    ValueCache { layer: u32, part: u32 },
     /// A batch step's KV slot for each row, `i32[rows]`: block `slot / block_size`,
     /// offset `slot % block_size`.
     Slots,
@@ -692,8 +694,8 @@ impl<A: Copy> BufferRef<A> {
             BufferRef::Weight(w) => BufferRef::Weight(w),
             BufferRef::Tokens => BufferRef::Tokens,
             BufferRef::Positions => BufferRef::Positions,
-            BufferRef::KeyCache(l) => BufferRef::KeyCache(l),
-            BufferRef::ValueCache(l) => BufferRef::ValueCache(l),
+            BufferRef::KeyCache { layer, part } => BufferRef::KeyCache { layer, part },
+            BufferRef::ValueCache { layer, part } => BufferRef::ValueCache { layer, part },
             BufferRef::Slots => BufferRef::Slots,
             BufferRef::RowSequences => BufferRef::RowSequences,
             BufferRef::BlockTables => BufferRef::BlockTables,
@@ -785,28 +787,56 @@ impl CollectiveOp {
     }
 }
 
+/// The KV cache: its shape and its encoding (format 9: the encoding has
+/// parts, as weights do, so that quantized caches keep their scales beside
+/// their levels).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KvCacheLayout {
     pub layers: u64,
-    /// Elements per position per layer (kv_heads * head_dim) for keys, and again for values.
+    /// Values per position per layer (kv_heads * head_dim) for keys, and again for values.
     pub row_elems: u64,
-    /// The elements' type.
+    /// Values per head row: the run an encoding's blocks lie along.
+    pub head_dim: u64,
     pub encoding: KvEncoding,
 }
 
 impl KvCacheLayout {
-    pub fn bytes_per_token(&self) -> u64 {
-        2 * self.layers * self.row_elems * self.encoding.bytes()
+    /// Bytes of part `part` for one position of one layer's keys (or values),
+    /// `None` where the head rows are not whole blocks or it overflows.
+    pub fn part_bytes(&self, part: usize) -> Option<u64> {
+        let (_, dtype, per) = self.encoding.parts()[part];
+        let hd = self.head_dim.max(1);
+        if !self.row_elems.is_multiple_of(hd) || !hd.is_multiple_of(self.encoding.block()) {
+            return None;
+        }
+        let heads = self.row_elems / hd;
+        let elems = match per {
+            PerRow::Every(n) => heads.checked_mul(hd / n)?,
+            PerRow::One => heads,
+        };
+        elems.checked_mul(dtype.size())
     }
 
-    /// Bytes of one layer's keys (or values) for `max_length` positions,
-    /// `None` where that overflows.
-    pub fn layer_bytes(&self, max_length: u64) -> Option<u64> {
-        max_length.checked_mul(self.row_elems)?.checked_mul(self.encoding.bytes())
+    /// Bytes of every part for one position of one layer's keys (or values).
+    pub fn position_bytes(&self) -> Option<u64> {
+        (0..self.encoding.parts().len()).try_fold(0u64, |sum, p| sum.checked_add(self.part_bytes(p)?))
+    }
+
+    pub fn bytes_per_token(&self) -> u64 {
+        2 * self.layers * self.position_bytes().unwrap_or(u64::MAX / 4)
+    }
+
+    /// Bytes of part `part` of one layer's keys (or values) for `positions`
+    /// positions, `None` where that overflows.
+    pub fn part_layer_bytes(&self, part: usize, positions: u64) -> Option<u64> {
+        positions.checked_mul(self.part_bytes(part)?)
     }
 }
 
-/// The KV cache's element type (`maxc compile --kv-cache-encoding`).
+/// The KV cache's encoding (`maxc compile --kv-cache-encoding`): a list of
+/// parts along each head row of `head_dim` values, as [`WeightEncoding::parts`]
+/// lists a weight's along its rows. Every part is a buffer of its own per layer
+/// and for keys and values ([`BufferRef::KeyCache`]).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvEncoding {
     Float32,
@@ -815,6 +845,8 @@ pub enum KvEncoding {
 }
 
 impl KvEncoding {
+    pub const ALL: [KvEncoding; 2] = [KvEncoding::Float32, KvEncoding::Float16];
+
     pub fn name(self) -> &'static str {
         match self {
             KvEncoding::Float32 => "float32",
@@ -823,13 +855,44 @@ impl KvEncoding {
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        [KvEncoding::Float32, KvEncoding::Float16].into_iter().find(|e| e.name() == name)
+        Self::ALL.into_iter().find(|e| e.name() == name)
     }
 
-    pub fn bytes(self) -> u64 {
+    /// The names of all encodings, comma-separated (for error messages).
+    pub fn all_names() -> String {
+        Self::ALL.map(|e| e.name()).join(", ")
+    }
+
+    /// The parts, in storage order: name, element type, elements per head row.
+    pub fn parts(self) -> &'static [(&'static str, DType, PerRow)] {
         match self {
-            KvEncoding::Float32 => 4,
-            KvEncoding::Float16 => 2,
+            KvEncoding::Float32 => &[("values", DType::F32, PerRow::Every(1))],
+            KvEncoding::Float16 => &[("values", DType::F16, PerRow::Every(1))],
+        }
+    }
+
+    /// Values per block along a head row (`head_dim` must be a multiple).
+    pub fn block(self) -> u64 {
+        match self {
+            KvEncoding::Float32 | KvEncoding::Float16 => 1,
+        }
+    }
+
+    /// Whether the CPU kernels may keep the keys of each 16 positions
+    /// transposed (key panels: a panel's 16 scores are one register tile);
+    /// GPU forms keep key rows whatever the encoding.
+    pub fn keys_in_panels(self) -> bool {
+        match self {
+            KvEncoding::Float32 | KvEncoding::Float16 => true,
+        }
+    }
+
+    /// The element type of a one-part encoding (the float caches), which the
+    /// attention kernels read and write directly.
+    pub fn element(self) -> Option<DType> {
+        match self.parts() {
+            [(_, dtype, PerRow::Every(1))] => Some(*dtype),
+            _ => None,
         }
     }
 }

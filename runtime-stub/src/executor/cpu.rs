@@ -61,10 +61,7 @@ impl<'a> CpuExecutor<'a> {
         let limits = super::batch_limits(artifact)?;
         let plans = Self::plans_of(artifact, device);
         let (code, resolved) = load_kernels(artifact)?;
-        let block_bytes = limits.block_bytes(&h.kv_cache).expect("validated at open");
-        let bytes = blocks.saturating_mul(block_bytes);
-        let layer_bytes = usize::try_from(bytes).map_err(|_| RunError::KvCacheMemory { bytes, max_length: h.max_length })?;
-        let kv = KvCache::new(h.kv_cache.layers as usize, layer_bytes).map_err(|bytes| RunError::KvCacheMemory { bytes, max_length: h.max_length })?;
+        let kv = KvCache::for_layout(&h.kv_cache, blocks.saturating_mul(limits.block_size), h.max_length)?;
         Ok(CpuExecutor {
             artifact,
             device,

@@ -144,10 +144,17 @@ impl<'a, D: GpuDevice> GpuExecutor<'a, D> {
             weights[i] = device.alloc(bytes.len().max(1))?;
             device.upload(weights[i], bytes)?;
         }
-        let layers = h.kv_cache.layers as usize;
-        let block_bytes = limits.block_bytes(&h.kv_cache).expect("validated at open");
-        let layer_bytes = usize::try_from(blocks.saturating_mul(block_bytes)).map_err(|_| RunError::KvCacheMemory { bytes: kv_bytes, max_length: h.max_length })?;
-        let caches: Vec<u64> = (0..2 * layers).map(|_| device.alloc(layer_bytes.max(1))).collect::<Result<_, _>>()?;
+        // Per part of the KV encoding, per layer, keys then values.
+        let (layers, parts) = (h.kv_cache.layers as usize, h.kv_cache.encoding.parts().len());
+        let positions = blocks.saturating_mul(limits.block_size);
+        let mut caches = vec![[0u64; 2]; parts * layers];
+        for part in 0..parts {
+            let bytes = h.kv_cache.part_layer_bytes(part, positions).and_then(|b| usize::try_from(b).ok());
+            let bytes = bytes.ok_or(RunError::KvCacheMemory { bytes: kv_bytes, max_length: h.max_length })?;
+            for layer in 0..layers {
+                caches[part * layers + layer] = [device.alloc(bytes.max(1))?, device.alloc(bytes.max(1))?];
+            }
+        }
         let rows = limits.max_rows as usize;
         let sequences = limits.max_sequences as usize;
         let inputs = Inputs {
@@ -172,8 +179,8 @@ impl<'a, D: GpuDevice> GpuExecutor<'a, D> {
                         BufferRef::Weight(i) => weights[i as usize],
                         BufferRef::Tokens => inputs.tokens,
                         BufferRef::Positions => inputs.positions,
-                        BufferRef::KeyCache(layer) => caches[layer as usize],
-                        BufferRef::ValueCache(layer) => caches[layers + layer as usize],
+                        BufferRef::KeyCache { layer, part } => caches[part as usize * layers + layer as usize][0],
+                        BufferRef::ValueCache { layer, part } => caches[part as usize * layers + layer as usize][1],
                         BufferRef::Slots => inputs.slots,
                         BufferRef::RowSequences => inputs.row_sequences,
                         BufferRef::BlockTables => inputs.block_tables,
