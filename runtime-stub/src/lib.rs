@@ -26,6 +26,7 @@ pub mod kv_cache;
 pub mod mesh_session;
 pub mod npy;
 pub mod output;
+pub mod perplexity;
 pub mod pool;
 pub mod runner;
 pub mod sampler;

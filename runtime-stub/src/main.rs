@@ -35,6 +35,48 @@ enum Command {
     Bench(BenchArgs),
     /// Serve the artifact over HTTP with an OpenAI-compatible API (docs/serving.md).
     Serve(ServeArgs),
+    /// Perplexity over a text, and the KL divergence against a base, as llama-perplexity computes them (docs/user-guide.md).
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args)]
+struct PerplexityArgs {
+    artifact: PathBuf,
+    /// The text to score (UTF-8), tokenized with the artifact's tokenizer (special tokens added as it adds them).
+    #[arg(short = 'f', long = "file", value_name = "TEXT")]
+    file: Option<PathBuf>,
+    /// Token ids instead of a text: decimal ids separated by spaces, newlines or
+    /// commas, taken as the tokenized text (chunked and given a BOS the same way).
+    #[arg(long, value_name = "FILE", conflicts_with = "file")]
+    token_ids_file: Option<PathBuf>,
+    /// Tokens per chunk (default: 512 as llama-perplexity, or the artifact's maximum context if smaller; with --kl-divergence: the base's).
+    #[arg(short = 'c', long, value_name = "N")]
+    ctx: Option<usize>,
+    /// Score only the first K chunks (default: every whole chunk of the text).
+    #[arg(long, value_name = "K")]
+    chunks: Option<usize>,
+    /// Worker threads (default: the CPUs this process may use, from its affinity mask and CPU quota).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON object instead of the text report.
+    #[arg(long)]
+    json: bool,
+    /// Save this artifact's scored log-probabilities to FILE as the base of later
+    /// comparisons; with --kl-divergence, read FILE and compare against it.
+    #[arg(long, value_name = "FILE")]
+    kl_divergence_base: Option<PathBuf>,
+    /// Compare against the base saved in --kl-divergence-base FILE: KL divergence, top-1 agreement, both PPLs.
+    #[arg(long, requires = "kl_divergence_base")]
+    kl_divergence: bool,
+    /// Compare against another artifact run on the same chunks in this process (no base file).
+    #[arg(long, value_name = "BASE.mef", conflicts_with = "kl_divergence_base")]
+    base: Option<PathBuf>,
+    /// Where to run, as for a run: auto, cpu, gpu, gpu:N.
+    #[arg(long, default_value = "auto")]
+    device: Device,
+    /// Skip the weights checksum, which is otherwise checked before the run.
+    #[arg(long)]
+    no_verify: bool,
 }
 
 #[derive(Args)]
@@ -324,6 +366,7 @@ fn main() -> ExitCode {
         Some(Command::Inspect(args)) => inspect(args),
         Some(Command::Bench(args)) => bench(args),
         Some(Command::Serve(args)) => serve(args),
+        Some(Command::Perplexity(args)) => perplexity(args),
         None => run(cli.run),
     };
     match result {
@@ -550,6 +593,201 @@ fn open_bench_runner<'a>(artifact: &'a Artifact, threads: usize, device: Device)
         eprintln!("maxrun bench: {note}");
     }
     Ok((runner, note))
+}
+
+/// An artifact's runner as perplexity sees it: every call a fresh sequence.
+struct FreshSequence<'r, 'a> {
+    runner: &'r mut Runner<'a>,
+    vocab: usize,
+}
+
+impl maxrun::perplexity::SequenceLogits for FreshSequence<'_, '_> {
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+    fn logits(&mut self, ids: &[u32]) -> Result<&[f32], maxrun::perplexity::ModelError> {
+        self.runner.reset();
+        Ok(self.runner.forward(ids)?)
+    }
+}
+
+/// An artifact to score, its weights checked, with its tokenizer, the BOS
+/// each chunk starts with and the tokenizer's fingerprint.
+fn open_scored(path: &std::path::Path, no_verify: bool) -> anyhow::Result<(Artifact, tokenizers::Tokenizer, Option<u32>, String)> {
+    let artifact = Artifact::open(path)?;
+    if !no_verify {
+        verify_weights(&artifact)?;
+    }
+    if artifact.header.model.embedding_width.is_some() {
+        return Err(anyhow!("{} is a sentence encoder; perplexity needs a text generator", path.display()));
+    }
+    let json = artifact.tokenizer_json()?;
+    let tokenizer: tokenizers::Tokenizer = json.parse().map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", path.display()))?;
+    let bos = maxrun::perplexity::added_bos(&tokenizer, artifact.header.tokenizer.bos_token_id);
+    let fingerprint = maxrun::perplexity::tokenizer_fingerprint(json);
+    Ok((artifact, tokenizer, bos, fingerprint))
+}
+
+/// The tokens of `-f TEXT` (tokenized by `tokenizer`) or of `--token-ids-file`, and that file.
+fn perplexity_tokens(args: &PerplexityArgs, tokenizer: &tokenizers::Tokenizer, vocab: usize) -> anyhow::Result<Option<(PathBuf, Vec<u32>)>> {
+    let (path, ids) = match (&args.file, &args.token_ids_file) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading the text {}", path.display()))?;
+            if text.trim().is_empty() {
+                return Err(anyhow!("{}: the text is empty; give a text of at least --ctx tokens", path.display()));
+            }
+            let ids = tokenizer.encode(text.as_str(), true).map_err(|e| anyhow!("{}: tokenizing: {e}", path.display()))?.get_ids().to_vec();
+            (path, ids)
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading --token-ids-file {}", path.display()))?;
+            (path, maxrun::perplexity::parse_token_ids(path, &text, vocab)?)
+        }
+        (None, None) => return Ok(None),
+    };
+    if ids.is_empty() {
+        return Err(anyhow!("{}: no tokens; give a text of at least --ctx tokens", path.display()));
+    }
+    Ok(Some((path.clone(), ids)))
+}
+
+/// `maxrun perplexity`: see `maxrun::perplexity` for the definitions.
+fn perplexity(args: PerplexityArgs) -> anyhow::Result<ExitCode> {
+    use maxrun::perplexity::{evaluate, render, Base, BaseHeader, BaseReader, BaseWriter, Chunks};
+    let threads = threads(args.threads)?;
+    let reading_base = args.kl_divergence.then_some(args.kl_divergence_base.as_ref()).flatten();
+    if args.file.is_none() && args.token_ids_file.is_none() && reading_base.is_none() {
+        return Err(usage("give the text: maxrun perplexity MODEL.mef -f TEXT (or --token-ids-file FILE)"));
+    }
+    let writing_base = args.kl_divergence_base.as_ref().filter(|_| !args.kl_divergence);
+    let mut inputs = vec![args.artifact.clone()];
+    inputs.extend(args.file.iter().chain(&args.token_ids_file).chain(&args.base).cloned());
+    if let Some(out) = writing_base {
+        maxrun::output::check_output("--kl-divergence-base", out, &inputs).map_err(|e| anyhow!(e))?;
+    }
+    // A missing text is refused before the weights checksum takes its seconds.
+    for path in args.file.iter().chain(&args.token_ids_file) {
+        std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    }
+    let (artifact, tokenizer, bos, fingerprint) = open_scored(&args.artifact, args.no_verify)?;
+    let h = &artifact.header;
+    let vocab = h.model.vocab_size as usize;
+    let text = perplexity_tokens(&args, &tokenizer, vocab)?;
+    let max_length = h.max_length as usize;
+    if let Some(ctx) = args.ctx.filter(|&c| c > max_length) {
+        return Err(anyhow!(
+            "--ctx {ctx}: {} runs at most {max_length} tokens; give --ctx {max_length} or less, or recompile with --model-override transformer.max_length={ctx}",
+            args.artifact.display()
+        ));
+    }
+    let name = args.artifact.display().to_string();
+    let plan_text = |ctx: usize| -> anyhow::Result<(Chunks, Vec<u32>)> {
+        let (path, ids) = text.as_ref().expect("a text or a base to read");
+        Ok((Chunks::plan(path, ids.len(), ctx, args.chunks, bos)?, ids.clone()))
+    };
+    let default_ctx = maxrun::perplexity::DEFAULT_CTX.min(max_length);
+    let mut reader = None;
+    let mut other = None;
+    let (chunks, tokens) = if let Some(path) = reading_base {
+        let r = BaseReader::open(path)?;
+        let given = text.as_ref().map(|(p, ids)| (p.as_path(), ids.as_slice()));
+        let planned = r.plan(vocab, &fingerprint, bos, args.ctx, args.chunks, given)?;
+        if planned.0.ctx > max_length {
+            return Err(anyhow!("{}: the base's chunks of {} tokens do not fit {name}'s context of {max_length}", path.display(), planned.0.ctx));
+        }
+        reader = Some(r);
+        planned
+    } else if let Some(base_path) = &args.base {
+        let (base, base_tokenizer, base_bos, _) = open_scored(base_path, args.no_verify)?;
+        if base.header.model.vocab_size != h.model.vocab_size || base_bos != bos {
+            return Err(anyhow!(
+                "--base {}: its vocabulary ({} tokens, BOS {:?}) is not {name}'s ({vocab} tokens, BOS {bos:?}); compare artifacts of one tokenizer",
+                base_path.display(),
+                base.header.model.vocab_size,
+                base_bos,
+            ));
+        }
+        let base_max = base.header.max_length as usize;
+        if let Some(ctx) = args.ctx.filter(|&c| c > base_max) {
+            return Err(anyhow!("--ctx {ctx}: --base {} runs at most {base_max} tokens; give --ctx {base_max} or less", base_path.display()));
+        }
+        if let Some(file) = &args.file {
+            let theirs = perplexity_tokens(&args, &base_tokenizer, vocab)?.map(|(_, ids)| ids);
+            if theirs.as_ref() != text.as_ref().map(|(_, ids)| ids) {
+                return Err(anyhow!("--base {}: its tokenizer splits {} into other tokens than {name}'s does; compare artifacts of one tokenizer", base_path.display(), file.display()));
+            }
+        }
+        other = Some(base);
+        plan_text(args.ctx.unwrap_or(default_ctx.min(base_max)))?
+    } else {
+        plan_text(args.ctx.unwrap_or(default_ctx))?
+    };
+    let mut writer = match writing_base {
+        Some(path) => {
+            maxrun::output::remove_temp_files_on_signals("maxrun", "no base file was written");
+            let source = text.as_ref().map(|(p, _)| p.display().to_string()).unwrap_or_default();
+            let header = BaseHeader {
+                ctx: chunks.ctx,
+                chunks: chunks.count,
+                vocab,
+                first: chunks.first(),
+                bos,
+                tokenizer: fingerprint.clone(),
+                model: h.model.name.clone(),
+                artifact: name.clone(),
+                text: source,
+            };
+            let mb = (chunks.count * chunks.scored() * maxrun::perplexity::record_bytes(vocab)) as f64 / 1e6;
+            eprintln!("maxrun perplexity: writing the base to {} ({mb:.0} MB)", path.display());
+            Some(BaseWriter::create(path, &header, chunks.used(&tokens))?)
+        }
+        None => None,
+    };
+    eprintln!(
+        "maxrun perplexity: {} chunks of {} tokens ({} scored each){}",
+        chunks.count,
+        chunks.ctx,
+        chunks.scored(),
+        if chunks.bos.is_some() { ", each starting with BOS" } else { "" }
+    );
+    let (mut runner, note) = Runner::open(&artifact, threads, args.device)?;
+    if let Some(note) = note {
+        eprintln!("maxrun: {note}");
+    }
+    let mut model = FreshSequence { runner: &mut runner, vocab };
+    let mut base_runner = match &other {
+        Some(b) => {
+            let (r, note) = Runner::open(b, threads, args.device)?;
+            if let Some(note) = note {
+                eprintln!("maxrun: --base: {note}");
+            }
+            Some(r)
+        }
+        None => None,
+    };
+    let mut base_model = base_runner.as_mut().map(|r| FreshSequence { runner: r, vocab });
+    let base = match (&mut writer, &mut reader, &mut base_model) {
+        (Some(w), _, _) => Base::Save(w),
+        (_, Some(r), _) => Base::File(r),
+        (_, _, Some(m)) => Base::Model(args.base.as_ref().expect("--base").display().to_string(), m),
+        _ => Base::None,
+    };
+    let bar = indicatif::ProgressBar::with_draw_target(Some(chunks.count as u64), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(indicatif::ProgressStyle::with_template("perplexity {bar:30} {pos}/{len} chunks, {msg} (eta {eta})").expect("a valid template"));
+    let report = evaluate(&name, &mut model, &tokens, &chunks, base, threads, &mut |_, ppl| {
+        bar.inc(1);
+        bar.set_message(format!("PPL {ppl:.4}"));
+    })?;
+    bar.finish_and_clear();
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
