@@ -46,6 +46,15 @@ pub const KV_BLOCK_SIZE: u64 = 16;
 pub const DEFAULT_MAX_BATCH_TOKENS: u64 = 256;
 /// The batched engine's sequences per step when `compile.max_sequences` is not set.
 pub const DEFAULT_MAX_SEQUENCES: u64 = 16;
+/// A sentence encoder's sequences per step when `compile.max_sequences` is not
+/// set: an embeddings request of many inputs takes a step per 32 of them.
+pub const DEFAULT_ENCODER_MAX_SEQUENCES: u64 = 32;
+/// A sentence encoder's rows per step when `compile.max_batch_tokens` is not set
+/// (raised to `max_length` where that is longer, so that any one input fits a
+/// step): 32 inputs of 64 tokens. Its activations are linear in the rows (the
+/// ragged attention keeps no score rows): all-MiniLM-L6-v2's plan's arena is
+/// 27 MiB at 2048 rows (docs/serving.md, Embeddings).
+pub const DEFAULT_ENCODER_MAX_ROWS: u64 = 2048;
 
 /// `[compile]` resolved: every value typed, every default applied that does
 /// not depend on the model.
@@ -74,6 +83,19 @@ pub struct CompileConfig {
     pub max_length: Option<u64>,
     pub max_sequences: u64,
     pub max_rows: u64,
+    /// `compile.max_sequences` and `compile.max_batch_tokens` as set (an
+    /// encoder's defaults differ from a decoder's).
+    pub max_sequences_set: Option<u64>,
+    pub max_rows_set: Option<u64>,
+}
+
+/// A sentence encoder's batch limits ([`maxrun::format::EncodeBatch`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct EncodeLimits {
+    /// Rows per step, at least `max_length`.
+    pub max_rows: u64,
+    /// Sequences per step.
+    pub max_sequences: u64,
 }
 
 /// What the configuration gives for one imported model.
@@ -93,6 +115,8 @@ pub struct ModelPlan {
     pub max_length: u64,
     /// The batched engine's limits; `None` without batch plans (an encoder).
     pub batch: Option<BatchLimits>,
+    /// A sentence encoder's batch limits (one device; `None` for decoders).
+    pub encode_batch: Option<EncodeLimits>,
     /// Decisions the user should know about.
     pub notes: Vec<String>,
 }
@@ -181,6 +205,8 @@ impl CompileConfig {
             max_length: c.max_length.map(u64::from),
             max_sequences,
             max_rows,
+            max_sequences_set: c.max_sequences.map(u64::from),
+            max_rows_set: c.max_batch_tokens.map(u64::from),
         };
         let problems = config.cross_checks(manifest);
         if problems.is_empty() {
@@ -354,18 +380,45 @@ impl CompileConfig {
             Err(e) => problems.push(e),
         }
         notes.extend(block_storage_notes(&manifest.manifest.model.path, &model.weights, &self.encoding_name));
+        let cfg = &model.config;
+        let max_length = self.max_length.unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
+        // An encoder's batch step holds whole sentences: attention sees all of
+        // one, so a sentence is never split over steps, and every input must fit
+        // one step.
+        let encode_batch = (self.mesh.len() < 2 && cfg.encoder.is_some()).then(|| EncodeLimits {
+            max_rows: self.max_rows_set.unwrap_or(DEFAULT_ENCODER_MAX_ROWS.max(max_length)),
+            max_sequences: self.max_sequences_set.unwrap_or(DEFAULT_ENCODER_MAX_SEQUENCES),
+        });
+        if let Some(e) = encode_batch {
+            if e.max_rows < max_length {
+                problems.push(Error::invalid(
+                    &self.shown,
+                    field("max_batch_tokens"),
+                    format!(
+                        "{} rows per step cannot hold a whole input of {} = {max_length} tokens ({} is a sentence encoder: its attention sees a whole input, so an input is never split over steps); raise it to at least {max_length}, or lower the maximum length",
+                        e.max_rows,
+                        field("max_length"),
+                        cfg.architecture.hf_name()
+                    ),
+                ));
+            } else if e.max_rows < e.max_sequences {
+                problems.push(Error::invalid(
+                    &self.shown,
+                    field("max_sequences"),
+                    format!("{} sequences per step cannot each have a row of the {} rows per step ({}); lower it to at most {}", e.max_sequences, e.max_rows, field("max_batch_tokens"), e.max_rows),
+                ));
+            }
+        }
         if !problems.is_empty() {
             return Err(problems);
         }
-        let cfg = &model.config;
-        let max_length = self.max_length.unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
         let batch = cfg.encoder.is_none().then_some(BatchLimits {
             block_size: KV_BLOCK_SIZE,
             blocks_per_sequence: max_length.div_ceil(KV_BLOCK_SIZE),
             max_rows: self.max_rows,
             max_sequences: self.max_sequences,
         });
-        Ok(ModelPlan { stored, encoding, activations, kv_encoding, mesh: self.mesh.clone(), split_attention, max_length, batch, notes })
+        Ok(ModelPlan { stored, encoding, activations, kv_encoding, mesh: self.mesh.clone(), split_attention, max_length, batch, encode_batch, notes })
     }
 }
 

@@ -176,7 +176,10 @@ pub fn compile(manifest: LoadedManifest, output: &Path, options: &CompileOptions
     if let Some(dir) = options.pipeline.dump_dir {
         let path = dir.join("launches.txt");
         let (prefill, decode) = (&scheduled.schedules[0].0, &scheduled.schedules[0].1);
-        let text = format!("{}{}", launch_summary("prefill", prefill, &scheduled.kernels), launch_summary("decode", decode, &scheduled.kernels));
+        let mut text = format!("{}{}", launch_summary("prefill", prefill, &scheduled.kernels), launch_summary("decode", decode, &scheduled.kernels));
+        if let Some((encode, _)) = &scheduled.encode_batch[0] {
+            text.push_str(&launch_summary("encode_batch", encode, &scheduled.kernels));
+        }
         std::fs::write(&path, text).map_err(|e| Error::write(&path, e))?;
         dump_kernels(&dir.join("kernels"), &scheduled.kernels.kernels)?;
         // The kernels as the GPU runs them (each replaced by its GPU form), under
@@ -266,6 +269,8 @@ pub struct Scheduled {
     pub kernels: crate::schedule::KernelSet,
     /// The batch limits when every device has batch plans.
     pub batch: Option<maxrun::format::BatchLimits>,
+    /// Per device: a sentence encoder's batch plan and its limits.
+    pub encode_batch: Vec<Option<(crate::schedule::Schedule, crate::compile_config::EncodeLimits)>>,
     pub kv: crate::schedule::KvShape,
     pub max_length: u64,
 }
@@ -291,6 +296,7 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
     let mut kernels = KernelSet::default();
     let cache = crate::schedule::KvCacheSpec::new(max_length, plan.kv_encoding, config.targets.cpu.is_some());
     let mut schedules = Vec::with_capacity(graphs.len());
+    let mut encode_batch = Vec::with_capacity(graphs.len());
     for (index, graph) in graphs.iter().enumerate() {
         weights.device = index as u32;
         let mut interp = crate::interp::Interpreter::new(graph, &model.weights);
@@ -308,7 +314,7 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
         let batch_plans = match (plan.batch, cut) {
             (Some(b), Some(cut)) => {
                 let paging = maxc_kernels::library::attention::Paging { block_size: b.block_size, blocks_per_seq: b.blocks_per_sequence };
-                let mode = |decode, max_outputs| crate::schedule::BatchMode { paging, decode, max_outputs };
+                let mode = |decode, max_outputs| crate::schedule::BatchMode::Paged { paging, decode, max_outputs };
                 let mixed = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(false, b.max_sequences), b.max_rows, cache, &mut weights, &mut kernels)?;
                 let decode = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true, b.max_sequences), b.max_sequences, cache, &mut weights, &mut kernels)?;
                 let single = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true, 1), 1, cache, &mut weights, &mut kernels)?;
@@ -317,10 +323,15 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
             _ => None,
         };
         schedules.push((prefill, decode, prefill_last, batch_plans));
+        // A sentence encoder's batch plan: many whole inputs per step, no KV cache.
+        encode_batch.push(match plan.encode_batch {
+            Some(e) => Some((crate::schedule::schedule_encode_batch(graph, &mut interp, e.max_rows, e.max_sequences, cache, &mut weights, &mut kernels)?, e)),
+            None => None,
+        });
     }
     let batch = plan.batch.filter(|_| schedules.iter().all(|s| s.3.is_some()));
     let kv = kv_shape(&graphs[0])?;
-    Ok(Scheduled { schedules, weights, kernels, batch, kv, max_length })
+    Ok(Scheduled { schedules, weights, kernels, batch, encode_batch, kv, max_length })
 }
 
 /// The generated code: the CPU shared object (with the CPU it was tuned for,
@@ -420,6 +431,7 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
             decode: to_plan(decode),
             prefill_last: last.as_ref().map(to_plan),
             batch: batch.as_ref().map(|(mixed, decode, single)| mef::BatchPlans { mixed: to_plan(mixed), decode: to_plan(decode), single: to_plan(single) }),
+            encode_batch: scheduled.encode_batch[d].as_ref().map(|(s, e)| mef::EncodeBatch { max_rows: e.max_rows, max_sequences: e.max_sequences, plan: to_plan(s) }),
             weight_bytes: 0,
             kv_bytes_per_token: kv_layout.bytes_per_token(),
         })

@@ -1204,7 +1204,7 @@ mod tests {
     use crate::library::elementwise::{self, Binary, Broadcast, Unary};
     use crate::library::matmul_panel::PanelWeights;
     use crate::library::quantize_activations::ActivationLevels;
-    use crate::library::{copy, embedding, matmul, matmul_blocks, matmul_int8, matmul_interleaved, matmul_panel, quantize_activations, rms_norm, rope};
+    use crate::library::{attention_ragged, copy, embedding, matmul, matmul_blocks, matmul_int8, matmul_interleaved, matmul_panel, pooling, quantize_activations, rms_norm, rope};
     use crate::library::{RegisterTile, SeqMode};
     use maxc_format::WeightEncoding;
 
@@ -1269,7 +1269,7 @@ mod tests {
                     }
                 }
                 ks.push(elementwise::swiglu(width, seq));
-                ks.push(elementwise::mean_rows(width, seq));
+                ks.push(pooling::mean_rows(width, seq));
                 ks.push(rms_norm::rms_norm(width, width, 1e-5, seq));
                 ks.push(rms_norm::layer_norm(width, 1e-6, seq));
             }
@@ -1352,7 +1352,12 @@ mod tests {
         for width in [3, 576] {
             ks.push(copy::last_row(width));
             ks.push(copy::gather_rows(width));
-            ks.push(elementwise::l2_normalize(width, 4));
+            ks.push(pooling::l2_normalize(width, 4));
+            ks.push(pooling::l2_normalize_rows(width));
+            ks.push(pooling::mean_rows_ragged(width));
+        }
+        for (heads, kv_heads, head_dim, softcap) in [(12, 12, 32, None), (6, 2, 8, Some(2.5))] {
+            ks.push(attention_ragged::attention_ragged(attention_ragged::RaggedShape { heads, kv_heads, head_dim, scale: 0.3, softcap }));
         }
         ks
     }

@@ -344,11 +344,37 @@ impl Artifact {
                 return Err(corrupt("batch limits".into(), format!("{b:?} for a context of {} positions", h.max_length)));
             }
         }
+        for (d, e) in h.sub_models.iter().enumerate().filter_map(|(d, m)| Some((d, m.encode_batch.as_ref()?))) {
+            // An encoder's batch step holds whole sequences of up to `max_length`
+            // rows, on one device (the plan has no collectives).
+            let ok = h.model.embedding_width.is_some()
+                && h.sub_models.len() == 1
+                && e.max_sequences >= 1
+                && e.max_rows >= e.max_sequences
+                && e.max_rows >= h.max_length
+                && e.plan.max_seq == e.max_rows
+                && e.plan.collectives.is_empty()
+                // The embeddings of a full step lie inside the arena.
+                && matches!(e.plan.logits, BufferRef::Arena { offset } if h.model.embedding_width.and_then(|w| w.checked_mul(e.max_sequences)?.checked_mul(4)?.checked_add(offset)).is_some_and(|end| end <= e.plan.arena_bytes));
+            if !ok {
+                return Err(corrupt(
+                    "encoder batch plan".into(),
+                    format!("sub-model {d}: {} sequences of {} rows per step (plan of {} rows, {} collectives) for a context of {} positions", e.max_sequences, e.max_rows, e.plan.max_seq, e.plan.collectives.len(), h.max_length),
+                ));
+            }
+        }
         let plans = h.sub_models.iter().enumerate().flat_map(|(d, m)| {
-            let batch = m.batch.as_ref().map(|b| [&b.mixed, &b.decode, &b.single]).into_iter().flatten().map(|p| (p, true));
-            [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()].into_iter().flatten().map(|p| (p, false)).chain(batch).map(move |(p, batch)| (d, p, batch))
+            let batch = m.batch.as_ref().map(|b| [&b.mixed, &b.decode, &b.single]).into_iter().flatten().map(|p| (p, PlanKind::Batch));
+            let encode = m.encode_batch.as_ref().map(|e| (&e.plan, PlanKind::Encode));
+            [Some(&m.prefill), Some(&m.decode), m.prefill_last.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|p| (p, PlanKind::Sequence))
+                .chain(batch)
+                .chain(encode)
+                .map(move |(p, kind)| (d, p, kind))
         });
-        for (device, plan, batch) in plans {
+        for (device, plan, kind) in plans {
             // A buffer of `elems` f32 at the largest step lies inside the arena.
             let arena_ok = |r: &BufferRef, elems: u64| {
                 matches!(*r, BufferRef::Arena { offset } if elems.checked_mul(4).and_then(|b| b.checked_add(offset)).is_some_and(|end| end <= plan.arena_bytes))
@@ -358,7 +384,7 @@ impl Artifact {
                 // Counts of the rows with logits: at most a batch step's sequences.
                 let rows = match (c.rows, &h.batch) {
                     (crate::format::RowCount::Step, _) => Some(plan.max_seq),
-                    (crate::format::RowCount::Logits, Some(b)) if batch => Some(b.max_sequences.min(plan.max_seq)),
+                    (crate::format::RowCount::Logits, Some(b)) if kind == PlanKind::Batch => Some(b.max_sequences.min(plan.max_seq)),
                     (crate::format::RowCount::Logits, _) => None,
                 };
                 let sizes = rows.map(|r| (c.op.input_elems(r), c.op.output_elems(r, h.sub_models.len() as u64)));
@@ -376,20 +402,23 @@ impl Artifact {
                 let bad_kernel = |k: &crate::format::KernelEntry| {
                     k.num_params as usize != l.args.len() || !matches!(k.gpu_threads_per_task, 1 | 32 | 128) || !(1..=MAX_GPU_TASK_SPLIT).contains(&k.gpu_task_split)
                 };
-                if k.is_none_or(bad_kernel) || (l.rows == crate::format::RowCount::Logits && !batch) {
+                if k.is_none_or(bad_kernel) || (l.rows == crate::format::RowCount::Logits && kind == PlanKind::Sequence) {
                     return Err(corrupt("launch plan".into(), format!("launch of kernel {} has a bad kernel, argument count, GPU threads per task or GPU task split", l.kernel)));
                 }
                 for a in &l.args {
                     let ok = match *a {
                         BufferRef::Weight(i) => self.header.weights.get(i as usize).is_some_and(|w| w.device as usize == device),
+                        // An encoder's batch plan has no KV cache.
                         BufferRef::KeyCache { layer, part } | BufferRef::ValueCache { layer, part } => {
-                            (layer as u64) < self.header.kv_cache.layers && (part as usize) < self.header.kv_cache.encoding.parts().len()
+                            (layer as u64) < self.header.kv_cache.layers && (part as usize) < self.header.kv_cache.encoding.parts().len() && kind != PlanKind::Encode
                         }
                         // Kernels may use 16-byte vector accesses from a buffer's start (GPU).
                         BufferRef::Arena { offset } => offset < plan.arena_bytes && offset % 16 == 0,
                         BufferRef::Tokens | BufferRef::Positions => true,
                         // The batch step's inputs exist in batch plans only.
-                        BufferRef::Slots | BufferRef::RowSequences | BufferRef::BlockTables | BufferRef::LogitRows => batch,
+                        BufferRef::Slots | BufferRef::BlockTables | BufferRef::LogitRows => kind == PlanKind::Batch,
+                        BufferRef::RowSequences => kind != PlanKind::Sequence,
+                        BufferRef::SequenceStarts => kind == PlanKind::Encode,
                     };
                     if !ok {
                         return Err(corrupt("launch plan".into(), format!("argument {a:?} is out of range")));
@@ -461,6 +490,17 @@ impl Artifact {
         std::str::from_utf8(self.section(SectionKind::Tokenizer))
             .map_err(|e| ArtifactError::Corrupt { path: self.path.clone(), what: "Tokenizer section".into(), detail: e.to_string() })
     }
+}
+
+/// Which kind of plan a launch belongs to, for the inputs it may name.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum PlanKind {
+    /// Prefill, decode, last-row prefill: one sequence over the KV cache.
+    Sequence,
+    /// The batched engine's plans over the paged KV cache.
+    Batch,
+    /// A sentence encoder's batch plan: whole sequences, no KV cache.
+    Encode,
 }
 
 /// A CPU variant's name for messages: its target as written

@@ -205,7 +205,7 @@ impl GpuDevice {
                         BufferRef::Positions => positions_ptr,
                         BufferRef::KeyCache { layer, part } => cache_ptrs[part as usize * 2 * layers + layer as usize],
                         BufferRef::ValueCache { layer, part } => cache_ptrs[part as usize * 2 * layers + layers + layer as usize],
-                        BufferRef::Slots | BufferRef::RowSequences | BufferRef::BlockTables | BufferRef::LogitRows => {
+                        BufferRef::Slots | BufferRef::RowSequences | BufferRef::BlockTables | BufferRef::LogitRows | BufferRef::SequenceStarts => {
                             unreachable!("batch steps' inputs are in batch plans, which the GPU session does not run")
                         }
                     })

@@ -62,6 +62,18 @@ pub fn report(a: &Artifact) -> Value {
                 plans.insert(name.into(), j);
             }
         }
+        if let Some(e) = &m.encode_batch {
+            let width = h.model.embedding_width.unwrap_or(0);
+            let mut j = plan_json(&e.plan, h.model.vocab_size);
+            j["inputs"] = json!([
+                {"name": "tokens", "dtype": "i32", "shape": ["rows"]},
+                {"name": "positions", "dtype": "i32", "shape": ["rows"]},
+                {"name": "row_sequences", "dtype": "i32", "shape": ["rows"]},
+                {"name": "sequence_starts", "dtype": "i32", "shape": ["sequences + 1"]},
+            ]);
+            j["outputs"] = json!([{"name": "embedding", "dtype": "f32", "shape": ["sequences", width]}]);
+            plans.insert("encode_batch".into(), j);
+        }
         let arena: u64 = m.plans().map(|p| p.arena_bytes).sum();
         arenas += arena;
         let weight_bytes: u64 = h.weights.iter().filter(|w| w.device as usize == d).map(|w| w.len).sum();
@@ -122,6 +134,10 @@ pub fn report(a: &Artifact) -> Value {
             // Keys plus values of every layer.
             "kv_bytes_per_block": b.block_bytes(&h.kv_cache).map(|x| x * 2 * h.kv_cache.layers),
         })),
+        "encode_batch": h.main().encode_batch.as_ref().map(|e| json!({
+            "max_batch_tokens": e.max_rows,
+            "max_sequences": e.max_sequences,
+        })),
     })
 }
 
@@ -172,10 +188,19 @@ pub fn render_text(r: &Value) -> String {
     for (name, plan) in r["sub_models"][0]["plans"].as_object().into_iter().flatten() {
         let dims = |v: &Value| -> String { v.as_array().into_iter().flatten().map(|d| d.as_str().map_or(d.to_string(), str::to_string)).collect::<Vec<_>>().join(", ") };
         let inputs: Vec<String> = plan["inputs"].as_array().into_iter().flatten().map(|i| format!("{} {}[{}]", i["name"].as_str().unwrap_or(""), i["dtype"].as_str().unwrap_or(""), dims(&i["shape"]))).collect();
-        let rows = if name.starts_with("batch") { "rows" } else { "seq" };
+        let rows = if name.starts_with("batch") || name == "encode_batch" { "rows" } else { "seq" };
+        let output = &plan["outputs"][0];
         line(
             &format!("plan {name}"),
-            format!("{} -> logits f32[{}]; {rows} <= {}; {} launches; arena {}", inputs.join(", "), dims(&plan["outputs"][0]["shape"]), plan["max_seq"], plan["launches"], mib(plan["arena_bytes"].as_u64().unwrap_or(0))),
+            format!(
+                "{} -> {} f32[{}]; {rows} <= {}; {} launches; arena {}",
+                inputs.join(", "),
+                output["name"].as_str().unwrap_or("logits"),
+                dims(&output["shape"]),
+                plan["max_seq"],
+                plan["launches"],
+                mib(plan["arena_bytes"].as_u64().unwrap_or(0))
+            ),
         );
     }
     if let Some(b) = r["batch"].as_object() {
@@ -186,6 +211,9 @@ pub fn render_text(r: &Value) -> String {
                 b["max_sequences"], b["max_batch_tokens"], b["block_size"], b["kv_bytes_per_block"], b["blocks_per_sequence"]
             ),
         );
+    }
+    if let Some(e) = r["encode_batch"].as_object() {
+        line("encoder batch", format!("{} sequences, {} rows per step (each input whole in one step; no KV cache)", e["max_sequences"], e["max_batch_tokens"]));
     }
     line("kernels", format!("{} kernels, {} bytes of code", r["kernels"]["count"], r["kernels"]["code_bytes"]));
     let by_encoding: Vec<String> = r["weights"]["by_encoding"]

@@ -8,7 +8,9 @@ use anyhow::{anyhow, Context};
 use clap::{Args, Parser, Subcommand};
 
 use maxrun::artifact::Artifact;
+use maxrun::engine::embed::{Embedder, EncoderFacts};
 use maxrun::engine::{Engine, Event, GenerationParams, ModelFacts, Request};
+use maxrun::executor::{EncodeExecutor, OnePerStep};
 use maxrun::sampler::SamplingParams;
 use maxrun::runner::{Device, Runner};
 use maxrun::usage::usage;
@@ -1048,17 +1050,42 @@ fn embed(cli: &RunArgs, artifact: &Artifact, tokenizer: &mut tokenizers::Tokeniz
     };
     // Sentence encoders see exactly their tokens: the tokenizer's fixed padding is for batching.
     tokenizer.with_padding(None);
-    let mut session = open_runner(artifact, cli)?;
-    let mut out = std::io::stdout().lock();
-    for text in texts {
-        let ids = tokenizer.encode(text.as_str(), true).map_err(|e| anyhow!("tokenizing: {e}"))?.get_ids().to_vec();
-        if ids.len() as u64 > h.max_length {
-            eprintln!("prompt is too long: {} tokens exceeds the maximum context length of {} tokens", ids.len(), h.max_length);
+    let mut ids = Vec::with_capacity(texts.len());
+    for text in &texts {
+        let t = tokenizer.encode(text.as_str(), true).map_err(|e| anyhow!("tokenizing: {e}"))?.get_ids().to_vec();
+        if t.len() as u64 > h.max_length {
+            eprintln!("prompt is too long: {} tokens exceeds the maximum context length of {} tokens", t.len(), h.max_length);
             return Ok(ExitCode::from(EXIT_PROMPT_TOO_LONG));
         }
-        session.reset();
-        let embedding = session.forward(&ids)?;
-        writeln!(out, "{}", serde_json::to_string(embedding)?)?;
+        ids.push(t);
+    }
+    // The encoder batch plan on the CPU, many lines per step; `--check-nan`
+    // scans each launch of the single-sequence plans, one line per step.
+    let executor: Box<dyn EncodeExecutor + '_> = if cli.check_nan {
+        Box::new(OnePerStep::new(open_runner(artifact, cli)?, h.max_length))
+    } else {
+        let (executor, note) = maxrun::runner::open_encoder(artifact, threads(cli.threads)?, cli.device)?;
+        if let Some(note) = note {
+            eprintln!("maxrun: {note}");
+        }
+        if cli.verbose {
+            eprintln!("maxrun: {}; {}", artifact.cpu_variant_note(), executor.describe());
+        }
+        executor
+    };
+    let mut embedder = Embedder::new(executor, EncoderFacts::of(artifact).expect("checked above"));
+    if cli.profile && !cli.check_nan {
+        embedder.enable_profile();
+    }
+    let mut out = std::io::stdout().lock();
+    // A bounded number of lines at a time, so that output streams for a long file.
+    for chunk in ids.chunks(1024) {
+        for embedding in embedder.embed_all(chunk)? {
+            writeln!(out, "{}", serde_json::to_string(&embedding)?)?;
+        }
+    }
+    if cli.profile && !cli.check_nan {
+        eprint!("{}", render_profile(&embedder.profile()));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use crate::artifact::{Artifact, ArtifactError};
-use crate::executor::{Executor, ProfileRow, RunCounts, RunError, SequenceExecutor};
+use crate::executor::{EncodeExecutor, Executor, ProfileRow, RunCounts, RunError, SequenceExecutor};
 use crate::session::Session;
 
 /// The device a run asks for.
@@ -306,6 +306,32 @@ pub fn open_executor<'a>(artifact: &'a Artifact, threads: usize, device: Device,
     }
 }
 
+/// Opens a sentence encoder's executor on `device`: its encoder batch plan on
+/// the CPU (many inputs per step) where the artifact has one and the CPU runs
+/// it, else the single-sequence plans of [`Runner::open`]'s session, one input
+/// per step (the GPU, a mesh, an artifact without the plan). Also returns
+/// [`Runner::open`]'s note when `auto` fell back from GPU code to CPU code.
+pub fn open_encoder<'a>(artifact: &'a Artifact, threads: usize, device: Device) -> Result<(Box<dyn EncodeExecutor + 'a>, Option<String>), RunnerError> {
+    let h = &artifact.header;
+    let batched_on_cpu = h.sub_models.len() == 1 && h.main().encode_batch.is_some() && h.has_cpu_code();
+    let cpu = || -> Result<Box<dyn EncodeExecutor + 'a>, RunnerError> { Ok(Box::new(crate::executor::cpu_encoder::CpuEncoder::new(artifact, threads)?)) };
+    let cpu_chosen = match device {
+        Device::Cpu => true,
+        Device::Auto => h.gpu_archs.is_empty(),
+        Device::Gpu(_) => false,
+    };
+    if batched_on_cpu && cpu_chosen {
+        return Ok((cpu()?, None));
+    }
+    let (runner, note) = Runner::open(artifact, threads, device)?;
+    if batched_on_cpu && matches!(runner, Runner::Cpu(_)) {
+        // `auto` found no usable GPU and fell back to the CPU code.
+        drop(runner);
+        return Ok((cpu()?, note));
+    }
+    Ok((Box::new(crate::executor::OnePerStep::new(runner, h.max_length)), note))
+}
+
 /// The GPU executor on GPU `ordinal`, or why there is none here.
 #[cfg(feature = "cuda")]
 fn open_gpu_executor<'a>(artifact: &'a Artifact, ordinal: usize, kv_bytes: Option<u64>) -> Result<Box<dyn Executor + 'a>, String> {
@@ -340,6 +366,7 @@ mod tests {
             decode: plan.clone(),
             prefill_last: None,
             batch: None,
+            encode_batch: None,
             weight_bytes: 0,
             kv_bytes_per_token: 0,
         };

@@ -136,6 +136,8 @@ pub(crate) struct StepInputs<'b> {
     pub row_sequences: &'b [i32],
     pub block_tables: &'b [i32],
     pub logit_rows: &'b [i32],
+    /// An encoder batch step's sequences as runs of rows (`executor/cpu_encoder.rs`).
+    pub sequence_starts: &'b [i32],
 }
 
 /// What one plan's run shares with the others: the artifact, the threads, the
@@ -207,6 +209,7 @@ impl Run<'_> {
                     BufferRef::RowSequences => input(inputs.row_sequences),
                     BufferRef::BlockTables => input(inputs.block_tables),
                     BufferRef::LogitRows => input(inputs.logit_rows),
+                    BufferRef::SequenceStarts => input(inputs.sequence_starts),
                 });
             }
             if let Some(parts) = state.ahead.get(index).filter(|p| !p.is_empty()) {

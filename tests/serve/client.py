@@ -344,6 +344,38 @@ def scenario_embeddings(url, exp):
     check(got == 400 and "encoder" in json.loads(data)["error"]["message"], "completions on an encoder")
 
 
+def scenario_embeddings_batched(url, exp):
+    """Many inputs in one request: one embedding per input, in order, each
+    within cosine 0.9999 of the same input embedded alone (by the
+    single-sequence plan), in exactly the model steps the artifact's limits
+    imply (the /metrics step counter: ceil(inputs / max_sequences)); one
+    input more is one step more, and the same vector as in the batch."""
+    c = client(url, exp.get("api_key"))
+    steps = lambda: metrics(url).get("maxrun_embedding_steps_total", 0)
+    before = steps()
+    t0 = time.time()
+    r = c.embeddings.create(model=exp["model"], input=exp["inputs"])
+    took = time.time() - t0
+    check(len(r.data) == len(exp["inputs"]), f"{len(r.data)} embeddings for {len(exp['inputs'])} inputs")
+    for i, (d, alone) in enumerate(zip(r.data, exp["alone"])):
+        check(d.index == i, f"embedding {i} has index {d.index}")
+        cos = cosine(d.embedding, alone)
+        check(cos >= 0.9999, f"input {i}: cosine {cos} with the input alone")
+    ran = steps() - before
+    check(ran == exp["steps"], f"{len(exp['inputs'])} inputs took {ran} steps, not {exp['steps']}")
+    check(r.usage.prompt_tokens == exp["tokens"], f"usage {r.usage} for {exp['tokens']} tokens")
+    r1 = c.embeddings.create(model=exp["model"], input=exp["inputs"][5])
+    check(steps() - before == exp["steps"] + 1, "one input, one step")
+    cos = cosine(r1.data[0].embedding, r.data[5].embedding)
+    check(cos >= 0.9999, f"input 5 alone: cosine {cos} with it in the batch")
+    print(f"{len(exp['inputs'])} inputs in {ran} steps, {took * 1e3:.0f} ms")
+
+
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / ((sum(x * x for x in a) ** 0.5) * (sum(y * y for y in b) ** 0.5))
+
+
 S = {"type": "string", "maxLength": 24}
 SCHEMAS = [
     {"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False},

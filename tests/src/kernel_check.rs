@@ -24,7 +24,8 @@ pub struct Case {
     pub kernel: Kernel,
     /// Element counts, one per parameter.
     pub sizes: Vec<usize>,
-    /// Integer inputs are drawn from `0..int_max`.
+    /// Integer inputs are drawn from `0..int_max`; for ragged batch kernels
+    /// (an `i32` parameter named `starts`) the step's rows, see [`inputs`].
     pub int_max: i32,
     /// The launch's sequence length (`dims[0]`).
     pub seq: u64,
@@ -40,7 +41,39 @@ pub fn reduction_tol(k: u64) -> f32 {
 }
 
 /// Random inputs of a case: every parameter by its element type.
+///
+/// A ragged batch kernel's sequences are made consistent: an `i32` parameter
+/// named `starts` (`[sequences + 1]`) becomes a random partition of `int_max`
+/// rows into its nonempty runs (`starts[0] = 0`, the last entry `int_max`),
+/// and one named `seqs` each row's sequence in that partition.
 pub fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
+    let mut inputs = plain_inputs(case, rng);
+    let param = |name: &str| case.kernel.params.iter().position(|p| p.name == name && p.elem == ElemType::I32);
+    if let Some(at) = param("starts") {
+        let Buffer::I32(starts) = &inputs[at] else { unreachable!("an i32 parameter") };
+        let (sequences, rows) = (starts.len().saturating_sub(1), case.int_max.max(0) as usize);
+        assert!(sequences >= 1 && rows >= sequences, "{}: {rows} rows cannot hold {sequences} nonempty sequences", case.kernel.name);
+        let mut lens = vec![1usize; sequences];
+        for _ in sequences..rows {
+            lens[(((rng.f() + 1.0) / 2.0 * sequences as f32) as usize).min(sequences - 1)] += 1;
+        }
+        let starts: Vec<i32> = std::iter::once(0).chain(lens.iter().scan(0, |end, &n| {
+            *end += n as i32;
+            Some(*end)
+        })).collect();
+        if let Some(s) = param("seqs") {
+            let Buffer::I32(seqs) = &mut inputs[s] else { unreachable!("an i32 parameter") };
+            for (r, seq) in seqs.iter_mut().enumerate() {
+                *seq = starts.partition_point(|&st| st as usize <= r) as i32 - 1;
+            }
+        }
+        inputs[at] = Buffer::I32(starts);
+    }
+    inputs
+}
+
+/// [`inputs`] before the ragged batch kernels' sequences are made consistent.
+fn plain_inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
     case.kernel
         .params
         .iter()

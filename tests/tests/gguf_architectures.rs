@@ -223,7 +223,11 @@ fn wordpiece_vocabulary_tokenizes_as_transformers() {
 }
 
 /// `maxrun --embed-file` of the fixture's sentences against its golden
-/// embeddings (cosine >= `min_cosine` each).
+/// embeddings (cosine >= `min_cosine` each; `--embed-file` runs the encoder
+/// batch plan); and the golden ids in one step of the encoder batch plan, each
+/// within cosine 0.9999 of the same sentence alone through the single-sequence
+/// plan (the same weights and activations: the plans differ in summation order
+/// only).
 fn check_embeddings(mef: &std::path::Path, what: &str, min_cosine: f32) {
     let dir = fixture("arch-bert");
     let golden = golden("arch-bert");
@@ -242,6 +246,20 @@ fn check_embeddings(mef: &std::path::Path, what: &str, min_cosine: f32) {
         let cos = dot / (ours.iter().map(|a| a * a).sum::<f32>().sqrt() * gold.iter().map(|b| b * b).sum::<f32>().sqrt());
         eprintln!("{what} sentence {i}: cosine {cos}");
         assert!(cos >= min_cosine, "{what} sentence {i}: cosine {cos} < {min_cosine}");
+    }
+    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let inputs: Vec<Vec<u32>> = golden["input_ids"].as_array().unwrap().iter().map(ids).collect();
+    let executor = maxrun::executor::cpu_encoder::CpuEncoder::new(&a, 2).unwrap();
+    let mut batch = maxrun::engine::embed::Embedder::new(Box::new(executor), maxrun::engine::embed::EncoderFacts::of(&a).unwrap());
+    let batched = batch.embed_all(&inputs).unwrap();
+    assert_eq!(batch.steps(), 1, "{what}: 8 sentences in one step");
+    let mut session = maxrun::session::Session::new(&a, 2).unwrap();
+    for (i, (ours, ids)) in batched.iter().zip(&inputs).enumerate() {
+        session.reset();
+        let alone = session.forward(ids).unwrap().to_vec();
+        let dot: f32 = ours.iter().zip(&alone).map(|(a, b)| a * b).sum();
+        let cos = dot / (ours.iter().map(|a| a * a).sum::<f32>().sqrt() * alone.iter().map(|b| b * b).sum::<f32>().sqrt());
+        assert!(cos >= 0.9999, "{what} sentence {i} in a batch step: cosine {cos} with it alone");
     }
 }
 

@@ -5,6 +5,8 @@
 use maxc_codegen::{llvm::compile_shared, CpuTarget};
 use maxc_kernels::interp::{run, Buffer};
 use maxc_kernels::library::attention::{attention, attention_combine, attention_partial, kv_store, AttentionShape, KeyLayout};
+use maxc_kernels::library::attention_ragged::{attention_ragged, RaggedShape};
+use maxc_kernels::library::pooling::{l2_normalize_rows, mean_rows_ragged};
 use maxc_kernels::library::copy::slice_columns;
 use maxc_kernels::library::elementwise::{binary, swiglu, unary, Binary, Broadcast, Unary};
 use maxc_kernels::library::embedding::{embedding, embedding_in};
@@ -268,6 +270,31 @@ fn cases() -> Vec<Case> {
                     }
                 }
             }
+        }
+    }
+    v.extend(ragged_cases());
+    v
+}
+
+/// The kernels of sentence encoders' batch steps: whole sequences as runs of
+/// the step's rows, of random lengths (`kernel_check::inputs` partitions
+/// `int_max` rows into the `starts` parameter's sequences): one row alone, 17
+/// rows in 3 sequences, 60 in 4 (lengths such as 1, 2, 17, 40), 97 in 9.
+/// Attention is launched over the rows; pooling and normalization over the
+/// sequences.
+fn ragged_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (rows, sequences) in [(1usize, 1usize), (17, 3), (60, 4), (97, 9)] {
+        // all-MiniLM-L6-v2's heads; grouped heads with soft-capping.
+        for shape in [RaggedShape { heads: 12, kv_heads: 12, head_dim: 32, scale: 0.176_776_7, softcap: None }, RaggedShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, softcap: Some(2.5) }] {
+            let (qw, kvw) = ((shape.heads * shape.head_dim) as usize, (shape.kv_heads * shape.head_dim) as usize);
+            let sizes = vec![rows * qw, rows * kvw, rows * kvw, rows, sequences + 1, rows * qw];
+            v.push(Case { kernel: attention_ragged(shape), sizes, int_max: rows as i32, seq: rows as u64, tol: reduction_tol(shape.head_dim * rows as u64) });
+        }
+        for width in [24u64, 384] {
+            let w = width as usize;
+            v.push(Case { kernel: mean_rows_ragged(width), sizes: vec![rows * w, sequences + 1, sequences * w], int_max: rows as i32, seq: sequences as u64, tol: reduction_tol(rows as u64) });
+            v.push(Case { kernel: l2_normalize_rows(width), sizes: vec![sequences * w, sequences * w], int_max: 1, seq: sequences as u64, tol: reduction_tol(width) });
         }
     }
     v
@@ -687,6 +714,14 @@ mod random_shapes {
                 tol: reduction_tol(hd * max_len),
             },
             Case { kernel: swiglu(n, seq), sizes: vec![s_ * 2 * n as usize, s_ * n as usize], int_max: 1, seq: s, tol: 1e-5 },
+            // An encoder's batch step: the s rows in 1..=s sequences of random lengths.
+            Case {
+                kernel: attention_ragged(RaggedShape { heads: qh, kv_heads: kv, head_dim: hd, scale: 0.3, softcap: shape.softcap }),
+                sizes: vec![s_ * qw, s_ * kvw, s_ * kvw, s_, 2 + k as usize % s_, s_ * qw],
+                int_max: s as i32,
+                seq: s,
+                tol: reduction_tol(hd * s),
+            },
         ]
     }
 

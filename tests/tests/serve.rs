@@ -275,6 +275,40 @@ fn embeddings_of_a_sentence_encoder_match_the_golden() {
     assert_eq!(server.stop(Duration::from_secs(30)), 0);
 }
 
+/// `/v1/embeddings` with 64 inputs (the golden sentences, each repeated 1 to 4
+/// times) through the openai client, from an encoder compiled for 16 inputs
+/// per step: 64 embeddings in order, each within cosine 0.9999 of the same
+/// input embedded alone by the single-sequence plan (here, in-process), in
+/// exactly ceil(64 / 16) = 4 model steps by the server's
+/// `maxrun_embedding_steps_total` (one at a time would take 64, everything in
+/// one step 1).
+#[test]
+fn many_embeddings_run_in_batched_steps() {
+    let mef = compile_model("serve-minilm-batch", &minilm_dir(), &["--max-sequences", "16"]);
+    let golden = golden("all-minilm-l6-v2");
+    let sentences: Vec<&str> = golden["sentences"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    let texts: Vec<String> = (0..64).map(|k| vec![sentences[k % 8]; k / 8 % 4 + 1].join(" ")).collect();
+    let mut tokenizer = tokenizers::Tokenizer::from_file(minilm_dir().join("tokenizer.json")).unwrap();
+    tokenizer.with_padding(None);
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| tokenizer.encode(t.as_str(), true).unwrap().get_ids().to_vec()).collect();
+    let a = maxrun::artifact::Artifact::open(&mef).unwrap();
+    assert_eq!(a.header.main().encode_batch.as_ref().map(|e| e.max_sequences), Some(16));
+    let mut session = maxrun::session::Session::new(&a, 2).unwrap();
+    let alone: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|ids| {
+            session.reset();
+            session.forward(ids).unwrap().to_vec()
+        })
+        .collect();
+    let tokens: usize = ids.iter().map(Vec::len).sum();
+    let expected = json!({"model": a.header.model.name, "inputs": texts, "alone": alone, "steps": 4, "tokens": tokens});
+    let mut server = Server::start(&mef, &[]);
+    run_client("embeddings_batched", &server, &expected);
+    assert!(server.log().contains("batched embeddings: 16 inputs"), "{}", server.log());
+    assert_eq!(server.stop(Duration::from_secs(30)), 0);
+}
+
 /// The soak test (issue #34): random load on a server with a KV pool small
 /// enough to run out and a short queue, for `MAXC_SOAK_SECONDS` (60 in the
 /// suite; the long form: `MAXC_SOAK_SECONDS=600 cargo test -p maxc-tests --test

@@ -172,6 +172,8 @@ fn the_engine_names_no_device() {
         "executor::mesh",
         "CpuExecutor",
         "MeshExecutor",
+        "cpu_encoder",
+        "CpuEncoder",
         "cudarc",
         "LoadedCode",
         "PlanState",

@@ -4,8 +4,10 @@
 //!
 //! The same graph is scheduled several times: a prefill plan for any sequence
 //! length up to `max_seq`, a decode plan specialized to `seq = 1`, a prefill plan
-//! that computes only the last row's logits, and the batched engine's plans
-//! ([`schedule_batch`]: many sequences per step over a paged KV cache).
+//! that computes only the last row's logits, the batched engine's plans
+//! ([`schedule_batch`]: many sequences per step over a paged KV cache), and a
+//! sentence encoder's batch plan ([`schedule_encode_batch`]: many whole
+//! sequences per step, no KV cache, one pooled embedding per sequence).
 
 mod matmul;
 pub mod memory;
@@ -18,8 +20,10 @@ use weights::constant_slots;
 use std::collections::HashMap;
 
 use maxc_kernels::library::attention::{attention, attention_combine, attention_combine_gpu, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, KeyLayout, Paging, DECODE_SPLITS};
+use maxc_kernels::library::attention_ragged::{attention_ragged, RaggedShape};
 use maxc_kernels::library::copy::{gather_rows, last_row, slice_columns, slice_columns_gpu};
-use maxc_kernels::library::elementwise::{binary, binary_gpu, l2_normalize, mean_rows, swiglu, swiglu_gpu, unary, unary_gpu, Broadcast};
+use maxc_kernels::library::elementwise::{binary, binary_gpu, swiglu, swiglu_gpu, unary, unary_gpu, Broadcast};
+use maxc_kernels::library::pooling::{l2_normalize, l2_normalize_rows, mean_rows, mean_rows_ragged};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::library::embedding::{embedding_in, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add, matmul_rowwise};
@@ -216,7 +220,7 @@ impl Scheduler<'_, '_, '_> {
         let rows = if self.one_row {
             1
         } else if self.logit_rows {
-            self.batch.expect("logit rows are a batch plan's").max_outputs
+            self.batch.expect("logit rows are a batch plan's").max_outputs()
         } else {
             self.max_seq
         };
@@ -289,13 +293,41 @@ pub fn schedule<'g>(
 
 /// What a batch plan is scheduled for.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct BatchMode {
-    pub paging: Paging,
-    /// The decode plan (every row its sequence's last token: split attention),
-    /// or the mixed one (prompt chunks too).
-    pub decode: bool,
-    /// Rows with logits per step (the step's sequences at most).
-    pub max_outputs: u64,
+pub enum BatchMode {
+    /// The batched engine's plans over a paged KV cache.
+    Paged {
+        paging: Paging,
+        /// The decode plan (every row its sequence's last token: split
+        /// attention), or the mixed one (prompt chunks too).
+        decode: bool,
+        /// Rows with logits per step (the step's sequences at most).
+        max_outputs: u64,
+    },
+    /// A sentence encoder's batch plan: whole sequences, each a run of the
+    /// step's rows (`SequenceStarts`), attending to their own rows (no KV
+    /// cache); from the pooling on, one row per sequence.
+    Encode {
+        /// Sequences per step: the pooled rows.
+        max_sequences: u64,
+    },
+}
+
+impl BatchMode {
+    /// The most rows a step has from the cut (the gather of the rows with
+    /// logits, or an encoder's pooling) on.
+    pub fn max_outputs(&self) -> u64 {
+        match *self {
+            BatchMode::Paged { max_outputs, .. } => max_outputs,
+            BatchMode::Encode { max_sequences } => max_sequences,
+        }
+    }
+
+    fn paging(&self) -> Option<Paging> {
+        match *self {
+            BatchMode::Paged { paging, .. } => Some(paging),
+            BatchMode::Encode { .. } => None,
+        }
+    }
 }
 
 /// A batch plan ([`maxrun::format::BatchPlans`]): steps of up to `max_rows` rows
@@ -316,6 +348,26 @@ pub fn schedule_batch<'g>(
     // weights), only attention and the KV store paged.
     let seq = if max_rows == 1 { SeqMode::Fixed(1) } else { SeqMode::Dynamic };
     schedule_impl(graph, interp, seq, max_rows, cache, weights, kernels, Some(cut), Some(mode))
+}
+
+/// A sentence encoder's batch plan ([`maxrun::format::EncodeBatch`]): steps of
+/// up to `max_rows` rows holding up to `max_sequences` whole sequences, each a
+/// run of rows (inputs tokens, positions within the sequence, `RowSequences`,
+/// `SequenceStarts`). Attention is over each row's own sequence's rows of the
+/// step (`attention_ragged`: no KV cache), `mean_rows` pools each sequence
+/// (`mean_rows_ragged`), and what follows the pooling runs over the step's
+/// sequences: the output is `[sequences, width]`.
+pub fn schedule_encode_batch<'g>(
+    graph: &'g Graph,
+    interp: &mut crate::interp::Interpreter<'g>,
+    max_rows: u64,
+    max_sequences: u64,
+    cache: KvCacheSpec,
+    weights: &mut WeightTable,
+    kernels: &mut KernelSet,
+) -> Result<Schedule> {
+    let mode = BatchMode::Encode { max_sequences };
+    schedule_impl(graph, interp, SeqMode::Dynamic, max_rows, cache, weights, kernels, None, Some(mode))
 }
 
 /// Where a prefill plan that returns only the last token's logits can drop to one
@@ -495,6 +547,15 @@ fn schedule_impl<'g>(
                 args.push(Arg::Weight(table));
                 s.launch_with_gpu_form(rope(w, *head_dim as u64, seq), rope_gpu(w, *head_dim as u64, seq), args, w)
             }
+            Op::Attention { heads, kv_heads, head_dim, scale, window, softcap, causal, .. } if matches!(s.batch, Some(BatchMode::Encode { .. })) => {
+                // No KV cache: each row attends to its own sequence's rows of the step.
+                if *causal || window.is_some() {
+                    return Err(unsupported("causal or sliding-window attention in an encoder's batch plan".into()));
+                }
+                let a = s.inputs(&node.inputs)?;
+                let shape = RaggedShape { heads: *heads as u64, kv_heads: *kv_heads as u64, head_dim: *head_dim as u64, scale: *scale, softcap: *softcap };
+                s.launch(attention_ragged(shape), vec![a[0], a[1], a[2], Arg::RowSequences, Arg::SequenceStarts], out_width()?)
+            }
             Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
@@ -503,13 +564,14 @@ fn schedule_impl<'g>(
                 // CPU code keeps the keys in panels of 16 positions where whole
                 // panels fit (scores without horizontal sums); the GPU forms keep
                 // rows (a warp's lanes share a key row's dot product).
-                let keys = cache.keys(s.batch.map_or(max_len, |b| b.paging.block_size));
-                let store_in = |keys| match s.batch {
-                    Some(b) => kv_store_paged(*kv_heads as u64, *head_dim as u64, b.paging, cache.elem, keys),
+                let paging = s.batch.and_then(|b| b.paging());
+                let keys = cache.keys(paging.map_or(max_len, |p| p.block_size));
+                let store_in = |keys| match paging {
+                    Some(p) => kv_store_paged(*kv_heads as u64, *head_dim as u64, p, cache.elem, keys),
                     None => kv_store(*kv_heads as u64, *head_dim as u64, max_len, cache.elem, keys, seq),
                 };
                 let (store, store_gpu) = (store_in(keys), store_in(KeyLayout::Rows));
-                let store_args = match s.batch {
+                let store_args = match paging {
                     Some(_) => vec![k, v, Arg::Slots, kc, vc],
                     None => vec![k, v, pos, kc, vc],
                 };
@@ -531,24 +593,24 @@ fn schedule_impl<'g>(
                     keys,
                 };
                 let rows = AttentionShape { keys: KeyLayout::Rows, ..shape };
-                if let Some(b) = s.batch {
+                if let Some(BatchMode::Paged { paging, decode, .. }) = s.batch {
                     if !shape.causal {
-                        return Err(unsupported("bidirectional attention in a batch plan".into()));
+                        return Err(unsupported("bidirectional attention in a batch plan over the KV cache".into()));
                     }
                     let paged = [q, pos, Arg::RowSequences, Arg::BlockTables, kc, vc];
-                    if b.decode {
+                    if decode {
                         // Decode rows: flash-decoding, as the single-stream decode plan.
                         let splits = DECODE_SPLITS;
                         let scratch = s.scratch(shape.split_scratch_per_token(splits));
                         let per_token = shape.partials_per_token(splits);
                         let written = TaskCount { per_seq: per_token, fixed: 0 };
-                        let kernel = attention_paged(shape, b.paging, Some(splits));
-                        s.kernels.set_gpu_form(&kernel, attention_paged(rows, b.paging, Some(splits)));
+                        let kernel = attention_paged(shape, paging, Some(splits));
+                        s.kernels.set_gpu_form(&kernel, attention_paged(rows, paging, Some(splits)));
                         let partials = s.launch_outputs(kernel, [&paged[..], &[scratch]].concat(), &[per_token * 4], written)[0];
                         s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
                     } else {
                         let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                        s.launch_with_gpu_form(attention_paged(shape, b.paging, None), attention_paged(rows, b.paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
+                        s.launch_with_gpu_form(attention_paged(shape, paging, None), attention_paged(rows, paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
                     }
                 } else if seq.is_decode() && shape.causal {
                     // Flash-decoding: a task per (KV head, chunk of positions),
@@ -596,7 +658,7 @@ fn schedule_impl<'g>(
                 // logits (the vocabulary's all-gather) count those rows.
                 let (rows_held, row_count) = match (s.one_row, s.logit_rows) {
                     (true, _) => (1, maxrun::format::RowCount::Step),
-                    (false, true) => (s.batch.expect("logit rows are a batch plan's").max_outputs, maxrun::format::RowCount::Logits),
+                    (false, true) => (s.batch.expect("logit rows are a batch plan's").max_outputs(), maxrun::format::RowCount::Logits),
                     (false, false) => (s.max_seq, maxrun::format::RowCount::Step),
                 };
                 s.buffers.push(BufferInfo { bytes: rows_held * out_width * 4, def: at, last_use: at });
@@ -611,10 +673,24 @@ fn schedule_impl<'g>(
                 let args = s.inputs(&node.inputs)?;
                 s.launch(layer_norm(w, *eps, seq), args, w)
             }
+            Op::MeanRows if matches!(s.batch, Some(BatchMode::Encode { .. })) => {
+                // Each sequence's rows pooled: from here on a row per sequence.
+                let w = graph.ty(node.inputs[0]).last_dim().expect("static width");
+                let args = s.inputs(&node.inputs)?;
+                s.logit_rows = true;
+                single[id.index()] = true;
+                s.launch(mean_rows_ragged(w), vec![args[0], Arg::SequenceStarts], w)
+            }
             Op::MeanRows => {
                 let w = graph.ty(node.inputs[0]).last_dim().expect("static width");
                 let args = s.inputs(&node.inputs)?;
                 s.launch_rows(mean_rows(w, seq), args, w, TaskCount { per_seq: 0, fixed: w })
+            }
+            Op::L2Normalize if s.logit_rows && matches!(s.batch, Some(BatchMode::Encode { .. })) => {
+                // The step's pooled sequences, one task each.
+                let w = node.ty.last_dim().expect("static width");
+                let args = s.inputs(&node.inputs)?;
+                s.launch(l2_normalize_rows(w), args, w)
             }
             Op::L2Normalize => {
                 let ty = &node.ty;

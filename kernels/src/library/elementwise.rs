@@ -152,39 +152,6 @@ fn swiglu_in(h: u64, seq: SeqMode, gpu: bool) -> Kernel {
     b.finish(format!("swiglu_h{h}_{}", seq.tag()), "elementwise", TaskCount { per_seq: rc.per_row, fixed: 0 }, t, body)
 }
 
-/// `out[0, c] = mean_r x[r, c]` for `x: f32[seq, width]` (one task).
-pub fn mean_rows(width: u64, seq: SeqMode) -> Kernel {
-    let mut b = KernelBuilder::new();
-    let x = b.param("x", ElemType::F32, false);
-    let out = b.param("out", ElemType::F32, true);
-    let (t, r, c) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
-    let w = width as i64;
-    let body = vec![
-        for_vec(c, i(0), i(w), vec![store(out, v(c), f(0.0))]),
-        for_(r, i(0), seq.expr(), vec![for_vec(c, i(0), i(w), vec![store(out, v(c), add(ld(out, v(c)), ld(x, add(mul(v(r), i(w)), v(c)))))])]),
-        for_vec(c, i(0), i(w), vec![store(out, v(c), div(ld(out, v(c)), un(UnOp::ToF32, seq.expr())))]),
-    ];
-    b.finish(format!("mean_rows_w{width}_{}", seq.tag()), "pooling", TaskCount { per_seq: 0, fixed: 1 }, t, body)
-}
-
-/// Each row of `x: f32[rows, width]` divided by its L2 norm (at least 1e-12), one task per row.
-pub fn l2_normalize(width: u64, rows: u64) -> Kernel {
-    let mut b = KernelBuilder::new();
-    let x = b.param("x", ElemType::F32, false);
-    let out = b.param("out", ElemType::F32, true);
-    let (t, c) = (b.var(ValType::I64), b.var(ValType::I64));
-    let (ss, inv) = (b.var(ValType::F32), b.var(ValType::F32));
-    let w = width as i64;
-    let xi = || ld(x, add(mul(v(t), i(w)), v(c)));
-    let body = vec![
-        set(ss, f(0.0)),
-        for_vec(c, i(0), i(w), vec![set(ss, add(v(ss), mul(xi(), xi())))]),
-        set(inv, div(f(1.0), max(un(UnOp::Sqrt, v(ss)), f(1e-12)))),
-        for_vec(c, i(0), i(w), vec![store(out, add(mul(v(t), i(w)), v(c)), mul(xi(), v(inv)))]),
-    ];
-    b.finish(format!("l2_normalize_w{width}_r{rows}"), "pooling", TaskCount { per_seq: 0, fixed: rows }, t, body)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,17 +224,6 @@ mod tests {
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 2e-6, "{g} vs {w}");
         }
-    }
-
-    #[test]
-    fn mean_and_l2_normalize() {
-        let mut bufs = vec![Buffer::F32(vec![1.0, 2.0, 3.0, 6.0]), Buffer::F32(vec![0.0; 4])];
-        run(&mean_rows(2, SeqMode::Dynamic), &mut bufs, 2);
-        let Buffer::F32(m) = bufs[1].clone() else { unreachable!() };
-        assert_eq!(&m[..2], &[2.0, 4.0]);
-        let mut bufs = vec![Buffer::F32(vec![3.0, 4.0]), Buffer::F32(vec![0.0; 2])];
-        run(&l2_normalize(2, 1), &mut bufs, 1);
-        assert_eq!(bufs[1], Buffer::F32(vec![0.6, 0.8]));
     }
 
     #[test]

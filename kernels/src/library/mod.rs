@@ -5,6 +5,7 @@
 //! sequence row.
 
 pub mod attention;
+pub mod attention_ragged;
 pub mod copy;
 pub mod dequant;
 pub mod elementwise;
@@ -14,6 +15,7 @@ pub mod matmul_blocks;
 pub mod matmul_int8;
 pub mod matmul_interleaved;
 pub mod matmul_panel;
+pub mod pooling;
 pub mod quantize_activations;
 pub mod rms_norm;
 pub mod rope;

@@ -11,9 +11,10 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version (9: collectives say
 /// which row count they follow, so that batch plans of device meshes can hold
-/// them; the KV cache is an encoding with parts, each its own buffer).
+/// them; the KV cache is an encoding with parts, each its own buffer; sentence
+/// encoders' batch plans, [`SubModel::encode_batch`], and [`BufferRef::SequenceStarts`]).
 pub const FORMAT_MAJOR: u32 = 9;
-/// Compatible additions bump the minor version (reset with each major).
+/// Compatible additions bump the minor version (none yet in format 9).
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
@@ -112,6 +113,26 @@ pub struct BatchPlans {
     pub single: Plan,
 }
 
+/// A sentence encoder's batch plan (format 9): one step embeds up to
+/// `max_sequences` sequences of together up to `max_rows` rows, each sequence
+/// a contiguous run of the step's rows. Its inputs are [`BufferRef::Tokens`],
+/// [`BufferRef::Positions`] (each row's position within its sequence),
+/// [`BufferRef::RowSequences`] and [`BufferRef::SequenceStarts`]; there is no KV
+/// cache (each row attends to its own sequence's rows of the step). Its output
+/// (`Plan::logits`) is `[sequences, width]` f32: each sequence pooled and
+/// normalized as the single-sequence plans give `[1, width]`. Launches over the
+/// sequences (pooling and what follows) have [`RowCount::Logits`]: `dims[1]`
+/// is the step's sequence count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EncodeBatch {
+    /// Rows per step (`plan.max_seq`), at least the artifact's `max_length`
+    /// (a sequence is never split over steps: its attention sees all of it).
+    pub max_rows: u64,
+    /// Sequences per step (the output's rows), at least 1 and at most `max_rows`.
+    pub max_sequences: u64,
+    pub plan: Plan,
+}
+
 impl Header {
     /// Whether the artifact carries CPU code (a GPU-only artifact does not).
     pub fn has_cpu_code(&self) -> bool {
@@ -206,6 +227,9 @@ pub struct SubModel {
     pub prefill_last: Option<Plan>,
     /// The batched engine's plans ([`Header::batch`] says their limits).
     pub batch: Option<BatchPlans>,
+    /// A sentence encoder's batch plan with its limits (format 9; `None` for
+    /// decoders, device meshes and encoders compiled without it).
+    pub encode_batch: Option<EncodeBatch>,
     /// Bytes of this device's weights section.
     pub weight_bytes: u64,
     /// KV-cache bytes per token on this device.
@@ -218,10 +242,12 @@ impl SubModel {
         self.plans().map(|p| p.arena_bytes).max().unwrap_or(0)
     }
 
-    /// Every plan: prefill, decode, the last-token prefill and the batch plans where present.
+    /// Every plan: prefill, decode, the last-token prefill, the batch plans
+    /// and the encoder's batch plan where present.
     pub fn plans(&self) -> impl Iterator<Item = &Plan> {
         let batch = self.batch.as_ref().map(|b| [&b.mixed, &b.decode, &b.single]).into_iter().flatten();
-        [Some(&self.prefill), Some(&self.decode), self.prefill_last.as_ref()].into_iter().flatten().chain(batch)
+        let encode = self.encode_batch.as_ref().map(|e| &e.plan);
+        [Some(&self.prefill), Some(&self.decode), self.prefill_last.as_ref()].into_iter().flatten().chain(batch).chain(encode)
     }
 }
 
@@ -684,6 +710,10 @@ pub enum BufferRef<A = u64> {
     BlockTables,
     /// The rows of a batch step whose logits it returns, `i32[logit rows]`.
     LogitRows,
+    /// An encoder batch step's sequences as runs of its rows, `i32[sequences +
+    /// 1]`: sequence `s` is rows `starts[s] .. starts[s + 1]` (`starts[0] = 0`,
+    /// the last entry the step's rows). Only in [`EncodeBatch`] plans.
+    SequenceStarts,
 }
 
 impl<A: Copy> BufferRef<A> {
@@ -700,6 +730,7 @@ impl<A: Copy> BufferRef<A> {
             BufferRef::RowSequences => BufferRef::RowSequences,
             BufferRef::BlockTables => BufferRef::BlockTables,
             BufferRef::LogitRows => BufferRef::LogitRows,
+            BufferRef::SequenceStarts => BufferRef::SequenceStarts,
         }
     }
 }
@@ -712,7 +743,8 @@ pub enum RowCount {
     Step,
     /// The rows whose logits a batch step returns: the kernel gets a `dims`
     /// pointer one element on, so its sequence length is `dims[1]` (the launches
-    /// after a batch plan's gather of those rows).
+    /// after a batch plan's gather of those rows; in an encoder's batch plan,
+    /// the step's sequences: the pooling and what follows it).
     Logits,
 }
 

@@ -20,9 +20,13 @@
 //!   through the single-stream plans, reusing the cached prefix of the previous
 //!   request (a chat's earlier turns). This is `maxrun --prompt` and `--chat`:
 //!   the single-stream plans are the fastest way to run one sequence.
+//!
+//! Sentence encoders have no generation loop: [`embed::Embedder`] packs a
+//! request's inputs into steps of an [`crate::executor::EncodeExecutor`].
 
 pub mod batch;
 pub mod blocks;
+pub mod embed;
 pub mod generation;
 pub mod scheduler;
 pub mod serial;

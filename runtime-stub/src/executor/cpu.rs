@@ -102,6 +102,7 @@ impl<'a> CpuExecutor<'a> {
             row_sequences: step.row_sequences,
             block_tables: step.block_tables,
             logit_rows: step.logit_rows,
+            sequence_starts: &[],
         };
         let mesh = self.hub.as_deref().map(|hub| (hub, self.device));
         self.last = None;

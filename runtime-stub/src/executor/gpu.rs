@@ -185,6 +185,7 @@ impl<'a, D: GpuDevice> GpuExecutor<'a, D> {
                         BufferRef::RowSequences => inputs.row_sequences,
                         BufferRef::BlockTables => inputs.block_tables,
                         BufferRef::LogitRows => inputs.logit_rows,
+                        BufferRef::SequenceStarts => unreachable!("the loader admits SequenceStarts in encoder batch plans only"),
                     })
                     .flat_map(u64::to_le_bytes)
                     .collect();

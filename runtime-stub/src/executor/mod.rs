@@ -22,8 +22,16 @@
 //! Single-stream runs (`maxrun --prompt`, `--chat`, artifacts without batch
 //! plans) go through [`SequenceExecutor`]: one sequence's prefill and decode
 //! plans, which are the fastest way to run one sequence.
+//!
+//! Sentence encoders go through [`EncodeExecutor`]: "embed the whole inputs
+//! of one step" ([`EncodeStep`]), no KV cache. The CPU runs an encoder's batch
+//! plan ([`cpu_encoder::CpuEncoder`], many inputs per step); any
+//! [`SequenceExecutor`] embeds one input per step ([`OnePerStep`]: the GPU, an
+//! artifact without the plan). The engine's embedder (`crate::engine::embed`)
+//! packs a request's inputs into steps over either.
 
 pub mod cpu;
+pub mod cpu_encoder;
 pub mod gpu;
 pub mod mesh;
 
@@ -56,6 +64,10 @@ pub enum RunError {
     PoolTooSmall { bytes: u64, blocks: u64, block_size: u64, block_bytes: u64, needed: u64 },
     #[error("row {row} asks for LoRA adapter {adapter}, but the artifact has no adapters")]
     NoAdapter { row: usize, adapter: u32 },
+    #[error(
+        "{path}: the artifact has no encoder batch plan (only sentence encoders compiled for one device have one); use a sentence encoder's artifact, or recompile the encoder with this maxc"
+    )]
+    NoEncodeBatch { path: std::path::PathBuf },
 }
 
 /// One ragged step of a batch plan: per-row and per-sequence inputs, as the
@@ -131,6 +143,110 @@ pub trait Executor {
     /// The kernels' times so far, slowest first (empty where not profiled).
     fn profile(&self) -> Vec<ProfileRow> {
         Vec::new()
+    }
+}
+
+/// One step of a sentence encoder: whole inputs, each a contiguous run of the
+/// step's rows (docs/mef.md, the encoder batch plan).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EncodeStep<'s> {
+    /// Per row: its token, its position within its own input (from 0), and
+    /// its input's index in this step.
+    pub tokens: &'s [i32],
+    pub positions: &'s [i32],
+    pub row_sequences: &'s [i32],
+    /// `[inputs + 1]`: input `s` is rows `starts[s] .. starts[s + 1]`.
+    pub sequence_starts: &'s [i32],
+}
+
+impl EncodeStep<'_> {
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn sequences(&self) -> usize {
+        self.sequence_starts.len().saturating_sub(1)
+    }
+
+    /// Input `s`'s rows.
+    pub fn sequence(&self, s: usize) -> std::ops::Range<usize> {
+        self.sequence_starts[s] as usize..self.sequence_starts[s + 1] as usize
+    }
+}
+
+/// The steps an [`EncodeExecutor`] takes: every input whole in one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodeLimits {
+    /// Rows (tokens of all its inputs) per step; at least the longest input.
+    pub max_rows: usize,
+    /// Inputs per step.
+    pub max_sequences: usize,
+}
+
+/// A device that embeds sentences: each step's inputs whole, no KV cache.
+pub trait EncodeExecutor {
+    fn limits(&self) -> EncodeLimits;
+
+    /// Runs one step within [`Self::limits`] and returns one embedding per
+    /// input, `[inputs, width]`.
+    fn step(&mut self, step: &EncodeStep<'_>) -> Result<&[f32], RunError>;
+
+    /// CPU threads a step keeps busy.
+    fn threads(&self) -> usize;
+
+    /// Where it runs and how many inputs a step takes, for stats lines.
+    fn describe(&self) -> String;
+
+    fn enable_profile(&mut self) {}
+
+    fn profile(&self) -> Vec<ProfileRow> {
+        Vec::new()
+    }
+}
+
+/// An encoder's inputs one per step through a [`SequenceExecutor`]'s
+/// single-sequence plans: for devices and artifacts without an encoder batch
+/// plan (the GPU session, artifacts of an older maxc).
+pub struct OnePerStep<S> {
+    inner: S,
+    max_length: usize,
+    ids: Vec<u32>,
+}
+
+impl<S: SequenceExecutor> OnePerStep<S> {
+    /// Embeds through `inner`, inputs of up to `max_length` tokens.
+    pub fn new(inner: S, max_length: u64) -> Self {
+        OnePerStep { inner, max_length: max_length as usize, ids: Vec::new() }
+    }
+}
+
+impl<S: SequenceExecutor> EncodeExecutor for OnePerStep<S> {
+    fn limits(&self) -> EncodeLimits {
+        EncodeLimits { max_rows: self.max_length, max_sequences: 1 }
+    }
+
+    fn step(&mut self, step: &EncodeStep<'_>) -> Result<&[f32], RunError> {
+        assert!(step.sequences() == 1 && step.rows() == step.sequence(0).len(), "the embedder keeps to one input per step");
+        self.ids.clear();
+        self.ids.extend(step.tokens.iter().map(|&t| t as u32));
+        self.inner.reset();
+        self.inner.forward(&self.ids)
+    }
+
+    fn threads(&self) -> usize {
+        self.inner.threads()
+    }
+
+    fn describe(&self) -> String {
+        format!("{}, one input per step", self.inner.describe())
+    }
+
+    fn enable_profile(&mut self) {
+        self.inner.enable_profile();
+    }
+
+    fn profile(&self) -> Vec<ProfileRow> {
+        self.inner.profile()
     }
 }
 

@@ -22,6 +22,10 @@ pub struct Metrics {
     pub prefix_hit_rate: Gauge,
     pub preemptions: IntGauge,
     pub cancelled: IntCounter,
+    /// Inputs embedded, and the model steps that embedded them (a batched
+    /// encoder runs many inputs per step; without its batch plan, one each).
+    pub embedding_inputs: IntCounter,
+    pub embedding_steps: IntCounter,
     /// Generated tokens per second over the last steps (the engine's rate).
     pub tokens_per_second: Gauge,
     pub time_to_first_token: Histogram,
@@ -53,6 +57,8 @@ impl Metrics {
             prefix_hit_rate: Gauge::new("maxrun_prefix_cache_hit_rate", "prompt tokens found over those looked up").expect("valid"),
             preemptions: int("maxrun_preemptions", "sequences preempted for KV blocks (recomputed later)"),
             cancelled: counter("maxrun_cancelled_requests_total", "requests ended because the client went away or the server shut down"),
+            embedding_inputs: counter("maxrun_embedding_inputs_total", "inputs embedded by /v1/embeddings"),
+            embedding_steps: counter("maxrun_embedding_steps_total", "model steps run for /v1/embeddings (a step embeds many inputs with an encoder batch plan, one without)"),
             tokens_per_second: Gauge::new("maxrun_generation_tokens_per_second", "tokens generated per second over the last steps").expect("valid"),
             time_to_first_token: histogram("maxrun_time_to_first_token_seconds", "seconds from a request's arrival to its first token", latency.clone()),
             inter_token_latency: histogram("maxrun_inter_token_latency_seconds", "seconds between a request's consecutive tokens", latency.clone()),
@@ -72,6 +78,8 @@ impl Metrics {
             Box::new(m.prefix_hit_rate.clone()),
             Box::new(m.preemptions.clone()),
             Box::new(m.cancelled.clone()),
+            Box::new(m.embedding_inputs.clone()),
+            Box::new(m.embedding_steps.clone()),
             Box::new(m.tokens_per_second.clone()),
             Box::new(m.time_to_first_token.clone()),
             Box::new(m.inter_token_latency.clone()),

@@ -4,8 +4,10 @@
 //! away) is cancelled before the next step, so its KV blocks go back at once.
 //!
 //! The engine is the batched one where the artifact has batch plans and an
-//! executor for the device (the CPU, a CPU mesh), else the serial one (one
-//! request at a time); a sentence encoder gets a runner for embeddings instead.
+//! executor for the device (the CPU, a CPU mesh, the GPU), else the serial one
+//! (one request at a time); a sentence encoder embeds instead, through the
+//! embedder over its encode executor (batched steps of its encoder batch plan
+//! on the CPU, else one input per step).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicUsize;
@@ -17,6 +19,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use super::errors::ApiError;
 use super::metrics::Metrics;
 use crate::artifact::Artifact;
+use crate::engine::embed::{Embedder, EncoderFacts};
 use crate::engine::{Engine, Event, FinishReason, GenerationParams, ModelFacts, Request, RequestId, Stats, SubmitError, TokenLogprob, Usage};
 use crate::runner::{Device, Runner};
 
@@ -74,12 +77,20 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
         .spawn(move || {
             let encoder = artifact.header.model.embedding_width.is_some();
             if encoder {
-                let runner = match Runner::open(&artifact, opts.threads, opts.device) {
-                    Ok((r, _)) => r,
+                // The encoder batch plan on the CPU (many inputs per step), else
+                // one input per step (a GPU, an artifact of an older maxc).
+                let embedder = match crate::runner::open_encoder(&artifact, opts.threads, opts.device) {
+                    Ok((executor, note)) => {
+                        if let Some(note) = note {
+                            eprintln!("maxrun serve: {note}");
+                        }
+                        let facts = EncoderFacts::of(&artifact).expect("an encoder artifact");
+                        Embedder::new(executor, facts)
+                    }
                     Err(e) => return drop(ready_tx.send(Err(e.to_string()))),
                 };
-                let _ = ready_tx.send(Ok(format!("sentence encoder, {}", runner.describe())));
-                return embed_loop(runner, rx);
+                let _ = ready_tx.send(Ok(format!("sentence encoder, {}", embedder.describe())));
+                return embed_loop(embedder, rx, &shared);
             }
             let tokenizer = match crate::engine::load_tokenizer(&artifact) {
                 Ok(t) => t,
@@ -121,23 +132,24 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: toke
     Ok(Engine::serial(model, Box::new(runner), tokenizer))
 }
 
-fn embed_loop(mut runner: Runner<'_>, rx: mpsc::Receiver<Job>) {
+fn embed_loop(mut embedder: Embedder<'_>, rx: mpsc::Receiver<Job>, shared: &Shared) {
+    let m = &shared.metrics;
     while let Ok(job) = rx.recv() {
         match job {
             Job::Embed { inputs, reply } => {
-                let mut out = Vec::with_capacity(inputs.len());
-                let mut failed = None;
-                for ids in &inputs {
-                    runner.reset();
-                    match runner.forward(ids) {
-                        Ok(e) => out.push(e.to_vec()),
-                        Err(e) => {
-                            failed = Some(ApiError::internal(format!("the model failed on an input: {e}")));
-                            break;
-                        }
+                let before = embedder.steps();
+                let result = embedder.embed_all(&inputs).map_err(|e| {
+                    if e.is_bad_input() {
+                        ApiError::invalid(e.to_string(), Some("input".into()))
+                    } else {
+                        ApiError::internal(format!("the model failed: {e}"))
                     }
+                });
+                m.embedding_steps.inc_by(embedder.steps() - before);
+                if result.is_ok() {
+                    m.embedding_inputs.inc_by(inputs.len() as u64);
                 }
-                let _ = reply.send(failed.map_or(Ok(out), Err));
+                let _ = reply.send(result);
             }
             Job::Generate { updates, .. } => {
                 let _ = updates.send(Update::Failed(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into()))));
