@@ -446,6 +446,7 @@ impl Machine<'_> {
                     UnOp::Sin => Val::F(x.f().sin()),
                 }
             }
+            Expr::MulAdd(a, b, c) => Val::F(self.eval(a).f().mul_add(self.eval(b).f(), self.eval(c).f())),
             Expr::Select(c, a, b) => match self.eval(c) {
                 Val::B(true) => self.eval(a),
                 _ => self.eval(b),

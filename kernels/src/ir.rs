@@ -175,6 +175,10 @@ pub enum Expr {
     Cmp(CmpOp, Box<Expr>, Box<Expr>),
     Un(UnOp, Box<Expr>),
     Select(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// `a * b + c` on f32 with one rounding (a fused multiply-add), whatever
+    /// the kernel's [`FloatOrder`]: what an ordered kernel writes where it
+    /// wants an FMA.
+    MulAdd(Box<Expr>, Box<Expr>, Box<Expr>),
 }
 
 impl Expr {
@@ -186,7 +190,7 @@ impl Expr {
             Expr::Load { index, .. } => index.mentions(var),
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.mentions(var) || b.mentions(var),
             Expr::Un(_, a) => a.mentions(var),
-            Expr::Select(c, a, b) => c.mentions(var) || a.mentions(var) || b.mentions(var),
+            Expr::Select(c, a, b) | Expr::MulAdd(c, a, b) => c.mentions(var) || a.mentions(var) || b.mentions(var),
         }
     }
 
@@ -197,7 +201,7 @@ impl Expr {
             Expr::Load { buf, index } => which(*buf) || index.loads(which),
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.loads(which) || b.loads(which),
             Expr::Un(_, a) => a.loads(which),
-            Expr::Select(c, a, b) => c.loads(which) || a.loads(which) || b.loads(which),
+            Expr::Select(c, a, b) | Expr::MulAdd(c, a, b) => c.loads(which) || a.loads(which) || b.loads(which),
         }
     }
 
@@ -208,7 +212,7 @@ impl Expr {
             Expr::Load { index, .. } => index.applies(op),
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => a.applies(op) || b.applies(op),
             Expr::Un(o, a) => *o == op || a.applies(op),
-            Expr::Select(c, a, b) => c.applies(op) || a.applies(op) || b.applies(op),
+            Expr::Select(c, a, b) | Expr::MulAdd(c, a, b) => c.applies(op) || a.applies(op) || b.applies(op),
         }
     }
 }
@@ -273,6 +277,22 @@ pub struct BufferDecl<'a> {
     pub writes: bool,
 }
 
+/// How closely a backend keeps a kernel's float arithmetic in the IR's order.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FloatOrder {
+    /// Float additions and multiplications may be reassociated (LLVM's
+    /// `reassoc`), so that loops with float sums vectorize; the bits then
+    /// depend on the choices the backend makes for each kernel.
+    #[default]
+    Reassociable,
+    /// Every float addition and multiplication is done in the IR's order (a
+    /// multiply feeding an add may still fuse into one rounding, and max / min
+    /// reductions, which are exact, still vectorize): the same statements give
+    /// the same bits in every kernel they appear in, which batch invariance
+    /// rests on. Float sums over a loop are written with explicit lanes.
+    Ordered,
+}
+
 /// One kernel.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Kernel {
@@ -290,6 +310,8 @@ pub struct Kernel {
     /// contents are undefined on entry to each task range.
     pub locals: Vec<u64>,
     pub body: Vec<Stmt>,
+    #[serde(default)]
+    pub float_order: FloatOrder,
 }
 
 impl Kernel {

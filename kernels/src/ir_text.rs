@@ -14,6 +14,7 @@
 //!               "family" STRING
 //!               "tasks" "per_seq" U64 "fixed" U64
 //!               "task_var" VAR
+//!               ["float_order" "ordered"]        # FloatOrder::Ordered; absent: reassociable
 //!               "params" "{" (PARAM STRING elem ("read" | "write"))* "}"
 //!               "locals" "{" (LOCAL U64)* "}"        # element counts
 //!               "vars" "{" (VAR valtype)* "}"
@@ -43,6 +44,7 @@
 //!           | "(" expr binop expr ")" | "(" expr ")"
 //!           | ("max" | "min") "(" expr "," expr ")"
 //!           | unop "(" expr ")" | "select" "(" expr "," expr "," expr ")"
+//!           | "fma" "(" expr "," expr "," expr ")"          # a * b + c, rounded once
 //! binop    := "+" | "-" | "*" | "/" | "%" | "<<" | ">>" | "&" | "<" | "<=" | "=="
 //! unop     := "neg" | "exp" | "sqrt" | "tanh" | "cos" | "sin" | "to_f32" | "floor"
 //!           | "to_i64" | "bits_to_f32" | "half_bits_to_f32"
@@ -140,6 +142,9 @@ impl fmt::Display for KernelText<'_> {
         writeln!(f, "  family {}", Quoted(&k.family))?;
         writeln!(f, "  tasks per_seq {} fixed {}", k.tasks.per_seq, k.tasks.fixed)?;
         writeln!(f, "  task_var v{}", k.task_var)?;
+        if k.float_order == FloatOrder::Ordered {
+            writeln!(f, "  float_order ordered")?;
+        }
         writeln!(f, "  params {{")?;
         for (i, p) in k.params.iter().enumerate() {
             writeln!(f, "    p{i} {} {} {}", Quoted(&p.name), p.elem.name(), if p.writes { "write" } else { "read" })?;
@@ -277,6 +282,7 @@ impl fmt::Display for E<'_> {
             Expr::Cmp(op, a, b) => write!(f, "({} {} {})", E(a), cmp_symbol(*op), E(b)),
             Expr::Un(op, a) => write!(f, "{}({})", un_name(*op), E(a)),
             Expr::Select(c, a, b) => write!(f, "select({}, {}, {})", E(c), E(a), E(b)),
+            Expr::MulAdd(a, b, c) => write!(f, "fma({}, {}, {})", E(a), E(b), E(c)),
         }
     }
 }
@@ -869,6 +875,12 @@ impl Parser {
         let fixed = self.int("fixed tasks (a u64)")?;
         self.keyword("task_var")?;
         let task_var = self.var()?;
+        let float_order = if self.eat_keyword("float_order") {
+            self.keyword("ordered")?;
+            FloatOrder::Ordered
+        } else {
+            FloatOrder::Reassociable
+        };
         self.keyword("params")?;
         self.punct("{")?;
         let mut params = Vec::new();
@@ -896,7 +908,7 @@ impl Parser {
         self.keyword("body")?;
         let body = self.block()?;
         self.punct("}")?;
-        Ok(Kernel { name, family, params, tasks: TaskCount { per_seq, fixed }, task_var, vars, locals, body })
+        Ok(Kernel { name, family, params, tasks: TaskCount { per_seq, fixed }, task_var, vars, locals, body, float_order })
     }
 
     fn block(&mut self) -> PResult<Vec<Stmt>> {
@@ -1150,6 +1162,10 @@ impl Parser {
             "select" => {
                 let [c, a, b] = self.args()?;
                 Expr::Select(c, a, b)
+            }
+            "fma" => {
+                let [a, b, c] = self.args()?;
+                Expr::MulAdd(a, b, c)
             }
             _ => {
                 let op = un_op_named(&name);
@@ -1444,6 +1460,7 @@ mod tests {
             vars: b.vars,
             locals: b.locals,
             body,
+            float_order: FloatOrder::Ordered,
         }
     }
 

@@ -192,7 +192,7 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
             Expr::Load { buf, index } => access(*buf, index) && expr_ok(index, access),
             Expr::Bin(_, a, b) | Expr::Cmp(_, a, b) => expr_ok(a, access) && expr_ok(b, access),
             Expr::Un(_, a) => expr_ok(a, access),
-            Expr::Select(c, a, b) => expr_ok(c, access) && expr_ok(a, access) && expr_ok(b, access),
+            Expr::Select(c, a, b) | Expr::MulAdd(c, a, b) => expr_ok(c, access) && expr_ok(a, access) && expr_ok(b, access),
         }
     }
     stmts.iter().all(|s| match s {
@@ -290,7 +290,7 @@ fn count_expr(e: &Expr, var: VarId, n: &mut usize) {
             count_expr(b, var, n);
         }
         Expr::Un(_, a) => count_expr(a, var, n),
-        Expr::Select(c, a, b) => {
+        Expr::Select(c, a, b) | Expr::MulAdd(c, a, b) => {
             count_expr(c, var, n);
             count_expr(a, var, n);
             count_expr(b, var, n);

@@ -485,6 +485,11 @@ impl Lowering<'_, '_> {
                     BinOp::Rem | BinOp::Shl | BinOp::Shr | BinOp::And => unreachable!("VectorLoop::analyze admits f32 operators only"),
                 }
             }
+            Expr::MulAdd(x, y, z) => {
+                let (x, y, z) = (self.vexpr(x, var)?, self.vexpr(y, var)?, self.vexpr(z, var)?);
+                let product = self.b.ins().fmul(x, y);
+                self.b.ins().fadd(product, z)
+            }
             Expr::Un(UnOp::Neg, x) => {
                 let x = self.vexpr(x, var)?;
                 self.b.ins().fneg(x)
@@ -697,6 +702,13 @@ impl Lowering<'_, '_> {
                     }
                 }
             }
+            // Cranelift's baseline x86-64 has no FMA: a multiply, then an add
+            // (rounded twice, the same in every kernel Cranelift compiles).
+            Expr::MulAdd(x, y, z) => {
+                let (x, y, z) = (self.expr(x)?, self.expr(y)?, self.expr(z)?);
+                let product = self.b.ins().fmul(x, y);
+                self.b.ins().fadd(product, z)
+            }
             Expr::Select(c, x, y) => {
                 let c = self.expr(c)?;
                 let (x, y) = (self.expr(x)?, self.expr(y)?);
@@ -797,6 +809,7 @@ impl VectorLoop {
             }
             Expr::Bin(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min, a, b) => ok(a) && ok(b),
             Expr::Un(UnOp::Neg | UnOp::Sqrt, a) => ok(a),
+            Expr::MulAdd(a, b, c) => ok(a) && ok(b) && ok(c),
             _ => false,
         }
     }

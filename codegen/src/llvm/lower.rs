@@ -567,7 +567,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
 
     fn fast(&self, v: BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx> {
         if let Some(inst) = v.as_instruction_value() {
-            set_fast(inst);
+            set_fast(inst, self.kernel.float_order);
         }
         v
     }
@@ -713,6 +713,12 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                     UnOp::HalfBitsToF32 => self.half_bits_to_f32(x.into_int_value())?,
                 }
             }
+            // `llvm.fma` without fast-math flags: fused on every target the
+            // code runs on (FMA is in every x86-64 level from v3 and in AArch64).
+            Expr::MulAdd(x, y, z) => {
+                let (x, y, z) = (self.expr(x)?, self.expr(y)?, self.expr(z)?);
+                self.intrinsic_typed("llvm.fma", &[x, y, z], &[x.get_type()])?
+            }
             Expr::Select(c, x, y) => {
                 let c = self.expr(c)?.into_int_value();
                 let (x, y) = (self.expr(x)?, self.expr(y)?);
@@ -828,9 +834,19 @@ impl<'ctx> KernelLowering<'_, 'ctx> {
     }
 }
 
-fn set_fast(inst: InstructionValue<'_>) {
+/// Fast-math flags for a float instruction: no signed zeros; and unless the
+/// kernel keeps its float order ([`FloatOrder::Ordered`]), reassociation and
+/// contraction (a multiply feeding an add fuses into one FMA). An ordered
+/// kernel fuses exactly where it says so (`Expr::MulAdd`): whether LLVM
+/// contracts a multiply and an add depends on where both land after its other
+/// passes, which differs between kernels that share the statements (an
+/// attention row differed in the last bit between prefill and decode).
+fn set_fast(inst: InstructionValue<'_>, order: FloatOrder) {
     if inst.can_use_fast_math_flags() {
-        let flags = FastMathFlags::AllowReassoc | FastMathFlags::AllowContract | FastMathFlags::NoSignedZeros;
+        let flags = match order {
+            FloatOrder::Reassociable => FastMathFlags::AllowReassoc | FastMathFlags::AllowContract | FastMathFlags::NoSignedZeros,
+            FloatOrder::Ordered => FastMathFlags::NoSignedZeros,
+        };
         inst.set_fast_math_flags(flags).expect("checked can_use_fast_math_flags");
     }
 }

@@ -10,6 +10,7 @@ pub struct KernelBuilder {
     pub params: Vec<Param>,
     pub vars: Vec<ValType>,
     pub locals: Vec<u64>,
+    pub float_order: FloatOrder,
 }
 
 impl KernelBuilder {
@@ -35,9 +36,15 @@ impl KernelBuilder {
         self.vars.len() as VarId - 1
     }
 
+    /// Makes the kernel keep its float arithmetic in the IR's order
+    /// ([`FloatOrder::Ordered`]).
+    pub fn keep_float_order(&mut self) {
+        self.float_order = FloatOrder::Ordered;
+    }
+
     /// Finishes the kernel and validates it (a failure is a kernel-library bug).
     pub fn finish(self, name: String, family: &str, tasks: TaskCount, task_var: VarId, body: Vec<Stmt>) -> Kernel {
-        let k = Kernel { name, family: family.into(), params: self.params, tasks, task_var, vars: self.vars, locals: self.locals, body };
+        let k = Kernel { name, family: family.into(), params: self.params, tasks, task_var, vars: self.vars, locals: self.locals, body, float_order: self.float_order };
         if let Err(e) = k.validate() {
             panic!("{e}");
         }
@@ -119,14 +126,20 @@ pub mod dsl {
     /// Inputs are clamped to [-87.3, 88.7], so very negative inputs give ~1e-38, not 0.
     pub fn fast_exp(x: Expr) -> Expr {
         let x = min(max(x, f(-87.3)), f(88.7));
-        let n = un(UnOp::Floor, add(mul(x.clone(), f(std::f32::consts::LOG2_E)), f(0.5)));
-        let r = sub(sub(x, mul(n.clone(), f(0.693_145_75))), mul(n.clone(), f(1.428_606_8e-6)));
+        // Written with explicit multiply-adds, so that it is the same function
+        // in a kernel that keeps its float order as in one that does not.
+        let n = un(UnOp::Floor, mul_add(x.clone(), f(std::f32::consts::LOG2_E), f(0.5)));
+        let r = mul_add(un(UnOp::Neg, n.clone()), f(1.428_606_8e-6), mul_add(un(UnOp::Neg, n.clone()), f(0.693_145_75), x));
         let mut p = f(1.0 / 720.0);
         for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = add(mul(p, r.clone()), f(c));
+            p = mul_add(p, r.clone(), f(c));
         }
         let two_n = un(UnOp::BitsToF32, shl(add(un(UnOp::ToI64, n), i(127)), i(23)));
         mul(p, two_n)
+    }
+    /// `a * b + c`, rounded once ([`Expr::MulAdd`]).
+    pub fn mul_add(a: Expr, b: Expr, c: Expr) -> Expr {
+        Expr::MulAdd(Box::new(a), Box::new(b), Box::new(c))
     }
     pub fn select(c: Expr, a: Expr, b: Expr) -> Expr {
         Expr::Select(Box::new(c), Box::new(a), Box::new(b))

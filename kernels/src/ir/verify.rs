@@ -57,6 +57,14 @@ impl Kernel {
                     _ => return Err(format!("{op:?} takes an f32, got {t:?}")),
                 }
             }
+            Expr::MulAdd(a, b, c) => {
+                for e in [a, b, c] {
+                    if self.type_of(e)? != F32 {
+                        return Err("a multiply-add takes f32 operands".into());
+                    }
+                }
+                F32
+            }
             Expr::Select(c, a, b) => {
                 if self.type_of(c)? != Bool {
                     return Err("select condition must be bool".into());

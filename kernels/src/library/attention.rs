@@ -112,9 +112,18 @@ impl AttentionShape {
         format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}{}{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len, cache_tag(self.cache), self.keys.tag())
     }
 
-    /// Scratch floats per task: a score row for each query head of the group.
+    /// Scratch floats per task of unsplit attention: a score row for each
+    /// query head of the group.
     pub fn scratch_per_task(&self) -> u64 {
         self.heads / self.kv_heads * self.score_row(None)
+    }
+
+    /// Floats per task of causal unsplit attention's `parts`: a partial row
+    /// per query head and chunk (it computes the decode plans'
+    /// [`DECODE_SPLITS`] chunks one after another and merges them as
+    /// [`attention_combine`] does: docs/serving.md, Batch invariance).
+    pub fn parts_per_task(&self) -> u64 {
+        DECODE_SPLITS * self.heads / self.kv_heads * partial_row(self.head_dim)
     }
 
     /// Floats of one query head's score row: the positions a task scores, and
@@ -339,6 +348,12 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
     let kc = b.param("k_cache", shape.cache, false);
     let vc = b.param("v_cache", shape.cache, false);
     let sc = b.param("scratch", ElemType::F32, true);
+    // Causal attention without splits takes the decode plans' chunks in turn,
+    // each into a partial row of `parts` (a buffer of its own, so that LLVM sees
+    // the partial rows apart from the score rows as flash-decoding's partials
+    // are), so that a row's output does not depend on which plan computes it.
+    let canonical = splits.is_none() && shape.causal;
+    let parts = canonical.then(|| b.param("parts", ElemType::F32, true));
     let out = b.param(if splits.is_some() { "partials" } else { "out" }, ElemType::F32, true);
     let ivar = |b: &mut KernelBuilder| b.var(ValType::I64);
     let t = ivar(&mut b);
@@ -403,11 +418,12 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
     body.push(set(first, if panels { sub(v(start), rem(v(start), i(KEY_PANEL as i64))) } else { v(start) }));
     let prelude = body.len();
     let out_row = partial_row(shape.head_dim) as i64;
+    let per_task = group as i64 * row_len;
     for h in 0..group {
         let head = add(mul(v(g), i(group as i64)), i(h as i64));
         body.push(set(qo[h], mul(add(mul(v(s), i(nh)), head), i(hd))));
         body.push(set(oo[h], if splits.is_some() { mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(out_row)) } else { v(qo[h]) }));
-        body.push(set(so[h], mul(add(mul(v(t), i(group as i64)), i(h as i64)), i(row_len))));
+        body.push(set(so[h], add(mul(v(t), i(per_task)), i(h as i64 * row_len))));
     }
 
     // Decode: while keys are scored, the value rows of their positions are
@@ -460,7 +476,7 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
             for (c, panel_acc) in acc[..count].iter().enumerate() {
                 for (h, head_acc) in panel_acc.iter().enumerate() {
                     for (w, &a) in head_acc.iter().enumerate() {
-                        lanes.push(store(a, v(lane), add(ld(a, v(lane)), mul(v(qd[h][w]), key(c, w)))));
+                        lanes.push(store(a, v(lane), mul_add(v(qd[h][w]), key(c, w), ld(a, v(lane)))));
                     }
                 }
             }
@@ -505,22 +521,55 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         body.push(for_(j, v(start), v(end), per_key));
     }
 
+    // The softmax and the weighted sum of values over positions `start..end`
+    // into `acc` at `oo[h]`: the output row before normalization, then (split
+    // and canonical attention) the chunk's max and its sum of exponentials.
+    let acc = parts.unwrap_or(out);
+    // CPU code (key panels) keeps its float order, so that a row's bits are
+    // the same in every plan (docs/serving.md, Batch invariance); the GPU forms
+    // (key rows) let LLVM reassociate.
+    let ordered = panels;
+    if ordered {
+        b.keep_float_order();
+    }
+    let (lsum, lane16, group16) = (b.local(16), ivar(&mut b), ivar(&mut b));
+    let mut chunk_body = Vec::new();
     for h in 0..group {
         // Soft-capping (Gemma 2): s = tanh(s / c) * c.
         if let Some(c) = shape.softcap {
-            body.push(for_vec(j, v(start), v(end), vec![store(sc, score(h, v(j)), mul(un(UnOp::Tanh, div(ld(sc, score(h, v(j))), f(c))), f(c)))]));
+            chunk_body.push(for_vec(j, v(start), v(end), vec![store(sc, score(h, v(j)), mul(un(UnOp::Tanh, div(ld(sc, score(h, v(j))), f(c))), f(c)))]));
         }
         // Softmax over the row.
-        body.push(set(m[h], f(-3.0e38)));
-        body.push(for_vec(j, v(start), v(end), vec![set(m[h], max(v(m[h]), ld(sc, score(h, v(j)))))]));
-        body.push(set(l[h], f(0.0)));
-        body.push(for_vec(
-            j,
-            v(start),
-            v(end),
-            vec![set(pj, fast_exp(sub(ld(sc, score(h, v(j))), v(m[h])))), store(sc, score(h, v(j)), v(pj)), set(l[h], add(v(l[h]), v(pj)))],
-        ));
-        body.push(for_vec(d, i(0), i(hd), vec![store(out, o_out(h, v(d)), f(0.0))]));
+        chunk_body.push(set(m[h], f(-3.0e38)));
+        chunk_body.push(for_vec(j, v(start), v(end), vec![set(m[h], max(v(m[h]), ld(sc, score(h, v(j)))))]));
+        if ordered {
+            // The exponentials, then their sum in a fixed order: 16 lanes by
+            // position from the start (positions past the end add nothing:
+            // the score row has room past it), then the lanes pairwise.
+            let p_at = |k: Expr| score(h, add(v(lane16), add(v(start), mul(k, i(16)))));
+            chunk_body.push(for_vec(j, v(start), v(end), vec![store(sc, score(h, v(j)), fast_exp(sub(ld(sc, score(h, v(j))), v(m[h]))))]));
+            chunk_body.push(for_vec(lane16, i(0), i(16), vec![store(lsum, v(lane16), f(0.0))]));
+            let in_chunk = lt(add(v(lane16), add(v(start), mul(v(group16), i(16)))), v(end));
+            chunk_body.push(for_(
+                group16,
+                i(0),
+                div(add(sub(v(end), v(start)), i(15)), i(16)),
+                vec![for_vec(lane16, i(0), i(16), vec![store(lsum, v(lane16), add(ld(lsum, v(lane16)), select(in_chunk.clone(), ld(sc, p_at(v(group16))), f(0.0))))])],
+            ));
+            for width in [8, 4, 2, 1] {
+                chunk_body.push(for_vec(lane16, i(0), i(width), vec![store(lsum, v(lane16), add(ld(lsum, v(lane16)), ld(lsum, add(v(lane16), i(width)))))]));
+            }
+            chunk_body.push(set(l[h], ld(lsum, i(0))));
+        } else {
+            chunk_body.push(set(l[h], f(0.0)));
+            chunk_body.push(for_vec(
+                j,
+                v(start),
+                v(end),
+                vec![set(pj, fast_exp(sub(ld(sc, score(h, v(j))), v(m[h])))), store(sc, score(h, v(j)), v(pj)), set(l[h], add(v(l[h]), v(pj)))],
+            ));
+        }
+        chunk_body.push(for_vec(d, i(0), i(hd), vec![store(acc, o_out(h, v(d)), f(0.0))]));
     }
 
     // out_h = sum_j p_h[j] V[g, j] / l_h, four key positions per sweep.
@@ -534,28 +583,55 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         }
         let mut lanes = Vec::new();
         for h in 0..group {
-            let mut sum = ld(out, o_out(h, v(d)));
+            let mut sum = ld(acc, o_out(h, v(d)));
             for u in 0..positions.len() {
-                sum = add(sum, mul(v(coef[h][u]), ld(vc, add(v(d), v(rows[u])))));
+                sum = mul_add(v(coef[h][u]), ld(vc, add(v(d), v(rows[u]))), sum);
             }
-            lanes.push(store(out, o_out(h, v(d)), sum));
+            lanes.push(store(acc, o_out(h, v(d)), sum));
         }
         sweep.push(for_vec(d, i(0), i(hd), lanes));
         sweep
     };
-    body.push(set(jb, div(sub(v(end), v(start)), i(4))));
+    chunk_body.push(set(jb, div(sub(v(end), v(start)), i(4))));
     let four: Vec<Expr> = (0..4).map(|u| add(add(v(start), mul(v(jj), i(4))), i(u))).collect();
-    body.push(for_(jj, i(0), v(jb), out_sweep(&four, &coef, &rows)));
-    body.push(for_(j, add(v(start), mul(v(jb), i(4))), v(end), out_sweep(&[v(j)], &coef, &rows)));
+    chunk_body.push(for_(jj, i(0), v(jb), out_sweep(&four, &coef, &rows)));
+    chunk_body.push(for_(j, add(v(start), mul(v(jb), i(4))), v(end), out_sweep(&[v(j)], &coef, &rows)));
     for h in 0..group {
-        if splits.is_some() {
+        if splits.is_some() || canonical {
             // The chunk's softmax parts, for the combine.
-            body.push(store(out, o_out(h, i(hd)), v(m[h])));
-            body.push(store(out, o_out(h, i(hd + 1)), v(l[h])));
+            chunk_body.push(store(acc, o_out(h, i(hd)), v(m[h])));
+            chunk_body.push(store(acc, o_out(h, i(hd + 1)), v(l[h])));
         } else {
-            body.push(set(l[h], div(f(1.0), v(l[h]))));
-            body.push(for_vec(d, i(0), i(hd), vec![store(out, o_out(h, v(d)), mul(ld(out, o_out(h, v(d))), v(l[h])))]));
+            chunk_body.push(set(l[h], div(f(1.0), v(l[h]))));
+            chunk_body.push(for_vec(d, i(0), i(hd), vec![store(out, o_out(h, v(d)), mul(ld(out, o_out(h, v(d))), v(l[h])))]));
         }
+    }
+    if canonical {
+        // The decode plans' chunks, one after another in this task, each into
+        // a partial row of the scratch, then merged as `attention_combine`
+        // merges them: the same statements in the same order, so that a row
+        // gets the bits here that it gets from flash-decoding.
+        let (row_start, row_end, c, chunk, used, base) = (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
+        let (big_m, sum, w) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
+        let split = DECODE_SPLITS as i64;
+        let parts_at = mul(v(t), i(shape.parts_per_task() as i64));
+        let part_row = move |c: Expr, h: usize| add(parts_at.clone(), mul(add(mul(c, i(group as i64)), i(h as i64)), i(out_row)));
+        body.extend([
+            set(row_start, v(start)),
+            set(row_end, v(end)),
+            set(used, chunks_used(sub(v(row_end), v(row_start)), split)),
+            set(chunk, chunk_positions(sub(v(row_end), v(row_start)), split)),
+        ]);
+        let mut per_chunk = vec![set(start, min(add(v(row_start), mul(v(c), v(chunk))), v(row_end))), set(end, min(add(v(start), v(chunk)), v(row_end)))];
+        per_chunk.extend((0..group).map(|h| set(oo[h], part_row(v(c), h))));
+        per_chunk.extend(chunk_body);
+        body.push(for_(c, i(0), v(used), per_chunk));
+        for h in 0..group {
+            let o = |d: Expr| add(d, v(qo[h]));
+            body.extend(merge_chunks(acc, &|c| part_row(c, h), out, &o, hd, (used, c, base, d), (big_m, sum, w)));
+        }
+    } else {
+        body.extend(chunk_body);
     }
     if splits.is_some() {
         // A chunk past the token's last one returns at once (the combine does not
@@ -591,6 +667,11 @@ pub fn attention_combine_gpu(shape: AttentionShape, splits: u64, seq: SeqMode) -
 
 fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: bool) -> Kernel {
     let mut b = KernelBuilder::new();
+    // The CPU form merges in the order canonical attention does (both keep
+    // their float order).
+    if !gpu {
+        b.keep_float_order();
+    }
     let part = b.param("partials", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
     let out = b.param("out", ElemType::F32, true);
@@ -606,25 +687,7 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
         mul(add(mul(add(mul(add(mul(v(s), i(nkv)), g), i(n)), c), i(group)), h), i(row))
     };
     let o = |d: Expr| add(mul(add(mul(v(s), i(nh)), v(hq)), i(hd)), d);
-    let per_head = vec![
-        set(big_m, f(-3.0e38)),
-        for_(c, i(0), v(used), vec![set(big_m, max(v(big_m), ld(part, add(chunk_row(v(c)), i(hd)))))]),
-        set(sum, f(0.0)),
-        for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), f(0.0))]),
-        for_(
-            c,
-            i(0),
-            v(used),
-            vec![
-                set(base, chunk_row(v(c))),
-                set(w, fast_exp(sub(ld(part, add(v(base), i(hd))), v(big_m)))),
-                set(sum, add(v(sum), mul(v(w), ld(part, add(v(base), i(hd + 1)))))),
-                for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), add(ld(out, o(v(d))), mul(v(w), ld(part, add(v(base), v(d))))))]),
-            ],
-        ),
-        set(sum, div(f(1.0), v(sum))),
-        for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), mul(ld(out, o(v(d))), v(sum)))]),
-    ];
+    let per_head = merge_chunks(part, &chunk_row, out, &o, hd, (used, c, base, d), (big_m, sum, w));
     let (first, end) = visible(&shape, ld(pos, v(s)));
     let used_chunks = set(used, chunks_used(sub(end, first), n));
     let (body, tasks) = if gpu {
@@ -638,6 +701,33 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
         (vec![set(s, v(t)), used_chunks, for_(hq, i(0), i(nh), per_head)], TaskCount { per_seq: 1, fixed: 0 })
     };
     b.finish(format!("attention_combine{splits}_{}_{}", shape.tag(), seq.tag()), "attention_combine", tasks, t, body)
+}
+
+/// Chunks `0..used` of one query head's partial rows (`part` at `chunk_row(c)`:
+/// the chunk's unnormalized output row, then its max and its sum of
+/// exponentials) merged into `out` at `o(d)`: `out = sum_c e^(m_c - M) o_c /
+/// sum_c e^(m_c - M) l_c` with `M` the largest chunk max, the chunks in order.
+/// [`attention_combine`] and canonical attention share these statements.
+fn merge_chunks(part: ParamId, chunk_row: &dyn Fn(Expr) -> Expr, out: ParamId, o: &dyn Fn(Expr) -> Expr, hd: i64, (used, c, base, d): (VarId, VarId, VarId, VarId), (big_m, sum, w): (VarId, VarId, VarId)) -> Vec<Stmt> {
+    vec![
+        set(big_m, f(-3.0e38)),
+        for_(c, i(0), v(used), vec![set(big_m, max(v(big_m), ld(part, add(chunk_row(v(c)), i(hd)))))]),
+        set(sum, f(0.0)),
+        for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), f(0.0))]),
+        for_(
+            c,
+            i(0),
+            v(used),
+            vec![
+                set(base, chunk_row(v(c))),
+                set(w, fast_exp(sub(ld(part, add(v(base), i(hd))), v(big_m)))),
+                set(sum, mul_add(v(w), ld(part, add(v(base), i(hd + 1))), v(sum))),
+                for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), mul_add(v(w), ld(part, add(v(base), v(d))), ld(out, o(v(d)))))]),
+            ],
+        ),
+        set(sum, div(f(1.0), v(sum))),
+        for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), mul(ld(out, o(v(d))), v(sum)))]),
+    ]
 }
 
 #[cfg(test)]
@@ -720,9 +810,13 @@ mod tests {
         let got = match splits {
             None => {
                 let scratch = Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
-                let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, Buffer::F32(vec![0.0; seq * qw])];
+                let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch];
+                if shape.causal {
+                    bufs.push(Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.parts_per_task() as usize]));
+                }
+                bufs.push(Buffer::F32(vec![0.0; seq * qw]));
                 run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
-                bufs.swap_remove(5)
+                bufs.pop().unwrap()
             }
             Some(n) => {
                 // Every token at once: each one's own causal range is split.
@@ -819,7 +913,8 @@ mod tests {
             let (k, v) = (cached(&k), cached(&v));
             // Whole attention, and split attention merged by the combine.
             let scratch = Buffer::F32(vec![f32::NAN; n * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
-            let mut b1 = vec![Buffer::F32(q.clone()), Buffer::I32(pos.clone()), Buffer::I32(seqs.clone()), Buffer::I32(flat.clone()), kc.clone(), vc.clone(), scratch, Buffer::F32(vec![0.0; n * qw])];
+            let parts = Buffer::F32(vec![f32::NAN; n * shape.kv_heads as usize * shape.parts_per_task() as usize]);
+            let mut b1 = vec![Buffer::F32(q.clone()), Buffer::I32(pos.clone()), Buffer::I32(seqs.clone()), Buffer::I32(flat.clone()), kc.clone(), vc.clone(), scratch, parts, Buffer::F32(vec![0.0; n * qw])];
             run(&attention_paged(shape, paging, None), &mut b1, n as u64);
             let splits = 3;
             let scratch = Buffer::F32(vec![f32::NAN; n * shape.split_scratch_per_token(splits) as usize]);
@@ -828,7 +923,7 @@ mod tests {
             run(&attention_paged(shape, paging, Some(splits)), &mut b2, n as u64);
             let mut b3 = vec![b2.swap_remove(7), Buffer::I32(pos), Buffer::F32(vec![f32::NAN; n * qw])];
             run(&attention_combine(shape, splits, SeqMode::Dynamic), &mut b3, n as u64);
-            for got in [&b1[7], &b3[2]] {
+            for got in [&b1[8], &b3[2]] {
                 let Buffer::F32(got) = got else { unreachable!() };
                 for (r, &(s, p)) in rows.iter().enumerate() {
                     // This sequence's rows up to position p, in position order.
