@@ -467,7 +467,11 @@ def scenario_tools(url, exp):
         for temperature in (0, 0.9):
             r = c.chat.completions.create(model=exp["model"], messages=question, tools=list(tools.values()), tool_choice=choice, temperature=temperature, seed=5, max_tokens=200)
             m = r.choices[0].message
-            check(r.choices[0].finish_reason == "tool_calls" and m.tool_calls, f"{choice}: {r.choices[0]}")
+            # OpenAI ends a reply forced to a named function with "stop", and one
+            # the model was required to make with "tool_calls".
+            check(r.choices[0].finish_reason == ("stop" if isinstance(choice, dict) else "tool_calls") and m.tool_calls, f"{choice}: {r.choices[0]}")
+            if isinstance(choice, dict):
+                check(len(m.tool_calls) == 1, f"a named choice makes exactly one call: {m.tool_calls}")
             for call in m.tool_calls:
                 if isinstance(choice, dict):
                     check(call.function.name == "get_time", f"named choice: {call.function.name}")
@@ -507,6 +511,231 @@ def scenario_tools(url, exp):
         got, _, data = raw(url, "POST", "/v1/chat/completions", body, auth)
         err = json.loads(data)["error"]
         check(got == 400 and err["param"] == param, f"{body}: {got} {err}")
+
+
+def close_everywhere(schema):
+    """The schema as OpenAI's strict mode reads it: additionalProperties false
+    added to every object that declares properties and does not say it
+    (written here, apart from the server's code, as the judge)."""
+    if isinstance(schema, list):
+        return [close_everywhere(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("const", "enum", "default", "examples") else close_everywhere(v)) for k, v in schema.items()}
+    if ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+SHORT = {"type": "string", "maxLength": 16}
+# The issue's schema, nested: objects in properties, in items, in anyOf and in
+# $defs, none of them saying additionalProperties.
+NESTED = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "object", "properties": {"name": SHORT, "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}, "required": ["name", "population"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "minItems": 1, "maxItems": 3},
+        "landmarks": {"type": "array", "items": {"type": "object", "properties": {"title": SHORT, "year": {"type": "integer", "minimum": 1000, "maximum": 2100}}, "required": ["title"]}, "maxItems": 2},
+        "mayor": {"anyOf": [{"type": "object", "properties": {"name": SHORT, "party": SHORT}, "required": ["name"]}, {"type": "null"}]},
+        "country": {"$ref": "#/$defs/country"},
+    },
+    "required": ["city", "tags", "mayor", "country"],
+    "$defs": {"country": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}$"}, "name": SHORT}, "required": ["code"]}},
+}
+
+
+def scenario_strict(url, exp):
+    """OpenAI's strict semantics: objects whose schema omits
+    additionalProperties take only their declared properties, strict and not,
+    over 20 seeds at temperature 0.9 (each reply judged by jsonschema against
+    the schema closed everywhere); additionalProperties with a schema still
+    allows more; schemas that cannot be honoured are 400s naming the keyword."""
+    import jsonschema
+    c = client(url, exp.get("api_key"))
+    auth = {"Authorization": f"Bearer {exp['api_key']}"} if exp.get("api_key") else {}
+    judge = jsonschema.Draft202012Validator(close_everywhere(NESTED), format_checker=jsonschema.FormatChecker())
+    check(judge.schema["properties"]["city"]["additionalProperties"] is False and judge.schema["$defs"]["country"]["additionalProperties"] is False, "the judge is closed")
+    messages = [{"role": "user", "content": "Describe a city you like as JSON, with as many extra facts as you can: its name, population, density, tags, landmarks, mayor and country."}]
+    results, errors = {}, []
+
+    def one(seed, strict):
+        try:
+            fmt = {"name": "city", "schema": NESTED}
+            if strict is not None:
+                fmt["strict"] = strict
+            r = c.chat.completions.create(model=exp["model"], messages=messages, temperature=0.9, seed=seed, max_tokens=400, response_format={"type": "json_schema", "json_schema": fmt})
+            results[(seed, strict)] = (r.choices[0].finish_reason, r.choices[0].message.content)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"seed {seed}: {e!r}")
+
+    runs = [(seed, True) for seed in range(20)] + [(seed, None) for seed in range(100, 105)] + [(seed, False) for seed in range(200, 205)]
+    for batch in range(0, len(runs), 10):
+        threads = [threading.Thread(target=one, args=run) for run in runs[batch:batch + 10]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    check(not errors, f"errors: {errors}")
+    check(len(results) == len(runs), f"{len(results)} of {len(runs)} replies")
+    for (seed, strict), (finish, text) in sorted(results.items(), key=lambda kv: (str(kv[0][1]), kv[0][0])):
+        check(finish == "stop", f"seed {seed} (strict {strict}): finish {finish}: {text!r}")
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise AssertionError(f"seed {seed} (strict {strict}): not JSON ({e}): {text!r}")
+        problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in judge.iter_errors(value)]
+        check(not problems, f"seed {seed} (strict {strict}): {text!r}: {problems}")
+    print(f"strict: {len(results)} replies, all with only declared properties")
+    # An object that says what else it takes still takes more: two properties
+    # at least where one is declared, so the reply must add one.
+    open_schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"],
+                   "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "minProperties": 2, "maxProperties": 2}
+    r = c.chat.completions.create(model=exp["model"], messages=[{"role": "user", "content": "Two digits as JSON, under the keys a and b."}], temperature=0, max_tokens=60,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "open", "schema": open_schema, "strict": True}})
+    value = json.loads(r.choices[0].message.content)
+    jsonschema.validate(value, open_schema)
+    check(len(value) == 2 and "a" in value, f"an open object took another property: {value}")
+    # Schemas that cannot be honoured: 400 naming the field, the message the keyword.
+    q = [{"role": "user", "content": "x"}]
+    for body, param, words in (
+        ({"messages": q, "response_format": {"type": "json_schema", "json_schema": {"name": "m", "schema": {"type": "object", "properties": {"a": {}}, "minProperties": 2}}}}, "response_format", ("minProperties", "additionalProperties")),
+        ({"messages": q, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "strict": True, "schema": {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}}}}, "response_format", ("required", "`b`")),
+        ({"messages": q, "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False}}}}, "response_format", ("unevaluatedProperties",)),
+        ({"messages": q, "guided_json": {"type": "object", "properties": {"p": {"type": "object", "properties": {"a": {}}, "additionalProperties": 7}}}}, "guided_json", ("additionalProperties", "#/properties/p")),
+        ({"messages": q, "tools": [WEATHER, {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}, "required": ["x"]}}}], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[1].function.parameters", ("required",)),
+    ):
+        got, _, data = raw(url, "POST", "/v1/chat/completions", body, auth)
+        err = json.loads(data)["error"]
+        check(got == 400 and err["param"] == param and all(w in err["message"] for w in words), f"{body}: {got} {err}")
+
+
+def scenario_tool_choice(url, exp):
+    """A named tool choice makes exactly one call of that tool, whole and
+    streamed (its arguments streamed in pieces, as OpenAI's); required makes at
+    least one, exactly one with parallel_tool_calls false; with auto, a reply
+    of two calls comes back as one when parallel_tool_calls is false."""
+    import jsonschema
+    c = client(url, exp.get("api_key"))
+    tools = [WEATHER, TIME]
+    question = [{"role": "user", "content": "What is the weather in Paris, and what time is it in Tokyo? Call both tools, several times if you like."}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(4):
+        kwargs = dict(model=exp["model"], messages=question, tools=tools, tool_choice=named, temperature=0.9, seed=seed, max_tokens=200)
+        whole = c.chat.completions.create(**kwargs).choices[0]
+        calls = whole.message.tool_calls or []
+        check(len(calls) == 1 and calls[0].function.name == "get_weather", f"named, seed {seed}: {calls}")
+        jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER["function"]["parameters"])
+        check(whole.finish_reason == "stop", f"named finish {whole.finish_reason}")
+        # Streamed: the chunks as OpenAI sends them, and the same single call.
+        chunks = list(c.chat.completions.create(stream=True, **kwargs))
+        deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+        check(deltas[0].role == "assistant" and deltas[0].content is None and deltas[0].tool_calls, f"the first chunk opens with the call: {deltas[0]}")
+        pieces = [tc for d in deltas for tc in (d.tool_calls or [])]
+        heads = [tc for tc in pieces if tc.id]
+        check(len(heads) == 1 and heads[0].function.name == "get_weather" and heads[0].type == "function" and heads[0].function.arguments == "", f"one head: {heads}")
+        check({tc.index for tc in pieces} == {0}, f"one call index: {pieces}")
+        args = "".join(tc.function.arguments or "" for tc in pieces)
+        check(json.loads(args) == json.loads(calls[0].function.arguments), f"streamed arguments {args!r} vs {calls[0].function.arguments!r}")
+        check(len([tc for tc in pieces if tc.function.arguments]) > 1, f"the arguments came in pieces: {pieces}")
+        finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        check(finishes == ["stop"], f"streamed finish {finishes}")
+        check(all(not d.content for d in deltas), f"no content beside the call: {deltas}")
+        with c.chat.completions.stream(**kwargs) as stream:
+            final = stream.get_final_completion()
+        check(len(final.choices[0].message.tool_calls) == 1, f"the client's helper sees one call: {final.choices[0].message.tool_calls}")
+    # required: at least one call; with parallel_tool_calls false exactly one.
+    for parallel in (None, False):
+        for seed in range(3):
+            kwargs = dict(model=exp["model"], messages=question, tools=tools, tool_choice="required", temperature=0.9, seed=seed, max_tokens=300)
+            if parallel is not None:
+                kwargs["parallel_tool_calls"] = parallel
+            r = c.chat.completions.create(**kwargs).choices[0]
+            n = len(r.message.tool_calls or [])
+            check(n >= 1 if parallel is None else n == 1, f"required, parallel {parallel}, seed {seed}: {n} calls")
+            check(r.finish_reason == "tool_calls", f"required finish {r.finish_reason}")
+            names = [tc.function.name for tc in (r.message.tool_calls or [])]
+            streamed = c.chat.completions.create(stream=True, **kwargs)
+            heads = [tc.function.name for ch in streamed if ch.choices for tc in (ch.choices[0].delta.tool_calls or []) if tc.id]
+            check(heads == names, f"streamed calls {heads} vs {names}")
+    # auto: a reply that is two calls (held to them by a grammar) is two calls,
+    # or one with parallel_tool_calls false, whole and streamed.
+    two = ('start: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"Paris\\", \\"unit\\": \\"celsius\\"}}\\n</tool_call>\\n'
+           '<tool_call>\\n{\\"name\\": \\"get_time\\", \\"arguments\\": {\\"zone\\": \\"Asia/Tokyo\\"}}\\n</tool_call>"')
+    for parallel, want in ((None, ["get_weather", "get_time"]), (True, ["get_weather", "get_time"]), (False, ["get_weather"])):
+        kwargs = dict(model=exp["model"], messages=question, tools=tools, temperature=0, max_tokens=100, extra_body={"guided_grammar": two})
+        if parallel is not None:
+            kwargs["parallel_tool_calls"] = parallel
+        r = c.chat.completions.create(**kwargs).choices[0]
+        check([tc.function.name for tc in (r.message.tool_calls or [])] == want and r.finish_reason == "tool_calls", f"auto, parallel {parallel}: {r}")
+        chunks = list(c.chat.completions.create(stream=True, **kwargs))
+        heads = [tc.function.name for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or []) if tc.id]
+        check(heads == want, f"auto streamed, parallel {parallel}: {heads}")
+        check([ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"], "auto streamed finish")
+
+
+def scenario_tokenize(url, exp):
+    """/tokenize and /detokenize as vLLM shapes them: the ids of the
+    tokenizers crate (and transformers' goldens) for the same text, chat
+    messages through the template as transformers renders them, ids back to
+    text; bad requests are 400s naming the field."""
+    auth = {"Authorization": f"Bearer {exp['api_key']}"} if exp.get("api_key") else {}
+
+    def post(path, body, headers=auth):
+        got, _, data = raw(url, "POST", path, body, headers)
+        return got, json.loads(data)
+
+    for case in exp["texts"]:
+        got, v = post("/tokenize", {"model": exp["model"], "prompt": case["text"], "return_token_strs": True})
+        check(got == 200, f"{case['text']!r}: {got} {v}")
+        check(v["tokens"] == case["ids"], f"{case['text']!r}: {v['tokens']} != {case['ids']}")
+        check(v["count"] == len(case["ids"]) and v["max_model_len"] == exp["max_length"], f"count / max_model_len {v}")
+        check(v["token_strs"] == case["token_strs"], f"token strings {v['token_strs']} != {case['token_strs']}")
+        got, v = post("/tokenize", {"prompt": case["text"], "add_special_tokens": False})
+        check(got == 200 and v["tokens"] == case["ids_plain"] and "token_strs" not in v, f"without special tokens: {v}")
+        got, v = post("/detokenize", {"model": exp["model"], "tokens": case["ids"]})
+        check(got == 200 and v == {"prompt": case["decoded"]}, f"detokenize {case['ids']}: {v}")
+        check(case["decoded"] == case["text"], f"the round trip gives the text back: {case['decoded']!r}")
+    for case in exp["golden"]:
+        got, v = post("/tokenize", {"prompt": case["prompt"]})
+        check(v["tokens"] == case["input_ids"], f"transformers' ids for {case['prompt']!r}: {v['tokens']} != {case['input_ids']}")
+    chat = exp["chat"]
+    got, v = post("/tokenize", {"messages": chat["messages"]})
+    check(got == 200 and v["tokens"] == chat["input_ids"], f"the chat template as transformers applies it: {v} != {chat['input_ids']}")
+    got, v = post("/tokenize", {"messages": chat["messages"], "add_generation_prompt": False})
+    check(v["tokens"] == chat["without_generation_prompt"], f"without the generation prompt: {v['tokens']}")
+    got, v = post("/detokenize", {"tokens": chat["input_ids"]})
+    check(v["prompt"] == chat["decoded"], f"chat ids back to the template's text: {v['prompt']!r}")
+    # With tools, the messages render as a chat request with those tools does.
+    c = client(url, exp.get("api_key"))
+    r = c.chat.completions.create(model=exp["model"], messages=chat["messages"], tools=[WEATHER], max_tokens=1, temperature=0)
+    got, v = post("/tokenize", {"messages": chat["messages"], "tools": [WEATHER]})
+    check(v["count"] == r.usage.prompt_tokens and v["count"] > len(chat["input_ids"]), f"with tools: {v['count']} vs {r.usage.prompt_tokens}")
+    got, v = post("/detokenize", {"tokens": []})
+    check(got == 200 and v == {"prompt": ""}, f"no tokens: {v}")
+    for path, body, status, param in (
+        ("/tokenize", {"prompt": "hi", "content": "hi"}, 400, "content"),
+        ("/tokenize", {"prompt": "hi", "messages": chat["messages"]}, 400, "messages"),
+        ("/tokenize", {}, 400, "prompt"),
+        ("/tokenize", {"prompt": 5}, 400, "prompt"),
+        ("/tokenize", {"prompt": "hi", "add_generation_prompt": True}, 400, "add_generation_prompt"),
+        ("/tokenize", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
+        ("/tokenize", {"prompt": "hi", "model": "gpt-4o"}, 404, "model"),
+        ("/detokenize", {"tokens": [1, exp["vocab"]]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [1, 2], "skip_special_tokens": True}, 400, "skip_special_tokens"),
+        ("/detokenize", {"tokens": "12"}, 400, "tokens"),
+        ("/detokenize", {}, 400, "tokens"),
+    ):
+        got, v = post(path, body)
+        err = v.get("error", {})
+        check(got == status and set(err) == {"message", "type", "param", "code"} and err["message"], f"{path} {body}: {got} {v}")
+        check(err["param"] == param, f"{path} {body}: param {err['param']!r}, want {param!r}")
+    got, v = post("/detokenize", {"tokens": [1, -3]})
+    check(got == 400 and v["error"]["param"].startswith("tokens"), f"a negative id: {got} {v}")
+    got, v = post("/detokenize", {"tokens": [1, exp["vocab"] + 7]})
+    check(str(exp["vocab"] + 7) in v["error"]["message"] and "tokens[1]" in v["error"]["message"], f"the id and its place: {v}")
+    if exp.get("api_key"):
+        got, _ = post("/tokenize", {"prompt": "hi"}, {})
+        check(got == 401, f"no key: {got}")
 
 
 def scenario_reasoning(url, exp):

@@ -217,6 +217,63 @@ fn openai_clients_get_what_the_command_line_prints() {
     assert!(lines.iter().any(|l| l["status"] == 400), "{log}");
 }
 
+/// Issue #66, OpenAI's strict semantics and vLLM's /tokenize: objects whose
+/// schema omits `additionalProperties` take only their declared properties
+/// (20 seeds at temperature 0.9, judged by jsonschema against the schema
+/// closed everywhere); a named tool choice makes exactly one call, whole and
+/// streamed, `parallel_tool_calls: false` at most one; /tokenize gives the ids
+/// of the `tokenizers` crate over SmolLM2's own tokenizer.json (and
+/// transformers' golden ids, its chat template's included), /detokenize gives
+/// the text back; bad requests are 400s naming the field.
+#[test]
+fn strict_schemas_named_tool_calls_and_tokenize() {
+    let mef = smollm2();
+    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    // SmolLM2's tokenizer.json as Hugging Face ships it: the oracle, not the
+    // artifact's tokenizer (which the compiler rebuilt from the GGUF).
+    let hf = tokenizers::Tokenizer::from_file(fixture("tiny-llama").join("tokenizer.json")).unwrap();
+    let golden = golden("smollm2-135m");
+    let mut texts: Vec<String> = cases(&golden).iter().map(|c| c["prompt"].as_str().unwrap().to_string()).collect();
+    texts.extend(PROMPTS.iter().map(|p| p.to_string()));
+    texts.extend(
+        ["  two leading spaces", "tabs\tand\nnewlines\n\n", "Ünïcödé — ça va? 日本語 🎉 ok", "<|im_start|>user\nhi<|im_end|>", "1234567890 3.14159 x=y+z;", "a"]
+            .map(String::from),
+    );
+    let encode = |t: &str, special: bool| hf.encode(t, special).unwrap().get_ids().to_vec();
+    let text_cases: Vec<Value> = texts
+        .iter()
+        .map(|t| {
+            let ids = encode(t, true);
+            let strs: Vec<String> = ids.iter().map(|&i| hf.id_to_token(i).unwrap()).collect();
+            json!({"text": t, "ids": ids, "ids_plain": encode(t, false), "token_strs": strs, "decoded": hf.decode(&ids, false).unwrap()})
+        })
+        .collect();
+    let golden_cases: Vec<Value> = cases(&golden).iter().map(|c| json!({"prompt": c["prompt"], "input_ids": c["input_ids"]})).collect();
+    let chat = &golden["chat"];
+    let chat_ids = ids(&chat["input_ids"]);
+    let generation_prompt = encode("<|im_start|>assistant\n", false);
+    assert!(chat_ids.ends_with(&generation_prompt), "the golden chat prompt ends with the generation prompt");
+    let expected = json!({
+        "model": a.header.model.name,
+        "api_key": "sk-66",
+        "vocab": a.header.model.vocab_size,
+        "max_length": a.header.max_length,
+        "texts": text_cases,
+        "golden": golden_cases,
+        "chat": {
+            "messages": chat["messages"],
+            "input_ids": chat_ids,
+            "without_generation_prompt": chat_ids[..chat_ids.len() - generation_prompt.len()],
+            "decoded": hf.decode(&chat_ids, false).unwrap(),
+        },
+    });
+    let mut server = Server::start(mef, &["--api-key", "sk-66"]);
+    run_client("tokenize", &server, &expected);
+    run_client("strict", &server, &expected);
+    run_client("tool_choice", &server, &expected);
+    assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
+}
+
 /// `--reasoning-parser think`: a reply's `<think>...</think>` comes back as
 /// `reasoning_content` (the reply is held to that shape by a Lark grammar).
 #[test]

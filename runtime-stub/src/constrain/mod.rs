@@ -10,8 +10,13 @@
 //! thread while the model's step runs (`engine/mod.rs`), so a mask costs the
 //! step nothing unless it takes longer than the step. A grammar that reaches its
 //! end allows only end-of-sequence tokens, which ends the reply.
+//!
+//! A JSON schema's objects that declare their properties and do not say
+//! `additionalProperties` take only those properties (`schema.rs`), as OpenAI's
+//! strict mode and llama.cpp's and xgrammar's converters read them.
 
 pub mod reasoning;
+pub mod schema;
 pub mod tools;
 
 use std::sync::Arc;
@@ -46,13 +51,15 @@ fn with_json_layout(mut schema: Value) -> Value {
 }
 
 impl Grammar {
-    fn top_level(&self) -> TopLevelGrammar {
-        match self {
+    /// What llguidance builds; a schema's objects are closed to their declared
+    /// properties first (`schema.rs`), which may refuse the schema.
+    fn top_level(&self) -> Result<TopLevelGrammar, String> {
+        Ok(match self {
             Grammar::JsonObject => TopLevelGrammar::from_json_schema(with_json_layout(serde_json::json!({"type": "object"}))),
-            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(with_json_layout(s.clone())),
+            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(with_json_layout(schema::close_objects(s).map_err(|e| e.to_string())?)),
             Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
-        }
+        })
     }
 }
 
@@ -112,7 +119,7 @@ impl Grammars {
 
     /// A constraint for one request; an error says why the grammar cannot be built.
     pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint, String> {
-        let parser = self.factory.create_parser(grammar.top_level()).map_err(|e| e.to_string())?;
+        let parser = self.factory.create_parser(grammar.top_level()?).map_err(|e| e.to_string())?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(e);
@@ -234,6 +241,32 @@ mod tests {
         let out = walk(&mut c, &tok, 50, &["x", "\"a\"", "}", "7"]);
         let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
         assert!(v["a"].is_i64(), "{out}");
+    }
+
+    /// An object that declares its properties and does not say
+    /// `additionalProperties` takes no other key, however much one is
+    /// preferred; `additionalProperties: true` still lets one in.
+    #[test]
+    fn objects_take_only_their_declared_properties_unless_they_say_otherwise() {
+        let (g, tok) = grammars();
+        let preferred = ["\"a\"", "\"", "a", "}", "7"];
+        let closed = serde_json::json!({"type": "object", "properties": {"b": {"type": "integer"}}});
+        let out = walk(&mut g.constraint(&Grammar::JsonSchema(closed)).unwrap(), &tok, 50, &preferred);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(v.as_object().unwrap().keys().all(|k| k == "b"), "{out}");
+        let open = serde_json::json!({"type": "object", "properties": {"b": {"type": "integer"}}, "additionalProperties": true});
+        let out = walk(&mut g.constraint(&Grammar::JsonSchema(open)).unwrap(), &tok, 50, &preferred);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(v.get("a").is_some(), "an open object takes other keys: {out}");
+        // A composition is closed as one object: the branch's required `a` is
+        // allowed beside the parent's `k`, and nothing else is.
+        let composed = serde_json::json!({"type": "object", "properties": {"k": {"type": "integer"}}, "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}]});
+        let out = walk(&mut g.constraint(&Grammar::JsonSchema(composed)).unwrap(), &tok, 50, &["\"a\"", "\"", "x", "}", "7"]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        assert!(v["a"].is_i64() && v.as_object().unwrap().keys().all(|k| k == "a" || k == "k"), "{out}");
+        // A schema that cannot be honoured once closed names the keyword.
+        let e = g.constraint(&Grammar::JsonSchema(serde_json::json!({"properties": {"a": {}}, "required": ["z"]}))).unwrap_err();
+        assert!(e.contains("`required` at #"), "{e}");
     }
 
     #[test]

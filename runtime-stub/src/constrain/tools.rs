@@ -13,6 +13,7 @@
 
 use serde_json::{json, Value};
 
+use super::schema::{close_objects, SchemaError};
 use super::Grammar;
 
 /// How a model family writes its tool calls.
@@ -161,18 +162,22 @@ pub fn parse(reply: &str, format: ToolFormat) -> Parsed {
     }
 }
 
-/// The schema of one call to `tool` in `format`.
-fn call_schema(tool: &Tool, format: ToolFormat) -> Value {
+/// The schema of one call to `tool` in `format`: its name, then its arguments
+/// under the tool's parameters, whose objects take only their declared
+/// properties as a response format's do (`schema.rs`).
+fn call_schema(tool: &Tool, format: ToolFormat) -> Result<Value, SchemaError> {
     let mut properties = serde_json::Map::new();
     properties.insert("name".into(), json!({"const": tool.name}));
-    properties.insert(format.arguments_key().into(), tool.parameters.clone());
-    json!({"type": "object", "properties": properties, "required": ["name", format.arguments_key()], "additionalProperties": false})
+    properties.insert(format.arguments_key().into(), close_objects(&tool.parameters)?);
+    Ok(json!({"type": "object", "properties": properties, "required": ["name", format.arguments_key()], "additionalProperties": false}))
 }
 
-/// The grammar of a reply that is one call to one of `tools` (several when
-/// `parallel`) and nothing else, in `format`.
-pub fn grammar(tools: &[Tool], format: ToolFormat, parallel: bool) -> Grammar {
-    let one = if tools.len() == 1 { call_schema(&tools[0], format) } else { json!({"anyOf": tools.iter().map(|t| call_schema(t, format)).collect::<Vec<_>>()}) };
+/// The grammar of a reply that is calls to `tools` and nothing else, in
+/// `format`: one call, or one or more when `parallel`. A tool whose parameters
+/// cannot be honoured is the error, with its index in `tools`.
+pub fn grammar(tools: &[Tool], format: ToolFormat, parallel: bool) -> Result<Grammar, (usize, SchemaError)> {
+    let schemas: Vec<Value> = tools.iter().enumerate().map(|(i, t)| call_schema(t, format).map_err(|e| (i, e))).collect::<Result<_, _>>()?;
+    let one = if schemas.len() == 1 { schemas.into_iter().next().expect("one") } else { json!({"anyOf": schemas}) };
     let layout = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
     let mut one = one;
     one.as_object_mut().expect("a schema object").insert("x-guidance".into(), layout.clone());
@@ -195,7 +200,7 @@ pub fn grammar(tools: &[Tool], format: ToolFormat, parallel: bool) -> Grammar {
             format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {array}\n")
         }
     };
-    Grammar::Lark(lark)
+    Ok(Grammar::Lark(lark))
 }
 
 /// A system message describing `tools` in the Hermes format, for chat templates
@@ -230,21 +235,155 @@ fn marker(format: ToolFormat) -> Option<&'static str> {
     }
 }
 
+/// One piece of a call, streamed as the call is generated.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallDelta {
+    /// Call `index` begins: its function's name (sent with the call's id and type).
+    Head { index: usize, name: String },
+    /// More of call `index`'s arguments, as JSON text.
+    Arguments { index: usize, text: String },
+}
+
+/// Where a [`CallScanner`] is in a reply.
+#[derive(Debug)]
+enum Scan {
+    /// Looking for the next call from `pos`.
+    Seeking,
+    /// In call `calls - 1`'s arguments: scanned to `at`, sent to `sent`, at
+    /// this depth of brackets, maybe inside a string.
+    Arguments { at: usize, sent: usize, depth: usize, in_string: bool, escaped: bool },
+    /// The reply is not in the call grammar's layout: the end's parse decides.
+    Off,
+}
+
+/// Reads the calls out of a reply held to the call grammar while it grows. The
+/// grammar writes each call as `{"name": "NAME", "KEY": ARGS}` (json.dumps'
+/// separators, the name first, names of letters, digits, `_` and `-`), so a
+/// call begins at `{"name": "` and its arguments are the JSON value after
+/// `"KEY": `, followed to its end through its brackets and strings.
+#[derive(Debug)]
+struct CallScanner {
+    key: &'static str,
+    pos: usize,
+    calls: usize,
+    state: Scan,
+}
+
+impl CallScanner {
+    fn new(format: ToolFormat) -> CallScanner {
+        CallScanner { key: format.arguments_key(), pos: 0, calls: 0, state: Scan::Seeking }
+    }
+
+    /// The call pieces that `all` (the reply so far) adds to what was read before.
+    fn scan(&mut self, all: &str) -> Vec<CallDelta> {
+        const OPEN: &str = "{\"name\": \"";
+        let mut out = Vec::new();
+        loop {
+            match &mut self.state {
+                Scan::Off => return out,
+                Scan::Seeking => {
+                    let Some(found) = all[self.pos..].find(OPEN) else { return out };
+                    let name_at = self.pos + found + OPEN.len();
+                    let Some(name_len) = all[name_at..].find('"') else { return out };
+                    let name = &all[name_at..name_at + name_len];
+                    let separator = format!("\", \"{}\": ", self.key);
+                    let rest = &all[name_at + name_len..];
+                    if rest.len() < separator.len() {
+                        if !separator.starts_with(rest) {
+                            self.state = Scan::Off;
+                        }
+                        return out;
+                    }
+                    if !rest.starts_with(&separator) {
+                        self.state = Scan::Off;
+                        return out;
+                    }
+                    out.push(CallDelta::Head { index: self.calls, name: name.to_string() });
+                    self.calls += 1;
+                    let at = name_at + name_len + separator.len();
+                    self.state = Scan::Arguments { at, sent: at, depth: 0, in_string: false, escaped: false };
+                }
+                Scan::Arguments { at, sent, depth, in_string, escaped } => {
+                    let mut end = None;
+                    for (i, ch) in all[*at..].char_indices() {
+                        let i = *at + i;
+                        if *in_string {
+                            if *escaped {
+                                *escaped = false;
+                            } else if ch == '\\' {
+                                *escaped = true;
+                            } else if ch == '"' {
+                                *in_string = false;
+                                if *depth == 0 {
+                                    end = Some(i + 1);
+                                    break;
+                                }
+                            }
+                            continue;
+                        }
+                        match ch {
+                            '{' | '[' => *depth += 1,
+                            '}' | ']' if *depth == 0 => {
+                                // A number or literal ends where the call object closes.
+                                end = Some(i);
+                                break;
+                            }
+                            '}' | ']' => {
+                                *depth -= 1;
+                                if *depth == 0 {
+                                    end = Some(i + 1);
+                                    break;
+                                }
+                            }
+                            ',' if *depth == 0 => {
+                                end = Some(i);
+                                break;
+                            }
+                            '"' => *in_string = true,
+                            _ => {}
+                        }
+                    }
+                    let upto = end.unwrap_or(all.len());
+                    if upto > *sent {
+                        out.push(CallDelta::Arguments { index: self.calls - 1, text: all[*sent..upto].to_string() });
+                        *sent = upto;
+                    }
+                    match end {
+                        Some(e) => {
+                            self.pos = e;
+                            self.state = Scan::Seeking;
+                        }
+                        None => {
+                            *at = all.len();
+                            return out;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A reply's text streamed while it is content: from the first place a call
-/// may begin, text is held back, and at the end the whole reply is parsed.
+/// may begin, text is held back, and at the end the whole reply is parsed. A
+/// reply held to the call grammar (`tool_choice` required or named) streams
+/// its calls as they are generated instead: each call's name, then its
+/// arguments piece by piece, as OpenAI streams them.
 #[derive(Debug)]
 pub struct ToolStream {
     format: ToolFormat,
-    /// Everything is a call (`tool_choice` required or named): nothing streams.
+    /// Everything is a call (`tool_choice` required or named): nothing streams as content.
     whole: bool,
     all: String,
     sent: usize,
     calling: bool,
+    /// The calls streamed so far, for a reply held to the call grammar.
+    scanner: Option<CallScanner>,
 }
 
 impl ToolStream {
     pub fn new(format: ToolFormat, whole: bool) -> ToolStream {
-        ToolStream { format, whole, all: String::new(), sent: 0, calling: whole }
+        ToolStream { format, whole, all: String::new(), sent: 0, calling: whole, scanner: whole.then(|| CallScanner::new(format)) }
     }
 
     /// Takes the next piece of the reply; returns the content to send now.
@@ -280,17 +419,43 @@ impl ToolStream {
         out
     }
 
-    /// The end of the reply: the calls it made, and the content not sent yet.
-    pub fn finish(&mut self) -> (Parsed, String) {
-        let parsed = parse(&self.all, self.format);
+    /// The call pieces the reply so far adds (a reply held to the call grammar
+    /// only; others send their calls at the end).
+    pub fn deltas(&mut self) -> Vec<CallDelta> {
+        match &mut self.scanner {
+            Some(s) => s.scan(&self.all),
+            None => vec![],
+        }
+    }
+
+    /// The end of the reply: its calls (at most `max_calls`), the content not
+    /// sent yet, and the call pieces not sent yet.
+    pub fn finish(&mut self, max_calls: Option<usize>) -> (Parsed, String, Vec<CallDelta>) {
+        let mut parsed = parse(&self.all, self.format);
+        if let Some(max) = max_calls {
+            parsed.calls.truncate(max);
+        }
+        let mut deltas = self.deltas();
+        let streamed = self.scanner.as_ref().map_or(0, |s| s.calls);
+        // Calls the scanner did not follow (a reply in another layout, or every
+        // call of a reply that was not held to the grammar) go whole.
+        for (index, call) in parsed.calls.iter().enumerate().skip(streamed) {
+            deltas.push(CallDelta::Head { index, name: call.name.clone() });
+            deltas.push(CallDelta::Arguments { index, text: call.arguments.to_string() });
+        }
         let sent = &self.all[..self.sent];
-        let rest = if self.whole && parsed.calls.is_empty() {
-            // A forced call that did not parse (cut by the token limit): the text.
-            parsed.content.clone()
+        let rest = if self.whole {
+            // A forced call that did not parse (cut by the token limit) and
+            // streamed nothing: the text.
+            if parsed.calls.is_empty() && streamed == 0 {
+                parsed.content.clone()
+            } else {
+                String::new()
+            }
         } else {
             parsed.content.strip_prefix(sent.trim_end()).or_else(|| parsed.content.strip_prefix(sent)).map_or(String::new(), str::to_string)
         };
-        (parsed, rest)
+        (parsed, rest, deltas)
     }
 }
 
@@ -357,8 +522,10 @@ mod tests {
                 for piece in chars.chunks(size) {
                     streamed.push_str(&s.push(&piece.iter().collect::<String>()));
                 }
-                let (parsed, rest) = s.finish();
+                assert!(s.deltas().is_empty(), "a reply not held to the grammar sends its calls at the end");
+                let (parsed, rest, deltas) = s.finish(None);
                 assert_eq!(parsed, parse(reply, format));
+                assert_eq!(deltas.len(), 2 * parsed.calls.len(), "{deltas:?}");
                 assert!(!streamed.contains("<tool_call>") && !streamed.contains('{'), "{streamed:?}");
                 streamed.push_str(&rest);
                 assert_eq!(streamed.trim_end(), content.trim_end(), "pieces of {size}: {reply:?}");
@@ -377,9 +544,106 @@ mod tests {
 
     #[test]
     fn call_grammars_are_lark_with_the_tools_schemas() {
-        let Grammar::Lark(g) = grammar(&[weather()], ToolFormat::Hermes, false) else { panic!() };
+        let Ok(Grammar::Lark(g)) = grammar(&[weather()], ToolFormat::Hermes, false) else { panic!() };
         assert!(g.contains("<tool_call>") && g.contains("\"const\":\"get_weather\"") && g.contains("%json"), "{g}");
-        let Grammar::Lark(g) = grammar(&[weather(), Tool { name: "b".into(), description: None, parameters: json!({"type": "object"}) }], ToolFormat::Mistral, true) else { panic!() };
+        assert!(!g.contains("call)*"), "one call only: {g}");
+        // The parameters' objects take only their declared properties, as a response format's do.
+        assert!(g.contains("\"required\":[\"city\"],\"additionalProperties\":false"), "{g}");
+        let Ok(Grammar::Lark(g)) = grammar(&[weather()], ToolFormat::Hermes, true) else { panic!() };
+        assert!(g.contains("(\"\\n\" call)*"), "one or more calls: {g}");
+        let Ok(Grammar::Lark(g)) = grammar(&[weather(), Tool { name: "b".into(), description: None, parameters: json!({"type": "object"}) }], ToolFormat::Mistral, true) else { panic!() };
         assert!(g.contains("[TOOL_CALLS]") && g.contains("anyOf") && !g.contains("maxItems"), "{g}");
+        let Ok(Grammar::Lark(g)) = grammar(&[weather()], ToolFormat::Mistral, false) else { panic!() };
+        assert!(g.contains("\"maxItems\":1"), "{g}");
+        // Parameters that cannot be honoured are refused, naming the tool by its index.
+        let bad = Tool { name: "c".into(), description: None, parameters: json!({"type": "object", "properties": {}, "required": ["x"]}) };
+        let (index, e) = grammar(&[weather(), bad], ToolFormat::Hermes, false).unwrap_err();
+        assert_eq!((index, e.keyword), (1, "required"), "{e}");
+    }
+
+    /// The pieces of a reply's calls, joined per call: (name, arguments text).
+    fn joined(deltas: &[CallDelta]) -> Vec<(String, String)> {
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for d in deltas {
+            match d {
+                CallDelta::Head { index, name } => {
+                    assert_eq!(*index, calls.len(), "heads in order: {deltas:?}");
+                    calls.push((name.clone(), String::new()));
+                }
+                CallDelta::Arguments { index, text } => {
+                    assert_eq!(*index + 1, calls.len(), "arguments follow their head: {deltas:?}");
+                    calls[*index].1.push_str(text);
+                }
+            }
+        }
+        calls
+    }
+
+    /// A reply held to the call grammar, in pieces of every size: each call's
+    /// head comes once its name is whole, its arguments as they come (the
+    /// first piece before the reply ends), and the pieces join to the
+    /// arguments as written; the end adds nothing, and no content is sent.
+    #[test]
+    fn forced_calls_stream_their_arguments_as_they_come() {
+        let tricky = r#"{"q": "a } \" ] {", "n": [1, {"m": null}], "x": -2.5e3}"#;
+        for (reply, format, calls) in [
+            (
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>".to_string(),
+                ToolFormat::Hermes,
+                vec![("get_weather", r#"{"city": "Paris", "unit": "celsius"}"#)],
+            ),
+            (
+                format!("<tool_call>\n{{\"name\": \"a\", \"arguments\": {tricky}}}\n</tool_call>\n<tool_call>\n{{\"name\": \"b-2\", \"arguments\": {{}}}}\n</tool_call>"),
+                ToolFormat::Hermes,
+                vec![("a", tricky), ("b-2", "{}")],
+            ),
+            (r#"{"name": "a", "parameters": {"k": "v"}}; {"name": "b", "parameters": 5}"#.to_string(), ToolFormat::Llama3, vec![("a", r#"{"k": "v"}"#), ("b", "5")]),
+            (r#"[TOOL_CALLS][{"name": "a", "arguments": {"x": [1, 2]}}, {"name": "b", "arguments": "s,}"}]"#.to_string(), ToolFormat::Mistral, vec![("a", r#"{"x": [1, 2]}"#), ("b", r#""s,}""#)]),
+        ] {
+            let chars: Vec<char> = reply.chars().collect();
+            for size in 1..=chars.len() {
+                let mut s = ToolStream::new(format, true);
+                let mut deltas = Vec::new();
+                for piece in chars.chunks(size) {
+                    assert_eq!(s.push(&piece.iter().collect::<String>()), "", "nothing streams as content");
+                    deltas.extend(s.deltas());
+                }
+                let (parsed, rest, last) = s.finish(None);
+                assert!(last.is_empty() && rest.is_empty(), "the end adds nothing: {last:?} {rest:?}");
+                assert_eq!(parsed.calls.len(), calls.len());
+                let got = joined(&deltas);
+                let want: Vec<(String, String)> = calls.iter().map(|(n, a)| (n.to_string(), a.to_string())).collect();
+                assert_eq!(got, want, "pieces of {size}: {reply}");
+                for ((_, text), call) in got.iter().zip(&parsed.calls) {
+                    assert_eq!(serde_json::from_str::<Value>(text).unwrap(), call.arguments);
+                }
+                if size == 1 {
+                    assert!(deltas.len() > 2 * calls.len(), "arguments came in pieces: {deltas:?}");
+                }
+            }
+        }
+    }
+
+    /// A forced call cut by the token limit keeps what it streamed; a reply in
+    /// another layout is sent whole at the end; `max_calls` keeps the first.
+    #[test]
+    fn cut_calls_other_layouts_and_the_call_limit() {
+        let mut s = ToolStream::new(ToolFormat::Hermes, true);
+        s.push("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"city\": \"Par");
+        assert_eq!(joined(&s.deltas()), vec![("a".to_string(), r#"{"city": "Par"#.to_string())]);
+        let (parsed, rest, last) = s.finish(None);
+        assert!(parsed.calls.is_empty() && rest.is_empty() && last.is_empty(), "{parsed:?} {rest:?} {last:?}");
+        // Keys in another order: the scanner lets go, the end's parse sends the call.
+        let mut s = ToolStream::new(ToolFormat::Hermes, true);
+        s.push("<tool_call>\n{\"name\": \"a\",\"arguments\": {}}\n</tool_call>");
+        assert!(s.deltas().is_empty());
+        assert_eq!(joined(&s.finish(None).2), vec![("a".to_string(), "{}".to_string())]);
+        // Two calls where at most one is allowed.
+        let two = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+        let mut s = ToolStream::new(ToolFormat::Hermes, false);
+        s.push(two);
+        let (parsed, _, deltas) = s.finish(Some(1));
+        assert_eq!(parsed.calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a"]);
+        assert_eq!(joined(&deltas), vec![("a".to_string(), "{}".to_string())]);
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both whole or
 //! streamed as server-sent events), `POST /v1/embeddings` (sentence encoders),
-//! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+//! `POST /tokenize` and `POST /detokenize` (vLLM's shapes), `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (Prometheus text).
 //!
 //! SIGTERM and SIGINT stop the server gracefully: it stops accepting, lets the
 //! requests in flight finish for up to `--shutdown-timeout` seconds, cancels what
@@ -106,6 +107,8 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/embeddings", post(routes::embeddings))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))

@@ -97,6 +97,10 @@ pub const CHAT_FIELDS: &[&str] = &[
     "tool_choice",
     "parallel_tool_calls",
 ];
+/// Every field a `/tokenize` request may have (vLLM's names).
+pub const TOKENIZE_FIELDS: &[&str] = &["model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs", "tools"];
+/// Every field a `/detokenize` request may have.
+pub const DETOKENIZE_FIELDS: &[&str] = &["model", "tokens"];
 /// Every field an embedding request may have.
 pub const EMBEDDING_FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
 
@@ -232,6 +236,47 @@ pub struct ChatRequest {
     pub tools: Option<Vec<ToolSpec>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+}
+
+/// `POST /tokenize`, as vLLM takes it: a text `prompt`, or chat `messages`
+/// through the chat template.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    /// The special tokens the tokenizer's post-processor adds (a BOS): by
+    /// default with a prompt (as completions tokenize it) and not with messages
+    /// (the template writes its own), as vLLM has it.
+    pub add_special_tokens: Option<bool>,
+    /// Messages end with the template's generation prompt (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Also return each token's string (the vocabulary's, e.g. `Ġworld`).
+    #[serde(default)]
+    pub return_token_strs: bool,
+    /// Tools rendered with the messages, as a chat request with them renders its prompt.
+    pub tools: Option<Vec<ToolSpec>>,
+}
+
+impl TokenizeRequest {
+    /// Refuses a request that is neither or both kinds, or mixes their fields.
+    pub fn check(&self) -> Result<(), ApiError> {
+        match (&self.prompt, &self.messages) {
+            (Some(_), Some(_)) => Err(field("messages", "send either `prompt` (text) or `messages` (a chat through the template), not both".into())),
+            (None, None) => Err(field("prompt", "send `prompt` (text to tokenize) or `messages` (a chat through the template)".into())),
+            (Some(_), None) if self.add_generation_prompt.is_some() => Err(field("add_generation_prompt", "add_generation_prompt goes with `messages`, not `prompt`".into())),
+            (Some(_), None) if self.tools.is_some() => Err(field("tools", "tools go with `messages`, not `prompt`".into())),
+            (None, Some(m)) if m.is_empty() => Err(field("messages", "messages is empty; send at least one message".into())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `POST /detokenize`: token ids back to text.
+#[derive(Clone, Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
 }
 
 /// `POST /v1/embeddings`.
@@ -448,10 +493,12 @@ pub fn grammar(format: &Option<ResponseFormat>, guided: &Guided) -> Result<Optio
             if !schema.is_object() && schema != Value::Bool(true) {
                 return Err(field("response_format", format!("json_schema.schema of `{}` must be a JSON schema object", json_schema.name)));
             }
+            closable(&schema, "response_format", "json_schema.schema")?;
             asked.push(("response_format", Grammar::JsonSchema(schema)));
         }
     }
     if let Some(s) = &guided.guided_json {
+        closable(s, "guided_json", "the schema")?;
         asked.push(("guided_json", Grammar::JsonSchema(s.clone())));
     }
     if let Some(r) = &guided.guided_regex {
@@ -465,6 +512,13 @@ pub fn grammar(format: &Option<ResponseFormat>, guided: &Guided) -> Result<Optio
         1 => Ok(asked.pop()),
         _ => Err(field(asked[1].0, format!("ask for one grammar: {} and {} both set one", asked[0].0, asked[1].0))),
     }
+}
+
+/// Refuses, as a 400 naming `param` and the keyword, a schema whose objects
+/// cannot take only their declared properties (`constrain/schema.rs`): the
+/// grammar is built on the engine's thread, and this names the field before.
+fn closable(schema: &Value, param: &str, what: &str) -> Result<(), ApiError> {
+    crate::constrain::schema::close_objects(schema).map(drop).map_err(|e| field(param, format!("{what}: {e}")))
 }
 
 /// The grammar extension fields (docs/serving.md).
@@ -648,6 +702,40 @@ mod tests {
         assert!(e.message.contains("invalid type") && e.param.as_deref() == Some("max_tokens"), "{e:?}");
         let r: CompletionRequest = parse_c(br#"{"prompt": [1, 2, 3], "max_tokens": 4}"#).unwrap();
         assert!(matches!(r.prompt, Prompt::Tokens(ref t) if t == &[1, 2, 3]));
+    }
+
+    #[test]
+    fn schemas_that_cannot_be_closed_are_refused_naming_the_field_and_keyword() {
+        let format: Option<ResponseFormat> = serde_json::from_value(json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": {"type": "object", "properties": {"a": {}}, "required": ["b"]}}})).unwrap();
+        let e = grammar(&format, &Guided::default()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("response_format"));
+        assert!(e.message.contains("`required` at #") && e.message.contains("additionalProperties"), "{e:?}");
+        let guided = Guided { guided_json: Some(json!({"properties": {"c": {"properties": {}, "minProperties": 1}}})), ..Guided::default() };
+        let e = grammar(&None, &guided).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("guided_json"));
+        assert!(e.message.contains("`minProperties` at #/properties/c"), "{e:?}");
+        // The grammar keeps the schema as sent; the engine closes it when it builds the grammar.
+        let ok: Option<ResponseFormat> = serde_json::from_value(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": {"a": {}}}}})).unwrap();
+        assert_eq!(grammar(&ok, &Guided::default()).unwrap(), Some(("response_format", Grammar::JsonSchema(json!({"properties": {"a": {}}})))));
+    }
+
+    #[test]
+    fn tokenize_takes_a_prompt_or_messages() {
+        let check = |v: Value| parse::<TokenizeRequest>(v.to_string().as_bytes(), TOKENIZE_FIELDS, false).and_then(|(r, _)| r.check());
+        assert!(check(json!({"prompt": "hi"})).is_ok());
+        assert!(check(json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false, "return_token_strs": true})).is_ok());
+        for (body, param) in [
+            (json!({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}), "messages"),
+            (json!({}), "prompt"),
+            (json!({"prompt": "hi", "add_generation_prompt": true}), "add_generation_prompt"),
+            (json!({"messages": []}), "messages"),
+            (json!({"prompt": "hi", "content": "llama-server's name"}), "content"),
+            (json!({"prompt": ["a", "b"]}), "prompt"),
+        ] {
+            assert_eq!(check(body.clone()).unwrap_err().param.as_deref(), Some(param), "{body}");
+        }
+        let e = parse::<DetokenizeRequest>(br#"{"tokens": [1, -2]}"#, DETOKENIZE_FIELDS, false).unwrap_err();
+        assert!(e.param.as_deref().is_some_and(|p| p.starts_with("tokens")), "{e:?}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The HTTP endpoints: completions and chat completions (whole or streamed as
-//! server-sent events), embeddings, models, health and metrics. Each handler
+//! server-sent events), embeddings, tokenize and detokenize, models, health and
+//! metrics. Each handler
 //! checks the request (API key, model name, fields, prompt length, queue room),
 //! hands it to the engine's thread and turns what comes back into OpenAI's
 //! response or chunk format. A streamed response that the client drops drops
@@ -20,7 +21,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc as tmpsc;
 
 use super::errors::ApiError;
-use super::openai::{self, ChatRequest, CompletionRequest, EmbeddingRequest, Prompt};
+use super::openai::{self, ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Prompt, TokenizeRequest};
 use super::worker::{Job, Shared, Update};
 use crate::engine::{FinishReason, GenerationParams, TokenLogprob};
 use crate::format::GenerationDefaults;
@@ -307,25 +308,47 @@ struct Reply {
     include_usage: bool,
     logprobs: Option<usize>,
     guard: InFlight,
-    /// Chat with tools: the call format, and whether the whole reply is a call.
-    tools: Option<(crate::constrain::tools::ToolFormat, bool)>,
+    /// Chat with tools: how the reply's calls are read and answered.
+    tools: Option<ToolReply>,
     /// Chat with a reasoning parser: whether the prompt opened `<think>`.
     think: Option<bool>,
 }
 
+/// How a chat reply with tools is read and answered.
+#[derive(Clone, Copy, Debug)]
+struct ToolReply {
+    format: crate::constrain::tools::ToolFormat,
+    /// The reply is held to the call grammar (`tool_choice` required or a
+    /// named function): its calls stream as they are generated.
+    forced: bool,
+    /// A named function: OpenAI (and vLLM, matching it) end such a reply with
+    /// `finish_reason: "stop"`, and `"tool_calls"` only for calls the model chose.
+    named: bool,
+    /// `parallel_tool_calls: false` or a named function: calls past the first
+    /// are dropped (the call grammar already allows only one).
+    max_calls: Option<usize>,
+}
+
+impl ToolReply {
+    /// The finish reason of a reply whose engine reason is `reason`: a reply that
+    /// made calls and ended by itself says so, unless a named function forced it.
+    fn finish(&self, reason: &'static str, called: bool) -> &'static str {
+        if called && reason == "stop" && !self.named {
+            "tool_calls"
+        } else {
+            reason
+        }
+    }
+}
+
+/// The id of call `i` of choice `choice` of response `id`.
+fn call_id(id: &str, choice: usize, i: usize) -> String {
+    format!("call_{}_{choice}_{i}", id.trim_start_matches("chatcmpl-"))
+}
+
 /// OpenAI's `tool_calls` entries of choice `choice` (ids from the request's).
-fn tool_calls_json(id: &str, choice: usize, calls: &[crate::constrain::tools::ToolCall], with_index: bool) -> Vec<Value> {
-    calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let mut v = json!({"id": format!("call_{}_{choice}_{i}", id.trim_start_matches("chatcmpl-")), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}});
-            if with_index {
-                v["index"] = json!(i);
-            }
-            v
-        })
-        .collect()
+fn tool_calls_json(id: &str, choice: usize, calls: &[crate::constrain::tools::ToolCall]) -> Vec<Value> {
+    calls.iter().enumerate().map(|(i, c)| json!({"id": call_id(id, choice, i), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}})).collect()
 }
 
 /// What one streamed choice has sent so far.
@@ -336,6 +359,8 @@ struct ChoiceStream {
     done: bool,
     think: Option<crate::constrain::reasoning::ThinkSplitter>,
     calls: Option<crate::constrain::tools::ToolStream>,
+    /// A call was sent.
+    called: bool,
 }
 
 impl Reply {
@@ -395,8 +420,11 @@ impl Reply {
             None => (None, text),
         };
         match self.tools {
-            Some((format, _)) => {
-                let p = crate::constrain::tools::parse(&content, format);
+            Some(t) => {
+                let mut p = crate::constrain::tools::parse(&content, t.format);
+                if let Some(max) = t.max_calls {
+                    p.calls.truncate(max);
+                }
                 (reasoning, p.content, p.calls)
             }
             None => (reasoning, content, vec![]),
@@ -432,8 +460,10 @@ impl Reply {
                         message["reasoning_content"] = if r.is_empty() { Value::Null } else { json!(r) };
                     }
                     if !calls.is_empty() {
-                        message["tool_calls"] = json!(tool_calls_json(&self.id, index, &calls, false));
-                        reason = "tool_calls";
+                        message["tool_calls"] = json!(tool_calls_json(&self.id, index, &calls));
+                    }
+                    if let Some(t) = self.tools {
+                        reason = t.finish(reason, !calls.is_empty());
                     }
                     json!({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
                 }
@@ -450,6 +480,37 @@ impl Reply {
         log_request(&self.id, self.endpoint, 200, Some((usage.prompt_tokens, usage.completion_tokens)), self.started, Some(&reasons.join(",")));
         drop(self.guard);
         Ok(Json(v).into_response())
+    }
+
+    /// The chunk that opens choice `index` (`role: assistant`), unless sent.
+    fn open(&self, index: usize, c: &mut ChoiceStream, out: &mut Vec<Value>) {
+        if c.first {
+            out.push(self.delta_chunk(index, json!({"role": "assistant", "content": ""}), &[], None));
+            c.first = false;
+        }
+    }
+
+    /// Call pieces as OpenAI streams them: a call's index, id, type and name
+    /// with empty arguments, then its arguments in pieces under its index. The
+    /// first opens the choice when nothing else has (`role: assistant`,
+    /// `content: null`).
+    fn call_chunks(&self, index: usize, c: &mut ChoiceStream, deltas: Vec<crate::constrain::tools::CallDelta>, out: &mut Vec<Value>) {
+        use crate::constrain::tools::CallDelta;
+        for d in deltas {
+            let mut delta = match d {
+                CallDelta::Head { index: i, name } => {
+                    c.called = true;
+                    json!({"tool_calls": [{"index": i, "id": call_id(&self.id, index, i), "type": "function", "function": {"name": name, "arguments": ""}}]})
+                }
+                CallDelta::Arguments { index: i, text } => json!({"tool_calls": [{"index": i, "function": {"arguments": text}}]}),
+            };
+            if c.first {
+                delta["role"] = json!("assistant");
+                delta["content"] = Value::Null;
+                c.first = false;
+            }
+            out.push(self.delta_chunk(index, delta, &[], None));
+        }
     }
 
     /// One update of choice `index` as the events it makes.
@@ -470,20 +531,27 @@ impl Reply {
                             Some(t) => t.push(&text),
                             None => (String::new(), text),
                         };
-                        let content = match &mut c.calls {
-                            Some(calls) => calls.push(&content),
-                            None => content,
+                        let (content, deltas) = match &mut c.calls {
+                            Some(calls) => {
+                                let content = calls.push(&content);
+                                (content, calls.deltas())
+                            }
+                            None => (content, vec![]),
                         };
-                        if c.first {
-                            out.push(self.delta_chunk(index, json!({"role": "assistant", "content": ""}), &[], None));
-                            c.first = false;
+                        // A reply held to the call grammar opens with its first call
+                        // (`content: null`), as OpenAI's do; others with the role at once.
+                        if !self.tools.is_some_and(|t| t.forced) {
+                            self.open(index, c, out);
                         }
                         if !reasoning.is_empty() {
+                            self.open(index, c, out);
                             out.push(self.delta_chunk(index, json!({"reasoning_content": reasoning}), &[], None));
                         }
                         if !content.is_empty() || !lps.is_empty() {
+                            self.open(index, c, out);
                             out.push(self.delta_chunk(index, json!({"content": content}), &lps, None));
                         }
+                        self.call_chunks(index, c, deltas, out);
                     }
                 }
             }
@@ -493,9 +561,6 @@ impl Reply {
                 match self.kind {
                     Kind::Completion => out.push(self.text_chunk(index, &text, Value::Null, Some(reason))),
                     Kind::Chat => {
-                        if c.first {
-                            out.push(self.delta_chunk(index, json!({"role": "assistant", "content": ""}), &[], None));
-                        }
                         let (reasoning, mut content) = match &mut c.think {
                             Some(t) => {
                                 let (r1, c1) = t.push(&text);
@@ -504,28 +569,25 @@ impl Reply {
                             }
                             None => (String::new(), text),
                         };
-                        let mut calls = vec![];
+                        let mut deltas = vec![];
                         if let Some(s) = &mut c.calls {
                             let sent = s.push(&content);
-                            let (parsed, rest) = s.finish();
+                            let (_, rest, last) = s.finish(self.tools.and_then(|t| t.max_calls));
                             content = sent + &rest;
-                            calls = parsed.calls;
+                            deltas = last;
                         }
                         if !reasoning.is_empty() {
+                            self.open(index, c, out);
                             out.push(self.delta_chunk(index, json!({"reasoning_content": reasoning}), &[], None));
                         }
                         if !content.is_empty() {
+                            self.open(index, c, out);
                             out.push(self.delta_chunk(index, json!({"content": content}), &[], None));
                         }
-                        if !calls.is_empty() {
-                            // Each call's id, type and name first, then its arguments, as OpenAI streams them.
-                            for (i, call) in tool_calls_json(&self.id, index, &calls, true).into_iter().enumerate() {
-                                let mut head = call.clone();
-                                head["function"]["arguments"] = json!("");
-                                out.push(self.delta_chunk(index, json!({"tool_calls": [head]}), &[], None));
-                                out.push(self.delta_chunk(index, json!({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}), &[], None));
-                            }
-                            reason = "tool_calls";
+                        self.call_chunks(index, c, deltas, out);
+                        self.open(index, c, out);
+                        if let Some(t) = self.tools {
+                            reason = t.finish(reason, c.called);
                         }
                         out.push(self.delta_chunk(index, json!({}), &[], Some(reason)));
                     }
@@ -576,7 +638,7 @@ impl Reply {
             });
             streams.push(updates.boxed());
         }
-        let new_choice = |_| ChoiceStream { first: true, offset: 0, done: false, think: self.think.map(ThinkSplitter::new), calls: self.tools.map(|(format, whole)| ToolStream::new(format, whole)) };
+        let new_choice = |_| ChoiceStream { first: true, offset: 0, done: false, think: self.think.map(ThinkSplitter::new), calls: self.tools.map(|t| ToolStream::new(t.format, t.forced)), called: false };
         let choice_state: Vec<ChoiceStream> = (0..streams.len()).map(new_choice).collect();
         let state = S { reply: self, merged: futures_util::stream::select_all(streams), choices: choice_state, echoes, counts_prompt, usage: (0, 0), reasons: vec![], done: false, queue: Default::default() };
         let stream = futures_util::stream::unfold(state, move |mut s| async move {
@@ -710,7 +772,7 @@ pub async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
 }
 
 async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
-    use crate::constrain::tools::{self, ToolFormat};
+    use crate::constrain::tools;
     st.authorize(headers)?;
     let (r, sampling): (ChatRequest, _) = openai::parse_allowing(body, openai::CHAT_FIELDS, true, st.allow_extra_fields)?;
     st.check_model(&r.model)?;
@@ -718,18 +780,72 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
         return Err(ApiError::invalid("this model is a sentence encoder: use /v1/embeddings", Some("model".into())));
     }
     let logprobs = openai::check_chat_extras(&r)?;
-    let Some(template) = &st.info.template else {
-        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages".into())));
-    };
     let offered = openai::tools(&r.tools)?;
     let choice = openai::tool_choice(&r.tool_choice, &offered)?;
     let use_tools = choice != openai::ToolChoice::None;
-    // A template that takes `tools` renders them and its own call format; for
-    // others the tools are described in a system message, in Hermes's format.
+    let (text, format) = chat_text(st, &r.messages, use_tools.then_some(offered.as_slice()), true)?;
+    // A template that opens the thinking itself starts the reply inside it.
+    let think = st.info.reasoning.then(|| text.trim_end().ends_with("<think>"));
+    let prompt = prompt_list(st, &Prompt::Text(text), "messages", false)?.remove(0).0;
+    check_length(st, prompt.len(), "messages")?;
+    let limit = r.max_completion_tokens.or(sampling.max_tokens);
+    // Without a limit, a reply may run to the end of the context.
+    let default_max = (st.info.max_length as usize).saturating_sub(prompt.len());
+    let n = openai::choices(&sampling)?;
+    let mut params = openai::generation_params(&sampling, limit, default_max, logprobs, false, &st.info.defaults)?;
+    params.logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
+    let (mut grammar_field, grammar) = openai::grammar(&r.response_format, &r.guided)?.map_or(("response_format", None), |(f, g)| (f, Some(g)));
+    params.grammar = grammar;
+    // A required or named call is held to the call's grammar, so it always
+    // parses: a named function exactly once, `required` at least once, and once
+    // only with `parallel_tool_calls: false`.
+    let named = matches!(choice, openai::ToolChoice::Named(_));
+    let parallel = r.parallel_tool_calls.unwrap_or(true) && !named;
+    let forced: Vec<(usize, tools::Tool)> = match &choice {
+        openai::ToolChoice::Required => offered.iter().cloned().enumerate().collect(),
+        openai::ToolChoice::Named(n) => offered.iter().cloned().enumerate().filter(|(_, t)| &t.name == n).collect(),
+        _ => vec![],
+    };
+    if !forced.is_empty() {
+        if params.grammar.is_some() {
+            return Err(ApiError::invalid(format!("a required tool call and {grammar_field} cannot both hold the reply; send one"), Some("tool_choice".into())));
+        }
+        let chosen: Vec<tools::Tool> = forced.iter().map(|(_, t)| t.clone()).collect();
+        let grammar = tools::grammar(&chosen, format, parallel).map_err(|(i, e)| {
+            let at = format!("tools[{}].function.parameters", forced[i].0);
+            ApiError::invalid(format!("{at}: {e}"), Some(at))
+        })?;
+        params.grammar = Some(grammar);
+        grammar_field = "tools";
+    }
+    let guard = st.admit()?;
+    let choices = start(st, Plan { prompts: vec![(prompt, None)], n, params, grammar_field })?;
+    let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let mut reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs, guard, tools: None, think };
+    if use_tools {
+        reply.tools = Some(ToolReply { format, forced: !forced.is_empty(), named, max_calls: (!parallel).then_some(1) });
+    }
+    if sampling.stream {
+        Ok(reply.stream(choices))
+    } else {
+        reply.whole(choices).await
+    }
+}
+
+/// The text of a chat prompt: `messages` through the artifact's chat template,
+/// with `tools` where the request uses them (a template that takes `tools`
+/// renders them and its own call format; for others they are described in a
+/// system message, in Hermes's format), ending with the generation prompt
+/// when `add_generation_prompt`. Also returns the call format the reply uses.
+fn chat_text(st: &AppState, messages: &[openai::ChatMessage], tools: Option<&[crate::constrain::tools::Tool]>, add_generation_prompt: bool) -> Result<(String, crate::constrain::tools::ToolFormat), ApiError> {
+    use crate::constrain::tools::{self, ToolFormat};
+    let Some(template) = &st.info.template else {
+        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages".into())));
+    };
     let template_tools = template.contains("tools");
     let format = if template_tools { st.info.tool_format } else { ToolFormat::Hermes };
-    let mut messages: Vec<Value> = Vec::with_capacity(r.messages.len() + 1);
-    for (i, m) in r.messages.iter().enumerate() {
+    let mut rendered: Vec<Value> = Vec::with_capacity(messages.len() + 1);
+    for (i, m) in messages.iter().enumerate() {
         let text = openai::message_text(m, i)?;
         let calls = parse_calls(m, i)?;
         let message = match m.role.as_str() {
@@ -752,55 +868,20 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
                 return Err(ApiError::invalid(format!("role `{other}` is not supported; use system, developer, user, assistant or tool"), Some(format!("messages[{i}].role"))));
             }
         };
-        messages.push(message);
+        rendered.push(message);
     }
-    if use_tools && !template_tools {
-        let described = tools::hermes_system_prompt(&offered);
-        match messages.first_mut().filter(|m| m["role"] == "system") {
+    let offered = tools.unwrap_or_default();
+    if tools.is_some() && !template_tools {
+        let described = tools::hermes_system_prompt(offered);
+        match rendered.first_mut().filter(|m| m["role"] == "system") {
             Some(system) => system["content"] = json!(format!("{}\n\n{described}", system["content"].as_str().unwrap_or(""))),
-            None => messages.insert(0, json!({"role": "system", "content": described})),
+            None => rendered.insert(0, json!({"role": "system", "content": described})),
         }
     }
     let tool_values: Vec<Value> = offered.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})).collect();
-    let text = crate::chat::render_with_tools(template, &messages, (use_tools && template_tools).then_some(tool_values.as_slice()), true, &st.info.bos_text, &st.info.eos_text)
+    let text = crate::chat::render_with_tools(template, &rendered, (tools.is_some() && template_tools).then_some(tool_values.as_slice()), add_generation_prompt, &st.info.bos_text, &st.info.eos_text)
         .map_err(|e| ApiError::invalid(format!("the model's chat template does not render these messages: {e}"), Some("messages".into())))?;
-    // A template that opens the thinking itself starts the reply inside it.
-    let think = st.info.reasoning.then(|| text.trim_end().ends_with("<think>"));
-    let prompt = prompt_list(st, &Prompt::Text(text), "messages", false)?.remove(0).0;
-    check_length(st, prompt.len(), "messages")?;
-    let limit = r.max_completion_tokens.or(sampling.max_tokens);
-    // Without a limit, a reply may run to the end of the context.
-    let default_max = (st.info.max_length as usize).saturating_sub(prompt.len());
-    let n = openai::choices(&sampling)?;
-    let mut params = openai::generation_params(&sampling, limit, default_max, logprobs, false, &st.info.defaults)?;
-    params.logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
-    let (mut grammar_field, grammar) = openai::grammar(&r.response_format, &r.guided)?.map_or(("response_format", None), |(f, g)| (f, Some(g)));
-    params.grammar = grammar;
-    // A required or named call is held to the call's grammar, so it always parses.
-    let forced: Vec<tools::Tool> = match &choice {
-        openai::ToolChoice::Required => offered.clone(),
-        openai::ToolChoice::Named(n) => offered.iter().filter(|t| &t.name == n).cloned().collect(),
-        _ => vec![],
-    };
-    if !forced.is_empty() {
-        if params.grammar.is_some() {
-            return Err(ApiError::invalid(format!("a required tool call and {grammar_field} cannot both hold the reply; send one"), Some("tool_choice".into())));
-        }
-        params.grammar = Some(tools::grammar(&forced, format, r.parallel_tool_calls.unwrap_or(true)));
-        grammar_field = "tools";
-    }
-    let guard = st.admit()?;
-    let choices = start(st, Plan { prompts: vec![(prompt, None)], n, params, grammar_field })?;
-    let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let mut reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs, guard, tools: None, think };
-    if use_tools {
-        reply.tools = Some((format, !forced.is_empty()));
-    }
-    if sampling.stream {
-        Ok(reply.stream(choices))
-    } else {
-        reply.whole(choices).await
-    }
+    Ok((text, format))
 }
 
 /// An assistant message's earlier calls: (id, call), arguments parsed from their JSON text.
@@ -819,6 +900,65 @@ fn parse_calls(m: &openai::ChatMessage, index: usize) -> Result<Vec<(String, cra
         out.push((id, crate::constrain::tools::ToolCall { name: name.to_string(), arguments }));
     }
     Ok(out)
+}
+
+pub async fn tokenize(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let id = format!("tok-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
+    let result = tokenize_inner(&st, &headers, &body, &id, started);
+    respond(&st, "/tokenize", &id, started, result)
+}
+
+/// `/tokenize` (vLLM's shape): the ids of a text prompt, or of chat messages
+/// through the chat template exactly as a chat request renders them, with the
+/// count and the context they must fit. Tokenizing is short CPU work on the
+/// request's own thread; the body limit bounds it.
+fn tokenize_inner(st: &AppState, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
+    st.authorize(headers)?;
+    let (r, _): (TokenizeRequest, _) = openai::parse_allowing(body, openai::TOKENIZE_FIELDS, false, st.allow_extra_fields)?;
+    st.check_model(&r.model)?;
+    r.check()?;
+    let (text, special, param) = match (&r.prompt, &r.messages) {
+        (Some(p), _) => (p.clone(), r.add_special_tokens.unwrap_or(true), "prompt"),
+        (None, Some(messages)) => {
+            let offered = openai::tools(&r.tools)?;
+            let tools = (!offered.is_empty()).then_some(offered.as_slice());
+            let (text, _) = chat_text(st, messages, tools, r.add_generation_prompt.unwrap_or(true))?;
+            (text, r.add_special_tokens.unwrap_or(false), "messages")
+        }
+        (None, None) => unreachable!("TokenizeRequest::check refuses a request with neither"),
+    };
+    let tokenizer = &st.info.tokenizer;
+    let tokens = tokenizer.encode(text.as_str(), special).map_err(|e| ApiError::invalid(format!("the text does not tokenize: {e}"), Some(param.into())))?.get_ids().to_vec();
+    let mut v = json!({"count": tokens.len(), "max_model_len": st.info.max_length, "tokens": tokens});
+    if r.return_token_strs {
+        v["token_strs"] = json!(tokens.iter().map(|&t| tokenizer.id_to_token(t).unwrap_or_default()).collect::<Vec<_>>());
+    }
+    log_request(id, "/tokenize", 200, Some((tokens.len(), 0)), started, None);
+    Ok(Json(v).into_response())
+}
+
+pub async fn detokenize(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let id = format!("detok-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
+    let result = detokenize_inner(&st, &headers, &body, &id, started);
+    respond(&st, "/detokenize", &id, started, result)
+}
+
+/// `/detokenize`: ids back to text as the tokenizer decodes them, special
+/// tokens included (transformers' `decode` default), so a chat's ids give
+/// back the template's text.
+fn detokenize_inner(st: &AppState, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
+    st.authorize(headers)?;
+    let (r, _): (DetokenizeRequest, _) = openai::parse_allowing(body, openai::DETOKENIZE_FIELDS, false, st.allow_extra_fields)?;
+    st.check_model(&r.model)?;
+    let vocab = st.info.vocab;
+    if let Some((i, bad)) = r.tokens.iter().enumerate().find(|(_, &t)| t as u64 >= vocab) {
+        return Err(ApiError::invalid(format!("tokens[{i}] = {bad} is outside the vocabulary of {vocab} tokens (ids 0 to {})", vocab.saturating_sub(1)), Some("tokens".into())));
+    }
+    let prompt = st.info.tokenizer.decode(&r.tokens, false).map_err(|e| ApiError::invalid(format!("the tokens do not decode: {e}"), Some("tokens".into())))?;
+    log_request(id, "/detokenize", 200, Some((r.tokens.len(), 0)), started, None);
+    Ok(Json(json!({"prompt": prompt})).into_response())
 }
 
 pub async fn embeddings(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
