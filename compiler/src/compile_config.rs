@@ -382,6 +382,12 @@ impl CompileConfig {
         notes.extend(block_storage_notes(&manifest.manifest.model.path, &model.weights, &self.encoding_name));
         let cfg = &model.config;
         let max_length = self.max_length.unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
+        if self.targets.cpu.is_some() && cfg.encoder.is_none() && !max_length.is_multiple_of(KV_BLOCK_SIZE) {
+            notes.push(format!(
+                "{} = {max_length} is not a multiple of {KV_BLOCK_SIZE}: the single-stream plans keep the keys in rows, so a serial run and a batched one (and speculative decoding against plain decoding) agree within float rounding rather than to the bit (docs/serving.md, Batch invariance); a multiple of {KV_BLOCK_SIZE} keeps them identical",
+                field("max_length")
+            ));
+        }
         // An encoder's batch step holds whole sentences: attention sees all of
         // one, so a sentence is never split over steps, and every input must fit
         // one step.

@@ -1110,7 +1110,7 @@ impl Parser {
         let parse: fn(&mut Self) -> PResult<Expr> = match &self.peek().tok {
             Tok::Punct("(") => Self::parenthesized,
             Tok::Ident(_) if self.numbered('p').is_some() || self.numbered('l').is_some() => Self::load,
-            Tok::Ident(w) if matches!(w.as_str(), "max" | "min" | "select") || un_op_named(w).is_some() => Self::call,
+            Tok::Ident(w) if matches!(w.as_str(), "max" | "min" | "select" | "fma") || un_op_named(w).is_some() => Self::call,
             _ => Self::leaf,
         };
         let e = parse(self);
@@ -1147,7 +1147,7 @@ impl Parser {
         Ok(Expr::Load { buf, index: Box::new(self.index()?) })
     }
 
-    /// `max`, `min`, `select` or a unary operator, with its arguments.
+    /// `max`, `min`, `select`, `fma` or a unary operator, with its arguments.
     fn call(&mut self) -> PResult<Expr> {
         let name = match &self.peek().tok {
             Tok::Ident(w) => w.clone(),

@@ -94,6 +94,34 @@ impl<'a> Batched<'a> {
         self.scheduler.remove(id);
     }
 
+    /// The tokens of request `id` (prompt and generated), drafts not included.
+    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+        let tokens = self.scheduler.tokens(id)?;
+        Some(&tokens[..tokens.len() - self.scheduler.drafts(id).len()])
+    }
+
+    /// Drafts `drafts` after the last token of `id` ([`Scheduler::set_drafts`]).
+    pub fn set_drafts(&mut self, id: RequestId, drafts: &[u32]) -> usize {
+        self.scheduler.set_drafts(id, drafts)
+    }
+
+    /// The drafts of `id` its next step verifies.
+    pub fn drafts(&self, id: RequestId) -> &[u32] {
+        self.scheduler.drafts(id)
+    }
+
+    /// Keeps only the first `n` drafts of `id`, before its step runs.
+    pub fn keep_drafts(&mut self, id: RequestId, n: usize) {
+        let Some(len) = self.scheduler.tokens(id).map(<[u32]>::len) else { return };
+        let drafts = self.scheduler.drafts(id).len();
+        let _ = self.scheduler.rollback(id, len - drafts + n.min(drafts));
+    }
+
+    /// Keeps the first `accepted` drafts of `id` after their step ran.
+    pub fn accept(&mut self, id: RequestId, accepted: usize) {
+        self.scheduler.accept(id, accepted);
+    }
+
     pub fn fill_stats(&self, s: &mut Stats) {
         let p = &self.scheduler.pool;
         s.waiting = self.scheduler.waiting();
@@ -121,7 +149,7 @@ impl<'a> Batched<'a> {
         let rows = step
             .outputs
             .iter()
-            .map(|o| OutputRow { id: o.seq, position: o.position, next: o.next, cached_tokens: self.scheduler.cached_tokens(o.seq) })
+            .map(|o| OutputRow { id: o.seq, position: o.position, next: o.next, verifies: o.verifies, cached_tokens: self.scheduler.cached_tokens(o.seq) })
             .collect();
         let decode_rows = if step.decode_only { step.rows.len() } else { step.rows.len() - step.prompt_rows };
         Ok(StepOutput { rows, logits, prompt_rows: step.prompt_rows, decode_rows })

@@ -192,6 +192,11 @@ impl Generation {
         self.finished == Some(FinishReason::Length) && self.limit < self.params.max_tokens
     }
 
+    /// New tokens it may generate in all (its limit, or what the context leaves).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     /// Whether the request takes no new token (a prompt scored, nothing generated).
     pub fn generates_nothing(&self) -> bool {
         self.limit == 0

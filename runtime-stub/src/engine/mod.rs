@@ -21,6 +21,10 @@
 //!   request (a chat's earlier turns). This is `maxrun --prompt` and `--chat`:
 //!   the single-stream plans are the fastest way to run one sequence.
 //!
+//! The batched backend can speculate ([`Engine::speculate`], `speculate.rs`):
+//! a running sequence's decode row comes with drafted tokens, and one step
+//! verifies them, giving the tokens plain decoding would give.
+//!
 //! Sentence encoders have no generation loop: [`embed::Embedder`] packs a
 //! request's inputs into steps of an [`crate::executor::EncodeExecutor`].
 
@@ -30,6 +34,7 @@ pub mod embed;
 pub mod generation;
 pub mod scheduler;
 pub mod serial;
+pub mod speculate;
 pub mod text;
 
 use std::collections::HashMap;
@@ -133,6 +138,15 @@ pub struct Stats {
     /// Prompt positions looked up in the prefix cache, and found.
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Speculative decoding: drafted tokens verified, those that stood, and
+    /// the verification steps of a sequence (each gives one token more than
+    /// the drafts that stood).
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub verifications: u64,
+    /// Verifications by how many tokens they gave (index: tokens - 1, the last
+    /// bucket `MAX_DRAFTS + 1` tokens).
+    pub accepted_lengths: [u64; speculate::MAX_DRAFTS + 1],
 }
 
 /// A request in flight.
@@ -146,6 +160,9 @@ struct Active {
     submitted: Instant,
     first_token: Option<Instant>,
     cached_tokens: usize,
+    /// Its drafts' source and how many to draft (speculating engines, requests
+    /// that generate).
+    speculation: Option<(speculate::NGramIndex, speculate::DraftLength)>,
 }
 
 enum Backend<'a> {
@@ -187,6 +204,9 @@ pub struct Engine<'a> {
     /// helper thread beside the step (decided once: the usable CPUs are read
     /// from the affinity mask and cgroup files).
     masks_beside_step: bool,
+    /// Speculative decoding, where it is on.
+    speculation: Option<speculate::SpeculationConfig>,
+    drafts: Vec<u32>,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -222,13 +242,30 @@ impl<'a> Engine<'a> {
     }
 
     fn with_backend(model: ModelFacts<'a>, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
-        let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false };
+        let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false, speculation: None, drafts: Vec::new() };
         engine.masks_beside_step = engine.threads() < crate::executor::usable_cpus();
         engine
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// Turns speculative decoding on for the requests submitted from now on:
+    /// prompt lookup drafts, verified in the batched backend's steps. The
+    /// serial backend cannot (its plans take one token per step): an error.
+    pub fn speculate(&mut self, config: speculate::SpeculationConfig) -> Result<(), String> {
+        config.check()?;
+        if !self.is_batched() {
+            return Err("speculative decoding verifies drafts in batch steps, and this engine runs the single-stream plans (an artifact without batch plans, or a device without a batched executor)".into());
+        }
+        self.speculation = Some(config);
+        Ok(())
+    }
+
+    /// The speculation settings, where it is on.
+    pub fn speculation(&self) -> Option<&speculate::SpeculationConfig> {
+        self.speculation.as_ref()
     }
 
     pub fn model(&self) -> &ModelFacts<'a> {
@@ -269,9 +306,13 @@ impl<'a> Engine<'a> {
 
     /// Where it runs, for stats lines.
     pub fn describe(&self) -> String {
-        match &self.backend {
+        let base = match &self.backend {
             Backend::Serial(s) => s.describe(),
             Backend::Batched(b) => b.describe(),
+        };
+        match &self.speculation {
+            Some(c) => format!("{base}, speculative: n-gram {}..{}, up to {} drafts", c.min_n, c.max_n, c.max_drafts),
+            None => base,
         }
     }
 
@@ -305,7 +346,10 @@ impl<'a> Engine<'a> {
         if let Some(c) = constraint {
             generation = generation.with_constraint(c);
         }
-        self.requests.insert(id, Active { generation, all_logits: request.all_logits, scored_prompt, next_scored: 1, submitted: Instant::now(), first_token: None, cached_tokens: 0 });
+        // Requests that want every position's logits (prompt scoring, tests)
+        // run as they would without speculation.
+        let speculation = self.speculation.as_ref().filter(|_| !request.all_logits && scored_prompt.is_none()).map(|c| (speculate::NGramIndex::new(c.min_n, c.max_n), speculate::DraftLength::default()));
+        self.requests.insert(id, Active { generation, all_logits: request.all_logits, scored_prompt, next_scored: 1, submitted: Instant::now(), first_token: None, cached_tokens: 0, speculation });
         Ok(id)
     }
 
@@ -398,8 +442,18 @@ impl<'a> Engine<'a> {
         self.stats.prompt_rows += output.prompt_rows as u64;
         self.stats.decode_rows += output.decode_rows as u64;
         let vocab = self.model.vocab_size as usize;
-        for (i, out) in output.rows.iter().enumerate() {
-            let row = &output.logits[i * vocab..(i + 1) * vocab];
+        let mut i = 0;
+        while i < output.rows.len() {
+            let out = &output.rows[i];
+            if out.verifies {
+                // A verification step's rows of one sequence, in position order.
+                let n = output.rows[i..].iter().take_while(|r| r.verifies && r.id == out.id).count();
+                self.verify(out.id, &output.logits[i * vocab..(i + n) * vocab], &mut events)?;
+                i += n;
+                continue;
+            }
+            i += 1;
+            let row = &output.logits[(i - 1) * vocab..i * vocab];
             let Some(active) = self.requests.get_mut(&out.id) else { continue };
             active.cached_tokens = active.cached_tokens.max(out.cached_tokens);
             if active.all_logits && out.position < active.generation.prompt_tokens() {
@@ -425,13 +479,101 @@ impl<'a> Engine<'a> {
             events.push(Event::Token { id: out.id, token: sampled.token, text: sampled.text, logprob: sampled.logprob });
             match sampled.finish {
                 Some(_) => self.finish(out.id, &mut events)?,
-                None => match &mut self.backend {
-                    Backend::Serial(s) => s.append(out.id, sampled.token),
-                    Backend::Batched(b) => b.append(out.id, sampled.token),
-                },
+                None => {
+                    match &mut self.backend {
+                        Backend::Serial(s) => s.append(out.id, sampled.token),
+                        Backend::Batched(b) => b.append(out.id, sampled.token),
+                    }
+                    self.draft(out.id);
+                }
             }
         }
+        self.limit_step_drafts();
         Ok(events)
+    }
+
+    /// Drafts tokens after the last token of request `id`, where it speculates:
+    /// as many as its acceptance estimate says pay, no more than its token
+    /// limit leaves.
+    fn draft(&mut self, id: RequestId) {
+        let (Some(config), Backend::Batched(b)) = (&self.speculation, &mut self.backend) else { return };
+        let Some(active) = self.requests.get_mut(&id) else { return };
+        let Some((proposer, length)) = &mut active.speculation else { return };
+        let g = &active.generation;
+        // The token after the drafts comes from the last row: leave room for it.
+        let left = g.limit().saturating_sub(g.generated().len() + 1);
+        let k = length.choose(config.max_drafts, config.row_cost).min(left);
+        if k == 0 {
+            return;
+        }
+        let Some(tokens) = b.tokens(id) else { return };
+        self.drafts.clear();
+        speculate::Proposer::propose(proposer, tokens, k, &mut self.drafts);
+        if !self.drafts.is_empty() {
+            b.set_drafts(id, &self.drafts);
+        }
+    }
+
+    /// Keeps the step's drafted rows within [`speculate::SpeculationConfig::max_step_drafts`]:
+    /// the requests with the most drafts give theirs up first.
+    fn limit_step_drafts(&mut self) {
+        let (Some(config), Backend::Batched(b)) = (&self.speculation, &mut self.backend) else { return };
+        let mut drafted: Vec<(usize, RequestId)> = self.requests.keys().map(|&id| (b.drafts(id).len(), id)).filter(|d| d.0 > 0).collect();
+        let mut total: usize = drafted.iter().map(|d| d.0).sum();
+        drafted.sort_unstable_by(|a, b| b.cmp(a));
+        for (n, id) in drafted {
+            if total <= config.max_step_drafts {
+                break;
+            }
+            let keep = n.saturating_sub(total - config.max_step_drafts);
+            b.keep_drafts(id, keep);
+            total -= n - keep;
+        }
+    }
+
+    /// Verifies request `id`'s drafts against `logits`, the rows of its last
+    /// token and its drafts (`[drafts + 1, vocab]`): samples from each row in
+    /// turn as plain decoding would; a draft stands while it equals the token
+    /// sampled before it. Emits every token that stands and the one after them.
+    fn verify(&mut self, id: RequestId, logits: &[f32], events: &mut Vec<Event>) -> Result<(), EngineError> {
+        let vocab = self.model.vocab_size as usize;
+        let Backend::Batched(b) = &mut self.backend else { unreachable!("only the batched backend verifies") };
+        let drafts = b.drafts(id).to_vec();
+        let Some(active) = self.requests.get_mut(&id) else { return Ok(()) };
+        debug_assert_eq!(logits.len(), (drafts.len() + 1) * vocab);
+        let (mut accepted, mut last, mut finished) = (0, None, false);
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            let sampled = active.generation.next(row, &self.tokenizer)?;
+            active.first_token.get_or_insert_with(Instant::now);
+            events.push(Event::Token { id, token: sampled.token, text: sampled.text, logprob: sampled.logprob });
+            let stands = r < drafts.len() && sampled.token == drafts[r];
+            last = Some(sampled.token);
+            if sampled.finish.is_some() {
+                finished = true;
+                break;
+            }
+            if !stands {
+                break;
+            }
+            accepted += 1;
+        }
+        // A finished request verified what it could; its drafts count as far as they were checked.
+        let checked = if finished { accepted.min(drafts.len()) } else { drafts.len() };
+        if let Some((_, length)) = &mut active.speculation {
+            length.record(checked, accepted);
+        }
+        self.stats.draft_tokens += checked as u64;
+        self.stats.accepted_tokens += accepted as u64;
+        self.stats.verifications += 1;
+        self.stats.accepted_lengths[accepted.min(speculate::MAX_DRAFTS)] += 1;
+        if finished {
+            return self.finish(id, events);
+        }
+        let Backend::Batched(b) = &mut self.backend else { unreachable!() };
+        b.accept(id, accepted);
+        b.append(id, last.expect("one row at least"));
+        self.draft(id);
+        Ok(())
     }
 
     /// Ends request `id`: its last text and usage, its KV given back.
@@ -465,6 +607,8 @@ pub struct OutputRow {
     pub position: usize,
     /// The request's last token: its logits pick the next one.
     pub next: bool,
+    /// A row of a verification step ([`Engine::speculate`]).
+    pub verifies: bool,
     /// Prompt tokens the request found cached so far.
     pub cached_tokens: usize,
 }

@@ -59,6 +59,8 @@ pub struct WorkerOptions {
     pub threads: usize,
     pub device: Device,
     pub kv_cache_memory: Option<u64>,
+    /// Speculative decoding for every generation request (the batched engine).
+    pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
 }
 
 struct Active {
@@ -119,7 +121,11 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: toke
                 if let Some(note) = note {
                     eprintln!("maxrun serve: {note}");
                 }
-                return Ok(Engine::batched(model, executor, tokenizer));
+                let mut engine = Engine::batched(model, executor, tokenizer);
+                if let Some(config) = &opts.speculation {
+                    engine.speculate(config.clone())?;
+                }
+                return Ok(engine);
             }
             // A pool that cannot hold one sequence is the operator's to fix, not a
             // reason to serve one request at a time.
@@ -127,6 +133,9 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: toke
             Err(e) => e.to_string(),
         },
     };
+    if opts.speculation.is_some() {
+        return Err(format!("--speculative verifies drafts in batch steps, and this artifact cannot run them here: {batched_error}"));
+    }
     let (runner, _) = Runner::open(artifact, opts.threads, opts.device).map_err(|e| e.to_string())?;
     eprintln!("maxrun serve: one request at a time: {batched_error}");
     Ok(Engine::serial(model, Box::new(runner), tokenizer))
