@@ -46,6 +46,11 @@ pub const KV_BLOCK_SIZE: u64 = 16;
 pub const DEFAULT_MAX_BATCH_TOKENS: u64 = 256;
 /// The batched engine's sequences per step when `compile.max_sequences` is not set.
 pub const DEFAULT_MAX_SEQUENCES: u64 = 16;
+/// Rows with logits a mixed step returns per sequence it holds: a decode row
+/// and up to 4 drafted tokens to verify (speculative decoding; docs/serving.md).
+/// SmolLM2's mixed plan keeps 15.7 MB of logits at 16 sequences, against 3.1 MB
+/// with one row per sequence.
+pub const LOGIT_ROWS_PER_SEQUENCE: u64 = 5;
 /// A sentence encoder's sequences per step when `compile.max_sequences` is not
 /// set: an embeddings request of many inputs takes a step per 32 of them.
 pub const DEFAULT_ENCODER_MAX_SEQUENCES: u64 = 32;
@@ -423,6 +428,7 @@ impl CompileConfig {
             blocks_per_sequence: max_length.div_ceil(KV_BLOCK_SIZE),
             max_rows: self.max_rows,
             max_sequences: self.max_sequences,
+            max_logit_rows: (self.max_sequences * LOGIT_ROWS_PER_SEQUENCE).min(self.max_rows).max(self.max_sequences),
         });
         Ok(ModelPlan { stored, encoding, activations, kv_encoding, mesh: self.mesh.clone(), split_attention, max_length, batch, encode_batch, notes })
     }

@@ -696,6 +696,52 @@ mod tests {
         assert_eq!(s.rollback(1, 11), Err(12));
     }
 
+    /// Drafts after a decoding sequence's last token run as rows of one step,
+    /// every one with logits that verify; accepting some keeps them as its
+    /// tokens and forgets the rest (their blocks go back, their positions are
+    /// computed again); drafted positions never enter the prefix cache, and a
+    /// preemption recomputes only the tokens that stand.
+    #[test]
+    fn drafts_run_in_one_step_and_only_accepted_ones_stay() {
+        let mut s = Scheduler::new(Limits { max_logit_rows: 8, ..limits() }, 16);
+        s.add(1, (0..6).collect(), PromptLogits::Last).unwrap();
+        drive(&mut s, 1, 50);
+        // 7 tokens (position 6 to compute), 5 drafts: positions 6-11.
+        assert_eq!(s.set_drafts(1, &[60, 61, 62, 63, 64]), 5);
+        assert_eq!(s.set_drafts(1, &[9]), 0, "drafts already set");
+        let st = s.schedule().unwrap();
+        assert_eq!(st.rows.iter().map(|r| (r.position, r.token)).collect::<Vec<_>>(), vec![(6, 50), (7, 60), (8, 61), (9, 62), (10, 63), (11, 64)]);
+        assert_eq!(st.outputs.iter().map(|o| (o.position, o.verifies, o.next)).collect::<Vec<_>>(), vec![(6, true, false), (7, true, false), (8, true, false), (9, true, false), (10, true, false), (11, true, true)]);
+        assert!(!st.decode_only && st.prompt_rows == 0, "a verification step, not a prompt chunk");
+        s.complete(&st);
+        // Blocks 0 (positions 0-3) is cached; block 1 (4-7) holds the drafted
+        // position 7 and stays out of the cache; block 2 (8-11) all drafts.
+        assert_eq!(s.pool.used(), 3);
+        // Two drafts stood: 60 61; the rest goes, and block 2 with them.
+        s.accept(1, 2);
+        assert_eq!(s.tokens(1).unwrap(), &[0, 1, 2, 3, 4, 5, 50, 60, 61]);
+        assert!(s.drafts(1).is_empty());
+        assert_eq!(s.pool.used(), 3, "position 8 (block 2) stands");
+        s.append(1, 70);
+        let st = s.schedule().unwrap();
+        assert_eq!(st.rows.iter().map(|r| (r.position, r.token)).collect::<Vec<_>>(), vec![(9, 70)]);
+        assert!(st.decode_only);
+        s.complete(&st);
+        // A sequence with the same tokens finds only the blocks of standing
+        // tokens computed and full: blocks 0 and 1 (positions 0-7).
+        s.add(2, vec![0, 1, 2, 3, 4, 5, 50, 60, 61, 70, 99], PromptLogits::Last).unwrap();
+        let st = s.schedule().unwrap();
+        assert_eq!(s.cached_tokens(2), 8, "{:?}", st.rows);
+        // Drafts a step has no room for are dropped: with 4 logit rows, 3 of 6.
+        let mut t = Scheduler::new(Limits { max_logit_rows: 4, ..limits() }, 16);
+        t.add(1, vec![1, 2], PromptLogits::Last).unwrap();
+        drive(&mut t, 1, 3);
+        assert_eq!(t.set_drafts(1, &[4, 5, 6, 7, 8, 9]), 6);
+        let st = t.schedule().unwrap();
+        assert_eq!(st.rows.len(), 4, "the step's 4 logit rows");
+        assert_eq!(t.drafts(1), &[4, 5, 6]);
+    }
+
     #[test]
     fn removing_a_sequence_frees_its_blocks_at_once() {
         let mut s = Scheduler::new(limits(), 8);
