@@ -132,6 +132,13 @@ struct ServeArgs {
     /// (for clients that send their own extensions).
     #[arg(long)]
     allow_extra_request_fields: bool,
+    /// Responses of /v1/responses kept in memory for `previous_response_id`
+    /// and GET /v1/responses/{id}, least recently used out first (0 keeps none).
+    #[arg(long, value_name = "N", default_value_t = maxrun::serve::response_store::StoreLimits::default().entries)]
+    response_store_entries: usize,
+    /// The bytes those kept responses may take, at most (their JSON and conversation text).
+    #[arg(long, value_name = "BYTES", default_value_t = maxrun::serve::response_store::StoreLimits::default().bytes)]
+    response_store_memory: usize,
 }
 
 #[derive(Args)]
@@ -528,6 +535,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tool_parser,
         reasoning,
         allow_extra_request_fields: args.allow_extra_request_fields,
+        response_store: maxrun::serve::response_store::StoreLimits { entries: args.response_store_entries, bytes: args.response_store_memory },
         host: args.host,
         port: args.port,
         api_key: args.api_key,
