@@ -383,6 +383,8 @@ fn parse_tool_choice(choice: &Option<Value>, tools: &[Tool]) -> Result<(ToolChoi
         _ => {}
     }
     let echo = match &parsed {
+        // OpenAI says `auto` of a request that set no choice, with tools or without.
+        ToolChoice::None if choice.as_ref().is_none_or(Value::is_null) => json!("auto"),
         ToolChoice::None => json!("none"),
         ToolChoice::Auto => json!("auto"),
         ToolChoice::Required => json!("required"),
