@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Clients of `maxrun serve` for tests/tests/serve.rs: the official `openai`
-package, raw HTTP (http.client and sockets) and prometheus_client's parser of
-the text format. Each scenario exits 0 or raises with what went wrong.
+package, the OpenAI Agents SDK (`agents`, its tracing off), raw HTTP
+(http.client and sockets) and prometheus_client's parser of the text format. Each scenario exits 0 or raises with what went wrong.
 
     client.py SCENARIO URL EXPECTED.json
 
