@@ -953,8 +953,15 @@ def scenario_responses(url, exp):
 
 def scenario_responses_store(url, exp):
     """The store keeps the last --response-store-entries responses, least
-    recently used out first: reading one keeps it."""
+    recently used out first: reading one keeps it. With
+    --allow-extra-request-fields unknown fields (and unknown keys in items) are
+    dropped, and the fields maxrun knows it cannot honour are still refused."""
     c = client(url, exp.get("api_key"))
+    got, _, data = raw(url, "POST", "/v1/responses", {"input": [{"role": "user", "content": "Hi", "vendor_tag": 1}], "max_output_tokens": 2, "vendor_option": True})
+    check(got == 200 and json.loads(data)["object"] == "response", f"extra fields dropped: {got} {data[:200]!r}")
+    for body, param in (({"input": "Hi", "conversation": "conv_1"}, "conversation"), ({"input": "Hi", "background": True}, "background"), ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type")):
+        got, _, data = raw(url, "POST", "/v1/responses", body)
+        check(got == 400 and json.loads(data)["error"]["param"] == param, f"{body} with extra fields allowed: {got} {data[:200]!r}")
     new = lambda: c.responses.create(model=exp["model"], input="Hi", max_output_tokens=2, temperature=0).id
 
     def stored(rid):

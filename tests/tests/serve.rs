@@ -281,7 +281,8 @@ fn strict_schemas_named_tool_calls_and_tokenize() {
 /// (against the whole conversation sent again, and against Chat Completions),
 /// a named tool choice, `text.format` (jsonschema the judge), GET / DELETE and
 /// 404s, and 400s naming unsupported fields; the store keeps its newest
-/// responses by use (`--response-store-entries 2`); and the OpenAI Agents SDK
+/// responses by use (`--response-store-entries 2`), and
+/// `--allow-extra-request-fields` drops only unknown fields; and the OpenAI Agents SDK
 /// runs a one-tool agent loop with its Responses model (whole and streamed)
 /// and its Chat Completions model.
 #[test]
@@ -300,7 +301,7 @@ fn the_responses_api_and_the_agents_sdk() {
     let log = server.log();
     let lines: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     assert!(lines.iter().any(|l| l["endpoint"] == "/v1/responses" && l["status"] == 200 && l["finish_reason"] == "completed"), "{log}");
-    let mut server = Server::start(mef, &["--response-store-entries", "2"]);
+    let mut server = Server::start(mef, &["--response-store-entries", "2", "--allow-extra-request-fields"]);
     run_client("responses_store", &server, &json!({"model": model}));
     assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
 }

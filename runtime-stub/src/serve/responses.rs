@@ -393,11 +393,14 @@ fn parse_tool_choice(choice: &Option<Value>, tools: &[Tool]) -> Result<(ToolChoi
     Ok((parsed, echo))
 }
 
+/// A grammar and the request field that set it.
+type FieldGrammar = Option<(&'static str, Grammar)>;
+
 /// `text` (`{"format": ...}`): `text`, `json_object`, or `json_schema` with
 /// `name`, `schema`, `strict`, `description`, held to the grammar as a chat
 /// request's `response_format` is (objects closed to their declared
 /// properties); with the value the response echoes.
-fn parse_text(text: &Option<Value>, allow_extra: bool) -> Result<(Option<(&'static str, Grammar)>, Value), ApiError> {
+fn parse_text(text: &Option<Value>, allow_extra: bool) -> Result<(FieldGrammar, Value), ApiError> {
     let plain = json!({"format": {"type": "text"}});
     let Some(text) = text.as_ref().filter(|t| !t.is_null()) else { return Ok((None, plain)) };
     let Some(t) = text.as_object() else { return Err(field("text", format!("text must be an object like {{\"format\": {{\"type\": \"json_schema\", ...}}}}, not {text}"))) };
@@ -474,7 +477,7 @@ fn check_defaults_only(r: &ResponsesRequest) -> Result<(), ApiError> {
             return Err(field("metadata", format!("{} metadata keys; at most 16", m.len())));
         }
         for (k, v) in m {
-            if k.chars().count() > 64 || !v.as_str().is_some_and(|s| s.chars().count() <= 512) {
+            if k.chars().count() > 64 || v.as_str().is_none_or(|s| s.chars().count() > 512) {
                 return Err(field("metadata", format!("metadata `{k}`: keys of at most 64 characters with string values of at most 512")));
             }
         }
@@ -963,7 +966,7 @@ async fn create_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: 
 /// The response's events as server-sent events (`event:` the type, `data:`
 /// the event), ending with the response's last event; no `[DONE]`, as OpenAI's.
 fn sse(running: Running) -> Response {
-    let event = |v: Value| SseEvent::default().event(v["type"].as_str().unwrap_or("message").to_string()).data(v.to_string());
+    let event = |v: Value| SseEvent::default().event(v["type"].as_str().unwrap_or("message")).data(v.to_string());
     struct S {
         running: Running,
         queue: VecDeque<SseEvent>,

@@ -35,6 +35,9 @@ pub enum Update {
 }
 
 /// Work for the engine's thread.
+// One job per request goes through the channel and is taken apart at once:
+// boxing the large variant would add an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     /// `grammar_field`: the request field that set the grammar, for its error.
     /// `admitted` hears once the engine took the request (its grammar built);
