@@ -134,6 +134,13 @@ struct ServeArgs {
     allow_extra_request_fields: bool,
     #[command(flatten)]
     speculative: SpeculativeArgs,
+    /// Responses of /v1/responses kept in memory for `previous_response_id`
+    /// and GET /v1/responses/{id}, least recently used out first (0 keeps none).
+    #[arg(long, value_name = "N", default_value_t = maxrun::serve::response_store::StoreLimits::default().entries)]
+    response_store_entries: usize,
+    /// The bytes those kept responses may take, at most (their JSON and conversation text).
+    #[arg(long, value_name = "BYTES", default_value_t = maxrun::serve::response_store::StoreLimits::default().bytes)]
+    response_store_memory: usize,
 }
 
 #[derive(Args)]
@@ -578,6 +585,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tool_parser,
         reasoning,
         allow_extra_request_fields: args.allow_extra_request_fields,
+        response_store: maxrun::serve::response_store::StoreLimits { entries: args.response_store_entries, bytes: args.response_store_memory },
         host: args.host,
         port: args.port,
         api_key: args.api_key,

@@ -4,6 +4,8 @@
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both whole or
 //! streamed as server-sent events), `POST /v1/embeddings` (sentence encoders),
+//! `POST /v1/responses` with `GET` / `DELETE /v1/responses/{id}` (OpenAI's
+//! Responses API, `responses.rs`; stored responses in `response_store.rs`),
 //! `POST /tokenize` and `POST /detokenize` (vLLM's shapes), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus text).
 //!
@@ -14,6 +16,8 @@
 pub mod errors;
 pub mod metrics;
 pub mod openai;
+pub mod response_store;
+pub mod responses;
 pub mod routes;
 pub mod worker;
 
@@ -53,6 +57,8 @@ pub struct ServeOptions {
     pub allow_extra_request_fields: bool,
     /// Speculative decoding for every generation request.
     pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
+    /// How many `/v1/responses` responses are kept for `previous_response_id`.
+    pub response_store: response_store::StoreLimits,
 }
 
 /// Waits for SIGTERM or SIGINT.
@@ -104,11 +110,14 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
         allow_extra_fields: opts.allow_extra_request_fields,
         next_id: AtomicU64::new(1),
         shutting_down: AtomicBool::new(false),
+        responses: Mutex::new(response_store::ResponseStore::new(opts.response_store)),
     });
     let app = Router::new()
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/embeddings", post(routes::embeddings))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
         .route("/v1/models", get(routes::models))

@@ -35,9 +35,14 @@ pub enum Update {
 }
 
 /// Work for the engine's thread.
+// One job per request goes through the channel and is taken apart at once:
+// boxing the large variant would add an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     /// `grammar_field`: the request field that set the grammar, for its error.
-    Generate { prompt: Vec<u32>, params: GenerationParams, arrived: Instant, updates: tmpsc::UnboundedSender<Update>, grammar_field: &'static str },
+    /// `admitted` hears once the engine took the request (its grammar built);
+    /// a request it refuses drops it and sends `Update::Failed`.
+    Generate { prompt: Vec<u32>, params: GenerationParams, arrived: Instant, updates: tmpsc::UnboundedSender<Update>, grammar_field: &'static str, admitted: Option<oneshot::Sender<()>> },
     Embed { inputs: Vec<Vec<u32>>, reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>> },
     /// End every request in flight (the shutdown timeout ran out).
     CancelAll,
@@ -215,8 +220,11 @@ fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shar
         jobs.extend(rx.try_iter());
         for job in jobs {
             match job {
-                Job::Generate { prompt, params, arrived, updates, grammar_field } => match engine.submit(Request::new(prompt, params)) {
+                Job::Generate { prompt, params, arrived, updates, grammar_field, admitted } => match engine.submit(Request::new(prompt, params)) {
                     Ok(id) => {
+                        if let Some(a) = admitted {
+                            let _ = a.send(());
+                        }
                         active.insert(id, Active { updates, arrived, last_token: None });
                     }
                     Err(e) => {
