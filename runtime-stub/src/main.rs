@@ -212,26 +212,36 @@ struct BenchArgs {
 #[derive(Args, Clone)]
 struct SpeculativeArgs {
     /// Speculative decoding: `ngram` drafts the tokens that followed the
-    /// longest earlier occurrence of the sequence's last tokens (prompt lookup)
-    /// and verifies them in one batch step. The output is what plain decoding
-    /// gives, token for token (docs/serving.md, Speculative decoding).
+    /// longest earlier occurrence of the sequence's last tokens (prompt lookup);
+    /// `draft` (with --draft) has a second artifact draft them. Drafts are
+    /// verified in one batch step; the output is what plain decoding gives,
+    /// token for token (docs/serving.md, Speculative decoding).
     #[arg(long, value_name = "METHOD")]
     speculative: Option<String>,
+    /// The draft model for --speculative draft (implied): an artifact with the
+    /// target's tokenizer, such as a q4_k copy of the same model.
+    #[arg(long, value_name = "DRAFT.mef")]
+    draft: Option<PathBuf>,
     /// With --speculative: the most tokens drafted per step and sequence (1-15).
-    #[arg(long, value_name = "K", default_value_t = 4, requires = "speculative")]
+    #[arg(long, value_name = "K", default_value_t = 4)]
     draft_tokens: usize,
     /// With --speculative ngram: the n-gram lengths matched, MIN..MAX.
-    #[arg(long, value_name = "MIN..MAX", default_value = "2..5", requires = "speculative")]
+    #[arg(long, value_name = "MIN..MAX", default_value = "2..5")]
     ngram: String,
 }
 
 impl SpeculativeArgs {
     /// The engine's settings, or `None` without --speculative.
     fn config(&self) -> anyhow::Result<Option<maxrun::engine::speculate::SpeculationConfig>> {
-        let Some(method) = &self.speculative else { return Ok(None) };
-        if method != "ngram" {
-            return Err(anyhow!("--speculative `{method}`: the methods are: ngram"));
-        }
+        let method = match (self.speculative.as_deref(), &self.draft) {
+            (None, None) => return Ok(None),
+            (None | Some("draft"), Some(_)) => "draft",
+            (Some("draft"), None) => return Err(anyhow!("--speculative draft needs --draft DRAFT.mef, the draft model")),
+            (Some("ngram"), Some(_)) => return Err(anyhow!("--draft is the draft model of --speculative draft; prompt lookup (--speculative ngram) takes none")),
+            (Some("ngram"), None) => "ngram",
+            (Some(other), _) => return Err(anyhow!("--speculative `{other}`: the methods are: ngram, draft (with --draft DRAFT.mef)")),
+        };
+        let _ = method;
         let bad = || anyhow!("--ngram `{}`: give MIN..MAX, two lengths such as 2..5", self.ngram);
         let (min, max) = self.ngram.split_once("..").ok_or_else(bad)?;
         let (min_n, max_n) = (min.trim().parse().map_err(|_| bad())?, max.trim().parse().map_err(|_| bad())?);
@@ -596,6 +606,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         device: args.device,
         kv_cache_memory: args.kv_cache_memory,
         speculation: args.speculative.config()?,
+        draft: open_draft(&args.speculative, args.no_verify)?.map(std::sync::Arc::new),
     };
     maxrun::serve::serve(artifact, opts)?;
     Ok(ExitCode::SUCCESS)
@@ -610,7 +621,7 @@ fn serve(_: ServeArgs) -> anyhow::Result<ExitCode> {
 /// decoding on the file's prompts (`maxrun::bench_speculation`).
 fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engine::speculate::SpeculationConfig, threads: usize) -> anyhow::Result<ExitCode> {
     let Some(path) = &args.prompts else {
-        return Err(anyhow!("--speculative in bench needs --prompts FILE (JSON lines of {{\"prompt\": ..., \"kind\": ...}}, such as ../shared/speculation/prompts.jsonl): drafts need real text to match"));
+        return Err(anyhow!("--speculative (or --draft) in bench needs --prompts FILE (JSON lines of {{\"prompt\": ..., \"kind\": ...}}, such as ../shared/speculation/prompts.jsonl): drafts need real text to match"));
     };
     if args.compare.is_some() || args.depth > 0 || args.shared_prefix > 0 {
         return Err(anyhow!("--speculative runs the prompts of --prompts; leave out --compare, --depth and --shared-prefix"));
@@ -655,10 +666,20 @@ fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engi
     } else {
         open_batched()?
     };
+    let draft = open_draft(&args.speculative, args.no_verify)?;
     let mut speculative = open_batched()?;
-    speculative.speculate(config).map_err(|e| anyhow!(e))?;
+    match &draft {
+        Some(d) => {
+            let model = maxrun::runner::open_draft_model(artifact, d, threads, args.device, args.kv_cache_memory).map_err(|e| anyhow!(e))?;
+            speculative.speculate_with_draft(config, model).map_err(|e| anyhow!(e))?;
+        }
+        None => speculative.speculate(config).map_err(|e| anyhow!(e))?,
+    }
     let cfg = maxrun::bench_speculation::SpeculationBenchConfig { prompts, generated_tokens: args.generated_tokens as usize, concurrency, rounds: args.repetitions as usize };
-    let method = format!("ngram {}", args.speculative.ngram);
+    let method = match &args.speculative.draft {
+        Some(d) => format!("draft model {}", d.display()),
+        None => format!("ngram {}", args.speculative.ngram),
+    };
     let report = maxrun::bench_speculation::speculation(&mut plain, &mut speculative, &cfg, &h.model.name, &method)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -1002,7 +1023,8 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     if let (Some(config), None) = (&speculation, &cli.dump_logits) {
         let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(128) as usize;
         let params = generation_params(&cli, &h.generation, max_new)?;
-        let engine = speculative_engine(&artifact, &cli, tokenizer, config)?;
+        let draft = open_draft(&cli.speculative, cli.no_verify)?;
+        let engine = speculative_engine(&artifact, draft.as_ref(), &cli, tokenizer, config)?;
         return generate_speculative(engine, &cli, ids, params, h.max_length);
     }
     let mut session = open_runner(&artifact, &cli)?;
@@ -1067,15 +1089,32 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The batched engine on `artifact` with speculative decoding `config`.
-fn speculative_engine<'a>(artifact: &'a Artifact, cli: &RunArgs, tokenizer: tokenizers::Tokenizer, config: &maxrun::engine::speculate::SpeculationConfig) -> anyhow::Result<Engine<'a>> {
+/// The draft model's artifact for `--draft`, its weights checked unless `--no-verify`.
+fn open_draft(args: &SpeculativeArgs, no_verify: bool) -> anyhow::Result<Option<Artifact>> {
+    let Some(path) = &args.draft else { return Ok(None) };
+    let a = Artifact::open(path).map_err(|e| anyhow!("--draft: {e}"))?;
+    if !no_verify {
+        a.verify_weights(&mut |_, _| {}).map_err(|e| anyhow!("--draft: {e}"))?;
+    }
+    Ok(Some(a))
+}
+
+/// The batched engine on `artifact` with speculative decoding `config`, its
+/// drafts from `draft` where given.
+fn speculative_engine<'a>(artifact: &'a Artifact, draft: Option<&'a Artifact>, cli: &RunArgs, tokenizer: tokenizers::Tokenizer, config: &maxrun::engine::speculate::SpeculationConfig) -> anyhow::Result<Engine<'a>> {
     let (executor, note) = maxrun::runner::open_executor(artifact, threads(cli.threads)?, cli.device, None)
         .map_err(|e| anyhow!("--speculative verifies drafts in batch steps, which need the artifact's batch plans: {e}"))?;
     if let Some(note) = note {
         eprintln!("maxrun: {note}");
     }
     let mut engine = Engine::batched(ModelFacts::of(artifact), executor, tokenizer);
-    engine.speculate(config.clone()).map_err(|e| anyhow!(e))?;
+    match draft {
+        Some(d) => {
+            let model = maxrun::runner::open_draft_model(artifact, d, threads(cli.threads)?, cli.device, None).map_err(|e| anyhow!(e))?;
+            engine.speculate_with_draft(config.clone(), model).map_err(|e| anyhow!(e))?;
+        }
+        None => engine.speculate(config.clone()).map_err(|e| anyhow!(e))?,
+    }
     if cli.verbose {
         eprintln!("maxrun: {}; {}", artifact.cpu_variant_note(), engine.describe());
     }
@@ -1164,9 +1203,10 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) ->
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let (bos, eos_text) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
     let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(256) as usize;
+    let draft = open_draft(&cli.speculative, cli.no_verify)?;
     let mut engine = match cli.speculative.config()? {
         // The batched engine's prefix cache keeps the conversation's earlier turns.
-        Some(config) => speculative_engine(artifact, cli, tokenizer, &config)?,
+        Some(config) => speculative_engine(artifact, draft.as_ref(), cli, tokenizer, &config)?,
         None => Engine::serial(ModelFacts::of(artifact), Box::new(open_runner(artifact, cli)?), tokenizer),
     };
     let mut messages: Vec<Message> = cli.system.iter().map(|s| Message::new("system", s)).collect();

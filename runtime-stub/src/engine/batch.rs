@@ -34,8 +34,15 @@ pub struct Batched<'a> {
 impl<'a> Batched<'a> {
     /// A scheduler over `executor`'s pool and plans.
     pub fn new(executor: Box<dyn Executor + 'a>) -> Batched<'a> {
+        Self::with_prefix_cache(executor, true)
+    }
+
+    /// [`Batched::new`], its full blocks in the prefix cache or not (a draft
+    /// model's sequences are rolled back anywhere).
+    pub fn with_prefix_cache(executor: Box<dyn Executor + 'a>, caches_prefixes: bool) -> Batched<'a> {
         let l = executor.limits();
-        let scheduler = Scheduler::new(
+        let make = if caches_prefixes { Scheduler::new } else { Scheduler::without_prefix_cache };
+        let scheduler = make(
             Limits {
                 block_size: l.block_size,
                 blocks_per_sequence: l.blocks_per_sequence,
@@ -115,6 +122,26 @@ impl<'a> Batched<'a> {
         let Some(len) = self.scheduler.tokens(id).map(<[u32]>::len) else { return };
         let drafts = self.scheduler.drafts(id).len();
         let _ = self.scheduler.rollback(id, len - drafts + n.min(drafts));
+    }
+
+    /// Keeps the first `keep` tokens of `id` ([`Scheduler::rollback`]).
+    pub fn rollback(&mut self, id: RequestId, keep: usize) -> Result<(), usize> {
+        self.scheduler.rollback(id, keep)
+    }
+
+    /// Whether any sequence is waiting or running.
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    /// Whether `id` is scheduled (waiting or running).
+    pub fn knows(&self, id: RequestId) -> bool {
+        self.scheduler.tokens(id).is_some()
+    }
+
+    /// Queues a sequence of `tokens` whose last position's logits come back.
+    pub fn add_tokens(&mut self, id: RequestId, tokens: Vec<u32>) -> Result<(), AddError> {
+        self.scheduler.add(id, tokens, PromptLogits::Last)
     }
 
     /// Keeps the first `accepted` drafts of `id` after their step ran.

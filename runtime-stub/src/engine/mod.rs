@@ -30,6 +30,7 @@
 
 pub mod batch;
 pub mod blocks;
+pub mod draft;
 pub mod embed;
 pub mod generation;
 pub mod scheduler;
@@ -204,9 +205,13 @@ pub struct Engine<'a> {
     /// helper thread beside the step (decided once: the usable CPUs are read
     /// from the affinity mask and cgroup files).
     masks_beside_step: bool,
-    /// Speculative decoding, where it is on.
+    /// Speculative decoding, where it is on, and its draft model (prompt
+    /// lookup without one).
     speculation: Option<speculate::SpeculationConfig>,
+    draft_model: Option<draft::DraftModel<'a>>,
     drafts: Vec<u32>,
+    /// Requests that take drafts before the next step.
+    to_draft: Vec<RequestId>,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -242,7 +247,7 @@ impl<'a> Engine<'a> {
     }
 
     fn with_backend(model: ModelFacts<'a>, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
-        let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false, speculation: None, drafts: Vec::new() };
+        let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false, speculation: None, draft_model: None, drafts: Vec::new(), to_draft: Vec::new() };
         engine.masks_beside_step = engine.threads() < crate::executor::usable_cpus();
         engine
     }
@@ -260,6 +265,14 @@ impl<'a> Engine<'a> {
             return Err("speculative decoding verifies drafts in batch steps, and this engine runs the single-stream plans (an artifact without batch plans, or a device without a batched executor)".into());
         }
         self.speculation = Some(config);
+        Ok(())
+    }
+
+    /// Turns speculative decoding on with `draft` proposing the drafts (a
+    /// second artifact with the target's vocabulary, on its own executor).
+    pub fn speculate_with_draft(&mut self, config: speculate::SpeculationConfig, draft: draft::DraftModel<'a>) -> Result<(), String> {
+        self.speculate(config)?;
+        self.draft_model = Some(draft);
         Ok(())
     }
 
@@ -310,9 +323,10 @@ impl<'a> Engine<'a> {
             Backend::Serial(s) => s.describe(),
             Backend::Batched(b) => b.describe(),
         };
-        match &self.speculation {
-            Some(c) => format!("{base}, speculative: n-gram {}..{}, up to {} drafts", c.min_n, c.max_n, c.max_drafts),
-            None => base,
+        match (&self.speculation, &self.draft_model) {
+            (Some(c), Some(d)) => format!("{base}, speculative: draft model ({}), up to {} drafts", d.describe(), c.max_drafts),
+            (Some(c), None) => format!("{base}, speculative: n-gram {}..{}, up to {} drafts", c.min_n, c.max_n, c.max_drafts),
+            (None, _) => base,
         }
     }
 
@@ -373,6 +387,9 @@ impl<'a> Engine<'a> {
         match &mut self.backend {
             Backend::Serial(s) => s.remove(id),
             Backend::Batched(b) => b.remove(id),
+        }
+        if let Some(d) = &mut self.draft_model {
+            d.remove(id);
         }
         true
     }
@@ -488,30 +505,56 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        self.draft_queued()?;
         self.limit_step_drafts();
         Ok(events)
     }
 
-    /// Drafts tokens after the last token of request `id`, where it speculates:
-    /// as many as its acceptance estimate says pay, no more than its token
-    /// limit leaves.
+    /// Queues request `id` for drafts before the next step, where it speculates.
     fn draft(&mut self, id: RequestId) {
-        let (Some(config), Backend::Batched(b)) = (&self.speculation, &mut self.backend) else { return };
-        let Some(active) = self.requests.get_mut(&id) else { return };
-        let Some((proposer, length)) = &mut active.speculation else { return };
-        let g = &active.generation;
-        // The token after the drafts comes from the last row: leave room for it.
-        let left = g.limit().saturating_sub(g.generated().len() + 1);
-        let k = length.choose(config.max_drafts, config.row_cost).min(left);
-        if k == 0 {
-            return;
+        if self.speculation.is_some() {
+            self.to_draft.push(id);
         }
-        let Some(tokens) = b.tokens(id) else { return };
-        self.drafts.clear();
-        speculate::Proposer::propose(proposer, tokens, k, &mut self.drafts);
-        if !self.drafts.is_empty() {
-            b.set_drafts(id, &self.drafts);
+    }
+
+    /// Drafts tokens after the last token of every queued request: as many as
+    /// its acceptance estimate says pay and its token limit leaves, from the
+    /// draft model (all of them in its batch steps) or by prompt lookup.
+    fn draft_queued(&mut self) -> Result<(), EngineError> {
+        let (Some(config), Backend::Batched(b)) = (&self.speculation, &mut self.backend) else { return Ok(()) };
+        let mut wants: Vec<(RequestId, &[u32], usize)> = Vec::new();
+        for id in self.to_draft.drain(..) {
+            let Some(active) = self.requests.get_mut(&id) else { continue };
+            let Some((_, length)) = &mut active.speculation else { continue };
+            let g = &active.generation;
+            // The token after the drafts comes from the last row: leave room for it.
+            let left = g.limit().saturating_sub(g.generated().len() + 1);
+            let k = length.choose(config.max_drafts, config.row_cost).min(left);
+            if k == 0 || g.finished().is_some() {
+                continue;
+            }
+            if let Some(tokens) = b.tokens(id) {
+                wants.push((id, tokens, k));
+            }
         }
+        let proposed: Vec<(RequestId, Vec<u32>)> = match &mut self.draft_model {
+            Some(model) => model.propose(&wants)?.into_iter().collect(),
+            None => wants
+                .iter()
+                .filter_map(|&(id, tokens, k)| {
+                    let (proposer, _) = self.requests.get_mut(&id)?.speculation.as_mut()?;
+                    self.drafts.clear();
+                    speculate::Proposer::propose(proposer, tokens, k, &mut self.drafts);
+                    Some((id, self.drafts.clone()))
+                })
+                .collect(),
+        };
+        for (id, drafts) in proposed {
+            if !drafts.is_empty() {
+                b.set_drafts(id, &drafts);
+            }
+        }
+        Ok(())
     }
 
     /// Keeps the step's drafted rows within [`speculate::SpeculationConfig::max_step_drafts`]:
@@ -582,6 +625,9 @@ impl<'a> Engine<'a> {
         match &mut self.backend {
             Backend::Serial(s) => s.finish(id),
             Backend::Batched(b) => b.remove(id),
+        }
+        if let Some(d) = &mut self.draft_model {
+            d.remove(id);
         }
         let g = &mut active.generation;
         let text = g.finish_text(&self.tokenizer)?;

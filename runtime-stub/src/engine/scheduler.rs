@@ -164,12 +164,21 @@ pub struct Scheduler {
     admissions: u64,
     /// Sequences preempted so far.
     pub preemptions: u64,
+    /// Full blocks join the prefix cache (off for a draft model's sequences,
+    /// whose tokens are rolled back to wherever the target's verification says).
+    caches_prefixes: bool,
 }
 
 impl Scheduler {
     pub fn new(limits: Limits, blocks: usize) -> Scheduler {
         assert!(limits.max_sequences > 0 && limits.max_rows >= limits.max_sequences && limits.max_logit_rows >= limits.max_sequences && limits.max_prompt_rows > 0);
-        Scheduler { limits, pool: BlockPool::new(blocks, limits.block_size), seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), admissions: 0, preemptions: 0 }
+        Scheduler { limits, pool: BlockPool::new(blocks, limits.block_size), seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), admissions: 0, preemptions: 0, caches_prefixes: true }
+    }
+
+    /// A scheduler whose blocks never join the prefix cache, so that any
+    /// sequence can be rolled back to any length.
+    pub fn without_prefix_cache(limits: Limits, blocks: usize) -> Scheduler {
+        Scheduler { caches_prefixes: false, ..Scheduler::new(limits, blocks) }
     }
 
     pub fn limits(&self) -> Limits {
@@ -472,6 +481,9 @@ impl Scheduler {
     /// choices, the same system prompt twice) takes them at once, since each
     /// layer stores every row's key and value before any row attends.
     fn register_full(&mut self, id: SeqId, upto: usize) {
+        if !self.caches_prefixes {
+            return;
+        }
         let bs = self.limits.block_size;
         let s = self.seqs.get_mut(&id).expect("a scheduled sequence");
         while s.keys.len() < upto / bs {

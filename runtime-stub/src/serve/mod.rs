@@ -55,8 +55,10 @@ pub struct ServeOptions {
     pub reasoning: Option<bool>,
     /// Drop unknown request fields instead of answering 400.
     pub allow_extra_request_fields: bool,
-    /// Speculative decoding for every generation request.
+    /// Speculative decoding for every generation request, and its draft model
+    /// (prompt lookup without one).
     pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
+    pub draft: Option<Arc<Artifact>>,
     /// How many `/v1/responses` responses are kept for `previous_response_id`.
     pub response_store: response_store::StoreLimits,
 }
@@ -98,7 +100,7 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
         defaults: h.generation.clone(),
     };
     let shared = Arc::new(Shared { metrics: metrics::Metrics::new(), in_flight: AtomicUsize::new(0), stats: Mutex::new(Default::default()) });
-    let worker_opts = WorkerOptions { threads: opts.threads, device: opts.device, kv_cache_memory: opts.kv_cache_memory, speculation: opts.speculation.clone() };
+    let worker_opts = WorkerOptions { threads: opts.threads, device: opts.device, kv_cache_memory: opts.kv_cache_memory, speculation: opts.speculation.clone(), draft: opts.draft.clone() };
     let cpu_code = artifact.cpu_variant_note();
     let (jobs, worker, engine) = worker::spawn(artifact, worker_opts, shared.clone())?;
     let state = Arc::new(AppState {

@@ -64,8 +64,10 @@ pub struct WorkerOptions {
     pub threads: usize,
     pub device: Device,
     pub kv_cache_memory: Option<u64>,
-    /// Speculative decoding for every generation request (the batched engine).
+    /// Speculative decoding for every generation request (the batched engine),
+    /// with this draft model where given.
     pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
+    pub draft: Option<Arc<Artifact>>,
 }
 
 struct Active {
@@ -117,7 +119,7 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
 
 /// The batched engine on the artifact's executor for `opts.device` where it has
 /// one, else the serial engine (one request at a time) with the reason on stderr.
-fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: tokenizers::Tokenizer) -> Result<Engine<'a>, String> {
+fn open_engine<'a>(artifact: &'a Artifact, opts: &'a WorkerOptions, tokenizer: tokenizers::Tokenizer) -> Result<Engine<'a>, String> {
     let model = ModelFacts::of(artifact);
     let batched_error = match crate::executor::batch_limits(artifact) {
         Err(e) => e.to_string(),
@@ -127,8 +129,13 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: toke
                     eprintln!("maxrun serve: {note}");
                 }
                 let mut engine = Engine::batched(model, executor, tokenizer);
-                if let Some(config) = &opts.speculation {
-                    engine.speculate(config.clone())?;
+                match (&opts.speculation, &opts.draft) {
+                    (Some(config), Some(draft)) => {
+                        let model = crate::runner::open_draft_model(artifact, draft, opts.threads, opts.device, None)?;
+                        engine.speculate_with_draft(config.clone(), model)?;
+                    }
+                    (Some(config), None) => engine.speculate(config.clone())?,
+                    (None, _) => {}
                 }
                 return Ok(engine);
             }
