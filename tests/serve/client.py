@@ -10,6 +10,7 @@ EXPECTED.json holds what the scenario needs: the texts `maxrun --prompt` and
 """
 
 import http.client
+import concurrent.futures
 import json
 import socket
 import sys
@@ -369,6 +370,34 @@ def scenario_embeddings_batched(url, exp):
     cos = cosine(r1.data[0].embedding, r.data[5].embedding)
     check(cos >= 0.9999, f"input 5 alone: cosine {cos} with it in the batch")
     print(f"{len(exp['inputs'])} inputs in {ran} steps, {took * 1e3:.0f} ms")
+
+
+def scenario_speculative(url, exp):
+    """A server with --speculative: each chat reply, whole and streamed, is
+    the text plain decoding gives (what `maxrun --chat` printed), eight
+    clients at once; the drafts show on /metrics, some of them standing."""
+    c = client(url, exp.get("api_key"))
+    before = metrics(url)
+    chats = exp["chats"]
+
+    def one(i):
+        case = chats[i % len(chats)]
+        kw = dict(model=exp["model"], messages=[{"role": "user", "content": case["message"]}], max_tokens=case["max_tokens"], temperature=0)
+        if i % 2:
+            text = "".join((ch.choices[0].delta.content or "") for ch in c.chat.completions.create(stream=True, **kw) if ch.choices)
+        else:
+            text = c.chat.completions.create(**kw).choices[0].message.content
+        check(text == case["text"], f"chat {i % len(chats)}: {text!r} is not plain decoding's {case['text']!r}")
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(2 * len(chats))))
+    after = metrics(url)
+    drafted = after["maxrun_spec_decode_draft_tokens_total"] - before.get("maxrun_spec_decode_draft_tokens_total", 0)
+    accepted = after["maxrun_spec_decode_accepted_tokens_total"] - before.get("maxrun_spec_decode_accepted_tokens_total", 0)
+    verifications = after["maxrun_spec_decode_verifications_total"] - before.get("maxrun_spec_decode_verifications_total", 0)
+    check(drafted > 0 and 0 < accepted <= drafted, f"drafted {drafted}, accepted {accepted}")
+    check(after["maxrun_spec_decode_accepted_length_count"] == verifications + before.get("maxrun_spec_decode_accepted_length_count", 0), "one accepted length per verification")
+    print(f"{drafted:.0f} drafted, {accepted:.0f} accepted, {verifications:.0f} verifications")
 
 
 def cosine(a, b):

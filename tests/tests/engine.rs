@@ -195,7 +195,7 @@ mod fake_executor {
     #[test]
     fn speculation_gives_the_same_tokens_through_a_fake_executor() {
         WINDOW.with(|w| w.set(Some(1)));
-        let stats = scenario(Some(maxrun::engine::speculate::SpeculationConfig { max_drafts: 3, min_n: 1, max_n: 3, row_cost: 0.0, max_step_drafts: 8 }));
+        let stats = scenario(Some(maxrun::engine::speculate::SpeculationConfig { max_drafts: 3, min_n: 1, max_n: 3, row_cost: 0.0, max_step_drafts: 8, ..Default::default() }));
         assert!(stats.accepted_tokens > 0 && stats.accepted_tokens < stats.draft_tokens, "drafts stand and fall: {stats:?}");
         assert!(stats.verifications > 0);
     }

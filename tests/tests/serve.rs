@@ -217,6 +217,34 @@ fn openai_clients_get_what_the_command_line_prints() {
     assert!(lines.iter().any(|l| l["status"] == 400), "{log}");
 }
 
+/// Issue #65: a server started with `--speculative ngram` answers eight
+/// concurrent clients (whole and streamed) with the text `maxrun --chat`
+/// prints without speculation for input-grounded prompts of
+/// `../shared/speculation/prompts.jsonl`, and counts its drafts on /metrics.
+#[test]
+fn a_speculative_server_answers_what_plain_decoding_does() {
+    let mef = smollm2();
+    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let prompts = std::fs::read_to_string(fixtures_dir().parent().unwrap().join("speculation/prompts.jsonl")).unwrap();
+    let chats: Vec<Value> = prompts
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "input-grounded")
+        .step_by(6)
+        .map(|v| {
+            // `--chat` reads a message a line, its trailing whitespace trimmed.
+            let message = v["prompt"].as_str().unwrap().replace('\n', " ").trim().to_string();
+            json!({"message": message, "max_tokens": 40, "text": cli_chat(mef, &message, 40).0})
+        })
+        .collect();
+    assert_eq!(chats.len(), 4);
+    let expected = json!({"model": a.header.model.name, "chats": chats});
+    let mut server = Server::start(mef, &["--speculative", "ngram"]);
+    run_client("speculative", &server, &expected);
+    assert!(server.log().contains("speculative: n-gram"), "{}", server.log());
+    assert_eq!(server.stop(Duration::from_secs(30)), 0);
+}
+
 /// Issue #66, OpenAI's strict semantics and vLLM's /tokenize: objects whose
 /// schema omits `additionalProperties` take only their declared properties
 /// (20 seeds at temperature 0.9, judged by jsonschema against the schema

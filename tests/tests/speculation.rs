@@ -188,3 +188,103 @@ fn the_cli_speculates_and_refuses_bad_settings() {
         assert_clean_error(&base(&flags), 1, &needles);
     }
 }
+
+/// Samples of `n` requests for `prompt` (temperature 1, 3 tokens, seeds from
+/// `seed0`) through `engine`, 16 at a time; each sample's tokens.
+fn samples(engine: &mut Engine<'_>, prompt: &[u32], n: usize, seed0: u64) -> Vec<Vec<u32>> {
+    let requests: Vec<Request> = (0..n as u64)
+        .map(|s| {
+            let sampling = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
+            Request::new(prompt.to_vec(), GenerationParams { sampling, seed: seed0 + s, max_tokens: 3, ignore_eos: true, ..GenerationParams::default() })
+        })
+        .collect();
+    run(engine, &requests, 16)
+}
+
+/// The two-sample chi-square test of homogeneity of the tokens at `position`
+/// in `a` and `b`: bins of the tokens seen, the rare ones pooled so that every
+/// bin expects at least 5 of each sample; its p-value.
+fn homogeneity(a: &[Vec<u32>], b: &[Vec<u32>], position: usize) -> f64 {
+    use statrs::distribution::{ChiSquared, ContinuousCDF};
+    let count = |s: &[Vec<u32>]| {
+        let mut m: HashMap<u32, f64> = HashMap::new();
+        for x in s {
+            *m.entry(x[position]).or_default() += 1.0;
+        }
+        m
+    };
+    let (ca, cb) = (count(a), count(b));
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let mut tokens: Vec<u32> = ca.keys().chain(cb.keys()).copied().collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    // Bins: tokens in order, merged until each bin's total expects >= 5 per sample.
+    let mut bins: Vec<(f64, f64)> = Vec::new();
+    let mut open = (0.0, 0.0);
+    let least = 5.0 * (na + nb) / na.min(nb);
+    for t in tokens {
+        open.0 += ca.get(&t).copied().unwrap_or(0.0);
+        open.1 += cb.get(&t).copied().unwrap_or(0.0);
+        if open.0 + open.1 >= least {
+            bins.push(open);
+            open = (0.0, 0.0);
+        }
+    }
+    match bins.last_mut() {
+        Some(last) => {
+            last.0 += open.0;
+            last.1 += open.1;
+        }
+        None => bins.push(open),
+    }
+    if bins.len() < 2 {
+        return 1.0;
+    }
+    let mut x2 = 0.0;
+    for &(oa, ob) in &bins {
+        let total = oa + ob;
+        let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
+        x2 += (oa - ea).powi(2) / ea + (ob - eb).powi(2) / eb;
+    }
+    1.0 - ChiSquared::new((bins.len() - 1) as f64).unwrap().cdf(x2)
+}
+
+/// Sampling keeps the target's distribution with a draft model that is
+/// rarely right: `arch-qwen3` as the target and `arch-olmo2` as the draft (two
+/// random models of one 1024-token vocabulary), 20k samples of the first three
+/// tokens at temperature 1 with speculation against 20k without (other
+/// seeds), each position's tokens equal in distribution by a chi-square test
+/// at p > 0.001; the same test fails a scheme that keeps every draft unchecked.
+#[test]
+fn speculative_sampling_keeps_the_distribution() {
+    let target_mef = compile_model("spec-qwen3", &fixture("arch-qwen3"), &["--max-sequences", "16"]);
+    let draft_mef = compile_model("spec-olmo2", &fixture("arch-olmo2"), &["--max-sequences", "16"]);
+    let (target, draft) = (Artifact::open(&target_mef).unwrap(), Artifact::open(&draft_mef).unwrap());
+    let prompt = ids(&cases(&golden("arch-qwen3"))[0]["input_ids"]);
+    const N: usize = 20_000;
+    let engine = |config: Option<SpeculationConfig>| {
+        let (executor, _) = maxrun::runner::open_executor(&target, 2, Device::Cpu, Some(64 << 20)).unwrap();
+        let mut e = Engine::batched(ModelFacts::of(&target), executor, load_tokenizer(&target).unwrap());
+        if let Some(c) = config {
+            let model = maxrun::runner::open_draft_model(&target, &draft, 2, Device::Cpu, Some(64 << 20)).unwrap();
+            e.speculate_with_draft(c, model).unwrap();
+        }
+        e
+    };
+    let plain = samples(&mut engine(None), &prompt, N, 0);
+    // Always 2 drafts (the most three tokens leave), however rarely they stand.
+    let config = SpeculationConfig { max_drafts: 2, row_cost: 0.0, ..SpeculationConfig::default() };
+    let mut spec_engine = engine(Some(config.clone()));
+    let speculative = samples(&mut spec_engine, &prompt, N, N as u64);
+    let stats = spec_engine.stats();
+    eprintln!("drafted {}, accepted {} ({:.2}%)", stats.draft_tokens, stats.accepted_tokens, 100.0 * stats.accepted_tokens as f64 / stats.draft_tokens.max(1) as f64);
+    assert!(stats.draft_tokens > N as u64 / 2, "drafts were verified: {stats:?}");
+    let broken = samples(&mut engine(Some(SpeculationConfig { accept_unchecked: true, ..config })), &prompt, N, 2 * N as u64);
+    for position in 0..3 {
+        let p = homogeneity(&plain, &speculative, position);
+        eprintln!("token {position}: p = {p:.4} with speculation, {:.3e} unchecked", homogeneity(&plain, &broken, position));
+        assert!(p > 1e-3, "token {position}: speculative sampling's distribution differs from plain sampling's (p = {p})");
+    }
+    let worst = (1..3).map(|pos| homogeneity(&plain, &broken, pos)).fold(1.0, f64::min);
+    assert!(worst < 1e-3, "the test cannot tell a scheme that keeps every draft (p = {worst})");
+}

@@ -51,11 +51,16 @@ pub struct SpeculationConfig {
     /// is bound by arithmetic rather than by reading the weights, and drafts
     /// cost about what they save.
     pub max_step_drafts: usize,
+    /// Keeps every draft without checking it against the target's sample: a
+    /// deliberately wrong scheme, for the tests that show the distribution
+    /// test can fail (tests/tests/speculation.rs). Never set otherwise.
+    #[doc(hidden)]
+    pub accept_unchecked: bool,
 }
 
 impl Default for SpeculationConfig {
     fn default() -> Self {
-        SpeculationConfig { max_drafts: 4, min_n: 2, max_n: 5, row_cost: 0.08, max_step_drafts: 24 }
+        SpeculationConfig { max_drafts: 4, min_n: 2, max_n: 5, row_cost: 0.08, max_step_drafts: 24, accept_unchecked: false }
     }
 }
 
