@@ -135,17 +135,12 @@ fn run(engine: &mut Engine<'_>, cfg: &SpeculationBenchConfig) -> Result<Run, Eng
                     Event::Finished { id, usage, .. } => {
                         let p = ids.iter().find(|x| x.0 == id).expect("submitted here").1;
                         r.seconds[p] = usage.decode_seconds;
+                        r.drafted[p] += usage.draft_tokens;
+                        r.accepted[p] += usage.accepted_tokens;
+                        r.passes[p] += usage.verifications;
                     }
                     Event::Logits { .. } | Event::PromptLogprob { .. } => {}
                 }
-            }
-            // Speculation's counts belong to the prompts that were running; with
-            // one prompt at a time they are exactly its own.
-            if group.len() == 1 {
-                let p = group[0];
-                r.drafted[p] += after.draft_tokens - before.draft_tokens;
-                r.accepted[p] += after.accepted_tokens - before.accepted_tokens;
-                r.passes[p] += after.verifications - before.verifications;
             }
         }
     }

@@ -198,10 +198,10 @@ struct BenchArgs {
     device: Device,
     #[command(flatten)]
     speculative: SpeculativeArgs,
-    /// With --speculative: the prompts to run, a JSON-lines file of
+    /// With --speculative (or --draft): the prompts to run, a JSON-lines file of
     /// `{"prompt": ..., "kind": ...}` (such as ../shared/speculation/prompts.jsonl),
     /// plain and speculative decoding in turns; -n new tokens each, greedy.
-    #[arg(long, value_name = "FILE", requires = "speculative")]
+    #[arg(long, value_name = "FILE")]
     prompts: Option<PathBuf>,
     /// With --prompts: send each prompt as it is, without the chat template.
     #[arg(long, requires = "prompts")]
@@ -222,9 +222,11 @@ struct SpeculativeArgs {
     /// target's tokenizer, such as a q4_k copy of the same model.
     #[arg(long, value_name = "DRAFT.mef")]
     draft: Option<PathBuf>,
-    /// With --speculative: the most tokens drafted per step and sequence (1-15).
-    #[arg(long, value_name = "K", default_value_t = 4)]
-    draft_tokens: usize,
+    /// With --speculative: the most tokens drafted per step and sequence
+    /// (1-15; by default 4 by prompt lookup, 8 by a draft model, whose drafts
+    /// stand more often); how many of them are drafted follows their acceptance.
+    #[arg(long, value_name = "K")]
+    draft_tokens: Option<usize>,
     /// With --speculative ngram: the n-gram lengths matched, MIN..MAX.
     #[arg(long, value_name = "MIN..MAX", default_value = "2..5")]
     ngram: String,
@@ -241,11 +243,11 @@ impl SpeculativeArgs {
             (Some("ngram"), None) => "ngram",
             (Some(other), _) => return Err(anyhow!("--speculative `{other}`: the methods are: ngram, draft (with --draft DRAFT.mef)")),
         };
-        let _ = method;
+        let max_drafts = self.draft_tokens.unwrap_or(if method == "draft" { 8 } else { 4 });
         let bad = || anyhow!("--ngram `{}`: give MIN..MAX, two lengths such as 2..5", self.ngram);
         let (min, max) = self.ngram.split_once("..").ok_or_else(bad)?;
         let (min_n, max_n) = (min.trim().parse().map_err(|_| bad())?, max.trim().parse().map_err(|_| bad())?);
-        let config = maxrun::engine::speculate::SpeculationConfig { max_drafts: self.draft_tokens, min_n, max_n, ..Default::default() };
+        let config = maxrun::engine::speculate::SpeculationConfig { max_drafts, min_n, max_n, ..Default::default() };
         config.check().map_err(|e| anyhow!(e))?;
         Ok(Some(config))
     }
@@ -510,6 +512,9 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(config) = args.speculative.config()? {
         return bench_speculative(&args, &artifact, config, threads);
+    }
+    if args.prompts.is_some() {
+        return Err(anyhow!("--prompts is the prompt file of bench --speculative METHOD (or --draft DRAFT.mef): give one of them"));
     }
     if let Some(n) = args.concurrency {
         return bench_concurrency(&args, &artifact, n, threads);

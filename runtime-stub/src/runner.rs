@@ -350,7 +350,9 @@ pub fn open_draft_model<'a>(target: &Artifact, draft: &'a Artifact, threads: usi
         return Err(format!("--draft {path}: its tokenizer differs from the target's ({}), so the same ids would be other tokens; draft with a model of the same tokenizer", target.path.display()));
     }
     let (executor, _) = open_executor(draft, threads, device, kv_bytes).map_err(|e| format!("--draft {path}: {e}"))?;
-    Ok(crate::engine::draft::DraftModel::new(executor, d.model.vocab_size))
+    // Decode steps are bound by reading the weights: their bytes compare the two models' steps.
+    let bytes = |a: &Artifact| a.header.weights.iter().map(|w| w.len).sum::<u64>().max(1) as f64;
+    Ok(crate::engine::draft::DraftModel::new(executor, d.model.vocab_size, bytes(draft) / bytes(target)))
 }
 
 /// The GPU executor on GPU `ordinal`, or why there is none here.

@@ -150,10 +150,9 @@ fn attention_rows_get_the_same_bits_in_every_plan() {
             let n = POSITIONS.len();
             let pos = Buffer::I32(POSITIONS.iter().map(|&p| p as i32).collect());
             let scratch = Buffer::F32(vec![f32::NAN; n * (shape.kv_heads * shape.scratch_per_task()) as usize]);
-            let parts = Buffer::F32(vec![f32::NAN; n * (shape.kv_heads * shape.parts_per_task()) as usize]);
-            let mut b = vec![Buffer::F32(q.clone()), pos, kc.clone(), vc.clone(), scratch, parts, Buffer::F32(vec![f32::NAN; n * qw])];
+            let mut b = vec![Buffer::F32(q.clone()), pos, kc.clone(), vc.clone(), scratch, Buffer::F32(vec![f32::NAN; n * qw])];
             call(&code, &prefill, &mut b, n as u64);
-            check("single-stream prefill", &bits(&b[6]), &|r| r);
+            check("single-stream prefill", &bits(&b[5]), &|r| r);
 
             // Batch steps: this sequence's rows after `before` rows of other
             // sequences (sequence s + 1 holds table row s + 1, random blocks).
@@ -175,9 +174,8 @@ fn attention_rows_get_the_same_bits_in_every_plan() {
                 call(&code, &batch_decode.1, &mut m, rows as u64);
                 check(&format!("the batch decode plan after {before} rows"), &bits(&m[2]), &|r| before + r);
                 let mut b = paged(rows * (shape.kv_heads * shape.scratch_per_task()) as usize, rows * qw);
-                b.insert(7, Buffer::F32(vec![f32::NAN; rows * (shape.kv_heads * shape.parts_per_task()) as usize]));
                 call(&code, &mixed, &mut b, rows as u64);
-                check(&format!("the mixed plan after {before} rows"), &bits(&b[8]), &|r| before + r);
+                check(&format!("the mixed plan after {before} rows"), &bits(&b[7]), &|r| before + r);
             }
         }
     }

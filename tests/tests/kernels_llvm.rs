@@ -876,12 +876,7 @@ fn takes_half_sums(kernel: &Kernel) -> bool {
 /// partial rows, and the output.
 fn whole_attention_sizes(shape: &AttentionShape, rows: usize, positions: usize) -> Vec<usize> {
     let (qw, kvw, kv) = ((shape.heads * shape.head_dim) as usize, (shape.kv_heads * shape.head_dim) as usize, shape.kv_heads as usize);
-    let mut sizes = vec![rows * qw, rows, positions * kvw, positions * kvw, rows * kv * shape.scratch_per_task() as usize];
-    if shape.causal {
-        sizes.push(rows * kv * shape.parts_per_task() as usize);
-    }
-    sizes.push(rows * qw);
-    sizes
+    vec![rows * qw, rows, positions * kvw, positions * kvw, rows * kv * shape.scratch_per_task() as usize, rows * qw]
 }
 
 /// Runs compiled `kernel` over `rows` rows of `bufs`.

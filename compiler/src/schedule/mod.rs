@@ -612,8 +612,7 @@ fn schedule_impl<'g>(
                         // The decode plans' chunks one after another, each into a
                         // partial row of its own (batch invariance, docs/serving.md).
                         let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                        let parts = s.scratch(shape.kv_heads * shape.parts_per_task());
-                        s.launch_with_gpu_form(attention_paged(shape, paging, None), attention_paged(rows, paging, None), [&paged[..], &[scratch, parts]].concat(), out_width()?)
+                        s.launch_with_gpu_form(attention_paged(shape, paging, None), attention_paged(rows, paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
                     }
                 } else if seq.is_decode() && shape.causal {
                     // Flash-decoding: a task per (KV head, chunk of positions),
@@ -626,10 +625,6 @@ fn schedule_impl<'g>(
                     s.kernels.set_gpu_form(&kernel, attention_partial(rows, splits, seq));
                     let partials = s.launch_outputs(kernel, vec![q, pos, kc, vc, scratch], &[per_token * 4], written)[0];
                     s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
-                } else if shape.causal {
-                    let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                    let parts = s.scratch(shape.kv_heads * shape.parts_per_task());
-                    s.launch_with_gpu_form(attention(shape, seq), attention(rows, seq), vec![q, pos, kc, vc, scratch, parts], out_width()?)
                 } else {
                     let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
                     s.launch_with_gpu_form(attention(shape, seq), attention(rows, seq), vec![q, pos, kc, vc, scratch], out_width()?)

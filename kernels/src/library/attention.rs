@@ -118,7 +118,7 @@ impl AttentionShape {
         self.heads / self.kv_heads * self.score_row(None)
     }
 
-    /// Floats per task of causal unsplit attention's `parts`: a partial row
+    /// Floats of a task's local array in causal unsplit CPU attention: a partial row
     /// per query head and chunk (it computes the decode plans'
     /// [`DECODE_SPLITS`] chunks one after another and merges them as
     /// [`attention_combine`] does: docs/serving.md, Batch invariance).
@@ -251,8 +251,14 @@ pub const DECODE_SPLITS: u64 = 16;
 
 /// No chunk of a split decode attention is shorter than this many positions
 /// (but the last), so short contexts are not cut into slivers whose partial
-/// results cost more to write and merge than they save.
-pub const MIN_SPLIT_POSITIONS: u64 = 32;
+/// results cost more to write and merge than they save; whole causal attention
+/// computes the same chunks for every row (batch invariance), where slivers
+/// cost most. A multiple of [`KEY_PANEL`] and of the KV blocks.
+pub const MIN_SPLIT_POSITIONS: u64 = 128;
+
+/// Chunk lengths are multiples of this many positions: chunks start on key
+/// panels and KV blocks.
+const CHUNK_ALIGN: u64 = 16;
 
 /// Floats per query head in a split attention's partial results: the head's
 /// unnormalized output row, then its running max and its sum of exponentials.
@@ -267,7 +273,7 @@ impl AttentionShape {
     fn scored_positions(&self, splits: Option<u64>) -> u64 {
         match splits {
             None => self.max_len,
-            Some(n) => self.max_len.div_ceil(n).max(MIN_SPLIT_POSITIONS).min(self.max_len),
+            Some(n) => self.max_len.div_ceil(n).max(MIN_SPLIT_POSITIONS).next_multiple_of(CHUNK_ALIGN).min(self.max_len),
         }
     }
 
@@ -305,16 +311,19 @@ pub fn attention_paged(shape: AttentionShape, paging: Paging, splits: Option<u64
     attention_over(shape, SeqMode::Dynamic, splits, Some(paging))
 }
 
-/// How many chunks a split attention cuts `n` visible positions into: one per
-/// [`MIN_SPLIT_POSITIONS`] started, at most `splits`.
-fn chunks_used(n: Expr, splits: i64) -> Expr {
-    min(div(add(n, i(MIN_SPLIT_POSITIONS as i64 - 1)), i(MIN_SPLIT_POSITIONS as i64)), i(splits))
+/// Positions per chunk of a split attention over `n` visible positions (the
+/// last chunk may be shorter): `n / splits` rounded up, at least
+/// [`MIN_SPLIT_POSITIONS`], rounded up to a multiple of [`CHUNK_ALIGN`].
+fn chunk_positions(n: Expr, splits: i64) -> Expr {
+    let a = CHUNK_ALIGN as i64;
+    let even = max(div(add(n, i(splits - 1)), i(splits)), i(MIN_SPLIT_POSITIONS as i64));
+    mul(div(add(even, i(a - 1)), i(a)), i(a))
 }
 
-/// Positions per chunk (the last may be shorter): `n` over [`chunks_used`], rounded up.
-fn chunk_positions(n: Expr, splits: i64) -> Expr {
-    let used = chunks_used(n.clone(), splits);
-    div(sub(add(n, used.clone()), i(1)), used)
+/// How many chunks of [`chunk_positions`] cover `n` visible positions (at most `splits`).
+fn chunks_used(n: Expr, splits: i64) -> Expr {
+    let chunk = chunk_positions(n.clone(), splits);
+    div(sub(add(n, chunk.clone()), i(1)), chunk)
 }
 
 /// The first and one-past-last visible position of a token at position `p`.
@@ -332,8 +341,7 @@ fn visible(shape: &AttentionShape, p: Expr) -> (Expr, Expr) {
 /// `partials: f32[seq, kv_heads, splits, group, head_dim + 2]`, each query head's
 /// output over its chunk before normalization, the chunk's max score and its sum
 /// of `exp(score - max)`. The token's `n` visible positions make
-/// `min(ceil(n / MIN_SPLIT_POSITIONS), splits)` chunks of equal length (the last
-/// may be shorter); the tasks of the other chunks write nothing, and
+/// [`chunks_used`] chunks of [`chunk_positions`] each (the last may be shorter); the tasks of the other chunks write nothing, and
 /// [`attention_combine`] reads only the chunks there are.
 pub fn attention_partial(shape: AttentionShape, splits: u64, seq: SeqMode) -> Kernel {
     assert!(shape.causal && splits >= 1, "split attention is for causal attention");
@@ -348,12 +356,14 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
     let kc = b.param("k_cache", shape.cache, false);
     let vc = b.param("v_cache", shape.cache, false);
     let sc = b.param("scratch", ElemType::F32, true);
-    // Causal attention without splits takes the decode plans' chunks in turn,
-    // each into a partial row of `parts` (a buffer of its own, so that LLVM sees
-    // the partial rows apart from the score rows as flash-decoding's partials
-    // are), so that a row's output does not depend on which plan computes it.
-    let canonical = splits.is_none() && shape.causal;
-    let parts = canonical.then(|| b.param("parts", ElemType::F32, true));
+    // CPU causal attention without splits (key panels) takes the decode plans'
+    // chunks in turn, each into a partial row of a local array of the task's
+    // (apart from the score rows, as flash-decoding's partials are; on the
+    // stack, where the arena would grow by it per row), so that a row's output
+    // does not depend on which plan computes it. The GPU forms (key rows)
+    // reassociate anyway, and take one softmax over the row.
+    let canonical = splits.is_none() && shape.causal && shape.keys == KeyLayout::Panels;
+    let parts = canonical.then(|| b.local(shape.parts_per_task()));
     let out = b.param(if splits.is_some() { "partials" } else { "out" }, ElemType::F32, true);
     let ivar = |b: &mut KernelBuilder| b.var(ValType::I64);
     let t = ivar(&mut b);
@@ -524,7 +534,7 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
     // The softmax and the weighted sum of values over positions `start..end`
     // into `acc` at `oo[h]`: the output row before normalization, then (split
     // and canonical attention) the chunk's max and its sum of exponentials.
-    let acc = parts.unwrap_or(out);
+    let acc: Buf = parts.map_or(out.into(), Into::into);
     // CPU code (key panels) keeps its float order, so that a row's bits are
     // the same in every plan (docs/serving.md, Batch invariance); the GPU forms
     // (key rows) let LLVM reassociate.
@@ -614,8 +624,7 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         let (row_start, row_end, c, chunk, used, base) = (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
         let (big_m, sum, w) = (b.var(ValType::F32), b.var(ValType::F32), b.var(ValType::F32));
         let split = DECODE_SPLITS as i64;
-        let parts_at = mul(v(t), i(shape.parts_per_task() as i64));
-        let part_row = move |c: Expr, h: usize| add(parts_at.clone(), mul(add(mul(c, i(group as i64)), i(h as i64)), i(out_row)));
+        let part_row = move |c: Expr, h: usize| mul(add(mul(c, i(group as i64)), i(h as i64)), i(out_row));
         body.extend([
             set(row_start, v(start)),
             set(row_end, v(end)),
@@ -687,7 +696,7 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
         mul(add(mul(add(mul(add(mul(v(s), i(nkv)), g), i(n)), c), i(group)), h), i(row))
     };
     let o = |d: Expr| add(mul(add(mul(v(s), i(nh)), v(hq)), i(hd)), d);
-    let per_head = merge_chunks(part, &chunk_row, out, &o, hd, (used, c, base, d), (big_m, sum, w));
+    let per_head = merge_chunks(part.into(), &chunk_row, out, &o, hd, (used, c, base, d), (big_m, sum, w));
     let (first, end) = visible(&shape, ld(pos, v(s)));
     let used_chunks = set(used, chunks_used(sub(end, first), n));
     let (body, tasks) = if gpu {
@@ -708,7 +717,7 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
 /// exponentials) merged into `out` at `o(d)`: `out = sum_c e^(m_c - M) o_c /
 /// sum_c e^(m_c - M) l_c` with `M` the largest chunk max, the chunks in order.
 /// [`attention_combine`] and canonical attention share these statements.
-fn merge_chunks(part: ParamId, chunk_row: &dyn Fn(Expr) -> Expr, out: ParamId, o: &dyn Fn(Expr) -> Expr, hd: i64, (used, c, base, d): (VarId, VarId, VarId, VarId), (big_m, sum, w): (VarId, VarId, VarId)) -> Vec<Stmt> {
+fn merge_chunks(part: Buf, chunk_row: &dyn Fn(Expr) -> Expr, out: ParamId, o: &dyn Fn(Expr) -> Expr, hd: i64, (used, c, base, d): (VarId, VarId, VarId, VarId), (big_m, sum, w): (VarId, VarId, VarId)) -> Vec<Stmt> {
     vec![
         set(big_m, f(-3.0e38)),
         for_(c, i(0), v(used), vec![set(big_m, max(v(big_m), ld(part, add(chunk_row(v(c)), i(hd)))))]),
@@ -811,9 +820,6 @@ mod tests {
             None => {
                 let scratch = Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
                 let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch];
-                if shape.causal {
-                    bufs.push(Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.parts_per_task() as usize]));
-                }
                 bufs.push(Buffer::F32(vec![0.0; seq * qw]));
                 run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
                 bufs.pop().unwrap()
@@ -913,8 +919,7 @@ mod tests {
             let (k, v) = (cached(&k), cached(&v));
             // Whole attention, and split attention merged by the combine.
             let scratch = Buffer::F32(vec![f32::NAN; n * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
-            let parts = Buffer::F32(vec![f32::NAN; n * shape.kv_heads as usize * shape.parts_per_task() as usize]);
-            let mut b1 = vec![Buffer::F32(q.clone()), Buffer::I32(pos.clone()), Buffer::I32(seqs.clone()), Buffer::I32(flat.clone()), kc.clone(), vc.clone(), scratch, parts, Buffer::F32(vec![0.0; n * qw])];
+            let mut b1 = vec![Buffer::F32(q.clone()), Buffer::I32(pos.clone()), Buffer::I32(seqs.clone()), Buffer::I32(flat.clone()), kc.clone(), vc.clone(), scratch, Buffer::F32(vec![0.0; n * qw])];
             run(&attention_paged(shape, paging, None), &mut b1, n as u64);
             let splits = 3;
             let scratch = Buffer::F32(vec![f32::NAN; n * shape.split_scratch_per_token(splits) as usize]);

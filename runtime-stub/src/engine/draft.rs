@@ -24,6 +24,10 @@ use crate::executor::{Executor, RunError};
 pub struct DraftModel<'a> {
     backend: Batched<'a>,
     vocab: usize,
+    /// A draft step's cost relative to a target decode step (their weights'
+    /// bytes: decoding is bound by reading them): what a drafted token costs
+    /// besides its verification row.
+    pub relative_cost: f64,
     /// Draft steps run so far.
     pub steps: u64,
 }
@@ -47,9 +51,10 @@ fn argmax(row: &[f32]) -> u32 {
 
 impl<'a> DraftModel<'a> {
     /// A draft model on `executor` (its batch plans and KV pool), whose
-    /// vocabulary of `vocab` tokens is the target's.
-    pub fn new(executor: Box<dyn Executor + 'a>, vocab: u64) -> DraftModel<'a> {
-        DraftModel { backend: Batched::with_prefix_cache(executor, false), vocab: vocab as usize, steps: 0 }
+    /// vocabulary of `vocab` tokens is the target's; a step of it costs
+    /// `relative_cost` target decode steps.
+    pub fn new(executor: Box<dyn Executor + 'a>, vocab: u64, relative_cost: f64) -> DraftModel<'a> {
+        DraftModel { backend: Batched::with_prefix_cache(executor, false), vocab: vocab as usize, relative_cost, steps: 0 }
     }
 
     pub fn describe(&self) -> String {
@@ -59,6 +64,31 @@ impl<'a> DraftModel<'a> {
     /// Forgets request `id` (finished, cancelled).
     pub fn remove(&mut self, id: RequestId) {
         self.backend.remove(id);
+    }
+
+    /// Computes the prompts of requests `prompts` (whose target prompt was just
+    /// computed) in the draft's batch steps, so that their first drafts need
+    /// only the tokens sampled since: the draft's share of prompt processing
+    /// is done with the target's, before the first token.
+    pub fn prefill(&mut self, prompts: &[(RequestId, Vec<u32>)]) -> Result<(), RunError> {
+        let mut pending: Vec<RequestId> = Vec::new();
+        for (id, tokens) in prompts {
+            if !self.backend.knows(*id) && self.backend.add_tokens(*id, tokens.clone()).is_ok() {
+                pending.push(*id);
+            }
+        }
+        let mut steps = 0;
+        while !pending.is_empty() && self.backend.has_work() {
+            let out = self.backend.step()?;
+            self.steps += 1;
+            steps += 1;
+            // Other sequences' rows (a last draft) run too; their logits are not needed.
+            for row in out.rows.iter().filter(|r| r.next) {
+                pending.retain(|&id| id != row.id);
+            }
+            assert!(steps < 100_000, "the draft model does not advance");
+        }
+        Ok(())
     }
 
     /// Up to `k` greedy drafts after `tokens` for each `(id, tokens, k)`,

@@ -78,6 +78,11 @@ pub struct Usage {
     pub time_to_first_token: f64,
     /// Seconds from the first token to the last.
     pub decode_seconds: f64,
+    /// Speculative decoding: drafts verified, drafts that stood, and the
+    /// verification steps of this request (0 without speculation).
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub verifications: u64,
 }
 
 /// What a step produced.
@@ -455,6 +460,20 @@ impl<'a> Engine<'a> {
             }
             output
         })?;
+        // Requests whose prompt this step finished: the draft model computes
+        // theirs now, before their first token (prompt processing, not decoding).
+        if let (Some(draft), Backend::Batched(b)) = (&mut self.draft_model, &self.backend) {
+            let fresh: Vec<(RequestId, Vec<u32>)> = output
+                .rows
+                .iter()
+                .filter(|r| r.next && !r.verifies)
+                .filter(|r| self.requests.get(&r.id).is_some_and(|a| a.first_token.is_none() && a.speculation.is_some()))
+                .filter_map(|r| Some((r.id, b.tokens(r.id)?.to_vec())))
+                .collect();
+            if !fresh.is_empty() {
+                draft.prefill(&fresh)?;
+            }
+        }
         self.stats.steps += 1;
         self.stats.prompt_rows += output.prompt_rows as u64;
         self.stats.decode_rows += output.decode_rows as u64;
@@ -522,6 +541,11 @@ impl<'a> Engine<'a> {
     /// draft model (all of them in its batch steps) or by prompt lookup.
     fn draft_queued(&mut self) -> Result<(), EngineError> {
         let (Some(config), Backend::Batched(b)) = (&self.speculation, &mut self.backend) else { return Ok(()) };
+        // A draft's cost in target decode steps per sequence: its verification
+        // row, whose share grows with the sequences that split the step's
+        // weight reads, and the draft model's step that proposes it.
+        let decoding = self.requests.values().filter(|a| a.first_token.is_some()).count().max(1);
+        let per_draft = config.row_cost * decoding as f64 + self.draft_model.as_ref().map_or(0.0, |d| d.relative_cost);
         let mut wants: Vec<(RequestId, &[u32], usize)> = Vec::new();
         for id in self.to_draft.drain(..) {
             let Some(active) = self.requests.get_mut(&id) else { continue };
@@ -529,7 +553,7 @@ impl<'a> Engine<'a> {
             let g = &active.generation;
             // The token after the drafts comes from the last row: leave room for it.
             let left = g.limit().saturating_sub(g.generated().len() + 1);
-            let k = length.choose(config.max_drafts, config.row_cost).min(left);
+            let k = length.next(config.max_drafts, per_draft).min(left);
             if k == 0 || g.finished().is_some() {
                 continue;
             }
@@ -641,6 +665,9 @@ impl<'a> Engine<'a> {
             cached_tokens: active.cached_tokens,
             time_to_first_token: first.duration_since(active.submitted).as_secs_f64(),
             decode_seconds: now.duration_since(first).as_secs_f64(),
+            draft_tokens: active.speculation.as_ref().map_or(0, |s| s.1.drafted),
+            accepted_tokens: active.speculation.as_ref().map_or(0, |s| s.1.accepted),
+            verifications: active.speculation.as_ref().map_or(0, |s| s.1.verifications),
         };
         self.stats.requests_finished += 1;
         events.push(Event::Finished { id, reason: g.finished().unwrap_or(FinishReason::Length), text, usage });

@@ -43,9 +43,10 @@ pub struct SpeculationConfig {
     /// n-gram lengths the prompt-lookup proposer matches, longest first.
     pub min_n: usize,
     pub max_n: usize,
-    /// A verification row's cost relative to a whole decode step (the weights
-    /// are read once per step whatever its rows): what [`DraftLength`] weighs
-    /// the expected gain against.
+    /// A verification row's cost relative to a whole decode step of one
+    /// sequence (the weights are read once per step whatever its rows): what
+    /// [`DraftLength`] weighs the expected gain against. With `n` sequences
+    /// decoding, a row costs `n` times as much of each one's share of the step.
     pub row_cost: f64,
     /// Drafted rows per step, all sequences together, at most: past it a step
     /// is bound by arithmetic rather than by reading the weights, and drafts
@@ -157,18 +158,25 @@ pub struct DraftLength {
     /// The estimated chance that a draft stands given the one before it did
     /// (an exponential average over verified drafts).
     pub acceptance: f64,
-    /// Drafts verified and drafts that stood, in all.
+    /// Drafts verified and drafts that stood, in all, and the verifications.
     pub drafted: u64,
     pub accepted: u64,
+    pub verifications: u64,
+    /// Steps since it last drafted (see [`DraftLength::next`]).
+    idle: u32,
 }
 
 impl Default for DraftLength {
     fn default() -> Self {
         // Optimistic at first, so that a sequence tries drafts before its
         // estimate can say whether they pay.
-        DraftLength { acceptance: 0.6, drafted: 0, accepted: 0 }
+        DraftLength { acceptance: 0.6, drafted: 0, accepted: 0, verifications: 0, idle: 0 }
     }
 }
+
+/// A sequence whose estimate says drafts do not pay still drafts one token
+/// this often (in its steps), so that the estimate follows its text.
+const PROBE_EVERY: u32 = 32;
 
 /// Weight of the latest verification in the acceptance estimate.
 const ACCEPTANCE_WEIGHT: f64 = 0.3;
@@ -179,15 +187,16 @@ const MIN_GAIN: f64 = 1.03;
 
 impl DraftLength {
     /// The number of drafts (0 to `max`) that maximizes the expected tokens per
-    /// step time, `E(k) / (1 + row_cost * k)` with `E(k) = 1 + a + ... + a^k`;
+    /// step time, `E(k) / (1 + cost * k)` with `E(k) = 1 + a + ... + a^k` and
+    /// `cost` a draft's cost relative to the sequence's share of a decode step;
     /// 0 where even the best gains less than [`MIN_GAIN`].
-    pub fn choose(&self, max: usize, row_cost: f64) -> usize {
+    pub fn choose(&self, max: usize, cost: f64) -> usize {
         let a = self.acceptance.clamp(0.0, 0.99);
         let (mut best, mut best_gain, mut expected, mut term) = (0, 1.0, 1.0, 1.0);
         for k in 1..=max {
             term *= a;
             expected += term;
-            let gain = expected / (1.0 + row_cost * k as f64);
+            let gain = expected / (1.0 + cost * k as f64);
             if gain > best_gain {
                 (best, best_gain) = (k, gain);
             }
@@ -199,6 +208,23 @@ impl DraftLength {
         }
     }
 
+    /// How many to draft this step: [`DraftLength::choose`], except that a
+    /// sequence never verified, or one that has not drafted for
+    /// [`PROBE_EVERY`] steps, drafts one token to measure its acceptance.
+    pub fn next(&mut self, max: usize, cost: f64) -> usize {
+        let k = self.choose(max, cost);
+        if k > 0 || max == 0 {
+            self.idle = 0;
+            return k;
+        }
+        self.idle += 1;
+        if self.verifications == 0 || self.idle >= PROBE_EVERY {
+            self.idle = 0;
+            return 1;
+        }
+        0
+    }
+
     /// Records a verification of `drafted` drafts of which the first `accepted` stood.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
@@ -206,6 +232,7 @@ impl DraftLength {
         }
         self.drafted += drafted as u64;
         self.accepted += accepted as u64;
+        self.verifications += 1;
         // Each draft up to the first rejected one was a trial of whether a
         // draft stands given the one before it did.
         let trials = (accepted + 1).min(drafted);
@@ -270,5 +297,25 @@ mod tests {
         }
         assert!(d.acceptance > 0.9 && d.choose(4, 0.08) == 4, "{d:?}");
         assert_eq!((d.drafted, d.accepted), (160, 80));
+    }
+
+    /// With eight sequences sharing a step a draft's row costs eight times
+    /// its share: a sequence whose drafts stand 3 times in 4 drafts one token
+    /// rather than three, one whose drafts stand half the time none; a
+    /// sequence that stopped drafting tries one token every PROBE_EVERY steps,
+    /// and a new one tries at once.
+    #[test]
+    fn drafts_shrink_as_sequences_share_a_step_and_idle_ones_probe() {
+        let at = |a: f64, cost: f64| DraftLength { acceptance: a, ..DraftLength::default() }.choose(4, cost);
+        assert_eq!(at(0.75, 0.08), 4);
+        assert_eq!(at(0.75, 0.08 * 8.0), 1);
+        assert_eq!(at(0.5, 0.08 * 8.0), 0);
+        let mut d = DraftLength::default();
+        assert_eq!(d.next(4, 0.64), 1, "never verified: it tries one");
+        d.record(1, 0);
+        let ks: Vec<usize> = (0..2 * PROBE_EVERY).map(|_| d.next(4, 0.64)).collect();
+        assert_eq!(ks.iter().filter(|&&k| k == 1).count(), 2, "{ks:?}");
+        assert_eq!(ks[PROBE_EVERY as usize - 1], 1);
+        assert!(ks.iter().all(|&k| k <= 1));
     }
 }
