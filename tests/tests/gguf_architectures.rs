@@ -136,7 +136,7 @@ fn unknown_gguf_architectures_are_refused_by_name() {
     std::fs::write(&path, bytes).unwrap();
     let out = temp_file("gguf-arch", "out.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), path.as_os_str(), os("-o"), out.as_os_str()]);
-    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2, bert (GGUF)"]);
+    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2, bert, qwen3moe (GGUF)"]);
     assert!(!out.as_path().exists(), "nothing written");
 }
 

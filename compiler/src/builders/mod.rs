@@ -10,6 +10,7 @@ pub mod gemma2;
 pub mod gpt2;
 pub mod granite;
 pub mod llama;
+pub mod moe;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen3;
@@ -95,6 +96,7 @@ fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph>
         Architecture::Gemma2 | Architecture::Gemma3 => gemma2::build(model, binder),
         Architecture::Gpt2 => gpt2::build(model, binder),
         Architecture::Bert => bert::build(model, binder),
+        Architecture::Qwen3Moe | Architecture::Mixtral => moe::build(model, binder),
     }
 }
 

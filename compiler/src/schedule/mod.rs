@@ -711,6 +711,7 @@ fn schedule_impl<'g>(
             }
             Op::Transpose => return Err(unsupported("a transpose of activations (only weights are transposed, at compile time)".into())),
             Op::Concat { .. } => return Err(unsupported("a concatenation of activations".into())),
+            Op::Moe { .. } => return Err(unsupported("a mixture of experts".into())),
         };
         s.loc[id.index()] = Some(out);
     }
