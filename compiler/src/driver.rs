@@ -549,7 +549,8 @@ fn launch_summary(plan: &str, s: &crate::schedule::Schedule, kernels: &crate::sc
     let family = |i: usize| kernels.kernels[s.launches[i].kernel as usize].family.as_str();
     let attention: Vec<usize> = (0..s.launches.len()).filter(|&i| family(i) == "attention").collect();
     let per_layer = attention.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-    let rest = s.launches.len() - per_layer * attention.len();
+    // Layers differ in launches where some are dense and some routed (Qwen3-MoE's `mlp_only_layers`).
+    let rest = s.launches.len().saturating_sub(per_layer * attention.len());
     let mut families = std::collections::BTreeMap::new();
     for i in 0..s.launches.len() {
         *families.entry(family(i)).or_insert(0) += 1;

@@ -461,6 +461,19 @@ fn gpt2_matches_golden() {
     check_golden("arch-gpt2");
 }
 
+/// Qwen3-MoE: a dense first layer (`mlp_only_layers`), then two layers of 8
+/// experts, top-2, renormalized.
+#[test]
+fn qwen3_moe_matches_golden() {
+    check_golden("arch-qwen3-moe");
+}
+
+/// Mixtral: 4 experts, top-2, the softmax over the chosen logits.
+#[test]
+fn mixtral_matches_golden() {
+    check_golden("arch-mixtral");
+}
+
 /// all-MiniLM-L6-v2 (BertModel + mean pooling + L2 normalization): every golden
 /// sentence tokenizes to the golden ids and embeds with cosine >= 0.9999.
 #[test]
