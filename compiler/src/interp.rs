@@ -401,8 +401,9 @@ impl<'a> Interpreter<'a> {
                 Tensor::f32(shape, slice_axis(x.as_f32(), &x.shape, axis, *index as usize * len, len))
             }
             Op::Moe { experts, top_k, routing } => {
-                let (x, logits, gate_up, down) = (f(0), f(1), f(2), f(3));
+                let (x, router, gate_up, down) = (f(0), f(1), f(2), f(3));
                 let (rows, h, e) = (args[0].shape[0], args[0].shape[1], *experts as usize);
+                let logits = matmul(x, router, rows, h, e);
                 let ff = args[3].shape[1];
                 let mut out = vec![0.0f32; rows * h];
                 for r in 0..rows {

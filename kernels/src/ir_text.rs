@@ -1243,6 +1243,9 @@ mod tests {
             ks.push(moe::moe_route(8, 3, routing));
         }
         ks.push(moe::moe_group(8, 2));
+        for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16] {
+            ks.push(moe::moe_router(64, 8, encoding));
+        }
         for encoding in all_encodings {
             ks.push(moe::moe_matmul_rows(if encoding.block() == 256 { 256 } else { 64 }, 40, 3, encoding));
         }

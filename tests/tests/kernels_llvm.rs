@@ -15,7 +15,7 @@ use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise}
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
-use maxc_kernels::library::moe::{moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, MoeRouting};
+use maxc_kernels::library::moe::{moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router, MoeRouting};
 use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, round_bf16, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -318,6 +318,9 @@ fn moe_cases() -> Vec<Case> {
             for top_k in [2u64, 8] {
                 v.push(Case { kernel: moe_route(8, top_k, routing), sizes: vec![s * 8, s * top_k as usize, s * top_k as usize], int_max: 1, seq: s as u64, tol: 1e-6 });
             }
+        }
+        for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16] {
+            v.push(Case { kernel: moe_router(64, 8, encoding), sizes: vec![s * 64, 8 * 64, s * 8], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
         }
         v.push(Case { kernel: moe_group(experts, 2), sizes: vec![2 * s, e + 1, e, 2 * s, 2 * s], int_max: experts as i32, seq: s as u64, tol: 0.0 });
         v.push(Case { kernel: moe_gather(24, 2), sizes: vec![s * 24, 2 * s, 2 * s * 24], int_max: s as i32, seq: s as u64, tol: 0.0 });

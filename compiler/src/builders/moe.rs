@@ -2,9 +2,10 @@
 //! q/k norms) and MixtralForCausalLM (Mistral's): the Llama decoder whose sparse
 //! layers replace the MLP by routed experts, one `moe` node each.
 //!
-//! The router is a plain matmul (`[experts, hidden]`, kept in float32 by the
-//! quantize pass as llama.cpp keeps it), so a router bias or a shared expert
-//! beside the routed ones are ordinary nodes around the `moe` node. The
+//! The router (`[experts, hidden]`) is the `moe` node's second input, kept in
+//! float32 as llama.cpp keeps it (no kernel decodes it: the quantize pass
+//! leaves it); a shared expert beside the routed ones is ordinary nodes around
+//! the `moe` node, a router bias a further input to add to the op. The
 //! experts' projections are stacked along their rows, gate then up for each
 //! expert in `gate_up` (`[experts * 2f, hidden]`) and the downs in `down`
 //! (`[experts * hidden, f]`): concatenations of checkpoint weights, which the
@@ -21,8 +22,8 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     build_decoder(model, w, &DecoderOptions { qk_norm, ..Default::default() })
 }
 
-/// Layer `layer`'s routed MLP applied to the normalized `x`: the router's
-/// logits, then the `moe` node over the stacked experts.
+/// Layer `layer`'s routed MLP applied to the normalized `x`: the `moe` node
+/// over its router and stacked experts.
 pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &ImportedModel, layer: usize) -> Result<ValueId> {
     let c = &model.config;
     let moe = c.moe.as_ref().expect("a mixture-of-experts config");
@@ -33,7 +34,6 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
         _ => format!("model.layers.{layer}.mlp.gate.weight"),
     };
     let router = w.weight(g, &router, &[experts, h])?;
-    let logits = g.add(Op::MatMul, &[x, router]);
     let (mut gate_up, mut downs) = (Vec::with_capacity(2 * experts), Vec::with_capacity(experts));
     for e in 0..experts {
         gate_up.push(w.weight(g, &format!("{prefix}{e}.{gate}.weight"), &[f, h])?);
@@ -42,5 +42,5 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
     }
     let gate_up = g.add(Op::Concat { axis: 0 }, &gate_up);
     let down = g.add(Op::Concat { axis: 0 }, &downs);
-    Ok(g.add(Op::Moe { experts: experts as u32, top_k: moe.top_k as u32, routing: moe.routing }, &[x, logits, gate_up, down]))
+    Ok(g.add(Op::Moe { experts: experts as u32, top_k: moe.top_k as u32, routing: moe.routing }, &[x, router, gate_up, down]))
 }

@@ -247,9 +247,9 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
             Ok(ty)
         }
         Op::Moe { experts, top_k, .. } => {
-            let (x, logits, gate_up, down) = (t(0), t(1), t(2), t(3));
+            let (x, router, gate_up, down) = (t(0), t(1), t(2), t(3));
             expect_rank(x, 2, "moe input")?;
-            expect_rank(logits, 2, "moe router logits")?;
+            expect_rank(router, 2, "moe router")?;
             expect_rank(gate_up, 2, "moe gate_up weight")?;
             expect_rank(down, 2, "moe down weight")?;
             let e = *experts as u64;
@@ -257,8 +257,8 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
                 return Err(format!("moe routes each row to top_k = {top_k} of {experts} experts: needs 1 <= top_k <= experts"));
             }
             let h = x.last_dim().ok_or("moe width must be static")?;
-            if logits.shape[0] != x.shape[0] || logits.last_dim() != Some(e) {
-                return Err(format!("moe router logits must be [{}, {e}], got {}", x.shape[0], shape_str(&logits.shape)));
+            if router.shape != [Dim::Fixed(e), Dim::Fixed(h)] {
+                return Err(format!("moe router must be [{e}, {h}], got {}", shape_str(&router.shape)));
             }
             let rows = gate_up.shape[0].fixed().ok_or("moe gate_up must be static")?;
             if rows % (2 * e) != 0 || gate_up.last_dim() != Some(h) {
@@ -268,7 +268,7 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
             if down.shape[0] != Dim::Fixed(e * h) || down.last_dim() != Some(f) {
                 return Err(format!("moe down must be [{e} * {h}, {f}], got {}", shape_str(&down.shape)));
             }
-            same_float(x, logits)?;
+            same_float(x, router)?;
             same_float(x, gate_up)?;
             same_float(x, down)?;
             Ok(plain(x))

@@ -200,14 +200,16 @@ pub enum Op {
     MatMulAdd,
     /// `len` entries from `start` along `axis`.
     Slice { axis: u32, start: u64, len: u64 },
-    /// A mixture-of-experts MLP: inputs (x `[seq, h]`, router logits `[seq,
-    /// experts]`, gate_up `[experts * 2f, h]`, down `[experts * h, f]`). Each row
-    /// takes the `top_k` experts by `routing` (ties to the lowest expert index)
-    /// with their weights `p`, and its result is `sum over its chosen experts,
-    /// in rank order, of p * down_e @ (silu(g) * u)`, where `[g; u] = gate_up_e
-    /// @ x` and `gate_up_e` is rows `e * 2f .. (e + 1) * 2f` of gate_up (the
-    /// expert's gate projection, then its up projection) and `down_e` rows `e *
-    /// h .. (e + 1) * h` of down.
+    /// A mixture-of-experts MLP: inputs (x `[seq, h]`, router `[experts, h]`,
+    /// gate_up `[experts * 2f, h]`, down `[experts * h, f]`). Each row's router
+    /// logits `router @ x` choose the `top_k` experts by `routing` (ties to the
+    /// lowest expert index) with their weights `p`, and its result is `sum over
+    /// its chosen experts, in rank order, of p * down_e @ (silu(g) * u)`, where
+    /// `[g; u] = gate_up_e @ x` and `gate_up_e` is rows `e * 2f .. (e + 1) * 2f`
+    /// of gate_up (the expert's gate projection, then its up projection) and
+    /// `down_e` rows `e * h .. (e + 1) * h` of down. The router is part of the
+    /// op so that its logits, which the choice of experts compares, are the
+    /// same bits for a row in every plan (one kernel per row, whatever the step).
     Moe { experts: u32, top_k: u32, routing: MoeRouting },
     /// Sum of a `PartialSum` value over the devices of the mesh (result replicated).
     AllReduce,

@@ -639,10 +639,9 @@ mod tests {
   %35 = weight "q" : f32[10, 8] quant(bfloat16)
   %36 = concat %35, %35 {axis = 0} : f32[20, 8] quant(bfloat16)
   %37 = weight "router" : f32[2, 8]
-  %38 = matmul %3, %37 : f32[seq, 2]
-  %39 = weight "gate_up" : f32[16, 8]
-  %40 = weight "down" : f32[16, 4]
-  %41 = moe %3, %38, %39, %40 {experts = 2, top_k = 1, routing = softmax_topk_norm} : f32[seq, 8]
+  %38 = weight "gate_up" : f32[16, 8]
+  %39 = weight "down" : f32[16, 4]
+  %40 = moe %3, %37, %38, %39 {experts = 2, top_k = 1, routing = softmax_topk_norm} : f32[seq, 8]
   output "out" = %25
   output "other" = %10
 }

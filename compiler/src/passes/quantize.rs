@@ -109,7 +109,9 @@ impl Pass for Quantize {
             for (slot, input) in node.inputs.iter().enumerate() {
                 let decoded = match node.op {
                     Op::MatMul | Op::MatMulAdd | Op::Embedding => slot == if node.op == Op::Embedding { 0 } else { 1 },
-                    // The experts' stacked projections.
+                    // The experts' stacked projections; the router stays
+                    // float32, as llama.cpp keeps it (`ffn_gate_inp`): the
+                    // choice of experts compares its logits.
                     Op::Moe { .. } => slot >= 2,
                     _ => false,
                 };
@@ -118,17 +120,6 @@ impl Pass for Quantize {
                 }
             }
         }
-        // Routers stay float32, as llama.cpp keeps them (`ffn_gate_inp`): the
-        // choice of experts is a comparison that rounding may flip.
-        let routers: Vec<ValueId> = graph
-            .nodes
-            .iter()
-            .filter(|n| matches!(n.op, Op::Moe { .. }))
-            .filter_map(|n| match graph.node(n.inputs[1]).op {
-                Op::MatMul | Op::MatMulAdd => Some(graph.node(n.inputs[1]).inputs[1]),
-                _ => None,
-            })
-            .collect();
         let mut chosen: Vec<(ValueId, WeightEncoding)> = Vec::new();
         for id in graph.ids() {
             let node = graph.node(id);
@@ -139,7 +130,7 @@ impl Pass for Quantize {
                 _ => continue,
             };
             for w in ws {
-                if other_use[w.index()] || chosen.iter().any(|(v, _)| *v == w) || routers.contains(&w) {
+                if other_use[w.index()] || chosen.iter().any(|(v, _)| *v == w) {
                     continue;
                 }
                 let table = Some(w) == lm_head || tables.contains(&w);

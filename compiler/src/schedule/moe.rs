@@ -1,4 +1,5 @@
-//! The `moe` op's launches: the router's top-k (`moe_route`), the step's
+//! The `moe` op's launches: the router's logits (`moe_router`) and top-k
+//! (`moe_route`), the step's
 //! (row, rank) slots grouped by expert (`moe_group`), the rows gathered in
 //! that order (`moe_gather`), the experts' gate-and-up matmul on the grouped
 //! rows, SwiGLU, the down matmul, and each row's weighted sum in rank order
@@ -7,7 +8,7 @@
 //! the layout the dense matmuls would give the weights: float panels,
 //! interleaved blocks with integer activations, or row-major.
 
-use maxc_kernels::library::moe::{over_slots, moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route};
+use maxc_kernels::library::moe::{over_slots, moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router};
 use maxc_kernels::library::dequant::rows_form;
 
 use super::*;
@@ -22,14 +23,17 @@ impl Scheduler<'_, '_, '_> {
     /// Node `node`, a `moe`, scheduled for `seq`.
     pub(super) fn moe(&mut self, node: &crate::graph::Node, (experts, top_k, routing): (u64, u64, crate::graph::MoeRouting), seq: SeqMode) -> Result<Arg> {
         let graph = self.graph;
-        let (x, logits, gate_up, down) = (node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]);
-        if !self.interp.is_constant(gate_up) || !self.interp.is_constant(down) {
-            return Err(unsupported("a mixture of experts whose expert projections are not weights".into()));
+        let (x, router, gate_up, down) = (node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]);
+        if [router, gate_up, down].iter().any(|&w| !self.interp.is_constant(w)) {
+            return Err(unsupported("a mixture of experts whose router or expert projections are not weights".into()));
         }
         let h = graph.ty(x).last_dim().expect("static width");
         let f = graph.ty(down).last_dim().expect("static width");
         let none = TaskCount { per_seq: 0, fixed: 0 };
-        let (xa, la) = (self.input(x)?, self.input(logits)?);
+        let xa = self.input(x)?;
+        let mut args = vec![xa];
+        args.extend(self.weight_parts_in(router, Layout::RowMajor)?);
+        let la = self.launch(moe_router(h, experts, graph.ty(router).quant), args, experts);
         // The chosen experts and their weights (the last output, f32, as `--check-nan` reads it).
         let routed = self.launch_outputs(moe_route(experts, top_k, routing), vec![la], &[top_k * 4, top_k * 4], TaskCount { per_seq: top_k, fixed: 0 });
         let (ids, weights) = (routed[0], routed[1]);

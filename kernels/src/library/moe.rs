@@ -1,5 +1,5 @@
-//! Mixture-of-experts kernels: the router's top-k, the grouping of a step's
-//! rows by expert, the expert-gathering matmuls and the weighted sum.
+//! Mixture-of-experts kernels: the router's logits and top-k, the grouping of
+//! a step's rows by expert, the expert-gathering matmuls and the weighted sum.
 
 /// How a router's logits over the experts become the chosen experts and their
 /// weights: the family's rule (one vocabulary for the graph IR's `moe` op and
@@ -57,6 +57,31 @@ fn or(a: Expr, b: Expr) -> Expr {
 /// `a && b` on booleans.
 fn and_also(a: Expr, b: Expr) -> Expr {
     select(a.clone(), b, a)
+}
+
+/// The router's logits: `x: f32[rows, k]`, `router: [experts, k]` (in
+/// `encoding`, row-major) -> `logits: f32[rows, experts]`, one task per row.
+/// A row's logits come from this one kernel in every plan (it does not depend
+/// on the step's length), so they are the same bits alone and in a batch
+/// whatever the backend does with its sums: the choice of experts compares them.
+pub fn moe_router(k: u64, experts: u64, encoding: WeightEncoding) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let x = b.param("x", ElemType::F32, false);
+    let w = declare(&mut b, "router", encoding, k);
+    let logits = b.param("logits", ElemType::F32, true);
+    let (t, e, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+    let ki = k as i64;
+    let body = vec![for_(
+        e,
+        i(0),
+        i(experts as i64),
+        vec![
+            set(acc, f(0.0)),
+            for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(v(kk), mul(v(t), i(ki)))), w.value(v(e), v(kk)))))]),
+            store(logits, add(v(e), mul(v(t), i(experts as i64))), v(acc)),
+        ],
+    )];
+    b.finish(format!("moe_router_{}_e{experts}_k{k}", encoding.name()), "moe", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
 /// The router of a row: `logits: f32[rows, experts]` -> `ids: i32[rows, top_k]`
