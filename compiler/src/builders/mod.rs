@@ -137,6 +137,17 @@ impl<'a> WeightBinder<'a> {
         Ok(g.add(Op::Weight { name: name.to_string(), ty: TensorType::fixed(DType::F32, &dims), shard: None }, &[]))
     }
 
+    /// Reports `e`: an error now, or (for `maxc check`) one more problem.
+    pub fn problem(&self, e: Error) -> Result<()> {
+        match &self.problems {
+            Some(list) => {
+                list.borrow_mut().push(e);
+                Ok(())
+            }
+            None => Err(e),
+        }
+    }
+
     /// Like [`WeightBinder::weight`], but `None` when the weight is absent.
     pub fn optional(&self, g: &mut Graph, name: &str, shape: &[usize]) -> Result<Option<ValueId>> {
         if self.model.weights.get(name).is_none() {

@@ -34,6 +34,19 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
         _ => format!("model.layers.{layer}.mlp.gate.weight"),
     };
     let router = w.weight(g, &router, &[experts, h])?;
+    // An expert past the configured count: the configuration and the
+    // checkpoint disagree (the unused-tensor check would say so too, less
+    // plainly).
+    let extra = format!("{prefix}{experts}.{gate}.weight");
+    if model.weights.get(&extra).is_some() {
+        let file = model.weights.file_of(&extra).unwrap_or(&model.source).to_path_buf();
+        let e = crate::error::Error::invalid(
+            file,
+            model.weights.shown_name(&extra),
+            format!("the checkpoint has expert {experts} (and maybe more), but {} gives {experts} experts per layer; fix the expert count (num_experts / num_local_experts, or expert_count in a GGUF)", model.weights.config_source()),
+        );
+        w.problem(e)?;
+    }
     let (mut gate_up, mut downs) = (Vec::with_capacity(2 * experts), Vec::with_capacity(experts));
     for e in 0..experts {
         gate_up.push(w.weight(g, &format!("{prefix}{e}.{gate}.weight"), &[f, h])?);
