@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench, llama-server, llama-quantize and
-# llama-perplexity from the source bundled in the PyPI sdist of llama-cpp-python
+# Builds llama.cpp's llama-bench, llama-server, llama-quantize,
+# llama-perplexity, llama-lookup and llama-speculative (its prompt-lookup and
+# draft-model speculative decoding, docs/performance.md) from the source bundled in the PyPI sdist of llama-cpp-python
 # (the peer we benchmark against, docs/performance.md, and whose perplexity
 # `maxrun perplexity` reproduces, docs/quantization.md). CPU only, native ISA,
 # AMX off (it is advertised on some VMs but faults): both ggml's AMX backend and
 # the AMX instructions that -march=native would let the compiler enable (an
 # Intel VM that advertises AMX otherwise builds the AMX backend anyway and dies
 # in `tileloadd`).
-#   scripts/build-llama-cpp.sh            -> .cache/llama.cpp/build/bin/llama-bench (and llama-server, llama-quantize, llama-perplexity)
+#   scripts/build-llama-cpp.sh            -> .cache/llama.cpp/build/bin/llama-bench (and llama-server, llama-quantize, llama-perplexity, llama-lookup, llama-speculative)
 #   scripts/build-llama-cpp.sh --source   -> .cache/llama.cpp/src only (the converter, for tests/golden/gguf/make.sh)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,14 +37,14 @@ no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 # The flags the binaries were built with; a build with others is redone.
 stamp="$cache/build/maxc-build-flags"
 flags="native $no_amx"
-if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-quantize" ] || [ ! -x "$cache/build/bin/llama-server" ] || [ ! -x "$cache/build/bin/llama-perplexity" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
+if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-quantize" ] || [ ! -x "$cache/build/bin/llama-server" ] || [ ! -x "$cache/build/bin/llama-perplexity" ] || [ ! -x "$cache/build/bin/llama-lookup" ] || [ ! -x "$cache/build/bin/llama-speculative" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
   command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >/dev/null; }
   unpack
   cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
     -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
-  cmake --build "$cache/build" --target llama-bench llama-quantize llama-server llama-perplexity -j2 >/dev/null
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON >/dev/null
+  cmake --build "$cache/build" --target llama-bench llama-quantize llama-server llama-perplexity llama-lookup llama-speculative -j2 >/dev/null
   echo "$flags" > "$stamp"
 fi
 echo "$cache/build/bin/llama-bench"

@@ -13,6 +13,10 @@ Prompts are made of distinct words per request (no shared prefix between
 requests unless --shared-prefix N words are asked for, and none with an earlier
 run unless --salt repeats it), and every request asks
 for exactly --max-tokens tokens (`ignore_eos`, which both servers accept).
+With --prompts-file FILE (JSON lines of {"prompt": ...}, such as
+../shared/speculation/prompts.jsonl) the requests are chat completions of
+those prompts in turn, greedy, up to --max-tokens tokens each (replies end
+where the model ends them): real text, as speculative decoding needs.
 """
 
 import argparse
@@ -34,12 +38,12 @@ def prompt(index, words, shared, salt):
     return (head + " " + own).strip()
 
 
-def one_request(url, body, timeout):
+def one_request(url, body, timeout, path="/v1/completions"):
     """Sends one streaming completion; returns (ttft, gaps, tokens, ok)."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     start = time.perf_counter()
-    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         resp.read()
@@ -65,7 +69,7 @@ def one_request(url, body, timeout):
                 if msg.get("usage"):
                     usage = msg["usage"]
                 choices = msg.get("choices") or []
-                if choices and choices[0].get("text"):
+                if choices and (choices[0].get("text") or (choices[0].get("delta") or {}).get("content")):
                     now = time.perf_counter()
                     if ttft is None:
                         ttft = now - start
@@ -98,6 +102,7 @@ def main():
     ap.add_argument("--shared-prefix", type=int, default=0, help="words every prompt starts with")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--salt", type=int, default=None, help="varies the prompts (default: from the clock, so that a server's prefix cache holds nothing of an earlier run)")
+    ap.add_argument("--prompts-file", help="JSON lines of {\"prompt\": ...}: chat completions of these prompts in turn instead of made-up words")
     ap.add_argument("--json-schema", help="a JSON schema file: every request asks for output that fits it (response_format)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -106,6 +111,10 @@ def main():
         sys.exit(f"load.py drives loopback servers only, not {host}")
 
     salt = args.salt if args.salt is not None else int(time.time() * 1000) % 100_000
+    chats = None
+    if args.prompts_file:
+        with open(args.prompts_file) as f:
+            chats = [json.loads(l)["prompt"] for l in f if l.strip()]
     schema = None
     if args.json_schema:
         with open(args.json_schema) as f:
@@ -122,19 +131,24 @@ def main():
                 if i >= args.requests or time.perf_counter() > deadline:
                     return
                 next_index[0] += 1
-            body = {
-                "prompt": prompt(i, args.prompt_tokens, args.shared_prefix, salt),
-                "max_tokens": args.max_tokens,
-                "temperature": 0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-                "ignore_eos": True,
-            }
+            path = "/v1/completions"
+            if chats is not None:
+                path = "/v1/chat/completions"
+                body = {"messages": [{"role": "user", "content": chats[i % len(chats)]}], "max_tokens": args.max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            else:
+                body = {
+                    "prompt": prompt(i, args.prompt_tokens, args.shared_prefix, salt),
+                    "max_tokens": args.max_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "ignore_eos": True,
+                }
             if args.model:
                 body["model"] = args.model
             if schema is not None:
                 body["response_format"] = {"type": "json_schema", "json_schema": {"name": "load", "schema": schema}}
-            r = one_request(args.url, body, timeout=max(60.0, args.time_limit))
+            r = one_request(args.url, body, timeout=max(60.0, args.time_limit), path=path)
             with lock:
                 results.append(r)
 

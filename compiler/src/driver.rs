@@ -338,7 +338,7 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
             (Some(b), Some(cut)) => {
                 let paging = maxc_kernels::library::attention::Paging { block_size: b.block_size, blocks_per_seq: b.blocks_per_sequence };
                 let mode = |decode, max_outputs| crate::schedule::BatchMode::Paged { paging, decode, max_outputs };
-                let mixed = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(false, b.max_sequences), b.max_rows, cache, &mut weights, &mut kernels)?;
+                let mixed = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(false, b.max_logit_rows), b.max_rows, cache, &mut weights, &mut kernels)?;
                 let decode = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true, b.max_sequences), b.max_sequences, cache, &mut weights, &mut kernels)?;
                 let single = crate::schedule::schedule_batch(graph, &mut interp, cut, mode(true, 1), 1, cache, &mut weights, &mut kernels)?;
                 Some((mixed, decode, single))

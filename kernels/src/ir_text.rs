@@ -1147,7 +1147,7 @@ impl Parser {
         Ok(Expr::Load { buf, index: Box::new(self.index()?) })
     }
 
-    /// `max`, `min`, `select` or a unary operator, with its arguments.
+    /// `max`, `min`, `select`, `fma` or a unary operator, with its arguments.
     fn call(&mut self) -> PResult<Expr> {
         let name = match &self.peek().tok {
             Tok::Ident(w) => w.clone(),

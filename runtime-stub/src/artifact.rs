@@ -340,7 +340,7 @@ impl Artifact {
         }
         if let Some(b) = &h.batch {
             let blocks = h.max_length.div_ceil(b.block_size.max(1));
-            if b.block_size == 0 || b.blocks_per_sequence != blocks || b.max_sequences == 0 || b.max_rows < b.max_sequences || b.block_bytes(&h.kv_cache).is_none() {
+            if b.block_size == 0 || b.blocks_per_sequence != blocks || b.max_sequences == 0 || b.max_rows < b.max_sequences || !(b.max_sequences..=b.max_rows).contains(&b.max_logit_rows) || b.block_bytes(&h.kv_cache).is_none() {
                 return Err(corrupt("batch limits".into(), format!("{b:?} for a context of {} positions", h.max_length)));
             }
         }
@@ -384,7 +384,7 @@ impl Artifact {
                 // Counts of the rows with logits: at most a batch step's sequences.
                 let rows = match (c.rows, &h.batch) {
                     (crate::format::RowCount::Step, _) => Some(plan.max_seq),
-                    (crate::format::RowCount::Logits, Some(b)) if kind == PlanKind::Batch => Some(b.max_sequences.min(plan.max_seq)),
+                    (crate::format::RowCount::Logits, Some(b)) if kind == PlanKind::Batch => Some(b.max_logit_rows.min(plan.max_seq)),
                     (crate::format::RowCount::Logits, _) => None,
                 };
                 let sizes = rows.map(|r| (c.op.input_elems(r), c.op.output_elems(r, h.sub_models.len() as u64)));

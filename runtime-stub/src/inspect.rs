@@ -140,6 +140,7 @@ pub fn report(a: &Artifact) -> Value {
             "blocks_per_sequence": b.blocks_per_sequence,
             "max_batch_tokens": b.max_rows,
             "max_sequences": b.max_sequences,
+            "max_logit_rows": b.max_logit_rows,
             // Keys plus values of every layer.
             "kv_bytes_per_block": b.block_bytes(&h.kv_cache).map(|x| x * 2 * h.kv_cache.layers),
         })),
@@ -216,8 +217,8 @@ pub fn render_text(r: &Value) -> String {
         line(
             "batched engine",
             format!(
-                "{} sequences, {} rows per step; KV blocks of {} positions, {} bytes each (all layers' keys and values), up to {} per sequence",
-                b["max_sequences"], b["max_batch_tokens"], b["block_size"], b["kv_bytes_per_block"], b["blocks_per_sequence"]
+                "{} sequences, {} rows per step, {} with logits (drafts verified); KV blocks of {} positions, {} bytes each (all layers' keys and values), up to {} per sequence",
+                b["max_sequences"], b["max_batch_tokens"], b["max_logit_rows"], b["block_size"], b["kv_bytes_per_block"], b["blocks_per_sequence"]
             ),
         );
     }

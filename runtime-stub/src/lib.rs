@@ -8,6 +8,7 @@
 
 pub mod artifact;
 pub mod bench;
+pub mod bench_speculation;
 pub mod chat;
 pub mod code;
 pub mod collectives;

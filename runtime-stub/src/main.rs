@@ -132,6 +132,15 @@ struct ServeArgs {
     /// (for clients that send their own extensions).
     #[arg(long)]
     allow_extra_request_fields: bool,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
+    /// Responses of /v1/responses kept in memory for `previous_response_id`
+    /// and GET /v1/responses/{id}, least recently used out first (0 keeps none).
+    #[arg(long, value_name = "N", default_value_t = maxrun::serve::response_store::StoreLimits::default().entries)]
+    response_store_entries: usize,
+    /// The bytes those kept responses may take, at most (their JSON and conversation text).
+    #[arg(long, value_name = "BYTES", default_value_t = maxrun::serve::response_store::StoreLimits::default().bytes)]
+    response_store_memory: usize,
 }
 
 #[derive(Args)]
@@ -187,6 +196,59 @@ struct BenchArgs {
     /// roofline divides by a device-to-device copy's bandwidth.
     #[arg(long, default_value = "auto")]
     device: Device,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
+    /// With --speculative: the prompts to run, a JSON-lines file of
+    /// `{"prompt": ..., "kind": ...}` (such as ../shared/speculation/prompts.jsonl),
+    /// plain and speculative decoding in turns; -n new tokens each, greedy.
+    #[arg(long, value_name = "FILE", requires = "speculative")]
+    prompts: Option<PathBuf>,
+    /// With --prompts: send each prompt as it is, without the chat template.
+    #[arg(long, requires = "prompts")]
+    no_chat_template: bool,
+}
+
+/// Speculative decoding (run, chat, bench, serve).
+#[derive(Args, Clone)]
+struct SpeculativeArgs {
+    /// Speculative decoding: `ngram` drafts the tokens that followed the
+    /// longest earlier occurrence of the sequence's last tokens (prompt lookup);
+    /// `draft` (with --draft) has a second artifact draft them. Drafts are
+    /// verified in one batch step; the output is what plain decoding gives,
+    /// token for token (docs/serving.md, Speculative decoding).
+    #[arg(long, value_name = "METHOD")]
+    speculative: Option<String>,
+    /// The draft model for --speculative draft (implied): an artifact with the
+    /// target's tokenizer, such as a q4_k copy of the same model.
+    #[arg(long, value_name = "DRAFT.mef")]
+    draft: Option<PathBuf>,
+    /// With --speculative: the most tokens drafted per step and sequence (1-15).
+    #[arg(long, value_name = "K", default_value_t = 4)]
+    draft_tokens: usize,
+    /// With --speculative ngram: the n-gram lengths matched, MIN..MAX.
+    #[arg(long, value_name = "MIN..MAX", default_value = "2..5")]
+    ngram: String,
+}
+
+impl SpeculativeArgs {
+    /// The engine's settings, or `None` without --speculative.
+    fn config(&self) -> anyhow::Result<Option<maxrun::engine::speculate::SpeculationConfig>> {
+        let method = match (self.speculative.as_deref(), &self.draft) {
+            (None, None) => return Ok(None),
+            (None | Some("draft"), Some(_)) => "draft",
+            (Some("draft"), None) => return Err(anyhow!("--speculative draft needs --draft DRAFT.mef, the draft model")),
+            (Some("ngram"), Some(_)) => return Err(anyhow!("--draft is the draft model of --speculative draft; prompt lookup (--speculative ngram) takes none")),
+            (Some("ngram"), None) => "ngram",
+            (Some(other), _) => return Err(anyhow!("--speculative `{other}`: the methods are: ngram, draft (with --draft DRAFT.mef)")),
+        };
+        let _ = method;
+        let bad = || anyhow!("--ngram `{}`: give MIN..MAX, two lengths such as 2..5", self.ngram);
+        let (min, max) = self.ngram.split_once("..").ok_or_else(bad)?;
+        let (min_n, max_n) = (min.trim().parse().map_err(|_| bad())?, max.trim().parse().map_err(|_| bad())?);
+        let config = maxrun::engine::speculate::SpeculationConfig { max_drafts: self.draft_tokens, min_n, max_n, ..Default::default() };
+        config.check().map_err(|e| anyhow!(e))?;
+        Ok(Some(config))
+    }
 }
 
 /// Where a run reads the weights from (run and bench).
@@ -322,6 +384,8 @@ struct RunArgs {
     device: Device,
     #[command(flatten)]
     memory: WeightsMemory,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
 }
 
 /// The thread count for a `--threads` flag (default: the CPUs this process may
@@ -444,6 +508,9 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if artifact.cpu_variants.len() > 1 {
         eprintln!("maxrun: {}", artifact.cpu_variant_note());
     }
+    if let Some(config) = args.speculative.config()? {
+        return bench_speculative(&args, &artifact, config, threads);
+    }
     if let Some(n) = args.concurrency {
         return bench_concurrency(&args, &artifact, n, threads);
     }
@@ -528,6 +595,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tool_parser,
         reasoning,
         allow_extra_request_fields: args.allow_extra_request_fields,
+        response_store: maxrun::serve::response_store::StoreLimits { entries: args.response_store_entries, bytes: args.response_store_memory },
         host: args.host,
         port: args.port,
         api_key: args.api_key,
@@ -537,6 +605,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         threads,
         device: args.device,
         kv_cache_memory: args.kv_cache_memory,
+        speculation: args.speculative.config()?,
+        draft: open_draft(&args.speculative, args.no_verify)?.map(std::sync::Arc::new),
     };
     maxrun::serve::serve(artifact, opts)?;
     Ok(ExitCode::SUCCESS)
@@ -545,6 +615,78 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 #[cfg(not(feature = "serve"))]
 fn serve(_: ServeArgs) -> anyhow::Result<ExitCode> {
     Err(anyhow!("this maxrun was built without the `serve` feature; rebuild it with default features for `maxrun serve`"))
+}
+
+/// `maxrun bench --speculative M --prompts FILE`: plain against speculative
+/// decoding on the file's prompts (`maxrun::bench_speculation`).
+fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engine::speculate::SpeculationConfig, threads: usize) -> anyhow::Result<ExitCode> {
+    let Some(path) = &args.prompts else {
+        return Err(anyhow!("--speculative (or --draft) in bench needs --prompts FILE (JSON lines of {{\"prompt\": ..., \"kind\": ...}}, such as ../shared/speculation/prompts.jsonl): drafts need real text to match"));
+    };
+    if args.compare.is_some() || args.depth > 0 || args.shared_prefix > 0 {
+        return Err(anyhow!("--speculative runs the prompts of --prompts; leave out --compare, --depth and --shared-prefix"));
+    }
+    let h = &artifact.header;
+    let tokenizer = maxrun::engine::load_tokenizer(artifact).map_err(|e| anyhow!(e))?;
+    let template = std::str::from_utf8(artifact.section(maxrun::format::SectionKind::ChatTemplate))?;
+    let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+    let (bos, eos) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the prompts {}", path.display()))?;
+    let mut prompts = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow!("{}:{}: not JSON: {e}", path.display(), n + 1))?;
+        let Some(prompt) = v["prompt"].as_str() else {
+            return Err(anyhow!("{}:{}: no string field `prompt`", path.display(), n + 1));
+        };
+        let kind = v["kind"].as_str().unwrap_or("prompts").to_string();
+        let ids = if args.no_chat_template || template.is_empty() {
+            tokenizer.encode(prompt, true)
+        } else {
+            let rendered = maxrun::chat::render(template, &[maxrun::chat::Message::new("user", prompt)], true, &bos, &eos).map_err(|e| anyhow!("the chat template failed: {e}"))?;
+            tokenizer.encode(rendered.as_str(), false)
+        }
+        .map_err(|e| anyhow!("{}:{}: tokenizing: {e}", path.display(), n + 1))?
+        .get_ids()
+        .to_vec();
+        fits_benchmark(&args.artifact, artifact, ids.len() as u64 + args.generated_tokens)?;
+        prompts.push(maxrun::bench_speculation::Prompt { kind, ids });
+    }
+    if prompts.is_empty() {
+        return Err(anyhow!("{}: no prompts", path.display()));
+    }
+    let concurrency = args.concurrency.unwrap_or(1).max(1);
+    let open_batched = || -> anyhow::Result<Engine<'_>> {
+        let (executor, _) = maxrun::runner::open_executor(artifact, threads, args.device, args.kv_cache_memory)?;
+        Ok(Engine::batched(ModelFacts::of(artifact), executor, tokenizer.clone()))
+    };
+    // Plain decoding at its fastest: the single-stream plans for one prompt at a time.
+    let mut plain = if concurrency == 1 {
+        let (runner, _) = open_bench_runner(artifact, threads, args.device)?;
+        Engine::serial(ModelFacts::of(artifact), Box::new(runner), tokenizer.clone())
+    } else {
+        open_batched()?
+    };
+    let draft = open_draft(&args.speculative, args.no_verify)?;
+    let mut speculative = open_batched()?;
+    match &draft {
+        Some(d) => {
+            let model = maxrun::runner::open_draft_model(artifact, d, threads, args.device, args.kv_cache_memory).map_err(|e| anyhow!(e))?;
+            speculative.speculate_with_draft(config, model).map_err(|e| anyhow!(e))?;
+        }
+        None => speculative.speculate(config).map_err(|e| anyhow!(e))?,
+    }
+    let cfg = maxrun::bench_speculation::SpeculationBenchConfig { prompts, generated_tokens: args.generated_tokens as usize, concurrency, rounds: args.repetitions as usize };
+    let method = match &args.speculative.draft {
+        Some(d) => format!("draft model {}", d.display()),
+        None => format!("ngram {}", args.speculative.ngram),
+    };
+    let report = maxrun::bench_speculation::speculation(&mut plain, &mut speculative, &cfg, &h.model.name, &method)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", maxrun::bench_speculation::render_speculation(&report));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `maxrun bench --concurrency N`: the batched engine with N sequences.
@@ -877,6 +1019,14 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(&bad) = ids.iter().find(|&&i| i as u64 >= h.model.vocab_size) {
         return Err(anyhow!("--token-ids: token id {bad} is outside the vocabulary of {} tokens", h.model.vocab_size));
     }
+    let speculation = cli.speculative.config()?;
+    if let (Some(config), None) = (&speculation, &cli.dump_logits) {
+        let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(128) as usize;
+        let params = generation_params(&cli, &h.generation, max_new)?;
+        let draft = open_draft(&cli.speculative, cli.no_verify)?;
+        let engine = speculative_engine(&artifact, draft.as_ref(), &cli, tokenizer, config)?;
+        return generate_speculative(engine, &cli, ids, params, h.max_length);
+    }
     let mut session = open_runner(&artifact, &cli)?;
 
     if let Some(path) = &cli.dump_logits {
@@ -939,6 +1089,95 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The draft model's artifact for `--draft`, its weights checked unless `--no-verify`.
+fn open_draft(args: &SpeculativeArgs, no_verify: bool) -> anyhow::Result<Option<Artifact>> {
+    let Some(path) = &args.draft else { return Ok(None) };
+    let a = Artifact::open(path).map_err(|e| anyhow!("--draft: {e}"))?;
+    if !no_verify {
+        a.verify_weights(&mut |_, _| {}).map_err(|e| anyhow!("--draft: {e}"))?;
+    }
+    Ok(Some(a))
+}
+
+/// The batched engine on `artifact` with speculative decoding `config`, its
+/// drafts from `draft` where given.
+fn speculative_engine<'a>(artifact: &'a Artifact, draft: Option<&'a Artifact>, cli: &RunArgs, tokenizer: tokenizers::Tokenizer, config: &maxrun::engine::speculate::SpeculationConfig) -> anyhow::Result<Engine<'a>> {
+    let (executor, note) = maxrun::runner::open_executor(artifact, threads(cli.threads)?, cli.device, None)
+        .map_err(|e| anyhow!("--speculative verifies drafts in batch steps, which need the artifact's batch plans: {e}"))?;
+    if let Some(note) = note {
+        eprintln!("maxrun: {note}");
+    }
+    let mut engine = Engine::batched(ModelFacts::of(artifact), executor, tokenizer);
+    match draft {
+        Some(d) => {
+            let model = maxrun::runner::open_draft_model(artifact, d, threads(cli.threads)?, cli.device, None).map_err(|e| anyhow!(e))?;
+            engine.speculate_with_draft(config.clone(), model).map_err(|e| anyhow!(e))?;
+        }
+        None => engine.speculate(config.clone()).map_err(|e| anyhow!(e))?,
+    }
+    if cli.verbose {
+        eprintln!("maxrun: {}; {}", artifact.cpu_variant_note(), engine.describe());
+    }
+    if cli.profile {
+        engine.enable_profile();
+    }
+    Ok(engine)
+}
+
+/// `--prompt` with `--speculative`: one request through the batched engine,
+/// streamed as a plain run is, then the speculation's figures on stderr.
+fn generate_speculative(mut engine: Engine<'_>, cli: &RunArgs, ids: Vec<u32>, params: GenerationParams, max_length: u64) -> anyhow::Result<ExitCode> {
+    let max_new = params.max_tokens;
+    engine.submit(Request::new(ids.clone(), params)).map_err(|e| submit_error(cli, e))?;
+    let mut out = std::io::stdout().lock();
+    let mut held = String::new();
+    let (usage, reason) = loop {
+        let mut finished = None;
+        for event in engine.step()? {
+            match event {
+                Event::Token { text, .. } => print_text(&mut out, &mut held, &text, cli.no_stream)?,
+                Event::Finished { text, usage, reason, .. } => {
+                    print_text(&mut out, &mut held, &text, cli.no_stream)?;
+                    finished = Some((usage, reason));
+                }
+                Event::Logits { .. } | Event::PromptLogprob { .. } => {}
+            }
+        }
+        if let Some(f) = finished {
+            break f;
+        }
+    };
+    out.write_all(held.as_bytes())?;
+    if out.is_terminal() {
+        writeln!(out)?;
+    }
+    out.flush()?;
+    if reason == maxrun::engine::FinishReason::Length && usage.completion_tokens < max_new {
+        eprintln!("note: stopped at the artifact's maximum context length of {max_length} tokens");
+    }
+    let s = engine.stats();
+    let decode_tokens = usage.completion_tokens.saturating_sub(1);
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | time to first token: {:.0} ms | generated: {} tokens, {:.1} tok/s | {} | speculative: {} drafted, {} accepted ({:.0}%), {} verifications, {:.2} tokens per pass",
+        ids.len(),
+        ids.len() as f64 / usage.time_to_first_token,
+        usage.time_to_first_token * 1e3,
+        usage.completion_tokens,
+        if decode_tokens > 0 { decode_tokens as f64 / usage.decode_seconds } else { 0.0 },
+        engine.describe(),
+        s.draft_tokens,
+        s.accepted_tokens,
+        if s.draft_tokens > 0 { 100.0 * s.accepted_tokens as f64 / s.draft_tokens as f64 } else { 0.0 },
+        s.verifications,
+        // Each verification gives its accepted drafts and one token; a plain step one.
+        if decode_tokens > 0 { decode_tokens as f64 / (decode_tokens as u64).saturating_sub(s.accepted_tokens).max(1) as f64 } else { 0.0 },
+    );
+    if cli.profile {
+        eprint!("{}", render_profile(&engine.profile()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Prints `text` now, or with `--no-stream` keeps it in `held` for the end.
 fn print_text(out: &mut impl Write, held: &mut String, text: &str, no_stream: bool) -> anyhow::Result<()> {
     if no_stream {
@@ -964,8 +1203,12 @@ fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) ->
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let (bos, eos_text) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
     let max_new = cli.max_new_tokens.or(h.generation.max_new_tokens).unwrap_or(256) as usize;
-    let session = open_runner(artifact, cli)?;
-    let mut engine = Engine::serial(ModelFacts::of(artifact), Box::new(session), tokenizer);
+    let draft = open_draft(&cli.speculative, cli.no_verify)?;
+    let mut engine = match cli.speculative.config()? {
+        // The batched engine's prefix cache keeps the conversation's earlier turns.
+        Some(config) => speculative_engine(artifact, draft.as_ref(), cli, tokenizer, &config)?,
+        None => Engine::serial(ModelFacts::of(artifact), Box::new(open_runner(artifact, cli)?), tokenizer),
+    };
     let mut messages: Vec<Message> = cli.system.iter().map(|s| Message::new("system", s)).collect();
     let interactive = std::io::stdin().is_terminal();
     let mut out = std::io::stdout().lock();

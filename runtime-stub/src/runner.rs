@@ -332,6 +332,27 @@ pub fn open_encoder<'a>(artifact: &'a Artifact, threads: usize, device: Device) 
     Ok((Box::new(crate::executor::OnePerStep::new(runner, h.max_length)), note))
 }
 
+/// The draft model of speculative decoding for `target`: `draft`'s batched
+/// executor on `device`. Refused, naming the draft's file and what differs,
+/// when its vocabulary or tokenizer is not the target's (its drafts would be
+/// other tokens), or when it has no batch plans or cannot run here.
+pub fn open_draft_model<'a>(target: &Artifact, draft: &'a Artifact, threads: usize, device: Device, kv_bytes: Option<u64>) -> Result<crate::engine::draft::DraftModel<'a>, String> {
+    let (t, d) = (&target.header, &draft.header);
+    let path = draft.path.display();
+    if d.model.embedding_width.is_some() {
+        return Err(format!("--draft {path}: a sentence encoder cannot draft tokens; give a text generator with the target's vocabulary"));
+    }
+    if t.model.vocab_size != d.model.vocab_size {
+        return Err(format!("--draft {path}: its vocabulary has {} tokens and the target's ({}) has {}; a draft model must share the target's tokenizer", d.model.vocab_size, target.path.display(), t.model.vocab_size));
+    }
+    let fingerprint = |a: &Artifact| a.tokenizer_json().map(crate::perplexity::tokenizer_fingerprint).ok();
+    if fingerprint(target) != fingerprint(draft) {
+        return Err(format!("--draft {path}: its tokenizer differs from the target's ({}), so the same ids would be other tokens; draft with a model of the same tokenizer", target.path.display()));
+    }
+    let (executor, _) = open_executor(draft, threads, device, kv_bytes).map_err(|e| format!("--draft {path}: {e}"))?;
+    Ok(crate::engine::draft::DraftModel::new(executor, d.model.vocab_size))
+}
+
 /// The GPU executor on GPU `ordinal`, or why there is none here.
 #[cfg(feature = "cuda")]
 fn open_gpu_executor<'a>(artifact: &'a Artifact, ordinal: usize, kv_bytes: Option<u64>) -> Result<Box<dyn Executor + 'a>, String> {

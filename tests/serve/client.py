@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Clients of `maxrun serve` for tests/tests/serve.rs: the official `openai`
-package, raw HTTP (http.client and sockets) and prometheus_client's parser of
-the text format. Each scenario exits 0 or raises with what went wrong.
+package, the OpenAI Agents SDK (`agents`, its tracing off), raw HTTP
+(http.client and sockets) and prometheus_client's parser of the text format. Each scenario exits 0 or raises with what went wrong.
 
     client.py SCENARIO URL EXPECTED.json
 
@@ -10,6 +10,7 @@ EXPECTED.json holds what the scenario needs: the texts `maxrun --prompt` and
 """
 
 import http.client
+import concurrent.futures
 import json
 import socket
 import sys
@@ -369,6 +370,34 @@ def scenario_embeddings_batched(url, exp):
     cos = cosine(r1.data[0].embedding, r.data[5].embedding)
     check(cos >= 0.9999, f"input 5 alone: cosine {cos} with it in the batch")
     print(f"{len(exp['inputs'])} inputs in {ran} steps, {took * 1e3:.0f} ms")
+
+
+def scenario_speculative(url, exp):
+    """A server with --speculative: each chat reply, whole and streamed, is
+    the text plain decoding gives (what `maxrun --chat` printed), eight
+    clients at once; the drafts show on /metrics, some of them standing."""
+    c = client(url, exp.get("api_key"))
+    before = metrics(url)
+    chats = exp["chats"]
+
+    def one(i):
+        case = chats[i % len(chats)]
+        kw = dict(model=exp["model"], messages=[{"role": "user", "content": case["message"]}], max_tokens=case["max_tokens"], temperature=0)
+        if i % 2:
+            text = "".join((ch.choices[0].delta.content or "") for ch in c.chat.completions.create(stream=True, **kw) if ch.choices)
+        else:
+            text = c.chat.completions.create(**kw).choices[0].message.content
+        check(text == case["text"], f"chat {i % len(chats)}: {text!r} is not plain decoding's {case['text']!r}")
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(2 * len(chats))))
+    after = metrics(url)
+    drafted = after["maxrun_spec_decode_draft_tokens_total"] - before.get("maxrun_spec_decode_draft_tokens_total", 0)
+    accepted = after["maxrun_spec_decode_accepted_tokens_total"] - before.get("maxrun_spec_decode_accepted_tokens_total", 0)
+    verifications = after["maxrun_spec_decode_verifications_total"] - before.get("maxrun_spec_decode_verifications_total", 0)
+    check(drafted > 0 and 0 < accepted <= drafted, f"drafted {drafted}, accepted {accepted}")
+    check(after["maxrun_spec_decode_accepted_length_count"] == verifications + before.get("maxrun_spec_decode_accepted_length_count", 0), "one accepted length per verification")
+    print(f"{drafted:.0f} drafted, {accepted:.0f} accepted, {verifications:.0f} verifications")
 
 
 def cosine(a, b):
@@ -758,6 +787,273 @@ def scenario_reasoning(url, exp):
                 c_parts.append(ch.delta.content)
     check("".join(r_parts) == reasoning and "".join(c_parts) == m.content, f"streamed {''.join(r_parts)!r} / {''.join(c_parts)!r}")
     check(len(r_parts) > 1, "the reasoning streamed in pieces")
+
+
+RESP_WEATHER = {"type": "function", "name": "get_weather", "description": WEATHER["function"]["description"], "parameters": WEATHER["function"]["parameters"], "strict": True}
+RESP_TIME = {"type": "function", "name": "get_time", "description": TIME["function"]["description"], "parameters": TIME["function"]["parameters"], "strict": True}
+
+
+def response_events_in_order(events):
+    """Checks a Responses API stream against the order OpenAI sends: created,
+    in_progress, then for each output item its added event, its content
+    part's added, its deltas, their done, the part's done and the item's done,
+    then one last completed or incomplete event carrying the response; every
+    event numbered by sequence_number from 0; each item's deltas concatenate
+    to its done text and to the text in the final response. Returns that."""
+    types = [e.type for e in events]
+    check(types[:2] == ["response.created", "response.in_progress"], f"the stream opens with {types[:2]}")
+    check([e.sequence_number for e in events] == list(range(len(events))), f"sequence numbers {[e.sequence_number for e in events]}")
+    check(types[-1] in ("response.completed", "response.incomplete") and types.count(types[-1]) == 1, f"the stream ends with {types[-1]}: {types}")
+    final = events[-1].response
+    check(events[0].response.id == final.id and events[0].response.status == "in_progress" and final.status in ("completed", "incomplete"), f"statuses {events[0].response.status} -> {final.status}")
+    i = 2
+
+    def take(kind, item_id):
+        nonlocal i
+        parts = []
+        while events[i].type == kind:
+            check(events[i].item_id == item_id, f"{kind} of another item: {events[i]}")
+            parts.append(events[i].delta)
+            i += 1
+        return "".join(parts)
+
+    for index, item in enumerate(final.output):
+        e = events[i]
+        check(e.type == "response.output_item.added" and e.output_index == index and e.item.id == item.id and e.item.status == "in_progress", f"item {index} opens: {e}")
+        i += 1
+        if item.type == "message":
+            check(events[i].type == "response.content_part.added" and events[i].part.type == "output_text", f"its part opens: {events[i]}")
+            i += 1
+            text = take("response.output_text.delta", item.id)
+            check(events[i].type == "response.output_text.done" and events[i].text == text == item.content[0].text, f"output_text.done {events[i]} vs deltas {text!r}")
+            i += 1
+            check(events[i].type == "response.content_part.done" and events[i].part.text == text, f"content_part.done {events[i]}")
+            i += 1
+        elif item.type == "function_call":
+            arguments = take("response.function_call_arguments.delta", item.id)
+            check(events[i].type == "response.function_call_arguments.done" and events[i].arguments == arguments == item.arguments, f"arguments.done {events[i]} vs deltas {arguments!r}")
+            i += 1
+        elif item.type == "reasoning":
+            check(events[i].type == "response.content_part.added", f"its part opens: {events[i]}")
+            i += 1
+            text = take("response.reasoning_text.delta", item.id)
+            check(events[i].type == "response.reasoning_text.done" and events[i].text == text, f"reasoning_text.done {events[i]}")
+            i += 2
+        else:
+            raise AssertionError(f"an output item of type {item.type}")
+        check(events[i].type == "response.output_item.done" and events[i].output_index == index and events[i].item.model_dump() == item.model_dump(), f"item {index} closes as the response lists it: {events[i]}")
+        i += 1
+    check(i == len(events) - 1, f"events after the last item: {types[i:]}")
+    return final
+
+
+def scenario_responses(url, exp):
+    """POST /v1/responses through client.responses.create: plain text equal to
+    maxrun --chat's, whole and streamed (the events in OpenAI's order, deltas
+    concatenating to the text), max_output_tokens cutting a response
+    (incomplete), instructions as the system message (the ids /tokenize gives
+    those messages), a function call round trip with function_call_output and
+    previous_response_id (the same as sending the whole conversation, and as
+    Chat Completions with the same messages), a named tool choice streamed,
+    text.format json_schema (jsonschema the judge) and json_object, GET and
+    DELETE of stored responses, store false, a missing previous response (404)
+    and unsupported fields (400 naming them)."""
+    import jsonschema
+    c = client(url, exp.get("api_key"))
+    m = exp["model"]
+    auth = {"Authorization": f"Bearer {exp['api_key']}"} if exp.get("api_key") else {}
+    chat = exp["chat"]
+    kwargs = dict(model=m, input=chat["messages"], max_output_tokens=chat["max_tokens"], temperature=0)
+    r = c.responses.create(**kwargs)
+    check(r.object == "response" and r.id.startswith("resp_") and r.model == m and r.created_at > 1e9, f"the response object {r}")
+    check(r.output_text == chat["text"], f"responses: {r.output_text!r} != maxrun --chat's {chat['text']!r}")
+    check(r.status == ("completed" if chat["finish_reason"] == "stop" else "incomplete"), f"status {r.status}")
+    check(len(r.output) == 1 and r.output[0].type == "message" and r.output[0].role == "assistant" and r.output[0].id.startswith("msg_"), f"output {r.output}")
+    u = r.usage
+    check(u.input_tokens == chat["prompt_tokens"] and u.total_tokens == u.input_tokens + u.output_tokens and u.input_tokens_details.cached_tokens <= u.input_tokens, f"usage {u}")
+    if len(chat["messages"]) == 1 and chat["messages"][0]["role"] == "user":
+        s = c.responses.create(**{**kwargs, "input": chat["messages"][0]["content"]})
+        check(s.output_text == chat["text"], f"a string input is one user message: {s.output_text!r}")
+    final = response_events_in_order(list(c.responses.create(stream=True, **kwargs)))
+    check(final.output_text == chat["text"] and final.usage.input_tokens == chat["prompt_tokens"], f"streamed {final.output_text!r} {final.usage}")
+    check(c.responses.retrieve(final.id).model_dump() == final.model_dump(), "GET returns the stored response as streamed")
+    # The token limit cuts a response: incomplete, whole and streamed.
+    r = c.responses.create(model=m, input="Tell me a long story about a dragon.", max_output_tokens=3, temperature=0)
+    check(r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 3 and r.output[0].status == "incomplete", f"cut: {r}")
+    cut = response_events_in_order(list(c.responses.create(model=m, input="Tell me a long story about a dragon.", max_output_tokens=3, temperature=0, stream=True)))
+    check(cut.status == "incomplete" and cut.output_text == r.output_text, f"cut streamed: {cut}")
+    # Instructions are the system message, before the input.
+    instructions, question = "You are a calculator. Answer with a number only.", "What is 2 + 2?"
+    r = c.responses.create(model=m, input=question, instructions=instructions, max_output_tokens=8, temperature=0)
+    got, _, data = raw(url, "POST", "/tokenize", {"messages": [{"role": "system", "content": instructions}, {"role": "user", "content": question}]}, auth)
+    check(got == 200 and json.loads(data)["count"] == r.usage.input_tokens and r.instructions == instructions, f"instructions: {r.usage.input_tokens} tokens vs {data[:100]!r}")
+    # A function call round trip: the call, then its output with previous_response_id.
+    q = "What is the weather in Paris right now?"
+    r = c.responses.create(model=m, input=q, tools=[RESP_WEATHER], tool_choice="required", parallel_tool_calls=False, temperature=0, max_output_tokens=200)
+    calls = [o for o in r.output if o.type == "function_call"]
+    check(len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id and calls[0].id.startswith("fc_") and calls[0].status == "completed", f"one call: {r.output}")
+    jsonschema.validate(json.loads(calls[0].arguments), RESP_WEATHER["parameters"])
+    check(r.tools[0].name == "get_weather" and r.tool_choice == "required" and r.parallel_tool_calls is False, f"the request's tools echoed: {r.tools} {r.tool_choice}")
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": json.dumps({"temperature": 18, "unit": "celsius", "sky": "clear"})}
+    follow = dict(model=m, tools=[RESP_WEATHER], tool_choice="none", temperature=0, max_output_tokens=60)
+    r2 = c.responses.create(previous_response_id=r.id, input=[result], **follow)
+    check(r2.previous_response_id == r.id and r2.output_text and r2.output[0].type == "message", f"the answer after the call: {r2}")
+    whole = [{"role": "user", "content": q}] + [o.model_dump(exclude_none=True) for o in r.output] + [result]
+    r3 = c.responses.create(input=whole, **follow)
+    check(r3.output_text == r2.output_text and r3.usage.input_tokens == r2.usage.input_tokens, f"previous_response_id is the whole conversation: {r3.output_text!r} vs {r2.output_text!r}")
+    messages = [{"role": "user", "content": q},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].call_id, "type": "function", "function": {"name": "get_weather", "arguments": calls[0].arguments}}]},
+                {"role": "tool", "tool_call_id": calls[0].call_id, "content": result["output"]}]
+    cr = c.chat.completions.create(model=m, messages=messages, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=60)
+    check(cr.choices[0].message.content == r2.output_text and cr.usage.prompt_tokens == r2.usage.input_tokens, f"Chat Completions of the same conversation: {cr.choices[0].message.content!r} vs {r2.output_text!r}")
+    # A named tool choice, streamed: exactly one call, its arguments in pieces.
+    events = list(c.responses.create(model=m, input="What time is it in Tokyo, and the weather in Oslo?", tools=[RESP_WEATHER, RESP_TIME], tool_choice={"type": "function", "name": "get_time"}, temperature=0, stream=True))
+    final = response_events_in_order(events)
+    check([(o.type, o.name) for o in final.output] == [("function_call", "get_time")], f"named choice: {final.output}")
+    jsonschema.validate(json.loads(final.output[0].arguments), RESP_TIME["parameters"])
+    check(sum(e.type == "response.function_call_arguments.delta" for e in events) > 1, "the arguments streamed in pieces")
+    # text.format: JSON under the schema (objects closed to their properties), and JSON objects.
+    for i, schema in enumerate(SCHEMAS[:8] + [NESTED]):
+        for temperature in (0, 0.9):
+            r = c.responses.create(model=m, input="Reply with a JSON value that fits this schema: " + json.dumps(schema), temperature=temperature, max_output_tokens=400,
+                                   text={"format": {"type": "json_schema", "name": f"s{i}", "schema": schema, "strict": True}})
+            check(r.status == "completed", f"schema {i} at {temperature}: {r.status} {r.output_text!r}")
+            jsonschema.validate(json.loads(r.output_text), close_everywhere(schema), format_checker=jsonschema.FormatChecker())
+            check(r.text.format.type == "json_schema" and r.text.format.name == f"s{i}", f"text echoed: {r.text}")
+    r = c.responses.create(model=m, input="Describe a cat as a JSON object.", temperature=0, max_output_tokens=200, text={"format": {"type": "json_object"}})
+    check(isinstance(json.loads(r.output_text), dict), f"json_object: {r.output_text!r}")
+    # Stored responses: GET, DELETE; store false keeps none; a missing one is a 404.
+    kept = c.responses.create(model=m, input="Hi", max_output_tokens=4, temperature=0, metadata={"case": "kept"})
+    check(c.responses.retrieve(kept.id).output_text == kept.output_text and kept.metadata == {"case": "kept"}, "GET a stored response")
+    c.responses.delete(kept.id)
+    unkept = c.responses.create(model=m, input="Hi", max_output_tokens=4, temperature=0, store=False)
+    for gone in (kept.id, unkept.id, "resp_0123456789abcdef0123456789abcdef"):
+        try:
+            c.responses.retrieve(gone)
+            raise AssertionError(f"GET {gone} found a response")
+        except openai.NotFoundError:
+            pass
+        try:
+            c.responses.create(model=m, input="And then?", previous_response_id=gone, max_output_tokens=4)
+            raise AssertionError(f"previous_response_id {gone} was found")
+        except openai.NotFoundError as e:
+            err = e.response.json()["error"]
+            check(set(err) == {"message", "type", "param", "code"} and err["param"] == "previous_response_id" and gone in err["message"], f"404 {err}")
+    got, _, data = raw(url, "DELETE", f"/v1/responses/{kept.id}", None, auth)
+    check(got == 404 and json.loads(data)["error"]["code"] == "response_not_found", f"a second DELETE: {got} {data[:200]!r}")
+    # Unsupported parts: 400 naming the field.
+    q1 = [{"role": "user", "content": "hi"}]
+    for body, param in (
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}, "input[0].content[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]}, "input[0].content[0].type"),
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
+        ({"input": "hi", "conversation": "conv_1"}, "conversation"),
+        ({"input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"input": "hi", "truncation": "auto"}, "truncation"),
+        ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+        ({"input": "hi", "top_logprobs": 5}, "top_logprobs"),
+        ({"input": "hi", "stream_options": {"include_obfuscation": False}}, "stream_options"),
+        ({"input": "hi", "frobnicate": 1}, "frobnicate"),
+        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "hi", "temperature": 3}, "temperature"),
+        ({"input": "hi", "tools": [RESP_WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "object", "properties": {"a": {}}, "required": ["b"]}}}}, "text.format"),
+        ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+        ({"input": q1 + [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[1].call_id"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"input": 7}, "input"),
+        ({}, "input"),
+        ({"input": "hi", "model": "gpt-5"}, "model"),
+    ):
+        got, _, data = raw(url, "POST", "/v1/responses", body, auth)
+        err = json.loads(data).get("error", {})
+        want = 404 if param == "model" else 400
+        check(got == want and set(err) == {"message", "type", "param", "code"} and err["message"] and err["param"] == param, f"{body}: {got} {err}")
+    got, _, data = raw(url, "GET", f"/v1/responses/{r.id}?stream=true", None, auth)
+    check(got == 400 and json.loads(data)["error"]["param"] == "stream", f"GET with stream: {got}")
+    if exp.get("api_key"):
+        check(raw(url, "POST", "/v1/responses", {"input": "hi"})[0] == 401 and raw(url, "GET", f"/v1/responses/{r.id}")[0] == 401, "the API key guards /v1/responses")
+
+
+def scenario_responses_store(url, exp):
+    """The store keeps the last --response-store-entries responses, least
+    recently used out first: reading one keeps it. With
+    --allow-extra-request-fields unknown fields (and unknown keys in items) are
+    dropped, and the fields maxrun knows it cannot honour are still refused."""
+    c = client(url, exp.get("api_key"))
+    got, _, data = raw(url, "POST", "/v1/responses", {"input": [{"role": "user", "content": "Hi", "vendor_tag": 1}], "max_output_tokens": 2, "vendor_option": True})
+    check(got == 200 and json.loads(data)["object"] == "response", f"extra fields dropped: {got} {data[:200]!r}")
+    for body, param in (({"input": "Hi", "conversation": "conv_1"}, "conversation"), ({"input": "Hi", "background": True}, "background"), ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type")):
+        got, _, data = raw(url, "POST", "/v1/responses", body)
+        check(got == 400 and json.loads(data)["error"]["param"] == param, f"{body} with extra fields allowed: {got} {data[:200]!r}")
+    new = lambda: c.responses.create(model=exp["model"], input="Hi", max_output_tokens=2, temperature=0).id
+
+    def stored(rid):
+        try:
+            c.responses.retrieve(rid)
+            return True
+        except openai.NotFoundError:
+            return False
+
+    a, b, d = new(), new(), new()
+    check([stored(x) for x in (b, d)] == [True, True] and not stored(a), f"two kept of three, the first gone: {[stored(x) for x in (a, b, d)]}")
+    check(stored(b), "b read again")
+    e = new()
+    check(stored(b) and stored(e) and not stored(d), "d, used less recently than b, went")
+
+
+def scenario_agents(url, exp):
+    """The OpenAI Agents SDK (its tracing off: it sends nothing but the model's
+    requests, all to this server) runs a one-tool agent loop with its Responses
+    model, whole and streamed, and with its Chat Completions model: the tool is
+    called once with the city, and its result (a temperature the model cannot
+    know otherwise) reaches the final answer; the three give the same answer
+    (greedy decoding of one prompt: both APIs render the conversation alike)."""
+    import asyncio
+    import os
+    os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    set_tracing_disabled(True)
+    api = openai.AsyncOpenAI(base_url=url + "/v1", api_key=exp.get("api_key") or "none", max_retries=0, timeout=120)
+    calls = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        calls.append(city)
+        return f"The weather in {city} is sunny and 23 degrees."
+
+    async def run(model, streamed):
+        calls.clear()
+        # The first turn must call the tool (the SDK sets tool_choice back to
+        # auto after it, so the loop ends with an answer).
+        agent = Agent(name="Weather", instructions="You answer questions about the weather in one short sentence, using the tool's result.", tools=[get_weather], model=model,
+                      model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=80))
+        if streamed:
+            result = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=4)
+            kinds = set()
+            async for event in result.stream_events():
+                kinds.add(event.type)
+            check("raw_response_event" in kinds, f"streamed events {kinds}")
+        else:
+            result = await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+        check(calls == ["Paris"], f"{type(model).__name__}: tool calls {calls}")
+        check(isinstance(result.final_output, str) and "23" in result.final_output, f"{type(model).__name__}: the tool's result is not in the answer {result.final_output!r}")
+        return result.final_output
+
+    async def main():
+        answers = [await run(OpenAIResponsesModel(model=exp["model"], openai_client=api), False),
+                   await run(OpenAIResponsesModel(model=exp["model"], openai_client=api), True),
+                   await run(OpenAIChatCompletionsModel(model=exp["model"], openai_client=api), False)]
+        check(len(set(answers)) == 1, f"the answers differ: {answers}")
+        print("agents:", answers[0])
+
+    asyncio.run(main())
 
 
 def rss_kib(pid):

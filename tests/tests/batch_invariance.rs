@@ -523,3 +523,20 @@ fn grouped_expert_rows_get_the_same_bits_alone_and_in_a_batch() {
         }
     }
 }
+
+/// An artifact whose single-stream cache cannot hold key panels (a maximum
+/// length that is not a multiple of 16) is compiled with a note saying that
+/// its serial and batched runs agree within rounding only; a multiple of 16
+/// gets no such note.
+#[test]
+fn a_maximum_length_off_the_key_panels_is_noted() {
+    let model = maxc_tests::fixture("tiny-llama");
+    for (length, noted) in [(40, true), (48, false)] {
+        let out = maxc_tests::temp_file("invariance-length", "m.mef");
+        let args: Vec<std::ffi::OsString> = ["compile", "--model"].map(Into::into).into_iter().chain([model.clone().into_os_string(), "-o".into(), out.as_os_str().into(), "--model-override".into(), format!("transformer.max_length={length}").into()]).collect();
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let (code, _, err) = maxc_tests::run_bin("maxc", &args);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(err.contains("is not a multiple of 16") && err.contains("Batch invariance"), noted, "max_length {length}: {err}");
+    }
+}

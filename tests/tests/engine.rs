@@ -77,13 +77,23 @@ mod fake_executor {
 
     const VOCAB: u64 = 512;
 
-    /// The fake model: the next token after `tokens` (never token 0).
+    thread_local! {
+        static WINDOW: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// The fake model: the next token after `tokens` (never token 0), a hash
+    /// of every token before it, or with `WINDOW` set (speculation's scenario)
+    /// of the last few only, so that replies repeat themselves and prompt
+    /// lookup's drafts are sometimes right (its tokens then come from a few).
     fn next_token(tokens: &[u32]) -> u32 {
+        let window = WINDOW.with(|w| w.get());
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &t in tokens {
+        for &t in &tokens[tokens.len() - window.unwrap_or(tokens.len()).min(tokens.len())..] {
             h = (h ^ t as u64).wrapping_mul(0x0000_0100_0000_01b3);
         }
-        1 + (h % (VOCAB - 1)) as u32
+        // Replies of a windowed model fall into short cycles over a few tokens.
+        let range = if window.is_some() { 13 } else { VOCAB - 1 };
+        1 + (h % range) as u32
     }
 
     struct Fake {
@@ -172,6 +182,27 @@ mod fake_executor {
 
     #[test]
     fn preemption_cancellation_and_prefix_reuse_through_a_fake_executor() {
+        let stats = scenario(None);
+        assert_eq!(stats.draft_tokens, 0);
+    }
+
+    /// The same with prompt-lookup speculation, over a model whose replies
+    /// repeat (each token a hash of the last one, among 13): every request still gets
+    /// exactly the tokens it gets without speculation, through drafts that
+    /// stand and drafts that are rejected (their KV rolled back), preemptions
+    /// and cancellations. Accepting a draft without checking it, or keeping a
+    /// rejected draft's position, changes the tokens.
+    #[test]
+    fn speculation_gives_the_same_tokens_through_a_fake_executor() {
+        WINDOW.with(|w| w.set(Some(1)));
+        let stats = scenario(Some(maxrun::engine::speculate::SpeculationConfig { max_drafts: 3, min_n: 1, max_n: 3, row_cost: 0.0, max_step_drafts: 8, ..Default::default() }));
+        assert!(stats.accepted_tokens > 0 && stats.accepted_tokens < stats.draft_tokens, "drafts stand and fall: {stats:?}");
+        assert!(stats.verifications > 0);
+    }
+
+    /// Random arrivals, cancellations and a pool too small for all of them at
+    /// once; every request's tokens checked against the fake model's own.
+    fn scenario(speculation: Option<maxrun::engine::speculate::SpeculationConfig>) -> maxrun::engine::Stats {
         let block_size = 4;
         // 24 blocks of 4 positions: fewer than the requests below need at
         // once, so decode rows preempt; a sequence may hold 16 blocks (64 positions).
@@ -179,6 +210,9 @@ mod fake_executor {
         let fake = Fake { limits, slots: vec![None; 24 * block_size], logits: vec![], rng: 0x9e37_79b9_7f4a_7c15, steps: 0, max_rows_seen: 0 };
         let facts = ModelFacts { vocab_size: VOCAB, max_length: 64, eos_token_ids: vec![0], tokenizer_json: None };
         let mut engine = Engine::batched(facts, Box::new(fake), tokenizer());
+        if let Some(config) = speculation {
+            engine.speculate(config).unwrap();
+        }
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         let mut random = move |n: u64| {
             rng ^= rng << 13;
@@ -245,5 +279,6 @@ mod fake_executor {
         assert!(stats.prefix_hit_tokens >= 12, "the shared prefix is reused: {stats:?}");
         assert_eq!(stats.kv_blocks_used, 0, "every block is given back (cached ones stay evictable): {stats:?}");
         assert_eq!(stats.running + stats.waiting, 0, "nothing left in flight");
+        stats
     }
 }

@@ -183,7 +183,7 @@ fn cases() -> Vec<Case> {
                 let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4, cache, keys: KeyLayout::Rows };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 // Positions are drawn below 40 and the caches hold 40 random positions.
-                let sizes = vec![s * qw, s, 40 * kvw, 40 * kvw, s * kv_heads as usize * shape.scratch_per_task() as usize, s * qw];
+                let sizes = whole_attention_sizes(&shape, s, 40);
                 v.push(Case { kernel: attention(shape, seq), sizes, int_max: 40, seq: s as u64, tol: 1e-5 });
                 // Flash-decoding's two kernels (positions below 40 make one or two
                 // chunks of 32; the partials' unread chunks are never looked at).
@@ -243,7 +243,7 @@ fn cases() -> Vec<Case> {
             for (heads, kv_heads, head_dim, window) in [(6, 2, 32, None), (6, 2, 32, Some(21)), (4, 4, 16, None), (8, 2, 24, Some(5))] {
                 let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 48, softcap: None, causal: true, cache, keys: KeyLayout::Panels };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
-                let sizes = vec![s * qw, s, 48 * kvw, 48 * kvw, s * kv_heads as usize * shape.scratch_per_task() as usize, s * qw];
+                let sizes = whole_attention_sizes(&shape, s, 48);
                 v.push(Case { kernel: attention(shape, seq), sizes, int_max: 48, seq: s as u64, tol: 1e-5 });
                 for splits in [1, 3] {
                     let (scratch, parts) = (shape.split_scratch_per_token(splits) as usize, shape.partials_per_token(splits) as usize);
@@ -795,7 +795,7 @@ mod random_shapes {
             Case { kernel: rope(qw as u64, hd, seq), sizes: vec![s_ * qw, s_, hd2 as usize, s_ * qw], int_max: 30, seq: s, tol: 1e-5 },
             Case {
                 kernel: attention(shape, seq),
-                sizes: vec![s_ * qw, s_, max_len as usize * kvw, max_len as usize * kvw, s_ * kv as usize * shape.scratch_per_task() as usize, s_ * qw],
+                sizes: super::whole_attention_sizes(&shape, s_, max_len as usize),
                 int_max: max_len as i32,
                 seq: s,
                 tol: reduction_tol(hd * max_len),
@@ -956,6 +956,19 @@ fn activations(q: &Kernel, consumer: &Kernel, x: &[f32], k: u64, rows: usize) ->
 /// Whether an integer matmul reads the activations' sums per 16 values (its `h`).
 fn takes_half_sums(kernel: &Kernel) -> bool {
     kernel.params.get(2).is_some_and(|p| p.name == "h")
+}
+
+/// The buffers of whole attention over `rows` rows and caches of `positions`:
+/// q, pos, the caches, the score rows, for causal attention the chunks'
+/// partial rows, and the output.
+fn whole_attention_sizes(shape: &AttentionShape, rows: usize, positions: usize) -> Vec<usize> {
+    let (qw, kvw, kv) = ((shape.heads * shape.head_dim) as usize, (shape.kv_heads * shape.head_dim) as usize, shape.kv_heads as usize);
+    let mut sizes = vec![rows * qw, rows, positions * kvw, positions * kvw, rows * kv * shape.scratch_per_task() as usize];
+    if shape.causal {
+        sizes.push(rows * kv * shape.parts_per_task() as usize);
+    }
+    sizes.push(rows * qw);
+    sizes
 }
 
 /// Runs compiled `kernel` over `rows` rows of `bufs`.

@@ -217,6 +217,34 @@ fn openai_clients_get_what_the_command_line_prints() {
     assert!(lines.iter().any(|l| l["status"] == 400), "{log}");
 }
 
+/// Issue #65: a server started with `--speculative ngram` answers eight
+/// concurrent clients (whole and streamed) with the text `maxrun --chat`
+/// prints without speculation for input-grounded prompts of
+/// `../shared/speculation/prompts.jsonl`, and counts its drafts on /metrics.
+#[test]
+fn a_speculative_server_answers_what_plain_decoding_does() {
+    let mef = smollm2();
+    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let prompts = std::fs::read_to_string(fixtures_dir().parent().unwrap().join("speculation/prompts.jsonl")).unwrap();
+    let chats: Vec<Value> = prompts
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "input-grounded")
+        .step_by(6)
+        .map(|v| {
+            // `--chat` reads a message a line, its trailing whitespace trimmed.
+            let message = v["prompt"].as_str().unwrap().replace('\n', " ").trim().to_string();
+            json!({"message": message, "max_tokens": 40, "text": cli_chat(mef, &message, 40).0})
+        })
+        .collect();
+    assert_eq!(chats.len(), 4);
+    let expected = json!({"model": a.header.model.name, "chats": chats});
+    let mut server = Server::start(mef, &["--speculative", "ngram"]);
+    run_client("speculative", &server, &expected);
+    assert!(server.log().contains("speculative: n-gram"), "{}", server.log());
+    assert_eq!(server.stop(Duration::from_secs(30)), 0);
+}
+
 /// Issue #66, OpenAI's strict semantics and vLLM's /tokenize: objects whose
 /// schema omits `additionalProperties` take only their declared properties
 /// (20 seeds at temperature 0.9, judged by jsonschema against the schema
@@ -271,6 +299,38 @@ fn strict_schemas_named_tool_calls_and_tokenize() {
     run_client("tokenize", &server, &expected);
     run_client("strict", &server, &expected);
     run_client("tool_choice", &server, &expected);
+    assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
+}
+
+/// Issue #66, the Responses API: `client.responses.create` answers the golden
+/// chat case with `maxrun --chat`'s text and prompt tokens, whole and streamed
+/// (the events in OpenAI's order), and the scenario checks cut responses,
+/// instructions, a function-call round trip through `previous_response_id`
+/// (against the whole conversation sent again, and against Chat Completions),
+/// a named tool choice, `text.format` (jsonschema the judge), GET / DELETE and
+/// 404s, and 400s naming unsupported fields; the store keeps its newest
+/// responses by use (`--response-store-entries 2`), and
+/// `--allow-extra-request-fields` drops only unknown fields; and the OpenAI Agents SDK
+/// runs a one-tool agent loop with its Responses model (whole and streamed)
+/// and its Chat Completions model.
+#[test]
+fn the_responses_api_and_the_agents_sdk() {
+    let mef = smollm2();
+    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let golden = golden("smollm2-135m");
+    let messages = &golden["chat"]["messages"];
+    let (text, prompt_tokens, generated) = cli_chat(mef, messages[0]["content"].as_str().unwrap(), 48);
+    let chat = json!({"messages": messages, "max_tokens": 48, "text": text, "prompt_tokens": prompt_tokens, "finish_reason": if generated < 48 { "stop" } else { "length" }});
+    let expected = json!({"model": model, "api_key": "sk-resp", "chat": chat});
+    let mut server = Server::start(mef, &["--api-key", "sk-resp"]);
+    run_client("responses", &server, &expected);
+    run_client("agents", &server, &expected);
+    assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
+    let log = server.log();
+    let lines: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(lines.iter().any(|l| l["endpoint"] == "/v1/responses" && l["status"] == 200 && l["finish_reason"] == "completed"), "{log}");
+    let mut server = Server::start(mef, &["--response-store-entries", "2", "--allow-extra-request-fields"]);
+    run_client("responses_store", &server, &json!({"model": model}));
     assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
 }
 

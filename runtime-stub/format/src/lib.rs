@@ -13,9 +13,10 @@ pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// which row count they follow, so that batch plans of device meshes can hold
 /// them; the KV cache is an encoding with parts, each its own buffer; sentence
 /// encoders' batch plans, [`SubModel::encode_batch`], and [`BufferRef::SequenceStarts`];
-/// 10: a mixture of experts' routing, [`ModelInfo::experts`]).
-pub const FORMAT_MAJOR: u32 = 10;
-/// Compatible additions bump the minor version (none yet in format 10).
+/// 10: a mixed step's logit rows, [`BatchLimits::max_logit_rows`]; 11: a
+/// mixture of experts' routing, [`ModelInfo::experts`]).
+pub const FORMAT_MAJOR: u32 = 11;
+/// Compatible additions bump the minor version (none yet in format 11).
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
@@ -86,8 +87,12 @@ pub struct BatchLimits {
     /// Rows of a mixed step (`compile.max_batch_tokens`).
     pub max_rows: u64,
     /// Sequences per step (`compile.max_sequences`): the decode plan's rows,
-    /// and the rows whose logits a step returns.
+    /// and the rows whose logits a decode step returns.
     pub max_sequences: u64,
+    /// Rows whose logits a mixed step returns (format 10): at least
+    /// `max_sequences`, so that a step can verify several drafted tokens of
+    /// each sequence (speculative decoding), and at most `max_rows`.
+    pub max_logit_rows: u64,
 }
 
 impl BatchLimits {
@@ -261,7 +266,7 @@ pub struct ModelInfo {
     /// `Some(width)` for encoders: a step outputs one `f32[1, width]` sentence
     /// embedding instead of `[seq, vocab]` logits.
     pub embedding_width: Option<u64>,
-    /// The routed experts of a mixture-of-experts model (format 10).
+    /// The routed experts of a mixture-of-experts model (format 11).
     pub experts: Option<ExpertsInfo>,
 }
 

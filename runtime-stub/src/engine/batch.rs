@@ -34,8 +34,15 @@ pub struct Batched<'a> {
 impl<'a> Batched<'a> {
     /// A scheduler over `executor`'s pool and plans.
     pub fn new(executor: Box<dyn Executor + 'a>) -> Batched<'a> {
+        Self::with_prefix_cache(executor, true)
+    }
+
+    /// [`Batched::new`], its full blocks in the prefix cache or not (a draft
+    /// model's sequences are rolled back anywhere).
+    pub fn with_prefix_cache(executor: Box<dyn Executor + 'a>, caches_prefixes: bool) -> Batched<'a> {
         let l = executor.limits();
-        let scheduler = Scheduler::new(
+        let make = if caches_prefixes { Scheduler::new } else { Scheduler::without_prefix_cache };
+        let scheduler = make(
             Limits {
                 block_size: l.block_size,
                 blocks_per_sequence: l.blocks_per_sequence,
@@ -94,6 +101,54 @@ impl<'a> Batched<'a> {
         self.scheduler.remove(id);
     }
 
+    /// The tokens of request `id` (prompt and generated), drafts not included.
+    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+        let tokens = self.scheduler.tokens(id)?;
+        Some(&tokens[..tokens.len() - self.scheduler.drafts(id).len()])
+    }
+
+    /// Drafts `drafts` after the last token of `id` ([`Scheduler::set_drafts`]).
+    pub fn set_drafts(&mut self, id: RequestId, drafts: &[u32]) -> usize {
+        self.scheduler.set_drafts(id, drafts)
+    }
+
+    /// The drafts of `id` its next step verifies.
+    pub fn drafts(&self, id: RequestId) -> &[u32] {
+        self.scheduler.drafts(id)
+    }
+
+    /// Keeps only the first `n` drafts of `id`, before its step runs.
+    pub fn keep_drafts(&mut self, id: RequestId, n: usize) {
+        let Some(len) = self.scheduler.tokens(id).map(<[u32]>::len) else { return };
+        let drafts = self.scheduler.drafts(id).len();
+        let _ = self.scheduler.rollback(id, len - drafts + n.min(drafts));
+    }
+
+    /// Keeps the first `keep` tokens of `id` ([`Scheduler::rollback`]).
+    pub fn rollback(&mut self, id: RequestId, keep: usize) -> Result<(), usize> {
+        self.scheduler.rollback(id, keep)
+    }
+
+    /// Whether any sequence is waiting or running.
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    /// Whether `id` is scheduled (waiting or running).
+    pub fn knows(&self, id: RequestId) -> bool {
+        self.scheduler.tokens(id).is_some()
+    }
+
+    /// Queues a sequence of `tokens` whose last position's logits come back.
+    pub fn add_tokens(&mut self, id: RequestId, tokens: Vec<u32>) -> Result<(), AddError> {
+        self.scheduler.add(id, tokens, PromptLogits::Last)
+    }
+
+    /// Keeps the first `accepted` drafts of `id` after their step ran.
+    pub fn accept(&mut self, id: RequestId, accepted: usize) {
+        self.scheduler.accept(id, accepted);
+    }
+
     pub fn fill_stats(&self, s: &mut Stats) {
         let p = &self.scheduler.pool;
         s.waiting = self.scheduler.waiting();
@@ -121,7 +176,7 @@ impl<'a> Batched<'a> {
         let rows = step
             .outputs
             .iter()
-            .map(|o| OutputRow { id: o.seq, position: o.position, next: o.next, cached_tokens: self.scheduler.cached_tokens(o.seq) })
+            .map(|o| OutputRow { id: o.seq, position: o.position, next: o.next, verifies: o.verifies, cached_tokens: self.scheduler.cached_tokens(o.seq) })
             .collect();
         let decode_rows = if step.decode_only { step.rows.len() } else { step.rows.len() - step.prompt_rows };
         Ok(StepOutput { rows, logits, prompt_rows: step.prompt_rows, decode_rows })

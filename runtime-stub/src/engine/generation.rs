@@ -192,6 +192,11 @@ impl Generation {
         self.finished == Some(FinishReason::Length) && self.limit < self.params.max_tokens
     }
 
+    /// New tokens it may generate in all (its limit, or what the context leaves).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     /// Whether the request takes no new token (a prompt scored, nothing generated).
     pub fn generates_nothing(&self) -> bool {
         self.limit == 0
@@ -247,6 +252,22 @@ impl Generation {
             }
         }
         let token = sample(if adjusted { &self.row } else { logits }, &p.sampling, &mut self.rng);
+        let logprob = p.logprobs.map(|n| logprob_of(logits, token, n));
+        self.record(token, logprob, tokenizer)
+    }
+
+    /// Takes `token` as the next one without sampling (no random draw): the
+    /// deliberately wrong speculative scheme of the tests
+    /// ([`super::speculate::SpeculationConfig::accept_unchecked`]).
+    #[doc(hidden)]
+    pub fn take(&mut self, token: u32, tokenizer: &Tokenizer) -> Result<Sampled, DecodeError> {
+        assert!(self.finished.is_none(), "a finished generation takes no more tokens");
+        self.record(token, None, tokenizer)
+    }
+
+    /// Advances past `token`: the grammar, the penalties' counts, the text and
+    /// the end conditions.
+    fn record(&mut self, token: u32, logprob: Option<TokenLogprob>, tokenizer: &Tokenizer) -> Result<Sampled, DecodeError> {
         if let Some(c) = &mut self.constraint {
             if self.constraint_error.is_none() {
                 if let Err(e) = c.commit(token) {
@@ -254,7 +275,6 @@ impl Generation {
                 }
             }
         }
-        let logprob = p.logprobs.map(|n| logprob_of(logits, token, n));
         if self.recent.len() == REPEAT_WINDOW {
             self.recent.pop_front();
         }

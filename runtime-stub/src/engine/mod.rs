@@ -21,15 +21,21 @@
 //!   request (a chat's earlier turns). This is `maxrun --prompt` and `--chat`:
 //!   the single-stream plans are the fastest way to run one sequence.
 //!
+//! The batched backend can speculate ([`Engine::speculate`], `speculate.rs`):
+//! a running sequence's decode row comes with drafted tokens, and one step
+//! verifies them, giving the tokens plain decoding would give.
+//!
 //! Sentence encoders have no generation loop: [`embed::Embedder`] packs a
 //! request's inputs into steps of an [`crate::executor::EncodeExecutor`].
 
 pub mod batch;
 pub mod blocks;
+pub mod draft;
 pub mod embed;
 pub mod generation;
 pub mod scheduler;
 pub mod serial;
+pub mod speculate;
 pub mod text;
 
 use std::collections::HashMap;
@@ -133,6 +139,15 @@ pub struct Stats {
     /// Prompt positions looked up in the prefix cache, and found.
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Speculative decoding: drafted tokens verified, those that stood, and
+    /// the verification steps of a sequence (each gives one token more than
+    /// the drafts that stood).
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub verifications: u64,
+    /// Verifications by how many tokens they gave (index: tokens - 1, the last
+    /// bucket `MAX_DRAFTS + 1` tokens).
+    pub accepted_lengths: [u64; speculate::MAX_DRAFTS + 1],
 }
 
 /// A request in flight.
@@ -146,6 +161,9 @@ struct Active {
     submitted: Instant,
     first_token: Option<Instant>,
     cached_tokens: usize,
+    /// Its drafts' source and how many to draft (speculating engines, requests
+    /// that generate).
+    speculation: Option<(speculate::NGramIndex, speculate::DraftLength)>,
 }
 
 enum Backend<'a> {
@@ -187,6 +205,13 @@ pub struct Engine<'a> {
     /// helper thread beside the step (decided once: the usable CPUs are read
     /// from the affinity mask and cgroup files).
     masks_beside_step: bool,
+    /// Speculative decoding, where it is on, and its draft model (prompt
+    /// lookup without one).
+    speculation: Option<speculate::SpeculationConfig>,
+    draft_model: Option<draft::DraftModel<'a>>,
+    drafts: Vec<u32>,
+    /// Requests that take drafts before the next step.
+    to_draft: Vec<RequestId>,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -222,13 +247,38 @@ impl<'a> Engine<'a> {
     }
 
     fn with_backend(model: ModelFacts<'a>, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
-        let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false };
+        let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false, speculation: None, draft_model: None, drafts: Vec::new(), to_draft: Vec::new() };
         engine.masks_beside_step = engine.threads() < crate::executor::usable_cpus();
         engine
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// Turns speculative decoding on for the requests submitted from now on:
+    /// prompt lookup drafts, verified in the batched backend's steps. The
+    /// serial backend cannot (its plans take one token per step): an error.
+    pub fn speculate(&mut self, config: speculate::SpeculationConfig) -> Result<(), String> {
+        config.check()?;
+        if !self.is_batched() {
+            return Err("speculative decoding verifies drafts in batch steps, and this engine runs the single-stream plans (an artifact without batch plans, or a device without a batched executor)".into());
+        }
+        self.speculation = Some(config);
+        Ok(())
+    }
+
+    /// Turns speculative decoding on with `draft` proposing the drafts (a
+    /// second artifact with the target's vocabulary, on its own executor).
+    pub fn speculate_with_draft(&mut self, config: speculate::SpeculationConfig, draft: draft::DraftModel<'a>) -> Result<(), String> {
+        self.speculate(config)?;
+        self.draft_model = Some(draft);
+        Ok(())
+    }
+
+    /// The speculation settings, where it is on.
+    pub fn speculation(&self) -> Option<&speculate::SpeculationConfig> {
+        self.speculation.as_ref()
     }
 
     pub fn model(&self) -> &ModelFacts<'a> {
@@ -269,9 +319,14 @@ impl<'a> Engine<'a> {
 
     /// Where it runs, for stats lines.
     pub fn describe(&self) -> String {
-        match &self.backend {
+        let base = match &self.backend {
             Backend::Serial(s) => s.describe(),
             Backend::Batched(b) => b.describe(),
+        };
+        match (&self.speculation, &self.draft_model) {
+            (Some(c), Some(d)) => format!("{base}, speculative: draft model ({}), up to {} drafts", d.describe(), c.max_drafts),
+            (Some(c), None) => format!("{base}, speculative: n-gram {}..{}, up to {} drafts", c.min_n, c.max_n, c.max_drafts),
+            (None, _) => base,
         }
     }
 
@@ -305,7 +360,10 @@ impl<'a> Engine<'a> {
         if let Some(c) = constraint {
             generation = generation.with_constraint(c);
         }
-        self.requests.insert(id, Active { generation, all_logits: request.all_logits, scored_prompt, next_scored: 1, submitted: Instant::now(), first_token: None, cached_tokens: 0 });
+        // Requests that want every position's logits (prompt scoring, tests)
+        // run as they would without speculation.
+        let speculation = self.speculation.as_ref().filter(|_| !request.all_logits && scored_prompt.is_none()).map(|c| (speculate::NGramIndex::new(c.min_n, c.max_n), speculate::DraftLength::default()));
+        self.requests.insert(id, Active { generation, all_logits: request.all_logits, scored_prompt, next_scored: 1, submitted: Instant::now(), first_token: None, cached_tokens: 0, speculation });
         Ok(id)
     }
 
@@ -329,6 +387,9 @@ impl<'a> Engine<'a> {
         match &mut self.backend {
             Backend::Serial(s) => s.remove(id),
             Backend::Batched(b) => b.remove(id),
+        }
+        if let Some(d) = &mut self.draft_model {
+            d.remove(id);
         }
         true
     }
@@ -398,8 +459,18 @@ impl<'a> Engine<'a> {
         self.stats.prompt_rows += output.prompt_rows as u64;
         self.stats.decode_rows += output.decode_rows as u64;
         let vocab = self.model.vocab_size as usize;
-        for (i, out) in output.rows.iter().enumerate() {
-            let row = &output.logits[i * vocab..(i + 1) * vocab];
+        let mut i = 0;
+        while i < output.rows.len() {
+            let out = &output.rows[i];
+            if out.verifies {
+                // A verification step's rows of one sequence, in position order.
+                let n = output.rows[i..].iter().take_while(|r| r.verifies && r.id == out.id).count();
+                self.verify(out.id, &output.logits[i * vocab..(i + n) * vocab], &mut events)?;
+                i += n;
+                continue;
+            }
+            i += 1;
+            let row = &output.logits[(i - 1) * vocab..i * vocab];
             let Some(active) = self.requests.get_mut(&out.id) else { continue };
             active.cached_tokens = active.cached_tokens.max(out.cached_tokens);
             if active.all_logits && out.position < active.generation.prompt_tokens() {
@@ -425,13 +496,129 @@ impl<'a> Engine<'a> {
             events.push(Event::Token { id: out.id, token: sampled.token, text: sampled.text, logprob: sampled.logprob });
             match sampled.finish {
                 Some(_) => self.finish(out.id, &mut events)?,
-                None => match &mut self.backend {
-                    Backend::Serial(s) => s.append(out.id, sampled.token),
-                    Backend::Batched(b) => b.append(out.id, sampled.token),
-                },
+                None => {
+                    match &mut self.backend {
+                        Backend::Serial(s) => s.append(out.id, sampled.token),
+                        Backend::Batched(b) => b.append(out.id, sampled.token),
+                    }
+                    self.draft(out.id);
+                }
             }
         }
+        self.draft_queued()?;
+        self.limit_step_drafts();
         Ok(events)
+    }
+
+    /// Queues request `id` for drafts before the next step, where it speculates.
+    fn draft(&mut self, id: RequestId) {
+        if self.speculation.is_some() {
+            self.to_draft.push(id);
+        }
+    }
+
+    /// Drafts tokens after the last token of every queued request: as many as
+    /// its acceptance estimate says pay and its token limit leaves, from the
+    /// draft model (all of them in its batch steps) or by prompt lookup.
+    fn draft_queued(&mut self) -> Result<(), EngineError> {
+        let (Some(config), Backend::Batched(b)) = (&self.speculation, &mut self.backend) else { return Ok(()) };
+        let mut wants: Vec<(RequestId, &[u32], usize)> = Vec::new();
+        for id in self.to_draft.drain(..) {
+            let Some(active) = self.requests.get_mut(&id) else { continue };
+            let Some((_, length)) = &mut active.speculation else { continue };
+            let g = &active.generation;
+            // The token after the drafts comes from the last row: leave room for it.
+            let left = g.limit().saturating_sub(g.generated().len() + 1);
+            let k = length.choose(config.max_drafts, config.row_cost).min(left);
+            if k == 0 || g.finished().is_some() {
+                continue;
+            }
+            if let Some(tokens) = b.tokens(id) {
+                wants.push((id, tokens, k));
+            }
+        }
+        let proposed: Vec<(RequestId, Vec<u32>)> = match &mut self.draft_model {
+            Some(model) => model.propose(&wants)?.into_iter().collect(),
+            None => wants
+                .iter()
+                .filter_map(|&(id, tokens, k)| {
+                    let (proposer, _) = self.requests.get_mut(&id)?.speculation.as_mut()?;
+                    self.drafts.clear();
+                    speculate::Proposer::propose(proposer, tokens, k, &mut self.drafts);
+                    Some((id, self.drafts.clone()))
+                })
+                .collect(),
+        };
+        for (id, drafts) in proposed {
+            if !drafts.is_empty() {
+                b.set_drafts(id, &drafts);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the step's drafted rows within [`speculate::SpeculationConfig::max_step_drafts`]:
+    /// the requests with the most drafts give theirs up first.
+    fn limit_step_drafts(&mut self) {
+        let (Some(config), Backend::Batched(b)) = (&self.speculation, &mut self.backend) else { return };
+        let mut drafted: Vec<(usize, RequestId)> = self.requests.keys().map(|&id| (b.drafts(id).len(), id)).filter(|d| d.0 > 0).collect();
+        let mut total: usize = drafted.iter().map(|d| d.0).sum();
+        drafted.sort_unstable_by(|a, b| b.cmp(a));
+        for (n, id) in drafted {
+            if total <= config.max_step_drafts {
+                break;
+            }
+            let keep = n.saturating_sub(total - config.max_step_drafts);
+            b.keep_drafts(id, keep);
+            total -= n - keep;
+        }
+    }
+
+    /// Verifies request `id`'s drafts against `logits`, the rows of its last
+    /// token and its drafts (`[drafts + 1, vocab]`): samples from each row in
+    /// turn as plain decoding would; a draft stands while it equals the token
+    /// sampled before it. Emits every token that stands and the one after them.
+    fn verify(&mut self, id: RequestId, logits: &[f32], events: &mut Vec<Event>) -> Result<(), EngineError> {
+        let vocab = self.model.vocab_size as usize;
+        let Backend::Batched(b) = &mut self.backend else { unreachable!("only the batched backend verifies") };
+        let drafts = b.drafts(id).to_vec();
+        let Some(active) = self.requests.get_mut(&id) else { return Ok(()) };
+        debug_assert_eq!(logits.len(), (drafts.len() + 1) * vocab);
+        let (mut accepted, mut last, mut finished) = (0, None, false);
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            // The tests' wrong scheme takes each draft as it is.
+            let unchecked = r < drafts.len() && self.speculation.as_ref().is_some_and(|c| c.accept_unchecked);
+            let sampled = if unchecked { active.generation.take(drafts[r], &self.tokenizer)? } else { active.generation.next(row, &self.tokenizer)? };
+            active.first_token.get_or_insert_with(Instant::now);
+            events.push(Event::Token { id, token: sampled.token, text: sampled.text, logprob: sampled.logprob });
+            let stands = r < drafts.len() && sampled.token == drafts[r];
+            last = Some(sampled.token);
+            if sampled.finish.is_some() {
+                finished = true;
+                break;
+            }
+            if !stands {
+                break;
+            }
+            accepted += 1;
+        }
+        // A finished request verified what it could; its drafts count as far as they were checked.
+        let checked = if finished { accepted.min(drafts.len()) } else { drafts.len() };
+        if let Some((_, length)) = &mut active.speculation {
+            length.record(checked, accepted);
+        }
+        self.stats.draft_tokens += checked as u64;
+        self.stats.accepted_tokens += accepted as u64;
+        self.stats.verifications += 1;
+        self.stats.accepted_lengths[accepted.min(speculate::MAX_DRAFTS)] += 1;
+        if finished {
+            return self.finish(id, events);
+        }
+        let Backend::Batched(b) = &mut self.backend else { unreachable!() };
+        b.accept(id, accepted);
+        b.append(id, last.expect("one row at least"));
+        self.draft(id);
+        Ok(())
     }
 
     /// Ends request `id`: its last text and usage, its KV given back.
@@ -440,6 +627,9 @@ impl<'a> Engine<'a> {
         match &mut self.backend {
             Backend::Serial(s) => s.finish(id),
             Backend::Batched(b) => b.remove(id),
+        }
+        if let Some(d) = &mut self.draft_model {
+            d.remove(id);
         }
         let g = &mut active.generation;
         let text = g.finish_text(&self.tokenizer)?;
@@ -465,6 +655,8 @@ pub struct OutputRow {
     pub position: usize,
     /// The request's last token: its logits pick the next one.
     pub next: bool,
+    /// A row of a verification step ([`Engine::speculate`]).
+    pub verifies: bool,
     /// Prompt tokens the request found cached so far.
     pub cached_tokens: usize,
 }

@@ -13,6 +13,13 @@
 //!    first takes the cached blocks of its longest cached prefix, then a chunk of
 //!    what is left.
 //!
+//! A running sequence may carry drafted tokens (speculative decoding,
+//! [`Scheduler::set_drafts`]): its decode row is then its last confirmed token
+//! followed by the drafts, every one of them with logits, so that one step
+//! verifies them all; [`Scheduler::accept`] keeps the drafts the engine
+//! accepted and forgets the rest. Drafted positions never enter the prefix
+//! cache until they are accepted.
+//!
 //! Positions live in blocks of the [`BlockPool`]. A decode row that needs a new
 //! block when none is free preempts the newest running sequence: its blocks are
 //! given back (its full blocks stay cached, so its prefix is likely still there
@@ -85,11 +92,24 @@ struct Sequence {
     admitted: u64,
     /// Prompt positions it found in the prefix cache when last admitted.
     cached: usize,
+    /// Drafted tokens at the end of `tokens`, not yet verified.
+    drafts: usize,
 }
 
 impl Sequence {
     fn remaining(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// Tokens that stand: the prompt and the generated tokens, drafts not included.
+    fn confirmed(&self) -> usize {
+        self.tokens.len() - self.drafts
+    }
+
+    /// Its next rows are its last token and its drafts (a decode row, or a
+    /// verification step).
+    fn decoding(&self) -> bool {
+        self.remaining() == 1 + self.drafts
     }
 }
 
@@ -111,6 +131,9 @@ pub struct LogitRow {
     pub position: usize,
     /// The sequence's last token: its logits give the next token.
     pub next: bool,
+    /// A row of a verification step: its logits check the draft after it (or,
+    /// for the last, give the token after every draft).
+    pub verifies: bool,
 }
 
 /// The work of one step.
@@ -141,12 +164,21 @@ pub struct Scheduler {
     admissions: u64,
     /// Sequences preempted so far.
     pub preemptions: u64,
+    /// Full blocks join the prefix cache (off for a draft model's sequences,
+    /// whose tokens are rolled back to wherever the target's verification says).
+    caches_prefixes: bool,
 }
 
 impl Scheduler {
     pub fn new(limits: Limits, blocks: usize) -> Scheduler {
         assert!(limits.max_sequences > 0 && limits.max_rows >= limits.max_sequences && limits.max_logit_rows >= limits.max_sequences && limits.max_prompt_rows > 0);
-        Scheduler { limits, pool: BlockPool::new(blocks, limits.block_size), seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), admissions: 0, preemptions: 0 }
+        Scheduler { limits, pool: BlockPool::new(blocks, limits.block_size), seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), admissions: 0, preemptions: 0, caches_prefixes: true }
+    }
+
+    /// A scheduler whose blocks never join the prefix cache, so that any
+    /// sequence can be rolled back to any length.
+    pub fn without_prefix_cache(limits: Limits, blocks: usize) -> Scheduler {
+        Scheduler { caches_prefixes: false, ..Scheduler::new(limits, blocks) }
     }
 
     pub fn limits(&self) -> Limits {
@@ -169,7 +201,7 @@ impl Scheduler {
         if blocks > self.pool.capacity() {
             return Err(AddError::PoolTooSmall { tokens: tokens.len(), blocks, block_size: bs, capacity: self.pool.capacity() });
         }
-        self.seqs.insert(id, Sequence { tokens, computed: 0, blocks: vec![], keys: vec![], all_logits: logits != PromptLogits::Last, from_start: logits == PromptLogits::Every, admitted: 0, cached: 0 });
+        self.seqs.insert(id, Sequence { tokens, computed: 0, blocks: vec![], keys: vec![], all_logits: logits != PromptLogits::Last, from_start: logits == PromptLogits::Every, admitted: 0, cached: 0, drafts: 0 });
         self.waiting.push_back(id);
         Ok(())
     }
@@ -186,6 +218,39 @@ impl Scheduler {
         self.seqs.get(&id).is_some_and(|s| s.tokens.len() < self.limits.blocks_per_sequence * self.limits.block_size)
     }
 
+    /// Drafts `drafts` after the last token of `id`, a running sequence with
+    /// one token left to compute: its next step computes that token and the
+    /// drafts, each with logits (as many as its table has room for). Returns
+    /// how many it took (0 when `id` is not decoding, or has drafts already).
+    pub fn set_drafts(&mut self, id: SeqId, drafts: &[u32]) -> usize {
+        let room = self.limits.blocks_per_sequence * self.limits.block_size;
+        let Some(s) = self.seqs.get_mut(&id) else { return 0 };
+        if s.drafts != 0 || s.remaining() != 1 {
+            return 0;
+        }
+        let n = drafts.len().min(room.saturating_sub(s.tokens.len()));
+        s.tokens.extend_from_slice(&drafts[..n]);
+        s.drafts = n;
+        n
+    }
+
+    /// The drafts of `id` not yet verified.
+    pub fn drafts(&self, id: SeqId) -> &[u32] {
+        self.seqs.get(&id).map_or(&[], |s| &s.tokens[s.confirmed()..])
+    }
+
+    /// Keeps the first `accepted` drafts of `id` (they become its tokens) and
+    /// forgets the others: their positions are computed again when tokens come
+    /// in their place, and blocks holding only them go back to the pool.
+    pub fn accept(&mut self, id: SeqId, accepted: usize) {
+        let Some(s) = self.seqs.get_mut(&id) else { return };
+        let keep = s.confirmed() + accepted.min(s.drafts);
+        s.drafts = 0;
+        // Drafted positions never join the prefix cache, so nothing past the
+        // confirmed tokens is shared.
+        self.rollback(id, keep).expect("drafts are never cached");
+    }
+
     /// Keeps only the first `keep` tokens of `id` (the prompt and generated
     /// tokens that stand; speculative tokens that were rejected go): its blocks
     /// past them go back to the pool, and what it computed past them is
@@ -199,6 +264,7 @@ impl Scheduler {
         if keep < cached {
             return Err(cached);
         }
+        s.drafts = s.drafts.min(keep.saturating_sub(s.confirmed()));
         s.tokens.truncate(keep);
         s.computed = s.computed.min(keep);
         let held = keep.div_ceil(bs).max(s.computed.div_ceil(bs));
@@ -248,6 +314,10 @@ impl Scheduler {
     /// Gives back every block of `id` and puts it at the front of the queue.
     fn preempt(&mut self, id: SeqId) {
         let s = self.seqs.get_mut(&id).expect("a running sequence");
+        // Its drafts go: it recomputes only the tokens that stand.
+        let confirmed = s.confirmed();
+        s.tokens.truncate(confirmed);
+        s.drafts = 0;
         for b in s.blocks.drain(..) {
             self.pool.release(b);
         }
@@ -286,19 +356,28 @@ impl Scheduler {
         // 1. Decode rows, oldest first; a missing block preempts the newest.
         let order = self.running.clone();
         for id in order {
-            if !self.running.contains(&id) || self.seqs[&id].remaining() != 1 {
+            if !self.running.contains(&id) || !self.seqs[&id].decoding() {
                 continue;
             }
             if plan.len() == l.max_sequences || rows_left == 0 || logits_left == 0 {
                 break;
             }
+            // Drafts the step has no room for are dropped.
+            let n = self.seqs[&id].remaining().min(rows_left).min(logits_left);
+            let s = self.seqs.get_mut(&id).expect("running");
+            if n < s.remaining() {
+                let keep = s.computed + n;
+                s.drafts -= s.tokens.len() - keep;
+                s.tokens.truncate(keep);
+            }
             loop {
-                let upto = self.seqs[&id].computed + 1;
+                let s = &self.seqs[&id];
+                let (upto, confirmed) = (s.computed + n, s.confirmed());
                 if self.reserve(id, upto).is_some() {
-                    self.register_full(id, upto);
-                    plan.push((id, 1));
-                    rows_left -= 1;
-                    logits_left -= 1;
+                    self.register_full(id, upto.min(confirmed));
+                    plan.push((id, n));
+                    rows_left -= n;
+                    logits_left -= n;
                     break;
                 }
                 let victim = self.running.iter().copied().filter(|r| !plan.iter().any(|p| p.0 == *r)).max_by_key(|r| self.seqs[r].admitted).expect("the sequence itself is running");
@@ -316,7 +395,7 @@ impl Scheduler {
             if prompt_left == 0 || logits_left == 0 {
                 break;
             }
-            if plan.iter().any(|p| p.0 == id) || self.seqs[&id].remaining() <= 1 {
+            if plan.iter().any(|p| p.0 == id) || self.seqs[&id].remaining() <= 1 || self.seqs[&id].decoding() {
                 continue;
             }
             if let Some(n) = self.chunk(id, prompt_left, logits_left) {
@@ -402,6 +481,9 @@ impl Scheduler {
     /// choices, the same system prompt twice) takes them at once, since each
     /// layer stores every row's key and value before any row attends.
     fn register_full(&mut self, id: SeqId, upto: usize) {
+        if !self.caches_prefixes {
+            return;
+        }
         let bs = self.limits.block_size;
         let s = self.seqs.get_mut(&id).expect("a scheduled sequence");
         while s.keys.len() < upto / bs {
@@ -425,13 +507,17 @@ impl Scheduler {
             step.tables.extend(table);
             if n != 1 || s.remaining() != 1 {
                 step.decode_only = false;
-                step.prompt_rows += n;
+                if s.drafts == 0 {
+                    step.prompt_rows += n;
+                }
             }
             for p in s.computed..s.computed + n {
                 let last = p + 1 == s.tokens.len();
-                if s.all_logits || last {
+                // The last confirmed token's row and every draft's row verify.
+                let verifies = s.drafts > 0 && p + 1 >= s.confirmed();
+                if s.all_logits || last || verifies {
                     step.logit_rows.push(step.rows.len() as u32);
-                    step.outputs.push(LogitRow { seq: id, position: p, next: last });
+                    step.outputs.push(LogitRow { seq: id, position: p, next: last, verifies });
                 }
                 let slot = s.blocks[p / l.block_size] as usize * l.block_size + p % l.block_size;
                 step.rows.push(Row { token: s.tokens[p], position: p as u32, slot: slot as u32, seq: index as u32 });
@@ -597,7 +683,7 @@ mod tests {
         s.remove(1);
         let st = s.schedule().unwrap();
         assert_eq!(st.rows.iter().map(|r| r.token).collect::<Vec<_>>(), vec![2, 2, 2, 2, 9]);
-        assert_eq!(st.outputs, vec![LogitRow { seq: 2, position: 4, next: true }]);
+        assert_eq!(st.outputs, vec![LogitRow { seq: 2, position: 4, next: true, verifies: false }]);
     }
 
     #[test]
@@ -620,6 +706,52 @@ mod tests {
         s.complete(&st);
         // Cached blocks may be shared: a rollback into them is refused.
         assert_eq!(s.rollback(1, 11), Err(12));
+    }
+
+    /// Drafts after a decoding sequence's last token run as rows of one step,
+    /// every one with logits that verify; accepting some keeps them as its
+    /// tokens and forgets the rest (their blocks go back, their positions are
+    /// computed again); drafted positions never enter the prefix cache, and a
+    /// preemption recomputes only the tokens that stand.
+    #[test]
+    fn drafts_run_in_one_step_and_only_accepted_ones_stay() {
+        let mut s = Scheduler::new(Limits { max_logit_rows: 8, ..limits() }, 16);
+        s.add(1, (0..6).collect(), PromptLogits::Last).unwrap();
+        drive(&mut s, 1, 50);
+        // 7 tokens (position 6 to compute), 5 drafts: positions 6-11.
+        assert_eq!(s.set_drafts(1, &[60, 61, 62, 63, 64]), 5);
+        assert_eq!(s.set_drafts(1, &[9]), 0, "drafts already set");
+        let st = s.schedule().unwrap();
+        assert_eq!(st.rows.iter().map(|r| (r.position, r.token)).collect::<Vec<_>>(), vec![(6, 50), (7, 60), (8, 61), (9, 62), (10, 63), (11, 64)]);
+        assert_eq!(st.outputs.iter().map(|o| (o.position, o.verifies, o.next)).collect::<Vec<_>>(), vec![(6, true, false), (7, true, false), (8, true, false), (9, true, false), (10, true, false), (11, true, true)]);
+        assert!(!st.decode_only && st.prompt_rows == 0, "a verification step, not a prompt chunk");
+        s.complete(&st);
+        // Blocks 0 (positions 0-3) is cached; block 1 (4-7) holds the drafted
+        // position 7 and stays out of the cache; block 2 (8-11) all drafts.
+        assert_eq!(s.pool.used(), 3);
+        // Two drafts stood: 60 61; the rest goes, and block 2 with them.
+        s.accept(1, 2);
+        assert_eq!(s.tokens(1).unwrap(), &[0, 1, 2, 3, 4, 5, 50, 60, 61]);
+        assert!(s.drafts(1).is_empty());
+        assert_eq!(s.pool.used(), 3, "position 8 (block 2) stands");
+        s.append(1, 70);
+        let st = s.schedule().unwrap();
+        assert_eq!(st.rows.iter().map(|r| (r.position, r.token)).collect::<Vec<_>>(), vec![(9, 70)]);
+        assert!(st.decode_only);
+        s.complete(&st);
+        // A sequence with the same tokens finds only the blocks of standing
+        // tokens computed and full: blocks 0 and 1 (positions 0-7).
+        s.add(2, vec![0, 1, 2, 3, 4, 5, 50, 60, 61, 70, 99], PromptLogits::Last).unwrap();
+        let st = s.schedule().unwrap();
+        assert_eq!(s.cached_tokens(2), 8, "{:?}", st.rows);
+        // Drafts a step has no room for are dropped: with 4 logit rows, 3 of 6.
+        let mut t = Scheduler::new(Limits { max_logit_rows: 4, ..limits() }, 16);
+        t.add(1, vec![1, 2], PromptLogits::Last).unwrap();
+        drive(&mut t, 1, 3);
+        assert_eq!(t.set_drafts(1, &[4, 5, 6, 7, 8, 9]), 6);
+        let st = t.schedule().unwrap();
+        assert_eq!(st.rows.len(), 4, "the step's 4 logit rows");
+        assert_eq!(t.drafts(1), &[4, 5, 6]);
     }
 
     #[test]

@@ -112,17 +112,17 @@ impl<'a> Serial<'a> {
             let feed = &prompt[keep..];
             if c.all_logits {
                 out.logits = self.runner.forward(feed)?.to_vec();
-                out.rows = (keep..prompt.len()).map(|p| OutputRow { id: c.id, position: p, next: p + 1 == prompt.len(), cached_tokens: keep }).collect();
+                out.rows = (keep..prompt.len()).map(|p| OutputRow { id: c.id, position: p, next: p + 1 == prompt.len(), verifies: false, cached_tokens: keep }).collect();
             } else {
                 out.logits = self.runner.forward_last(feed)?.to_vec();
-                out.rows = vec![OutputRow { id: c.id, position: prompt.len() - 1, next: true, cached_tokens: keep }];
+                out.rows = vec![OutputRow { id: c.id, position: prompt.len() - 1, next: true, verifies: false, cached_tokens: keep }];
             }
             self.cached.extend_from_slice(feed);
             out.prompt_rows = feed.len();
         } else if let Some(t) = c.pending.take() {
             out.logits = self.runner.forward(&[t])?.to_vec();
             self.cached.push(t);
-            out.rows = vec![OutputRow { id: c.id, position: self.cached.len() - 1, next: true, cached_tokens: c.cached_tokens }];
+            out.rows = vec![OutputRow { id: c.id, position: self.cached.len() - 1, next: true, verifies: false, cached_tokens: c.cached_tokens }];
             out.decode_rows = 1;
         }
         Ok(out)

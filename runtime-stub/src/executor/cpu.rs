@@ -94,7 +94,8 @@ impl<'a> CpuExecutor<'a> {
             (true, n) if n as u64 <= plans.decode.max_seq => (Which::Decode, &plans.decode, &mut self.decode, "batch decode"),
             _ => (Which::Mixed, &plans.mixed, &mut self.mixed, "batch mixed"),
         };
-        assert!(rows as u64 <= plan.max_seq && step.logit_rows.len() as u64 <= self.limits.max_sequences, "the scheduler keeps to the plan's rows");
+        let logit_rows = if which == Which::Mixed { self.limits.max_logit_rows } else { self.limits.max_sequences };
+        assert!(rows as u64 <= plan.max_seq && step.logit_rows.len() as u64 <= logit_rows, "the scheduler keeps to the plan's rows");
         let inputs = StepInputs {
             tokens: step.tokens,
             positions: step.positions,

@@ -163,7 +163,7 @@ impl<'a, D: GpuDevice> GpuExecutor<'a, D> {
             slots: device.alloc(4 * rows)?,
             row_sequences: device.alloc(4 * rows)?,
             block_tables: device.alloc(4 * sequences * limits.blocks_per_sequence as usize)?,
-            logit_rows: device.alloc(4 * sequences)?,
+            logit_rows: device.alloc(4 * limits.max_logit_rows as usize)?,
             dims: device.alloc(16)?,
         };
         let plans = h.main().batch.as_ref().expect("batch_limits checked the plans");
@@ -259,7 +259,8 @@ impl<D: GpuDevice> Executor for GpuExecutor<'_, D> {
             (true, n) if n as u64 <= plans.decode.max_seq => (Which::Decode, &plans.decode),
             _ => (Which::Mixed, &plans.mixed),
         };
-        assert!(rows as u64 <= plan.max_seq && step.logit_rows.len() as u64 <= self.limits.max_sequences, "the scheduler keeps to the plan's rows");
+        let logit_rows = if which == Which::Mixed { self.limits.max_logit_rows } else { self.limits.max_sequences };
+        assert!(rows as u64 <= plan.max_seq && step.logit_rows.len() as u64 <= logit_rows, "the scheduler keeps to the plan's rows");
         let i32s = |v: &[i32]| le_bytes(v, i32::to_le_bytes);
         let uploads = [
             (self.inputs.tokens, i32s(step.tokens)),

@@ -358,6 +358,6 @@ pub fn pool_limits(limits: &BatchLimits, blocks: u64) -> PoolLimits {
         blocks: blocks as usize,
         max_rows: limits.max_rows as usize,
         max_sequences: limits.max_sequences as usize,
-        max_logit_rows: limits.max_sequences as usize,
+        max_logit_rows: limits.max_logit_rows as usize,
     }
 }

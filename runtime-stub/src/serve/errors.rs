@@ -57,6 +57,19 @@ impl ApiError {
         }
     }
 
+    /// A 404 for a response id the store does not hold (never stored,
+    /// evicted, deleted, or from another replica or an earlier run).
+    pub fn response_not_found(id: &str, param: Option<&str>) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!("no stored response with id `{id}`: it was never stored (store: false), was evicted or deleted, or was made by another server or an earlier run; send the conversation as `input` instead"),
+            kind: "not_found_error",
+            param: param.map(str::to_string),
+            code: Some(if param.is_some() { "previous_response_not_found" } else { "response_not_found" }),
+            retry_after: None,
+        }
+    }
+
     pub fn not_found(path: &str) -> ApiError {
         ApiError { status: 404, message: format!("no route {path}; see docs/serving.md for the endpoints"), kind: "not_found_error", param: None, code: None, retry_after: None }
     }

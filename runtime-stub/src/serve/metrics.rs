@@ -31,6 +31,15 @@ pub struct Metrics {
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub request_duration: Histogram,
+    /// Speculative decoding (vLLM's `spec_decode` metrics in spirit): drafted
+    /// tokens verified, those that stood, verification steps, and each
+    /// verification's accepted drafts.
+    pub draft_tokens: IntCounter,
+    pub accepted_tokens: IntCounter,
+    pub verifications: IntCounter,
+    pub accepted_length: Histogram,
+    /// The engine's speculation counts already published (the engine's are cumulative).
+    spec_seen: std::sync::Mutex<(u64, u64, u64, [u64; crate::engine::speculate::MAX_DRAFTS + 1])>,
 }
 
 fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
@@ -63,6 +72,11 @@ impl Metrics {
             time_to_first_token: histogram("maxrun_time_to_first_token_seconds", "seconds from a request's arrival to its first token", latency.clone()),
             inter_token_latency: histogram("maxrun_inter_token_latency_seconds", "seconds between a request's consecutive tokens", latency.clone()),
             request_duration: histogram("maxrun_request_duration_seconds", "seconds from a request's arrival to its end", latency),
+            draft_tokens: counter("maxrun_spec_decode_draft_tokens_total", "drafted tokens verified by speculative decoding"),
+            accepted_tokens: counter("maxrun_spec_decode_accepted_tokens_total", "drafted tokens that stood (speculative decoding)"),
+            verifications: counter("maxrun_spec_decode_verifications_total", "verification steps of a sequence (each gives its accepted drafts and one token more)"),
+            accepted_length: histogram("maxrun_spec_decode_accepted_length", "drafted tokens that stood per verification step", (0..=crate::engine::speculate::MAX_DRAFTS).map(|n| n as f64).collect()),
+            spec_seen: std::sync::Mutex::new((0, 0, 0, [0; crate::engine::speculate::MAX_DRAFTS + 1])),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -84,6 +98,10 @@ impl Metrics {
             Box::new(m.time_to_first_token.clone()),
             Box::new(m.inter_token_latency.clone()),
             Box::new(m.request_duration.clone()),
+            Box::new(m.draft_tokens.clone()),
+            Box::new(m.accepted_tokens.clone()),
+            Box::new(m.verifications.clone()),
+            Box::new(m.accepted_length.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("each metric is registered once");
@@ -101,6 +119,17 @@ impl Metrics {
         self.prefix_hit_tokens.set(s.prefix_hit_tokens as i64);
         self.prefix_hit_rate.set(if s.prefix_queried_tokens > 0 { s.prefix_hit_tokens as f64 / s.prefix_queried_tokens as f64 } else { 0.0 });
         self.preemptions.set(s.preemptions as i64);
+        let mut seen = self.spec_seen.lock().expect("the metrics lock is never poisoned");
+        self.draft_tokens.inc_by(s.draft_tokens.saturating_sub(seen.0));
+        self.accepted_tokens.inc_by(s.accepted_tokens.saturating_sub(seen.1));
+        self.verifications.inc_by(s.verifications.saturating_sub(seen.2));
+        for (len, (&now, before)) in s.accepted_lengths.iter().zip(seen.3.iter_mut()).enumerate() {
+            for _ in *before..now {
+                self.accepted_length.observe(len as f64);
+            }
+            *before = now;
+        }
+        (seen.0, seen.1, seen.2) = (s.draft_tokens, s.accepted_tokens, s.verifications);
     }
 
     /// The Prometheus text exposition.

@@ -4,6 +4,8 @@
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both whole or
 //! streamed as server-sent events), `POST /v1/embeddings` (sentence encoders),
+//! `POST /v1/responses` with `GET` / `DELETE /v1/responses/{id}` (OpenAI's
+//! Responses API, `responses.rs`; stored responses in `response_store.rs`),
 //! `POST /tokenize` and `POST /detokenize` (vLLM's shapes), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus text).
 //!
@@ -14,6 +16,8 @@
 pub mod errors;
 pub mod metrics;
 pub mod openai;
+pub mod response_store;
+pub mod responses;
 pub mod routes;
 pub mod worker;
 
@@ -51,6 +55,12 @@ pub struct ServeOptions {
     pub reasoning: Option<bool>,
     /// Drop unknown request fields instead of answering 400.
     pub allow_extra_request_fields: bool,
+    /// Speculative decoding for every generation request, and its draft model
+    /// (prompt lookup without one).
+    pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
+    pub draft: Option<Arc<Artifact>>,
+    /// How many `/v1/responses` responses are kept for `previous_response_id`.
+    pub response_store: response_store::StoreLimits,
 }
 
 /// Waits for SIGTERM or SIGINT.
@@ -90,7 +100,7 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
         defaults: h.generation.clone(),
     };
     let shared = Arc::new(Shared { metrics: metrics::Metrics::new(), in_flight: AtomicUsize::new(0), stats: Mutex::new(Default::default()) });
-    let worker_opts = WorkerOptions { threads: opts.threads, device: opts.device, kv_cache_memory: opts.kv_cache_memory };
+    let worker_opts = WorkerOptions { threads: opts.threads, device: opts.device, kv_cache_memory: opts.kv_cache_memory, speculation: opts.speculation.clone(), draft: opts.draft.clone() };
     let cpu_code = artifact.cpu_variant_note();
     let (jobs, worker, engine) = worker::spawn(artifact, worker_opts, shared.clone())?;
     let state = Arc::new(AppState {
@@ -102,11 +112,14 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
         allow_extra_fields: opts.allow_extra_request_fields,
         next_id: AtomicU64::new(1),
         shutting_down: AtomicBool::new(false),
+        responses: Mutex::new(response_store::ResponseStore::new(opts.response_store)),
     });
     let app = Router::new()
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/embeddings", post(routes::embeddings))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
         .route("/v1/models", get(routes::models))

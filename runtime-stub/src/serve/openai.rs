@@ -176,20 +176,29 @@ pub fn tools(specs: &Option<Vec<ToolSpec>>) -> Result<Vec<crate::constrain::tool
         if t.kind != "function" {
             return Err(field(&format!("{at}.type"), format!("tool type `{}` is not supported; use function", t.kind)));
         }
-        let name = &t.function.name;
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-            return Err(field(&format!("{at}.function.name"), format!("`{name}`: a function name is letters, digits, `_` and `-`")));
-        }
-        if out.iter().any(|o| &o.name == name) {
-            return Err(field(&format!("{at}.function.name"), format!("two tools are named `{name}`")));
-        }
-        let parameters = t.function.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
-        if !parameters.is_object() {
-            return Err(field(&format!("{at}.function.parameters"), "parameters must be a JSON schema object".into()));
-        }
-        out.push(crate::constrain::tools::Tool { name: name.clone(), description: t.function.description.clone(), parameters });
+        let tool = function_tool(&out, &format!("{at}.function"), &t.function.name, t.function.description.clone(), t.function.parameters.clone())?;
+        out.push(tool);
     }
     Ok(out)
+}
+
+/// One offered function, checked against those before it (`earlier`): a name
+/// of letters, digits, `_` and `-` that no other tool has, and parameters that
+/// are a schema object (none: no arguments). `at` is the field that holds the
+/// function's own fields (`tools[i].function` in Chat Completions, `tools[i]`
+/// in the Responses API).
+pub fn function_tool(earlier: &[crate::constrain::tools::Tool], at: &str, name: &str, description: Option<String>, parameters: Option<Value>) -> Result<crate::constrain::tools::Tool, ApiError> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err(field(&format!("{at}.name"), format!("`{name}`: a function name is letters, digits, `_` and `-`")));
+    }
+    if earlier.iter().any(|o| o.name == name) {
+        return Err(field(&format!("{at}.name"), format!("two tools are named `{name}`")));
+    }
+    let parameters = parameters.unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
+    if !parameters.is_object() {
+        return Err(field(&format!("{at}.parameters"), "parameters must be a JSON schema object".into()));
+    }
+    Ok(crate::constrain::tools::Tool { name: name.to_string(), description, parameters })
 }
 
 /// `tool_choice`: `none`, `auto` (the default with tools), `required`, or a named function.
@@ -307,6 +316,13 @@ pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str], samplin
 /// of refused (`maxrun serve --allow-extra-request-fields`, for clients that
 /// send their own extensions).
 pub fn parse_allowing<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str], sampling: bool, allow_extra: bool) -> Result<(T, Sampling), ApiError> {
+    parse_refusing(body, fields, sampling, allow_extra, NOT_YET)
+}
+
+/// [`parse_allowing`], refusing the fields of `not_yet` (field, why) by name
+/// even with `allow_extra`: fields a client may send that maxrun knows and
+/// cannot honour, which must never be dropped silently.
+pub fn parse_refusing<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str], sampling: bool, allow_extra: bool, not_yet: &[(&str, &str)]) -> Result<(T, Sampling), ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("the request body is not UTF-8 text", None))?;
     if text.trim().is_empty() {
         return Err(ApiError::invalid("the request body is empty; send a JSON object", None));
@@ -317,7 +333,7 @@ pub fn parse_allowing<T: for<'de> Deserialize<'de>>(body: &[u8], fields: &[&str]
     };
     let known = |key: &str| fields.contains(&key) || (sampling && SAMPLING_FIELDS.contains(&key));
     for key in map.keys() {
-        if let Some((_, why)) = NOT_YET.iter().find(|(k, _)| k == key) {
+        if let Some((_, why)) = not_yet.iter().find(|(k, _)| k == key) {
             return Err(field(key, format!("`{key}`: {why}")));
         }
         if !known(key) && !allow_extra {
@@ -344,7 +360,7 @@ fn typed<T: for<'de> Deserialize<'de>>(map: serde_json::Map<String, Value>) -> R
     })
 }
 
-fn field(name: &str, message: String) -> ApiError {
+pub(super) fn field(name: &str, message: String) -> ApiError {
     ApiError::invalid(message, Some(name.to_string()))
 }
 

@@ -1,5 +1,6 @@
 //! The HTTP endpoints: completions and chat completions (whole or streamed as
-//! server-sent events), embeddings, tokenize and detokenize, models, health and
+//! server-sent events; the Responses API is `responses.rs`, on the same path
+//! to the engine: [`prepare_chat`]), embeddings, tokenize and detokenize, models, health and
 //! metrics. Each handler
 //! checks the request (API key, model name, fields, prompt length, queue room),
 //! hands it to the engine's thread and turns what comes back into OpenAI's
@@ -58,12 +59,14 @@ pub struct AppState {
     pub allow_extra_fields: bool,
     pub next_id: AtomicU64,
     pub shutting_down: AtomicBool,
+    /// Stored responses of `/v1/responses` (`responses.rs`).
+    pub responses: Mutex<super::response_store::ResponseStore<super::responses::StoredResponse>>,
 }
 
 type St = State<Arc<AppState>>;
 
 impl AppState {
-    fn send(&self, job: Job) -> Result<(), ApiError> {
+    pub(super) fn send(&self, job: Job) -> Result<(), ApiError> {
         self.jobs.lock().expect("never poisoned").send(job).map_err(|_| ApiError::overloaded("the server is shutting down", 1))
     }
 
@@ -71,7 +74,7 @@ impl AppState {
         self.shared.metrics.requests.with_label_values(&[endpoint, &status.to_string()]).inc();
     }
 
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    pub(super) fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(key) = &self.api_key else { return Ok(()) };
         let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
         if given == Some(key.as_str()) {
@@ -81,7 +84,7 @@ impl AppState {
         }
     }
 
-    fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
+    pub(super) fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
         match model {
             Some(m) if m != &self.info.name => Err(ApiError::model_not_found(m, &self.info.name)),
             _ => Ok(()),
@@ -89,7 +92,7 @@ impl AppState {
     }
 
     /// Refuses a request when the queue is full or the server is stopping.
-    fn admit(self: &Arc<Self>) -> Result<InFlight, ApiError> {
+    pub(super) fn admit(self: &Arc<Self>) -> Result<InFlight, ApiError> {
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(ApiError::overloaded("the server is shutting down", 5));
         }
@@ -105,7 +108,7 @@ impl AppState {
 
 /// A request in flight; dropping it (the response ends, or its client went away)
 /// takes it off the count.
-struct InFlight(Arc<Shared>);
+pub(super) struct InFlight(Arc<Shared>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -113,12 +116,12 @@ impl Drop for InFlight {
     }
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// One line per request on stderr.
-fn log_request(id: &str, endpoint: &str, status: u16, usage: Option<(usize, usize)>, started: Instant, finish: Option<&str>) {
+pub(super) fn log_request(id: &str, endpoint: &str, status: u16, usage: Option<(usize, usize)>, started: Instant, finish: Option<&str>) {
     let line = json!({
         "request": id,
         "endpoint": endpoint,
@@ -132,7 +135,7 @@ fn log_request(id: &str, endpoint: &str, status: u16, usage: Option<(usize, usiz
 }
 
 /// Answers with `result`, counting and logging it.
-fn respond(st: &AppState, endpoint: &str, id: &str, started: Instant, result: Result<Response, ApiError>) -> Response {
+pub(super) fn respond(st: &AppState, endpoint: &str, id: &str, started: Instant, result: Result<Response, ApiError>) -> Response {
     let response = result.unwrap_or_else(|e| {
         log_request(id, endpoint, e.status, None, started, None);
         e.into_response()
@@ -291,7 +294,7 @@ fn start(st: &AppState, plan: Plan) -> Result<Vec<Choice>, ApiError> {
         for j in 0..plan.n {
             let (tx, rx) = tmpsc::unbounded_channel();
             let params = GenerationParams { seed: plan.params.seed.wrapping_add(j as u64), ..plan.params.clone() };
-            st.send(Job::Generate { prompt: prompt.clone(), params, arrived: Instant::now(), updates: tx, grammar_field: plan.grammar_field })?;
+            st.send(Job::Generate { prompt: prompt.clone(), params, arrived: Instant::now(), updates: tx, grammar_field: plan.grammar_field, admitted: None })?;
             choices.push(Choice { rx, echo: echo.clone(), counts_prompt: j == 0 });
         }
     }
@@ -316,17 +319,17 @@ struct Reply {
 
 /// How a chat reply with tools is read and answered.
 #[derive(Clone, Copy, Debug)]
-struct ToolReply {
-    format: crate::constrain::tools::ToolFormat,
+pub(super) struct ToolReply {
+    pub format: crate::constrain::tools::ToolFormat,
     /// The reply is held to the call grammar (`tool_choice` required or a
     /// named function): its calls stream as they are generated.
-    forced: bool,
+    pub forced: bool,
     /// A named function: OpenAI (and vLLM, matching it) end such a reply with
     /// `finish_reason: "stop"`, and `"tool_calls"` only for calls the model chose.
-    named: bool,
+    pub named: bool,
     /// `parallel_tool_calls: false` or a named function: calls past the first
     /// are dropped (the call grammar already allows only one).
-    max_calls: Option<usize>,
+    pub max_calls: Option<usize>,
 }
 
 impl ToolReply {
@@ -772,7 +775,6 @@ pub async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
 }
 
 async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &str, started: Instant) -> Result<Response, ApiError> {
-    use crate::constrain::tools;
     st.authorize(headers)?;
     let (r, sampling): (ChatRequest, _) = openai::parse_allowing(body, openai::CHAT_FIELDS, true, st.allow_extra_fields)?;
     st.check_model(&r.model)?;
@@ -782,28 +784,88 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
     let logprobs = openai::check_chat_extras(&r)?;
     let offered = openai::tools(&r.tools)?;
     let choice = openai::tool_choice(&r.tool_choice, &offered)?;
-    let use_tools = choice != openai::ToolChoice::None;
-    let (text, format) = chat_text(st, &r.messages, use_tools.then_some(offered.as_slice()), true)?;
+    let n = openai::choices(&sampling)?;
+    let grammar = openai::grammar(&r.response_format, &r.guided)?;
+    let ask = ChatAsk {
+        messages: &r.messages,
+        messages_param: "messages",
+        offered,
+        choice,
+        parallel_tool_calls: r.parallel_tool_calls,
+        grammar,
+        limit: r.max_completion_tokens.or(sampling.max_tokens),
+        sampling: &sampling,
+        logprobs,
+        tools_param: |i| format!("tools[{i}].function.parameters"),
+    };
+    let logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
+    let mut job = prepare_chat(st, ask)?;
+    job.params.logit_bias = logit_bias;
+    let guard = st.admit()?;
+    let choices = start(st, Plan { prompts: vec![(job.prompt, None)], n, params: job.params, grammar_field: job.grammar_field })?;
+    let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs, guard, tools: job.tools, think: job.think };
+    if sampling.stream {
+        Ok(reply.stream(choices))
+    } else {
+        reply.whole(choices).await
+    }
+}
+
+/// What a chat-shaped request asks of the engine, from `/v1/chat/completions`
+/// or `/v1/responses` (`responses.rs`, which turns its items into messages).
+pub(super) struct ChatAsk<'a> {
+    pub messages: &'a [openai::ChatMessage],
+    /// The request field the messages came from, for errors.
+    pub messages_param: &'static str,
+    pub offered: Vec<crate::constrain::tools::Tool>,
+    pub choice: openai::ToolChoice,
+    pub parallel_tool_calls: Option<bool>,
+    /// The grammar the request's own fields set, and the field that set it.
+    pub grammar: Option<(&'static str, crate::constrain::Grammar)>,
+    /// The token limit the request set (`None`: to the end of the context).
+    pub limit: Option<u64>,
+    pub sampling: &'a openai::Sampling,
+    pub logprobs: Option<usize>,
+    /// The field of tool `i`'s parameters schema, for errors.
+    pub tools_param: fn(usize) -> String,
+}
+
+/// A chat-shaped request ready for the engine.
+pub(super) struct ChatJob {
+    pub prompt: Vec<u32>,
+    pub params: GenerationParams,
+    pub grammar_field: &'static str,
+    /// How the reply's calls are read, where the request uses tools.
+    pub tools: Option<ToolReply>,
+    /// With a reasoning parser: whether the prompt opened `<think>`.
+    pub think: Option<bool>,
+}
+
+/// The path every chat-shaped request takes to the engine: the messages
+/// through the chat template (with the tools where the request uses them),
+/// the prompt's length checked, the generation parameters, and the reply held
+/// to the call grammar for a required or named tool choice (a named function
+/// exactly once, `required` at least once, once only with
+/// `parallel_tool_calls: false`).
+pub(super) fn prepare_chat(st: &AppState, ask: ChatAsk<'_>) -> Result<ChatJob, ApiError> {
+    use crate::constrain::tools;
+    let use_tools = ask.choice != openai::ToolChoice::None;
+    let (text, format) = chat_text(st, ask.messages, use_tools.then_some(ask.offered.as_slice()), true, ask.messages_param)?;
     // A template that opens the thinking itself starts the reply inside it.
     let think = st.info.reasoning.then(|| text.trim_end().ends_with("<think>"));
-    let prompt = prompt_list(st, &Prompt::Text(text), "messages", false)?.remove(0).0;
-    check_length(st, prompt.len(), "messages")?;
-    let limit = r.max_completion_tokens.or(sampling.max_tokens);
+    let prompt = prompt_list(st, &Prompt::Text(text), ask.messages_param, false)?.remove(0).0;
+    check_length(st, prompt.len(), ask.messages_param)?;
     // Without a limit, a reply may run to the end of the context.
     let default_max = (st.info.max_length as usize).saturating_sub(prompt.len());
-    let n = openai::choices(&sampling)?;
-    let mut params = openai::generation_params(&sampling, limit, default_max, logprobs, false, &st.info.defaults)?;
-    params.logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
-    let (mut grammar_field, grammar) = openai::grammar(&r.response_format, &r.guided)?.map_or(("response_format", None), |(f, g)| (f, Some(g)));
+    let mut params = openai::generation_params(ask.sampling, ask.limit, default_max, ask.logprobs, false, &st.info.defaults)?;
+    let (mut grammar_field, grammar) = ask.grammar.map_or(("response_format", None), |(f, g)| (f, Some(g)));
     params.grammar = grammar;
-    // A required or named call is held to the call's grammar, so it always
-    // parses: a named function exactly once, `required` at least once, and once
-    // only with `parallel_tool_calls: false`.
-    let named = matches!(choice, openai::ToolChoice::Named(_));
-    let parallel = r.parallel_tool_calls.unwrap_or(true) && !named;
-    let forced: Vec<(usize, tools::Tool)> = match &choice {
-        openai::ToolChoice::Required => offered.iter().cloned().enumerate().collect(),
-        openai::ToolChoice::Named(n) => offered.iter().cloned().enumerate().filter(|(_, t)| &t.name == n).collect(),
+    let named = matches!(ask.choice, openai::ToolChoice::Named(_));
+    let parallel = ask.parallel_tool_calls.unwrap_or(true) && !named;
+    let forced: Vec<(usize, tools::Tool)> = match &ask.choice {
+        openai::ToolChoice::Required => ask.offered.iter().cloned().enumerate().collect(),
+        openai::ToolChoice::Named(n) => ask.offered.iter().cloned().enumerate().filter(|(_, t)| &t.name == n).collect(),
         _ => vec![],
     };
     if !forced.is_empty() {
@@ -812,24 +874,14 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
         }
         let chosen: Vec<tools::Tool> = forced.iter().map(|(_, t)| t.clone()).collect();
         let grammar = tools::grammar(&chosen, format, parallel).map_err(|(i, e)| {
-            let at = format!("tools[{}].function.parameters", forced[i].0);
+            let at = (ask.tools_param)(forced[i].0);
             ApiError::invalid(format!("{at}: {e}"), Some(at))
         })?;
         params.grammar = Some(grammar);
         grammar_field = "tools";
     }
-    let guard = st.admit()?;
-    let choices = start(st, Plan { prompts: vec![(prompt, None)], n, params, grammar_field })?;
-    let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let mut reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs, guard, tools: None, think };
-    if use_tools {
-        reply.tools = Some(ToolReply { format, forced: !forced.is_empty(), named, max_calls: (!parallel).then_some(1) });
-    }
-    if sampling.stream {
-        Ok(reply.stream(choices))
-    } else {
-        reply.whole(choices).await
-    }
+    let tools = use_tools.then_some(ToolReply { format, forced: !forced.is_empty(), named, max_calls: (!parallel).then_some(1) });
+    Ok(ChatJob { prompt, params, grammar_field, tools, think })
 }
 
 /// The text of a chat prompt: `messages` through the artifact's chat template,
@@ -837,10 +889,10 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
 /// renders them and its own call format; for others they are described in a
 /// system message, in Hermes's format), ending with the generation prompt
 /// when `add_generation_prompt`. Also returns the call format the reply uses.
-fn chat_text(st: &AppState, messages: &[openai::ChatMessage], tools: Option<&[crate::constrain::tools::Tool]>, add_generation_prompt: bool) -> Result<(String, crate::constrain::tools::ToolFormat), ApiError> {
+fn chat_text(st: &AppState, messages: &[openai::ChatMessage], tools: Option<&[crate::constrain::tools::Tool]>, add_generation_prompt: bool, param: &str) -> Result<(String, crate::constrain::tools::ToolFormat), ApiError> {
     use crate::constrain::tools::{self, ToolFormat};
     let Some(template) = &st.info.template else {
-        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages".into())));
+        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some(param.into())));
     };
     let template_tools = template.contains("tools");
     let format = if template_tools { st.info.tool_format } else { ToolFormat::Hermes };
@@ -880,7 +932,7 @@ fn chat_text(st: &AppState, messages: &[openai::ChatMessage], tools: Option<&[cr
     }
     let tool_values: Vec<Value> = offered.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})).collect();
     let text = crate::chat::render_with_tools(template, &rendered, (tools.is_some() && template_tools).then_some(tool_values.as_slice()), add_generation_prompt, &st.info.bos_text, &st.info.eos_text)
-        .map_err(|e| ApiError::invalid(format!("the model's chat template does not render these messages: {e}"), Some("messages".into())))?;
+        .map_err(|e| ApiError::invalid(format!("the model's chat template does not render these messages: {e}"), Some(param.into())))?;
     Ok((text, format))
 }
 
@@ -923,7 +975,7 @@ fn tokenize_inner(st: &AppState, headers: &HeaderMap, body: &[u8], id: &str, sta
         (None, Some(messages)) => {
             let offered = openai::tools(&r.tools)?;
             let tools = (!offered.is_empty()).then_some(offered.as_slice());
-            let (text, _) = chat_text(st, messages, tools, r.add_generation_prompt.unwrap_or(true))?;
+            let (text, _) = chat_text(st, messages, tools, r.add_generation_prompt.unwrap_or(true), "messages")?;
             (text, r.add_special_tokens.unwrap_or(false), "messages")
         }
         (None, None) => unreachable!("TokenizeRequest::check refuses a request with neither"),

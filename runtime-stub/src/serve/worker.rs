@@ -35,9 +35,14 @@ pub enum Update {
 }
 
 /// Work for the engine's thread.
+// One job per request goes through the channel and is taken apart at once:
+// boxing the large variant would add an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     /// `grammar_field`: the request field that set the grammar, for its error.
-    Generate { prompt: Vec<u32>, params: GenerationParams, arrived: Instant, updates: tmpsc::UnboundedSender<Update>, grammar_field: &'static str },
+    /// `admitted` hears once the engine took the request (its grammar built);
+    /// a request it refuses drops it and sends `Update::Failed`.
+    Generate { prompt: Vec<u32>, params: GenerationParams, arrived: Instant, updates: tmpsc::UnboundedSender<Update>, grammar_field: &'static str, admitted: Option<oneshot::Sender<()>> },
     Embed { inputs: Vec<Vec<u32>>, reply: oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>> },
     /// End every request in flight (the shutdown timeout ran out).
     CancelAll,
@@ -59,6 +64,10 @@ pub struct WorkerOptions {
     pub threads: usize,
     pub device: Device,
     pub kv_cache_memory: Option<u64>,
+    /// Speculative decoding for every generation request (the batched engine),
+    /// with this draft model where given.
+    pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
+    pub draft: Option<Arc<Artifact>>,
 }
 
 struct Active {
@@ -110,7 +119,7 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
 
 /// The batched engine on the artifact's executor for `opts.device` where it has
 /// one, else the serial engine (one request at a time) with the reason on stderr.
-fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: tokenizers::Tokenizer) -> Result<Engine<'a>, String> {
+fn open_engine<'a>(artifact: &'a Artifact, opts: &'a WorkerOptions, tokenizer: tokenizers::Tokenizer) -> Result<Engine<'a>, String> {
     let model = ModelFacts::of(artifact);
     let batched_error = match crate::executor::batch_limits(artifact) {
         Err(e) => e.to_string(),
@@ -119,7 +128,16 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: toke
                 if let Some(note) = note {
                     eprintln!("maxrun serve: {note}");
                 }
-                return Ok(Engine::batched(model, executor, tokenizer));
+                let mut engine = Engine::batched(model, executor, tokenizer);
+                match (&opts.speculation, &opts.draft) {
+                    (Some(config), Some(draft)) => {
+                        let model = crate::runner::open_draft_model(artifact, draft, opts.threads, opts.device, None)?;
+                        engine.speculate_with_draft(config.clone(), model)?;
+                    }
+                    (Some(config), None) => engine.speculate(config.clone())?,
+                    (None, _) => {}
+                }
+                return Ok(engine);
             }
             // A pool that cannot hold one sequence is the operator's to fix, not a
             // reason to serve one request at a time.
@@ -127,6 +145,9 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &WorkerOptions, tokenizer: toke
             Err(e) => e.to_string(),
         },
     };
+    if opts.speculation.is_some() {
+        return Err(format!("--speculative verifies drafts in batch steps, and this artifact cannot run them here: {batched_error}"));
+    }
     let (runner, _) = Runner::open(artifact, opts.threads, opts.device).map_err(|e| e.to_string())?;
     eprintln!("maxrun serve: one request at a time: {batched_error}");
     Ok(Engine::serial(model, Box::new(runner), tokenizer))
@@ -206,8 +227,11 @@ fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shar
         jobs.extend(rx.try_iter());
         for job in jobs {
             match job {
-                Job::Generate { prompt, params, arrived, updates, grammar_field } => match engine.submit(Request::new(prompt, params)) {
+                Job::Generate { prompt, params, arrived, updates, grammar_field, admitted } => match engine.submit(Request::new(prompt, params)) {
                     Ok(id) => {
+                        if let Some(a) = admitted {
+                            let _ = a.send(());
+                        }
                         active.insert(id, Active { updates, arrived, last_token: None });
                     }
                     Err(e) => {
