@@ -8,18 +8,14 @@
 # the AMX instructions that -march=native would let the compiler enable (an
 # Intel VM that advertises AMX otherwise builds the AMX backend anyway and dies
 # in `tileloadd`).
-#   scripts/build-llama-cpp.sh   -> .cache/llama.cpp/build/bin/llama-bench (and llama-server, llama-quantize, llama-perplexity, llama-lookup, llama-speculative)
+#   scripts/build-llama-cpp.sh            -> .cache/llama.cpp/build/bin/llama-bench (and llama-server, llama-quantize, llama-perplexity, llama-lookup, llama-speculative)
+#   scripts/build-llama-cpp.sh --source   -> .cache/llama.cpp/src only (the converter, for tests/golden/gguf/make.sh)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="$root/.cache/llama.cpp"
 version=0.3.36
 mkdir -p "$cache"
-no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-# The flags the binaries were built with; a build with others is redone.
-stamp="$cache/build/maxc-build-flags"
-flags="native $no_amx"
-if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-quantize" ] || [ ! -x "$cache/build/bin/llama-server" ] || [ ! -x "$cache/build/bin/llama-perplexity" ] || [ ! -x "$cache/build/bin/llama-lookup" ] || [ ! -x "$cache/build/bin/llama-speculative" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
-  command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >/dev/null; }
+unpack() {
   if [ ! -d "$cache/src" ]; then
     tarball="$cache/llama_cpp_python-$version.tar.gz"
     if [ ! -f "$tarball" ]; then
@@ -31,6 +27,19 @@ if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-qua
     mkdir -p "$cache/src"
     tar -xzf "$cache"/llama_cpp_python-$version.tar.gz -C "$cache/src" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"
   fi
+}
+if [ "${1:-}" = "--source" ]; then
+  unpack
+  echo "$cache/src"
+  exit 0
+fi
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+# The flags the binaries were built with; a build with others is redone.
+stamp="$cache/build/maxc-build-flags"
+flags="native $no_amx"
+if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-quantize" ] || [ ! -x "$cache/build/bin/llama-server" ] || [ ! -x "$cache/build/bin/llama-perplexity" ] || [ ! -x "$cache/build/bin/llama-lookup" ] || [ ! -x "$cache/build/bin/llama-speculative" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
+  command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >/dev/null; }
+  unpack
   cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
     -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \

@@ -273,6 +273,29 @@ pub struct Scheduled {
     pub encode_batch: Vec<Option<(crate::schedule::Schedule, crate::compile_config::EncodeLimits)>>,
     pub kv: crate::schedule::KvShape,
     pub max_length: u64,
+    /// A mixture of experts' routing and expert bytes (`maxrun inspect`).
+    pub experts: Option<maxrun::format::ExpertsInfo>,
+}
+
+/// The routed experts of `graph` (its `moe` nodes): count, top-k, rule, layers,
+/// and their weights' bytes as stored (layouts reorder a part, never resize it).
+fn experts_info(graph: &Graph) -> Option<maxrun::format::ExpertsInfo> {
+    let moes: Vec<&crate::graph::Node> = graph.nodes.iter().filter(|n| matches!(n.op, crate::graph::Op::Moe { .. })).collect();
+    let crate::graph::Op::Moe { experts, top_k, routing } = moes.first()?.op else { unreachable!("filtered") };
+    let bytes = |v: crate::graph::ValueId| {
+        let ty = graph.ty(v);
+        let shape: Vec<u64> = ty.shape.iter().map(|d| d.fixed().unwrap_or(0)).collect();
+        ty.quant.bytes(&shape).unwrap_or(0)
+    };
+    let expert_bytes: u64 = moes.iter().map(|n| bytes(n.inputs[2]) + bytes(n.inputs[3])).sum();
+    Some(maxrun::format::ExpertsInfo {
+        experts: experts as u64,
+        top_k: top_k as u64,
+        routing: routing.name().into(),
+        routed_layers: moes.len() as u64,
+        expert_bytes,
+        active_expert_bytes: expert_bytes * top_k as u64 / experts as u64,
+    })
 }
 
 /// The batched engine's plans of one device: mixed step, decode step, single sequence.
@@ -331,7 +354,7 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
     }
     let batch = plan.batch.filter(|_| schedules.iter().all(|s| s.3.is_some()));
     let kv = kv_shape(&graphs[0])?;
-    Ok(Scheduled { schedules, weights, kernels, batch, encode_batch, kv, max_length })
+    Ok(Scheduled { schedules, weights, kernels, batch, encode_batch, kv, max_length, experts: experts_info(&graphs[0]) })
 }
 
 /// The generated code: the CPU shared object (with the CPU it was tuned for,
@@ -479,6 +502,7 @@ fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, schedul
             vocab_size: cfg.vocab_size as u64,
             num_layers: cfg.num_layers as u64,
             embedding_width: cfg.encoder.map(|_| cfg.hidden_size as u64),
+            experts: scheduled.experts.clone(),
         },
         provenance,
         target: first.target,
@@ -549,7 +573,8 @@ fn launch_summary(plan: &str, s: &crate::schedule::Schedule, kernels: &crate::sc
     let family = |i: usize| kernels.kernels[s.launches[i].kernel as usize].family.as_str();
     let attention: Vec<usize> = (0..s.launches.len()).filter(|&i| family(i) == "attention").collect();
     let per_layer = attention.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-    let rest = s.launches.len() - per_layer * attention.len();
+    // Layers differ in launches where some are dense and some routed (Qwen3-MoE's `mlp_only_layers`).
+    let rest = s.launches.len().saturating_sub(per_layer * attention.len());
     let mut families = std::collections::BTreeMap::new();
     for i in 0..s.launches.len() {
         *families.entry(family(i)).or_insert(0) += 1;

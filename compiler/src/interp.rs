@@ -400,6 +400,26 @@ impl<'a> Interpreter<'a> {
                 shape[axis] = len;
                 Tensor::f32(shape, slice_axis(x.as_f32(), &x.shape, axis, *index as usize * len, len))
             }
+            Op::Moe { experts, top_k, routing } => {
+                let (x, router, gate_up, down) = (f(0), f(1), f(2), f(3));
+                let (rows, h, e) = (args[0].shape[0], args[0].shape[1], *experts as usize);
+                let logits = matmul(x, router, rows, h, e);
+                let ff = args[3].shape[1];
+                let mut out = vec![0.0f32; rows * h];
+                for r in 0..rows {
+                    let xr = &x[r * h..(r + 1) * h];
+                    let o = &mut out[r * h..(r + 1) * h];
+                    for (expert, p) in route(&logits[r * e..(r + 1) * e], *top_k as usize, *routing) {
+                        let gu = matmul(xr, &gate_up[expert * 2 * ff * h..(expert + 1) * 2 * ff * h], 1, h, 2 * ff);
+                        let act: Vec<f32> = (0..ff).map(|c| unary(UnaryOp::Silu, gu[c]) * gu[ff + c]).collect();
+                        let y = matmul(&act, &down[expert * h * ff..(expert + 1) * h * ff], 1, ff, h);
+                        for (o, y) in o.iter_mut().zip(y) {
+                            *o += p * y;
+                        }
+                    }
+                }
+                Tensor::f32(args[0].shape.clone(), out)
+            }
             Op::AllReduce | Op::AllGather { .. } => {
                 return Err(Error::Verify(format!(
                     "`{}` exchanges data between devices; the interpreter runs one device's graph (test sharded graphs through maxrun)",
@@ -408,6 +428,24 @@ impl<'a> Interpreter<'a> {
             }
         })
     }
+}
+
+/// The experts one row's router `logits` choose and their weights, in rank
+/// order: the `top_k` largest (ties to the lower expert index), weighted by
+/// `routing`'s rule, in f64.
+pub fn route(logits: &[f32], top_k: usize, routing: crate::graph::MoeRouting) -> Vec<(usize, f32)> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // A stable sort keeps equal logits in index order.
+    order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap_or(std::cmp::Ordering::Equal));
+    let chosen = &order[..top_k];
+    let max = logits[order[0]] as f64;
+    let exp = |e: usize| (logits[e] as f64 - max).exp();
+    let (all, picked): (f64, f64) = ((0..logits.len()).map(exp).sum(), chosen.iter().map(|&e| exp(e)).sum());
+    let denominator = match routing {
+        crate::graph::MoeRouting::SoftmaxTopK { renormalize: false } => all,
+        crate::graph::MoeRouting::SoftmaxTopK { renormalize: true } | crate::graph::MoeRouting::TopKSoftmax => picked,
+    };
+    chosen.iter().map(|&e| (e, (exp(e) / denominator) as f32)).collect()
 }
 
 /// `len` entries from `start` along `axis` of a row-major tensor of `shape`.

@@ -1220,7 +1220,7 @@ mod tests {
     use crate::library::elementwise::{self, Binary, Broadcast, Unary};
     use crate::library::matmul_panel::PanelWeights;
     use crate::library::quantize_activations::ActivationLevels;
-    use crate::library::{attention_ragged, copy, embedding, matmul, matmul_blocks, matmul_int8, matmul_interleaved, matmul_panel, pooling, quantize_activations, rms_norm, rope};
+    use crate::library::{attention_ragged, copy, embedding, matmul, matmul_blocks, matmul_int8, matmul_interleaved, matmul_panel, moe, pooling, quantize_activations, rms_norm, rope};
     use crate::library::{RegisterTile, SeqMode};
     use maxc_format::WeightEncoding;
 
@@ -1237,6 +1237,34 @@ mod tests {
     fn library_kernels() -> Vec<Kernel> {
         let mut ks = Vec::new();
         let all_encodings = WeightEncoding::ALL;
+        // Mixture of experts: every routing rule, the grouping, and the grouped
+        // matmuls in each layout, decode and prefill, per register tile.
+        for routing in [moe::MoeRouting::SoftmaxTopK { renormalize: false }, moe::MoeRouting::SoftmaxTopK { renormalize: true }, moe::MoeRouting::TopKSoftmax] {
+            ks.push(moe::moe_route(8, 3, routing));
+        }
+        ks.push(moe::moe_group(8, 2));
+        for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16] {
+            ks.push(moe::moe_router(64, 8, encoding));
+        }
+        for encoding in all_encodings {
+            ks.push(moe::moe_matmul_rows(if encoding.block() == 256 { 256 } else { 64 }, 40, 3, encoding));
+        }
+        for seq in SEQS {
+            for tile in TILES {
+                for weights in [PanelWeights::Float(ElemType::F32), PanelWeights::Float(ElemType::BF16), PanelWeights::Float8E4M3] {
+                    ks.push(moe::moe_matmul_panel(40, 48, 3, weights, seq, tile));
+                }
+                for encoding in INTERLEAVED_ENCODINGS {
+                    let k = if encoding.block() == 256 { 256 } else { 64 };
+                    for levels in ActivationLevels::ALL.into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
+                        ks.push(moe::moe_matmul_interleaved(k, 48, 3, encoding, seq, tile, levels));
+                    }
+                }
+            }
+        }
+        for weights in [PanelWeights::Float(ElemType::F32), PanelWeights::Float8E4M3] {
+            ks.push(moe::moe_matmul_panel_rows(40, 48, 3, weights));
+        }
         for seq in SEQS {
             // Attention: windows, soft-capping, bidirectional, f16 caches.
             for (cache, window, softcap, causal) in [
@@ -1371,6 +1399,8 @@ mod tests {
             ks.push(pooling::l2_normalize(width, 4));
             ks.push(pooling::l2_normalize_rows(width));
             ks.push(pooling::mean_rows_ragged(width));
+            ks.push(moe::moe_gather(width, 2));
+            ks.push(moe::moe_combine(width, 3));
         }
         for (heads, kv_heads, head_dim, softcap) in [(12, 12, 32, None), (6, 2, 8, Some(2.5))] {
             ks.push(attention_ragged::attention_ragged(attention_ragged::RaggedShape { heads, kv_heads, head_dim, scale: 0.3, softcap }));

@@ -104,6 +104,15 @@ pub fn report(a: &Artifact) -> Value {
             "names": h.kernels.iter().map(|k| k.symbol.clone()).collect::<Vec<_>>(),
         },
         "weights": {"count": h.weights.len(), "tensors": tensors, "bytes": weights_bytes, "by_encoding": per_encoding, "by_layout": per_layout},
+        // A mixture of experts: a token reads the dense weights and its experts'.
+        "experts": h.model.experts.as_ref().map(|e| json!({
+            "experts": e.experts,
+            "top_k": e.top_k,
+            "routing": e.routing,
+            "routed_layers": e.routed_layers,
+            "expert_bytes": e.expert_bytes,
+            "weight_bytes_per_token": weights_bytes.saturating_sub(e.expert_bytes) + e.active_expert_bytes,
+        })),
         "cpu_code": h.has_cpu_code(),
         // Every CPU code variant as written; `selected`: the one this machine runs.
         "cpu_variants": a.cpu_variants.iter().enumerate().map(|(i, t)| json!({
@@ -226,6 +235,20 @@ pub fn render_text(r: &Value) -> String {
     line("weights", format!("{} tensors in {} stored parts ({}), {}", r["weights"]["tensors"], r["weights"]["count"], by_encoding.join(", "), mib(r["weights"]["bytes"].as_u64().unwrap_or(0))));
     let by_layout: Vec<String> = r["weights"]["by_layout"].as_object().into_iter().flatten().map(|(l, n)| format!("{n} {l}")).collect();
     line("weight layouts", by_layout.join(", "));
+    if let Some(e) = r["experts"].as_object() {
+        line(
+            "experts",
+            format!(
+                "{} per layer, top {} ({}), {} routed layers; {} of experts, {} of weights read per token",
+                e["experts"],
+                e["top_k"],
+                e["routing"].as_str().unwrap_or("?"),
+                e["routed_layers"],
+                mib(e["expert_bytes"].as_u64().unwrap_or(0)),
+                mib(e["weight_bytes_per_token"].as_u64().unwrap_or(0))
+            ),
+        );
+    }
     let m = &r["memory"];
     line("KV cache", format!("{} bytes per token ({}), max length {}", m["kv_bytes_per_token"], m["kv_encoding"].as_str().unwrap_or("?"), m["max_length"]));
     line("memory at max length", mib(m["total_bytes_at_max_length"].as_u64().unwrap_or(0)));

@@ -396,7 +396,7 @@ mod tests {
         let contents: Vec<(SectionKind, Vec<u8>)> =
             vec![(SectionKind::Weights(0), vec![]), (SectionKind::Weights(1), vec![]), (SectionKind::Tokenizer, b"{}".to_vec()), (SectionKind::Ptx(0), b".version 8.0".to_vec())];
         let mut header = Header {
-            model: ModelInfo { name: "m".into(), architecture: "LlamaForCausalLM".into(), vocab_size: 8, num_layers: 0, embedding_width: None },
+            model: ModelInfo { name: "m".into(), architecture: "LlamaForCausalLM".into(), vocab_size: 8, num_layers: 0, embedding_width: None, experts: None },
             provenance: Provenance {
                 maxc_version: String::new(),
                 maxc_git_revision: String::new(),

@@ -269,9 +269,13 @@ fn prefetch_plan(artifact: &Artifact, plan: &Plan) -> Vec<Vec<(usize, usize)>> {
             .map(|r: std::ops::Range<*const u8>| (r.start as usize, r.end as usize - r.start as usize))
             .collect()
     };
+    // A mixture of experts' matmuls read only the experts the step's rows chose
+    // (kernel family `moe`): fetching all of their weights ahead would read
+    // every expert.
+    let experts = |l: &crate::format::Launch| artifact.header.kernels.get(l.kernel as usize).is_some_and(|k| k.family == "moe");
     let streamed = |l: &crate::format::Launch| {
         let p = parts(l);
-        (l.tasks.eval(1) > 1 && p.iter().map(|p| p.1).sum::<usize>() >= 4096).then_some(p)
+        (l.tasks.eval(1) > 1 && !experts(l) && p.iter().map(|p| p.1).sum::<usize>() >= 4096).then_some(p)
     };
     let n = plan.launches.len();
     (0..n).map(|i| (1..=n).find_map(|d| streamed(&plan.launches[(i + d) % n])).unwrap_or_default()).collect()

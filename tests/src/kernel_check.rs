@@ -45,7 +45,9 @@ pub fn reduction_tol(k: u64) -> f32 {
 /// A ragged batch kernel's sequences are made consistent: an `i32` parameter
 /// named `starts` (`[sequences + 1]`) becomes a random partition of `int_max`
 /// rows into its nonempty runs (`starts[0] = 0`, the last entry `int_max`),
-/// and one named `seqs` each row's sequence in that partition.
+/// and one named `seqs` each row's sequence in that partition; one named
+/// `offsets` (`[experts + 1]`, the grouped expert matmuls') a random partition
+/// of `int_max` rows into groups, some empty.
 pub fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
     let mut inputs = plain_inputs(case, rng);
     let param = |name: &str| case.kernel.params.iter().position(|p| p.name == name && p.elem == ElemType::I32);
@@ -68,6 +70,20 @@ pub fn inputs(case: &Case, rng: &mut Rng) -> Vec<Buffer> {
             }
         }
         inputs[at] = Buffer::I32(starts);
+    }
+    // The grouped expert matmuls' groups: a random partition of `int_max` rows
+    // into the experts, empty groups included.
+    if let Some(at) = param("offsets") {
+        let Buffer::I32(offsets) = &inputs[at] else { unreachable!("an i32 parameter") };
+        let (experts, rows) = (offsets.len() - 1, case.int_max.max(0) as usize);
+        let mut counts = vec![0i32; experts];
+        for _ in 0..rows {
+            counts[(((rng.f() + 1.0) / 2.0 * experts as f32) as usize).min(experts - 1)] += 1;
+        }
+        inputs[at] = Buffer::I32(std::iter::once(0).chain(counts.iter().scan(0, |end, &n| {
+            *end += n;
+            Some(*end)
+        })).collect());
     }
     inputs
 }

@@ -504,3 +504,88 @@ fn config_keys_maxc_would_ignore_are_refused() {
     let r = compile(&[OsStr::new("--model"), dir.as_os_str()]);
     assert_clean_error(&r, 1, &["config.json", "max_window_layers", "slides all layers or none"]);
 }
+
+/// A copy of the arch-qwen3-moe fixture (files linked) with `config` edited
+/// and, when `tensors` is set, its safetensors header edited.
+fn moe_dir(tag: &str, config: impl FnOnce(&mut serde_json::Value), tensors: Option<&dyn Fn(&mut serde_json::Value)>) -> TempDir {
+    let src = fixture("arch-qwen3-moe");
+    let dir = temp_dir(tag);
+    for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config(&mut c);
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    if let Some(edit) = tensors {
+        let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        edit(&mut header);
+        let h = header.to_string();
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend(h.as_bytes());
+        out.extend(&bytes[8 + n..]);
+        std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+        std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    }
+    dir
+}
+
+/// Mixture-of-experts configurations and checkpoints that disagree: each a
+/// refusal naming the file and the key or tensor, never a panic.
+#[test]
+fn moe_config_and_tensors_that_disagree() {
+    let model = |dir: &TempDir| compile(&[OsStr::new("--model"), dir.as_os_str()]);
+    // More experts per token than experts.
+    let dir = moe_dir("moe-topk", |c| c["num_experts_per_tok"] = 9.into(), None);
+    assert_clean_error(&model(&dir), 1, &["config.json", "num_experts_per_tok", "9", "between 1 and"]);
+    // Fewer experts than the checkpoint holds: the router's rows say so first;
+    // `maxc check` lists the experts past the count too.
+    let dir = moe_dir("moe-fewer", |c| c["num_local_experts"] = 6.into(), None);
+    assert_clean_error(&model(&dir), 1, &["model.layers.1.mlp.gate.weight", "[8, 64]", "expected [6, 64] from config.json"]);
+    let r = run_bin("maxc", &[OsStr::new("check"), OsStr::new("--model"), dir.as_os_str()]);
+    assert_clean_error(&r, 1, &["problem(s)"]);
+    assert!(r.1.contains("model.layers.2.mlp.experts.6.gate_proj.weight") && r.1.contains("6 experts per layer") && r.1.contains("num_local_experts"), "{}", r.1);
+    // More experts than the checkpoint holds.
+    let dir = moe_dir("moe-more", |c| c["num_local_experts"] = 10.into(), None);
+    assert_clean_error(&model(&dir), 1, &["model.layers.1.mlp.gate.weight", "expected [10, 64] from config.json"]);
+    let r = run_bin("maxc", &[OsStr::new("check"), OsStr::new("--model"), dir.as_os_str()]);
+    assert!(r.1.contains("model.layers.1.mlp.experts.8.gate_proj.weight"), "{}", r.1);
+    // The two spellings of the count disagree.
+    let dir = moe_dir("moe-spellings", |c| c["num_experts"] = 4.into(), None);
+    assert_clean_error(&model(&dir), 1, &["config.json", "num_local_experts", "num_experts is 4"]);
+    // A dense layer that does not exist.
+    let dir = moe_dir("moe-dense", |c| c["mlp_only_layers"] = serde_json::json!([0, 7]), None);
+    assert_clean_error(&model(&dir), 1, &["config.json", "mlp_only_layers", "layer 7", "num_hidden_layers is 3"]);
+    // A missing expert tensor.
+    let dir = moe_dir("moe-missing", |_| {}, Some(&|h| {
+        let v = h.as_object_mut().unwrap().remove("model.layers.2.mlp.experts.3.up_proj.weight").unwrap();
+        h["renamed.weight"] = v;
+    }));
+    assert_clean_error(&model(&dir), 1, &["model.layers.2.mlp.experts.3.up_proj.weight", "not in the checkpoint"]);
+    // A router of the wrong shape.
+    let dir = moe_dir("moe-router", |_| {}, Some(&|h| h["model.layers.1.mlp.gate.weight"]["shape"] = serde_json::json!([4, 128])));
+    assert_clean_error(&model(&dir), 1, &["model.layers.1.mlp.gate.weight", "[8, 64]", "[4, 128]"]);
+}
+
+/// The MoE GGUF with a metadata integer changed: `key`'s value (uint32) set to `value`.
+fn moe_gguf(tag: &str, key: &str, value: u32) -> TempPath {
+    let mut bytes = std::fs::read(workspace_root().join("tests/golden/gguf/arch-qwen3-moe.f32.gguf")).unwrap();
+    let k = key.as_bytes();
+    let at = bytes.windows(k.len()).position(|w| w == k).unwrap() + k.len();
+    assert_eq!(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()), 4, "{key}: a uint32 value");
+    bytes[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
+    let p = temp_file(tag, "model.gguf");
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// A GGUF whose expert count disagrees with its stacked expert tensors, or
+/// routes each token to more experts than there are.
+#[test]
+fn moe_gguf_metadata_that_disagrees_with_the_tensors() {
+    let p = moe_gguf("moe-gguf-count", "qwen3moe.expert_count", 4);
+    assert_clean_error(&compile(&[OsStr::new("--model"), p.as_os_str()]), 1, &["model.gguf", "blk.0.ffn_gate_exps.weight", "4 experts", "[8, 32, 64]"]);
+    let p = moe_gguf("moe-gguf-used", "qwen3moe.expert_used_count", 9);
+    assert_clean_error(&compile(&[OsStr::new("--model"), p.as_os_str()]), 1, &["model.gguf", "qwen3moe.expert_used_count", "9", "qwen3moe.expert_count = 8"]);
+}

@@ -12,8 +12,12 @@
 //! attention) at positions on either side of every chunk boundary, with
 //! grouped heads, windows, soft-capping and half caches; and the float panel
 //! matmuls (float32, bfloat16, float16 and float8 weights) at one row against
-//! steps of 2, 7 and 33 rows. The integer matmuls' and bfloat16 pair dots'
-//! cases are in kernels_llvm.rs (`integer_rows_alone_and_in_a_batch_give_the_same_bits`).
+//! steps of 2, 7 and 33 rows, and the experts' grouped panel matmul at one
+//! row against groups of 2, 7 and 33. The integer matmuls' and bfloat16 pair dots'
+//! cases are in kernels_llvm.rs (`integer_rows_alone_and_in_a_batch_give_the_same_bits`);
+//! the grouped interleaved matmul is the dense one's tiles (bit for bit in the
+//! interpreter, `kernels/src/library/moe.rs`), compiled here through the q8_0
+//! mixture-of-experts artifacts.
 
 use maxc_codegen::{llvm::compile_shared, CpuTarget};
 use maxc_kernels::interp::{run, Buffer};
@@ -21,6 +25,7 @@ use maxc_kernels::ir::{ElemType, Kernel};
 use maxc_kernels::library::attention::{attention, attention_combine, attention_paged, attention_partial, kv_store, kv_store_paged, AttentionShape, KeyLayout, Paging, DECODE_SPLITS};
 use maxc_kernels::library::elementwise::Broadcast;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
+use maxc_kernels::library::moe::moe_matmul_panel;
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_tests::kernel_check::{inputs, Case, Rng};
 use maxrun::code::LoadedCode;
@@ -450,6 +455,70 @@ fn every_encoding_gives_a_row_the_same_logits_in_every_plan() {
         let flags = ["--quantization-encoding", encoding, "--max-sequences", "40", code[0], code[1]];
         let mef = maxc_tests::compile_model(&format!("invariance-{encoding}-{}", code[1]), &model, &flags);
         check_plans(&format!("tiny-llama {encoding}, {}", code[1]), &mef, &prompt, 30);
+    }
+}
+
+/// The mixture-of-experts fixtures (Qwen3-MoE: 8 experts, top 2, a dense
+/// first layer; Mixtral: 4 experts, top 2), float32 and q8_0 (int16
+/// activations), and float32 in code for AVX2: a row's experts, their
+/// grouped matmuls (whichever tile its expert's group of rows takes) and the
+/// weighted sum in rank order give every row the same logits in every plan.
+#[test]
+fn mixture_of_experts_give_a_row_the_same_logits_in_every_plan() {
+    for name in ["arch-qwen3-moe", "arch-mixtral"] {
+        let model = maxc_tests::fixture(name);
+        let prompt = long_prompt(name);
+        for (encoding, extra) in [("float32", None), ("q8_0", None), ("float32", Some(["--target", "cpu:x86-64-v3"]))] {
+            let mut flags = vec!["--quantization-encoding", encoding, "--max-sequences", "40"];
+            flags.extend(extra.iter().flatten());
+            let mef = maxc_tests::compile_model(&format!("invariance-{name}-{encoding}"), &model, &flags);
+            check_plans(&format!("{name} {encoding} {}", extra.map_or("", |e| e[1])), &mef, &prompt, 30);
+        }
+    }
+}
+
+/// The grouped panel matmul of the experts (float32 weights): each of 33 rows
+/// alone through the decode kernel (its expert's group of one row) against
+/// the same rows as one group of 2, 7 and 33 rows (the few-rows path and the
+/// prefill tiles) after other experts' groups, for every expert, at the
+/// fixtures' shapes (gate-and-up k 64, n 64; down k 32): bit for bit.
+#[test]
+fn grouped_expert_rows_get_the_same_bits_alone_and_in_a_batch() {
+    const ROWS: usize = 33;
+    let experts = 3usize;
+    for (k, n) in [(32usize, 64usize), (64, 64), (64, 48)] {
+        for (backend, tile, compile) in backends() {
+            let weights = PanelWeights::Float(ElemType::F32);
+            let alone = moe_matmul_panel(k as u64, n as u64, experts as u64, weights, SeqMode::Fixed(1), tile);
+            let batch = moe_matmul_panel(k as u64, n as u64, experts as u64, weights, SeqMode::Dynamic, tile);
+            let code = LoadedCode::load(&compile(&[alone.clone(), batch.clone()])).unwrap();
+            let mut rng = Rng(0xf10a_7000);
+            let x = random(ROWS * k, &mut rng, 1.0);
+            let w = random(experts * n * k, &mut rng, 1.0);
+            // Rows `from..from + rows` as expert `e`'s group, after `before` rows of expert 0's (none for expert 0).
+            let run = |kernel: &Kernel, from: usize, rows: usize, e: usize| -> Vec<u32> {
+                let before = if e == 0 { 0 } else { 3 };
+                let mut offsets = vec![0i32; experts + 1];
+                for (i, o) in offsets.iter_mut().enumerate().skip(1) {
+                    *o = if i <= e { before as i32 } else { (before + rows) as i32 };
+                }
+                let mut xs = x[..before * k].to_vec();
+                xs.extend_from_slice(&x[from * k..(from + rows) * k]);
+                let mut b = vec![Buffer::F32(xs), Buffer::I32(offsets), Buffer::F32(w.clone()), Buffer::F32(vec![f32::NAN; (before + rows) * n])];
+                call(&code, kernel, &mut b, (before + rows) as u64);
+                bits(&b[3])[before * n..].to_vec()
+            };
+            for e in 0..experts {
+                let one: Vec<Vec<u32>> = (0..ROWS).map(|r| run(&alone, r, 1, e)).collect();
+                for rows in [1usize, 2, 7, 33] {
+                    let got = run(&batch, 0, rows, e);
+                    for r in 0..rows {
+                        let differ = (0..n).filter(|&j| got[r * n + j] != one[r][j]).count();
+                        assert_eq!(differ, 0, "{backend} k{k} n{n}: expert {e} row {r} of {rows} differs in {differ}");
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -117,6 +117,15 @@ fn batched_prompts_match_golden_and_single_stream_on_every_fixture() {
     }
 }
 
+/// The mixture-of-experts fixtures the same way: the batched engine's steps
+/// route each row to its own experts, whatever joins the step.
+#[test]
+fn batched_mixtures_of_experts_match_golden_and_single_stream() {
+    for name in ["arch-qwen3-moe", "arch-mixtral"] {
+        check_batch_against_golden_and_single(name);
+    }
+}
+
 
 /// SmolLM2 as the README's manifest compiles it (Q4_1 blocks, int16
 /// activations, f16 KV cache), with `extra` flags.

@@ -461,6 +461,36 @@ fn gpt2_matches_golden() {
     check_golden("arch-gpt2");
 }
 
+/// `maxrun inspect`'s experts: count, top-k, rule, routed layers, and the
+/// bytes of `routed_layers` layers of `experts` SwiGLU experts (`hidden` by
+/// `width`, float32) against what a token reads of them.
+fn check_experts(fixture_name: &str, (experts, top_k, routing, routed_layers): (u64, u64, &str, u64), (hidden, width): (u64, u64)) {
+    let v = inspect_json(artifact(fixture_name));
+    let e = &v["experts"];
+    assert_eq!((e["experts"].as_u64(), e["top_k"].as_u64(), e["routing"].as_str(), e["routed_layers"].as_u64()), (Some(experts), Some(top_k), Some(routing), Some(routed_layers)), "{fixture_name}: {e}");
+    let expert_bytes = routed_layers * experts * 3 * hidden * width * 4;
+    assert_eq!(e["expert_bytes"].as_u64(), Some(expert_bytes), "{fixture_name}");
+    let dense = v["weights"]["bytes"].as_u64().unwrap() - expert_bytes;
+    assert_eq!(e["weight_bytes_per_token"].as_u64(), Some(dense + expert_bytes * top_k / experts), "{fixture_name}");
+    let r = run_bin("maxrun", &[os("inspect"), artifact(fixture_name).as_os_str()]);
+    assert!(r.1.contains(&format!("{experts} per layer, top {top_k} ({routing}), {routed_layers} routed layers")), "{}", r.1);
+}
+
+/// Qwen3-MoE: a dense first layer (`mlp_only_layers`), then two layers of 8
+/// experts, top-2, renormalized.
+#[test]
+fn qwen3_moe_matches_golden() {
+    check_golden("arch-qwen3-moe");
+    check_experts("arch-qwen3-moe", (8, 2, "softmax_topk_norm", 2), (64, 32));
+}
+
+/// Mixtral: 4 experts, top-2, the softmax over the chosen logits.
+#[test]
+fn mixtral_matches_golden() {
+    check_golden("arch-mixtral");
+    check_experts("arch-mixtral", (4, 2, "topk_softmax", 2), (64, 96));
+}
+
 /// all-MiniLM-L6-v2 (BertModel + mean pooling + L2 normalization): every golden
 /// sentence tokenizes to the golden ids and embeds with cosine >= 0.9999.
 #[test]

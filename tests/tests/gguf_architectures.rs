@@ -23,10 +23,9 @@ fn gguf(arch: &str, quant: &str) -> PathBuf {
 /// The fixture a file was made from: `arch-{arch}`, or for Gemma 3 the one a
 /// GGUF can describe (tests/fixtures/arch-gemma3-gguf/make.py says why).
 fn fixture_name(arch: &str) -> String {
-    if arch == "gemma3" {
-        "arch-gemma3-gguf".into()
-    } else {
-        format!("arch-{arch}")
+    match arch {
+        "gemma3" | "qwen3-moe" => format!("arch-{arch}-gguf"),
+        _ => format!("arch-{arch}"),
     }
 }
 
@@ -112,6 +111,22 @@ fn qwen3_ggufs_match_the_golden() {
     check_all("qwen3");
 }
 
+/// The mixture-of-experts files, converted to F32 and Q8_0 by llama.cpp's
+/// converter (`tests/golden/gguf/make.py`): Qwen3-MoE (`qwen3moe`, every
+/// layer routed: tests/fixtures/arch-qwen3-moe-gguf) and Mixtral (`llama`
+/// with `expert_count`, Q/K permuted), the experts stacked per projection.
+/// Q8_0 within its budget: routing on random weights flips where two experts'
+/// logits are near, which a quantized activation can decide the other way
+/// (docs/quantization.md has the measured values).
+#[test]
+fn mixture_of_experts_ggufs_match_the_golden() {
+    for arch in ["qwen3-moe", "mixtral"] {
+        check_f32(arch);
+        check_q8_0_parity(arch);
+        check_quantized(arch, "q8_0", 0.95, 1e-2);
+    }
+}
+
 #[test]
 fn olmo2_ggufs_match_the_golden() {
     check_all("olmo2");
@@ -136,7 +151,7 @@ fn unknown_gguf_architectures_are_refused_by_name() {
     std::fs::write(&path, bytes).unwrap();
     let out = temp_file("gguf-arch", "out.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), path.as_os_str(), os("-o"), out.as_os_str()]);
-    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2, bert (GGUF)"]);
+    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2, bert, qwen3moe (GGUF)"]);
     assert!(!out.as_path().exists(), "nothing written");
 }
 

@@ -79,6 +79,28 @@ fn ptxas_accepts_every_module_for_sm_80_and_sm_90() {
     }
 }
 
+/// The mixture-of-experts kernels' PTX: a GPU-only Qwen3-MoE artifact in
+/// q8_0 (the router, the grouping, the row-major grouped matmuls decoding
+/// blocks) and a fat Mixtral one (the grouped panel matmuls' lane-split GPU
+/// form), each assembled by ptxas for sm_80 and sm_90.
+#[test]
+fn ptxas_accepts_mixture_of_experts_modules() {
+    let cases: [(&str, &str, &str, &[&str], &[&str]); 2] = [
+        ("qwen3-moe-q8_0", "arch-qwen3-moe", "cuda:sm_80,sm_90", &["--quantization-encoding", "q8_0"], &[".entry moe_route_softmax_topk_norm_e8_k2", ".entry moe_group_e8_k2", ".entry moe_matmul_rows_q8_0_e8_k64_n64", ".entry moe_combine_w64_k2"]),
+        ("mixtral-fat", "arch-mixtral", "cpu,cuda:sm_80,sm_90", &[], &[".entry moe_route_topk_softmax_e4_k2", ".entry moe_matmul_panel_e4_k64_n192"]),
+    ];
+    for (tag, fixture_name, target, extra, needles) in cases {
+        let (_dir, _mef, ptx) = compile_with_ptx(&format!("ptx-{tag}"), &fixture(fixture_name), target, extra);
+        for arch in ["sm_80", "sm_90"] {
+            assemble(&ptx, arch);
+        }
+        let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
+        for needle in needles {
+            assert!(text.contains(needle), "{tag}: no `{needle}` in the PTX");
+        }
+    }
+}
+
 #[test]
 fn gpu_forms_split_a_decode_step_into_many_tasks() {
     // SmolLM2 (9 query and 3 KV heads of 64, width 576, MLP 1536): the PTX runs

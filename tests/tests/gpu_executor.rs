@@ -110,3 +110,13 @@ fn every_fixtures_golden_prompts_as_one_batch_on_a_simulated_gpu() {
         check(name);
     }
 }
+
+/// The mixture-of-experts fixtures the same way: the routed experts' GPU
+/// forms (the grouped matmuls over panels read row by row, the router, the
+/// grouping) through the engine's batch steps.
+#[test]
+fn mixture_of_experts_golden_prompts_as_one_batch_on_a_simulated_gpu() {
+    for name in ["arch-qwen3-moe", "arch-mixtral"] {
+        check(name);
+    }
+}

@@ -15,6 +15,7 @@ use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise}
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
+use maxc_kernels::library::moe::{moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router, MoeRouting};
 use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, round_bf16, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -276,6 +277,76 @@ fn cases() -> Vec<Case> {
     v
 }
 
+/// The mixture-of-experts kernels: routing (every rule, 8 experts, top 2 and
+/// top 8 of 8 experts), the grouping and gathering of a step's slots, the
+/// combine, and the grouped matmuls (each layout; decode groups of at most one
+/// row, prefill groups of random sizes around `FEW_ROWS`), whose `offsets`
+/// `kernel_check::inputs` makes a random partition of the grouped rows.
+fn moe_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let (experts, k, n) = (5u64, 64u64, 48u64);
+    for (seq, rows) in [(SeqMode::Fixed(1), 3usize), (SeqMode::Dynamic, 11), (SeqMode::Dynamic, 2 * maxc_kernels::library::matmul_interleaved::FEW_ROWS as usize + 7)] {
+        let e = experts as usize;
+        for tile in register_tiles(seq) {
+            for weights in [PanelWeights::Float(ElemType::F32), PanelWeights::Float(ElemType::BF16), PanelWeights::Float8E4M3] {
+                let mut sizes = vec![rows * k as usize, e + 1, e * (n * k) as usize];
+                if weights == PanelWeights::Float8E4M3 {
+                    sizes.push(e * n as usize);
+                }
+                sizes.push(rows * n as usize);
+                // fp8 codes decode to magnitudes up to 448 (the dense case's allowance).
+                let tol = if weights == PanelWeights::Float8E4M3 { 32.0 * reduction_tol(k) } else { reduction_tol(k) };
+                v.push(Case { kernel: moe_matmul_panel(k, n, experts, weights, seq, tile), sizes, int_max: rows as i32, seq: rows as u64, tol });
+            }
+            for (encoding, levels) in [(WeightEncoding::Q8_0, ActivationLevels::Int16Words), (WeightEncoding::Q8_0, ActivationLevels::Int16Planes), (WeightEncoding::Q4K, ActivationLevels::Int8), (WeightEncoding::Q6K, ActivationLevels::Int16Planes), (WeightEncoding::Q4_1, ActivationLevels::Int16WordPairs)] {
+                let k = if encoding.block() == 256 { 256 } else { k };
+                let mut sizes = vec![rows * levels.bytes() as usize * k as usize, rows * 2 * k as usize / 32];
+                if encoding == WeightEncoding::Q6K {
+                    sizes.push(rows * k as usize / 16);
+                }
+                sizes.push(e + 1);
+                sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[experts * n, k]).unwrap() as usize));
+                sizes.push(rows * n as usize);
+                v.push(Case { kernel: moe_matmul_interleaved(k, n, experts, encoding, seq, tile, levels), sizes, int_max: rows as i32, seq: rows as u64, tol: reduction_tol(k * 16) });
+            }
+        }
+        let s = match seq {
+            SeqMode::Fixed(_) => 1,
+            SeqMode::Dynamic => rows,
+        };
+        for routing in [MoeRouting::SoftmaxTopK { renormalize: false }, MoeRouting::SoftmaxTopK { renormalize: true }, MoeRouting::TopKSoftmax] {
+            for top_k in [2u64, 8] {
+                v.push(Case { kernel: moe_route(8, top_k, routing), sizes: vec![s * 8, s * top_k as usize, s * top_k as usize], int_max: 1, seq: s as u64, tol: 1e-6 });
+            }
+        }
+        for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16] {
+            v.push(Case { kernel: moe_router(64, 8, encoding), sizes: vec![s * 64, 8 * 64, s * 8], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+        }
+        v.push(Case { kernel: moe_group(experts, 2), sizes: vec![2 * s, e + 1, e, 2 * s, 2 * s], int_max: experts as i32, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: moe_gather(24, 2), sizes: vec![s * 24, 2 * s, 2 * s * 24], int_max: s as i32, seq: s as u64, tol: 0.0 });
+        v.push(Case { kernel: moe_combine(24, 3), sizes: vec![3 * s * 24, 3 * s, 3 * s, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
+    }
+    for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16, WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q6K, WeightEncoding::Q5K] {
+        let k = if encoding.block() == 256 { 256 } else { 64u64 };
+        let rows = 13usize;
+        let mut sizes = vec![rows * k as usize, 5 + 1];
+        sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[5 * 40, k]).unwrap() as usize));
+        sizes.push(rows * 40);
+        v.push(Case { kernel: moe_matmul_rows(k, 40, 5, encoding), sizes, int_max: rows as i32, seq: rows as u64, tol: reduction_tol(k) });
+    }
+    for weights in [PanelWeights::Float(ElemType::F32), PanelWeights::Float8E4M3] {
+        let rows = 9usize;
+        let mut sizes = vec![rows * k as usize, 5 + 1, 5 * (n * k) as usize];
+        if weights == PanelWeights::Float8E4M3 {
+            sizes.push(5 * n as usize);
+        }
+        sizes.push(rows * n as usize);
+        let tol = if weights == PanelWeights::Float8E4M3 { 32.0 * reduction_tol(k) } else { reduction_tol(k) };
+        v.push(Case { kernel: moe_matmul_panel_rows(k, n, 5, weights), sizes, int_max: rows as i32, seq: rows as u64, tol });
+    }
+    v
+}
+
 /// The kernels of sentence encoders' batch steps: whole sequences as runs of
 /// the step's rows, of random lengths (`kernel_check::inputs` partitions
 /// `int_max` rows into the `starts` parameter's sequences): one row alone, 17
@@ -375,6 +446,22 @@ fn warp_mapping_matches_interpreter() {
     }
     assert!(split >= 20, "only {split} loops are dealt to lanes");
     assert!(groups >= 3, "only {groups} kernels run on four-warp tasks");
+}
+
+/// The mixture-of-experts kernels (`moe_cases`) on LLVM for this machine and
+/// for x86-64-v3, Cranelift, and the GPU's warp mapping, against the interpreter.
+#[test]
+fn moe_kernels_match_interpreter_on_every_backend() {
+    for spec in ["cpu", "cpu:x86-64-v3"] {
+        let target = CpuTarget::parse(spec).unwrap();
+        check_cases(spec, |kernels| compile_shared(kernels, &target).unwrap().shared_object, moe_cases(), 0x51ed_270b);
+    }
+    check_cases("cranelift", |kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object, moe_cases(), 0x51ed_270b);
+    let mut rng = Rng(0x9e37_79b9);
+    for case in moe_cases() {
+        let inputs = inputs(&case, &mut rng);
+        assert_warp_mapping_matches(&case.kernel.name, &case, inputs);
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The graph reference interpreter against the Hugging Face golden outputs:
-//! tiny-llama and tiny-qwen2 (safetensors) and SmolLM2-135M-Instruct (Q4_1 GGUF).
+//! tiny-llama and tiny-qwen2 (safetensors), SmolLM2-135M-Instruct (Q4_1 GGUF)
+//! and the mixture-of-experts fixtures (the `moe` op's reference semantics).
 
 use maxc::driver::frontend;
 use maxc::interp::{greedy, run_tokens, Interpreter};
@@ -43,6 +44,16 @@ fn tiny_llama_matches_golden() {
 #[test]
 fn tiny_qwen2_matches_golden() {
     check_model("tiny-qwen2", &fixture("tiny-qwen2"), usize::MAX);
+}
+
+#[test]
+fn qwen3_moe_matches_golden() {
+    check_model("arch-qwen3-moe", &fixture("arch-qwen3-moe"), usize::MAX);
+}
+
+#[test]
+fn mixtral_matches_golden() {
+    check_model("arch-mixtral", &fixture("arch-mixtral"), usize::MAX);
 }
 
 #[test]

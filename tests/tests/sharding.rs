@@ -168,6 +168,22 @@ fn every_architecture_on_two_devices_matches_golden() {
     }
 }
 
+/// The mixture-of-experts fixtures on two devices: attention split by heads,
+/// every expert on both devices (expert parallelism is a later issue's), the
+/// golden logits kept.
+#[test]
+fn mixture_of_experts_on_two_devices_match_golden() {
+    for name in ["arch-qwen3-moe", "arch-mixtral"] {
+        let mef = compile_model(name, &fixture(name), &["--devices", "cpu:0,1"]);
+        let golden = golden(name);
+        for (i, case) in cases(&golden).iter().enumerate() {
+            let (_, ours) = dump_logits(&mef, case);
+            let (_, gold) = golden_logits(name, case);
+            assert_logits_close(&format!("{name} case {i} on cpu:0,1"), &ours, &gold);
+        }
+    }
+}
+
 #[test]
 fn attention_split_by_heads_halves_the_kv_cache() {
     let whole = compile_model("kv", &fixture("tiny-llama"), &[]);

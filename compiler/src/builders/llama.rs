@@ -1,6 +1,7 @@
 //! The Llama-family decoder builder: LlamaForCausalLM, MistralForCausalLM and
 //! Qwen2ForCausalLM directly, and, through [`DecoderOptions`], the variants whose
-//! builders live beside it (Qwen3, OLMo 2, Granite, Phi-3).
+//! builders live beside it (Qwen3, OLMo 2, Granite, Phi-3; the mixture-of-experts
+//! decoders, whose sparse layers' MLPs `moe.rs` builds).
 //!
 //! Pre-norm blocks (RMSNorm -> attention -> residual, RMSNorm -> SwiGLU MLP ->
 //! residual), rotate-half RoPE, grouped-query attention, optional q/k/v (and o)
@@ -121,10 +122,14 @@ pub fn build_decoder(model: &ImportedModel, w: &WeightBinder<'_>, opts: &Decoder
         x = g.add(Op::Binary(BinaryOp::Add), &[x, o]);
 
         let n = if opts.post_norms { x } else { norm(&mut g, x, &format!("{p}.post_attention_layernorm.weight"), h)? };
-        let (gate, up) = (linear(&mut g, n, &format!("{p}.mlp.gate_proj"), i, h, c.mlp_bias)?, linear(&mut g, n, &format!("{p}.mlp.up_proj"), i, h, c.mlp_bias)?);
-        let act = g.add(Op::Unary(UnaryOp::Silu), &[gate]);
-        let m = g.add(Op::Binary(BinaryOp::Mul), &[act, up]);
-        let mut d = linear(&mut g, m, &format!("{p}.mlp.down_proj"), h, i, c.mlp_bias)?;
+        let mut d = if c.moe.as_ref().is_some_and(|m| m.sparse_layers[l]) {
+            super::moe::routed_mlp(&mut g, w, n, model, l)?
+        } else {
+            let (gate, up) = (linear(&mut g, n, &format!("{p}.mlp.gate_proj"), i, h, c.mlp_bias)?, linear(&mut g, n, &format!("{p}.mlp.up_proj"), i, h, c.mlp_bias)?);
+            let act = g.add(Op::Unary(UnaryOp::Silu), &[gate]);
+            let m = g.add(Op::Binary(BinaryOp::Mul), &[act, up]);
+            linear(&mut g, m, &format!("{p}.mlp.down_proj"), h, i, c.mlp_bias)?
+        };
         if opts.post_norms {
             d = norm(&mut g, d, &format!("{p}.post_feedforward_layernorm.weight"), h)?;
         }

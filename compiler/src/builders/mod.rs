@@ -10,6 +10,7 @@ pub mod gemma2;
 pub mod gpt2;
 pub mod granite;
 pub mod llama;
+pub mod moe;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen3;
@@ -95,6 +96,7 @@ fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph>
         Architecture::Gemma2 | Architecture::Gemma3 => gemma2::build(model, binder),
         Architecture::Gpt2 => gpt2::build(model, binder),
         Architecture::Bert => bert::build(model, binder),
+        Architecture::Qwen3Moe | Architecture::Mixtral => moe::build(model, binder),
     }
 }
 
@@ -133,6 +135,17 @@ impl<'a> WeightBinder<'a> {
         }
         let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
         Ok(g.add(Op::Weight { name: name.to_string(), ty: TensorType::fixed(DType::F32, &dims), shard: None }, &[]))
+    }
+
+    /// Reports `e`: an error now, or (for `maxc check`) one more problem.
+    pub fn problem(&self, e: Error) -> Result<()> {
+        match &self.problems {
+            Some(list) => {
+                list.borrow_mut().push(e);
+                Ok(())
+            }
+            None => Err(e),
+        }
     }
 
     /// Like [`WeightBinder::weight`], but `None` when the weight is absent.

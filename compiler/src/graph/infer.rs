@@ -48,7 +48,7 @@ fn output_placement(op: &Op, have: &[Placement]) -> Placement {
         Op::Concat { .. } if have.iter().all(|p| *p == first) => first,
         Op::Concat { .. } | Op::Transpose | Op::AllReduce | Op::AllGather { .. } => Placement::Replicated,
         Op::ShardSlice { axis, .. } => Placement::Sharded { axis: *axis },
-        Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::L2Normalize | Op::MeanRows | Op::Rope { .. } | Op::Attention { .. } | Op::SwiGlu | Op::Slice { .. } => first,
+        Op::RmsNorm { .. } | Op::LayerNorm { .. } | Op::L2Normalize | Op::MeanRows | Op::Rope { .. } | Op::Attention { .. } | Op::SwiGlu | Op::Slice { .. } | Op::Moe { .. } => first,
     }
 }
 
@@ -245,6 +245,33 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
                 ty.quant = first.quant;
             }
             Ok(ty)
+        }
+        Op::Moe { experts, top_k, .. } => {
+            let (x, router, gate_up, down) = (t(0), t(1), t(2), t(3));
+            expect_rank(x, 2, "moe input")?;
+            expect_rank(router, 2, "moe router")?;
+            expect_rank(gate_up, 2, "moe gate_up weight")?;
+            expect_rank(down, 2, "moe down weight")?;
+            let e = *experts as u64;
+            if e == 0 || *top_k == 0 || top_k > experts {
+                return Err(format!("moe routes each row to top_k = {top_k} of {experts} experts: needs 1 <= top_k <= experts"));
+            }
+            let h = x.last_dim().ok_or("moe width must be static")?;
+            if router.shape != [Dim::Fixed(e), Dim::Fixed(h)] {
+                return Err(format!("moe router must be [{e}, {h}], got {}", shape_str(&router.shape)));
+            }
+            let rows = gate_up.shape[0].fixed().ok_or("moe gate_up must be static")?;
+            if rows % (2 * e) != 0 || gate_up.last_dim() != Some(h) {
+                return Err(format!("moe gate_up must be [{e} * 2f, {h}] (each expert's gate and up rows), got {}", shape_str(&gate_up.shape)));
+            }
+            let f = rows / (2 * e);
+            if down.shape[0] != Dim::Fixed(e * h) || down.last_dim() != Some(f) {
+                return Err(format!("moe down must be [{e} * {h}, {f}], got {}", shape_str(&down.shape)));
+            }
+            same_float(x, router)?;
+            same_float(x, gate_up)?;
+            same_float(x, down)?;
+            Ok(plain(x))
         }
         Op::AllReduce => Ok(plain(t(0))),
         Op::AllGather { axis, devices } | Op::ShardSlice { axis, devices, .. } => {

@@ -132,6 +132,10 @@ impl TensorType {
 /// the scheduler hands a node's op to its kernel as it is.
 pub use maxc_kernels::library::elementwise::{Binary as BinaryOp, Unary as UnaryOp};
 
+/// A router's rule from logits to the chosen experts and their weights: the
+/// kernels' vocabulary, so the scheduler hands the `moe` op's rule on as it is.
+pub use maxc_kernels::library::moe::MoeRouting;
+
 /// Rotary position embedding frequency scaling.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -196,6 +200,17 @@ pub enum Op {
     MatMulAdd,
     /// `len` entries from `start` along `axis`.
     Slice { axis: u32, start: u64, len: u64 },
+    /// A mixture-of-experts MLP: inputs (x `[seq, h]`, router `[experts, h]`,
+    /// gate_up `[experts * 2f, h]`, down `[experts * h, f]`). Each row's router
+    /// logits `router @ x` choose the `top_k` experts by `routing` (ties to the
+    /// lowest expert index) with their weights `p`, and its result is `sum over
+    /// its chosen experts, in rank order, of p * down_e @ (silu(g) * u)`, where
+    /// `[g; u] = gate_up_e @ x` and `gate_up_e` is rows `e * 2f .. (e + 1) * 2f`
+    /// of gate_up (the expert's gate projection, then its up projection) and
+    /// `down_e` rows `e * h .. (e + 1) * h` of down. The router is part of the
+    /// op so that its logits, which the choice of experts compares, are the
+    /// same bits for a row in every plan (one kernel per row, whatever the step).
+    Moe { experts: u32, top_k: u32, routing: MoeRouting },
     /// Sum of a `PartialSum` value over the devices of the mesh (result replicated).
     AllReduce,
     /// Concatenation of every device's `Sharded { axis }` slice (result replicated).
@@ -253,6 +268,7 @@ impl Op {
             Op::AllReduce => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ShardSlice { .. } => "shard_slice",
+            Op::Moe { .. } => "moe",
         }
     }
 
@@ -275,7 +291,7 @@ impl Op {
             Op::AllReduce | Op::AllGather { .. } | Op::ShardSlice { .. } => Some(1),
             Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
-            Op::Attention { .. } => Some(4),
+            Op::Attention { .. } | Op::Moe { .. } => Some(4),
             Op::Concat { .. } => None,
         }
     }

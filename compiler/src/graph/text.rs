@@ -122,6 +122,7 @@ fn attributes(op: &Op) -> Vec<String> {
             a
         }
         Op::Concat { axis } => vec![format!("axis = {axis}")],
+        Op::Moe { experts, top_k, routing } => vec![format!("experts = {experts}"), format!("top_k = {top_k}"), format!("routing = {}", routing.name())],
         Op::Slice { axis, start, len } => {
             vec![format!("axis = {axis}"), format!("start = {start}"), format!("len = {len}")]
         }
@@ -564,6 +565,17 @@ pub fn parse(text: &str) -> Result<Graph> {
                         },
                     },
                     "concat" => Op::Concat { axis: attrs.num("axis")? },
+                    "moe" => Op::Moe {
+                        experts: attrs.num("experts")?,
+                        top_k: attrs.num("top_k")?,
+                        routing: {
+                            let mut r = attrs.take("routing")?;
+                            let name = r.ident()?;
+                            let routing = MoeRouting::from_name(&name).map_or_else(|| r.err(format!("routing must be softmax_topk, softmax_topk_norm or topk_softmax, not `{name}`")), Ok)?;
+                            r.done()?;
+                            routing
+                        },
+                    },
                     "slice" => Op::Slice { axis: attrs.num("axis")?, start: attrs.num("start")?, len: attrs.num("len")? },
                     other => return c.err(format!("unknown op `{other}`")),
                 };
@@ -626,6 +638,10 @@ mod tests {
   %34 = gelu %31 : f32[seq, 8]
   %35 = weight "q" : f32[10, 8] quant(bfloat16)
   %36 = concat %35, %35 {axis = 0} : f32[20, 8] quant(bfloat16)
+  %37 = weight "router" : f32[2, 8]
+  %38 = weight "gate_up" : f32[16, 8]
+  %39 = weight "down" : f32[16, 4]
+  %40 = moe %3, %37, %38, %39 {experts = 2, top_k = 1, routing = softmax_topk_norm} : f32[seq, 8]
   output "out" = %25
   output "other" = %10
 }

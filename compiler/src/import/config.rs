@@ -5,7 +5,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::graph::RopeScaling;
+use crate::graph::{MoeRouting, RopeScaling};
 
 /// Architectures with a graph builder.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -21,10 +21,12 @@ pub enum Architecture {
     Gemma3,
     Gpt2,
     Bert,
+    Qwen3Moe,
+    Mixtral,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 11] = [
+    pub const ALL: [Architecture; 13] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -36,6 +38,8 @@ impl Architecture {
         Architecture::Gemma3,
         Architecture::Gpt2,
         Architecture::Bert,
+        Architecture::Qwen3Moe,
+        Architecture::Mixtral,
     ];
 
     /// The Hugging Face class name.
@@ -52,6 +56,8 @@ impl Architecture {
             Architecture::Gemma3 => "Gemma3ForCausalLM",
             Architecture::Gpt2 => "GPT2LMHeadModel",
             Architecture::Bert => "BertModel",
+            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Architecture::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -69,6 +75,8 @@ impl Architecture {
             "gemma3" | "gemma3_text" => Some(Architecture::Gemma3),
             "gpt2" => Some(Architecture::Gpt2),
             "bert" => Some(Architecture::Bert),
+            "qwen3moe" | "qwen3_moe" => Some(Architecture::Qwen3Moe),
+            "mixtral" => Some(Architecture::Mixtral),
             _ => None,
         });
         found.ok_or_else(|| Error::UnsupportedArchitecture {
@@ -111,6 +119,42 @@ pub struct ModelConfig {
     pub gemma: Option<GemmaParams>,
     /// Sentence-embedding settings of encoders (`None` for decoders).
     pub encoder: Option<EncoderParams>,
+    /// The routed experts of a mixture-of-experts decoder (`None` for dense models).
+    pub moe: Option<MoeParams>,
+}
+
+/// A mixture-of-experts decoder's MLP settings (Qwen3-MoE, Mixtral): which
+/// layers route each token to `top_k` of `experts` SwiGLU MLPs, and how the
+/// router's logits become the experts' weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeParams {
+    pub experts: usize,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Each expert's MLP width (`moe_intermediate_size`; Mixtral's `intermediate_size`).
+    pub expert_intermediate: usize,
+    pub routing: MoeRouting,
+    /// Per layer: whether its MLP is the routed experts (else a dense MLP
+    /// `intermediate_size` wide: Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step`).
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeParams {
+    /// Checks the settings against each other: experts and top-k positive, top-k
+    /// at most the experts. `name` maps a config.json key to the file's own.
+    pub fn validate(&self, path: &Path, name: &dyn Fn(&str) -> String) -> Result<()> {
+        if self.experts == 0 {
+            return Err(Error::invalid(path, name("num_experts"), "is 0: a mixture-of-experts model needs at least one expert"));
+        }
+        if self.top_k == 0 || self.top_k > self.experts {
+            return Err(Error::invalid(
+                path,
+                name("num_experts_per_tok"),
+                format!("{}: each token is routed to between 1 and {} = {} experts", self.top_k, name("num_experts"), self.experts),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How an encoder turns token states into one embedding (sentence-transformers'
@@ -282,10 +326,10 @@ impl ModelConfig {
         };
         let o_bias = architecture != Architecture::Qwen2 && f.bool_or("attention_bias", false)?;
         let sliding_window = match architecture {
-            Architecture::Qwen2 | Architecture::Qwen3 if !f.bool_or("use_sliding_window", false)? => None,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe if !f.bool_or("use_sliding_window", false)? => None,
             // transformers slides layers `max_window_layers..` only: all of them
             // (0), none (>= the layer count), or a mix maxc does not build.
-            Architecture::Qwen2 | Architecture::Qwen3 => match f.usize_opt("max_window_layers")? {
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => match f.usize_opt("max_window_layers")? {
                 Some(m) if m >= f.usize("num_hidden_layers")? => None,
                 None | Some(0) => f.usize_opt("sliding_window")?,
                 Some(m) => {
@@ -365,6 +409,7 @@ impl ModelConfig {
         } else {
             None
         };
+        let moe = moe_params(&f, architecture, num_layers)?;
         let config = ModelConfig {
             architecture,
             hidden_size,
@@ -395,6 +440,7 @@ impl ModelConfig {
             granite,
             gemma,
             encoder: None,
+            moe,
         };
         config.validate(path)?;
         Ok(config)
@@ -428,6 +474,56 @@ impl ModelConfig {
     }
 }
 
+/// The routed experts of Qwen3-MoE and Mixtral configs (`None` for the other
+/// architectures, which are dense), with transformers' rules: Qwen3-MoE routes
+/// layer `i` unless it is in `mlp_only_layers` or `(i + 1) % decoder_sparse_step`
+/// is not 0, takes the softmax over all experts and renormalizes the chosen
+/// ones' probabilities when `norm_topk_prob`; Mixtral routes every layer, the
+/// softmax over the chosen logits. The expert count may be spelled
+/// `num_experts` or `num_local_experts` (transformers 5 writes the latter).
+fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> Result<Option<MoeParams>> {
+    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral) {
+        return Ok(None);
+    }
+    let experts = match (f.usize_opt("num_experts")?, f.usize_opt("num_local_experts")?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(Error::invalid(f.path, "num_local_experts", format!("{b}, but num_experts is {a}: the two spellings of the expert count disagree; keep one")))
+        }
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => return Err(Error::invalid(f.path, "num_local_experts", "required field is missing (or num_experts): the number of experts per layer")),
+    };
+    let top_k = f.usize("num_experts_per_tok")?;
+    let (expert_intermediate, routing, sparse_layers) = match architecture {
+        Architecture::Qwen3Moe => {
+            if let Some(n) = f.usize_opt("shared_expert_intermediate_size")? {
+                return Err(Error::invalid(f.path, "shared_expert_intermediate_size", format!("{n}: Qwen3-MoE has no shared expert; this config describes another model (Qwen2-MoE)")));
+            }
+            let step = f.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+            let dense: Vec<usize> = match f.get("mlp_only_layers") {
+                None => vec![],
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .map(|v| v.as_u64().map(|n| n as usize).ok_or_else(|| Error::invalid(f.path, "mlp_only_layers", format!("{v} is not a layer index"))))
+                    .collect::<Result<_>>()?,
+                Some(v) => return Err(Error::invalid(f.path, "mlp_only_layers", format!("{v}: expected a list of layer indices"))),
+            };
+            if let Some(&l) = dense.iter().find(|&&l| l >= num_layers) {
+                return Err(Error::invalid(f.path, "mlp_only_layers", format!("names layer {l}, but num_hidden_layers is {num_layers}")));
+            }
+            let sparse = (0..num_layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect();
+            let renormalize = f.bool_or("norm_topk_prob", false)?;
+            (f.usize("moe_intermediate_size")?, MoeRouting::SoftmaxTopK { renormalize }, sparse)
+        }
+        _ => (f.usize("intermediate_size")?, MoeRouting::TopKSoftmax, vec![true; num_layers]),
+    };
+    let moe = MoeParams { experts, top_k, expert_intermediate, routing, sparse_layers };
+    moe.validate(f.path, &|key| match key {
+        "num_experts" if f.get("num_experts").is_none() => "num_local_experts".to_string(),
+        other => other.to_string(),
+    })?;
+    Ok(Some(moe))
+}
+
 /// GPT2LMHeadModel's config.json uses its own field names.
 fn gpt2_config(f: &Fields<'_>) -> Result<ModelConfig> {
     let hidden_size = f.usize("n_embd")?;
@@ -456,6 +552,7 @@ fn gpt2_config(f: &Fields<'_>) -> Result<ModelConfig> {
         granite: None,
         gemma: None,
         encoder: None,
+        moe: None,
     };
     if let Some(act) = f.get("activation_function").and_then(Value::as_str) {
         if act != "gelu_new" && act != "gelu_pytorch_tanh" {
@@ -535,6 +632,7 @@ impl ModelConfig {
             granite: None,
             gemma: None,
             encoder: Some(encoder),
+            moe: None,
         }
     }
 }

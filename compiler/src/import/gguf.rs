@@ -352,19 +352,15 @@ impl GgufFile {
 
     /// The model configuration implied by the metadata (llama.cpp key names).
     pub fn model_config(&self, architecture: Option<&str>) -> Result<ModelConfig> {
-        if let Some((key, n)) = self.metadata.iter().find_map(|(key, v)| key.ends_with(".expert_count").then(|| (key, v.as_u64())).filter(|(_, n)| *n != Some(0))) {
-            return Err(Error::invalid(
-                &self.path,
-                key.as_str(),
-                format!("{}: a mixture-of-experts model; maxc builds dense models only", n.map_or("set".to_string(), |n| n.to_string())),
-            ));
-        }
         let arch_key = self
             .get("general.architecture")
             .and_then(MetaValue::as_str)
             .ok_or_else(|| Error::invalid(&self.path, "general.architecture", "required metadata key is missing"))?
             .to_string();
         let name = architecture.unwrap_or(&arch_key);
+        // llama.cpp writes Mixtral as `llama` with experts.
+        let expert_count = self.metadata.iter().find_map(|(key, v)| key.ends_with(".expert_count").then(|| (key.clone(), v.as_u64())).filter(|(_, n)| *n != Some(0)));
+        let name = if name == "llama" && expert_count.is_some() { "mixtral" } else { name };
         // Every architecture maxc builds is read from GGUF too; the list in the
         // message is llama.cpp's spelling of them.
         let Ok(architecture) = Architecture::parse(name, &self.path) else {
@@ -374,6 +370,16 @@ impl GgufFile {
                 supported: format!("{} (GGUF)", GGUF_ARCHITECTURES.join(", ")),
             });
         };
+        if let Some((key, n)) = expert_count.filter(|_| !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral)) {
+            return Err(Error::invalid(
+                &self.path,
+                key.as_str(),
+                format!(
+                    "{}: a mixture-of-experts {arch_key} model; maxc builds experts for qwen3moe and llama (Mixtral) files only",
+                    n.map_or("set".to_string(), |n| n.to_string())
+                ),
+            ));
+        }
         if architecture == Architecture::Bert {
             return self.bert_config(&arch_key);
         }
@@ -513,6 +519,7 @@ impl GgufFile {
                 _ => None,
             },
             encoder: None,
+            moe: self.moe_params(&arch_key, architecture, num_layers)?,
         };
         let has_key_length = self.get(&k("attention.key_length")).is_some();
         config.validate_named(&self.path, &|field| match field {
@@ -664,6 +671,42 @@ impl GgufFile {
         })
     }
 
+    /// The routed experts as llama.cpp describes them: `expert_count`,
+    /// `expert_used_count`, each expert's width (`expert_feed_forward_length`;
+    /// Mixtral's experts are `feed_forward_length` wide), the layers whose
+    /// router (`blk.N.ffn_gate_inp.weight`) is in the file (the others dense, as
+    /// Qwen3-MoE's `mlp_only_layers` convert), and the routing llama.cpp's
+    /// graph gives the architecture: Qwen3-MoE the softmax over all experts,
+    /// renormalized unless `expert_weights_norm` says false; Mixtral the
+    /// softmax over the chosen logits (the same weights).
+    fn moe_params(&self, arch: &str, architecture: Architecture, layers: usize) -> Result<Option<super::config::MoeParams>> {
+        if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral) {
+            return Ok(None);
+        }
+        let k = |s: &str| format!("{arch}.{s}");
+        let experts = self.require_u64(&k("expert_count"))? as usize;
+        let top_k = self.require_u64(&k("expert_used_count"))? as usize;
+        let (expert_intermediate, routing) = match architecture {
+            Architecture::Qwen3Moe => {
+                let renormalize = match self.get(&k("expert_weights_norm")) {
+                    None => true,
+                    Some(MetaValue::Bool(b)) => *b,
+                    Some(v) => return Err(Error::invalid(&self.path, k("expert_weights_norm"), format!("{v}: expected true or false"))),
+                };
+                (self.require_u64(&k("expert_feed_forward_length"))? as usize, crate::graph::MoeRouting::SoftmaxTopK { renormalize })
+            }
+            _ => (self.require_u64(&k("feed_forward_length"))? as usize, crate::graph::MoeRouting::TopKSoftmax),
+        };
+        let sparse_layers = (0..layers).map(|l| self.tensors.iter().any(|t| t.name == format!("blk.{l}.ffn_gate_inp.weight"))).collect();
+        let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, sparse_layers };
+        moe.validate(&self.path, &|key| match key {
+            "num_experts" => k("expert_count"),
+            "num_experts_per_tok" => k("expert_used_count"),
+            other => other.to_string(),
+        })?;
+        Ok(Some(moe))
+    }
+
     /// A number-valued key, `default` when absent; any other type is refused.
     fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
         match self.get(key) {
@@ -709,7 +752,7 @@ impl GgufFile {
         // llama.cpp's converter permutes the Q/K rows of LlamaModel and its
         // subclasses (Granite) for its interleaved RoPE; the others keep
         // Hugging Face's rotate-half layout.
-        let permuted = matches!(architecture, Architecture::Llama | Architecture::Mistral | Architecture::Granite);
+        let permuted = matches!(architecture, Architecture::Llama | Architecture::Mistral | Architecture::Granite | Architecture::Mixtral);
         for t in &self.tensors {
             if t.name == "rope_freqs.weight" {
                 continue;
@@ -832,8 +875,32 @@ const PHI3_PARTS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
+/// Qwen3-MoE's router and experts: llama.cpp stacks each projection's experts
+/// in one `[experts, rows, cols]` tensor (`ffn_gate_up_exps`: gate and up
+/// rows of each expert together, when converted with `--fuse-gate-up-exps`),
+/// named here as transformers 5's fused checkpoints name them; the importer
+/// then exposes each expert as a tensor of its own
+/// (`crate::import::split_stacked_experts`).
+const QWEN3_MOE_PARTS: &[(&str, &str)] = &[
+    ("ffn_gate_inp", "mlp.gate"),
+    ("ffn_gate_exps", "mlp.experts.gate_proj"),
+    ("ffn_up_exps", "mlp.experts.up_proj"),
+    ("ffn_down_exps", "mlp.experts.down_proj"),
+    ("ffn_gate_up_exps", "mlp.experts.gate_up_proj"),
+];
+
+/// Mixtral's router and experts (`w1` the gate, `w3` the up, `w2` the down
+/// projection), stacked by llama.cpp as Qwen3-MoE's are.
+const MIXTRAL_PARTS: &[(&str, &str)] = &[
+    ("ffn_gate_inp", "block_sparse_moe.gate"),
+    ("ffn_gate_exps", "block_sparse_moe.experts.w1"),
+    ("ffn_up_exps", "block_sparse_moe.experts.w3"),
+    ("ffn_down_exps", "block_sparse_moe.experts.w2"),
+    ("ffn_gate_up_exps", "block_sparse_moe.experts.w13"),
+];
+
 /// The architectures maxc reads from GGUF, as `general.architecture` spells them.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3moe"];
 
 /// How `arch`'s GGUF names map to Hugging Face's: the whole-model tensors, the
 /// layer prefix (`model.layers.`, GPT-2's `h.`, BERT's `encoder.layer.`) and
@@ -859,6 +926,8 @@ fn layer_parts(arch: Architecture) -> &'static [&'static [(&'static str, &'stati
     match arch {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Granite => &[LLAMA_NORMS, ATTENTION, MLP],
         Architecture::Qwen3 => &[LLAMA_NORMS, ATTENTION, QK_NORMS, MLP],
+        Architecture::Qwen3Moe => &[LLAMA_NORMS, ATTENTION, QK_NORMS, MLP, QWEN3_MOE_PARTS],
+        Architecture::Mixtral => &[LLAMA_NORMS, ATTENTION, MLP, MIXTRAL_PARTS],
         Architecture::Olmo2 => &[OLMO2_NORMS, ATTENTION, QK_NORMS, MLP],
         Architecture::Phi3 => &[LLAMA_NORMS, PHI3_PARTS],
         Architecture::Gemma2 => &[GEMMA_NORMS, ATTENTION, MLP],
@@ -874,8 +943,17 @@ fn hf_name(arch: Architecture, gguf: &str) -> Option<String> {
 }
 
 /// Maps a Hugging Face tensor name to llama.cpp's for `arch` (the inverse of
-/// [`hf_name`]), so that errors about a GGUF name its own tensors.
+/// [`hf_name`]), so that errors about a GGUF name its own tensors. One
+/// expert's projection (`...experts.3.up_proj.weight`) is named as the
+/// stacked tensor that holds it, with the expert: `blk.N.ffn_up_exps.weight
+/// (expert 3)`.
 pub fn gguf_name(arch: Architecture, hf: &str) -> Option<String> {
+    if let Some((before, after)) = hf.split_once(".experts.") {
+        if let Some((expert, rest)) = after.split_once('.').filter(|(e, _)| e.parse::<usize>().is_ok()) {
+            let stacked = rename(&naming(arch), &format!("{before}.experts.{rest}"), false)?;
+            return Some(format!("{stacked} (expert {expert})"));
+        }
+    }
     rename(&naming(arch), hf, false)
 }
 

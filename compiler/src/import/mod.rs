@@ -57,7 +57,64 @@ pub fn import(path: &Path, architecture: Option<&str>) -> Result<ImportedModel> 
     if model.config.architecture == Architecture::Phi3 {
         split_fused_projections(&mut model);
     }
+    if model.config.moe.is_some() {
+        split_stacked_experts(&mut model)?;
+    }
     Ok(model)
+}
+
+/// The names of layer `layer`'s experts in `architecture`'s Hugging Face
+/// checkpoints: the prefix their tensors share (`...mlp.experts.`), and the
+/// gate, up and down projections' names (Mixtral's `w1`, `w3`, `w2`), then
+/// the fused gate-and-up one (transformers 5, llama.cpp's `ffn_gate_up_exps`).
+pub fn expert_names(architecture: Architecture, layer: usize) -> (String, [&'static str; 4]) {
+    match architecture {
+        Architecture::Mixtral => (format!("model.layers.{layer}.block_sparse_moe.experts."), ["w1", "w3", "w2", "w13"]),
+        _ => (format!("model.layers.{layer}.mlp.experts."), ["gate_proj", "up_proj", "down_proj", "gate_up_proj"]),
+    }
+}
+
+/// Experts stored stacked, `[experts, rows, cols]` per projection (GGUF files,
+/// transformers 5's fused checkpoints, named `...experts.gate_proj.weight` or
+/// `...experts.gate_proj`), become one tensor per expert
+/// (`...experts.E.gate_proj.weight`), the names the builder binds: views, no
+/// copy. A fused gate-and-up tensor splits into each expert's gate rows, then
+/// its up rows. A stack of another expert count than the configuration's is
+/// an error naming the tensor.
+pub fn split_stacked_experts(model: &mut ImportedModel) -> Result<()> {
+    let Some(moe) = model.config.moe.clone() else { return Ok(()) };
+    let w = &mut model.weights;
+    for layer in 0..model.config.num_layers {
+        let (prefix, [gate, up, down, fused]) = expert_names(model.config.architecture, layer);
+        for proj in [gate, up, down, fused] {
+            for stacked in [format!("{prefix}{proj}.weight"), format!("{prefix}{proj}")] {
+                let Some(entry) = w.get(&stacked) else { continue };
+                if entry.shape.len() != 3 || entry.shape[0] != moe.experts {
+                    let file = w.file_of(&stacked).unwrap_or(&model.source).to_path_buf();
+                    return Err(Error::invalid(
+                        file,
+                        w.shown_name(&stacked),
+                        format!(
+                            "has shape {:?}, but the model has {} experts (the expert count in {}): expected [{}, rows, cols]; the configuration and the tensors disagree",
+                            entry.shape,
+                            moe.experts,
+                            w.config_source(),
+                            moe.experts
+                        ),
+                    ));
+                }
+                let parts: Vec<String> = (0..moe.experts).map(|e| format!("{prefix}{e}.{proj}.weight")).collect();
+                w.split_stacked(&stacked, &parts);
+                if proj == fused {
+                    for (e, part) in parts.iter().enumerate() {
+                        let rows = w.get(part).map_or(0, |t| t.shape[0]);
+                        w.split_rows(part, &[(format!("{prefix}{e}.{gate}.weight"), rows / 2), (format!("{prefix}{e}.{up}.weight"), rows - rows / 2)]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: their

@@ -292,6 +292,24 @@ impl WeightStore {
         true
     }
 
+    /// Exposes each `[rows, cols]` slice of a stacked `[parts.len(), rows,
+    /// cols]` tensor `name` as a tensor of its own (`parts`: the new names, in
+    /// order) without copying, and removes the stacked one; false (and no
+    /// change) when `name` is absent, is not 3-D, stacks another count or is
+    /// stored permuted.
+    pub fn split_stacked(&mut self, name: &str, parts: &[String]) -> bool {
+        let Some(e) = self.entries.get(name).cloned() else { return false };
+        if e.unpermute_heads.is_some() || e.shape.len() != 3 || e.shape[0] != parts.len() || parts.is_empty() || e.len % parts.len() != 0 {
+            return false;
+        }
+        let bytes = e.len / parts.len();
+        for (i, part) in parts.iter().enumerate() {
+            self.entries.insert(part.clone(), WeightEntry { shape: e.shape[1..].to_vec(), offset: e.offset + i * bytes, len: bytes, ..e.clone() });
+        }
+        self.entries.remove(name);
+        true
+    }
+
     /// A tensor's logical (HF) shape.
     pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
         match self.entries.get(name) {

@@ -109,6 +109,10 @@ impl Pass for Quantize {
             for (slot, input) in node.inputs.iter().enumerate() {
                 let decoded = match node.op {
                     Op::MatMul | Op::MatMulAdd | Op::Embedding => slot == if node.op == Op::Embedding { 0 } else { 1 },
+                    // The experts' stacked projections; the router stays
+                    // float32, as llama.cpp keeps it (`ffn_gate_inp`): the
+                    // choice of experts compares its logits.
+                    Op::Moe { .. } => slot >= 2,
                     _ => false,
                 };
                 if !decoded {
@@ -119,23 +123,26 @@ impl Pass for Quantize {
         let mut chosen: Vec<(ValueId, WeightEncoding)> = Vec::new();
         for id in graph.ids() {
             let node = graph.node(id);
-            let w = match node.op {
-                Op::MatMul | Op::MatMulAdd => node.inputs[1],
-                Op::Embedding => node.inputs[0],
+            let ws: Vec<ValueId> = match node.op {
+                Op::MatMul | Op::MatMulAdd => vec![node.inputs[1]],
+                Op::Embedding => vec![node.inputs[0]],
+                Op::Moe { .. } => node.inputs[2..].to_vec(),
                 _ => continue,
             };
-            if other_use[w.index()] || chosen.iter().any(|(v, _)| *v == w) {
-                continue;
+            for w in ws {
+                if other_use[w.index()] || chosen.iter().any(|(v, _)| *v == w) {
+                    continue;
+                }
+                let table = Some(w) == lm_head || tables.contains(&w);
+                let wanted = match &self.stored {
+                    Some(_) if table && self.embedding.is_some() => embedding,
+                    Some(stored) => stored_encoding(graph, w, stored),
+                    None if table => embedding,
+                    None => self.encoding,
+                };
+                let cols = graph.ty(w).last_dim().unwrap_or(1);
+                chosen.push((w, fitting(wanted, cols)));
             }
-            let table = Some(w) == lm_head || tables.contains(&w);
-            let wanted = match &self.stored {
-                Some(_) if table && self.embedding.is_some() => embedding,
-                Some(stored) => stored_encoding(graph, w, stored),
-                None if table => embedding,
-                None => self.encoding,
-            };
-            let cols = graph.ty(w).last_dim().unwrap_or(1);
-            chosen.push((w, fitting(wanted, cols)));
         }
         for (w, q) in chosen {
             if q != WeightEncoding::Float32 {

@@ -150,15 +150,11 @@ impl Scheduler<'_, '_, '_> {
         h
     }
 
-    /// The integer-activation form of a matmul of `x` with block weight `w`
-    /// (plus `addend`), when enabled and the encoding has integer levels: the
-    /// interleaved kernel where the weight has that layout, else (int8 only)
-    /// block dots.
-    pub(super) fn integer_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Option<Arg>> {
-        let ty = self.graph.ty(w);
-        let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
-        let Some(levels) = self.weights.activations.levels().filter(|_| ty.quant.is_block()) else { return Ok(None) };
-        let (encoding, bc) = (ty.quant, addend.map(|(_, bc)| bc));
+    /// The integer levels of a block weight's matmul (`encoding`, `[n, k]`)
+    /// when integer activations are enabled: 16-bit ones as planes, words or
+    /// word pairs by the weight's levels, the step and the target.
+    pub(super) fn integer_levels(&self, encoding: WeightEncoding, (n, k): (u64, u64), seq: SeqMode) -> Option<ActivationLevels> {
+        let levels = self.weights.activations.levels().filter(|_| encoding.is_block())?;
         // 16-bit levels: in byte planes (byte dots take nibbles as they are), and
         // as words for Q8_0's bytes at decode (widened once, one word dot per
         // 16: int8's instruction count). Prefill tiles keep Q8_0 on planes where
@@ -189,11 +185,22 @@ impl Scheduler<'_, '_, '_> {
         // into the masked nibble words (docs/performance.md, "Five- and
         // six-bit levels as word pairs").
         let nibbles = matches!(maxc_kernels::library::dequant::rows_form(encoding, n, k), Some(maxc_kernels::ir::RowsForm::Nibbles | maxc_kernels::ir::RowsForm::Nibbles5 | maxc_kernels::ir::RowsForm::Nibbles6));
-        let levels = match levels {
+        Some(match levels {
             ActivationLevels::Int16Planes if (nibbles || encoding == WeightEncoding::Q8_0) && !seq.is_decode() && self.weights.tiles_take_word_pairs => ActivationLevels::Int16WordPairs,
             ActivationLevels::Int16Planes if encoding == WeightEncoding::Q8_0 && (seq.is_decode() || !self.weights.byte_dots_take_q8_0) => ActivationLevels::Int16Words,
             other => other,
-        };
+        })
+    }
+
+    /// The integer-activation form of a matmul of `x` with block weight `w`
+    /// (plus `addend`), when enabled and the encoding has integer levels: the
+    /// interleaved kernel where the weight has that layout, else (int8 only)
+    /// block dots.
+    pub(super) fn integer_matmul(&mut self, x: ValueId, w: ValueId, addend: Option<(ValueId, Broadcast)>, seq: SeqMode) -> Result<Option<Arg>> {
+        let ty = self.graph.ty(w);
+        let (n, k) = (ty.shape[0].fixed().expect("static"), ty.shape[1].fixed().expect("static"));
+        let Some(levels) = self.integer_levels(ty.quant, (n, k), seq) else { return Ok(None) };
+        let (encoding, bc) = (ty.quant, addend.map(|(_, bc)| bc));
         let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
             (Layout::Interleaved16, _, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
             (_, ActivationLevels::Int8, Some(form)) => (form, Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),

@@ -11,6 +11,7 @@
 
 mod matmul;
 pub mod memory;
+mod moe;
 mod weights;
 
 pub use matmul::ActivationEncoding;
@@ -706,6 +707,7 @@ fn schedule_impl<'g>(
             }
             Op::Transpose => return Err(unsupported("a transpose of activations (only weights are transposed, at compile time)".into())),
             Op::Concat { .. } => return Err(unsupported("a concatenation of activations".into())),
+            Op::Moe { experts, top_k, routing } => s.moe(node, (*experts as u64, *top_k as u64, *routing), seq)?,
         };
         s.loc[id.index()] = Some(out);
     }

@@ -138,7 +138,7 @@ pub(super) fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpre
                 })
                 .collect();
             let shard = same_shard_weights(graph, &node.inputs).flatten();
-            WeightSlot::parts(&format!("stack({})", names.join(",")), shape, WeightData::Stacked(names), node.ty.quant, layout, shard)
+            WeightSlot::parts(&stack_name(&names), shape, WeightData::Stacked(names), node.ty.quant, layout, shard)
         }
         _ => {
             let t = interp.constant_value(v)?;
@@ -153,6 +153,17 @@ pub(super) fn constant_slots(graph: &Graph, interp: &mut crate::interp::Interpre
         }
     };
     Ok(slots.into_iter().map(|slot| weights.intern(slot)).collect())
+}
+
+/// The weights-table name of checkpoint tensors `names` stacked: `stack(a,b,c)`;
+/// past 4 tensors (a layer's experts: 256 of them in Qwen3-30B-A3B, whose
+/// names would make each header entry kilobytes long) the first and last
+/// with the count and a hash of all of them: `stack(a,...,z;256;HASH)`.
+fn stack_name(names: &[String]) -> String {
+    match names {
+        [first, .., last] if names.len() > 4 => format!("stack({first},...,{last};{};{})", names.len(), short_hash(&names.join(","))),
+        _ => format!("stack({})", names.join(",")),
+    }
 }
 
 /// `Some(shard)` when every input is a checkpoint weight with the same shard (or none).

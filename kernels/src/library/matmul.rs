@@ -33,6 +33,39 @@ pub(super) fn epilogue(acc: Expr, row: Expr, col: Expr, n: i64, addend: Option<(
 /// Builds one register tile: `(builder, rows, cols, first row, first column)`.
 pub(super) type TileBuilder<'t> = dyn FnMut(&mut KernelBuilder, i64, i64, VarId, VarId) -> Vec<Stmt> + 't;
 
+/// Which rows a register-tiled task runs over: the step's `0..seq`, or (the
+/// grouped expert matmuls, `moe.rs`) `start..end`, one expert's run of a
+/// step's rows grouped by expert; `decode` takes one row per tile.
+#[derive(Clone, Debug)]
+pub(super) struct TaskRows {
+    pub decode: bool,
+    pub start: Option<Expr>,
+    pub end: Expr,
+}
+
+impl TaskRows {
+    /// The step's rows.
+    pub(super) fn of(seq: SeqMode) -> TaskRows {
+        TaskRows { decode: seq.is_decode(), start: None, end: seq.expr() }
+    }
+
+    /// Row `at` counted from the first row.
+    fn offset_by_start(&self, at: Expr) -> Expr {
+        match &self.start {
+            None => at,
+            Some(s) => add(s.clone(), at),
+        }
+    }
+
+    /// How many rows there are.
+    pub(super) fn count(&self) -> Expr {
+        match &self.start {
+            None => self.end.clone(),
+            Some(s) => sub(self.end.clone(), s.clone()),
+        }
+    }
+}
+
 /// The row loop of a register-tiled matmul task: row tiles of `row_tile` rows
 /// (one at decode, `seq = 1`) starting at `r0`, counted by `rb`, then the rows
 /// left over in tiles of half as many rows, a quarter, ... (each at most once:
@@ -40,27 +73,32 @@ pub(super) type TileBuilder<'t> = dyn FnMut(&mut KernelBuilder, i64, i64, VarId,
 /// rows, each of which would unpack the weights again), and the last ones one
 /// at a time; `tile(b, rows)` builds one tile of `rows` rows at `r0`.
 pub(super) fn row_tiles(b: &mut KernelBuilder, seq: SeqMode, row_tile: i64, (rb, r0): (VarId, VarId), tile: &mut dyn FnMut(&mut KernelBuilder, i64) -> Vec<Stmt>) -> Vec<Stmt> {
-    let row_tile = if seq.is_decode() { 1 } else { row_tile };
+    row_range_tiles(b, &TaskRows::of(seq), row_tile, (rb, r0), tile)
+}
+
+/// [`row_tiles`] over `rows`.
+pub(super) fn row_range_tiles(b: &mut KernelBuilder, rows_in: &TaskRows, row_tile: i64, (rb, r0): (VarId, VarId), tile: &mut dyn FnMut(&mut KernelBuilder, i64) -> Vec<Stmt>) -> Vec<Stmt> {
+    let row_tile = if rows_in.decode { 1 } else { row_tile };
     let full_rows = tile(b, row_tile);
-    let full_blocks = div(seq.expr(), i(row_tile));
+    let full_blocks = div(rows_in.count(), i(row_tile));
     let mut tiled = vec![for_(rb, i(0), full_blocks.clone(), {
-        let mut body = vec![set(r0, mul(v(rb), i(row_tile)))];
+        let mut body = vec![set(r0, rows_in.offset_by_start(mul(v(rb), i(row_tile))))];
         body.extend(full_rows);
         body
     })];
     if row_tile > 1 {
         // `rb` counts the rows done from here on.
-        tiled.push(set(rb, mul(full_blocks, i(row_tile))));
+        tiled.push(set(rb, rows_in.offset_by_start(mul(full_blocks, i(row_tile)))));
         let mut rows = row_tile / 2;
         while rows > 1 {
             let mut body = vec![set(r0, v(rb))];
             body.extend(tile(b, rows));
             body.push(set(rb, add(v(rb), i(rows))));
-            tiled.push(if_(le(add(v(rb), i(rows)), seq.expr()), body));
+            tiled.push(if_(le(add(v(rb), i(rows)), rows_in.end.clone()), body));
             rows /= 2;
         }
         let tail_row = tile(b, 1);
-        tiled.push(for_(r0, v(rb), seq.expr(), tail_row));
+        tiled.push(for_(r0, v(rb), rows_in.end.clone(), tail_row));
     }
     tiled
 }

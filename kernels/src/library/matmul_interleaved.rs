@@ -93,22 +93,28 @@ pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 /// "Steps of few rows").
 pub const FEW_ROWS: i64 = 32;
 
-/// The tile `rows x panels` at activation row `r0` and first panel `p0` (variables).
+/// The tile `rows x panels` at activation row `r0` and first panel `p0`
+/// (variables; the weights' panels counted from `wp` when set, an expert's first).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId), (xq, xs, xh, levels): (ParamId, ParamId, Option<ParamId>, ActivationLevels), w: &WeightParams, form: RowsForm, out: ParamId, n: i64, addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+pub(super) fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, wp, p0): (VarId, Option<VarId>, VarId), (xq, xs, xh, levels): (ParamId, ParamId, Option<ParamId>, ActivationLevels), w: &WeightParams, form: RowsForm, out: ParamId, n: i64, addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let lanes = INTERLEAVED_ROWS;
     let (k, nb) = (w.cols, w.blocks_per_row());
     let acc: Vec<Vec<LocalId>> = (0..rows).map(|_| (0..panels).map(|_| b.local(lanes as u64)).collect()).collect();
     let (l, blk) = (b.var(ValType::I64), b.var(ValType::I64));
     let group_blocks: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
     let row = |r: i64| add(v(r0), i(r));
+    // Weight panel `p0 + p`, of the whole tensor or of the expert from `wp` on.
+    let w_panel = |p: i64| match wp {
+        None => add(v(p0), i(p)),
+        Some(wp) => add(v(wp), add(v(p0), i(p))),
+    };
     let mut body = Vec::new();
     for &a in acc.iter().flatten() {
         body.push(for_vec(l, i(0), i(lanes), vec![store(a, v(l), f(0.0))]));
     }
     let mut per_block = Vec::new();
     for (p, &gb) in group_blocks.iter().enumerate() {
-        per_block.push(set(gb, add(mul(add(v(p0), i(p as i64)), i(nb)), v(blk))));
+        per_block.push(set(gb, add(mul(w_panel(p as i64), i(nb)), v(blk))));
     }
     for r in 0..rows {
         let s_at = add(mul(row(r), i(2 * nb)), v(blk));
@@ -117,7 +123,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, p0): (VarId, VarId),
             // The 16 rows' scales (and minimums) of a block are consecutive.
             let per_row = |part: &str| (w.part(part), mul(v(gb), i(lanes)));
             // Q4_K: a super-block's f16 scale and minimum times the block's 6-bit ones.
-            let per_super = |part: &str| (w.part(part), mul(add(mul(add(v(p0), i(p as i64)), i(nb / 8)), div(v(blk), i(8))), i(lanes)));
+            let per_super = |part: &str| (w.part(part), mul(add(mul(w_panel(p as i64), i(nb / 8)), div(v(blk), i(8))), i(lanes)));
             let (row_scales, row_min) = match w.encoding {
                 WeightEncoding::Q4_1 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Stored(RowScale { values: per_row("mins"), factors: None })),
                 WeightEncoding::Q4_0 => (RowScale { values: per_row("scales"), factors: None }, RowMin::Offset(-8.0)),
@@ -175,6 +181,31 @@ fn few_rows_tile(many: RegisterTile, levels: ActivationLevels) -> RegisterTile {
     }
 }
 
+/// The register tiles of an interleaved matmul of `form` levels with
+/// `levels` activations on a target whose tile is `register_tile`: the tile of
+/// steps of many rows, then of few rows ([`FEW_ROWS`]).
+pub(super) fn interleaved_tiles(register_tile: RegisterTile, levels: ActivationLevels, form: RowsForm) -> (RegisterTile, RegisterTile) {
+    // Planes keep two accumulators per tile cell: AVX-512's 4 x 2 tile spilled
+    // (30 stack accesses per 128 `vpdpbusd` in the 1.17B q4_k loop), 2 x 2 does
+    // not. Intel Xeon VM, 2 threads, prefill 2 x 2 against 4 x 2: SmolLM2 q4_1
+    // pp512 1.16x, 1.17B Q4_K_M pp256 1.08x, Q8_0 1.05-1.17x (3 x 2 0.89x, 4 x 1
+    // 0.97x, 8 x 1 1.03x). AVX2's 4 x 1 stays: 2 x 1 was 0.88-0.98x on x86-64-v3 code,
+    // except for Q6_K's six-bit levels, whose sums widen every two steps
+    // ([`RegisterTile::for_six_bit_planes`]: 2 x 1).
+    let six_bit_zmm = form == RowsForm::Nibbles6 && register_tile == RegisterTile::ZMM;
+    let register_tile = match levels {
+        ActivationLevels::Int16Words => register_tile.for_word_dots(),
+        ActivationLevels::Int16Planes if register_tile == RegisterTile::ZMM => RegisterTile { rows: 2, panels: 2 },
+        ActivationLevels::Int16Planes if form == RowsForm::Nibbles6 => register_tile.for_six_bit_planes(),
+        _ => register_tile,
+    };
+    // Steps of few rows: one panel at a time, the levels prefetched ahead ([`FEW_ROWS`]).
+    let few_tile = few_rows_tile(register_tile, levels);
+    // Q6_K's prefill on AVX-512: one panel, more rows ([`RegisterTile::six_bit_zmm`]).
+    let register_tile = if six_bit_zmm { RegisterTile::six_bit_zmm(levels == ActivationLevels::Int16Planes) } else { register_tile };
+    (register_tile, few_tile)
+}
+
 /// Whether [`matmul_interleaved`] of `encoding` weights `[n, k]` reads `h`,
 /// each activation row's level sums per 16 values: the forms with two halves
 /// (Q6_K), whose offset applies per half through them.
@@ -199,24 +230,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
     let out = b.param("out", ElemType::F32, true);
     let ni = n as i64;
     let prefetch = seq.is_decode().then_some(DECODE_PREFETCH_BYTES);
-    // Planes keep two accumulators per tile cell: AVX-512's 4 x 2 tile spilled
-    // (30 stack accesses per 128 `vpdpbusd` in the 1.17B q4_k loop), 2 x 2 does
-    // not. Intel Xeon VM, 2 threads, prefill 2 x 2 against 4 x 2: SmolLM2 q4_1
-    // pp512 1.16x, 1.17B Q4_K_M pp256 1.08x, Q8_0 1.05-1.17x (3 x 2 0.89x, 4 x 1
-    // 0.97x, 8 x 1 1.03x). AVX2's 4 x 1 stays: 2 x 1 was 0.88-0.98x on x86-64-v3 code,
-    // except for Q6_K's six-bit levels, whose sums widen every two steps
-    // ([`RegisterTile::for_six_bit_planes`]: 2 x 1).
-    let six_bit_zmm = form == RowsForm::Nibbles6 && register_tile == RegisterTile::ZMM;
-    let register_tile = match levels {
-        ActivationLevels::Int16Words => register_tile.for_word_dots(),
-        ActivationLevels::Int16Planes if register_tile == RegisterTile::ZMM => RegisterTile { rows: 2, panels: 2 },
-        ActivationLevels::Int16Planes if form == RowsForm::Nibbles6 => register_tile.for_six_bit_planes(),
-        _ => register_tile,
-    };
-    // Steps of few rows: one panel at a time, the levels prefetched ahead ([`FEW_ROWS`]).
-    let few_tile = few_rows_tile(register_tile, levels);
-    // Q6_K's prefill on AVX-512: one panel, more rows ([`RegisterTile::six_bit_zmm`]).
-    let register_tile = if six_bit_zmm { RegisterTile::six_bit_zmm(levels == ActivationLevels::Int16Planes) } else { register_tile };
+    let (register_tile, few_tile) = interleaved_tiles(register_tile, levels, form);
     let (body, tasks, t) = panel_tasks_by_rows(
         &mut b,
         n,
@@ -225,7 +239,7 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
         (register_tile, few_tile),
         &mut |b, rows, panels, r0, p0| {
             if !seq.is_decode() {
-                return tile(b, rows, panels, (r0, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch);
+                return tile(b, rows, panels, (r0, None, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch);
             }
             // Decode: the task's panels one after another, each with its own block
             // loop, not side by side in one: two panels' accumulators (per plane) and
@@ -240,11 +254,11 @@ pub fn matmul_interleaved(k: u64, n: u64, encoding: WeightEncoding, addend: Opti
             for p in 0..panels {
                 let at = b.var(ValType::I64);
                 all.push(set(at, add(v(p0), i(p))));
-                all.extend(tile(b, rows, 1, (r0, at), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch));
+                all.extend(tile(b, rows, 1, (r0, None, at), (xq, xs, xh, levels), &w, form, out, ni, addend, prefetch));
             }
             all
         },
-        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, Some(DECODE_PREFETCH_BYTES)),
+        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, (r0, None, p0), (xq, xs, xh, levels), &w, form, out, ni, addend, Some(DECODE_PREFETCH_BYTES)),
     );
     let name = matmul_name(&format!("matmul_{}x16", levels.tag()), encoding.name(), addend.map(|(_, bc)| bc), k, n, seq) + &tile_tag(seq, register_tile, few_tile);
     b.finish(name, "matmul", tasks, t, body)

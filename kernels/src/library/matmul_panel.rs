@@ -24,7 +24,7 @@ use maxc_format::WeightEncoding;
 use super::dequant::e4m3_half_bits_of_signed;
 use super::elementwise::Broadcast;
 use super::matmul_interleaved::{DECODE_PREFETCH_BYTES, FEW_ROWS};
-use super::matmul::{epilogue, float_suffix, row_tiles, TileBuilder};
+use super::matmul::{epilogue, float_suffix, row_range_tiles, TaskRows, TileBuilder};
 use super::{RegisterTile, SeqMode};
 use crate::ir::dsl::*;
 use crate::ir::*;
@@ -65,8 +65,17 @@ impl PanelWeights {
         }
     }
 
+    /// Bytes per stored weight.
+    pub(super) fn elem_bytes(self) -> i64 {
+        match self {
+            PanelWeights::Float(elem) => elem.size() as i64,
+            PanelWeights::Float8E4M3 => 1,
+            PanelWeights::BFloat16Pairs => 2,
+        }
+    }
+
     /// The kernel-name suffix (`""`, `_bf16`, `_f16`, `_float8_e4m3fn`).
-    fn suffix(self) -> &'static str {
+    pub(super) fn suffix(self) -> &'static str {
         match self {
             PanelWeights::Float(elem) => float_suffix(elem),
             PanelWeights::Float8E4M3 => "_float8_e4m3fn",
@@ -77,14 +86,23 @@ impl PanelWeights {
 
 /// The weight parameters of a panel matmul: the panels, and the column scales of fp8 codes.
 #[derive(Copy, Clone)]
-struct PanelParams {
+pub(super) struct PanelParams {
     w: ParamId,
     scales: Option<ParamId>,
 }
 
 impl PanelParams {
+    /// Declares the weight's parameters: `w` (fp8: `w.quants`, `w.scales`).
+    pub(super) fn declare(b: &mut KernelBuilder, weights: PanelWeights) -> PanelParams {
+        match weights {
+            PanelWeights::Float(elem) => PanelParams { w: b.param("w", elem, false), scales: None },
+            PanelWeights::BFloat16Pairs => PanelParams { w: b.param("w", ElemType::BF16, false), scales: None },
+            PanelWeights::Float8E4M3 => PanelParams { w: b.param("w.quants", ElemType::I8, false), scales: Some(b.param("w.scales", ElemType::F32, false)) },
+        }
+    }
+
     /// Element `index` of the panels as f32, up to the column factor [`Self::finish`] applies.
-    fn element(self, index: Expr) -> Expr {
+    pub(super) fn element(self, index: Expr) -> Expr {
         match self.scales {
             None => ld(self.w, index),
             // The code's value times 2^-8; the factor 256 rides on the column scale.
@@ -93,7 +111,7 @@ impl PanelParams {
     }
 
     /// Column `col`'s sum of [`Self::element`] products, scaled to the output.
-    fn finish(self, sum: Expr, col: Expr) -> Expr {
+    pub(super) fn finish(self, sum: Expr, col: Expr) -> Expr {
         match self.scales {
             None => sum,
             Some(scales) => mul(sum, mul(ld(scales, col), f(256.0))),
@@ -109,12 +127,21 @@ fn zeroed_accumulators(b: &mut KernelBuilder, rows: i64, panels: i64, l: VarId) 
     (acc, zero)
 }
 
-/// Sets each of `bases` to where panel `p0 + p`'s row `kk` starts (and
+/// Weight panel `p0 + p`: of the whole tensor, or (`wp`, the grouped expert
+/// matmuls of `moe.rs`) of the expert whose first panel is `wp`.
+fn weight_panel(wp: Option<VarId>, p0: VarId, p: i64) -> Expr {
+    match wp {
+        None => add(v(p0), i(p)),
+        Some(wp) => add(v(wp), add(v(p0), i(p))),
+    }
+}
+
+/// Sets each of `bases` to where weight panel `p0 + p`'s row `kk` starts (and
 /// prefetches the weights `prefetch_ahead` elements past it).
-fn panel_row_starts(bases: &[VarId], p0: VarId, (k, kk): (i64, Expr), w: PanelParams, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+fn panel_row_starts(bases: &[VarId], (wp, p0): (Option<VarId>, VarId), (k, kk): (i64, Expr), w: PanelParams, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let mut stmts = Vec::new();
     for (p, &base) in bases.iter().enumerate() {
-        stmts.push(set(base, mul(add(mul(add(v(p0), i(p as i64)), i(k)), kk.clone()), i(PANEL as i64))));
+        stmts.push(set(base, mul(add(mul(weight_panel(wp, p0, p as i64), i(k)), kk.clone()), i(PANEL as i64))));
         if let Some(ahead) = prefetch_ahead {
             stmts.push(prefetch(w.w, add(v(base), i(ahead))));
         }
@@ -123,23 +150,29 @@ fn panel_row_starts(bases: &[VarId], p0: VarId, (k, kk): (i64, Expr), w: PanelPa
 }
 
 /// Each accumulator's finished sum (plus the addend) stored to its row's outputs.
-fn stored_tile(acc: &[Vec<LocalId>], l: VarId, (r0, p0): (VarId, VarId), (w, out): (PanelParams, ParamId), n: i64, addend: Option<(ParamId, Broadcast)>) -> Vec<Stmt> {
+fn stored_tile(acc: &[Vec<LocalId>], l: VarId, (r0, wp, p0): (VarId, Option<VarId>, VarId), (w, out): (PanelParams, ParamId), n: i64, addend: Option<(ParamId, Broadcast)>) -> Vec<Stmt> {
     let lanes = PANEL as i64;
     let mut stmts = Vec::new();
     for (r, row_acc) in acc.iter().enumerate() {
         for (p, &a) in row_acc.iter().enumerate() {
             let row = add(v(r0), i(r as i64));
             let col = add(mul(add(v(p0), i(p as i64)), i(lanes)), v(l));
-            let value = epilogue(w.finish(ld(a, v(l)), col.clone()), row.clone(), col.clone(), n, addend);
+            // The weight's own column (an expert's is past the earlier experts').
+            let w_col = match wp {
+                None => col.clone(),
+                Some(_) => add(mul(weight_panel(wp, p0, p as i64), i(lanes)), v(l)),
+            };
+            let value = epilogue(w.finish(ld(a, v(l)), w_col), row.clone(), col.clone(), n, addend);
             stmts.push(for_vec(l, i(0), i(lanes), vec![store(out, add(v(l), add(mul(row, i(n)), mul(add(v(p0), i(p as i64)), i(lanes)))), value)]));
         }
     }
     stmts
 }
 
-/// The tile `rows x panels` at row `r0` and first panel `p0` (variables).
+/// The tile `rows x panels` at row `r0` and first panel `p0` (variables; the
+/// weights' panels counted from `wp` when set, an expert's first).
 #[allow(clippy::too_many_arguments)]
-fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (ParamId, PanelParams, ParamId), (k, n): (i64, i64), addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+pub(super) fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, (wp, p0): (Option<VarId>, VarId), (x, w, out): (ParamId, PanelParams, ParamId), (k, n): (i64, i64), addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let (l, kk) = (b.var(ValType::I64), b.var(ValType::I64));
     let (acc, mut body) = zeroed_accumulators(b, rows, panels, l);
     let xs: Vec<VarId> = (0..rows).map(|_| b.var(ValType::F32)).collect();
@@ -149,7 +182,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
         per_k.push(set(xv, ld(x, add(mul(add(v(r0), i(r as i64)), i(k)), v(kk)))));
     }
     // Panel (p0 + p), row kk: PANEL consecutive weights.
-    per_k.extend(panel_row_starts(&bases, p0, (k, v(kk)), w, prefetch_ahead));
+    per_k.extend(panel_row_starts(&bases, (wp, p0), (k, v(kk)), w, prefetch_ahead));
     // One lane loop for the whole tile: its body is too big for LLVM to unroll it
     // away before vectorizing, so the loop over k stays the outer loop.
     let mut lane_body = Vec::new();
@@ -162,7 +195,7 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
     }
     per_k.push(for_vec(l, i(0), i(PANEL as i64), lane_body));
     body.push(for_(kk, i(0), i(k), per_k));
-    body.extend(stored_tile(&acc, l, (r0, p0), (w, out), n, addend));
+    body.extend(stored_tile(&acc, l, (r0, wp, p0), (w, out), n, addend));
     body
 }
 
@@ -170,13 +203,13 @@ fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x,
 /// cell (the panel's rows `kk` and `kk + 1` against the row's two bf16
 /// activations), so each cell sums its k in the same order in every tile.
 #[allow(clippy::too_many_arguments)]
-fn pair_tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId, (x, w, out): (ParamId, PanelParams, ParamId), (k, n): (i64, i64), addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
+pub(super) fn pair_tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, (wp, p0): (Option<VarId>, VarId), (x, w, out): (ParamId, PanelParams, ParamId), (k, n): (i64, i64), addend: Option<(ParamId, Broadcast)>, prefetch_ahead: Option<i64>) -> Vec<Stmt> {
     let (l, kp) = (b.var(ValType::I64), b.var(ValType::I64));
     let (acc, mut body) = zeroed_accumulators(b, rows, panels, l);
     let bases: Vec<VarId> = (0..panels).map(|_| b.var(ValType::I64)).collect();
     let kk = mul(v(kp), i(2));
     // Panel (p0 + p), rows kk and kk + 1: 2 x PANEL consecutive weights.
-    let mut per_pair = panel_row_starts(&bases, p0, (k, kk.clone()), w, prefetch_ahead);
+    let mut per_pair = panel_row_starts(&bases, (wp, p0), (k, kk.clone()), w, prefetch_ahead);
     for (r, row_acc) in acc.iter().enumerate() {
         for (p, &a) in row_acc.iter().enumerate() {
             let act_start = add(mul(add(v(r0), i(r as i64)), i(k)), kk.clone());
@@ -184,7 +217,7 @@ fn pair_tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId
         }
     }
     body.push(for_(kp, i(0), i(k / 2), per_pair));
-    body.extend(stored_tile(&acc, l, (r0, p0), (w, out), n, addend));
+    body.extend(stored_tile(&acc, l, (r0, wp, p0), (w, out), n, addend));
     body
 }
 
@@ -192,12 +225,23 @@ fn pair_tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, p0: VarId
 /// `matmul_interleaved.rs`): task `t` owns `panels_per_task` panels of [`PANEL`]
 /// output columns (`n` a multiple of [`PANEL`]), walked `register_tile.panels`
 /// at a time (all together at decode); `tile(b, rows, panels, r0, p0)` runs over
-/// [`row_tiles`] of `register_tile.rows` rows; a last task with fewer panels
+/// `row_tiles` (`matmul.rs`) of `register_tile.rows` rows; a last task with fewer panels
 /// takes them one at a time. Returns the body, the task count and the task variable.
 pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_per_task: i64, register_tile: RegisterTile, tile: &mut TileBuilder<'_>) -> (Vec<Stmt>, TaskCount, VarId) {
     let (t, p0, pp, rb, r0) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let panels_total = (n / PANEL) as i64;
-    let group = if seq.is_decode() { panels_per_task } else { register_tile.panels };
+    let mut body = vec![set(p0, mul(v(t), i(panels_per_task)))];
+    body.extend(task_panels(b, panels_total, &TaskRows::of(seq), panels_per_task, register_tile, (p0, pp, rb, r0), tile));
+    (body, TaskCount { per_seq: 0, fixed: (panels_total as u64).div_ceil(panels_per_task as u64) }, t)
+}
+
+/// The body of one [`panel_tasks`] task whose first panel `p0` is set: its
+/// `panels_per_task` panels (of `panels_total`) over `rows`, in tiles of
+/// `register_tile` (all of the task's panels together at decode), a last task
+/// with fewer panels taking them one at a time (`pp`); `rb`, `r0` as
+/// `row_tiles` takes them.
+pub(super) fn task_panels(b: &mut KernelBuilder, panels_total: i64, rows: &TaskRows, panels_per_task: i64, register_tile: RegisterTile, (p0, pp, rb, r0): (VarId, VarId, VarId, VarId), tile: &mut TileBuilder<'_>) -> Vec<Stmt> {
+    let group = if rows.decode { panels_per_task } else { register_tile.panels };
     assert!(group > 0 && panels_per_task % group == 0, "a task's {panels_per_task} panels are not whole tiles of {group}");
     let mut all = Vec::new();
     for first in (0..panels_per_task).step_by(group as usize) {
@@ -209,16 +253,14 @@ pub(super) fn panel_tasks(b: &mut KernelBuilder, n: u64, seq: SeqMode, panels_pe
             all.push(set(at, add(v(p0), i(first))));
             at
         };
-        all.extend(row_tiles(b, seq, register_tile.rows, (rb, r0), &mut |b, rows| tile(b, rows, group, r0, tile_p0)));
+        all.extend(row_range_tiles(b, rows, register_tile.rows, (rb, r0), &mut |b, rows| tile(b, rows, group, r0, tile_p0)));
     }
-    let single = row_tiles(b, seq, register_tile.rows, (rb, r0), &mut |b, rows| tile(b, rows, 1, r0, pp));
-    let body = vec![
-        set(p0, mul(v(t), i(panels_per_task))),
+    let single = row_range_tiles(b, rows, register_tile.rows, (rb, r0), &mut |b, rows| tile(b, rows, 1, r0, pp));
+    vec![
         if_(le(add(v(p0), i(panels_per_task)), i(panels_total)), all),
         // The leftover panels one at a time.
         if_(lt(v(p0), i(panels_total)), vec![if_(lt(i(panels_total), add(v(p0), i(panels_per_task))), vec![for_(pp, v(p0), i(panels_total), single)])]),
-    ];
-    (body, TaskCount { per_seq: 0, fixed: (panels_total as u64).div_ceil(panels_per_task as u64) }, t)
+    ]
 }
 
 /// [`panel_tasks`] for a kernel whose steps of few rows (at most [`FEW_ROWS`])
@@ -248,11 +290,7 @@ pub fn matmul_panel(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadc
     let (x, w, addend, out) = panel_params(&mut b, n, weights, addend);
     let (ki, ni) = (k as i64, n as i64);
     let bufs = (x, w, out);
-    let elem_bytes = match weights {
-        PanelWeights::Float(elem) => elem.size() as i64,
-        PanelWeights::Float8E4M3 => 1,
-        PanelWeights::BFloat16Pairs => 2,
-    };
+    let elem_bytes = weights.elem_bytes();
     let tile = if weights == PanelWeights::BFloat16Pairs {
         assert_eq!(k % 2, 0, "bfloat16 pair dots need an even k, not {k}");
         pair_tile
@@ -272,8 +310,8 @@ pub fn matmul_panel(k: u64, n: u64, weights: PanelWeights, addend: Option<Broadc
         seq,
         PANELS_PER_TASK as i64,
         (register_tile, few_tile),
-        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend, prefetch),
-        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, p0, bufs, (ki, ni), addend, Some(DECODE_PREFETCH_BYTES / elem_bytes)),
+        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, (None, p0), bufs, (ki, ni), addend, prefetch),
+        &mut |b, rows, panels, r0, p0| tile(b, rows, panels, r0, (None, p0), bufs, (ki, ni), addend, Some(DECODE_PREFETCH_BYTES / elem_bytes)),
     );
     let enc = weights.suffix();
     let shape = format!("k{k}_n{n}_{}{}", seq.tag(), tile_tag(seq, register_tile, few_tile));
@@ -327,11 +365,7 @@ pub(super) fn tile_tag(seq: SeqMode, many: RegisterTile, few: RegisterTile) -> S
 fn panel_params(b: &mut KernelBuilder, n: u64, weights: PanelWeights, addend: Option<Broadcast>) -> (ParamId, PanelParams, Option<(ParamId, Broadcast)>, ParamId) {
     assert_eq!(n % PANEL, 0, "panel-packed weights need n to be a multiple of {PANEL}");
     let x = b.param("x", if weights == PanelWeights::BFloat16Pairs { ElemType::BF16 } else { ElemType::F32 }, false);
-    let w = match weights {
-        PanelWeights::Float(elem) => PanelParams { w: b.param("w", elem, false), scales: None },
-        PanelWeights::BFloat16Pairs => PanelParams { w: b.param("w", ElemType::BF16, false), scales: None },
-        PanelWeights::Float8E4M3 => PanelParams { w: b.param("w.quants", ElemType::I8, false), scales: Some(b.param("w.scales", ElemType::F32, false)) },
-    };
+    let w = PanelParams::declare(b, weights);
     let addend = addend.map(|bc| (b.param("r", ElemType::F32, false), bc));
     let out = b.param("out", ElemType::F32, true);
     (x, w, addend, out)

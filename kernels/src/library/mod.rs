@@ -15,6 +15,7 @@ pub mod matmul_blocks;
 pub mod matmul_int8;
 pub mod matmul_interleaved;
 pub mod matmul_panel;
+pub mod moe;
 pub mod pooling;
 pub mod quantize_activations;
 pub mod rms_norm;

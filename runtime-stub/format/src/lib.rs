@@ -12,9 +12,11 @@ pub const MAGIC: [u8; 8] = *b"MAXCMEF\0";
 /// Incompatible layout changes bump the major version (9: collectives say
 /// which row count they follow, so that batch plans of device meshes can hold
 /// them; the KV cache is an encoding with parts, each its own buffer; sentence
-/// encoders' batch plans, [`SubModel::encode_batch`], and [`BufferRef::SequenceStarts`]).
-pub const FORMAT_MAJOR: u32 = 10;
-/// Compatible additions bump the minor version (none yet in format 9).
+/// encoders' batch plans, [`SubModel::encode_batch`], and [`BufferRef::SequenceStarts`];
+/// 10: a mixed step's logit rows, [`BatchLimits::max_logit_rows`]; 11: a
+/// mixture of experts' routing, [`ModelInfo::experts`]).
+pub const FORMAT_MAJOR: u32 = 11;
+/// Compatible additions bump the minor version (none yet in format 11).
 pub const FORMAT_MINOR: u32 = 0;
 /// magic (8) + major (4) + minor (4) + header length (8) + header xxh3-64 (8).
 pub const PRELUDE_LEN: usize = 32;
@@ -264,6 +266,26 @@ pub struct ModelInfo {
     /// `Some(width)` for encoders: a step outputs one `f32[1, width]` sentence
     /// embedding instead of `[seq, vocab]` logits.
     pub embedding_width: Option<u64>,
+    /// The routed experts of a mixture-of-experts model (format 11).
+    pub experts: Option<ExpertsInfo>,
+}
+
+/// A mixture of experts as the artifact computes it, for `maxrun inspect`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExpertsInfo {
+    /// Experts per routed layer.
+    pub experts: u64,
+    /// Experts each token is routed to.
+    pub top_k: u64,
+    /// The router's rule (`softmax_topk`, `softmax_topk_norm`, `topk_softmax`).
+    pub routing: String,
+    /// Layers whose MLP is the routed experts (the others are dense).
+    pub routed_layers: u64,
+    /// Bytes of every routed layer's experts' weights as stored.
+    pub expert_bytes: u64,
+    /// Of those, the bytes one token reads: its `top_k` experts in each routed
+    /// layer (`expert_bytes * top_k / experts`).
+    pub active_expert_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -8,6 +8,12 @@ scripts/build-llama-cpp.sh unpacks) and quantized by its `llama-quantize`:
     arch-X.q4_k_m.gguf   llama-quantize ... Q4_K_M (on these 64-wide tensors
                          llama.cpp falls back to Q5_0 / Q5_1 / Q8_0 blocks)
 
+The mixture-of-experts fixtures (qwen3-moe, mixtral) are converted to F32 and
+to Q8_0 by the converter itself (`--outtype q8_0`, gguf-py's quantizer, which
+keeps the routers `ffn_gate_inp` in F32 as llama-quantize does), so they need
+no llama.cpp build. Qwen3-MoE's is tests/fixtures/arch-qwen3-moe-gguf (its
+make.py says why: the converter cannot name the shared fixture's dense layer).
+
 tests/tests/gguf_architectures.rs compiles each with maxc and compares the
 logits with the fixture's goldens (made by transformers from the same weights).
 vocab/ holds llama.cpp's own tokenizer tests (ggml-vocab-*.gguf with .inp
@@ -33,16 +39,20 @@ LLAMA = os.path.join(ROOT, ".cache/llama.cpp/src")
 QUANTIZE = os.path.join(ROOT, ".cache/llama.cpp/build/bin/llama-quantize")
 FIXTURES = os.environ.get("MAXC_FIXTURES", os.path.join(ROOT, "../shared/fixtures"))
 OUT = os.path.dirname(os.path.abspath(__file__))
-ARCHS = sys.argv[1:] or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert"]
+# `--outtype T ARCH`: one converter run (the mixture-of-experts fixtures' files, below).
+OUTTYPE = sys.argv[2] if sys.argv[1:2] == ["--outtype"] else None
+ARCHS = (sys.argv[3:] if OUTTYPE else sys.argv[1:]) or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3-moe", "mixtral"]
 QUANTS = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
+# Converted by the converter alone, to these types (`--outtype`).
+CONVERTER_TYPES = {"qwen3-moe": ["q8_0"], "mixtral": ["q8_0"]}
 
 
-def convert(arch):
-    # Gemma 3's fixture is this repository's own, made to what a GGUF can say
-    # (tests/fixtures/arch-gemma3-gguf/make.py).
-    ours = {"gemma3": "arch-gemma3-gguf", "bert": "arch-bert"}
+def convert(arch, outtype="f32"):
+    # Gemma 3's and Qwen3-MoE's fixtures are this repository's own, made to
+    # what a GGUF can say (tests/fixtures/arch-*-gguf/make.py).
+    ours = {"gemma3": "arch-gemma3-gguf", "bert": "arch-bert", "qwen3-moe": "arch-qwen3-moe-gguf"}
     src = os.path.join(ROOT, "tests/fixtures", ours[arch]) if arch in ours else os.path.join(FIXTURES, f"arch-{arch}")
-    out = os.path.join(OUT, f"arch-{arch}.f32.gguf")
+    out = os.path.join(OUT, f"arch-{arch}.{outtype}.gguf")
     if arch == "gpt2":
         # The converter reads GPT-2's context from `n_ctx`, which configs saved
         # by current transformers no longer write (they keep `n_positions`, the
@@ -75,7 +85,7 @@ def convert(arch):
         cls = {"phi3": phi.Phi3MiniModel, "gemma2": gemma.Gemma2Model}[arch]
         cls.set_vocab = lambda self: self._set_vocab_gpt2()
     argv = sys.argv
-    sys.argv = ["convert_hf_to_gguf.py", src, "--outtype", "f32", "--outfile", out]
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outtype", outtype, "--outfile", out]
     try:
         runpy.run_path(os.path.join(LLAMA, "convert_hf_to_gguf.py"), run_name="__main__")
     except SystemExit as e:
@@ -91,6 +101,17 @@ def main():
         # One process per architecture: the converter's module state is global.
         if len(ARCHS) > 1:
             subprocess.run([sys.executable, __file__, arch], check=True)
+            continue
+        if OUTTYPE:
+            convert(arch, OUTTYPE)
+            continue
+        if arch in CONVERTER_TYPES:
+            # One process per file too: the converter's module state is global.
+            for outtype in ["f32"] + CONVERTER_TYPES[arch]:
+                subprocess.run([sys.executable, __file__, "--outtype", outtype, arch], check=True)
+            for f in sorted(os.listdir(OUT)):
+                if f.startswith(f"arch-{arch}."):
+                    print(f, os.path.getsize(os.path.join(OUT, f)))
             continue
         f32 = convert(arch)
         for name, ty in QUANTS:

@@ -61,6 +61,8 @@ pub fn decide(g: &Graph, id: ValueId, have: &[Placement], ctx: &RuleCtx) -> Deci
         Op::SwiGlu | Op::Slice { .. } | Op::Concat { .. } | Op::Transpose | Op::AllReduce | Op::AllGather { .. } | Op::ShardSlice { .. } => {
             shape::decide(g, id, have, ctx)
         }
+        // Expert parallelism is a later issue's: every device runs every expert.
+        Op::Moe { .. } => Decision::replicated(node.inputs.len()),
     }
 }
 

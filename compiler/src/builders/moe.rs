@@ -1,0 +1,59 @@
+//! Mixture-of-experts decoders: Qwen3MoeForCausalLM (Qwen3's attention, per-head
+//! q/k norms) and MixtralForCausalLM (Mistral's): the Llama decoder whose sparse
+//! layers replace the MLP by routed experts, one `moe` node each.
+//!
+//! The router (`[experts, hidden]`) is the `moe` node's second input, kept in
+//! float32 as llama.cpp keeps it (no kernel decodes it: the quantize pass
+//! leaves it); a shared expert beside the routed ones is ordinary nodes around
+//! the `moe` node, a router bias a further input to add to the op. The
+//! experts' projections are stacked along their rows, gate then up for each
+//! expert in `gate_up` (`[experts * 2f, hidden]`) and the downs in `down`
+//! (`[experts * hidden, f]`): concatenations of checkpoint weights, which the
+//! weights table stores as one tensor each without copying at import.
+
+use super::llama::{build_decoder, DecoderOptions, QkNorm};
+use super::WeightBinder;
+use crate::error::Result;
+use crate::graph::{Graph, Op, ValueId};
+use crate::import::{expert_names, Architecture, ImportedModel};
+
+pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
+    let qk_norm = if model.config.architecture == Architecture::Qwen3Moe { QkNorm::PerHead } else { QkNorm::None };
+    build_decoder(model, w, &DecoderOptions { qk_norm, ..Default::default() })
+}
+
+/// Layer `layer`'s routed MLP applied to the normalized `x`: the `moe` node
+/// over its router and stacked experts.
+pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &ImportedModel, layer: usize) -> Result<ValueId> {
+    let c = &model.config;
+    let moe = c.moe.as_ref().expect("a mixture-of-experts config");
+    let (h, f, experts) = (c.hidden_size, moe.expert_intermediate, moe.experts);
+    let (prefix, [gate, up, down, _]) = expert_names(c.architecture, layer);
+    let router = match c.architecture {
+        Architecture::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate.weight"),
+        _ => format!("model.layers.{layer}.mlp.gate.weight"),
+    };
+    let router = w.weight(g, &router, &[experts, h])?;
+    // An expert past the configured count: the configuration and the
+    // checkpoint disagree (the unused-tensor check would say so too, less
+    // plainly).
+    let extra = format!("{prefix}{experts}.{gate}.weight");
+    if model.weights.get(&extra).is_some() {
+        let file = model.weights.file_of(&extra).unwrap_or(&model.source).to_path_buf();
+        let e = crate::error::Error::invalid(
+            file,
+            model.weights.shown_name(&extra),
+            format!("the checkpoint has expert {experts} (and maybe more), but {} gives {experts} experts per layer; fix the expert count (num_experts / num_local_experts, or expert_count in a GGUF)", model.weights.config_source()),
+        );
+        w.problem(e)?;
+    }
+    let (mut gate_up, mut downs) = (Vec::with_capacity(2 * experts), Vec::with_capacity(experts));
+    for e in 0..experts {
+        gate_up.push(w.weight(g, &format!("{prefix}{e}.{gate}.weight"), &[f, h])?);
+        gate_up.push(w.weight(g, &format!("{prefix}{e}.{up}.weight"), &[f, h])?);
+        downs.push(w.weight(g, &format!("{prefix}{e}.{down}.weight"), &[h, f])?);
+    }
+    let gate_up = g.add(Op::Concat { axis: 0 }, &gate_up);
+    let down = g.add(Op::Concat { axis: 0 }, &downs);
+    Ok(g.add(Op::Moe { experts: experts as u32, top_k: moe.top_k as u32, routing: moe.routing }, &[x, router, gate_up, down]))
+}
