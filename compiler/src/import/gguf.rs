@@ -685,6 +685,10 @@ impl GgufFile {
         }
         let k = |s: &str| format!("{arch}.{s}");
         let experts = self.require_u64(&k("expert_count"))? as usize;
+        if self.get(&k("expert_used_count")).is_none() {
+            let why = format!("required metadata key is missing: {} = {experts} makes this file a mixture of experts, which needs the number of experts each token uses", k("expert_count"));
+            return Err(Error::invalid(&self.path, k("expert_used_count"), why));
+        }
         let top_k = self.require_u64(&k("expert_used_count"))? as usize;
         let (expert_intermediate, routing) = match architecture {
             Architecture::Qwen3Moe => {
