@@ -63,7 +63,7 @@ pub struct Fixture {
 /// its GGUF and all-MiniLM-L6-v2 from its folder where those are given.
 pub fn fixtures(fixtures: &Path, smollm2_gguf: Option<&Path>, minilm: Option<&Path>) -> Vec<Fixture> {
     let mut out = Vec::new();
-    for name in ["tiny-llama", "tiny-qwen2", "arch-qwen3", "arch-gemma2", "arch-phi3", "arch-granite", "arch-olmo2", "arch-gpt2"] {
+    for name in ["tiny-llama", "tiny-qwen2", "arch-qwen3", "arch-gemma2", "arch-phi3", "arch-granite", "arch-olmo2", "arch-gpt2", "arch-qwen3-moe", "arch-mixtral"] {
         let dir = fixtures.join(name);
         out.push(Fixture { name: name.into(), model: dir.clone(), golden: dir, kind: Kind::Generator, ignore_eos: name.starts_with("arch-") });
     }
