@@ -25,9 +25,9 @@ export LLVM_SYS_191_PREFIX=/usr/lib/llvm-19
 cargo build --release --bins -j2 >/dev/null
 maxc=target/release/maxc
 maxrun=target/release/maxrun
-[ -f "$out/q4_1.mef" ] || $maxc compile manifests/smollm2-135m.toml -o "$out/q4_1.mef" >/dev/null
-[ -f "$out/bf16.mef" ] || $maxc compile manifests/smollm2-135m.toml --quantization-encoding bfloat16 -o "$out/bf16.mef" >/dev/null
-[ -f "$out/q4k.mef" ] || $maxc compile manifests/smollm2-135m.toml --quantization-encoding q4_k -o "$out/q4k.mef" >/dev/null
+[ "$out/q4_1.mef" -nt $maxc ] || $maxc compile manifests/smollm2-135m.toml -o "$out/q4_1.mef" >/dev/null
+[ "$out/bf16.mef" -nt $maxc ] || $maxc compile manifests/smollm2-135m.toml --quantization-encoding bfloat16 -o "$out/bf16.mef" >/dev/null
+[ "$out/q4k.mef" -nt $maxc ] || $maxc compile manifests/smollm2-135m.toml --quantization-encoding q4_k -o "$out/q4k.mef" >/dev/null
 
 if [ -z "${ONLY_LLAMA:-}" ]; then
 echo "## prompt lookup, one prompt at a time"
