@@ -1043,8 +1043,14 @@ mod tests {
         }
     }
 
+    /// A fresh path for `name`: a folder of this process and this call (a
+    /// process id can come again, and a file left by an earlier run must not
+    /// be read as this one's).
     fn temp(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("maxrun-perplexity-{}", std::process::id()));
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("maxrun-perplexity-{}-{call}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir.join(name)
     }
