@@ -16,7 +16,7 @@ use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
 use maxc_kernels::library::moe::{moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router, MoeRouting};
-use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, round_bf16, ActivationLevels};
+use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, quantize_to, round_bf16, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
@@ -1076,10 +1076,7 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
                     WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Q4K | WeightEncoding::Q5_0 | WeightEncoding::Q5_1 | WeightEncoding::Q5K | WeightEncoding::Q6K => forms.push((alone16, ActivationLevels::Int16WordPairs)),
                     _ => {}
                 }
-                let quantize_as = |levels: ActivationLevels, seq: SeqMode| match levels {
-                    ActivationLevels::Int8 => quantize_q8(k, DotForm::Int8, seq),
-                    sixteen => quantize_q16(k, sixteen, seq),
-                };
+                let quantize_as = |levels: ActivationLevels, seq: SeqMode| quantize_to(k, levels, DotForm::Int8, seq);
                 for (alone, batch) in forms {
                     let quantize = (quantize_as(alone, one), quantize_as(batch, many));
                     pairs.push(RowPair {

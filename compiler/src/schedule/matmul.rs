@@ -116,10 +116,7 @@ impl Scheduler<'_, '_, '_> {
         let x = self.input(v)?;
         // Levels (one or two bytes per value); f32 scales (every block's d, then every d * sum).
         let scale_elems = 2 * (k / 32);
-        let kernel = match levels {
-            ActivationLevels::Int8 => quantize_q8(k, form, seq),
-            sixteen => quantize_q16(k, sixteen, seq),
-        };
+        let kernel = quantize_to(k, levels, form, seq);
         let outputs = self.launch_outputs(kernel, vec![x], &[k * levels.bytes(), scale_elems * 4], TaskCount { per_seq: scale_elems, fixed: 0 });
         let q = (outputs[0], outputs[1]);
         self.quantized.insert(key, q);

@@ -30,7 +30,7 @@ use maxc_kernels::library::embedding::{embedding_in, embedding_range};
 use maxc_kernels::library::matmul::{matmul, matmul_add, matmul_rowwise};
 use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
-use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, round_bf16, ActivationLevels};
+use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_to, round_bf16, ActivationLevels};
 use maxc_kernels::library::matmul_panel::{matmul_panel, matmul_panel_rowwise, PanelWeights};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::{rope, rope_gpu};

@@ -62,10 +62,7 @@ impl Scheduler<'_, '_, '_> {
         let levels = self.integer_levels(encoding, (n, k), seq).filter(|_| interleaved);
         if let Some(levels) = levels {
             let scale_elems = 2 * (k / 32);
-            let quantize = match levels {
-                ActivationLevels::Int8 => quantize_q8(k, DotForm::Int8, seq),
-                sixteen => quantize_q16(k, sixteen, seq),
-            };
+            let quantize = quantize_to(k, levels, DotForm::Int8, seq);
             let q = self.launch_outputs(over_slots(quantize, top_k), vec![x], &[top_k * k * levels.bytes(), top_k * scale_elems * 4], TaskCount { per_seq: top_k * scale_elems, fixed: 0 });
             let mut args = vec![q[0], q[1]];
             if maxc_kernels::library::matmul_interleaved::reads_half_sums(encoding, n, k) {

@@ -269,7 +269,7 @@ mod tests {
     use super::*;
     use crate::interp::{run, Buffer};
     use crate::library::matmul_blocks::matmul_blocks;
-    use crate::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8};
+    use crate::library::quantize_activations::{level_half_sums, quantize_to};
     use crate::library::test_util::*;
 
     /// The interleaved int8 and int16 (planes, words, word pairs) matmuls equal the float block matmul
@@ -290,10 +290,7 @@ mod tests {
                 let x = rand(m * k, 3);
                 let width = k * levels.bytes() as usize;
                 let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; m * width]), Buffer::F32(vec![0.0; m * 2 * k / 32])];
-                let quantize = match levels {
-                    ActivationLevels::Int8 => quantize_q8(k as u64, DotForm::Int8, seq),
-                    sixteen => quantize_q16(k as u64, sixteen, seq),
-                };
+                let quantize = quantize_to(k as u64, levels, DotForm::Int8, seq);
                 run(&quantize, &mut qbufs, m as u64);
                 let (Buffer::I8(q), Buffer::F32(s)) = (&qbufs[1], &qbufs[2]) else { unreachable!() };
                 let level = |at: usize| match levels {

@@ -414,7 +414,7 @@ mod tests {
     use crate::library::matmul_blocks::matmul_blocks;
     use crate::library::matmul_interleaved::matmul_interleaved;
     use crate::library::matmul_panel::{matmul_panel, pack_panels};
-    use crate::library::quantize_activations::{quantize_q16, quantize_q8};
+    use crate::library::quantize_activations::quantize_to;
     use crate::library::test_util::*;
 
     fn f32s(b: &Buffer) -> &[f32] {
@@ -557,10 +557,7 @@ mod tests {
                     let interleaved: Vec<Vec<Buffer>> = raw.iter().map(|p| interleaved_parts(encoding, p, n, k)).collect();
                     let width = k * levels.bytes() as usize;
                     let mut qbufs = vec![Buffer::F32(x.clone()), Buffer::I8(vec![0; rows * width]), Buffer::F32(vec![0.0; rows * 2 * k / 32])];
-                    let quantize = match levels {
-                        ActivationLevels::Int8 => quantize_q8(k as u64, DotForm::Int8, seq),
-                        sixteen => quantize_q16(k as u64, sixteen, seq),
-                    };
+                    let quantize = quantize_to(k as u64, levels, DotForm::Int8, seq);
                     run(&quantize, &mut qbufs, rows as u64);
                     let (Buffer::I8(q), Buffer::F32(s)) = (&qbufs[1], &qbufs[2]) else { unreachable!() };
                     let mut bufs = vec![qbufs[1].clone(), qbufs[2].clone(), Buffer::I32(offsets.clone())];

@@ -153,6 +153,15 @@ impl ActivationLevels {
 /// the level are 127.
 pub const Q16_MAX_LEVEL: f32 = (HIGH_PLANE_WEIGHT * 127 + 127) as f32;
 
+/// The kernel that quantizes `k`-wide activations to `levels`: [`quantize_q8`]
+/// in dot form `form` for int8 levels, else [`quantize_q16`] (`form` unused).
+pub fn quantize_to(k: u64, levels: ActivationLevels, form: DotForm, seq: SeqMode) -> Kernel {
+    match levels {
+        ActivationLevels::Int8 => quantize_q8(k, form, seq),
+        sixteen => quantize_q16(k, sixteen, seq),
+    }
+}
+
 /// One task per row: `x: f32[seq, k]` -> `q: i8[seq, 2 k]`,
 /// `s: f32[seq, 2 k / 32]` (every block's `d`, then every block's
 /// `d * sum(level)`), `level = round(x / d)`, `d = max |x| / 32512`. With
