@@ -21,7 +21,7 @@ fn plan_json(plan: &Plan, vocab: u64) -> Value {
 /// The inspection report as JSON (the text form is rendered from it).
 pub fn report(a: &Artifact) -> Value {
     let h = &a.header;
-    let weights_bytes: u64 = h.weights.iter().map(|w| w.len).sum();
+    let weights_bytes = h.total_weight_bytes();
     // Tensors and bytes per encoding; a block-quantized tensor counts once (its
     // first part) however many parts it is stored as.
     let mut per_encoding = serde_json::Map::new();

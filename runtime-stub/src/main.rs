@@ -550,7 +550,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let weights = artifact.section(maxrun::format::SectionKind::Weights(0));
     let weights_memory = if artifact.is_resident() { "huge pages" } else { "file mapping" };
-    let weight_bytes: u64 = h.weights.iter().map(|w| w.len).sum();
+    let weight_bytes = h.total_weight_bytes();
     let devices = h.sub_models.len() as u64;
     let report = maxrun::bench::run(
         &mut session,

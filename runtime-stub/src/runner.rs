@@ -351,7 +351,7 @@ pub fn open_draft_model<'a>(target: &Artifact, draft: &'a Artifact, threads: usi
     }
     let (executor, _) = open_executor(draft, threads, device, kv_bytes).map_err(|e| format!("--draft {path}: {e}"))?;
     // Decode steps are bound by reading the weights: their bytes compare the two models' steps.
-    let bytes = |a: &Artifact| a.header.weights.iter().map(|w| w.len).sum::<u64>().max(1) as f64;
+    let bytes = |a: &Artifact| a.header.total_weight_bytes().max(1) as f64;
     Ok(crate::engine::draft::DraftModel::new(executor, d.model.vocab_size, bytes(draft) / bytes(target)))
 }
 

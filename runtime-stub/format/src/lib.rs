@@ -140,6 +140,11 @@ pub struct EncodeBatch {
 }
 
 impl Header {
+    /// Bytes of every weight as stored, all devices together.
+    pub fn total_weight_bytes(&self) -> u64 {
+        self.weights.iter().map(|w| w.len).sum()
+    }
+
     /// Whether the artifact carries CPU code (a GPU-only artifact does not).
     pub fn has_cpu_code(&self) -> bool {
         self.sections.iter().any(|s| s.kind == SectionKind::Code)
