@@ -322,7 +322,11 @@ fn chunk_positions(n: Expr, splits: i64) -> Expr {
 
 /// How many chunks of [`chunk_positions`] cover `n` visible positions (at most `splits`).
 fn chunks_used(n: Expr, splits: i64) -> Expr {
-    let chunk = chunk_positions(n.clone(), splits);
+    chunks_of(n.clone(), chunk_positions(n, splits))
+}
+
+/// How many chunks of `chunk` positions cover `n` positions.
+fn chunks_of(n: Expr, chunk: Expr) -> Expr {
     div(sub(add(n, chunk.clone()), i(1)), chunk)
 }
 
@@ -618,7 +622,7 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
     }
     if canonical {
         // The decode plans' chunks, one after another in this task, each into
-        // a partial row of the scratch, then merged as `attention_combine`
+        // a partial row of the local array, then merged as `attention_combine`
         // merges them: the same statements in the same order, so that a row
         // gets the bits here that it gets from flash-decoding.
         let (row_start, row_end, c, chunk, used, base) = (ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b), ivar(&mut b));
@@ -628,8 +632,8 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         body.extend([
             set(row_start, v(start)),
             set(row_end, v(end)),
-            set(used, chunks_used(sub(v(row_end), v(row_start)), split)),
             set(chunk, chunk_positions(sub(v(row_end), v(row_start)), split)),
+            set(used, chunks_of(sub(v(row_end), v(row_start)), v(chunk))),
         ]);
         let mut per_chunk = vec![set(start, min(add(v(row_start), mul(v(c), v(chunk))), v(row_end))), set(end, min(add(v(start), v(chunk)), v(row_end)))];
         per_chunk.extend((0..group).map(|h| set(oo[h], part_row(v(c), h))));

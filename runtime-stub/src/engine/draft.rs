@@ -79,16 +79,24 @@ impl<'a> DraftModel<'a> {
         }
         let mut steps = 0;
         while !pending.is_empty() && self.backend.has_work() {
-            let out = self.backend.step()?;
-            self.steps += 1;
-            steps += 1;
+            let out = self.step(&mut steps)?;
             // Other sequences' rows (a last draft) run too; their logits are not needed.
             for row in out.rows.iter().filter(|r| r.next) {
                 pending.retain(|&id| id != row.id);
             }
-            assert!(steps < 100_000, "the draft model does not advance");
         }
         Ok(())
+    }
+
+    /// One draft step, counted here and in `steps`, the caller's loop.
+    fn step(&mut self, steps: &mut u32) -> Result<super::StepOutput, RunError> {
+        let out = self.backend.step()?;
+        self.steps += 1;
+        *steps += 1;
+        // A prompt longer than the pool's chunks takes several steps; a
+        // sequence the pool cannot hold would never finish.
+        assert!(*steps < 100_000, "the draft model does not advance");
+        Ok(out)
     }
 
     /// Up to `k` greedy drafts after `tokens` for each `(id, tokens, k)`,
@@ -107,9 +115,7 @@ impl<'a> DraftModel<'a> {
         // end); sequences that have their drafts still run until all have.
         let mut steps = 0;
         while drafts.iter().any(|(&id, d)| d.len() < want(id)) && self.backend.has_work() {
-            let out = self.backend.step()?;
-            self.steps += 1;
-            steps += 1;
+            let out = self.step(&mut steps)?;
             for (i, row) in out.rows.iter().enumerate() {
                 if !row.next {
                     continue;
@@ -120,9 +126,6 @@ impl<'a> DraftModel<'a> {
                     self.backend.append(row.id, token);
                 }
             }
-            // A prompt longer than the pool's chunks takes several steps; a
-            // sequence the pool cannot hold would never finish.
-            assert!(steps < 100_000, "the draft model does not advance");
         }
         for (&id, d) in drafts.iter_mut() {
             d.truncate(want(id));
