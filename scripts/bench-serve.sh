@@ -14,31 +14,18 @@ threads="${THREADS:-2}"
 out="${OUT:-target/bench-serve}"
 mkdir -p "$out"
 llama_server="$(dirname "$(scripts/build-llama-cpp.sh)")/llama-server"
-pids=()
-trap 'for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done' EXIT
-
-# Starts a server in the background and waits (at most 120 s) for /health.
-start() {
-    local port=$1; shift
-    "$@" >"$out/server-$port.log" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 1200); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "bench-serve: the server on port $port did not start" >&2; cat "$out/server-$port.log" >&2; exit 1
-}
+source scripts/servers.sh
 
 printf '| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|\n'
 for c in ${CONCURRENCY:-1 4 8 16}; do
     n=$((c * ${REQUESTS_PER_CLIENT:-4}))
     for server in maxrun llama-server; do
         if [ "$server" = maxrun ]; then
-            start 8101 target/release/maxrun serve "$mef" --host 127.0.0.1 --port 8101 --threads "$threads"
+            start "$out/server-8101.log" 8101 target/release/maxrun serve "$mef" --host 127.0.0.1 --port 8101 --threads "$threads"
             port=8101
         else
             # -np slots of the same context each, as many as the clients.
-            start 8102 "$llama_server" -m "$gguf" -t "$threads" -tb "$threads" -np "$c" -c $((2048 * c)) --host 127.0.0.1 --port 8102
+            start "$out/server-8102.log" 8102 "$llama_server" -m "$gguf" -t "$threads" -tb "$threads" -np "$c" -c $((2048 * c)) --host 127.0.0.1 --port 8102
             port=8102
         fi
         python3 scripts/load.py --url "http://127.0.0.1:$port" --concurrency "$c" --requests "$n" --prompt-tokens "${PROMPT_WORDS:-32}" \
@@ -48,6 +35,6 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"| {sys.argv[2]} | {r['concurrency']} | {r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.1f} | {r['ttft_ms_p50']:.0f} | {r['ttft_ms_p99']:.0f} | {r['itl_ms_p50']:.1f} | {r['itl_ms_p99']:.1f} |")
 PY
-        kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'
+        stop_last
     done
 done

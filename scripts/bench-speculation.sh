@@ -38,15 +38,12 @@ echo "## self-speculation: bfloat16 target, q4_k draft"
 $maxrun bench "$out/bf16.mef" --draft "$out/q4k.mef" --prompts "$prompts" -n "$n" -r 2 --threads "$threads" | tee "$out/self.txt" | tail -6
 
 echo "## served, 8 clients: the prompts as chat completions, plain and --speculative ngram in turns"
-pids=()
-trap 'for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done' EXIT
+source scripts/servers.sh
 printf '| round | server | requests | output tok/s | TTFT p50 ms | ITL p50 ms |\n|---:|---|---:|---:|---:|---:|\n'
 for round in 1 2; do
     for mode in plain ngram; do
         flags=(); [ "$mode" = ngram ] && flags=(--speculative ngram)
-        target/release/maxrun serve "$out/q4_1.mef" --host 127.0.0.1 --port 8111 --threads "$threads" "${flags[@]}" >"$out/serve-$mode.log" 2>&1 &
-        pids+=($!)
-        for _ in $(seq 1200); do curl -sf http://127.0.0.1:8111/health >/dev/null 2>&1 && break; sleep 0.1; done
+        start "$out/serve-$mode.log" 8111 target/release/maxrun serve "$out/q4_1.mef" --host 127.0.0.1 --port 8111 --threads "$threads" "${flags[@]}"
         python3 scripts/load.py --url http://127.0.0.1:8111 --concurrency 8 --requests 68 --prompts-file "$prompts" \
             --max-tokens "$n" --time-limit 600 --json "$out/serve-$mode-$round.json" >/dev/null
         python3 - "$out/serve-$mode-$round.json" "$mode" "$round" <<'PY'
@@ -54,7 +51,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"| {sys.argv[3]} | {sys.argv[2]} | {r['requests']} | {r['output_tokens_per_s']:.1f} | {r['ttft_ms_p50']:.0f} | {r['itl_ms_p50']:.1f} |")
 PY
-        kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'
+        stop_last
     done
 done
 fi
