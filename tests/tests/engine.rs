@@ -235,6 +235,8 @@ mod fake_executor {
         let mut tokens: HashMap<usize, Vec<u32>> = HashMap::new();
         let mut finished: Vec<usize> = Vec::new();
         let mut cancelled: Vec<usize> = Vec::new();
+        // The finished requests' own speculation counts: drafted, accepted, verifications.
+        let mut usage = (0u64, 0u64, 0u64);
         let mut next = 0;
         let mut steps = 0;
         while next < requests.len() || engine.has_work() {
@@ -256,7 +258,11 @@ mod fake_executor {
             for event in engine.step().unwrap() {
                 match event {
                     Event::Token { id, token, .. } => tokens.entry(ids[&id]).or_default().push(token),
-                    Event::Finished { id, .. } => finished.push(ids[&id]),
+                    Event::Finished { id, usage: u, .. } => {
+                        assert!(u.accepted_tokens <= u.draft_tokens && u.verifications <= u.draft_tokens, "request {}: {u:?}", ids[&id]);
+                        usage = (usage.0 + u.draft_tokens, usage.1 + u.accepted_tokens, usage.2 + u.verifications);
+                        finished.push(ids[&id]);
+                    }
                     Event::Logits { .. } | Event::PromptLogprob { .. } => unreachable!("not asked for"),
                 }
             }
@@ -279,6 +285,10 @@ mod fake_executor {
         assert!(stats.prefix_hit_tokens >= 12, "the shared prefix is reused: {stats:?}");
         assert_eq!(stats.kv_blocks_used, 0, "every block is given back (cached ones stay evictable): {stats:?}");
         assert_eq!(stats.running + stats.waiting, 0, "nothing left in flight");
+        // Each request reports its own drafts: together no more than the
+        // engine's (cancelled requests report none), and some where it drafted.
+        assert!(usage.0 <= stats.draft_tokens && usage.1 <= stats.accepted_tokens && usage.2 <= stats.verifications, "{usage:?} against {stats:?}");
+        assert_eq!(usage.0 > 0, stats.draft_tokens > 0, "{usage:?} against {stats:?}");
         stats
     }
 }
