@@ -94,7 +94,20 @@ pub fn write_atomically(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// SIGINT, SIGTERM and SIGHUP before they exit, so that a cancelled command
 /// leaves nothing beside its output.
 pub fn remove_temp_files() {
-    for f in std::mem::take(&mut *registry()) {
+    remove_registered(|_| true);
+}
+
+/// Removes (and forgets) the registered temporary files that `which` picks.
+/// The tests pick their own folder's: the registry is the process's, and
+/// another test's file being written at the same time must stay.
+fn remove_registered(which: impl Fn(&Path) -> bool) {
+    let picked: Vec<PathBuf> = {
+        let mut files = registry();
+        let (picked, kept) = std::mem::take(&mut *files).into_iter().partition(|p| which(p));
+        *files = kept;
+        picked
+    };
+    for f in picked {
         let _ = std::fs::remove_file(f);
     }
 }
@@ -158,7 +171,7 @@ mod tests {
         assert_eq!(left, [std::ffi::OsString::from("out.npy")]);
         let tmp = TempFile::new(&d.join("signalled.npy"));
         std::fs::write(tmp.path(), b"partial").unwrap();
-        remove_temp_files();
+        remove_registered(|p| p.starts_with(&d));
         assert!(!tmp.path().exists(), "removed as on a signal");
     }
 }
