@@ -18,9 +18,11 @@ cargo build --workspace --bins -j2
 cargo build --release --target aarch64-unknown-linux-gnu -p maxrun --bin maxrun -j2
 cargo test --workspace -j2 "$@"
 # The runtime without the `cuda` feature (what a CPU-only deployment builds): its
-# own unit tests, e.g. the message a GPU mesh gets there.
+# own unit tests, e.g. the message a GPU mesh gets there; and the maxrun command
+# line without CUDA and without the server (a minimal embedded build) compiles.
 if [ "$#" -eq 0 ]; then
-    cargo test -p maxrun --no-default-features --lib -j2
+    cargo test -p maxrun-runtime --no-default-features --lib -j2
+    cargo check -p maxrun --no-default-features --bins -j2
     # The GPU check's dry run (docs/gpu.md): every fixture at every encoding,
     # fat artifacts run on the CPU against the goldens, GPU-only ones compiled
     # and assembled by ptxas.

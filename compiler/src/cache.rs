@@ -197,7 +197,7 @@ impl Cache {
             Ok(found) => return corrupt(format!("its contents give {found}, its checksum file says {expected}")),
             Err(e) => return corrupt(format!("it cannot be read: {e}")),
         }
-        match maxrun::artifact::Artifact::open(&entry) {
+        match maxrun_runtime::artifact::Artifact::open(&entry) {
             Ok(a) if a.header.provenance.build_id == key.build_id => Lookup::Hit { entry, file },
             Ok(a) => corrupt(format!("it records build id {}, not {}", a.header.provenance.build_id, key.build_id)),
             Err(e) => corrupt(format!("it is not a valid artifact: {e}")),
@@ -220,7 +220,7 @@ impl Cache {
         let sum = Checksum::of(&mut file)?;
         let entry = self.entry(key);
         let how = link_or_copy(artifact, &mut file, &entry)?;
-        maxrun::output::write_atomically(&Self::checksum_path(&entry), sum.to_line().as_bytes())?;
+        maxrun_runtime::output::write_atomically(&Self::checksum_path(&entry), sum.to_line().as_bytes())?;
         Ok((entry, how))
     }
 }
@@ -326,7 +326,7 @@ impl CacheUse {
 /// `file`'s contents (synced before the rename).
 fn link_or_copy(source: &Path, file: &mut File, target: &Path) -> std::io::Result<Transfer> {
     use std::os::unix::fs::MetadataExt;
-    let tmp = maxrun::output::TempFile::new(target);
+    let tmp = maxrun_runtime::output::TempFile::new(target);
     let tmp_path = tmp.path().to_path_buf();
     let _ = std::fs::remove_file(&tmp_path);
     let source_meta = file.metadata()?;

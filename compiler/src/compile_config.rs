@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use maxrun::format::{BatchLimits, DeviceKind, DeviceMesh, KvEncoding};
+use maxc_format::{BatchLimits, DeviceKind, DeviceMesh, KvEncoding};
 
 use crate::error::Error;
 use crate::graph::WeightEncoding;
@@ -94,7 +94,7 @@ pub struct CompileConfig {
     pub max_rows_set: Option<u64>,
 }
 
-/// A sentence encoder's batch limits ([`maxrun::format::EncodeBatch`]).
+/// A sentence encoder's batch limits ([`maxc_format::EncodeBatch`]).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct EncodeLimits {
     /// Rows per step, at least `max_length`.
@@ -446,7 +446,7 @@ fn keep<T>(problems: &mut Vec<Error>, result: Result<T, Error>) -> Option<T> {
 /// by heads, and notes for the user.
 pub(crate) fn plan_mesh(
     shown: &Path,
-    mesh: &maxrun::format::DeviceMesh,
+    mesh: &maxc_format::DeviceMesh,
     policy: crate::sharding::AttentionSharding,
     cfg: &crate::import::ModelConfig,
     field: &str,

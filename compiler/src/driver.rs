@@ -114,7 +114,7 @@ fn check_runtime_inputs(model: &crate::import::ImportedModel) -> Result<()> {
         }
     }
     if let Some(template) = model.chat_template.as_deref() {
-        use maxrun::chat::{render, Message};
+        use maxrun_runtime::chat::{render, Message};
         let conversation = [Message::new("user", "Hello"), Message::new("assistant", "Hi."), Message::new("user", "How are you?")];
         let rendered = render(template, &conversation, true, "<s>", "</s>").map_err(|e| format!("{e:#}"));
         let rendered = rendered.and_then(|text| match conversation.iter().find(|m| !text.contains(m.content.as_str())) {
@@ -268,18 +268,18 @@ pub struct Scheduled {
     pub weights: crate::schedule::WeightTable,
     pub kernels: crate::schedule::KernelSet,
     /// The batch limits when every device has batch plans.
-    pub batch: Option<maxrun::format::BatchLimits>,
+    pub batch: Option<maxc_format::BatchLimits>,
     /// Per device: a sentence encoder's batch plan and its limits.
     pub encode_batch: Vec<Option<(crate::schedule::Schedule, crate::compile_config::EncodeLimits)>>,
     pub kv: crate::schedule::KvShape,
     pub max_length: u64,
     /// A mixture of experts' routing and expert bytes (`maxrun inspect`).
-    pub experts: Option<maxrun::format::ExpertsInfo>,
+    pub experts: Option<maxc_format::ExpertsInfo>,
 }
 
 /// The routed experts of `graph` (its `moe` nodes): count, top-k, rule, layers,
 /// and their weights' bytes as stored (layouts reorder a part, never resize it).
-fn experts_info(graph: &Graph) -> Option<maxrun::format::ExpertsInfo> {
+fn experts_info(graph: &Graph) -> Option<maxc_format::ExpertsInfo> {
     let moes: Vec<&crate::graph::Node> = graph.nodes.iter().filter(|n| matches!(n.op, crate::graph::Op::Moe { .. })).collect();
     let crate::graph::Op::Moe { experts, top_k, routing } = moes.first()?.op else { unreachable!("filtered") };
     let bytes = |v: crate::graph::ValueId| {
@@ -288,7 +288,7 @@ fn experts_info(graph: &Graph) -> Option<maxrun::format::ExpertsInfo> {
         ty.quant.bytes(&shape).unwrap_or(0)
     };
     let expert_bytes: u64 = moes.iter().map(|n| bytes(n.inputs[2]) + bytes(n.inputs[3])).sum();
-    Some(maxrun::format::ExpertsInfo {
+    Some(maxc_format::ExpertsInfo {
         experts: experts as u64,
         top_k: top_k as u64,
         routing: routing.name().into(),
@@ -396,7 +396,7 @@ pub fn generate_code(config: &CompileConfig, kernels: &crate::schedule::KernelSe
             let code = maxc_codegen::llvm::compile_shared(&kernels.kernels, target)?;
             let explicit: Vec<String> =
                 config.cpu_spec.split_once('+').map(|(_, f)| f.split(',').map(|x| x.trim().trim_start_matches('+').to_string()).collect()).unwrap_or_default();
-            let features = target.enabled.iter().filter(|f| maxrun::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
+            let features = target.enabled.iter().filter(|f| maxrun_runtime::cpu::is_checkable(f) || explicit.contains(f)).cloned().collect();
             (Some(code.shared_object), features, target.cpu.clone(), target.triple.clone())
         }
     };
@@ -417,9 +417,9 @@ pub fn generate_code(config: &CompileConfig, kernels: &crate::schedule::KernelSe
 
 /// One CPU variant's part of the header: its target, its kernels and every
 /// device's plans with their arenas laid out.
-fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode) -> maxrun::format::CpuVariant {
+fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode) -> maxc_format::CpuVariant {
     use crate::schedule::{memory::plan_arena, Arg, Schedule};
-    use maxrun::format as mef;
+    use maxc_format as mef;
     let to_plan = |s: &Schedule| -> mef::Plan {
         let (offsets, arena_bytes) = plan_arena(&s.buffers);
         let arg = |a: &Arg| a.map_arena(|b| offsets[b as usize]);
@@ -484,8 +484,8 @@ fn cpu_variant(config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, 
 /// The artifact's header: the plans of every device with their arenas laid
 /// out, the kernels, provenance, target, mesh, KV cache and generation defaults
 /// (weights and sections are filled in by the writer).
-fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode, options: &CompileOptions<'_>) -> Result<maxrun::format::Header> {
-    use maxrun::format as mef;
+fn build_header(fe: &Frontend, config: &CompileConfig, plan: &ModelPlan, scheduled: &Scheduled, code: &GeneratedCode, options: &CompileOptions<'_>) -> Result<maxc_format::Header> {
+    use maxc_format as mef;
     let first = cpu_variant(config, plan, scheduled, code);
     let kv_layout = mef::KvCacheLayout { layers: scheduled.kv.layers, row_elems: scheduled.kv.row_elems, head_dim: scheduled.kv.head_dim, encoding: plan.kv_encoding };
     // One code path with the compile cache's key (`cache.rs`), which computes

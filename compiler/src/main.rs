@@ -10,7 +10,7 @@ use maxc::driver::{frontend, CompileOptions};
 use maxc::interp::{greedy, run_tokens, Interpreter};
 use maxc::manifest::{CompileSection, FlagSetting, LoadedManifest};
 use maxc::passes::PipelineOptions;
-use maxrun::usage::usage;
+use maxrun_runtime::usage::usage;
 
 #[derive(Parser)]
 #[command(name = "maxc", version, about = "Ahead-of-time compiler from HF / GGUF models to MEF artifacts")]
@@ -129,7 +129,7 @@ struct EvalArgs {
 }
 
 fn main() -> ExitCode {
-    maxrun::output::remove_temp_files_on_signals("maxc", "no artifact was written");
+    maxrun_runtime::output::remove_temp_files_on_signals("maxc", "no artifact was written");
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return parse_error(e),
@@ -142,7 +142,7 @@ fn main() -> ExitCode {
             if json {
                 println!("{}", maxc::summary::error(&e));
             }
-            maxrun::usage::exit_code(&e)
+            maxrun_runtime::usage::exit_code(&e)
         }
     }
 }
@@ -224,7 +224,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    let (jobs, warning) = maxrun::pool::thread_count("--jobs", args.jobs).map_err(|e| anyhow::anyhow!(e))?;
+    let (jobs, warning) = maxrun_runtime::pool::thread_count("--jobs", args.jobs).map_err(|e| anyhow::anyhow!(e))?;
     if let Some(w) = warning {
         eprintln!("maxc: warning: {w}");
     }
@@ -332,7 +332,7 @@ fn compile(args: CompileArgs) -> anyhow::Result<()> {
 /// from its header (no phases of a build and no notes: the build that made it
 /// showed them).
 fn cached_report(output: &Path) -> anyhow::Result<maxc::driver::CompileReport> {
-    let artifact = maxrun::artifact::Artifact::open(output)?;
+    let artifact = maxrun_runtime::artifact::Artifact::open(output)?;
     let m = artifact.header.main();
     Ok(maxc::driver::CompileReport {
         artifact_bytes: artifact.file_len(),
@@ -350,7 +350,7 @@ fn cached_report(output: &Path) -> anyhow::Result<maxc::driver::CompileReport> {
 /// compile (the manifest, the GGUF, any file of the model's directory, after
 /// symbolic links), or anything that is not a regular file or a new path
 /// (a directory, a device such as /dev/null, a FIFO). Outputs are written to a
-/// temporary file beside them and renamed at the end (`maxrun::output`).
+/// temporary file beside them and renamed at the end (`maxrun_runtime::output`).
 fn check_output(flag: &str, output: &Path, manifest: &maxc::manifest::LoadedManifest) -> anyhow::Result<()> {
     let model = &manifest.manifest.model.path;
     let mut inputs: Vec<PathBuf> = manifest.source.iter().cloned().collect();
@@ -361,7 +361,7 @@ fn check_output(flag: &str, output: &Path, manifest: &maxc::manifest::LoadedMani
     } else {
         inputs.push(model.clone());
     }
-    maxrun::output::check_output(flag, output, &inputs).map_err(anyhow::Error::msg)
+    maxrun_runtime::output::check_output(flag, output, &inputs).map_err(anyhow::Error::msg)
 }
 
 /// Runs `f` on a rayon pool of `threads` threads.
@@ -377,7 +377,7 @@ fn compare_artifacts(a: &Path, b: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let at = x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len())) as u64;
-    let header = maxrun::artifact::Artifact::open(a)?.header;
+    let header = maxrun_runtime::artifact::Artifact::open(a)?.header;
     let section = header
         .sections
         .iter()
@@ -422,7 +422,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let mut interp = Interpreter::new(&fe.graph, &fe.model.weights);
     if let Some(path) = &args.dump_logits {
         let logits = run_tokens(&mut interp, &ids, 0)?;
-        maxrun::npy::write_f32(path, &logits.shape, logits.as_f32()).with_context(|| format!("writing {}", path.display()))?;
+        maxrun_runtime::npy::write_f32(path, &logits.shape, logits.as_f32()).with_context(|| format!("writing {}", path.display()))?;
         interp.reset();
     }
     if args.max_new_tokens > 0 {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-pub use maxrun::format::GenerationDefaults;
+pub use maxc_format::GenerationDefaults;
 
 /// The name of the implicit component formed by `[model]` and `[compile]`.
 pub const MAIN_COMPONENT: &str = "transformer";
@@ -272,8 +272,8 @@ pub fn parse_activation_encoding(name: &str) -> std::result::Result<crate::sched
 }
 
 /// `compile.kv_cache_encoding`: the KV cache's element type.
-pub fn parse_kv_cache_encoding(name: &str) -> std::result::Result<maxrun::format::KvEncoding, String> {
-    maxrun::format::KvEncoding::from_name(name).ok_or_else(|| format!("unknown KV cache encoding `{name}`; valid: {}", maxrun::format::KvEncoding::all_names()))
+pub fn parse_kv_cache_encoding(name: &str) -> std::result::Result<maxc_format::KvEncoding, String> {
+    maxc_format::KvEncoding::from_name(name).ok_or_else(|| format!("unknown KV cache encoding `{name}`; valid: {}", maxc_format::KvEncoding::all_names()))
 }
 
 /// Keys of `[compile]` (that `transformer.<key>` overrides address): the

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use maxrun::format::*;
+use maxc_format::*;
 
 use crate::error::{Error, Result};
 use crate::import::WeightStore;
@@ -98,7 +98,7 @@ pub fn write_artifact(out: &Path, mut contents: ArtifactContents<'_>) -> Result<
     }
 
     // Removed on error (when dropped) and on a signal (`output::remove_temp_files`).
-    let tmp = maxrun::output::TempFile::new(out);
+    let tmp = maxrun_runtime::output::TempFile::new(out);
     let total = write_file(tmp.path(), header_len, &mut contents)?;
     tmp.commit().map_err(|e| Error::write(out, e))?;
     Ok(total)
@@ -219,11 +219,11 @@ fn write_weights(file: &std::fs::File, tmp: &Path, s: &Section, device: u32, c: 
 fn encode_piece(slot: &WeightSlot, store: &WeightStore, rows: std::ops::Range<usize>) -> Result<crate::quant::Encoded> {
     let mut e = encode_rows(slot, store, rows.clone())?;
     let k = cols_of(&slot.shape);
-    if slot.layout == maxrun::format::Layout::Panel16 {
+    if slot.layout == maxc_format::Layout::Panel16 {
         let size = e.parts[0].len() / (rows.len() * k);
         e.parts[0] = maxc_kernels::library::matmul_panel::pack_panels(&e.parts[0], rows.len(), k, size);
     }
-    if slot.layout == maxrun::format::Layout::Interleaved16 {
+    if slot.layout == maxc_format::Layout::Interleaved16 {
         e.parts = maxc_kernels::library::dequant::interleave_rows(slot.encoding, &e.parts, rows.len(), k);
     }
     Ok(e)

@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use maxrun::format::{ChecksumState, InputFile, Provenance};
+use maxc_format::{ChecksumState, InputFile, Provenance};
 
 use crate::error::{Error, Result};
 
@@ -31,7 +31,7 @@ pub fn hash_file(path: &Path) -> Result<InputFile> {
 pub fn build_id(p: &Provenance) -> String {
     let mut p = p.clone();
     p.build_id.clear();
-    let bytes = bincode::serde::encode_to_vec(&p, maxrun::format::bincode_config()).expect("provenance encodes");
+    let bytes = bincode::serde::encode_to_vec(&p, maxc_format::bincode_config()).expect("provenance encodes");
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
 }
 

@@ -1,5 +1,5 @@
 //! Weight encodings (MAX's `--quantization-encoding` names): quantizing f32
-//! tensors into the artifact's part layout (maxrun::format::WeightEncoding), and
+//! tensors into the artifact's part layout (maxc_format::WeightEncoding), and
 //! decoding them back. The quantize pass, the reference interpreter and the
 //! artifact writer all go through [`encode`] / [`decode`], so the interpreter sees
 //! exactly the values the kernels read.
@@ -11,7 +11,7 @@
 //! would store; only the byte layout differs (parts instead of interleaved blocks).
 
 use half::{bf16, f16};
-use maxrun::format::WeightEncoding;
+use maxc_format::WeightEncoding;
 
 /// Parses an encoding name; the error lists every supported one.
 pub fn parse_encoding(name: &str) -> Result<WeightEncoding, String> {
@@ -49,8 +49,8 @@ impl Encoded {
     /// Part `start .. start + len` along `axis` (0: rows, 1: columns, on whole
     /// blocks) of a tensor of `shape` stored in `encoding`: each part keeps its
     /// own share of every row (per-row scales stay whole).
-    pub fn slice(&self, encoding: maxrun::format::WeightEncoding, shape: &[u64], axis: usize, start: u64, len: u64) -> Encoded {
-        use maxrun::format::PerRow;
+    pub fn slice(&self, encoding: maxc_format::WeightEncoding, shape: &[u64], axis: usize, start: u64, len: u64) -> Encoded {
+        use maxc_format::PerRow;
         let cols = *shape.last().unwrap_or(&1);
         let rows: u64 = shape.iter().rev().skip(1).product();
         // The last axis is the one blocks run along (a vector's only axis).

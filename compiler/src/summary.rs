@@ -13,8 +13,8 @@ use crate::driver::Phase;
 /// read back from its header with the numbers `maxrun inspect --json` shows,
 /// and how it was made (`wall_s`, `phases`, `cache`, `notes`).
 pub fn success(output: &Path, wall_s: f64, phases: &[Phase], notes: &[String], cache: Value) -> anyhow::Result<Value> {
-    let artifact = maxrun::artifact::Artifact::open(output)?;
-    let report = maxrun::inspect::report(&artifact);
+    let artifact = maxrun_runtime::artifact::Artifact::open(output)?;
+    let report = maxrun_runtime::inspect::report(&artifact);
     let h = &artifact.header;
     // Every CPU code variant (one, or several in a multi-ISA artifact), then
     // every GPU architecture.
@@ -53,7 +53,7 @@ pub fn success(output: &Path, wall_s: f64, phases: &[Phase], notes: &[String], c
 pub fn error(e: &anyhow::Error) -> Value {
     use crate::Error;
     let (mut kind, mut file, mut field, mut flag, mut tensor) = ("error", None, None, None, None);
-    if e.downcast_ref::<maxrun::usage::Usage>().is_some() {
+    if e.downcast_ref::<maxrun_runtime::usage::Usage>().is_some() {
         kind = "usage";
     }
     if let Some(err) = e.chain().find_map(|c| c.downcast_ref::<Error>()) {
@@ -74,7 +74,7 @@ pub fn error(e: &anyhow::Error) -> Value {
     json!({"error": {
         "message": format!("{e:#}"),
         "kind": kind,
-        "exit_code": maxrun::usage::exit_status(e),
+        "exit_code": maxrun_runtime::usage::exit_status(e),
         "file": file,
         "field": field,
         "flag": flag,
@@ -95,7 +95,7 @@ mod tests {
         assert_eq!(j["error"]["field"], "compile.target");
         assert_eq!(j["error"]["exit_code"], 1);
         assert_eq!(j["error"]["message"], "m.toml: compile.target: `cpu:z80`: unknown");
-        let j = error(&maxrun::usage::usage("give -o OUT.mef"));
+        let j = error(&maxrun_runtime::usage::usage("give -o OUT.mef"));
         assert_eq!((j["error"]["kind"].as_str(), j["error"]["exit_code"].as_u64(), j["error"]["file"].is_null()), (Some("usage"), Some(2), true));
         let j = error(&anyhow::Error::from(crate::Error::Flag { flag: "--stop-after".into(), message: "x".into() }).context("compiling"));
         assert_eq!((j["error"]["kind"].as_str(), j["error"]["flag"].as_str()), (Some("flag"), Some("--stop-after")));

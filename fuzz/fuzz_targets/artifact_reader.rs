@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use maxrun::format::{checksum, FORMAT_MAJOR, FORMAT_MINOR, MAGIC};
+use maxrun_runtime::format::{checksum, FORMAT_MAJOR, FORMAT_MINOR, MAGIC};
 
 fuzz_target!(|data: &[u8]| {
     let bytes = match data.split_first() {
@@ -24,9 +24,9 @@ fuzz_target!(|data: &[u8]| {
         }
         None => return,
     };
-    if let Ok(a) = maxrun::artifact::Artifact::from_bytes(std::path::Path::new("fuzz.mef"), bytes) {
+    if let Ok(a) = maxrun_runtime::artifact::Artifact::from_bytes(std::path::Path::new("fuzz.mef"), bytes) {
         let _ = a.verify_weights(&mut |_, _| {});
-        let _ = maxrun::inspect::report(&a);
+        let _ = maxrun_runtime::inspect::report(&a);
         for i in 0..a.header.weights.len() {
             let _ = a.weight_bytes(i);
         }

@@ -12,7 +12,7 @@ use maxc_kernels::library::matmul::matmul;
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::SeqMode;
 use maxc_kernels::{ElemType, Kernel};
-use maxrun::code::LoadedCode;
+use maxrun_runtime::code::LoadedCode;
 
 fn kernel_from(b: &[u8]) -> Option<(Kernel, Vec<usize>, i32, u64)> {
     let get = |i: usize, m: u64| b.get(i).map_or(1, |&x| x as u64 % m + 1);

@@ -529,3 +529,10 @@ fn choose_cpu_variant(variants: &[TargetInfo]) -> usize {
     }
     best.map_or(0, |(i, _)| i)
 }
+/// A fingerprint of a tokenizer.json: what tells two artifacts' tokenizers
+/// apart (a draft model must share the target's; a perplexity base file
+/// records its run's).
+pub fn tokenizer_fingerprint(json: &str) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(json.as_bytes()))
+}
+

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use crate::artifact::{Artifact, ArtifactError};
-use crate::executor::{EncodeExecutor, Executor, ProfileRow, RunCounts, RunError, SequenceExecutor};
+use crate::executor::{DraftExecutor, EncodeExecutor, Executor, ProfileRow, RunCounts, RunError, SequenceExecutor};
 use crate::session::Session;
 
 /// The device a run asks for.
@@ -332,11 +332,11 @@ pub fn open_encoder<'a>(artifact: &'a Artifact, threads: usize, device: Device) 
     Ok((Box::new(crate::executor::OnePerStep::new(runner, h.max_length)), note))
 }
 
-/// The draft model of speculative decoding for `target`: `draft`'s batched
-/// executor on `device`. Refused, naming the draft's file and what differs,
+/// The executor of a draft model of speculative decoding for `target`:
+/// `draft`'s batched executor on `device` (the engine's `DraftModel::of`). Refused, naming the draft's file and what differs,
 /// when its vocabulary or tokenizer is not the target's (its drafts would be
 /// other tokens), or when it has no batch plans or cannot run here.
-pub fn open_draft_model<'a>(target: &Artifact, draft: &'a Artifact, threads: usize, device: Device, kv_bytes: Option<u64>) -> Result<crate::engine::draft::DraftModel<'a>, String> {
+pub fn open_draft_executor<'a>(target: &Artifact, draft: &'a Artifact, threads: usize, device: Device, kv_bytes: Option<u64>) -> Result<DraftExecutor<'a>, String> {
     let (t, d) = (&target.header, &draft.header);
     let path = draft.path.display();
     if d.model.embedding_width.is_some() {
@@ -345,14 +345,14 @@ pub fn open_draft_model<'a>(target: &Artifact, draft: &'a Artifact, threads: usi
     if t.model.vocab_size != d.model.vocab_size {
         return Err(format!("--draft {path}: its vocabulary has {} tokens and the target's ({}) has {}; a draft model must share the target's tokenizer", d.model.vocab_size, target.path.display(), t.model.vocab_size));
     }
-    let fingerprint = |a: &Artifact| a.tokenizer_json().map(crate::perplexity::tokenizer_fingerprint).ok();
+    let fingerprint = |a: &Artifact| a.tokenizer_json().map(crate::artifact::tokenizer_fingerprint).ok();
     if fingerprint(target) != fingerprint(draft) {
         return Err(format!("--draft {path}: its tokenizer differs from the target's ({}), so the same ids would be other tokens; draft with a model of the same tokenizer", target.path.display()));
     }
     let (executor, _) = open_executor(draft, threads, device, kv_bytes).map_err(|e| format!("--draft {path}: {e}"))?;
     // Decode steps are bound by reading the weights: their bytes compare the two models' steps.
     let bytes = |a: &Artifact| a.header.total_weight_bytes().max(1) as f64;
-    Ok(crate::engine::draft::DraftModel::new(executor, d.model.vocab_size, bytes(draft) / bytes(target)))
+    Ok(DraftExecutor { executor, vocab: d.model.vocab_size, relative_cost: bytes(draft) / bytes(target) })
 }
 
 /// The GPU executor on GPU `ordinal`, or why there is none here.

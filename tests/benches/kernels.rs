@@ -26,8 +26,8 @@ use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
 use maxc_kernels::library::quantize_activations::{quantize_q16, quantize_q8, ActivationLevels};
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{ElemType, Kernel};
-use maxrun::code::LoadedCode;
-use maxrun::format::WeightEncoding;
+use maxrun_runtime::code::LoadedCode;
+use maxrun_runtime::format::WeightEncoding;
 
 const K: u64 = 576;
 const N: u64 = 3072;

@@ -8,7 +8,7 @@
 //! `cargo bench -p maxc-tests --bench sampling` (docs/performance.md has figures).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use maxrun::sampler::{sample, Rng, SamplingParams};
+use maxrun_runtime::sampler::{sample, Rng, SamplingParams};
 use std::hint::black_box;
 
 const VOCAB: usize = 49_152;

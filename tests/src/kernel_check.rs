@@ -168,7 +168,7 @@ fn with_activation_sums(case: &Case, mut inputs: Vec<Buffer>) -> Vec<Buffer> {
 /// from terms of about 3e5 came out -0.356 in the interpreter: a difference
 /// of 1e-8 of the terms' magnitude. A wrong level or scale is off by a whole
 /// term.)
-pub fn assert_matches_interpreter(spec: &str, f: maxrun::code::KernelFn, case: &Case, inputs: Vec<Buffer>, trial: usize) {
+pub fn assert_matches_interpreter(spec: &str, f: maxrun_runtime::code::KernelFn, case: &Case, inputs: Vec<Buffer>, trial: usize) {
     let magnitudes = term_magnitudes(case, &inputs);
     let mut expected = with_activation_sums(case, inputs);
     let mut actual = expected.clone();

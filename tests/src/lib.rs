@@ -73,7 +73,7 @@ pub fn ids(v: &Value) -> Vec<u32> {
 /// The golden logits of one case: (shape, data).
 pub fn golden_logits(name: &str, case: &Value) -> (Vec<usize>, Vec<f32>) {
     let file = fixture(name).join(case["logits_file"].as_str().expect("logits_file"));
-    maxrun::npy::read_f32(&file).unwrap_or_else(|e| panic!("{e}"))
+    maxrun_runtime::npy::read_f32(&file).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The fixtures README tolerance: max |ours - golden| <= 1e-3 * max(1, max |golden|).
@@ -168,7 +168,7 @@ pub fn dump_logits_env(mef: &Path, case: &Value, extra: &[&str], env: &[(&str, &
     args.extend(extra.iter().map(|e| std::ffi::OsStr::new(*e)));
     let (code, _, err) = run_bin_env("maxrun", &args, env);
     assert_eq!(code, 0, "maxrun --dump-logits failed: {err}");
-    maxrun::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
+    maxrun_runtime::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Fixture `name` in a fresh directory: a symbolic link to each of its files,

@@ -15,8 +15,8 @@ use std::path::Path;
 
 use maxc_kernels::interp::{run_warp, Buffer};
 use maxc_kernels::{ElemType, Kernel};
-use maxrun::executor::gpu::GpuDevice;
-use maxrun::executor::RunError;
+use maxrun_runtime::executor::gpu::GpuDevice;
+use maxrun_runtime::executor::RunError;
 
 /// One queued launch.
 #[derive(Clone, Copy, Debug)]

@@ -94,7 +94,7 @@ impl Arm {
         let ids = ids.join(",");
         let r = self.maxrun(cpu, &[mef.as_os_str(), os("--token-ids"), os(&ids), os("--dump-logits"), npy.as_os_str()]);
         assert_eq!(r.0, 0, "aarch64 maxrun --dump-logits failed: {}", r.2);
-        maxrun::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
+        maxrun_runtime::npy::read_f32(&npy).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use maxc_tests::*;
-use maxrun::format::SectionKind;
+use maxrun_runtime::format::SectionKind;
 
 fn os(s: &str) -> &OsStr {
     OsStr::new(s)
@@ -50,7 +50,7 @@ fn byte_flips_across_the_weights_are_refused_by_default() {
     assert_eq!(r.0, 0, "{}", r.2);
     for artifact in [tiny_artifact(), smollm2.as_path()] {
         let good = std::fs::read(artifact).unwrap();
-        let header = maxrun::artifact::Artifact::open(artifact).unwrap().header;
+        let header = maxrun_runtime::artifact::Artifact::open(artifact).unwrap().header;
         let w = header.sections.iter().find(|s| s.kind == SectionKind::Weights(0)).unwrap();
         let p = temp_file("flip-weights", "variant.mef");
         for k in 0..10u64 {
@@ -71,7 +71,7 @@ fn byte_flips_across_the_weights_are_refused_by_default() {
 #[test]
 fn a_flipped_byte_in_any_section_is_refused_naming_it() {
     let good = std::fs::read(tiny_artifact()).unwrap();
-    let header = maxrun::artifact::Artifact::open(tiny_artifact()).unwrap().header;
+    let header = maxrun_runtime::artifact::Artifact::open(tiny_artifact()).unwrap().header;
     for s in &header.sections {
         let mut bad = good.clone();
         let at = (s.offset + s.len / 2) as usize;
@@ -87,7 +87,7 @@ fn a_flipped_byte_in_any_section_is_refused_naming_it() {
     }
     // The header itself.
     let mut bad = good.clone();
-    bad[maxrun::format::PRELUDE_LEN + 40] ^= 0x01;
+    bad[maxrun_runtime::format::PRELUDE_LEN + 40] ^= 0x01;
     expect_refused(&write_variant("flip-header", &bad), &["header checksum mismatch"]);
 }
 
@@ -104,11 +104,11 @@ fn truncation_anywhere_is_refused() {
 #[test]
 fn higher_major_version_is_refused_naming_both_versions() {
     let mut bad = std::fs::read(tiny_artifact()).unwrap();
-    let major = maxrun::format::FORMAT_MAJOR + 1;
+    let major = maxrun_runtime::format::FORMAT_MAJOR + 1;
     bad[8..12].copy_from_slice(&major.to_le_bytes());
     bad[12..16].copy_from_slice(&3u32.to_le_bytes());
     let p = write_variant("major", &bad);
-    expect_refused(&p, &[&format!("format {major}.3"), &format!("format {}.{}", maxrun::format::FORMAT_MAJOR, maxrun::format::FORMAT_MINOR), "recompile"]);
+    expect_refused(&p, &[&format!("format {major}.3"), &format!("format {}.{}", maxrun_runtime::format::FORMAT_MAJOR, maxrun_runtime::format::FORMAT_MINOR), "recompile"]);
 }
 
 #[test]
@@ -125,7 +125,7 @@ fn inspect_json_reports_everything() {
     let r = run_bin("maxrun", &[os("inspect"), tiny_artifact().as_os_str(), os("--json"), os("--verify")]);
     assert_eq!(r.0, 0, "{}", r.2);
     let v: serde_json::Value = serde_json::from_str(&r.1).expect("inspect --json prints JSON");
-    assert_eq!(v["format"]["major"], maxrun::format::FORMAT_MAJOR);
+    assert_eq!(v["format"]["major"], maxrun_runtime::format::FORMAT_MAJOR);
     assert_eq!(v["model"]["architecture"], "LlamaForCausalLM");
     assert_eq!(v["model"]["num_layers"], 2);
     assert_eq!(v["verified"], true);
@@ -177,7 +177,7 @@ fn check_lists_every_problem_at_once() {
 #[test]
 fn check_nan_names_the_first_bad_kernel() {
     let good = std::fs::read(tiny_artifact()).unwrap();
-    let header = maxrun::artifact::Artifact::open(tiny_artifact()).unwrap().header;
+    let header = maxrun_runtime::artifact::Artifact::open(tiny_artifact()).unwrap().header;
     let weights = header.sections.iter().find(|s| s.kind == SectionKind::Weights(0)).unwrap();
     let entry = header.weights.iter().find(|w| w.name == "model.norm.weight").unwrap();
     let at = (weights.offset + entry.offset) as usize;
@@ -203,11 +203,11 @@ fn check_nan_names_the_first_bad_kernel() {
 #[test]
 fn target_features_are_the_ones_maxrun_can_check() {
     for f in maxc_codegen::target::KNOWN_FEATURES {
-        assert!(maxrun::cpu::is_checkable(f) && maxrun::cpu::X86_64_FEATURES.contains(f), "--target accepts `{f}`, which maxrun cannot check");
+        assert!(maxrun_runtime::cpu::is_checkable(f) && maxrun_runtime::cpu::X86_64_FEATURES.contains(f), "--target accepts `{f}`, which maxrun cannot check");
     }
     // `cpu:aarch64+F`: what an aarch64 maxrun checks (tests/tests/aarch64.rs runs one).
     for f in maxc_codegen::target::KNOWN_AARCH64_FEATURES {
-        assert!(maxrun::cpu::is_checkable(f) && maxrun::cpu::AARCH64_FEATURES.contains(f), "--target cpu:aarch64 accepts `{f}`, which maxrun cannot check on ARM");
+        assert!(maxrun_runtime::cpu::is_checkable(f) && maxrun_runtime::cpu::AARCH64_FEATURES.contains(f), "--target cpu:aarch64 accepts `{f}`, which maxrun cannot check on ARM");
     }
     let out = temp_file("feat", "x.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--target"), os("cpu:x86-64+nosuchfeat")]);

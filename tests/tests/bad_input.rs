@@ -260,7 +260,7 @@ fn snapshot(dir: &std::path::Path) -> Vec<(String, u64, u64)> {
         .filter(|p| p.is_file())
         .map(|p| {
             let bytes = std::fs::read(&p).unwrap();
-            (p.file_name().unwrap().to_string_lossy().into_owned(), bytes.len() as u64, maxrun::format::checksum(&bytes))
+            (p.file_name().unwrap().to_string_lossy().into_owned(), bytes.len() as u64, maxrun_runtime::format::checksum(&bytes))
         })
         .collect();
     files.sort();

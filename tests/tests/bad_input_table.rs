@@ -273,11 +273,11 @@ impl Paths {
 /// The inputs shared by all cases: SmolLM2's GGUF and the compiled tiny-llama artifact.
 struct Shared {
     gguf: Option<Vec<u8>>,
-    artifact: Option<(Vec<u8>, maxrun::format::Header)>,
+    artifact: Option<(Vec<u8>, maxrun_runtime::format::Header)>,
 }
 
 /// `N`, `0xN`, `end-N` (from the end of a `len`-byte file), or `SECTION+N` for artifacts.
-fn offset(spec: &str, len: usize, header: Option<&maxrun::format::Header>) -> Result<usize, String> {
+fn offset(spec: &str, len: usize, header: Option<&maxrun_runtime::format::Header>) -> Result<usize, String> {
     let num = |s: &str| -> Result<usize, String> {
         let s = s.trim();
         if let Some(h) = s.strip_prefix("0x") {
@@ -291,7 +291,7 @@ fn offset(spec: &str, len: usize, header: Option<&maxrun::format::Header>) -> Re
     }
     if let Some((section, n)) = spec.split_once('+') {
         let base = if section == "header" {
-            maxrun::format::PRELUDE_LEN
+            maxrun_runtime::format::PRELUDE_LEN
         } else {
             let h = header.ok_or(format!("`{spec}`: sections are for artifacts"))?;
             let s = h.sections.iter().find(|s| format!("{:?}", s.kind) == section).ok_or(format!("`{spec}`: no section {section}"))?;
@@ -701,7 +701,7 @@ fn snapshot(dir: &Path, skip: &Path, into: &mut BTreeMap<String, String>, root: 
             into.insert(rel, format!("link -> {}", std::fs::read_link(&path).unwrap().display()));
         } else {
             let bytes = std::fs::read(&path).unwrap_or_default();
-            into.insert(rel, format!("{} bytes, xxh3 {:016x}", bytes.len(), maxrun::format::checksum(&bytes)));
+            into.insert(rel, format!("{} bytes, xxh3 {:016x}", bytes.len(), maxrun_runtime::format::checksum(&bytes)));
         }
     }
 }
@@ -897,7 +897,7 @@ fn every_bad_input_of_the_table_is_refused_cleanly() {
         let os = std::ffi::OsStr::new;
         let r = run_bin("maxc", &[os("compile"), os("--model"), fixture("tiny-llama").as_os_str(), os("-o"), out.as_os_str(), os("--quiet")]);
         assert_eq!(r.0, 0, "compiling tiny-llama for the artifact cases failed: {}", r.2);
-        let header = maxrun::artifact::Artifact::open(&out).unwrap().header;
+        let header = maxrun_runtime::artifact::Artifact::open(&out).unwrap().header;
         let bytes = std::fs::read(&out).unwrap();
         (bytes, header)
     });

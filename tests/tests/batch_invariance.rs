@@ -28,7 +28,7 @@ use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
 use maxc_kernels::library::moe::moe_matmul_panel;
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_tests::kernel_check::{inputs, Case, Rng};
-use maxrun::code::LoadedCode;
+use maxrun_runtime::code::LoadedCode;
 
 /// A backend: its name, the register tile its matmuls take, and how it compiles.
 type Backend = (&'static str, RegisterTile, Box<dyn Fn(&[Kernel]) -> Vec<u8>>);
@@ -273,8 +273,8 @@ impl Step {
     }
 
     /// Runs the step (the decode plans where `decode_only`) and returns its logits.
-    fn run(&self, executor: &mut dyn maxrun::executor::Executor, decode_only: bool) -> Vec<f32> {
-        let step = maxrun::executor::BatchStep {
+    fn run(&self, executor: &mut dyn maxrun_runtime::executor::Executor, decode_only: bool) -> Vec<f32> {
+        let step = maxrun_runtime::executor::BatchStep {
             tokens: &self.tokens,
             positions: &self.positions,
             slots: &self.slots,
@@ -306,9 +306,9 @@ fn argmax(x: &[f32]) -> u32 {
 ///   verification of 4 drafted tokens), all 5 rows' logits, beside another
 ///   sequence's chunk.
 fn check_plans(what: &str, mef: &std::path::Path, prompt: &[u32], generated: usize) {
-    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     let vocab = a.header.model.vocab_size as usize;
-    let mut session = maxrun::session::Session::new(&a, 2).unwrap();
+    let mut session = maxrun_runtime::session::Session::new(&a, 2).unwrap();
     let mut want = vec![session.forward_last(prompt).unwrap().to_vec()];
     let mut tokens = Vec::new();
     for _ in 0..generated {
@@ -316,7 +316,7 @@ fn check_plans(what: &str, mef: &std::path::Path, prompt: &[u32], generated: usi
         tokens.push(t);
         want.push(session.forward_last(&[t]).unwrap().to_vec());
     }
-    let limits = maxrun::executor::batch_limits(&a).unwrap();
+    let limits = maxrun_runtime::executor::batch_limits(&a).unwrap();
     let (bs, per_seq) = (limits.block_size as usize, limits.blocks_per_sequence as usize);
     assert!(limits.max_sequences >= 34, "{what}: compile with --max-sequences 40");
     // Our sequence's blocks scattered over the first per_seq blocks; each
@@ -325,8 +325,8 @@ fn check_plans(what: &str, mef: &std::path::Path, prompt: &[u32], generated: usi
     let ours: Vec<i32> = (0..per_seq as i32).map(|b| (b * 7 + 3) % per_seq as i32).collect();
     let other = |j: usize| vec![(per_seq + j) as i32; per_seq];
     let blocks = per_seq as u64 + 40;
-    let kv_bytes = blocks * maxrun::executor::block_bytes_all_layers(&a.header, &limits);
-    let open = || maxrun::executor::cpu::CpuExecutor::new(&a, 2, Some(kv_bytes)).unwrap();
+    let kv_bytes = blocks * maxrun_runtime::executor::block_bytes_all_layers(&a.header, &limits);
+    let open = || maxrun_runtime::executor::cpu::CpuExecutor::new(&a, 2, Some(kv_bytes)).unwrap();
     let same = |how: &str, got: &[f32], i: usize| {
         let differ = got.iter().zip(&want[i]).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
         assert_eq!(differ, 0, "{what}: the logits of token {i} {how} differ from single-stream decode's in {differ} of {vocab}");

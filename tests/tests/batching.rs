@@ -1,4 +1,4 @@
-//! The batched engine (runtime-stub/src/engine/batch.rs) against the goldens and
+//! The batched engine (runtime-stub/engine/src/batch.rs) against the goldens and
 //! against single-stream runs of the same artifact: prompts that run together,
 //! joined at different steps, get the logits and greedy texts they get alone;
 //! concurrent requests with random arrivals and cancellations complete with
@@ -8,10 +8,10 @@
 use std::collections::HashMap;
 
 use maxc_tests::*;
-use maxrun::artifact::Artifact;
-use maxrun::engine::{load_tokenizer, Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
-use maxrun::runner::{Device, Runner};
-use maxrun::sampler::SamplingParams;
+use maxrun_runtime::artifact::Artifact;
+use maxrun_engine::{load_tokenizer, Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
+use maxrun_runtime::runner::{Device, Runner};
+use maxrun_runtime::sampler::SamplingParams;
 
 fn float32_artifact(name: &str) -> TempPath {
     let model = if name == "smollm2-135m" { smollm2_gguf() } else { fixture(name) };
@@ -20,8 +20,8 @@ fn float32_artifact(name: &str) -> TempPath {
 
 /// The batched engine on the artifact's CPU executor, 2 threads, a KV pool of
 /// `kv_bytes` (`None`: the default).
-fn batched(artifact: &Artifact, kv_bytes: Option<u64>) -> Result<Engine<'_>, maxrun::runner::RunnerError> {
-    let (executor, _) = maxrun::runner::open_executor(artifact, 2, Device::Cpu, kv_bytes)?;
+fn batched(artifact: &Artifact, kv_bytes: Option<u64>) -> Result<Engine<'_>, maxrun_runtime::runner::RunnerError> {
+    let (executor, _) = maxrun_runtime::runner::open_executor(artifact, 2, Device::Cpu, kv_bytes)?;
     Ok(Engine::batched(ModelFacts::of(artifact), executor, load_tokenizer(artifact).unwrap()))
 }
 
@@ -463,7 +463,7 @@ fn prompt_tokens_are_scored_against_the_golden_log_softmax() {
                     }
                 }
                 let (reason, usage) = finished.unwrap_or_else(|| panic!("{what}: the request ends"));
-                assert_eq!((reason, usage.completion_tokens, usage.prompt_tokens), (maxrun::engine::FinishReason::Length, 0, prompt.len()), "{what}");
+                assert_eq!((reason, usage.completion_tokens, usage.prompt_tokens), (maxrun_engine::FinishReason::Length, 0, prompt.len()), "{what}");
                 assert_eq!(scored.iter().map(|s| s.0).collect::<Vec<_>>(), (1..prompt.len()).collect::<Vec<_>>(), "{what}: every prompt token after the first, once, in order");
                 for (p, lp) in &scored {
                     let row = &gold[(p - 1) * vocab..*p * vocab];

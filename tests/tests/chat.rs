@@ -19,16 +19,16 @@ fn chat_template_and_two_turns() {
     let chat = &golden["chat"];
 
     // The template stored in the artifact renders the golden prompt ids.
-    let artifact = maxrun::artifact::Artifact::open(&mef).unwrap();
-    let template = std::str::from_utf8(artifact.section(maxrun::format::SectionKind::ChatTemplate)).unwrap();
+    let artifact = maxrun_runtime::artifact::Artifact::open(&mef).unwrap();
+    let template = std::str::from_utf8(artifact.section(maxrun_runtime::format::SectionKind::ChatTemplate)).unwrap();
     let tokenizer: tokenizers::Tokenizer = artifact.tokenizer_json().unwrap().parse().unwrap();
-    let messages: Vec<maxrun::chat::Message> = chat["messages"]
+    let messages: Vec<maxrun_runtime::chat::Message> = chat["messages"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| maxrun::chat::Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .map(|m| maxrun_runtime::chat::Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
         .collect();
-    let prompt = maxrun::chat::render(template, &messages, true, "<|im_start|>", "<|im_end|>").unwrap();
+    let prompt = maxrun_runtime::chat::render(template, &messages, true, "<|im_start|>", "<|im_end|>").unwrap();
     let ids = tokenizer.encode(prompt.as_str(), false).unwrap().get_ids().to_vec();
     assert_eq!(ids, maxc_tests::ids(&chat["input_ids"]));
 

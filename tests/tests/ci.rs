@@ -54,7 +54,7 @@ fn entries(cache: &Path) -> Vec<PathBuf> {
 }
 
 fn build_id(artifact: &Path) -> String {
-    maxrun::artifact::Artifact::open(artifact).unwrap().header.provenance.build_id
+    maxrun_runtime::artifact::Artifact::open(artifact).unwrap().header.provenance.build_id
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Sentence encoders' batch plans end to end: all-MiniLM-L6-v2 compiled by
 //! maxc, many inputs embedded per step by the engine's embedder over the CPU
-//! encode executor (`maxrun::engine::embed::Embedder`, `CpuEncoder`),
+//! encode executor (`maxrun_engine::embed::Embedder`, `CpuEncoder`),
 //! judged against the golden embeddings (Hugging Face transformers, through
 //! sentence-transformers' pooling) and against each input run alone through the
 //! single-sequence plan (a different attention kernel over the KV cache, and a
@@ -12,11 +12,11 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use maxc_tests::*;
-use maxrun::artifact::Artifact;
-use maxrun::engine::embed::{EmbedError, Embedder, EncoderFacts};
-use maxrun::executor::cpu_encoder::CpuEncoder;
-use maxrun::format::{BufferRef, Header};
-use maxrun::session::Session;
+use maxrun_runtime::artifact::Artifact;
+use maxrun_engine::embed::{EmbedError, Embedder, EncoderFacts};
+use maxrun_runtime::executor::cpu_encoder::CpuEncoder;
+use maxrun_runtime::format::{BufferRef, Header};
+use maxrun_runtime::session::Session;
 
 /// all-MiniLM-L6-v2 with the encoder defaults (32 inputs, 2048 rows per step).
 fn minilm() -> &'static Path {
@@ -76,7 +76,7 @@ fn golden_sentences_in_one_step_match_the_golden_and_each_alone() {
     let a = Artifact::open(minilm()).unwrap();
     let golden = golden("all-minilm-l6-v2");
     let inputs: Vec<Vec<u32>> = golden["input_ids"].as_array().unwrap().iter().map(ids).collect();
-    let (shape, want) = maxrun::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
+    let (shape, want) = maxrun_runtime::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
     let width = shape[1];
     let mut batch = embedder(&a, 2);
     let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
@@ -213,7 +213,7 @@ fn with_header(mef: &Path, tag: &str, edit: impl FnOnce(&mut Header)) -> TempPat
     // Read back as written (the first CPU variant is the header's own).
     edit(&mut header);
     let first = header.sections.iter().map(|s| s.offset).min().unwrap() as usize;
-    let prelude = maxrun::format::encode_header(&header);
+    let prelude = maxrun_runtime::format::encode_header(&header);
     assert!(prelude.len() <= first, "the edited header runs into the first section");
     let mut out = bytes;
     out[..first].fill(0);

@@ -84,7 +84,7 @@ fn prompts_get_the_special_tokens_the_tokenizer_adds() {
         args.extend(extra.iter().map(|e| os(e)));
         let r = run_bin("maxrun", &args);
         assert_eq!(r.0, 0, "{}", r.2);
-        maxrun::npy::read_f32(&npy).unwrap()
+        maxrun_runtime::npy::read_f32(&npy).unwrap()
     };
     let with_bos = dump(&[]);
     let mut ids = vec![bos];
@@ -221,6 +221,31 @@ fn decode_runs_one_token_per_step() {
     assert_eq!(r.0, 0, "{}", r.2);
     assert!(r.2.contains("generated: 64 tokens"), "{}", r.2);
     assert!(r.2.contains("plan runs: prefill 1, decode 63"), "{}", r.2);
+}
+
+/// With stdout and stderr in one file (`> log 2>&1`), the figures on stderr
+/// start a line of their own after text that ends mid-line; on separate pipes
+/// stdout is exactly the generated text, with no line end added.
+#[test]
+fn the_figures_start_a_line_of_their_own() {
+    let mef = artifact("tiny-llama");
+    let args = [mef.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("8"), os("--ignore-eos")];
+    let alone = run_bin("maxrun", &args);
+    assert_eq!(alone.0, 0, "{}", alone.2);
+    assert!(!alone.1.is_empty() && !alone.1.ends_with('\n'), "this prompt's 8 tokens end mid-line: {:?}", alone.1);
+    let log = temp_file("figures-line", "both.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let status = std::process::Command::new(bin("maxrun"))
+        .args(args)
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let both = std::fs::read_to_string(&log).unwrap();
+    let stats = both.lines().find(|l| l.contains("tok/s")).unwrap_or_else(|| panic!("no figures in {both:?}"));
+    assert!(stats.starts_with("prompt: "), "the figures share a line with the text: {both:?}");
+    assert!(both.starts_with(&alone.1), "stdout's text comes first, unchanged: {both:?}");
 }
 
 #[test]
@@ -508,7 +533,7 @@ fn minilm_embeddings_match_golden() {
     std::fs::write(&file, sentences.join("\n")).unwrap();
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--embed-file"), file.as_os_str()]);
     assert_eq!(r.0, 0, "{}", r.2);
-    let (shape, want) = maxrun::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
+    let (shape, want) = maxrun_runtime::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
     let lines: Vec<&str> = r.1.lines().collect();
     assert_eq!(lines.len(), shape[0]);
     for (i, line) in lines.iter().enumerate() {
@@ -562,7 +587,7 @@ fn stop_strings_no_stream_and_repeat_penalty() {
 fn cranelift_backend_matches_golden() {
     for (name, model) in [("tiny-llama", fixture("tiny-llama")), ("tiny-qwen2", fixture("tiny-qwen2")), ("smollm2-135m", smollm2_gguf())] {
         let mef = compile_model(&format!("cl-{name}"), &model, &["--backend", "cranelift"]);
-        let info = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+        let info = maxrun_runtime::artifact::Artifact::open(&mef).unwrap().header;
         assert_eq!(info.target.backend, "cranelift");
         assert!(info.kernels.iter().all(|k| k.backend == "cranelift"));
         let golden = golden(name);
@@ -619,7 +644,7 @@ fn compile_logging_modes() {
     let phases: Vec<&str> = objects.iter().filter_map(|o| o["phase"].as_str()).collect();
     assert_eq!(phases, ["import + graph passes", "schedule", "codegen + link", "write artifact"]);
     assert!(objects.iter().filter(|o| o["phase"].is_string()).all(|o| o["wall_s"].as_f64().unwrap() >= 0.0 && o["peak_rss_bytes"].as_u64().unwrap() > 0));
-    assert_eq!(objects.last().unwrap()["kernels"].as_u64().unwrap() as usize, maxrun::artifact::Artifact::open(&a).unwrap().header.kernels.len());
+    assert_eq!(objects.last().unwrap()["kernels"].as_u64().unwrap() as usize, maxrun_runtime::artifact::Artifact::open(&a).unwrap().header.kernels.len());
     let r = run_bin("maxc", &[os("compile"), os("--model"), model.as_os_str(), os("-o"), b.as_os_str(), os("--quiet")]);
     assert_eq!((r.0, r.1.as_str(), r.2.as_str()), (0, "", ""));
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "logging flags must not change the artifact");
@@ -634,7 +659,7 @@ fn profile_lists_every_kernel_of_the_plans() {
     let mef = artifact("tiny-llama");
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("Once upon a time"), os("-n"), os("4"), os("--profile")]);
     assert_eq!(r.0, 0, "{}", r.2);
-    let header = maxrun::artifact::Artifact::open(mef).unwrap().header;
+    let header = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header;
     let prompt_plan = header.main().prefill_last.as_ref().expect("decoders have a last-token plan");
     for (plan, launches) in [("prefill", &prompt_plan.launches), ("decode", &header.main().decode.launches)] {
         let section = r.2.split(&format!("{plan}: ")).nth(1).unwrap_or_else(|| panic!("no {plan} table: {}", r.2));
@@ -655,7 +680,7 @@ fn profile_lists_every_kernel_of_the_plans() {
 #[test]
 fn matmul_weights_are_packed_into_panels() {
     let mef = artifact("tiny-qwen2");
-    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     let h = &a.header;
     let packed: Vec<&str> = h.weights.iter().filter(|w| w.layout == "panel16").map(|w| w.name.as_str()).collect();
     assert!(packed.iter().any(|n| n.contains("mlp.down_proj")), "{packed:?}");
@@ -670,12 +695,12 @@ fn matmul_weights_are_packed_into_panels() {
 #[test]
 fn last_token_prefill_plan_matches_the_full_one() {
     for name in ["tiny-qwen2", "arch-gemma2", "smollm2-135m"] {
-        let a = maxrun::artifact::Artifact::open(artifact(name)).unwrap();
+        let a = maxrun_runtime::artifact::Artifact::open(artifact(name)).unwrap();
         assert!(a.header.main().prefill_last.is_some(), "{name}: no last-row plan");
         let vocab = a.header.model.vocab_size as usize;
         let golden = golden(name);
         let ids = ids(&cases(&golden)[0]["input_ids"]);
-        let mut s = maxrun::session::Session::new(&a, 2).unwrap();
+        let mut s = maxrun_runtime::session::Session::new(&a, 2).unwrap();
         let full = s.forward(&ids).unwrap().to_vec();
         s.reset();
         let last = s.forward_last(&ids).unwrap().to_vec();
@@ -686,7 +711,7 @@ fn last_token_prefill_plan_matches_the_full_one() {
         let plan = a.header.main().prefill_last.as_ref().unwrap();
         assert!(plan.launches.len() > a.header.main().prefill.launches.len(), "one more launch (the row copy)");
     }
-    let encoder = maxrun::artifact::Artifact::open(&compile_model("minilm-last", &minilm_dir(), &[])).unwrap();
+    let encoder = maxrun_runtime::artifact::Artifact::open(&compile_model("minilm-last", &minilm_dir(), &[])).unwrap();
     assert!(encoder.header.main().prefill_last.is_none(), "encoders have no logits to cut");
 }
 
@@ -767,7 +792,7 @@ fn every_kernel_of_the_smollm2_artifact_round_trips_through_its_text_form() {
     let dump = temp_dir("kernel-text");
     let dump_arg = dump.as_path().to_str().unwrap().to_string();
     let mef = compile_model("kernel-text", &smollm2_gguf(), &["--quantization-encoding", "q4_1", "--dump-ir", &dump_arg]);
-    let header = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+    let header = maxrun_runtime::artifact::Artifact::open(&mef).unwrap().header;
     let dir = dump.as_path().join("kernels");
     let files = std::fs::read_dir(&dir).unwrap().count();
     assert_eq!(files, header.kernels.len(), "one text file per kernel of the artifact");

@@ -4,7 +4,7 @@
 //! is ever handed out.
 
 use maxc_tests::*;
-use maxrun::engine::text::TextStream;
+use maxrun_engine::text::TextStream;
 
 fn tokenizer(name: &str) -> tokenizers::Tokenizer {
     tokenizers::Tokenizer::from_file(fixture(name).join("tokenizer.json")).unwrap()
@@ -72,8 +72,8 @@ fn a_stop_string_ends_the_text_before_it() {
 mod fake_executor {
     use std::collections::HashMap;
 
-    use maxrun::engine::{Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
-    use maxrun::executor::{BatchStep, Executor, PoolLimits, RunError};
+    use maxrun_engine::{Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
+    use maxrun_runtime::executor::{BatchStep, Executor, PoolLimits, RunError};
 
     const VOCAB: u64 = 512;
 
@@ -195,14 +195,14 @@ mod fake_executor {
     #[test]
     fn speculation_gives_the_same_tokens_through_a_fake_executor() {
         WINDOW.with(|w| w.set(Some(1)));
-        let stats = scenario(Some(maxrun::engine::speculate::SpeculationConfig { max_drafts: 3, min_n: 1, max_n: 3, row_cost: 0.0, max_step_drafts: 8, ..Default::default() }));
+        let stats = scenario(Some(maxrun_engine::speculate::SpeculationConfig { max_drafts: 3, min_n: 1, max_n: 3, row_cost: 0.0, max_step_drafts: 8, ..Default::default() }));
         assert!(stats.accepted_tokens > 0 && stats.accepted_tokens < stats.draft_tokens, "drafts stand and fall: {stats:?}");
         assert!(stats.verifications > 0);
     }
 
     /// Random arrivals, cancellations and a pool too small for all of them at
     /// once; every request's tokens checked against the fake model's own.
-    fn scenario(speculation: Option<maxrun::engine::speculate::SpeculationConfig>) -> maxrun::engine::Stats {
+    fn scenario(speculation: Option<maxrun_engine::speculate::SpeculationConfig>) -> maxrun_engine::Stats {
         let block_size = 4;
         // 24 blocks of 4 positions: fewer than the requests below need at
         // once, so decode rows preempt; a sequence may hold 16 blocks (64 positions).

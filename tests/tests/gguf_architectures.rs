@@ -48,7 +48,7 @@ fn check_f32(arch: &str) {
         let npy = temp_file("gguf-prompt", "l.npy");
         let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os(prompt), os("--dump-logits"), npy.as_os_str()]);
         assert_eq!(r.0, 0, "{what}: {}", r.2);
-        let (pshape, from_prompt) = maxrun::npy::read_f32(&npy).unwrap();
+        let (pshape, from_prompt) = maxrun_runtime::npy::read_f32(&npy).unwrap();
         assert_eq!(pshape, gshape, "{what}: --prompt must tokenize to the golden ids {:?}", case["input_ids"]);
         assert_logits_close(&format!("{what} (--prompt)"), &from_prompt, &gold);
 
@@ -251,7 +251,7 @@ fn check_embeddings(mef: &std::path::Path, what: &str, min_cosine: f32) {
     std::fs::write(&file, sentences.join("\n")).unwrap();
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--embed-file"), file.as_os_str()]);
     assert_eq!(r.0, 0, "{what}: {}", r.2);
-    let (shape, want) = maxrun::npy::read_f32(&dir.join("embeddings.npy")).unwrap();
+    let (shape, want) = maxrun_runtime::npy::read_f32(&dir.join("embeddings.npy")).unwrap();
     let lines: Vec<&str> = r.1.lines().collect();
     assert_eq!(lines.len(), shape[0], "{what}");
     for (i, line) in lines.iter().enumerate() {
@@ -262,13 +262,13 @@ fn check_embeddings(mef: &std::path::Path, what: &str, min_cosine: f32) {
         eprintln!("{what} sentence {i}: cosine {cos}");
         assert!(cos >= min_cosine, "{what} sentence {i}: cosine {cos} < {min_cosine}");
     }
-    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     let inputs: Vec<Vec<u32>> = golden["input_ids"].as_array().unwrap().iter().map(ids).collect();
-    let executor = maxrun::executor::cpu_encoder::CpuEncoder::new(&a, 2).unwrap();
-    let mut batch = maxrun::engine::embed::Embedder::new(Box::new(executor), maxrun::engine::embed::EncoderFacts::of(&a).unwrap());
+    let executor = maxrun_runtime::executor::cpu_encoder::CpuEncoder::new(&a, 2).unwrap();
+    let mut batch = maxrun_engine::embed::Embedder::new(Box::new(executor), maxrun_engine::embed::EncoderFacts::of(&a).unwrap());
     let batched = batch.embed_all(&inputs).unwrap();
     assert_eq!(batch.steps(), 1, "{what}: 8 sentences in one step");
-    let mut session = maxrun::session::Session::new(&a, 2).unwrap();
+    let mut session = maxrun_runtime::session::Session::new(&a, 2).unwrap();
     for (i, (ours, ids)) in batched.iter().zip(&inputs).enumerate() {
         session.reset();
         let alone = session.forward(ids).unwrap().to_vec();

@@ -110,7 +110,7 @@ fn gpu_forms_split_a_decode_step_into_many_tasks() {
     // assembles.
     let (_dir, mef, ptx) = compile_with_ptx("ptx-split", &smollm2_gguf(), "cuda:sm_90", &["--quantization-encoding", "q4_1"]);
     assemble(&ptx, "sm_90");
-    let header = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+    let header = maxrun_runtime::artifact::Artifact::open(&mef).unwrap().header;
     let split = |prefix: &str| -> Vec<u32> { header.kernels.iter().filter(|k| k.symbol.starts_with(prefix)).map(|k| k.gpu_task_split).collect() };
     assert_eq!(split("rope_w576_hd64_"), [32, 32], "prefill and decode");
     assert_eq!(split("rope_w192_hd64_"), [32, 32]);
@@ -128,7 +128,7 @@ fn gpu_forms_split_a_decode_step_into_many_tasks() {
     // run a task per column on the GPU (`matmul_rowwise`).
     let (_dir, mef, ptx) = compile_with_ptx("ptx-split-bf16", &fixture("tiny-llama"), "cuda:sm_90", &["--quantization-encoding", "bfloat16"]);
     assemble(&ptx, "sm_90");
-    let header = maxrun::artifact::Artifact::open(&mef).unwrap().header;
+    let header = maxrun_runtime::artifact::Artifact::open(&mef).unwrap().header;
     let matmuls: Vec<(&str, u32)> = header.kernels.iter().filter(|k| k.symbol.starts_with("matmul")).map(|k| (k.symbol.as_str(), k.gpu_task_split)).collect();
     assert!(!matmuls.is_empty() && matmuls.iter().all(|&(_, split)| split == 8), "{matmuls:?}");
 }
@@ -182,7 +182,7 @@ fn gpu_only_artifact_without_a_driver_says_so() {
     }
     let (_dir, mef, _) = compile_with_ptx("gpu-only", &fixture("tiny-llama"), "cuda:sm_90", &[]);
     // Without CPU code, float matmul weights stay row-major (warps read rows).
-    let weights = maxrun::artifact::Artifact::open(&mef).unwrap().header.weights;
+    let weights = maxrun_runtime::artifact::Artifact::open(&mef).unwrap().header.weights;
     assert!(weights.iter().all(|w| w.layout == "row_major"), "a GPU-only artifact packs no panels");
     let r = run_bin("maxrun", &[mef.as_os_str(), os("--prompt"), os("hello")]);
     assert_clean_error(&r, 1, &["no CUDA driver", "no CPU code", "--target cpu,cuda:sm_90"]);

@@ -14,11 +14,11 @@ use std::collections::HashMap;
 
 use maxc_tests::sim_gpu::SimDevice;
 use maxc_tests::*;
-use maxrun::artifact::Artifact;
-use maxrun::engine::{load_tokenizer, Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
-use maxrun::executor::cpu::CpuExecutor;
-use maxrun::executor::gpu::GpuExecutor;
-use maxrun::executor::Executor;
+use maxrun_runtime::artifact::Artifact;
+use maxrun_engine::{load_tokenizer, Engine, Event, GenerationParams, ModelFacts, Request, RequestId};
+use maxrun_runtime::executor::cpu::CpuExecutor;
+use maxrun_runtime::executor::gpu::GpuExecutor;
+use maxrun_runtime::executor::Executor;
 
 /// Each request's prompt logits (by position) and generated tokens.
 #[derive(Default)]
@@ -66,7 +66,7 @@ fn check(name: &str) {
     // The smallest pool that holds one full-context sequence: the simulated
     // device copies a launch's buffers, so memory it never uses costs time.
     let limits = h.batch.expect("batch plans");
-    let pool = maxrun::executor::block_bytes_all_layers(h, &limits) * limits.blocks_per_sequence;
+    let pool = maxrun_runtime::executor::block_bytes_all_layers(h, &limits) * limits.blocks_per_sequence;
     let gpu = GpuExecutor::new(&artifact, device, Some(pool), true).unwrap();
     assert!(gpu.describe().contains("simulated"));
     let cpu = CpuExecutor::new(&artifact, 2, Some(pool)).unwrap();

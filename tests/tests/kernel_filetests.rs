@@ -33,7 +33,7 @@ use maxc_kernels::ir_text;
 use maxc_kernels::Kernel;
 use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, Case, Rng};
 use maxc_tests::{ptxas, temp_dir, workspace_root};
-use maxrun::code::LoadedCode;
+use maxrun_runtime::code::LoadedCode;
 
 /// One `.kir` file: its kernel and run lines.
 struct FileTest {

@@ -22,8 +22,8 @@ use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::{ElemType, Kernel};
-use maxrun::code::LoadedCode;
-use maxrun::format::{Layout, WeightEncoding};
+use maxrun_runtime::code::LoadedCode;
+use maxrun_runtime::format::{Layout, WeightEncoding};
 use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, interleaved_levels, reduction_tol, Case, Rng};
 
 /// The register tiles a kernel of `seq` is built with: both in prefill (the

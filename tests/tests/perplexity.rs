@@ -138,7 +138,7 @@ fn tiny_llama_perplexity_matches_transformers_and_bad_inputs_are_refused() {
     let dir = temp_dir("ppl-text");
     let text = dir.join("text.txt");
     std::fs::write(&text, TEXT).unwrap();
-    let tokenizer: tokenizers::Tokenizer = maxrun::artifact::Artifact::open(&mef).unwrap().tokenizer_json().unwrap().parse().unwrap();
+    let tokenizer: tokenizers::Tokenizer = maxrun_runtime::artifact::Artifact::open(&mef).unwrap().tokenizer_json().unwrap().parse().unwrap();
     let ids = tokenizer.encode(TEXT, true).unwrap().get_ids().to_vec();
     assert!(ids.len() > 150, "{} tokens", ids.len());
     let ids_file = token_file("ppl-text-ids", &ids);
@@ -213,7 +213,7 @@ fn smollm2_perplexity_and_kl_divergence_match_direct_computation() {
     check_against_golden("smollm2-135m", &f32_mef);
     let q8_mef = compile_model("ppl-smollm2-q8_0", &gguf, &["--quantization-encoding", "q8_0", "--max-length", "256"]);
 
-    let tokenizer: tokenizers::Tokenizer = maxrun::artifact::Artifact::open(&f32_mef).unwrap().tokenizer_json().unwrap().parse().unwrap();
+    let tokenizer: tokenizers::Tokenizer = maxrun_runtime::artifact::Artifact::open(&f32_mef).unwrap().tokenizer_json().unwrap().parse().unwrap();
     let ids = tokenizer.encode(TEXT, true).unwrap().get_ids().to_vec();
     let ctx = 64;
     let chunks = ids.len() / ctx;

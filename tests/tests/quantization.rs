@@ -367,15 +367,15 @@ fn q8_0_takes_words_at_decode_and_planes_in_prefill_only_with_vnni() {
 /// A tiny-llama q8_0 artifact whose first weight entry matching `pick` was
 /// changed by `edit` (to a string of the same length, so the header keeps its
 /// size); returns the new file and that weight's name.
-fn with_edited_weight(tag: &str, pick: impl Fn(&maxrun::format::WeightEntry) -> bool, edit: impl FnOnce(&mut maxrun::format::WeightEntry)) -> (TempPath, String) {
+fn with_edited_weight(tag: &str, pick: impl Fn(&maxrun_runtime::format::WeightEntry) -> bool, edit: impl FnOnce(&mut maxrun_runtime::format::WeightEntry)) -> (TempPath, String) {
     let mef = compile(tag, &fixture("tiny-llama"), "q8_0");
     let bytes = std::fs::read(&mef).unwrap();
-    let artifact = maxrun::artifact::Artifact::from_bytes(&mef, bytes.clone()).unwrap();
+    let artifact = maxrun_runtime::artifact::Artifact::from_bytes(&mef, bytes.clone()).unwrap();
     let mut header = artifact.header.clone();
     let w = header.weights.iter_mut().find(|w| pick(w)).unwrap();
     edit(w);
     let name = w.name.clone();
-    let prelude = maxrun::format::encode_header(&header);
+    let prelude = maxrun_runtime::format::encode_header(&header);
     let mut bad = bytes;
     bad[..prelude.len()].copy_from_slice(&prelude);
     let p = temp_file(&format!("{tag}-edited"), "m.mef");
@@ -492,7 +492,7 @@ fn five_and_six_bit_kernels_decode_ggml_blocks_as_ggml_does() {
         let mut compiled = bufs.clone();
         run(&kernel, &mut bufs, rows as u64);
         let code = maxc_codegen::llvm::compile_shared(std::slice::from_ref(&kernel), &maxc_codegen::CpuTarget::host()).unwrap();
-        let loaded = maxrun::code::LoadedCode::load(&code.shared_object).unwrap();
+        let loaded = maxrun_runtime::code::LoadedCode::load(&code.shared_object).unwrap();
         let f = loaded.kernel(&kernel.name).unwrap();
         let ptrs: Vec<*mut u8> = compiled.iter_mut().map(Buffer::as_mut_ptr).collect();
         // SAFETY: the buffers are sized for the kernel (the interpreter just ran it with bounds checks).
@@ -553,7 +553,7 @@ fn interleaved_kernels_read_ggml_values(file: &str, encoding: maxc::graph::Weigh
         let mut all = vec![("interpreter".to_string(), interpreted)];
         for (name, target) in &targets {
             let code = maxc_codegen::llvm::compile_shared(std::slice::from_ref(kernel), target).unwrap();
-            let loaded = maxrun::code::LoadedCode::load(&code.shared_object).unwrap();
+            let loaded = maxrun_runtime::code::LoadedCode::load(&code.shared_object).unwrap();
             let f = loaded.kernel(&kernel.name).unwrap();
             let mut compiled = bufs.clone();
             let ptrs: Vec<*mut u8> = compiled.iter_mut().map(Buffer::as_mut_ptr).collect();
@@ -573,7 +573,7 @@ fn interleaved_kernels_read_ggml_values(file: &str, encoding: maxc::graph::Weigh
     bufs.push(Buffer::I32((0..GROUP as i32).collect()));
     bufs.push(Buffer::F32(vec![f32::NAN; GROUP * cols]));
     let scale = theirs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    for (how, out) in outputs(&embedding_in(GROUP as u64, cols as u64, encoding, maxrun::format::Layout::Interleaved16, SeqMode::Dynamic), bufs, GROUP) {
+    for (how, out) in outputs(&embedding_in(GROUP as u64, cols as u64, encoding, maxrun_runtime::format::Layout::Interleaved16, SeqMode::Dynamic), bufs, GROUP) {
         for (i, got) in out.iter().enumerate() {
             let want = value(i / cols, i % cols);
             assert!((got - want).abs() <= scale * 1e-6, "{file} interleaved gather ({how}): value {i} is {got}, ggml's {want}");

@@ -173,7 +173,7 @@ const PROMPTS: [&str; 16] = [
 #[test]
 fn openai_clients_get_what_the_command_line_prints() {
     let mef = smollm2();
-    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
     let golden = golden("smollm2-135m");
     let completions: Vec<Value> = cases(&golden)
         .iter()
@@ -190,7 +190,7 @@ fn openai_clients_get_what_the_command_line_prints() {
     assert_eq!(text, chat_case["greedy_text"].as_str().unwrap().trim_end_matches("<|im_end|>"), "the command line answers the golden chat case");
     let chats = vec![json!({"messages": messages, "max_tokens": 48, "text": text, "prompt_tokens": prompt_tokens, "finish_reason": if generated < 48 { "stop" } else { "length" }})];
     let concurrent: Vec<Value> = PROMPTS.iter().map(|p| json!({"prompt": p, "max_tokens": 24, "text": cli_prompt(mef, p, 24).0})).collect();
-    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     let expected = json!({
         "model": model,
         "api_key": "sk-test-key",
@@ -224,7 +224,7 @@ fn openai_clients_get_what_the_command_line_prints() {
 #[test]
 fn a_speculative_server_answers_what_plain_decoding_does() {
     let mef = smollm2();
-    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     let prompts = std::fs::read_to_string(fixtures_dir().parent().unwrap().join("speculation/prompts.jsonl")).unwrap();
     let chats: Vec<Value> = prompts
         .lines()
@@ -256,7 +256,7 @@ fn a_speculative_server_answers_what_plain_decoding_does() {
 #[test]
 fn strict_schemas_named_tool_calls_and_tokenize() {
     let mef = smollm2();
-    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     // SmolLM2's tokenizer.json as Hugging Face ships it: the oracle, not the
     // artifact's tokenizer (which the compiler rebuilt from the GGUF).
     let hf = tokenizers::Tokenizer::from_file(fixture("tiny-llama").join("tokenizer.json")).unwrap();
@@ -316,7 +316,7 @@ fn strict_schemas_named_tool_calls_and_tokenize() {
 #[test]
 fn the_responses_api_and_the_agents_sdk() {
     let mef = smollm2();
-    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
     let golden = golden("smollm2-135m");
     let messages = &golden["chat"]["messages"];
     let (text, prompt_tokens, generated) = cli_chat(mef, messages[0]["content"].as_str().unwrap(), 48);
@@ -339,7 +339,7 @@ fn the_responses_api_and_the_agents_sdk() {
 #[test]
 fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
     let mef = smollm2();
-    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
     let mut server = Server::start(mef, &["--reasoning-parser", "think"]);
     run_client("reasoning", &server, &json!({"model": model}));
     assert_eq!(server.stop(Duration::from_secs(60)), 0);
@@ -357,7 +357,7 @@ fn a_full_queue_answers_503_with_retry_after() {
 fn sigterm_during_a_stream_ends_it_and_exits_cleanly() {
     let mef = smollm2();
     let mut server = Server::start(mef, &["--shutdown-timeout", "1"]);
-    let model = maxrun::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
     let streaming = client("stream_until_signal", &server.url, &json!({"model": model}));
     // Wait until the stream runs (its request holds KV blocks), then stop the server.
     let start = Instant::now();
@@ -383,9 +383,9 @@ fn sigterm_during_a_stream_ends_it_and_exits_cleanly() {
 fn embeddings_of_a_sentence_encoder_match_the_golden() {
     let mef = compile_model("serve-minilm", &minilm_dir(), &[]);
     let golden = golden("all-minilm-l6-v2");
-    let (shape, data) = maxrun::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
+    let (shape, data) = maxrun_runtime::npy::read_f32(&fixture("all-minilm-l6-v2").join("embeddings.npy")).unwrap();
     let embeddings: Vec<Vec<f32>> = data.chunks(shape[1]).map(<[f32]>::to_vec).collect();
-    let model = maxrun::artifact::Artifact::open(&mef).unwrap().header.model.name.clone();
+    let model = maxrun_runtime::artifact::Artifact::open(&mef).unwrap().header.model.name.clone();
     let expected = json!({"model": model, "sentences": golden["sentences"], "embeddings": embeddings});
     let mut server = Server::start(&mef, &[]);
     run_client("embeddings", &server, &expected);
@@ -408,9 +408,9 @@ fn many_embeddings_run_in_batched_steps() {
     let mut tokenizer = tokenizers::Tokenizer::from_file(minilm_dir().join("tokenizer.json")).unwrap();
     tokenizer.with_padding(None);
     let ids: Vec<Vec<u32>> = texts.iter().map(|t| tokenizer.encode(t.as_str(), true).unwrap().get_ids().to_vec()).collect();
-    let a = maxrun::artifact::Artifact::open(&mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(&mef).unwrap();
     assert_eq!(a.header.main().encode_batch.as_ref().map(|e| e.max_sequences), Some(16));
-    let mut session = maxrun::session::Session::new(&a, 2).unwrap();
+    let mut session = maxrun_runtime::session::Session::new(&a, 2).unwrap();
     let alone: Vec<Vec<f32>> = ids
         .iter()
         .map(|ids| {
@@ -437,7 +437,7 @@ fn many_embeddings_run_in_batched_steps() {
 fn soak_random_load_leaves_the_server_as_it_found_it() {
     let mef = smollm2();
     let seconds: u64 = std::env::var("MAXC_SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    let a = maxrun::artifact::Artifact::open(mef).unwrap();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     let h = &a.header;
     let per_block = h.batch.unwrap().block_bytes(&h.kv_cache).unwrap() * 2 * h.kv_cache.layers;
     // One full context's blocks, the least the server takes: two of the long

@@ -12,7 +12,7 @@ use maxc::passes::shard::Shard;
 use maxc::passes::Pass;
 use maxc::sharding::ShardTarget;
 use maxc_tests::*;
-use maxrun::artifact::Artifact;
+use maxrun_runtime::artifact::Artifact;
 
 fn os(s: &str) -> &OsStr {
     OsStr::new(s)

@@ -10,11 +10,11 @@
 use std::collections::HashMap;
 
 use maxc_tests::*;
-use maxrun::artifact::Artifact;
-use maxrun::engine::speculate::SpeculationConfig;
-use maxrun::engine::{load_tokenizer, Engine, Event, GenerationParams, ModelFacts, Request, RequestId, Stats};
-use maxrun::runner::{Device, Runner};
-use maxrun::sampler::SamplingParams;
+use maxrun_runtime::artifact::Artifact;
+use maxrun_engine::speculate::SpeculationConfig;
+use maxrun_engine::{load_tokenizer, Engine, Event, GenerationParams, ModelFacts, Request, RequestId, Stats};
+use maxrun_runtime::runner::{Device, Runner};
+use maxrun_runtime::sampler::SamplingParams;
 
 /// The prompts file's lines: (kind, prompt).
 fn prompts() -> Vec<(String, String)> {
@@ -31,10 +31,10 @@ fn prompts() -> Vec<(String, String)> {
 /// `prompt` as one user message through the artifact's chat template.
 fn chat_ids(a: &Artifact, prompt: &str) -> Vec<u32> {
     let tokenizer = load_tokenizer(a).unwrap();
-    let template = std::str::from_utf8(a.section(maxrun::format::SectionKind::ChatTemplate)).unwrap();
+    let template = std::str::from_utf8(a.section(maxrun_runtime::format::SectionKind::ChatTemplate)).unwrap();
     let text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let (bos, eos) = (text(a.header.tokenizer.bos_token_id), text(a.header.tokenizer.eos_token_ids.first().copied()));
-    let rendered = maxrun::chat::render(template, &[maxrun::chat::Message::new("user", prompt)], true, &bos, &eos).unwrap();
+    let rendered = maxrun_runtime::chat::render(template, &[maxrun_runtime::chat::Message::new("user", prompt)], true, &bos, &eos).unwrap();
     tokenizer.encode(rendered.as_str(), false).unwrap().get_ids().to_vec()
 }
 
@@ -77,7 +77,7 @@ fn plain(a: &Artifact, requests: &[Request]) -> Vec<Vec<u32>> {
 
 /// Speculative decoding with prompt lookup on the batched engine (a 128 MiB KV pool).
 fn speculative(a: &Artifact, requests: &[Request], at_once: usize) -> (Vec<Vec<u32>>, Stats) {
-    let (executor, _) = maxrun::runner::open_executor(a, 2, Device::Cpu, Some(128 << 20)).unwrap();
+    let (executor, _) = maxrun_runtime::runner::open_executor(a, 2, Device::Cpu, Some(128 << 20)).unwrap();
     let mut engine = Engine::batched(ModelFacts::of(a), executor, load_tokenizer(a).unwrap());
     engine.speculate(SpeculationConfig::default()).unwrap();
     let out = run(&mut engine, requests, at_once);
@@ -150,7 +150,7 @@ fn sampled_text_with_prompt_lookup_is_plain_samplings() {
         let mut params = GenerationParams { sampling, seed: 7 + i as u64, max_tokens: 40, ..GenerationParams::default() };
         match i % 3 {
             1 => params.repeat_penalty = Some(1.3),
-            2 => params.grammar = Some(maxrun::constrain::Grammar::JsonSchema(schema.clone())),
+            2 => params.grammar = Some(maxrun_engine::constrain::Grammar::JsonSchema(schema.clone())),
             _ => {}
         }
         requests.push(Request::new(chat_ids(&a, p), params));
@@ -263,10 +263,10 @@ fn speculative_sampling_keeps_the_distribution() {
     let prompt = ids(&cases(&golden("arch-qwen3"))[0]["input_ids"]);
     const N: usize = 20_000;
     let engine = |config: Option<SpeculationConfig>| {
-        let (executor, _) = maxrun::runner::open_executor(&target, 2, Device::Cpu, Some(64 << 20)).unwrap();
+        let (executor, _) = maxrun_runtime::runner::open_executor(&target, 2, Device::Cpu, Some(64 << 20)).unwrap();
         let mut e = Engine::batched(ModelFacts::of(&target), executor, load_tokenizer(&target).unwrap());
         if let Some(c) = config {
-            let model = maxrun::runner::open_draft_model(&target, &draft, 2, Device::Cpu, Some(64 << 20)).unwrap();
+            let model = maxrun_engine::draft::DraftModel::of(maxrun_runtime::runner::open_draft_executor(&target, &draft, 2, Device::Cpu, Some(64 << 20)).unwrap());
             e.speculate_with_draft(c, model).unwrap();
         }
         e

@@ -1,7 +1,8 @@
 //! House rules that a compiler cannot check: module docs on every file, the
 //! crates' layering (the format contract at the bottom, the runtime free of the
-//! compiler, LLVM and Cranelift, the kernel IR free of the runtime), and no
-//! import cycle among the compiler's modules.
+//! compiler, LLVM and Cranelift, the tiny runtime free of HTTP, async,
+//! grammars, CLI and metrics, the compiler free of the server, the kernel IR
+//! free of the runtime), and no import cycle among the compiler's modules.
 
 use maxc_tests::workspace_root;
 
@@ -35,13 +36,23 @@ fn every_rust_file_starts_with_a_module_doc() {
 /// packages its dependency tree must not contain. The format crate is the
 /// contract both halves share; the kernel IR depends on it alone, not on the
 /// runtime (and so on none of the runtime's CUDA, tokenizer, template or CLI
-/// crates); the backends add LLVM and Cranelift; only the compiler binary joins
-/// everything; the runtime never links a compiler crate.
+/// crates); the backends add LLVM and Cranelift; the tiny runtime links no
+/// HTTP, async, grammar, CLI or metrics crate; the engine adds grammars but no
+/// server; no runtime crate links a compiler crate; and the compiler links the
+/// contract and the tiny runtime (no CUDA), none of the crates above it.
+/// (`maxrun ` with its space is the CLI package, not every `maxrun-*`.)
 const LAYERS: &[(&str, &[&str])] = &[
     ("maxc-format", &["maxrun", "maxc ", "maxc-kernels", "maxc-codegen", "cudarc", "tokenizers", "minijinja", "clap", "tokio", "inkwell", "cranelift"]),
     ("maxc-kernels", &["maxrun", "maxc ", "maxc-codegen", "cudarc", "tokenizers", "minijinja", "clap", "tokio", "inkwell", "llvm-sys", "cranelift"]),
     ("maxc-codegen", &["maxrun", "maxc ", "cudarc", "tokenizers", "minijinja", "clap", "tokio"]),
+    ("maxrun-runtime", &[
+        "maxc ", "maxc-kernels", "maxc-codegen", "maxrun-engine", "maxrun-server", "maxrun ", "inkwell", "llvm-sys", "cranelift",
+        "tokio", "hyper", "axum", "futures", "llguidance", "toktrie", "clap", "indicatif", "prometheus",
+    ]),
+    ("maxrun-engine", &["maxc ", "maxc-kernels", "maxc-codegen", "maxrun-server", "maxrun ", "inkwell", "llvm-sys", "cranelift", "tokio", "hyper", "axum", "clap", "indicatif", "prometheus"]),
+    ("maxrun-server", &["maxc ", "maxc-kernels", "maxc-codegen", "maxrun ", "inkwell", "llvm-sys", "cranelift", "clap", "indicatif"]),
     ("maxrun", &["maxc ", "maxc-kernels", "maxc-codegen", "inkwell", "llvm-sys", "cranelift"]),
+    ("maxc", &["maxrun-engine", "maxrun-server", "maxrun ", "axum", "hyper", "tokio", "futures", "llguidance", "prometheus", "cudarc"]),
 ];
 
 #[test]
@@ -147,12 +158,12 @@ fn compiler_modules_have_no_import_cycles() {
 }
 
 /// The engine names no device: it drives the executor interface
-/// (`runtime-stub/src/executor/mod.rs`), which the CPU, the CPU mesh and the
+/// (`runtime-stub/src/executor/mod.rs`, in the tiny runtime), which the CPU, the CPU mesh and the
 /// GPU implement, so that what is built on the engine (batching, preemption,
 /// prefix reuse, speculation, adapters) is written once for every device.
 #[test]
 fn the_engine_names_no_device() {
-    let dir = workspace_root().join("runtime-stub/src/engine");
+    let dir = workspace_root().join("runtime-stub/engine/src");
     let mut files = Vec::new();
     rust_files(&dir, &mut files);
     assert!(files.len() >= 5, "the engine's files: {files:?}");
@@ -181,7 +192,7 @@ fn the_engine_names_no_device() {
     for file in files {
         let code = without_comments(&std::fs::read_to_string(&file).unwrap());
         for name in device_names {
-            assert!(!code.contains(name), "{} names `{name}`: the engine drives devices through `crate::executor`'s traits only", file.display());
+            assert!(!code.contains(name), "{} names `{name}`: the engine drives devices through `maxrun_runtime::executor`'s traits only", file.display());
         }
     }
 }

@@ -9,7 +9,7 @@ use std::fmt;
 
 /// How a weight is stored (the logical dtype stays the value's `dtype`): the
 /// artifact's encoding, one vocabulary from the graph to the file.
-pub use maxrun::format::WeightEncoding;
+pub use maxc_format::WeightEncoding;
 
 /// Index of a node (and of the value it produces) in [`Graph::nodes`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,7 +30,7 @@ impl fmt::Display for ValueId {
 /// Element types: the artifact format's, one vocabulary for graph values,
 /// stored tensors and kernel buffers. A graph value is one of [`GRAPH_DTYPES`]
 /// (bytes appear only as parts of quantized weights, below the graph).
-pub use maxrun::format::DType;
+pub use maxc_format::DType;
 
 /// The element types a graph value may have.
 pub const GRAPH_DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];

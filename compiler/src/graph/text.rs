@@ -338,9 +338,9 @@ fn parse_type(c: &mut Cursor) -> Result<TensorType> {
     if c.peek() == Some(&Tok::Ident("quant".into())) {
         c.next();
         c.punct('(')?;
-        ty.quant = match maxrun::format::WeightEncoding::from_name(&c.ident()?) {
-            Some(e) if e != maxrun::format::WeightEncoding::Float32 => e,
-            _ => return c.err(format!("unknown quantization; expected one of {}", maxrun::format::WeightEncoding::all_names())),
+        ty.quant = match maxc_format::WeightEncoding::from_name(&c.ident()?) {
+            Some(e) if e != maxc_format::WeightEncoding::Float32 => e,
+            _ => return c.err(format!("unknown quantization; expected one of {}", maxc_format::WeightEncoding::all_names())),
         };
         c.punct(')')?;
     }

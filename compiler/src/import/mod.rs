@@ -15,7 +15,7 @@ pub use weights::{StorageType, WeightStore};
 use crate::error::{Error, Result};
 
 /// Sampling defaults from generation_config.json (the artifact's own type).
-pub use maxrun::format::GenerationDefaults;
+pub use maxc_format::GenerationDefaults;
 
 /// Everything the compiler knows about a model after import.
 #[derive(Debug)]

@@ -36,7 +36,7 @@ use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::{rope, rope_gpu};
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::{Kernel, TaskCount};
-use maxrun::format::{BufferRef, Layout, WeightEncoding};
+use maxc_format::{BufferRef, Layout, WeightEncoding};
 
 use crate::error::{Error, Result};
 use crate::graph::rope::inv_freq;
@@ -65,18 +65,18 @@ pub struct ScheduledLaunch {
     /// f32 elements written to the last argument.
     pub output_elems: TaskCount,
     /// Whether `tasks` and `output_elems` count the step's rows or its rows with logits.
-    pub rows: maxrun::format::RowCount,
+    pub rows: maxc_format::RowCount,
 }
 
 /// A collective between launches: before launch `before_launch`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScheduledCollective {
     pub before_launch: usize,
-    pub op: maxrun::format::CollectiveOp,
+    pub op: maxc_format::CollectiveOp,
     pub input: u32,
     pub output: u32,
     /// Whether the op's counts follow the step's rows or its rows with logits.
-    pub rows: maxrun::format::RowCount,
+    pub rows: maxc_format::RowCount,
 }
 
 /// A scheduled plan.
@@ -236,7 +236,7 @@ impl Scheduler<'_, '_, '_> {
             tasks = TaskCount { per_seq: 0, fixed: tasks.eval(1) };
             written = TaskCount { per_seq: 0, fixed: written.eval(1) };
         }
-        let rows = if self.logit_rows { maxrun::format::RowCount::Logits } else { maxrun::format::RowCount::Step };
+        let rows = if self.logit_rows { maxc_format::RowCount::Logits } else { maxc_format::RowCount::Step };
         self.launches.push(ScheduledLaunch { kernel: self.kernels.add(kernel), args, tasks, output_elems: written, rows });
         outputs
     }
@@ -248,9 +248,9 @@ impl Scheduler<'_, '_, '_> {
 pub struct KvCacheSpec {
     pub max_len: u64,
     /// `float32`, or `float16` (`--kv-cache-encoding float16`).
-    pub encoding: maxrun::format::KvEncoding,
+    pub encoding: maxc_format::KvEncoding,
     /// The element type the attention kernels read and write: a one-part
-    /// encoding's ([`maxrun::format::KvEncoding::element`]).
+    /// encoding's ([`maxc_format::KvEncoding::element`]).
     pub elem: maxc_kernels::ElemType,
     /// CPU code: its kernels lay the keys out in panels of 16 positions where
     /// the encoding allows it and whole panels fit ([`KeyLayout::for_cpu`]);
@@ -259,10 +259,10 @@ pub struct KvCacheSpec {
 }
 
 impl KvCacheSpec {
-    pub fn new(max_len: u64, encoding: maxrun::format::KvEncoding, cpu_code: bool) -> Self {
+    pub fn new(max_len: u64, encoding: maxc_format::KvEncoding, cpu_code: bool) -> Self {
         let elem = match encoding.element() {
-            Some(maxrun::format::DType::F32) => maxc_kernels::ElemType::F32,
-            Some(maxrun::format::DType::F16) => maxc_kernels::ElemType::F16,
+            Some(maxc_format::DType::F32) => maxc_kernels::ElemType::F32,
+            Some(maxc_format::DType::F16) => maxc_kernels::ElemType::F16,
             other => unreachable!("the attention kernels take float caches; {} has parts {other:?}", encoding.name()),
         };
         KvCacheSpec { max_len, encoding, elem, cpu_code }
@@ -331,7 +331,7 @@ impl BatchMode {
     }
 }
 
-/// A batch plan ([`maxrun::format::BatchPlans`]): steps of up to `max_rows` rows
+/// A batch plan ([`maxc_format::BatchPlans`]): steps of up to `max_rows` rows
 /// of many sequences over a paged KV cache; from the value `cut` (see
 /// [`last_row_cut`]) on, only the rows whose logits the step returns.
 #[allow(clippy::too_many_arguments)]
@@ -351,7 +351,7 @@ pub fn schedule_batch<'g>(
     schedule_impl(graph, interp, seq, max_rows, cache, weights, kernels, Some(cut), Some(mode))
 }
 
-/// A sentence encoder's batch plan ([`maxrun::format::EncodeBatch`]): steps of
+/// A sentence encoder's batch plan ([`maxc_format::EncodeBatch`]): steps of
 /// up to `max_rows` rows holding up to `max_sequences` whole sequences, each a
 /// run of rows (inputs tokens, positions within the sequence, `RowSequences`,
 /// `SequenceStarts`). Attention is over each row's own sequence's rows of the
@@ -580,7 +580,7 @@ fn schedule_impl<'g>(
                 s.kernels.set_gpu_form(&store, store_gpu);
                 let kernel = s.kernels.add(store);
                 let none = TaskCount { per_seq: 0, fixed: 0 };
-                s.launches.push(ScheduledLaunch { kernel, args: store_args, tasks, output_elems: none, rows: maxrun::format::RowCount::Step });
+                s.launches.push(ScheduledLaunch { kernel, args: store_args, tasks, output_elems: none, rows: maxc_format::RowCount::Step });
                 let shape = AttentionShape {
                     heads: *heads as u64,
                     kv_heads: *kv_heads as u64,
@@ -652,17 +652,17 @@ fn schedule_impl<'g>(
                 let width = graph.ty(node.inputs[0]).last_dim().expect("static width");
                 let rows = if s.one_row { TaskCount { per_seq: 0, fixed: 1 } } else { TaskCount { per_seq: 1, fixed: 0 } };
                 let (op, out_width) = match node.op {
-                    Op::AllGather { devices, .. } => (maxrun::format::CollectiveOp::AllGather { rows, cols: width }, width * devices as u64),
-                    _ => (maxrun::format::CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: rows.per_seq * width, fixed: rows.fixed * width } }, width),
+                    Op::AllGather { devices, .. } => (maxc_format::CollectiveOp::AllGather { rows, cols: width }, width * devices as u64),
+                    _ => (maxc_format::CollectiveOp::AllReduceSum { elems: TaskCount { per_seq: rows.per_seq * width, fixed: rows.fixed * width } }, width),
                 };
                 let at = s.launches.len();
                 let out = s.buffers.len() as u32;
                 // In a batch plan, the exchanges after the gather of the rows with
                 // logits (the vocabulary's all-gather) count those rows.
                 let (rows_held, row_count) = match (s.one_row, s.logit_rows) {
-                    (true, _) => (1, maxrun::format::RowCount::Step),
-                    (false, true) => (s.batch.expect("logit rows are a batch plan's").max_outputs(), maxrun::format::RowCount::Logits),
-                    (false, false) => (s.max_seq, maxrun::format::RowCount::Step),
+                    (true, _) => (1, maxc_format::RowCount::Step),
+                    (false, true) => (s.batch.expect("logit rows are a batch plan's").max_outputs(), maxc_format::RowCount::Logits),
+                    (false, false) => (s.max_seq, maxc_format::RowCount::Step),
                 };
                 s.buffers.push(BufferInfo { bytes: rows_held * out_width * 4, def: at, last_use: at });
                 let input = &mut s.buffers[src as usize];

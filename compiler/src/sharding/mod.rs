@@ -4,7 +4,7 @@
 
 pub mod rules;
 
-use maxrun::format::{DeviceKind, DeviceMesh};
+use maxc_format::{DeviceKind, DeviceMesh};
 
 /// Parses `--devices`: `cpu` (one CPU device), `cpu:0,1`, `gpu:0,1,2,3`, `gpu:N`.
 pub fn parse_mesh(spec: &str) -> Result<DeviceMesh, String> {

@@ -27,7 +27,7 @@
 //! of one step" ([`EncodeStep`]), no KV cache. The CPU runs an encoder's batch
 //! plan ([`cpu_encoder::CpuEncoder`], many inputs per step); any
 //! [`SequenceExecutor`] embeds one input per step ([`OnePerStep`]: the GPU, an
-//! artifact without the plan). The engine's embedder (`crate::engine::embed`)
+//! artifact without the plan). The engine's embedder (`maxrun_engine::embed`)
 //! packs a request's inputs into steps over either.
 
 pub mod cpu;
@@ -361,3 +361,15 @@ pub fn pool_limits(limits: &BatchLimits, blocks: u64) -> PoolLimits {
         max_logit_rows: limits.max_logit_rows as usize,
     }
 }
+/// A draft model's executor for speculative decoding, checked against its
+/// target (same vocabulary and tokenizer, batch plans): what the engine's
+/// draft model runs on.
+pub struct DraftExecutor<'a> {
+    pub executor: Box<dyn Executor + 'a>,
+    /// The vocabulary's size (the target's).
+    pub vocab: u64,
+    /// What one of its decode steps costs in target decode steps (weight bytes
+    /// over weight bytes: decode steps are bound by reading the weights).
+    pub relative_cost: f64,
+}
+

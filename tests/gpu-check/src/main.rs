@@ -21,8 +21,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use serde_json::Value;
 
-use maxrun::artifact::Artifact;
-use maxrun::runner::{Device, Runner};
+use maxrun_runtime::artifact::Artifact;
+use maxrun_runtime::runner::{Device, Runner};
 
 use matrix::{Budget, Fixture, Form, Kind};
 use report::Row;
@@ -116,13 +116,13 @@ fn load_golden(f: &Fixture, max_cases: Option<usize>) -> Result<Golden> {
                 g.inputs.push(ids(&case["input_ids"])?);
                 g.greedy.push(ids(&case["greedy_ids"])?);
                 let file = f.golden.join(case["logits_file"].as_str().ok_or_else(|| anyhow!("no logits_file"))?);
-                g.values.push(maxrun::npy::read_f32(&file).map_err(|e| anyhow!("{e}"))?.1);
+                g.values.push(maxrun_runtime::npy::read_f32(&file).map_err(|e| anyhow!("{e}"))?.1);
             }
             Ok(g)
         }
         Kind::Encoder => {
             let inputs: Vec<Vec<u32>> = v["input_ids"].as_array().ok_or_else(|| anyhow!("no input_ids"))?.iter().map(ids).collect::<Result<_>>()?;
-            let (shape, data) = maxrun::npy::read_f32(&f.golden.join("embeddings.npy")).map_err(|e| anyhow!("{e}"))?;
+            let (shape, data) = maxrun_runtime::npy::read_f32(&f.golden.join("embeddings.npy")).map_err(|e| anyhow!("{e}"))?;
             let width = shape[1];
             let values: Vec<Vec<f32>> = data.chunks(width).map(<[f32]>::to_vec).collect();
             let n = inputs.len().min(take);
@@ -134,7 +134,7 @@ fn load_golden(f: &Fixture, max_cases: Option<usize>) -> Result<Golden> {
 /// The greedy choice, never an end-of-sequence token when `eos` lists them.
 fn greedy(logits: &[f32], eos: &[u32]) -> u32 {
     if eos.is_empty() {
-        return maxrun::sampler::argmax(logits);
+        return maxrun_runtime::sampler::argmax(logits);
     }
     let mut masked = logits.to_vec();
     for &e in eos {
@@ -142,7 +142,7 @@ fn greedy(logits: &[f32], eos: &[u32]) -> u32 {
             *l = f32::NEG_INFINITY;
         }
     }
-    maxrun::sampler::argmax(&masked)
+    maxrun_runtime::sampler::argmax(&masked)
 }
 
 /// Runs every golden input through `artifact` on `device`.

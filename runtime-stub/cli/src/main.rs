@@ -7,13 +7,13 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use clap::{Args, Parser, Subcommand};
 
-use maxrun::artifact::Artifact;
-use maxrun::engine::embed::{Embedder, EncoderFacts};
-use maxrun::engine::{Engine, Event, GenerationParams, ModelFacts, Request};
-use maxrun::executor::{EncodeExecutor, OnePerStep};
-use maxrun::sampler::SamplingParams;
-use maxrun::runner::{Device, Runner};
-use maxrun::usage::usage;
+use maxrun_runtime::artifact::Artifact;
+use maxrun_engine::embed::{Embedder, EncoderFacts};
+use maxrun_engine::{Engine, Event, GenerationParams, ModelFacts, Request};
+use maxrun_runtime::executor::{EncodeExecutor, OnePerStep};
+use maxrun_runtime::sampler::SamplingParams;
+use maxrun_runtime::runner::{Device, Runner};
+use maxrun_runtime::usage::usage;
 
 #[derive(Parser)]
 #[command(
@@ -136,10 +136,12 @@ struct ServeArgs {
     speculative: SpeculativeArgs,
     /// Responses of /v1/responses kept in memory for `previous_response_id`
     /// and GET /v1/responses/{id}, least recently used out first (0 keeps none).
-    #[arg(long, value_name = "N", default_value_t = maxrun::serve::response_store::StoreLimits::default().entries)]
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "N", default_value_t = maxrun_server::response_store::StoreLimits::default().entries)]
     response_store_entries: usize,
     /// The bytes those kept responses may take, at most (their JSON and conversation text).
-    #[arg(long, value_name = "BYTES", default_value_t = maxrun::serve::response_store::StoreLimits::default().bytes)]
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "BYTES", default_value_t = maxrun_server::response_store::StoreLimits::default().bytes)]
     response_store_memory: usize,
 }
 
@@ -234,7 +236,7 @@ struct SpeculativeArgs {
 
 impl SpeculativeArgs {
     /// The engine's settings, or `None` without --speculative.
-    fn config(&self) -> anyhow::Result<Option<maxrun::engine::speculate::SpeculationConfig>> {
+    fn config(&self) -> anyhow::Result<Option<maxrun_engine::speculate::SpeculationConfig>> {
         let method = match (self.speculative.as_deref(), &self.draft) {
             (None, None) => return Ok(None),
             (None | Some("draft"), Some(_)) => "draft",
@@ -247,7 +249,7 @@ impl SpeculativeArgs {
         let bad = || anyhow!("--ngram `{}`: give MIN..MAX, two lengths such as 2..5", self.ngram);
         let (min, max) = self.ngram.split_once("..").ok_or_else(bad)?;
         let (min_n, max_n) = (min.trim().parse().map_err(|_| bad())?, max.trim().parse().map_err(|_| bad())?);
-        let config = maxrun::engine::speculate::SpeculationConfig { max_drafts, min_n, max_n, ..Default::default() };
+        let config = maxrun_engine::speculate::SpeculationConfig { max_drafts, min_n, max_n, ..Default::default() };
         config.check().map_err(|e| anyhow!(e))?;
         Ok(Some(config))
     }
@@ -267,7 +269,7 @@ struct WeightsMemory {
 impl WeightsMemory {
     /// Opens an artifact to run: the file mapping, or with `--huge-pages` a
     /// private copy on huge pages (`on_gpu`: never, a GPU run uploads the weights).
-    fn open(&self, path: &std::path::Path, on_gpu: bool) -> Result<Artifact, maxrun::artifact::ArtifactError> {
+    fn open(&self, path: &std::path::Path, on_gpu: bool) -> Result<Artifact, maxrun_runtime::artifact::ArtifactError> {
         if self.huge_pages && !on_gpu {
             Artifact::open_resident(path)
         } else {
@@ -393,7 +395,7 @@ struct RunArgs {
 /// The thread count for a `--threads` flag (default: the CPUs this process may
 /// use), printing a warning when it is more than those.
 fn threads(flag: Option<usize>) -> anyhow::Result<usize> {
-    let (n, warning) = maxrun::pool::thread_count("--threads", flag).map_err(|e| anyhow!(e))?;
+    let (n, warning) = maxrun_runtime::pool::thread_count("--threads", flag).map_err(|e| anyhow!(e))?;
     if let Some(w) = warning {
         eprintln!("maxrun: warning: {w}");
     }
@@ -441,7 +443,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            maxrun::usage::exit_code(&e)
+            maxrun_runtime::usage::exit_code(&e)
         }
     }
 }
@@ -548,7 +550,7 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         };
         session.cpu().ok_or(why)?.enable_profile();
     }
-    let weights = artifact.section(maxrun::format::SectionKind::Weights(0));
+    let weights = artifact.section(maxrun_runtime::format::SectionKind::Weights(0));
     let weights_memory = if artifact.is_resident() { "huge pages" } else { "file mapping" };
     let weight_bytes = h.total_weight_bytes();
     let devices = h.sub_models.len() as u64;
@@ -589,18 +591,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if !args.no_verify {
         verify_weights(&artifact)?;
     }
-    let tool_parser = args.tool_parser.as_deref().map(maxrun::constrain::tools::ToolFormat::parse).transpose().map_err(|e| anyhow!("--tool-parser {e}"))?;
+    let tool_parser = args.tool_parser.as_deref().map(maxrun_engine::constrain::tools::ToolFormat::parse).transpose().map_err(|e| anyhow!("--tool-parser {e}"))?;
     let reasoning = match args.reasoning_parser.as_deref() {
         None => None,
         Some("think") => Some(true),
         Some("none") => Some(false),
         Some(other) => return Err(anyhow!("--reasoning-parser `{other}`: use think or none")),
     };
-    let opts = maxrun::serve::ServeOptions {
+    let opts = maxrun_server::ServeOptions {
         tool_parser,
         reasoning,
         allow_extra_request_fields: args.allow_extra_request_fields,
-        response_store: maxrun::serve::response_store::StoreLimits { entries: args.response_store_entries, bytes: args.response_store_memory },
+        response_store: maxrun_server::response_store::StoreLimits { entries: args.response_store_entries, bytes: args.response_store_memory },
         host: args.host,
         port: args.port,
         api_key: args.api_key,
@@ -613,7 +615,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         speculation: args.speculative.config()?,
         draft: open_draft(&args.speculative, args.no_verify)?.map(std::sync::Arc::new),
     };
-    maxrun::serve::serve(artifact, opts)?;
+    maxrun_server::serve(artifact, opts)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -624,7 +626,7 @@ fn serve(_: ServeArgs) -> anyhow::Result<ExitCode> {
 
 /// `maxrun bench --speculative M --prompts FILE`: plain against speculative
 /// decoding on the file's prompts (`maxrun::bench_speculation`).
-fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engine::speculate::SpeculationConfig, threads: usize) -> anyhow::Result<ExitCode> {
+fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun_engine::speculate::SpeculationConfig, threads: usize) -> anyhow::Result<ExitCode> {
     let Some(path) = &args.prompts else {
         return Err(anyhow!("--speculative (or --draft) in bench needs --prompts FILE (JSON lines of {{\"prompt\": ..., \"kind\": ...}}, such as ../shared/speculation/prompts.jsonl): drafts need real text to match"));
     };
@@ -632,8 +634,8 @@ fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engi
         return Err(anyhow!("--speculative runs the prompts of --prompts; leave out --compare, --depth and --shared-prefix"));
     }
     let h = &artifact.header;
-    let tokenizer = maxrun::engine::load_tokenizer(artifact).map_err(|e| anyhow!(e))?;
-    let template = std::str::from_utf8(artifact.section(maxrun::format::SectionKind::ChatTemplate))?;
+    let tokenizer = maxrun_engine::load_tokenizer(artifact).map_err(|e| anyhow!(e))?;
+    let template = std::str::from_utf8(artifact.section(maxrun_runtime::format::SectionKind::ChatTemplate))?;
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let (bos, eos) = (token_text(h.tokenizer.bos_token_id), token_text(h.tokenizer.eos_token_ids.first().copied()));
     let text = std::fs::read_to_string(path).with_context(|| format!("reading the prompts {}", path.display()))?;
@@ -647,7 +649,7 @@ fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engi
         let ids = if args.no_chat_template || template.is_empty() {
             tokenizer.encode(prompt, true)
         } else {
-            let rendered = maxrun::chat::render(template, &[maxrun::chat::Message::new("user", prompt)], true, &bos, &eos).map_err(|e| anyhow!("the chat template failed: {e}"))?;
+            let rendered = maxrun_runtime::chat::render(template, &[maxrun_runtime::chat::Message::new("user", prompt)], true, &bos, &eos).map_err(|e| anyhow!("the chat template failed: {e}"))?;
             tokenizer.encode(rendered.as_str(), false)
         }
         .map_err(|e| anyhow!("{}:{}: tokenizing: {e}", path.display(), n + 1))?
@@ -661,7 +663,7 @@ fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engi
     }
     let concurrency = args.concurrency.unwrap_or(1).max(1);
     let open_batched = || -> anyhow::Result<Engine<'_>> {
-        let (executor, _) = maxrun::runner::open_executor(artifact, threads, args.device, args.kv_cache_memory)?;
+        let (executor, _) = maxrun_runtime::runner::open_executor(artifact, threads, args.device, args.kv_cache_memory)?;
         Ok(Engine::batched(ModelFacts::of(artifact), executor, tokenizer.clone()))
     };
     // Plain decoding at its fastest: the single-stream plans for one prompt at a time.
@@ -675,7 +677,7 @@ fn bench_speculative(args: &BenchArgs, artifact: &Artifact, config: maxrun::engi
     let mut speculative = open_batched()?;
     match &draft {
         Some(d) => {
-            let model = maxrun::runner::open_draft_model(artifact, d, threads, args.device, args.kv_cache_memory).map_err(|e| anyhow!(e))?;
+            let model = maxrun_engine::draft::DraftModel::of(maxrun_runtime::runner::open_draft_executor(artifact, d, threads, args.device, args.kv_cache_memory).map_err(|e| anyhow!(e))?);
             speculative.speculate_with_draft(config, model).map_err(|e| anyhow!(e))?;
         }
         None => speculative.speculate(config).map_err(|e| anyhow!(e))?,
@@ -706,8 +708,8 @@ fn bench_concurrency(args: &BenchArgs, artifact: &Artifact, n: usize, threads: u
         return Err(anyhow!("--concurrency needs -n of at least 1 and a prompt (-p or --shared-prefix)"));
     }
     fits_benchmark(&args.artifact, artifact, args.shared_prefix + args.prompt_tokens + args.generated_tokens)?;
-    let tokenizer = maxrun::engine::load_tokenizer(artifact).map_err(|e| anyhow!(e))?;
-    let (executor, note) = maxrun::runner::open_executor(artifact, threads, args.device, args.kv_cache_memory)?;
+    let tokenizer = maxrun_engine::load_tokenizer(artifact).map_err(|e| anyhow!(e))?;
+    let (executor, note) = maxrun_runtime::runner::open_executor(artifact, threads, args.device, args.kv_cache_memory)?;
     if let Some(note) = note {
         eprintln!("maxrun bench: {note}");
     }
@@ -773,7 +775,7 @@ fn open_scored(path: &std::path::Path, no_verify: bool) -> anyhow::Result<(Artif
     let json = artifact.tokenizer_json()?;
     let tokenizer: tokenizers::Tokenizer = json.parse().map_err(|e| anyhow!("{}: the artifact's tokenizer does not load: {e}", path.display()))?;
     let bos = maxrun::perplexity::added_bos(&tokenizer, artifact.header.tokenizer.bos_token_id);
-    let fingerprint = maxrun::perplexity::tokenizer_fingerprint(json);
+    let fingerprint = maxrun_runtime::artifact::tokenizer_fingerprint(json);
     Ok((artifact, tokenizer, bos, fingerprint))
 }
 
@@ -812,7 +814,7 @@ fn perplexity(args: PerplexityArgs) -> anyhow::Result<ExitCode> {
     let mut inputs = vec![args.artifact.clone()];
     inputs.extend(args.file.iter().chain(&args.token_ids_file).chain(&args.base).cloned());
     if let Some(out) = writing_base {
-        maxrun::output::check_output("--kl-divergence-base", out, &inputs).map_err(|e| anyhow!(e))?;
+        maxrun_runtime::output::check_output("--kl-divergence-base", out, &inputs).map_err(|e| anyhow!(e))?;
     }
     // A missing text is refused before the weights checksum takes its seconds.
     for path in args.file.iter().chain(&args.token_ids_file) {
@@ -873,7 +875,7 @@ fn perplexity(args: PerplexityArgs) -> anyhow::Result<ExitCode> {
     };
     let mut writer = match writing_base {
         Some(path) => {
-            maxrun::output::remove_temp_files_on_signals("maxrun", "no base file was written");
+            maxrun_runtime::output::remove_temp_files_on_signals("maxrun", "no base file was written");
             let source = text.as_ref().map(|(p, _)| p.display().to_string()).unwrap_or_default();
             let header = BaseHeader {
                 ctx: chunks.ctx,
@@ -941,7 +943,7 @@ fn perplexity(args: PerplexityArgs) -> anyhow::Result<ExitCode> {
 
 fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let artifact = Artifact::open(&args.artifact)?;
-    let mut report = maxrun::inspect::report(&artifact);
+    let mut report = maxrun_runtime::inspect::report(&artifact);
     if args.verify {
         verify_weights(&artifact)?;
         report["verified"] = serde_json::json!(true);
@@ -949,7 +951,7 @@ fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", maxrun::inspect::render_text(&report));
+        print!("{}", maxrun::inspect_text::render_text(&report));
         if args.verify {
             println!("{:<22} all section checksums match", "verified");
         }
@@ -979,10 +981,10 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow!("--stop needs a non-empty string"));
     }
     // Refused before anything loads; the warning comes when the session opens.
-    maxrun::pool::thread_count("--threads", cli.threads).map_err(|e| anyhow!(e))?;
+    maxrun_runtime::pool::thread_count("--threads", cli.threads).map_err(|e| anyhow!(e))?;
     if let Some(path) = &cli.dump_logits {
-        maxrun::output::check_output("--dump-logits", path, std::slice::from_ref(&artifact_path)).map_err(|e| anyhow!(e))?;
-        maxrun::output::remove_temp_files_on_signals("maxrun", "no logits file was written");
+        maxrun_runtime::output::check_output("--dump-logits", path, std::slice::from_ref(&artifact_path)).map_err(|e| anyhow!(e))?;
+        maxrun_runtime::output::remove_temp_files_on_signals("maxrun", "no logits file was written");
     }
     let artifact = cli.memory.open(&artifact_path, matches!(cli.device, Device::Gpu(_)))?;
     let h = &artifact.header;
@@ -1036,7 +1038,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
 
     if let Some(path) = &cli.dump_logits {
         let logits = session.forward(&ids)?.to_vec();
-        maxrun::npy::write_f32(path, &[ids.len(), h.model.vocab_size as usize], &logits)
+        maxrun_runtime::npy::write_f32(path, &[ids.len(), h.model.vocab_size as usize], &logits)
             .with_context(|| format!("writing {}", path.display()))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -1050,14 +1052,14 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     let mut engine = Engine::serial(ModelFacts::of(&artifact), Box::new(session), tokenizer);
     engine.submit(Request::new(ids.clone(), params)).map_err(|e| submit_error(&cli, e))?;
     let mut out = std::io::stdout().lock();
-    let mut held = String::new();
+    let mut text_out = TextOut::new(cli.no_stream);
     let (usage, reason) = loop {
         let mut finished = None;
         for event in engine.step()? {
             match event {
-                Event::Token { text, .. } => print_text(&mut out, &mut held, &text, cli.no_stream)?,
+                Event::Token { text, .. } => text_out.push(&mut out, &text)?,
                 Event::Finished { text, usage, reason, .. } => {
-                    print_text(&mut out, &mut held, &text, cli.no_stream)?;
+                    text_out.push(&mut out, &text)?;
                     finished = Some((usage, reason));
                 }
                 Event::Logits { .. } | Event::PromptLogprob { .. } => {}
@@ -1067,12 +1069,8 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
             break f;
         }
     };
-    out.write_all(held.as_bytes())?;
-    if out.is_terminal() {
-        writeln!(out)?;
-    }
-    out.flush()?;
-    if reason == maxrun::engine::FinishReason::Length && usage.completion_tokens < max_new {
+    text_out.finish(&mut out)?;
+    if reason == maxrun_engine::FinishReason::Length && usage.completion_tokens < max_new {
         eprintln!("note: stopped at the artifact's maximum context length of {} tokens", h.max_length);
     }
     let decode_tokens = usage.completion_tokens.saturating_sub(1);
@@ -1106,8 +1104,8 @@ fn open_draft(args: &SpeculativeArgs, no_verify: bool) -> anyhow::Result<Option<
 
 /// The batched engine on `artifact` with speculative decoding `config`, its
 /// drafts from `draft` where given.
-fn speculative_engine<'a>(artifact: &'a Artifact, draft: Option<&'a Artifact>, cli: &RunArgs, tokenizer: tokenizers::Tokenizer, config: &maxrun::engine::speculate::SpeculationConfig) -> anyhow::Result<Engine<'a>> {
-    let (executor, note) = maxrun::runner::open_executor(artifact, threads(cli.threads)?, cli.device, None)
+fn speculative_engine<'a>(artifact: &'a Artifact, draft: Option<&'a Artifact>, cli: &RunArgs, tokenizer: tokenizers::Tokenizer, config: &maxrun_engine::speculate::SpeculationConfig) -> anyhow::Result<Engine<'a>> {
+    let (executor, note) = maxrun_runtime::runner::open_executor(artifact, threads(cli.threads)?, cli.device, None)
         .map_err(|e| anyhow!("--speculative verifies drafts in batch steps, which need the artifact's batch plans: {e}"))?;
     if let Some(note) = note {
         eprintln!("maxrun: {note}");
@@ -1115,7 +1113,7 @@ fn speculative_engine<'a>(artifact: &'a Artifact, draft: Option<&'a Artifact>, c
     let mut engine = Engine::batched(ModelFacts::of(artifact), executor, tokenizer);
     match draft {
         Some(d) => {
-            let model = maxrun::runner::open_draft_model(artifact, d, threads(cli.threads)?, cli.device, None).map_err(|e| anyhow!(e))?;
+            let model = maxrun_engine::draft::DraftModel::of(maxrun_runtime::runner::open_draft_executor(artifact, d, threads(cli.threads)?, cli.device, None).map_err(|e| anyhow!(e))?);
             engine.speculate_with_draft(config.clone(), model).map_err(|e| anyhow!(e))?;
         }
         None => engine.speculate(config.clone()).map_err(|e| anyhow!(e))?,
@@ -1135,14 +1133,14 @@ fn generate_speculative(mut engine: Engine<'_>, cli: &RunArgs, ids: Vec<u32>, pa
     let max_new = params.max_tokens;
     engine.submit(Request::new(ids.clone(), params)).map_err(|e| submit_error(cli, e))?;
     let mut out = std::io::stdout().lock();
-    let mut held = String::new();
+    let mut text_out = TextOut::new(cli.no_stream);
     let (usage, reason) = loop {
         let mut finished = None;
         for event in engine.step()? {
             match event {
-                Event::Token { text, .. } => print_text(&mut out, &mut held, &text, cli.no_stream)?,
+                Event::Token { text, .. } => text_out.push(&mut out, &text)?,
                 Event::Finished { text, usage, reason, .. } => {
-                    print_text(&mut out, &mut held, &text, cli.no_stream)?;
+                    text_out.push(&mut out, &text)?;
                     finished = Some((usage, reason));
                 }
                 Event::Logits { .. } | Event::PromptLogprob { .. } => {}
@@ -1152,12 +1150,8 @@ fn generate_speculative(mut engine: Engine<'_>, cli: &RunArgs, ids: Vec<u32>, pa
             break f;
         }
     };
-    out.write_all(held.as_bytes())?;
-    if out.is_terminal() {
-        writeln!(out)?;
-    }
-    out.flush()?;
-    if reason == maxrun::engine::FinishReason::Length && usage.completion_tokens < max_new {
+    text_out.finish(&mut out)?;
+    if reason == maxrun_engine::FinishReason::Length && usage.completion_tokens < max_new {
         eprintln!("note: stopped at the artifact's maximum context length of {max_length} tokens");
     }
     let s = engine.stats();
@@ -1184,6 +1178,58 @@ fn generate_speculative(mut engine: Engine<'_>, cli: &RunArgs, ids: Vec<u32>, pa
 }
 
 /// Prints `text` now, or with `--no-stream` keeps it in `held` for the end.
+/// A `--prompt` run's text on stdout, streamed or (`--no-stream`) held to the
+/// end, and where its line ends.
+struct TextOut {
+    held: String,
+    no_stream: bool,
+    /// The text so far does not end with a line end.
+    line_open: bool,
+}
+
+impl TextOut {
+    fn new(no_stream: bool) -> TextOut {
+        TextOut { held: String::new(), no_stream, line_open: false }
+    }
+
+    fn push(&mut self, out: &mut impl Write, text: &str) -> anyhow::Result<()> {
+        if let Some(last) = text.chars().last() {
+            self.line_open = last != '\n';
+        }
+        print_text(out, &mut self.held, text, self.no_stream)
+    }
+
+    /// Writes what was held and ends the text's line, so that the figures
+    /// that follow on stderr start a line of their own: on a terminal stdout
+    /// with a line end there; otherwise stdout keeps exactly the generated
+    /// text, and the line end goes to stderr when both streams reach the same
+    /// file or pipe (`2>&1`, `&> log`).
+    fn finish(self, out: &mut std::io::StdoutLock<'_>) -> anyhow::Result<()> {
+        out.write_all(self.held.as_bytes())?;
+        let terminal = out.is_terminal();
+        if terminal {
+            writeln!(out)?;
+        }
+        out.flush()?;
+        if !terminal && self.line_open && stdout_and_stderr_meet() {
+            eprintln!();
+        }
+        Ok(())
+    }
+}
+
+/// Whether stdout and stderr are the same open file (device and inode).
+fn stdout_and_stderr_meet() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let id = |fd: std::os::fd::BorrowedFd<'_>| {
+        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+        file.metadata().ok().map(|m| (m.dev(), m.ino()))
+    };
+    matches!((id(std::io::stdout().as_fd()), id(std::io::stderr().as_fd())), (Some(a), Some(b)) if a == b)
+}
+
+/// Streams `text` to `out`, or holds it to the end with `--no-stream`.
 fn print_text(out: &mut impl Write, held: &mut String, text: &str, no_stream: bool) -> anyhow::Result<()> {
     if no_stream {
         held.push_str(text);
@@ -1198,10 +1244,10 @@ fn print_text(out: &mut impl Write, held: &mut String, text: &str, no_stream: bo
 /// applied to the whole conversation. The engine's serial backend keeps the
 /// conversation's tokens in the KV cache and runs only what a new turn adds.
 fn chat(cli: &RunArgs, artifact: &Artifact, tokenizer: tokenizers::Tokenizer) -> anyhow::Result<ExitCode> {
-    use maxrun::chat::{render, Message};
+    use maxrun_runtime::chat::{render, Message};
     use std::io::BufRead;
     let h = &artifact.header;
-    let template = std::str::from_utf8(artifact.section(maxrun::format::SectionKind::ChatTemplate))?;
+    let template = std::str::from_utf8(artifact.section(maxrun_runtime::format::SectionKind::ChatTemplate))?;
     if template.is_empty() {
         return Err(anyhow!("{} has no chat template; use --prompt", artifact.path.display()));
     }
@@ -1312,7 +1358,7 @@ fn embed(cli: &RunArgs, artifact: &Artifact, tokenizer: &mut tokenizers::Tokeniz
     let executor: Box<dyn EncodeExecutor + '_> = if cli.check_nan {
         Box::new(OnePerStep::new(open_runner(artifact, cli)?, h.max_length))
     } else {
-        let (executor, note) = maxrun::runner::open_encoder(artifact, threads(cli.threads)?, cli.device)?;
+        let (executor, note) = maxrun_runtime::runner::open_encoder(artifact, threads(cli.threads)?, cli.device)?;
         if let Some(note) = note {
             eprintln!("maxrun: {note}");
         }
@@ -1339,7 +1385,7 @@ fn embed(cli: &RunArgs, artifact: &Artifact, tokenizer: &mut tokenizers::Tokeniz
 }
 
 /// Sampling settings: the flags, else the artifact's generation defaults, else greedy.
-fn sampling_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults) -> SamplingParams {
+fn sampling_params(cli: &RunArgs, g: &maxrun_runtime::format::GenerationDefaults) -> SamplingParams {
     SamplingParams {
         temperature: cli.temperature.or(g.temperature).unwrap_or(0.0),
         top_k: cli.top_k.or(g.top_k).unwrap_or(0),
@@ -1349,7 +1395,7 @@ fn sampling_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults) -> Sam
 }
 
 /// A refused request, with the flag and file of a grammar that does not build.
-fn submit_error(cli: &RunArgs, e: maxrun::engine::SubmitError) -> anyhow::Error {
+fn submit_error(cli: &RunArgs, e: maxrun_engine::SubmitError) -> anyhow::Error {
     let source = match (&cli.json_schema, &cli.grammar, &cli.regex) {
         (Some(p), _, _) => format!("--json-schema {}", p.display()),
         (_, Some(p), _) => format!("--grammar {}", p.display()),
@@ -1357,14 +1403,14 @@ fn submit_error(cli: &RunArgs, e: maxrun::engine::SubmitError) -> anyhow::Error 
         _ => String::new(),
     };
     match e {
-        maxrun::engine::SubmitError::Grammar(_) if !source.is_empty() => anyhow!("{source}: {e}"),
+        maxrun_engine::SubmitError::Grammar(_) if !source.is_empty() => anyhow!("{source}: {e}"),
         e => e.into(),
     }
 }
 
 /// What the command line asks of each generation (`--prompt` and every `--chat` turn).
-fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_tokens: usize) -> anyhow::Result<GenerationParams> {
-    use maxrun::constrain::Grammar;
+fn generation_params(cli: &RunArgs, g: &maxrun_runtime::format::GenerationDefaults, max_tokens: usize) -> anyhow::Result<GenerationParams> {
+    use maxrun_engine::constrain::Grammar;
     let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let grammar = match (&cli.json_schema, &cli.grammar, &cli.regex) {
         (Some(p), _, _) => {
@@ -1389,7 +1435,7 @@ fn generation_params(cli: &RunArgs, g: &maxrun::format::GenerationDefaults, max_
 }
 
 /// The `--profile` table: kernels ranked by total time, per plan.
-fn render_profile(rows: &[maxrun::executor::ProfileRow]) -> String {
+fn render_profile(rows: &[maxrun_runtime::executor::ProfileRow]) -> String {
     let mut out = String::new();
     for plan in ["prefill", "decode"] {
         let total: f64 = rows.iter().filter(|r| r.plan == plan).map(|r| r.seconds).sum();

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use super::{OutputRow, Request, RequestId, StepOutput};
-use crate::executor::{RunError, SequenceExecutor};
+use maxrun_runtime::executor::{RunError, SequenceExecutor};
 
 struct Current {
     id: RequestId,

@@ -10,7 +10,7 @@
 
 use super::scheduler::{AddError, Limits, PromptLogits, Scheduler, Step};
 use super::{OutputRow, Request, RequestId, Stats, StepOutput};
-use crate::executor::{BatchStep, Executor, ProfileRow, RunError};
+use maxrun_runtime::executor::{BatchStep, Executor, ProfileRow, RunError};
 
 /// Prompt rows per step at most (chunked prefill): a step with a prompt chunk
 /// delays every running sequence's next token, by about the chunk's prefill

@@ -32,10 +32,10 @@ use super::errors::ApiError;
 use super::openai::{self, field, ToolChoice};
 use super::routes::{log_request, now_secs, prepare_chat, respond, AppState, ChatAsk, InFlight, ToolReply};
 use super::worker::{Job, Update};
-use crate::constrain::reasoning::ThinkSplitter;
-use crate::constrain::tools::{CallDelta, Tool, ToolStream};
-use crate::constrain::Grammar;
-use crate::engine::{FinishReason, Usage};
+use maxrun_engine::constrain::reasoning::ThinkSplitter;
+use maxrun_engine::constrain::tools::{CallDelta, Tool, ToolStream};
+use maxrun_engine::constrain::Grammar;
+use maxrun_engine::{FinishReason, Usage};
 
 type St = State<Arc<AppState>>;
 
@@ -1039,7 +1039,7 @@ pub async fn delete(State(st): St, headers: HeaderMap, uri: Uri, Path(id): Path<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::constrain::tools::ToolFormat;
+    use maxrun_engine::constrain::tools::ToolFormat;
 
     fn frame() -> Arc<Frame> {
         Arc::new(Frame {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use super::batch::Batched;
 use super::RequestId;
-use crate::executor::{Executor, RunError};
+use maxrun_runtime::executor::{DraftExecutor, Executor, RunError};
 
 /// The draft model and its sequences.
 pub struct DraftModel<'a> {
@@ -55,6 +55,12 @@ impl<'a> DraftModel<'a> {
     /// `relative_cost` target decode steps.
     pub fn new(executor: Box<dyn Executor + 'a>, vocab: u64, relative_cost: f64) -> DraftModel<'a> {
         DraftModel { backend: Batched::with_prefix_cache(executor, false), vocab: vocab as usize, relative_cost, steps: 0 }
+    }
+
+    /// The draft model on what the runtime's `runner::open_draft_executor`
+    /// opened (which checked that it may draft for the target).
+    pub fn of(draft: DraftExecutor<'a>) -> DraftModel<'a> {
+        DraftModel::new(draft.executor, draft.vocab, draft.relative_cost)
     }
 
     pub fn describe(&self) -> String {

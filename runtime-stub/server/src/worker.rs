@@ -18,10 +18,10 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use super::errors::ApiError;
 use super::metrics::Metrics;
-use crate::artifact::Artifact;
-use crate::engine::embed::{Embedder, EncoderFacts};
-use crate::engine::{Engine, Event, FinishReason, GenerationParams, ModelFacts, Request, RequestId, Stats, SubmitError, TokenLogprob, Usage};
-use crate::runner::{Device, Runner};
+use maxrun_runtime::artifact::Artifact;
+use maxrun_engine::embed::{Embedder, EncoderFacts};
+use maxrun_engine::{Engine, Event, FinishReason, GenerationParams, ModelFacts, Request, RequestId, Stats, SubmitError, TokenLogprob, Usage};
+use maxrun_runtime::runner::{Device, Runner};
 
 /// What a request's handler hears.
 #[derive(Debug)]
@@ -66,7 +66,7 @@ pub struct WorkerOptions {
     pub kv_cache_memory: Option<u64>,
     /// Speculative decoding for every generation request (the batched engine),
     /// with this draft model where given.
-    pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
+    pub speculation: Option<maxrun_engine::speculate::SpeculationConfig>,
     pub draft: Option<Arc<Artifact>>,
 }
 
@@ -88,7 +88,7 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
             if encoder {
                 // The encoder batch plan on the CPU (many inputs per step), else
                 // one input per step (a GPU, an artifact of an older maxc).
-                let embedder = match crate::runner::open_encoder(&artifact, opts.threads, opts.device) {
+                let embedder = match maxrun_runtime::runner::open_encoder(&artifact, opts.threads, opts.device) {
                     Ok((executor, note)) => {
                         if let Some(note) = note {
                             eprintln!("maxrun serve: {note}");
@@ -101,7 +101,7 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
                 let _ = ready_tx.send(Ok(format!("sentence encoder, {}", embedder.describe())));
                 return embed_loop(embedder, rx, &shared);
             }
-            let tokenizer = match crate::engine::load_tokenizer(&artifact) {
+            let tokenizer = match maxrun_engine::load_tokenizer(&artifact) {
                 Ok(t) => t,
                 Err(e) => return drop(ready_tx.send(Err(e))),
             };
@@ -121,9 +121,9 @@ pub fn spawn(artifact: Artifact, opts: WorkerOptions, shared: Arc<Shared>) -> an
 /// one, else the serial engine (one request at a time) with the reason on stderr.
 fn open_engine<'a>(artifact: &'a Artifact, opts: &'a WorkerOptions, tokenizer: tokenizers::Tokenizer) -> Result<Engine<'a>, String> {
     let model = ModelFacts::of(artifact);
-    let batched_error = match crate::executor::batch_limits(artifact) {
+    let batched_error = match maxrun_runtime::executor::batch_limits(artifact) {
         Err(e) => e.to_string(),
-        Ok(_) => match crate::runner::open_executor(artifact, opts.threads, opts.device, opts.kv_cache_memory) {
+        Ok(_) => match maxrun_runtime::runner::open_executor(artifact, opts.threads, opts.device, opts.kv_cache_memory) {
             Ok((executor, note)) => {
                 if let Some(note) = note {
                     eprintln!("maxrun serve: {note}");
@@ -131,7 +131,7 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &'a WorkerOptions, tokenizer: t
                 let mut engine = Engine::batched(model, executor, tokenizer);
                 match (&opts.speculation, &opts.draft) {
                     (Some(config), Some(draft)) => {
-                        let model = crate::runner::open_draft_model(artifact, draft, opts.threads, opts.device, None)?;
+                        let model = maxrun_engine::draft::DraftModel::of(maxrun_runtime::runner::open_draft_executor(artifact, draft, opts.threads, opts.device, None)?);
                         engine.speculate_with_draft(config.clone(), model)?;
                     }
                     (Some(config), None) => engine.speculate(config.clone())?,
@@ -141,7 +141,7 @@ fn open_engine<'a>(artifact: &'a Artifact, opts: &'a WorkerOptions, tokenizer: t
             }
             // A pool that cannot hold one sequence is the operator's to fix, not a
             // reason to serve one request at a time.
-            Err(e @ crate::runner::RunnerError::Run(crate::executor::RunError::PoolTooSmall { .. } | crate::executor::RunError::KvCacheMemory { .. })) => return Err(e.to_string()),
+            Err(e @ maxrun_runtime::runner::RunnerError::Run(maxrun_runtime::executor::RunError::PoolTooSmall { .. } | maxrun_runtime::executor::RunError::KvCacheMemory { .. })) => return Err(e.to_string()),
             Err(e) => e.to_string(),
         },
     };

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::runner::Runner;
-use crate::executor::RunError;
+use maxrun_runtime::runner::Runner;
+use maxrun_runtime::executor::RunError;
 
 /// Bench settings.
 #[derive(Copy, Clone, Debug)]
@@ -425,8 +425,8 @@ pub struct ConcurrencyReport {
 /// Each prompt is a distinct sequence of valid ids (after `shared_prefix` ids
 /// common to all); each generates `generated_tokens` greedily with end-of-sequence
 /// suppressed.
-pub fn concurrency(engine: &mut crate::engine::Engine<'_>, cfg: ConcurrencyConfig, model: &str, vocab: u64) -> Result<ConcurrencyReport, crate::engine::EngineError> {
-    use crate::engine::{Event, GenerationParams, Request};
+pub fn concurrency(engine: &mut maxrun_engine::Engine<'_>, cfg: ConcurrencyConfig, model: &str, vocab: u64) -> Result<ConcurrencyReport, maxrun_engine::EngineError> {
+    use maxrun_engine::{Event, GenerationParams, Request};
     let prefix = depth_ids(cfg.shared_prefix, vocab);
     let (mut rates, mut step_ms, mut ttft, mut prefill_rates) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let params = GenerationParams { max_tokens: cfg.generated_tokens as usize, ignore_eos: true, ..GenerationParams::default() };
@@ -439,7 +439,7 @@ pub fn concurrency(engine: &mut crate::engine::Engine<'_>, cfg: ConcurrencyConfi
             let salt = (rep as u64 * cfg.sequences as u64 + s as u64) * 7_919 + 1;
             let own: Vec<u32> = (0..cfg.prompt_tokens).map(|i| ((i * 104_723 + salt * 31 + 11) % vocab) as u32).collect();
             let prompt = [prefix.clone(), own].concat();
-            engine.submit(Request::new(prompt, params.clone())).map_err(crate::engine::EngineError::Submit)?;
+            engine.submit(Request::new(prompt, params.clone())).map_err(maxrun_engine::EngineError::Submit)?;
         }
         let (mut decode_time, mut decode_tokens, mut decode_steps) = (0.0f64, 0u64, 0u64);
         let mut started = 0usize;

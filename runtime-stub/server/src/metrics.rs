@@ -3,7 +3,7 @@
 
 use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
-use crate::engine::Stats;
+use maxrun_engine::Stats;
 
 /// Every metric of one server.
 pub struct Metrics {
@@ -39,7 +39,7 @@ pub struct Metrics {
     pub verifications: IntCounter,
     pub accepted_length: Histogram,
     /// The engine's speculation counts already published (the engine's are cumulative).
-    spec_seen: std::sync::Mutex<(u64, u64, u64, [u64; crate::engine::speculate::MAX_DRAFTS + 1])>,
+    spec_seen: std::sync::Mutex<(u64, u64, u64, [u64; maxrun_engine::speculate::MAX_DRAFTS + 1])>,
 }
 
 fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
@@ -75,8 +75,8 @@ impl Metrics {
             draft_tokens: counter("maxrun_spec_decode_draft_tokens_total", "drafted tokens verified by speculative decoding"),
             accepted_tokens: counter("maxrun_spec_decode_accepted_tokens_total", "drafted tokens that stood (speculative decoding)"),
             verifications: counter("maxrun_spec_decode_verifications_total", "verification steps of a sequence (each gives its accepted drafts and one token more)"),
-            accepted_length: histogram("maxrun_spec_decode_accepted_length", "drafted tokens that stood per verification step", (0..=crate::engine::speculate::MAX_DRAFTS).map(|n| n as f64).collect()),
-            spec_seen: std::sync::Mutex::new((0, 0, 0, [0; crate::engine::speculate::MAX_DRAFTS + 1])),
+            accepted_length: histogram("maxrun_spec_decode_accepted_length", "drafted tokens that stood per verification step", (0..=maxrun_engine::speculate::MAX_DRAFTS).map(|n| n as f64).collect()),
+            spec_seen: std::sync::Mutex::new((0, 0, 0, [0; maxrun_engine::speculate::MAX_DRAFTS + 1])),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![

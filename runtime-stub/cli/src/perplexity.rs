@@ -190,11 +190,6 @@ pub fn added_bos(tokenizer: &tokenizers::Tokenizer, bos: Option<u32>) -> Option<
     (with.get_ids().first() == Some(&bos) && without.get_ids().first() != Some(&bos)).then_some(bos)
 }
 
-/// A fingerprint of a tokenizer.json, which a base file records.
-pub fn tokenizer_fingerprint(json: &str) -> String {
-    format!("{:016x}", xxh3_64(json.as_bytes()))
-}
-
 /// Token ids from a `--token-ids-file`: decimal numbers separated by
 /// whitespace or commas, each below `vocab`.
 pub fn parse_token_ids(path: &Path, text: &str, vocab: usize) -> Result<Vec<u32>, PerplexityError> {
@@ -599,7 +594,7 @@ pub struct BaseHeader {
     pub first: usize,
     /// The BOS that replaced each chunk's first token, if any.
     pub bos: Option<u32>,
-    /// [`tokenizer_fingerprint`] of the base artifact's tokenizer.
+    /// [`tokenizer_fingerprint`](maxrun_runtime::artifact::tokenizer_fingerprint) of the base artifact's tokenizer.
     pub tokenizer: String,
     /// The base artifact's model name and file, and the text's file (for people).
     pub model: String,
@@ -625,7 +620,7 @@ impl BaseHeader {
 /// Writes a base file through a temporary file, renamed into place by [`BaseWriter::finish`].
 pub struct BaseWriter {
     out: BufWriter<File>,
-    temp: crate::output::TempFile,
+    temp: maxrun_runtime::output::TempFile,
     path: PathBuf,
 }
 
@@ -633,7 +628,7 @@ impl BaseWriter {
     /// Starts `path` with `header` and the chunks' `tokens`.
     pub fn create(path: &Path, header: &BaseHeader, tokens: &[u32]) -> Result<BaseWriter, PerplexityError> {
         assert_eq!(tokens.len(), header.chunks * header.ctx, "the base's tokens are its chunks'");
-        let temp = crate::output::TempFile::new(path);
+        let temp = maxrun_runtime::output::TempFile::new(path);
         let file = File::create(temp.path()).map_err(io(path))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let json = serde_json::to_vec(header).expect("the header serializes");

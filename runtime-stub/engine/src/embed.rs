@@ -8,7 +8,7 @@
 //! first-fit decreasing) and returns the embeddings in input order. An input is
 //! never split over steps: its attention sees all of it.
 
-use crate::executor::{EncodeExecutor, EncodeLimits, EncodeStep, ProfileRow, RunError};
+use maxrun_runtime::executor::{EncodeExecutor, EncodeLimits, EncodeStep, ProfileRow, RunError};
 
 /// Why inputs cannot be embedded.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +44,7 @@ pub struct EncoderFacts {
 
 impl EncoderFacts {
     /// The facts an encoder artifact records (`None`: not an encoder).
-    pub fn of(artifact: &crate::artifact::Artifact) -> Option<EncoderFacts> {
+    pub fn of(artifact: &maxrun_runtime::artifact::Artifact) -> Option<EncoderFacts> {
         let h = &artifact.header;
         h.model.embedding_width.map(|w| EncoderFacts { vocab_size: h.model.vocab_size, max_length: h.max_length, width: w as usize })
     }

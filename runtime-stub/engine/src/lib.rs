@@ -9,7 +9,7 @@
 //! between steps.
 //!
 //! The engine names no device: it drives the executor interface
-//! (`crate::executor`), which the CPU, a CPU mesh and the GPU implement. Two
+//! (`maxrun_runtime::executor`), which the CPU, a CPU mesh and the GPU implement. Two
 //! backends run the steps (docs/serving.md):
 //! - **batched** (`batch.rs`): the artifact's batch plans on an
 //!   [`Executor`] over its paged KV pool. Each step holds the decode rows of every
@@ -26,9 +26,10 @@
 //! verifies them, giving the tokens plain decoding would give.
 //!
 //! Sentence encoders have no generation loop: [`embed::Embedder`] packs a
-//! request's inputs into steps of an [`crate::executor::EncodeExecutor`].
+//! request's inputs into steps of an [`maxrun_runtime::executor::EncodeExecutor`].
 
 pub mod batch;
+pub mod constrain;
 pub mod blocks;
 pub mod draft;
 pub mod embed;
@@ -43,8 +44,8 @@ use std::time::Instant;
 
 use tokenizers::Tokenizer;
 
-use crate::artifact::Artifact;
-use crate::executor::{Executor, ProfileRow, RunError, SequenceExecutor};
+use maxrun_runtime::artifact::Artifact;
+use maxrun_runtime::executor::{Executor, ProfileRow, RunError, SequenceExecutor};
 pub use generation::{FinishReason, Generation, GenerationParams, TokenLogprob};
 pub use text::DecodeError;
 
@@ -241,7 +242,7 @@ impl<'a> Engine<'a> {
     }
 
     /// An engine that batches requests over `executor`'s batch plans and KV pool
-    /// (`crate::runner::open_executor` opens one for an artifact on a device).
+    /// (`maxrun_runtime::runner::open_executor` opens one for an artifact on a device).
     pub fn batched(model: ModelFacts<'a>, executor: Box<dyn Executor + 'a>, tokenizer: Tokenizer) -> Engine<'a> {
         Engine::with_backend(model, Backend::Batched(Box::new(batch::Batched::new(executor))), tokenizer)
     }
@@ -253,7 +254,7 @@ impl<'a> Engine<'a> {
 
     fn with_backend(model: ModelFacts<'a>, backend: Backend<'a>, tokenizer: Tokenizer) -> Engine<'a> {
         let mut engine = Engine { backend, tokenizer, model, requests: HashMap::new(), next_id: 1, stats: Stats::default(), grammars: None, masks_beside_step: false, speculation: None, draft_model: None, drafts: Vec::new(), to_draft: Vec::new() };
-        engine.masks_beside_step = engine.threads() < crate::executor::usable_cpus();
+        engine.masks_beside_step = engine.threads() < maxrun_runtime::executor::usable_cpus();
         engine
     }
 

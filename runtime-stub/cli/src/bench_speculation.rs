@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::engine::{Engine, EngineError, Event, GenerationParams, Request};
+use maxrun_engine::{Engine, EngineError, Event, GenerationParams, Request};
 
 /// One prompt of the benchmark.
 #[derive(Clone, Debug)]

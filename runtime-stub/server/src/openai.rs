@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::errors::ApiError;
-use crate::constrain::Grammar;
-use crate::engine::GenerationParams;
-use crate::format::GenerationDefaults;
-use crate::sampler::SamplingParams;
+use maxrun_engine::constrain::Grammar;
+use maxrun_engine::GenerationParams;
+use maxrun_runtime::format::GenerationDefaults;
+use maxrun_runtime::sampler::SamplingParams;
 
 /// A prompt as OpenAI accepts it: a string, token ids, or a list of one of either.
 #[derive(Clone, Debug, Deserialize)]
@@ -169,8 +169,8 @@ pub enum ToolChoice {
 }
 
 /// The offered tools, checked.
-pub fn tools(specs: &Option<Vec<ToolSpec>>) -> Result<Vec<crate::constrain::tools::Tool>, ApiError> {
-    let mut out: Vec<crate::constrain::tools::Tool> = Vec::new();
+pub fn tools(specs: &Option<Vec<ToolSpec>>) -> Result<Vec<maxrun_engine::constrain::tools::Tool>, ApiError> {
+    let mut out: Vec<maxrun_engine::constrain::tools::Tool> = Vec::new();
     for (i, t) in specs.iter().flatten().enumerate() {
         let at = format!("tools[{i}]");
         if t.kind != "function" {
@@ -187,7 +187,7 @@ pub fn tools(specs: &Option<Vec<ToolSpec>>) -> Result<Vec<crate::constrain::tool
 /// are a schema object (none: no arguments). `at` is the field that holds the
 /// function's own fields (`tools[i].function` in Chat Completions, `tools[i]`
 /// in the Responses API).
-pub fn function_tool(earlier: &[crate::constrain::tools::Tool], at: &str, name: &str, description: Option<String>, parameters: Option<Value>) -> Result<crate::constrain::tools::Tool, ApiError> {
+pub fn function_tool(earlier: &[maxrun_engine::constrain::tools::Tool], at: &str, name: &str, description: Option<String>, parameters: Option<Value>) -> Result<maxrun_engine::constrain::tools::Tool, ApiError> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
         return Err(field(&format!("{at}.name"), format!("`{name}`: a function name is letters, digits, `_` and `-`")));
     }
@@ -198,11 +198,11 @@ pub fn function_tool(earlier: &[crate::constrain::tools::Tool], at: &str, name: 
     if !parameters.is_object() {
         return Err(field(&format!("{at}.parameters"), "parameters must be a JSON schema object".into()));
     }
-    Ok(crate::constrain::tools::Tool { name: name.to_string(), description, parameters })
+    Ok(maxrun_engine::constrain::tools::Tool { name: name.to_string(), description, parameters })
 }
 
 /// `tool_choice`: `none`, `auto` (the default with tools), `required`, or a named function.
-pub fn tool_choice(choice: &Option<Value>, tools: &[crate::constrain::tools::Tool]) -> Result<ToolChoice, ApiError> {
+pub fn tool_choice(choice: &Option<Value>, tools: &[maxrun_engine::constrain::tools::Tool]) -> Result<ToolChoice, ApiError> {
     let parsed = match choice {
         None => {
             if tools.is_empty() {
@@ -534,7 +534,7 @@ pub fn grammar(format: &Option<ResponseFormat>, guided: &Guided) -> Result<Optio
 /// cannot take only their declared properties (`constrain/schema.rs`): the
 /// grammar is built on the engine's thread, and this names the field before.
 fn closable(schema: &Value, param: &str, what: &str) -> Result<(), ApiError> {
-    crate::constrain::schema::close_objects(schema).map(drop).map_err(|e| field(param, format!("{what}: {e}")))
+    maxrun_engine::constrain::schema::close_objects(schema).map(drop).map_err(|e| field(param, format!("{what}: {e}")))
 }
 
 /// The grammar extension fields (docs/serving.md).
@@ -609,7 +609,7 @@ impl Usage {
 /// OpenAI's completion `logprobs` object for the given tokens (text and
 /// log-probability; an echoed prompt's first token has none), `text_offset`
 /// counted from `offset0`.
-pub fn completion_logprobs(tokens: &[(String, Option<&crate::engine::TokenLogprob>)], tokenizer: &tokenizers::Tokenizer, offset0: usize) -> Value {
+pub fn completion_logprobs(tokens: &[(String, Option<&maxrun_engine::TokenLogprob>)], tokenizer: &tokenizers::Tokenizer, offset0: usize) -> Value {
     let mut offset = offset0;
     let (mut texts, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
     for (text, lp) in tokens {
@@ -637,7 +637,7 @@ pub fn token_text(tokenizer: &tokenizers::Tokenizer, id: u32) -> String {
 }
 
 /// OpenAI's chat `logprobs.content` entries for the given tokens.
-pub fn chat_logprobs(tokens: &[(String, crate::engine::TokenLogprob)], tokenizer: &tokenizers::Tokenizer) -> Value {
+pub fn chat_logprobs(tokens: &[(String, maxrun_engine::TokenLogprob)], tokenizer: &tokenizers::Tokenizer) -> Value {
     let content: Vec<Value> = tokens
         .iter()
         .map(|(text, lp)| {

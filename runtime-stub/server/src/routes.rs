@@ -24,15 +24,15 @@ use tokio::sync::mpsc as tmpsc;
 use super::errors::ApiError;
 use super::openai::{self, ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Prompt, TokenizeRequest};
 use super::worker::{Job, Shared, Update};
-use crate::engine::{FinishReason, GenerationParams, TokenLogprob};
-use crate::format::GenerationDefaults;
+use maxrun_engine::{FinishReason, GenerationParams, TokenLogprob};
+use maxrun_runtime::format::GenerationDefaults;
 
 /// What the handlers know of the model.
 pub struct ModelInfo {
     /// The name clients use (`--served-model-name`, else the artifact's model name).
     pub name: String,
     /// How the model writes tool calls (`--tool-parser`, else from the chat template).
-    pub tool_format: crate::constrain::tools::ToolFormat,
+    pub tool_format: maxrun_engine::constrain::tools::ToolFormat,
     /// Whether replies' `<think>...</think>` goes to `reasoning_content`.
     pub reasoning: bool,
     pub created: u64,
@@ -226,7 +226,7 @@ fn check_length(st: &AppState, tokens: usize, param: &str) -> Result<(), ApiErro
 struct Gathered {
     text: String,
     reason: FinishReason,
-    usage: crate::engine::Usage,
+    usage: maxrun_engine::Usage,
     logprobs: Vec<(String, TokenLogprob)>,
     /// The prompt's tokens from the second on, scored (echo with logprobs).
     prompt_logprobs: Vec<TokenLogprob>,
@@ -320,7 +320,7 @@ struct Reply {
 /// How a chat reply with tools is read and answered.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ToolReply {
-    pub format: crate::constrain::tools::ToolFormat,
+    pub format: maxrun_engine::constrain::tools::ToolFormat,
     /// The reply is held to the call grammar (`tool_choice` required or a
     /// named function): its calls stream as they are generated.
     pub forced: bool,
@@ -350,7 +350,7 @@ fn call_id(id: &str, choice: usize, i: usize) -> String {
 }
 
 /// OpenAI's `tool_calls` entries of choice `choice` (ids from the request's).
-fn tool_calls_json(id: &str, choice: usize, calls: &[crate::constrain::tools::ToolCall]) -> Vec<Value> {
+fn tool_calls_json(id: &str, choice: usize, calls: &[maxrun_engine::constrain::tools::ToolCall]) -> Vec<Value> {
     calls.iter().enumerate().map(|(i, c)| json!({"id": call_id(id, choice, i), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}})).collect()
 }
 
@@ -360,8 +360,8 @@ struct ChoiceStream {
     /// Bytes of completion text sent (`text_offset` of the next token).
     offset: usize,
     done: bool,
-    think: Option<crate::constrain::reasoning::ThinkSplitter>,
-    calls: Option<crate::constrain::tools::ToolStream>,
+    think: Option<maxrun_engine::constrain::reasoning::ThinkSplitter>,
+    calls: Option<maxrun_engine::constrain::tools::ToolStream>,
     /// A call was sent.
     called: bool,
 }
@@ -414,17 +414,17 @@ impl Reply {
     }
 
     /// Splits a finished chat reply into reasoning, content and tool calls.
-    fn split(&self, text: String) -> (Option<String>, String, Vec<crate::constrain::tools::ToolCall>) {
+    fn split(&self, text: String) -> (Option<String>, String, Vec<maxrun_engine::constrain::tools::ToolCall>) {
         let (reasoning, content) = match self.think {
             Some(open) => {
-                let (r, c) = crate::constrain::reasoning::split(&text, open);
+                let (r, c) = maxrun_engine::constrain::reasoning::split(&text, open);
                 (Some(r), c)
             }
             None => (None, text),
         };
         match self.tools {
             Some(t) => {
-                let mut p = crate::constrain::tools::parse(&content, t.format);
+                let mut p = maxrun_engine::constrain::tools::parse(&content, t.format);
                 if let Some(max) = t.max_calls {
                     p.calls.truncate(max);
                 }
@@ -497,8 +497,8 @@ impl Reply {
     /// with empty arguments, then its arguments in pieces under its index. The
     /// first opens the choice when nothing else has (`role: assistant`,
     /// `content: null`).
-    fn call_chunks(&self, index: usize, c: &mut ChoiceStream, deltas: Vec<crate::constrain::tools::CallDelta>, out: &mut Vec<Value>) {
-        use crate::constrain::tools::CallDelta;
+    fn call_chunks(&self, index: usize, c: &mut ChoiceStream, deltas: Vec<maxrun_engine::constrain::tools::CallDelta>, out: &mut Vec<Value>) {
+        use maxrun_engine::constrain::tools::CallDelta;
         for d in deltas {
             let mut delta = match d {
                 CallDelta::Head { index: i, name } => {
@@ -517,7 +517,7 @@ impl Reply {
     }
 
     /// One update of choice `index` as the events it makes.
-    fn stream_update(&self, index: usize, c: &mut ChoiceStream, u: Update, out: &mut Vec<Value>) -> Result<Option<(&'static str, crate::engine::Usage)>, ApiError> {
+    fn stream_update(&self, index: usize, c: &mut ChoiceStream, u: Update, out: &mut Vec<Value>) -> Result<Option<(&'static str, maxrun_engine::Usage)>, ApiError> {
         match u {
             Update::PromptLogprob(_) => {}
             Update::Token { text, logprob, .. } => {
@@ -611,7 +611,7 @@ impl Reply {
     /// with tools, text that may be a call is held back, and the calls come as
     /// `tool_calls` deltas at the end.
     fn stream(self, choices: Vec<Choice>) -> Response {
-        use crate::constrain::{reasoning::ThinkSplitter, tools::ToolStream};
+        use maxrun_engine::constrain::{reasoning::ThinkSplitter, tools::ToolStream};
         use futures_util::StreamExt;
         struct S {
             reply: Reply,
@@ -818,11 +818,11 @@ pub(super) struct ChatAsk<'a> {
     pub messages: &'a [openai::ChatMessage],
     /// The request field the messages came from, for errors.
     pub messages_param: &'static str,
-    pub offered: Vec<crate::constrain::tools::Tool>,
+    pub offered: Vec<maxrun_engine::constrain::tools::Tool>,
     pub choice: openai::ToolChoice,
     pub parallel_tool_calls: Option<bool>,
     /// The grammar the request's own fields set, and the field that set it.
-    pub grammar: Option<(&'static str, crate::constrain::Grammar)>,
+    pub grammar: Option<(&'static str, maxrun_engine::constrain::Grammar)>,
     /// The token limit the request set (`None`: to the end of the context).
     pub limit: Option<u64>,
     pub sampling: &'a openai::Sampling,
@@ -849,7 +849,7 @@ pub(super) struct ChatJob {
 /// exactly once, `required` at least once, once only with
 /// `parallel_tool_calls: false`).
 pub(super) fn prepare_chat(st: &AppState, ask: ChatAsk<'_>) -> Result<ChatJob, ApiError> {
-    use crate::constrain::tools;
+    use maxrun_engine::constrain::tools;
     let use_tools = ask.choice != openai::ToolChoice::None;
     let (text, format) = chat_text(st, ask.messages, use_tools.then_some(ask.offered.as_slice()), true, ask.messages_param)?;
     // A template that opens the thinking itself starts the reply inside it.
@@ -889,8 +889,8 @@ pub(super) fn prepare_chat(st: &AppState, ask: ChatAsk<'_>) -> Result<ChatJob, A
 /// renders them and its own call format; for others they are described in a
 /// system message, in Hermes's format), ending with the generation prompt
 /// when `add_generation_prompt`. Also returns the call format the reply uses.
-fn chat_text(st: &AppState, messages: &[openai::ChatMessage], tools: Option<&[crate::constrain::tools::Tool]>, add_generation_prompt: bool, param: &str) -> Result<(String, crate::constrain::tools::ToolFormat), ApiError> {
-    use crate::constrain::tools::{self, ToolFormat};
+fn chat_text(st: &AppState, messages: &[openai::ChatMessage], tools: Option<&[maxrun_engine::constrain::tools::Tool]>, add_generation_prompt: bool, param: &str) -> Result<(String, maxrun_engine::constrain::tools::ToolFormat), ApiError> {
+    use maxrun_engine::constrain::tools::{self, ToolFormat};
     let Some(template) = &st.info.template else {
         return Err(ApiError::invalid("this model has no chat template; use /v1/completions", Some(param.into())));
     };
@@ -931,13 +931,13 @@ fn chat_text(st: &AppState, messages: &[openai::ChatMessage], tools: Option<&[cr
         }
     }
     let tool_values: Vec<Value> = offered.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})).collect();
-    let text = crate::chat::render_with_tools(template, &rendered, (tools.is_some() && template_tools).then_some(tool_values.as_slice()), add_generation_prompt, &st.info.bos_text, &st.info.eos_text)
+    let text = maxrun_runtime::chat::render_with_tools(template, &rendered, (tools.is_some() && template_tools).then_some(tool_values.as_slice()), add_generation_prompt, &st.info.bos_text, &st.info.eos_text)
         .map_err(|e| ApiError::invalid(format!("the model's chat template does not render these messages: {e}"), Some(param.into())))?;
     Ok((text, format))
 }
 
 /// An assistant message's earlier calls: (id, call), arguments parsed from their JSON text.
-fn parse_calls(m: &openai::ChatMessage, index: usize) -> Result<Vec<(String, crate::constrain::tools::ToolCall)>, ApiError> {
+fn parse_calls(m: &openai::ChatMessage, index: usize) -> Result<Vec<(String, maxrun_engine::constrain::tools::ToolCall)>, ApiError> {
     let mut out = Vec::new();
     for (k, c) in m.tool_calls.iter().flatten().enumerate() {
         let at = format!("messages[{index}].tool_calls[{k}]");
@@ -949,7 +949,7 @@ fn parse_calls(m: &openai::ChatMessage, index: usize) -> Result<Vec<(String, cra
             None => json!({}),
         };
         let id = c.get("id").and_then(Value::as_str).map_or_else(|| format!("call_{index}_{k}"), str::to_string);
-        out.push((id, crate::constrain::tools::ToolCall { name: name.to_string(), arguments }));
+        out.push((id, maxrun_engine::constrain::tools::ToolCall { name: name.to_string(), arguments }));
     }
     Ok(out)
 }

@@ -30,8 +30,8 @@ use anyhow::{anyhow, Context};
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::artifact::Artifact;
-use crate::runner::Device;
+use maxrun_runtime::artifact::Artifact;
+use maxrun_runtime::runner::Device;
 use routes::{AppState, ModelInfo};
 use worker::{Job, Shared, WorkerOptions};
 
@@ -49,7 +49,7 @@ pub struct ServeOptions {
     pub device: Device,
     pub kv_cache_memory: Option<u64>,
     /// `hermes`, `llama3`, `mistral`; `None`: from the chat template.
-    pub tool_parser: Option<crate::constrain::tools::ToolFormat>,
+    pub tool_parser: Option<maxrun_engine::constrain::tools::ToolFormat>,
     /// Split `<think>...</think>` into `reasoning_content`: `None` when the chat
     /// template mentions `<think>`.
     pub reasoning: Option<bool>,
@@ -57,7 +57,7 @@ pub struct ServeOptions {
     pub allow_extra_request_fields: bool,
     /// Speculative decoding for every generation request, and its draft model
     /// (prompt lookup without one).
-    pub speculation: Option<crate::engine::speculate::SpeculationConfig>,
+    pub speculation: Option<maxrun_engine::speculate::SpeculationConfig>,
     pub draft: Option<Arc<Artifact>>,
     /// How many `/v1/responses` responses are kept for `previous_response_id`.
     pub response_store: response_store::StoreLimits,
@@ -79,10 +79,10 @@ async fn signal() {
 /// Serves `artifact` until a signal stops it.
 pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
     let h = &artifact.header;
-    let tokenizer = crate::engine::load_tokenizer(&artifact).map_err(|e| anyhow!(e))?;
-    let template = std::str::from_utf8(artifact.section(crate::format::SectionKind::ChatTemplate)).ok().filter(|t| !t.is_empty()).map(str::to_string);
+    let tokenizer = maxrun_engine::load_tokenizer(&artifact).map_err(|e| anyhow!(e))?;
+    let template = std::str::from_utf8(artifact.section(maxrun_runtime::format::SectionKind::ChatTemplate)).ok().filter(|t| !t.is_empty()).map(str::to_string);
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
-    let tool_format = opts.tool_parser.unwrap_or_else(|| template.as_deref().map_or(crate::constrain::tools::ToolFormat::Hermes, crate::constrain::tools::ToolFormat::of_template));
+    let tool_format = opts.tool_parser.unwrap_or_else(|| template.as_deref().map_or(maxrun_engine::constrain::tools::ToolFormat::Hermes, maxrun_engine::constrain::tools::ToolFormat::of_template));
     let reasoning = opts.reasoning.unwrap_or_else(|| template.as_deref().is_some_and(|t| t.contains("<think>")));
     let info = ModelInfo {
         name: opts.served_model_name.clone().unwrap_or_else(|| h.model.name.clone()),

@@ -11,7 +11,7 @@ use tokenizers::Tokenizer;
 
 use super::text::{DecodeError, TextStream};
 use crate::constrain::{Constraint, Grammar};
-use crate::sampler::{sample, Rng, SamplingParams};
+use maxrun_runtime::sampler::{sample, Rng, SamplingParams};
 
 /// How many of the latest tokens (prompt included) the repeat penalty looks at,
 /// as llama.cpp's `--repeat-last-n` default.
