@@ -1051,25 +1051,7 @@ fn run(cli: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let mut engine = Engine::serial(ModelFacts::of(&artifact), Box::new(session), tokenizer);
     engine.submit(Request::new(ids.clone(), params)).map_err(|e| submit_error(&cli, e))?;
-    let mut out = std::io::stdout().lock();
-    let mut text_out = TextOut::new(cli.no_stream);
-    let (usage, reason) = loop {
-        let mut finished = None;
-        for event in engine.step()? {
-            match event {
-                Event::Token { text, .. } => text_out.push(&mut out, &text)?,
-                Event::Finished { text, usage, reason, .. } => {
-                    text_out.push(&mut out, &text)?;
-                    finished = Some((usage, reason));
-                }
-                Event::Logits { .. } | Event::PromptLogprob { .. } => {}
-            }
-        }
-        if let Some(f) = finished {
-            break f;
-        }
-    };
-    text_out.finish(&mut out)?;
+    let (usage, reason) = print_reply(&mut engine, cli.no_stream)?;
     if reason == maxrun_engine::FinishReason::Length && usage.completion_tokens < max_new {
         eprintln!("note: stopped at the artifact's maximum context length of {} tokens", h.max_length);
     }
@@ -1132,25 +1114,7 @@ fn speculative_engine<'a>(artifact: &'a Artifact, draft: Option<&'a Artifact>, c
 fn generate_speculative(mut engine: Engine<'_>, cli: &RunArgs, ids: Vec<u32>, params: GenerationParams, max_length: u64) -> anyhow::Result<ExitCode> {
     let max_new = params.max_tokens;
     engine.submit(Request::new(ids.clone(), params)).map_err(|e| submit_error(cli, e))?;
-    let mut out = std::io::stdout().lock();
-    let mut text_out = TextOut::new(cli.no_stream);
-    let (usage, reason) = loop {
-        let mut finished = None;
-        for event in engine.step()? {
-            match event {
-                Event::Token { text, .. } => text_out.push(&mut out, &text)?,
-                Event::Finished { text, usage, reason, .. } => {
-                    text_out.push(&mut out, &text)?;
-                    finished = Some((usage, reason));
-                }
-                Event::Logits { .. } | Event::PromptLogprob { .. } => {}
-            }
-        }
-        if let Some(f) = finished {
-            break f;
-        }
-    };
-    text_out.finish(&mut out)?;
+    let (usage, reason) = print_reply(&mut engine, cli.no_stream)?;
     if reason == maxrun_engine::FinishReason::Length && usage.completion_tokens < max_new {
         eprintln!("note: stopped at the artifact's maximum context length of {max_length} tokens");
     }
@@ -1177,7 +1141,32 @@ fn generate_speculative(mut engine: Engine<'_>, cli: &RunArgs, ids: Vec<u32>, pa
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints `text` now, or with `--no-stream` keeps it in `held` for the end.
+/// Runs the engine's one request to its end, its text on stdout as it comes
+/// (or with `--no-stream` at the end), the line ended as [`TextOut::finish`]
+/// says; returns its usage and why it ended.
+fn print_reply(engine: &mut Engine<'_>, no_stream: bool) -> anyhow::Result<(maxrun_engine::Usage, maxrun_engine::FinishReason)> {
+    let mut out = std::io::stdout().lock();
+    let mut text_out = TextOut::new(no_stream);
+    let finished = loop {
+        let mut finished = None;
+        for event in engine.step()? {
+            match event {
+                Event::Token { text, .. } => text_out.push(&mut out, &text)?,
+                Event::Finished { text, usage, reason, .. } => {
+                    text_out.push(&mut out, &text)?;
+                    finished = Some((usage, reason));
+                }
+                Event::Logits { .. } | Event::PromptLogprob { .. } => {}
+            }
+        }
+        if let Some(f) = finished {
+            break f;
+        }
+    };
+    text_out.finish(&mut out)?;
+    Ok(finished)
+}
+
 /// A `--prompt` run's text on stdout, streamed or (`--no-stream`) held to the
 /// end, and where its line ends.
 struct TextOut {
@@ -1229,7 +1218,7 @@ fn stdout_and_stderr_meet() -> bool {
     matches!((id(std::io::stdout().as_fd()), id(std::io::stderr().as_fd())), (Some(a), Some(b)) if a == b)
 }
 
-/// Streams `text` to `out`, or holds it to the end with `--no-stream`.
+/// Prints `text` now, or with `--no-stream` keeps it in `held` for the end.
 fn print_text(out: &mut impl Write, held: &mut String, text: &str, no_stream: bool) -> anyhow::Result<()> {
     if no_stream {
         held.push_str(text);
