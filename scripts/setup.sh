@@ -7,6 +7,7 @@
 #     into .cache/cuda/bin/ptxas, so tests can validate the PTX maxc emits
 #   - the openai, prometheus-client, jsonschema and openai-agents (the OpenAI Agents SDK) Python
 #     packages into .cache/python (server tests)
+#   - sglang-router (SGLang's router) into .cache/sglang-router (the replica tests)
 #   - aarch64 cross-compilation (docs/aarch64.md): Debian's gcc-aarch64-linux-gnu and
 #     libc6-dev-arm64-cross (the cross linker and C library), qemu-user (tests run the
 #     aarch64 maxrun under qemu-aarch64) and Rust's aarch64-unknown-linux-gnu target
@@ -90,6 +91,17 @@ if [ "$(cat "$pylib/.packages" 2>/dev/null)" != "$pypkgs" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$pylib.part" $pypkgs
   echo "$pypkgs" > "$pylib.part/.packages"
   rm -rf "$pylib" && mv "$pylib.part" "$pylib"
+fi
+# sglang-router (SGLang's router, Rust in a Python wheel), which the server
+# tests put in front of three replicas (issue #67), into .cache/sglang-router.
+router_lib="$cache/sglang-router"
+router_pkg="sglang-router==0.3.2"
+if [ "$(cat "$router_lib/.packages" 2>/dev/null)" != "$router_pkg" ]; then
+  echo "setup: fetching $router_pkg (the router the replica tests run)" >&2
+  rm -rf "$router_lib.part"
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$router_lib.part" "$router_pkg"
+  echo "$router_pkg" > "$router_lib.part/.packages"
+  rm -rf "$router_lib" && mv "$router_lib.part" "$router_lib"
 fi
 # aarch64 cross-compilation: maxc links aarch64 kernels with the cross gcc,
 # cargo links the aarch64 maxrun with it (.cargo/config.toml), and

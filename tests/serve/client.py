@@ -787,6 +787,157 @@ def scenario_reasoning(url, exp):
                 c_parts.append(ch.delta.content)
     check("".join(r_parts) == reasoning and "".join(c_parts) == m.content, f"streamed {''.join(r_parts)!r} / {''.join(c_parts)!r}")
     check(len(r_parts) > 1, "the reasoning streamed in pieces")
+    # SGLang's fields: separate_reasoning false leaves the thinking in the
+    # content; stream_reasoning false sends it as one delta.
+    kept = c.chat.completions.create(**{**kwargs, "extra_body": {"guided_grammar": grammar, "separate_reasoning": False}}).choices[0].message
+    check(not (kept.model_extra or {}).get("reasoning_content"), f"separate_reasoning false: reasoning {kept.model_extra}")
+    check(kept.content.startswith("<think>") and reasoning.strip() in kept.content and kept.content.endswith(m.content), f"separate_reasoning false: content {kept.content!r}")
+    r_parts, c_parts = [], []
+    for chunk in c.chat.completions.create(stream=True, **{**kwargs, "extra_body": {"guided_grammar": grammar, "stream_reasoning": False}}):
+        for ch in chunk.choices:
+            extra = ch.delta.model_extra or {}
+            if extra.get("reasoning_content"):
+                r_parts.append(extra["reasoning_content"])
+            if ch.delta.content:
+                c_parts.append(ch.delta.content)
+    check(r_parts == [reasoning] and "".join(c_parts) == m.content, f"stream_reasoning false: {r_parts!r} / {''.join(c_parts)!r}")
+
+
+# What sglang-router 0.3.2 adds to each request it forwards (captured from it).
+SGLANG_CHAT_FIELDS = {"logprobs": False, "no_stop_trim": False, "ignore_eos": False, "continue_final_message": False, "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True, "return_hidden_states": False}
+SGLANG_COMPLETION_FIELDS = {"echo": False, "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False}
+
+
+def scenario_router_fields(url, exp):
+    """The fields routers and vLLM / SGLang clients add: accepted at their
+    defaults without --allow-extra-request-fields, honoured where they mean
+    something (stop strings kept, special tokens skipped, the final message
+    continued), refused by name where they cannot be (hidden states); the
+    model `unknown` sglang-router writes for a request without one; SGLang's
+    /server_info and /model_info; vLLM's gauges at known moments."""
+    model, g = exp["model"], exp["greedy"]
+    c = client(url, None)
+    check([m.id for m in c.models.list().data] == [model] and " " not in model, f"the served id {model!r}")
+    # Bodies as sglang-router forwards them, with and without a model.
+    for body in ({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 4, "stream": False, **SGLANG_CHAT_FIELDS},
+                 {"model": "unknown", "messages": [{"role": "user", "content": "Hi"}], "stream": False, "max_completion_tokens": 2, **SGLANG_CHAT_FIELDS}):
+        status, _, out = raw(url, "POST", "/v1/chat/completions", body)
+        check(status == 200 and json.loads(out)["model"] == model, f"router chat body {body['model']}: {status} {out[:300]}")
+    status, _, out = raw(url, "POST", "/v1/completions", {"model": "unknown", "prompt": g["prompt"], "max_tokens": 24, "temperature": 0, "stream": False, **SGLANG_COMPLETION_FIELDS})
+    check(status == 200 and json.loads(out)["choices"][0]["text"] == g["text"], f"router completion body: {status} {out[:300]}")
+    status, _, out = raw(url, "POST", "/v1/completions", {"model": "other", "prompt": "x", "max_tokens": 1})
+    check(status == 404, f"another model: {status}")
+    for name, value in (("return_hidden_states", True), ("frobnicate", 1)):
+        status, _, out = raw(url, "POST", "/v1/completions", {"model": model, "prompt": "x", "max_tokens": 1, name: value})
+        check(status == 400 and json.loads(out)["error"]["param"] == name, f"{name}: {status} {out[:300]}")
+    # A stop string from the middle of the greedy reply: cut before it by
+    # default, kept with no_stop_trim (SGLang) / include_stop_str_in_output (vLLM).
+    text = g["text"]
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    before = text[: text.index(stop)]
+    kw = dict(model=model, prompt=g["prompt"], max_tokens=24, temperature=0, stop=[stop])
+    check(c.completions.create(**kw).choices[0].text == before, "the stop string is cut")
+    for field in ("no_stop_trim", "include_stop_str_in_output"):
+        r = c.completions.create(**kw, extra_body={field: True})
+        check(r.choices[0].text == before + stop and r.choices[0].finish_reason == "stop", f"{field}: {r.choices[0].text!r}, want {before + stop!r}")
+        streamed = "".join(ch.choices[0].text for ch in c.completions.create(**kw, stream=True, extra_body={field: True}) if ch.choices)
+        check(streamed == before + stop, f"{field} streamed: {streamed!r}")
+    # Special tokens: <|im_start|> forced first by logit_bias gives its text
+    # unless skip_special_tokens.
+    special = exp["special_token"]
+    kw = dict(model=model, prompt="Hello", max_tokens=1, temperature=0, logit_bias={str(special["id"]): 100})
+    shown = c.completions.create(**kw).choices[0].text
+    check(shown == special["text"], f"the special token's text {shown!r}")
+    skipped = c.completions.create(**kw, extra_body={"skip_special_tokens": True}).choices[0].text
+    check(skipped == "", f"skip_special_tokens: {skipped!r}")
+    check(c.completions.create(**kw, extra_body={"spaces_between_special_tokens": False}).choices[0].text == shown, "spaces_between_special_tokens is accepted")
+    # continue_final_message: the reply continues the assistant's words, as a
+    # completion of the template's rendering cut after them does.
+    start = "The capital of France is"
+    messages = [{"role": "user", "content": "Say something about France."}, {"role": "assistant", "content": start}]
+    status, _, out = raw(url, "POST", "/tokenize", {"model": model, "messages": messages, "add_generation_prompt": False})
+    check(status == 200, f"/tokenize: {status} {out[:200]}")
+    status, _, out = raw(url, "POST", "/detokenize", {"model": model, "tokens": json.loads(out)["tokens"]})
+    rendered = json.loads(out)["prompt"]
+    cut = rendered[: rendered.rindex(start) + len(start)]
+    want = c.completions.create(model=model, prompt=cut, max_tokens=8, temperature=0, extra_body={"add_special_tokens": False})
+    got = c.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0, extra_body={"continue_final_message": True})
+    check(got.choices[0].message.content == want.choices[0].text, f"continued {got.choices[0].message.content!r}, want {want.choices[0].text!r}")
+    check(got.usage.prompt_tokens == want.usage.prompt_tokens, f"continued prompt {got.usage.prompt_tokens} tokens, want {want.usage.prompt_tokens}")
+    status, _, out = raw(url, "POST", "/v1/chat/completions", {"model": model, "messages": messages[:1], "continue_final_message": True})
+    check(status == 400 and json.loads(out)["error"]["param"] == "continue_final_message", f"continuing a user message: {status} {out[:200]}")
+    # SGLang's info endpoints, which sglang-router reads.
+    for path in ("/server_info", "/get_server_info"):
+        status, _, out = raw(url, "GET", path)
+        info = json.loads(out)
+        check(status == 200 and info["served_model_name"] == model and info["context_length"] == exp["max_length"], f"{path}: {status} {out[:300]}")
+    status, _, out = raw(url, "GET", "/model_info")
+    check(status == 200 and json.loads(out)["is_generation"] is True, f"/model_info: {out[:200]}")
+    # vLLM's gauges: idle, then with one stream running, against maxrun's own.
+    m = metrics(url)
+    check(m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0 and m["vllm:kv_cache_usage_perc"] == 0, f"idle gauges {m}")
+    total = m["maxrun_kv_blocks_used"] + m["maxrun_kv_blocks_free"]
+    config = [k for k in m if k.startswith("vllm:cache_config_info")]
+    check(config == [f"vllm:cache_config_info{{block_size={exp['block_size']},num_gpu_blocks={int(total)}}}"] and m[config[0]] == 1, f"cache config {config}, {total} blocks")
+    stream = c.completions.create(model=model, prompt="Once upon a time", max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    m = metrics(url)
+    used = m["maxrun_kv_blocks_used"]
+    check(m["vllm:num_requests_running"] == 1 and used >= 1 and abs(m["vllm:kv_cache_usage_perc"] - used / total) < 1e-9, f"gauges with a stream running: {m}")
+    stream.close()
+
+
+SYSTEM_PROMPT = " ".join([
+    "You are the help desk assistant of a small public library in a river town.",
+    "You answer questions about opening hours, borrowing rules, the reading room, events for children, the local history archive and the computers patrons may use.",
+    "Keep every answer short and friendly, say when you do not know, and never invent a book, a date or a rule.",
+    "The library opens at nine in the morning and closes at six in the evening on weekdays, and at one in the afternoon on Saturdays.",
+    "Patrons may borrow up to eight books for three weeks, renew them twice unless someone else has asked for them, and return them through the slot by the door at any hour.",
+    "The reading room is quiet, the archive needs an appointment, and the children's corner holds a story hour every Wednesday at four.",
+    "Printing costs ten cents a page, the wireless network needs no password, and lost cards are replaced at the front desk for two dollars.",
+])
+WORDS = "river book card hour rule story archive printer window table chair map letter photo winter summer school bridge garden lamp clock ticket shelf".split()
+
+
+def session_turns(session, turns):
+    """The user turns of one session: 20-40 tokens each, different per session."""
+    out = []
+    for t in range(turns):
+        k = (session * 7 + t * 13) % 11
+        words = " ".join(WORDS[(session * 5 + t * 3 + i * 7) % len(WORDS)] for i in range(10 + k))
+        out.append(f"Question {t + 1} from patron {session}: what can you tell me about the {words}?")
+    return out
+
+
+def scenario_sessions(url, exp):
+    """Chat sessions as an application sends them: `sessions` sessions of
+    `turns` turns sharing one system prompt, each turn resending the whole
+    conversation, `concurrency` sessions at a time, greedy replies of
+    `reply_tokens` tokens, streamed; prints the time to first token p50 / p99
+    and the requests as JSON. Every request must succeed."""
+    c = client(url, None)
+    ttfts, lock = [], threading.Lock()
+
+    def run(session):
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+        for user in session_turns(session, exp["turns"]):
+            messages.append({"role": "user", "content": user})
+            started, first, parts = time.monotonic(), None, []
+            for chunk in c.chat.completions.create(model=exp["model"], messages=messages, max_tokens=exp["reply_tokens"], temperature=0, stream=True):
+                for ch in chunk.choices:
+                    if ch.delta.content:
+                        first = first or time.monotonic()
+                        parts.append(ch.delta.content)
+            with lock:
+                ttfts.append((first or time.monotonic()) - started)
+            messages.append({"role": "assistant", "content": "".join(parts)})
+
+    with concurrent.futures.ThreadPoolExecutor(exp["concurrency"]) as pool:
+        for f in [pool.submit(run, s) for s in range(exp["sessions"])]:
+            f.result()
+    ttfts.sort()
+    q = lambda p: ttfts[min(len(ttfts) - 1, int(p * len(ttfts)))]
+    print(json.dumps({"requests": len(ttfts), "ttft_p50_ms": round(q(0.5) * 1000, 1), "ttft_p99_ms": round(q(0.99) * 1000, 1)}))
 
 
 RESP_WEATHER = {"type": "function", "name": "get_weather", "description": WEATHER["function"]["description"], "parameters": WEATHER["function"]["parameters"], "strict": True}

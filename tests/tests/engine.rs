@@ -4,7 +4,7 @@
 //! is ever handed out.
 
 use maxc_tests::*;
-use maxrun_engine::text::TextStream;
+use maxrun_engine::text::{TextOptions, TextStream};
 
 fn tokenizer(name: &str) -> tokenizers::Tokenizer {
     tokenizers::Tokenizer::from_file(fixture(name).join("tokenizer.json")).unwrap()
@@ -22,7 +22,7 @@ fn streamed_text_is_the_decode_of_the_whole_reply() {
     for name in ["tiny-llama", "arch-gemma2", "arch-gpt2", "arch-phi3"] {
         let tok = tokenizer(name);
         for ids in replies(name) {
-            let mut stream = TextStream::new(vec![]);
+            let mut stream = TextStream::new(vec![], TextOptions::default());
             let mut streamed = String::new();
             for &id in &ids {
                 stream.push(&tok, id).unwrap();
@@ -46,7 +46,7 @@ fn a_stop_string_ends_the_text_before_it() {
         let mid = chars.len() / 2;
         let stop: String = chars[mid..mid + 3].iter().collect();
         let want = &full[..full.find(&stop).unwrap()];
-        let mut stream = TextStream::new(vec!["never appears".into(), stop.clone()]);
+        let mut stream = TextStream::new(vec!["never appears".into(), stop.clone()], TextOptions::default());
         let mut streamed = String::new();
         for &id in &ids {
             stream.push(&tok, id).unwrap();
@@ -60,6 +60,55 @@ fn a_stop_string_ends_the_text_before_it() {
         streamed.push_str(&stream.finish(&tok).unwrap());
         assert_eq!(streamed, want);
         assert_eq!(stream.text(), want);
+    }
+}
+
+#[test]
+fn a_kept_stop_string_ends_the_text_after_it() {
+    // vLLM's include_stop_str_in_output / SGLang's no_stop_trim: the reply ends
+    // with the earliest stop string, which is part of it.
+    let tok = tokenizer("tiny-llama");
+    let keep = TextOptions { keep_stop: true, ..TextOptions::default() };
+    for ids in replies("tiny-llama") {
+        let full = tok.decode(&ids, false).unwrap();
+        let chars: Vec<char> = full.chars().collect();
+        let mid = chars.len() / 3;
+        let stop: String = chars[mid..mid + 4].iter().collect();
+        let want = &full[..full.find(&stop).unwrap() + stop.len()];
+        let mut stream = TextStream::new(vec!["never appears".into(), stop.clone()], keep);
+        let mut streamed = String::new();
+        for &id in &ids {
+            stream.push(&tok, id).unwrap();
+            streamed.push_str(&stream.take());
+            if stream.stopped() {
+                break;
+            }
+        }
+        assert!(stream.stopped(), "{stop:?} in {full:?}");
+        streamed.push_str(&stream.finish(&tok).unwrap());
+        assert_eq!(streamed, want, "stop {stop:?} in {full:?}");
+        assert_eq!(stream.text(), want);
+    }
+}
+
+#[test]
+fn skipped_special_tokens_give_no_text() {
+    // The decode of the tokenizers library with skip_special_tokens, streamed
+    // token by token; without the option the special tokens' text is there.
+    let tok = tokenizer("tiny-llama");
+    let ids = tok.encode("Hello there<|im_end|>\n<|im_start|>assistant\nHi", false).unwrap().get_ids().to_vec();
+    let skipped = tok.decode(&ids, true).unwrap();
+    let kept = tok.decode(&ids, false).unwrap();
+    assert!(kept.contains("<|im_start|>") && !skipped.contains("<|im_start|>"), "{kept:?} / {skipped:?}");
+    for (options, want) in [(TextOptions { skip_special_tokens: true, ..TextOptions::default() }, &skipped), (TextOptions::default(), &kept)] {
+        let mut stream = TextStream::new(vec![], options);
+        let mut streamed = String::new();
+        for &id in &ids {
+            stream.push(&tok, id).unwrap();
+            streamed.push_str(&stream.take());
+        }
+        streamed.push_str(&stream.finish(&tok).unwrap());
+        assert_eq!(&streamed, want, "{options:?}");
     }
 }
 

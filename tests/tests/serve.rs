@@ -25,6 +25,13 @@ fn smollm2() -> &'static Path {
     A.get_or_init(|| compile_model("serve-smollm2", &smollm2_gguf(), &[]))
 }
 
+/// The GGUF's `general.name`, which the artifact compiled from it without a
+/// manifest keeps as its model name.
+const SMOLLM2_GGUF_NAME: &str = "Smollm2 135M 8k Lc100K Mix1 Ep2";
+/// The id that name is served as (docs/serving.md, `--served-model-name`:
+/// lowercased, each run of other characters one `-`).
+const SMOLLM2_SERVED: &str = "smollm2-135m-8k-lc100k-mix1-ep2";
+
 /// A running `maxrun serve`.
 struct Server {
     child: Child,
@@ -35,7 +42,9 @@ struct Server {
 impl Server {
     fn start(mef: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(bin("maxrun"))
-            .args([os("serve"), mef.as_os_str(), os("--host"), os("127.0.0.1"), os("--port"), os("0"), os("--threads"), os("2")])
+            .args([os("serve"), mef.as_os_str(), os("--host"), os("127.0.0.1"), os("--port"), os("0")])
+            // Two threads unless the test says otherwise.
+            .args(if extra.contains(&"--threads") { &[][..] } else { &["--threads", "2"][..] })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -173,7 +182,7 @@ const PROMPTS: [&str; 16] = [
 #[test]
 fn openai_clients_get_what_the_command_line_prints() {
     let mef = smollm2();
-    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = SMOLLM2_SERVED.to_string();
     let golden = golden("smollm2-135m");
     let completions: Vec<Value> = cases(&golden)
         .iter()
@@ -224,7 +233,6 @@ fn openai_clients_get_what_the_command_line_prints() {
 #[test]
 fn a_speculative_server_answers_what_plain_decoding_does() {
     let mef = smollm2();
-    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
     let prompts = std::fs::read_to_string(fixtures_dir().parent().unwrap().join("speculation/prompts.jsonl")).unwrap();
     let chats: Vec<Value> = prompts
         .lines()
@@ -238,7 +246,7 @@ fn a_speculative_server_answers_what_plain_decoding_does() {
         })
         .collect();
     assert_eq!(chats.len(), 4);
-    let expected = json!({"model": a.header.model.name, "chats": chats});
+    let expected = json!({"model": SMOLLM2_SERVED, "chats": chats});
     let mut server = Server::start(mef, &["--speculative", "ngram"]);
     run_client("speculative", &server, &expected);
     assert!(server.log().contains("speculative: n-gram"), "{}", server.log());
@@ -282,7 +290,7 @@ fn strict_schemas_named_tool_calls_and_tokenize() {
     let generation_prompt = encode("<|im_start|>assistant\n", false);
     assert!(chat_ids.ends_with(&generation_prompt), "the golden chat prompt ends with the generation prompt");
     let expected = json!({
-        "model": a.header.model.name,
+        "model": SMOLLM2_SERVED,
         "api_key": "sk-66",
         "vocab": a.header.model.vocab_size,
         "max_length": a.header.max_length,
@@ -316,7 +324,7 @@ fn strict_schemas_named_tool_calls_and_tokenize() {
 #[test]
 fn the_responses_api_and_the_agents_sdk() {
     let mef = smollm2();
-    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = SMOLLM2_SERVED.to_string();
     let golden = golden("smollm2-135m");
     let messages = &golden["chat"]["messages"];
     let (text, prompt_tokens, generated) = cli_chat(mef, messages[0]["content"].as_str().unwrap(), 48);
@@ -339,10 +347,39 @@ fn the_responses_api_and_the_agents_sdk() {
 #[test]
 fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
     let mef = smollm2();
-    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = SMOLLM2_SERVED.to_string();
     let mut server = Server::start(mef, &["--reasoning-parser", "think"]);
     run_client("reasoning", &server, &json!({"model": model}));
     assert_eq!(server.stop(Duration::from_secs(60)), 0);
+}
+
+/// Issue #67: the fields sglang-router and vLLM / SGLang clients add are
+/// taken by a server with default flags, and honoured (tests/serve/client.py,
+/// scenario_router_fields: kept stop strings against the command line's reply,
+/// skipped special tokens against the tokenizer's text of `<|im_start|>`, a
+/// continued final message against a completion of the cut template
+/// rendering); the artifact compiled from the GGUF alone serves its
+/// `general.name` as an id without spaces; SGLang's info endpoints and vLLM's
+/// gauges agree with the server's own numbers.
+#[test]
+fn the_fields_routers_add_are_honoured() {
+    let mef = smollm2();
+    let a = maxrun_runtime::artifact::Artifact::open(mef).unwrap();
+    assert_eq!(a.header.model.name, SMOLLM2_GGUF_NAME, "the GGUF's general.name, which the served id is made from");
+    let prompt = PROMPTS[0];
+    let greedy = json!({"prompt": prompt, "text": cli_prompt(mef, prompt, 24).0});
+    let hf = tokenizers::Tokenizer::from_file(fixture("tiny-llama").join("tokenizer.json")).unwrap();
+    let special = hf.token_to_id("<|im_start|>").unwrap();
+    let expected = json!({
+        "model": SMOLLM2_SERVED,
+        "greedy": greedy,
+        "special_token": {"id": special, "text": "<|im_start|>"},
+        "max_length": a.header.max_length,
+        "block_size": a.header.batch.unwrap().block_size,
+    });
+    let mut server = Server::start(mef, &[]);
+    run_client("router_fields", &server, &expected);
+    assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
 }
 
 #[test]
@@ -357,7 +394,7 @@ fn a_full_queue_answers_503_with_retry_after() {
 fn sigterm_during_a_stream_ends_it_and_exits_cleanly() {
     let mef = smollm2();
     let mut server = Server::start(mef, &["--shutdown-timeout", "1"]);
-    let model = maxrun_runtime::artifact::Artifact::open(mef).unwrap().header.model.name.clone();
+    let model = SMOLLM2_SERVED.to_string();
     let streaming = client("stream_until_signal", &server.url, &json!({"model": model}));
     // Wait until the stream runs (its request holds KV blocks), then stop the server.
     let start = Instant::now();
@@ -447,7 +484,7 @@ fn soak_random_load_leaves_the_server_as_it_found_it() {
     let greedy: Vec<Value> = PROMPTS[..4].iter().map(|p| json!({"prompt": p, "max_tokens": 24, "text": cli_prompt(mef, p, 24).0})).collect();
     let mut server = Server::start(mef, &["--kv-cache-memory", &pool, "--max-queue", "6"]);
     let expected = json!({
-        "model": h.model.name,
+        "model": SMOLLM2_SERVED,
         "concurrent": greedy,
         "pid": server.child.id(),
         "seconds": seconds,
@@ -464,4 +501,110 @@ fn soak_random_load_leaves_the_server_as_it_found_it() {
     );
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
     assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
+}
+
+/// A free loopback port (bound, then released for the process that takes it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A metric's value on `url`'s `/metrics` (0 when absent).
+fn metric(url: &str, name: &str) -> f64 {
+    let out = Command::new("curl").args(["-s", "-m", "10", &format!("{url}/metrics")]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+}
+
+/// A running sglang-router (PyPI `sglang-router`, which scripts/setup.sh puts
+/// in .cache/sglang-router) in front of `workers`.
+struct SglangRouter {
+    child: Child,
+    url: String,
+}
+
+impl SglangRouter {
+    fn start(workers: &[&str], policy: &str) -> SglangRouter {
+        let (port, prometheus) = (free_port(), free_port());
+        let log = std::fs::File::create(temp_dir("sglang-router").keep().join("router.log")).unwrap();
+        let mut child = Command::new("python3")
+            .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", &port.to_string(), "--prometheus-port", &prometheus.to_string(), "--policy", policy, "--worker-urls"])
+            .args(workers)
+            .env("PYTHONPATH", workspace_root().join(".cache/sglang-router"))
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("python3 starts the router");
+        let url = format!("http://127.0.0.1:{port}");
+        let start = Instant::now();
+        loop {
+            let out = Command::new("curl").args(["-s", "-m", "5", &format!("{url}/v1/models")]).output().unwrap();
+            if String::from_utf8_lossy(&out.stdout).contains("\"data\"") {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(90) || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                panic!("sglang-router did not come up in front of {workers:?}");
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        SglangRouter { child, url }
+    }
+}
+
+impl Drop for SglangRouter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the sessions traffic (tests/serve/client.py, scenario_sessions) against
+/// `url`; returns its report.
+fn sessions(url: &str, expected: &Value) -> Value {
+    let out = client_within("sessions", url, expected, 900).wait_with_output().unwrap();
+    assert!(out.status.success(), "sessions through {url}:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().find_map(|l| serde_json::from_str(l).ok()).unwrap_or_else(|| panic!("no report from the sessions: {stdout}"))
+}
+
+/// Issue #67: three replicas with default flags behind sglang-router 0.3.2's
+/// cache-aware policy keep the prefix caches as warm as one replica that holds
+/// everything: 24 six-turn chat sessions sharing a system prompt, each turn
+/// resending the conversation, 6 at a time. The prompt tokens found in the
+/// replicas' prefix caches (summed over their `/metrics`) reach 95% of what
+/// one replica finds on the same traffic; round robin is printed beside them
+/// as the baseline. The router must list the replicas' model under its id.
+#[test]
+fn replicas_behind_sglang_router_keep_their_prefix_caches() {
+    let mef = smollm2();
+    let expected = json!({"model": SMOLLM2_SERVED, "sessions": 24, "turns": 6, "concurrency": 6, "reply_tokens": 24});
+    let hits = |servers: &[Server]| -> (f64, f64) {
+        servers.iter().fold((0.0, 0.0), |(h, q), s| (h + metric(&s.url, "maxrun_prefix_cache_hit_tokens"), q + metric(&s.url, "maxrun_prefix_cache_queried_tokens")))
+    };
+    // The ideal: one replica whose pool holds all of it.
+    let mut one = Server::start(mef, &[]);
+    let alone = sessions(&one.url, &expected);
+    let (ideal, queried) = hits(std::slice::from_ref(&one));
+    assert_eq!(one.stop(Duration::from_secs(60)), 0, "{}", one.log());
+    assert!(ideal > 0.5 * queried, "one replica finds most of each resent conversation: {ideal} of {queried}");
+    let mut report = vec![format!("one replica: {ideal} of {queried} prompt tokens from the cache, {alone}")];
+    for policy in ["cache_aware", "round_robin"] {
+        let replicas: Vec<Server> = (0..3).map(|_| Server::start(mef, &["--threads", "1"])).collect();
+        let urls: Vec<&str> = replicas.iter().map(|s| s.url.as_str()).collect();
+        let router = SglangRouter::start(&urls, policy);
+        let models = Command::new("curl").args(["-s", "-m", "10", &format!("{}/v1/models", router.url)]).output().unwrap();
+        let models: Value = serde_json::from_slice(&models.stdout).unwrap();
+        assert_eq!(models["data"][0]["id"], SMOLLM2_SERVED, "the router lists the replicas' model: {models}");
+        let run = sessions(&router.url, &expected);
+        let (found, asked) = hits(&replicas);
+        report.push(format!("{policy}: {found} of {asked} prompt tokens from the caches ({:.1}% of the ideal), {run}", 100.0 * found / ideal));
+        drop(router);
+        for mut r in replicas {
+            assert_eq!(r.stop(Duration::from_secs(60)), 0, "{}", r.log());
+        }
+        if policy == "cache_aware" {
+            assert!(found >= 0.95 * ideal, "cache-aware routing: {found} prompt tokens from the caches, under 95% of one replica's {ideal}\n{}", report.join("\n"));
+        }
+    }
+    eprintln!("{}", report.join("\n"));
 }

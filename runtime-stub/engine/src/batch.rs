@@ -155,6 +155,7 @@ impl<'a> Batched<'a> {
         s.running = self.scheduler.running();
         s.kv_blocks_total = p.capacity();
         s.kv_blocks_used = p.used();
+        s.kv_block_size = p.block_size();
         s.preemptions = self.scheduler.preemptions;
         s.prefix_queried_tokens = p.stats.queried_blocks * p.block_size() as u64;
         s.prefix_hit_tokens = p.stats.hit_blocks * p.block_size() as u64;

@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 
 use tokenizers::Tokenizer;
 
-use super::text::{DecodeError, TextStream};
+use super::text::{DecodeError, TextOptions, TextStream};
 use crate::constrain::{Constraint, Grammar};
 use maxrun_runtime::sampler::{sample, Rng, SamplingParams};
 
@@ -45,6 +45,8 @@ pub struct GenerationParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the reply must match (structured output).
     pub grammar: Option<Grammar>,
+    /// Whether the stop string stays in the text and special tokens give text.
+    pub text: TextOptions,
 }
 
 impl Default for GenerationParams {
@@ -62,6 +64,7 @@ impl Default for GenerationParams {
             prompt_logprobs: None,
             logit_bias: vec![],
             grammar: None,
+            text: TextOptions::default(),
         }
     }
 }
@@ -138,7 +141,7 @@ impl Generation {
         let finished = if limit == 0 && params.prompt_logprobs.is_none() { Some(FinishReason::Length) } else { None };
         Generation {
             rng: Rng::new(params.seed),
-            text: TextStream::new(params.stop.clone()),
+            text: TextStream::new(params.stop.clone(), params.text),
             params,
             generated: Vec::new(),
             recent,

@@ -47,7 +47,7 @@ use tokenizers::Tokenizer;
 use maxrun_runtime::artifact::Artifact;
 use maxrun_runtime::executor::{Executor, ProfileRow, RunError, SequenceExecutor};
 pub use generation::{FinishReason, Generation, GenerationParams, TokenLogprob};
-pub use text::DecodeError;
+pub use text::{DecodeError, TextOptions};
 
 /// A request's id, unique within an engine.
 pub type RequestId = u64;
@@ -142,6 +142,8 @@ pub struct Stats {
     /// KV blocks of the batched backend's pool (0 on the serial backend).
     pub kv_blocks_total: usize,
     pub kv_blocks_used: usize,
+    /// Positions per KV block (0 on the serial backend).
+    pub kv_block_size: usize,
     /// Prompt positions looked up in the prefix cache, and found.
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,

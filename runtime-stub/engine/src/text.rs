@@ -11,6 +11,12 @@
 //! incomplete UTF-8 sequence and waits for the next token. The final text is
 //! always the decode of the whole reply ([`TextStream::finish`]), so streamed
 //! and non-streamed output end the same.
+//!
+//! Two choices of the request shape the text ([`TextOptions`]): whether the
+//! stop string that ended the reply is part of it (vLLM's
+//! `include_stop_str_in_output`, SGLang's `no_stop_trim`), and whether special
+//! tokens (those the tokenizer flags `special`) are decoded or skipped
+//! (`skip_special_tokens`).
 
 use tokenizers::Tokenizer;
 
@@ -18,6 +24,16 @@ use tokenizers::Tokenizer;
 #[derive(Debug, thiserror::Error)]
 #[error("decoding the generated tokens: {0}")]
 pub struct DecodeError(String);
+
+/// How a reply's tokens become its text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TextOptions {
+    /// The stop string that ended the reply ends its text too, instead of
+    /// being cut off with what follows it.
+    pub keep_stop: bool,
+    /// Special tokens give no text (the tokenizer's `skip_special_tokens`).
+    pub skip_special_tokens: bool,
+}
 
 /// The text of one reply so far.
 #[derive(Debug, Default)]
@@ -33,27 +49,39 @@ pub struct TextStream {
     stops: Vec<String>,
     /// Characters held back while streaming: one less than the longest stop string's.
     hold: usize,
-    /// Where the first stop string starts in `text`, once one appeared.
+    /// Where the reply's text ends in `text` once a stop string appeared:
+    /// where the first one starts, or where it ends with `keep_stop`.
     stopped_at: Option<usize>,
+    options: TextOptions,
+}
+
+/// Where the text ends at the earliest stop string in `text[from..]`, if any:
+/// before it, or after it with `keep`.
+fn stop_end(text: &str, from: usize, stops: &[String], keep: bool) -> Option<usize> {
+    let (at, stop) = stops.iter().filter_map(|s| text[from..].find(s.as_str()).map(|at| (from + at, s))).min_by_key(|&(at, s)| (at, std::cmp::Reverse(s.len())))?;
+    Some(if keep { at + stop.len() } else { at })
 }
 
 impl TextStream {
-    pub fn new(stops: Vec<String>) -> TextStream {
+    pub fn new(stops: Vec<String>, options: TextOptions) -> TextStream {
         let hold = stops.iter().map(|s| s.chars().count()).max().unwrap_or(1).saturating_sub(1);
-        TextStream { stops, hold, ..TextStream::default() }
+        TextStream { stops, hold, options, ..TextStream::default() }
+    }
+
+    fn decode(&self, tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, DecodeError> {
+        tokenizer.decode(ids, self.options.skip_special_tokens).map_err(|e| DecodeError(e.to_string()))
     }
 
     /// Appends a token (end-of-sequence tokens are never given: they are not text).
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<(), DecodeError> {
         self.ids.push(id);
-        let decode = |ids: &[u32]| tokenizer.decode(ids, false).map_err(|e| DecodeError(e.to_string()));
-        let before = decode(&self.ids[self.prefix..self.read])?;
-        let after = decode(&self.ids[self.prefix..])?;
+        let before = self.decode(tokenizer, &self.ids[self.prefix..self.read])?;
+        let after = self.decode(tokenizer, &self.ids[self.prefix..])?;
         if after.len() > before.len() && !after.ends_with('\u{FFFD}') {
             match after.strip_prefix(before.as_str()) {
                 Some(new) => self.text.push_str(new),
                 // The window decoded differently once extended: take the whole reply.
-                None => self.text = decode(&self.ids)?,
+                None => self.text = self.decode(tokenizer, &self.ids)?,
             }
             self.prefix = self.read;
             self.read = self.ids.len();
@@ -62,7 +90,7 @@ impl TextStream {
             // A stop string can only end in the new text, but may start before it.
             let from = self.handed.len().min(self.text.len()).saturating_sub(self.stops.iter().map(String::len).max().unwrap_or(0));
             let from = (0..=from).rev().find(|&i| self.text.is_char_boundary(i)).unwrap_or(0);
-            self.stopped_at = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|at| from + at)).min();
+            self.stopped_at = stop_end(&self.text, from, &self.stops, self.options.keep_stop);
         }
         Ok(())
     }
@@ -78,7 +106,7 @@ impl TextStream {
     }
 
     /// The text that can be handed out now and was not yet: everything up to a
-    /// stop string once one appeared, else all but the last characters that
+    /// stop string (or through it, with `keep_stop`) once one appeared, else all but the last characters that
     /// could still begin one.
     pub fn take(&mut self) -> String {
         let sent = self.handed.len();
@@ -105,9 +133,9 @@ impl TextStream {
     /// Ends the reply: the rest of its text (the whole reply's decode, cut at a
     /// stop string), which completes what [`TextStream::take`] handed out.
     pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String, DecodeError> {
-        let mut full = tokenizer.decode(&self.ids, false).map_err(|e| DecodeError(e.to_string()))?;
-        if let Some(at) = self.stops.iter().filter_map(|s| full.find(s.as_str())).min() {
-            full.truncate(at);
+        let mut full = self.decode(tokenizer, &self.ids)?;
+        if let Some(end) = stop_end(&full, 0, &self.stops, self.options.keep_stop) {
+            full.truncate(end);
         }
         let rest = match full.strip_prefix(self.handed.as_str()) {
             Some(rest) => rest.to_string(),
@@ -124,7 +152,8 @@ impl TextStream {
         Ok(rest)
     }
 
-    /// The reply's text so far (complete characters, before any stop string).
+    /// The reply's text so far (complete characters, before any stop string, or
+    /// through it with `keep_stop`).
     pub fn text(&self) -> &str {
         &self.text[..self.stopped_at.unwrap_or(self.text.len())]
     }

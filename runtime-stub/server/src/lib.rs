@@ -76,6 +76,35 @@ async fn signal() {
     }
 }
 
+/// The model id served without `--served-model-name`: the artifact's model
+/// name where it is an id clients and routers take as it is (printable ASCII
+/// without spaces, as `SmolLM2-135M-Instruct` or `org/model`), else that name
+/// made one (a GGUF's `general.name` such as `Smollm2 135M 8k Lc100K Mix1 Ep2`
+/// becomes `smollm2-135m-8k-lc100k-mix1-ep2`), else the artifact's file stem.
+pub fn default_served_name(model_name: &str, artifact: &std::path::Path) -> String {
+    if !model_name.is_empty() && model_name.bytes().all(|b| b.is_ascii_graphic()) {
+        return model_name.to_string();
+    }
+    let mut slug = String::new();
+    for c in model_name.chars().flat_map(char::to_lowercase) {
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_') {
+            slug.push(c);
+        } else if !slug.is_empty() && !slug.ends_with('-') {
+            slug.push('-');
+        }
+    }
+    let slug = slug.trim_end_matches('-');
+    if !slug.is_empty() {
+        return slug.to_string();
+    }
+    let stem = artifact.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_graphic()) {
+        "model".to_string()
+    } else {
+        stem
+    }
+}
+
 /// Serves `artifact` until a signal stops it.
 pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
     let h = &artifact.header;
@@ -85,9 +114,10 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
     let tool_format = opts.tool_parser.unwrap_or_else(|| template.as_deref().map_or(maxrun_engine::constrain::tools::ToolFormat::Hermes, maxrun_engine::constrain::tools::ToolFormat::of_template));
     let reasoning = opts.reasoning.unwrap_or_else(|| template.as_deref().is_some_and(|t| t.contains("<think>")));
     let info = ModelInfo {
-        name: opts.served_model_name.clone().unwrap_or_else(|| h.model.name.clone()),
+        name: opts.served_model_name.clone().unwrap_or_else(|| default_served_name(&h.model.name, &artifact.path)),
         tool_format,
         reasoning,
+        artifact: artifact.path.display().to_string(),
         created: std::fs::metadata(&artifact.path).and_then(|m| m.modified()).ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs()),
         max_length: h.max_length,
         vocab: h.model.vocab_size,
@@ -124,6 +154,10 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
         .route("/detokenize", post(routes::detokenize))
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
+        .route("/server_info", get(routes::server_info))
+        .route("/get_server_info", get(routes::server_info))
+        .route("/model_info", get(routes::model_info))
+        .route("/get_model_info", get(routes::model_info))
         .route("/metrics", get(routes::metrics))
         .fallback(routes::not_found)
         .with_state(state.clone());
@@ -167,4 +201,21 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
     result?;
     eprintln!("maxrun serve: stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_served_name;
+    use std::path::Path;
+
+    #[test]
+    fn the_default_served_name_is_an_id_without_spaces() {
+        let p = Path::new("out/smollm2.mef");
+        assert_eq!(default_served_name("SmolLM2-135M-Instruct", p), "SmolLM2-135M-Instruct");
+        assert_eq!(default_served_name("HuggingFaceTB/SmolLM2-135M-Instruct", p), "HuggingFaceTB/SmolLM2-135M-Instruct");
+        assert_eq!(default_served_name("Smollm2 135M 8k Lc100K Mix1 Ep2", p), "smollm2-135m-8k-lc100k-mix1-ep2");
+        assert_eq!(default_served_name("  Qwen3 (30B-A3B) ", p), "qwen3-30b-a3b");
+        assert_eq!(default_served_name("模型", p), "smollm2");
+        assert_eq!(default_served_name("", Path::new("x/my model.mef")), "model");
+    }
 }

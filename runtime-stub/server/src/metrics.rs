@@ -1,7 +1,14 @@
 //! `GET /metrics`: the server's counters, gauges and histograms in Prometheus
 //! text format (the `prometheus` crate's registry and encoder).
+//!
+//! Beside maxrun's own (`maxrun_*`), the gauges that routers read from a model
+//! server under vLLM's names, which the Gateway API Inference Extension's model
+//! server protocol takes as its defaults and llm-d's endpoint picker, the
+//! SGLang / vLLM routers and KEDA / HPA examples scrape: `vllm:num_requests_waiting`,
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc` (a fraction, 1 = full,
+//! as vLLM's) and `vllm:cache_config_info` (the KV block size and count as labels).
 
-use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 use maxrun_engine::Stats;
 
@@ -38,6 +45,11 @@ pub struct Metrics {
     pub accepted_tokens: IntCounter,
     pub verifications: IntCounter,
     pub accepted_length: Histogram,
+    /// The router-facing gauges under vLLM's names (the module's doc).
+    pub router_waiting: Gauge,
+    pub router_running: Gauge,
+    pub router_kv_usage: Gauge,
+    pub router_cache_config: GaugeVec,
     /// The engine's speculation counts already published (the engine's are cumulative).
     spec_seen: std::sync::Mutex<(u64, u64, u64, [u64; maxrun_engine::speculate::MAX_DRAFTS + 1])>,
 }
@@ -76,6 +88,10 @@ impl Metrics {
             accepted_tokens: counter("maxrun_spec_decode_accepted_tokens_total", "drafted tokens that stood (speculative decoding)"),
             verifications: counter("maxrun_spec_decode_verifications_total", "verification steps of a sequence (each gives its accepted drafts and one token more)"),
             accepted_length: histogram("maxrun_spec_decode_accepted_length", "drafted tokens that stood per verification step", (0..=maxrun_engine::speculate::MAX_DRAFTS).map(|n| n as f64).collect()),
+            router_waiting: Gauge::new("vllm:num_requests_waiting", "requests waiting for room in the engine (vLLM's name, read by routers)").expect("valid"),
+            router_running: Gauge::new("vllm:num_requests_running", "requests in the engine's running batch (vLLM's name, read by routers)").expect("valid"),
+            router_kv_usage: Gauge::new("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = every block held by a sequence (vLLM's name, read by routers)").expect("valid"),
+            router_cache_config: GaugeVec::new(Opts::new("vllm:cache_config_info", "the KV cache's configuration, as labels (vLLM's name)"), &["block_size", "num_gpu_blocks"]).expect("valid"),
             spec_seen: std::sync::Mutex::new((0, 0, 0, [0; maxrun_engine::speculate::MAX_DRAFTS + 1])),
             registry,
         };
@@ -102,6 +118,10 @@ impl Metrics {
             Box::new(m.accepted_tokens.clone()),
             Box::new(m.verifications.clone()),
             Box::new(m.accepted_length.clone()),
+            Box::new(m.router_waiting.clone()),
+            Box::new(m.router_running.clone()),
+            Box::new(m.router_kv_usage.clone()),
+            Box::new(m.router_cache_config.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("each metric is registered once");
@@ -119,6 +139,17 @@ impl Metrics {
         self.prefix_hit_tokens.set(s.prefix_hit_tokens as i64);
         self.prefix_hit_rate.set(if s.prefix_queried_tokens > 0 { s.prefix_hit_tokens as f64 / s.prefix_queried_tokens as f64 } else { 0.0 });
         self.preemptions.set(s.preemptions as i64);
+        self.router_waiting.set(s.waiting as f64);
+        self.router_running.set(s.running as f64);
+        self.router_kv_usage.set(if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 });
+        if s.kv_blocks_total > 0 {
+            let labels = [s.kv_block_size.to_string(), s.kv_blocks_total.to_string()];
+            let labels = [labels[0].as_str(), labels[1].as_str()];
+            if self.router_cache_config.get_metric_with_label_values(&labels).map_or(true, |g| g.get() != 1.0) {
+                self.router_cache_config.reset();
+                self.router_cache_config.with_label_values(&labels).set(1.0);
+            }
+        }
         let mut seen = self.spec_seen.lock().expect("the metrics lock is never poisoned");
         self.draft_tokens.inc_by(s.draft_tokens.saturating_sub(seen.0));
         self.accepted_tokens.inc_by(s.accepted_tokens.saturating_sub(seen.1));

@@ -57,6 +57,22 @@ pub struct Sampling {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    /// SGLang's name for `include_stop_str_in_output` (sglang-router sends it
+    /// with every request).
+    #[serde(default)]
+    pub no_stop_trim: bool,
+    /// vLLM's: the stop string that ended the reply stays at its end.
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    /// vLLM's and SGLang's (their default true; maxrun's default false: the
+    /// reply's text holds every token it generated, as `maxrun --prompt` prints).
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM's: spaces between special tokens' text in a slow tokenizer's
+    /// decode; a `tokenizer.json` (fast) tokenizer decodes the same either way,
+    /// in vLLM and here.
+    pub spaces_between_special_tokens: Option<bool>,
+    /// SGLang's: the model's hidden states in the reply; false only.
+    pub return_hidden_states: Option<bool>,
 }
 
 /// The fields of [`Sampling`].
@@ -76,6 +92,11 @@ const SAMPLING_FIELDS: &[&str] = &[
     "stream",
     "stream_options",
     "user",
+    "no_stop_trim",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "return_hidden_states",
 ];
 
 /// Every field a completion request may have.
@@ -96,6 +117,9 @@ pub const CHAT_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "continue_final_message",
+    "separate_reasoning",
+    "stream_reasoning",
 ];
 /// Every field a `/tokenize` request may have (vLLM's names).
 pub const TOKENIZE_FIELDS: &[&str] = &["model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs", "tools"];
@@ -245,6 +269,16 @@ pub struct ChatRequest {
     pub tools: Option<Vec<ToolSpec>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// vLLM's and SGLang's: the reply continues the last (assistant) message
+    /// instead of starting a new one.
+    #[serde(default)]
+    pub continue_final_message: bool,
+    /// SGLang's: with a reasoning parser, the thinking goes to
+    /// `reasoning_content` (true, the default) or stays in `content`.
+    pub separate_reasoning: Option<bool>,
+    /// SGLang's: streamed thinking comes as it is generated (true, the
+    /// default) or in one `reasoning_content` delta once it ends.
+    pub stream_reasoning: Option<bool>,
 }
 
 /// `POST /tokenize`, as vLLM takes it: a text `prompt`, or chat `messages`
@@ -442,6 +476,10 @@ pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usi
     if s.stream_options.is_some() && !s.stream {
         return Err(field("stream_options", "stream_options goes with stream = true".into()));
     }
+    if s.return_hidden_states == Some(true) {
+        return Err(field("return_hidden_states", "maxrun serve does not return hidden states; send false or leave it out".into()));
+    }
+    let text = maxrun_engine::TextOptions { keep_stop: s.no_stop_trim || s.include_stop_str_in_output, skip_special_tokens: s.skip_special_tokens.unwrap_or(false) };
     let sampling = SamplingParams {
         // OpenAI's default temperature is 1; the artifact's generation config, where
         // it set one, is the model's own default (as vLLM takes it).
@@ -460,6 +498,7 @@ pub fn generation_params(s: &Sampling, max_tokens: Option<u64>, default_max: usi
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
         presence_penalty: s.presence_penalty.unwrap_or(0.0),
         logprobs,
+        text,
         ..GenerationParams::default()
     })
 }

@@ -921,6 +921,8 @@ async fn create_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: 
         sampling: &sampling,
         logprobs: None,
         tools_param: |i| format!("tools[{i}].parameters"),
+        continue_final: false,
+        separate_reasoning: true,
     };
     let job = prepare_chat(st, ask)?;
     let frame = Arc::new(Frame {

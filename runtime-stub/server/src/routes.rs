@@ -36,6 +36,8 @@ pub struct ModelInfo {
     /// Whether replies' `<think>...</think>` goes to `reasoning_content`.
     pub reasoning: bool,
     pub created: u64,
+    /// The artifact's path as the command line gave it.
+    pub artifact: String,
     pub max_length: u64,
     pub vocab: u64,
     pub tokenizer: tokenizers::Tokenizer,
@@ -86,6 +88,8 @@ impl AppState {
 
     pub(super) fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
         match model {
+            // sglang-router names the model `unknown` in a request that named none.
+            Some(m) if m == "unknown" && self.info.name != "unknown" => Ok(()),
             Some(m) if m != &self.info.name => Err(ApiError::model_not_found(m, &self.info.name)),
             _ => Ok(()),
         }
@@ -162,6 +166,44 @@ pub async fn models(State(st): St, headers: HeaderMap) -> Response {
         Json(json!({"object": "list", "data": [{"id": i.name, "object": "model", "created": i.created, "owned_by": "maxrun", "max_model_len": i.max_length}]})).into_response()
     });
     respond(&st, "/v1/models", "models", started, result)
+}
+
+/// SGLang's `GET /server_info` (also `/get_server_info`), which sglang-router
+/// reads when it adds a replica: `served_model_name` is the id its
+/// `/v1/models` lists. The fields SGLang's server arguments share with
+/// maxrun's, and the engine's state.
+pub async fn server_info(State(st): St, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let result = st.authorize(&headers).map(|()| {
+        let i = &st.info;
+        let s = st.shared.stats.lock().expect("never poisoned").clone();
+        Json(json!({
+            "served_model_name": i.name,
+            "model_path": i.artifact,
+            "tokenizer_path": i.artifact,
+            "context_length": i.max_length,
+            "page_size": s.kv_block_size,
+            "max_total_num_tokens": s.kv_blocks_total * s.kv_block_size,
+            "max_queued_requests": st.max_queue,
+            "tp_size": 1,
+            "dp_size": 1,
+            "is_embedding": i.encoder,
+            "version": concat!("maxrun ", env!("CARGO_PKG_VERSION")),
+            "internal_states": [{"num_running_reqs": s.running, "num_waiting_reqs": s.waiting, "kv_cache_usage": if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 }}],
+        }))
+        .into_response()
+    });
+    respond(&st, "/server_info", "server_info", started, result)
+}
+
+/// SGLang's `GET /model_info` (also `/get_model_info`).
+pub async fn model_info(State(st): St, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let result = st.authorize(&headers).map(|()| {
+        let i = &st.info;
+        Json(json!({"model_path": i.artifact, "tokenizer_path": i.artifact, "served_model_name": i.name, "is_generation": !i.encoder, "max_model_len": i.max_length})).into_response()
+    });
+    respond(&st, "/model_info", "model_info", started, result)
 }
 
 pub async fn not_found(State(st): St, uri: Uri) -> Response {
@@ -315,6 +357,9 @@ struct Reply {
     tools: Option<ToolReply>,
     /// Chat with a reasoning parser: whether the prompt opened `<think>`.
     think: Option<bool>,
+    /// Streamed thinking goes out as it comes (else in one delta when it ends:
+    /// SGLang's `stream_reasoning: false`).
+    stream_reasoning: bool,
 }
 
 /// How a chat reply with tools is read and answered.
@@ -364,6 +409,8 @@ struct ChoiceStream {
     calls: Option<maxrun_engine::constrain::tools::ToolStream>,
     /// A call was sent.
     called: bool,
+    /// Thinking not sent yet (`stream_reasoning: false`).
+    held_reasoning: String,
 }
 
 impl Reply {
@@ -546,12 +593,17 @@ impl Reply {
                         if !self.tools.is_some_and(|t| t.forced) {
                             self.open(index, c, out);
                         }
-                        if !reasoning.is_empty() {
+                        if !reasoning.is_empty() && self.stream_reasoning {
                             self.open(index, c, out);
                             out.push(self.delta_chunk(index, json!({"reasoning_content": reasoning}), &[], None));
                         }
+                        c.held_reasoning.push_str(if self.stream_reasoning { "" } else { &reasoning });
                         if !content.is_empty() || !lps.is_empty() {
                             self.open(index, c, out);
+                            // The thinking ended where the content begins.
+                            if !c.held_reasoning.is_empty() {
+                                out.push(self.delta_chunk(index, json!({"reasoning_content": std::mem::take(&mut c.held_reasoning)}), &[], None));
+                            }
                             out.push(self.delta_chunk(index, json!({"content": content}), &lps, None));
                         }
                         self.call_chunks(index, c, deltas, out);
@@ -572,6 +624,7 @@ impl Reply {
                             }
                             None => (String::new(), text),
                         };
+                        let reasoning = std::mem::take(&mut c.held_reasoning) + &reasoning;
                         let mut deltas = vec![];
                         if let Some(s) = &mut c.calls {
                             let sent = s.push(&content);
@@ -641,7 +694,7 @@ impl Reply {
             });
             streams.push(updates.boxed());
         }
-        let new_choice = |_| ChoiceStream { first: true, offset: 0, done: false, think: self.think.map(ThinkSplitter::new), calls: self.tools.map(|t| ToolStream::new(t.format, t.forced)), called: false };
+        let new_choice = |_| ChoiceStream { first: true, offset: 0, done: false, think: self.think.map(ThinkSplitter::new), calls: self.tools.map(|t| ToolStream::new(t.format, t.forced)), called: false, held_reasoning: String::new() };
         let choice_state: Vec<ChoiceStream> = (0..streams.len()).map(new_choice).collect();
         let state = S { reply: self, merged: futures_util::stream::select_all(streams), choices: choice_state, echoes, counts_prompt, usage: (0, 0), reasons: vec![], done: false, queue: Default::default() };
         let stream = futures_util::stream::unfold(state, move |mut s| async move {
@@ -759,7 +812,7 @@ async fn completions_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8],
     let guard = st.admit()?;
     let choices = start(st, Plan { prompts: prompts.collect(), n, params, grammar_field })?;
     let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let reply = Reply { st: st.clone(), kind: Kind::Completion, id: id.to_string(), endpoint: "/v1/completions", started, include_usage, logprobs, guard, tools: None, think: None };
+    let reply = Reply { st: st.clone(), kind: Kind::Completion, id: id.to_string(), endpoint: "/v1/completions", started, include_usage, logprobs, guard, tools: None, think: None, stream_reasoning: true };
     if sampling.stream {
         Ok(reply.stream(choices))
     } else {
@@ -797,6 +850,8 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
         sampling: &sampling,
         logprobs,
         tools_param: |i| format!("tools[{i}].function.parameters"),
+        continue_final: r.continue_final_message,
+        separate_reasoning: r.separate_reasoning.unwrap_or(true),
     };
     let logit_bias = openai::logit_bias(&r.logit_bias, st.info.vocab)?;
     let mut job = prepare_chat(st, ask)?;
@@ -804,7 +859,8 @@ async fn chat_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: &s
     let guard = st.admit()?;
     let choices = start(st, Plan { prompts: vec![(job.prompt, None)], n, params: job.params, grammar_field: job.grammar_field })?;
     let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs, guard, tools: job.tools, think: job.think };
+    let stream_reasoning = r.stream_reasoning.unwrap_or(true);
+    let reply = Reply { st: st.clone(), kind: Kind::Chat, id: id.to_string(), endpoint: "/v1/chat/completions", started, include_usage, logprobs, guard, tools: job.tools, think: job.think, stream_reasoning };
     if sampling.stream {
         Ok(reply.stream(choices))
     } else {
@@ -829,6 +885,12 @@ pub(super) struct ChatAsk<'a> {
     pub logprobs: Option<usize>,
     /// The field of tool `i`'s parameters schema, for errors.
     pub tools_param: fn(usize) -> String,
+    /// The reply continues the last message, an assistant's (vLLM's
+    /// `continue_final_message`): the prompt ends with that message's text,
+    /// without its end of turn or a generation prompt.
+    pub continue_final: bool,
+    /// With a reasoning parser, the thinking goes to `reasoning_content`.
+    pub separate_reasoning: bool,
 }
 
 /// A chat-shaped request ready for the engine.
@@ -851,9 +913,12 @@ pub(super) struct ChatJob {
 pub(super) fn prepare_chat(st: &AppState, ask: ChatAsk<'_>) -> Result<ChatJob, ApiError> {
     use maxrun_engine::constrain::tools;
     let use_tools = ask.choice != openai::ToolChoice::None;
-    let (text, format) = chat_text(st, ask.messages, use_tools.then_some(ask.offered.as_slice()), true, ask.messages_param)?;
+    let (mut text, format) = chat_text(st, ask.messages, use_tools.then_some(ask.offered.as_slice()), !ask.continue_final, ask.messages_param)?;
+    if ask.continue_final {
+        text = continued(text, ask.messages)?;
+    }
     // A template that opens the thinking itself starts the reply inside it.
-    let think = st.info.reasoning.then(|| text.trim_end().ends_with("<think>"));
+    let think = (st.info.reasoning && ask.separate_reasoning).then(|| text.trim_end().ends_with("<think>"));
     let prompt = prompt_list(st, &Prompt::Text(text), ask.messages_param, false)?.remove(0).0;
     check_length(st, prompt.len(), ask.messages_param)?;
     // Without a limit, a reply may run to the end of the context.
@@ -882,6 +947,28 @@ pub(super) fn prepare_chat(st: &AppState, ask: ChatAsk<'_>) -> Result<ChatJob, A
     }
     let tools = use_tools.then_some(ToolReply { format, forced: !forced.is_empty(), named, max_calls: (!parallel).then_some(1) });
     Ok(ChatJob { prompt, params, grammar_field, tools, think })
+}
+
+/// A rendered chat cut after the last message's text, so the reply continues
+/// it, as transformers' `apply_chat_template(continue_final_message=True)`
+/// (which vLLM calls) cuts it: at the last occurrence of that text (stripped
+/// of surrounding white space if the template strips it).
+fn continued(mut text: String, messages: &[openai::ChatMessage]) -> Result<String, ApiError> {
+    let param = Some("continue_final_message".to_string());
+    let last = messages.len().saturating_sub(1);
+    let Some(m) = messages.last().filter(|m| m.role == "assistant") else {
+        return Err(ApiError::invalid("continue_final_message continues the last message, which must be an assistant's", param));
+    };
+    let final_text = openai::message_text(m, last)?;
+    let end = match text.rfind(final_text.as_str()) {
+        Some(at) if !final_text.is_empty() => at + final_text.len(),
+        _ => match text.rfind(final_text.trim()) {
+            Some(at) if !final_text.trim().is_empty() => at + final_text.trim().len(),
+            _ => return Err(ApiError::invalid("the chat template does not render the last message's text as it is, so the reply cannot continue it; send it without continue_final_message", param)),
+        },
+    };
+    text.truncate(end);
+    Ok(text)
 }
 
 /// The text of a chat prompt: `messages` through the artifact's chat template,

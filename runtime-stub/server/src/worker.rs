@@ -214,6 +214,8 @@ fn generate_loop(engine: &mut Engine<'_>, rx: mpsc::Receiver<Job>, shared: &Shar
     let mut active: HashMap<RequestId, Active> = HashMap::new();
     let mut rate = Rate { window: VecDeque::new() };
     let m = &shared.metrics;
+    // The gauges (the KV pool's size among them) are there before a first request.
+    publish(engine, shared);
     loop {
         // New jobs: all that are there, or wait for one when idle.
         let mut jobs = Vec::new();
