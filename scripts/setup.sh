@@ -8,6 +8,8 @@
 #   - the openai, prometheus-client, jsonschema and openai-agents (the OpenAI Agents SDK) Python
 #     packages into .cache/python (server tests)
 #   - sglang-router (SGLang's router) into .cache/sglang-router (the replica tests)
+#   - kubernetes-validate (the Kubernetes manifests' schema validator) into
+#     .cache/kubernetes-validate (tests/tests/deploy.rs)
 #   - aarch64 cross-compilation (docs/aarch64.md): Debian's gcc-aarch64-linux-gnu and
 #     libc6-dev-arm64-cross (the cross linker and C library), qemu-user (tests run the
 #     aarch64 maxrun under qemu-aarch64) and Rust's aarch64-unknown-linux-gnu target
@@ -102,6 +104,18 @@ if [ "$(cat "$router_lib/.packages" 2>/dev/null)" != "$router_pkg" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$router_lib.part" "$router_pkg"
   echo "$router_pkg" > "$router_lib.part/.packages"
   rm -rf "$router_lib" && mv "$router_lib.part" "$router_lib"
+fi
+# The Kubernetes schema validator of tests/tests/deploy.rs (deploy/kubernetes/
+# checked against the API's OpenAPI schemas, which the package ships: no network
+# in the test), into .cache/kubernetes-validate.
+kvlib="$cache/kubernetes-validate"
+kvpkgs="kubernetes-validate==1.37.0"
+if [ "$(cat "$kvlib/.packages" 2>/dev/null)" != "$kvpkgs" ]; then
+  echo "setup: fetching $kvpkgs (deployment manifest validator)" >&2
+  rm -rf "$kvlib.part"
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$kvlib.part" $kvpkgs
+  echo "$kvpkgs" > "$kvlib.part/.packages"
+  rm -rf "$kvlib" && mv "$kvlib.part" "$kvlib"
 fi
 # aarch64 cross-compilation: maxc links aarch64 kernels with the cross gcc,
 # cargo links the aarch64 maxrun with it (.cargo/config.toml), and
