@@ -146,6 +146,14 @@ pub enum RopeScaling {
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
     /// One divisor per frequency (GGUF `rope_freqs.weight`).
     FreqFactors(Vec<f32>),
+    /// YaRN (transformers' `_compute_yarn_parameters`): frequencies blend from
+    /// kept (fast rotations) to divided by `factor` (slow ones) along a linear
+    /// ramp between the correction dims of `beta_fast` and `beta_slow` rotations
+    /// over `original_max_position` positions; `truncate` rounds the ramp's ends
+    /// outward. Its attention factor ([`super::rope::attention_factor`]) scales
+    /// cos and sin in transformers; `Rope` leaves it out and the builders fold
+    /// its square into the attention scale (q and k both carry it).
+    Yarn { factor: f32, original_max_position: u32, beta_fast: f32, beta_slow: f32, truncate: bool },
 }
 
 /// The operations of the graph IR. The payload holds every attribute; inputs are in [`Node::inputs`].
