@@ -70,6 +70,7 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
             window: if sliding { c.sliding_window.map(|s| s as u32) } else { None },
             softcap: gp.attn_logit_softcapping,
             causal: true,
+            sinks: false,
         };
         let a = g.add(attn, &[q, k, vv, positions]);
         let o = linear(&mut g, a, &format!("{p}.self_attn.o_proj"), h, nh * hd)?;

@@ -115,6 +115,7 @@ pub fn build_decoder(model: &ImportedModel, w: &WeightBinder<'_>, opts: &Decoder
             window: c.sliding_window.map(|s| s as u32),
             softcap: None,
             causal: true,
+            sinks: false,
         };
         let a = g.add(attn, &[q, k, vv, positions]);
         let mut o = linear(&mut g, a, &format!("{p}.self_attn.o_proj"), h, nh * hd, c.o_bias)?;

@@ -180,6 +180,7 @@ pub enum Op {
     /// Causal attention over this layer's KV cache after appending this step's k and v:
     /// inputs (q `[seq, heads*hd]`, k `[seq, kv_heads*hd]`, v `[seq, kv_heads*hd]`, positions).
     /// `softcap`: scores become `tanh(score / c) * c` before the softmax (Gemma 2).
+    /// `sinks`: see the field.
     /// `causal = false` (encoders): every token attends to every token of the sequence.
     Attention {
         layer: u32,
@@ -190,6 +191,10 @@ pub enum Op {
         window: Option<u32>,
         softcap: Option<f32>,
         causal: bool,
+        /// gpt-oss: a fifth input, one learned logit per head `[heads]`, joins
+        /// each softmax's denominator (it carries no value), so a row's weights
+        /// sum to less than one.
+        sinks: bool,
     },
     /// The mean over rows: `[seq, h] -> [1, h]` (sentence-embedding pooling).
     MeanRows,
@@ -299,6 +304,7 @@ impl Op {
             Op::AllReduce | Op::AllGather { .. } | Op::ShardSlice { .. } => Some(1),
             Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
+            Op::Attention { sinks: true, .. } => Some(5),
             Op::Attention { .. } | Op::Moe { .. } => Some(4),
             Op::Concat { .. } => None,
         }

@@ -111,7 +111,7 @@ fn attributes(op: &Op) -> Vec<String> {
             };
             vec![format!("head_dim = {head_dim}"), format!("theta = {}", float(*theta)), format!("scaling = {scaling}")]
         }
-        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
+        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks } => {
             let mut a = vec![
                 format!("layer = {layer}"),
                 format!("heads = {heads}"),
@@ -125,6 +125,9 @@ fn attributes(op: &Op) -> Vec<String> {
             }
             if !causal {
                 a.push("causal = false".into());
+            }
+            if *sinks {
+                a.push("sinks = true".into());
             }
             a
         }
@@ -583,6 +586,16 @@ pub fn parse(text: &str) -> Result<Graph> {
                             }
                         } else {
                             true
+                        },
+                        sinks: if attrs.items.iter().any(|(k, _)| k == "sinks") {
+                            let mut c = attrs.take("sinks")?;
+                            match c.ident()?.as_str() {
+                                "true" => true,
+                                "false" => false,
+                                other => return c.err(format!("sinks must be true or false, not `{other}`")),
+                            }
+                        } else {
+                            false
                         },
                     },
                     "concat" => Op::Concat { axis: attrs.num("axis")? },

@@ -28,7 +28,7 @@ pub fn decide(g: &Graph, id: ValueId, have: &[Placement], ctx: &RuleCtx) -> Deci
         Op::Rope { .. } if have[0] == COLUMNS && whole_heads(g, id, ctx) => {
             Decision { inputs: vec![COLUMNS, Placement::Replicated], output: COLUMNS }
         }
-        Op::Attention { .. } if have[..3].iter().all(|p| *p == COLUMNS) && whole_heads(g, id, ctx) => {
+        Op::Attention { sinks: false, .. } if have[..3].iter().all(|p| *p == COLUMNS) && whole_heads(g, id, ctx) => {
             Decision { inputs: vec![COLUMNS, COLUMNS, COLUMNS, Placement::Replicated], output: COLUMNS }
         }
         _ => Decision::replicated(node.inputs.len()),
@@ -63,7 +63,7 @@ fn splittable_heads(g: &Graph, mut v: ValueId, ctx: &RuleCtx) -> bool {
 /// The attention op of one device: its share of the heads.
 pub fn local_attention(op: &Op, devices: u32) -> Op {
     match op {
-        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => Op::Attention {
+        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks } => Op::Attention {
             layer: *layer,
             heads: heads / devices,
             kv_heads: kv_heads / devices,
@@ -72,6 +72,7 @@ pub fn local_attention(op: &Op, devices: u32) -> Op {
             window: *window,
             softcap: *softcap,
             causal: *causal,
+            sinks: *sinks,
         },
         other => other.clone(),
     }
