@@ -15,7 +15,8 @@ fn whole_heads(g: &Graph, id: ValueId, ctx: &RuleCtx) -> bool {
             let w = width(g, node.inputs[0]);
             splits(w, ctx.devices) && (w / ctx.devices).is_multiple_of(head_dim as u64)
         }
-        Op::Attention { heads, kv_heads, .. } => {
+        // The sinks are one per head and would need splitting too: not yet.
+        Op::Attention { heads, kv_heads, sinks: false, .. } => {
             ctx.split_attention && splits(kv_heads as u64, ctx.devices) && splits(heads as u64, ctx.devices)
         }
         _ => false,
@@ -28,7 +29,7 @@ pub fn decide(g: &Graph, id: ValueId, have: &[Placement], ctx: &RuleCtx) -> Deci
         Op::Rope { .. } if have[0] == COLUMNS && whole_heads(g, id, ctx) => {
             Decision { inputs: vec![COLUMNS, Placement::Replicated], output: COLUMNS }
         }
-        Op::Attention { sinks: false, .. } if have[..3].iter().all(|p| *p == COLUMNS) && whole_heads(g, id, ctx) => {
+        Op::Attention { .. } if have[..3].iter().all(|p| *p == COLUMNS) && whole_heads(g, id, ctx) => {
             Decision { inputs: vec![COLUMNS, COLUMNS, COLUMNS, Placement::Replicated], output: COLUMNS }
         }
         _ => Decision::replicated(node.inputs.len()),
