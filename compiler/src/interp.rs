@@ -324,7 +324,7 @@ impl<'a> Interpreter<'a> {
                 }
                 Tensor::f32(args[0].shape.clone(), out)
             }
-            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks } => {
                 let (q, k, v, pos) = (f(0), f(1), f(2), args[3].as_i32());
                 let (nh, nkv, hd) = (*heads as usize, *kv_heads as usize, *head_dim as usize);
                 let kvw = nkv * hd;
@@ -358,9 +358,10 @@ impl<'a> Interpreter<'a> {
                                 }
                             })
                             .collect();
-                        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let sink = if *sinks { Some(args[4].as_f32()[hh]) } else { None };
+                        let max = scores.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
                         let exps: Vec<f32> = scores.iter().map(|&x| (x - max).exp()).collect();
-                        let sum: f32 = exps.iter().sum();
+                        let sum: f32 = exps.iter().sum::<f32>() + sink.map_or(0.0, |z| (z - max).exp());
                         let o = &mut out[(s * nh + hh) * hd..(s * nh + hh + 1) * hd];
                         for (j, e) in (start..=p).zip(&exps) {
                             let vv = &vc[j * kvw + kvh * hd..j * kvw + (kvh + 1) * hd];
@@ -574,4 +575,41 @@ pub fn greedy(interp: &mut Interpreter<'_>, prompt: &[u32], n: usize) -> Result<
         out.push(next);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One head, one token whose score is 1: with a sink logit `z` its weight
+    /// is `e / (e + e^z)`, and the sink's share goes to no value.
+    #[test]
+    fn attention_sinks_join_the_softmax_denominator_once() {
+        let text = r#"graph "sinks" {
+  %0 = input "q" : f32[seq, 2]
+  %1 = input "k" : f32[seq, 2]
+  %2 = input "v" : f32[seq, 2]
+  %3 = input "positions" : i32[seq]
+  %4 = weight "sinks" : f32[1]
+  %5 = attention %0, %1, %2, %3, %4 {layer = 0, heads = 1, kv_heads = 1, head_dim = 2, scale = 1.0, window = none, sinks = true} : f32[seq, 2]
+  output "out" = %5
+}
+"#;
+        let g = crate::graph::text::parse(text).unwrap();
+        assert_eq!(crate::graph::text::print(&g), text);
+        for (z, w) in [(1.0f32, 0.5f32), (1.0 + 2f32.ln(), 1.0 / 3.0), (-1e4, 1.0)] {
+            let weights: HashMap<String, Vec<f32>> = [("sinks".to_string(), vec![z])].into();
+            let mut it = Interpreter::new(&g, &weights);
+            let t = |d: Vec<f32>| Tensor::f32(vec![1, 2], d);
+            let inputs: HashMap<String, Tensor> = [
+                ("q".to_string(), t(vec![1.0, 0.0])),
+                ("k".to_string(), t(vec![1.0, 0.0])),
+                ("v".to_string(), t(vec![2.0, 4.0])),
+                ("positions".to_string(), Tensor::i32(vec![1], vec![0])),
+            ]
+            .into();
+            let out = it.run(&inputs).unwrap()["out"].as_f32().to_vec();
+            assert!((out[0] - 2.0 * w).abs() < 1e-5 && (out[1] - 4.0 * w).abs() < 1e-5, "sink {z}: {out:?}");
+        }
+    }
 }

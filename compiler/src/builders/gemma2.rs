@@ -51,9 +51,12 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
             k = norm(&mut g, k, &format!("{p}.self_attn.k_norm.weight"), hd)?;
         }
         let sliding = gp.sliding_layers.get(l).copied().unwrap_or(false);
-        let rope = match gp.local_rope_theta {
-            Some(theta) if sliding => Op::Rope { head_dim: hd as u32, theta, scaling: crate::graph::RopeScaling::None },
-            _ => Op::Rope { head_dim: hd as u32, theta: c.rope_theta, scaling: c.rope_scaling.clone() },
+        let (rope, rope_factor) = match gp.local_rope_theta {
+            Some(theta) if sliding => (Op::Rope { head_dim: hd as u32, theta, scaling: crate::graph::RopeScaling::None }, 1.0),
+            _ => (
+                Op::Rope { head_dim: hd as u32, theta: c.rope_theta, scaling: c.rope_scaling.clone() },
+                crate::graph::rope::attention_factor(&c.rope_scaling),
+            ),
         };
         let q = g.add(rope.clone(), &[q, positions]);
         let k = g.add(rope, &[k, positions]);
@@ -62,10 +65,12 @@ pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
             heads: nh as u32,
             kv_heads: nkv as u32,
             head_dim: hd as u32,
-            scale: 1.0 / gp.query_pre_attn_scalar.sqrt(),
+            // YaRN's attention factor, carried by q and k both (see llama.rs).
+            scale: rope_factor * rope_factor / gp.query_pre_attn_scalar.sqrt(),
             window: if sliding { c.sliding_window.map(|s| s as u32) } else { None },
             softcap: gp.attn_logit_softcapping,
             causal: true,
+            sinks: false,
         };
         let a = g.add(attn, &[q, k, vv, positions]);
         let o = linear(&mut g, a, &format!("{p}.self_attn.o_proj"), h, nh * hd)?;

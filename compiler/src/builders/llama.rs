@@ -108,10 +108,14 @@ pub fn build_decoder(model: &ImportedModel, w: &WeightBinder<'_>, opts: &Decoder
             heads: nh as u32,
             kv_heads: nkv as u32,
             head_dim: hd as u32,
-            scale: opts.attention_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+            // YaRN's attention factor scales cos and sin in transformers, so q and
+            // k both carry it: the scores carry its square (1 for other scalings).
+            scale: opts.attention_scale.unwrap_or(1.0 / (hd as f32).sqrt())
+                * crate::graph::rope::attention_factor(&c.rope_scaling).powi(2),
             window: c.sliding_window.map(|s| s as u32),
             softcap: None,
             causal: true,
+            sinks: false,
         };
         let a = g.add(attn, &[q, k, vv, positions]);
         let mut o = linear(&mut g, a, &format!("{p}.self_attn.o_proj"), h, nh * hd, c.o_bias)?;

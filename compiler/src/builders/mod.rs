@@ -168,6 +168,7 @@ pub fn standard_attention(layer: usize, heads: usize, kv_heads: usize, head_dim:
         window: None,
         softcap: None,
         causal,
+        sinks: false,
     }
 }
 

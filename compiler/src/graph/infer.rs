@@ -194,8 +194,11 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
             }
             Ok(plain(x))
         }
-        Op::Attention { heads, kv_heads, head_dim, .. } => {
+        Op::Attention { heads, kv_heads, head_dim, sinks, .. } => {
             let (q, k, v, pos) = (t(0), t(1), t(2), t(3));
+            if *sinks && (t(4).rank() != 1 || t(4).last_dim() != Some(*heads as u64)) {
+                return Err(format!("attention sinks must be [heads] = [{heads}]"));
+            }
             for (x, what) in [(q, "q"), (k, "k"), (v, "v")] {
                 expect_rank(x, 2, what)?;
                 if x.shape[0] != q.shape[0] {

@@ -146,6 +146,14 @@ pub enum RopeScaling {
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
     /// One divisor per frequency (GGUF `rope_freqs.weight`).
     FreqFactors(Vec<f32>),
+    /// YaRN (transformers' `_compute_yarn_parameters`): frequencies blend from
+    /// kept (fast rotations) to divided by `factor` (slow ones) along a linear
+    /// ramp between the correction dims of `beta_fast` and `beta_slow` rotations
+    /// over `original_max_position` positions; `truncate` rounds the ramp's ends
+    /// outward. Its attention factor ([`super::rope::attention_factor`]) scales
+    /// cos and sin in transformers; `Rope` leaves it out and the builders fold
+    /// its square into the attention scale (q and k both carry it).
+    Yarn { factor: f32, original_max_position: u32, beta_fast: f32, beta_slow: f32, truncate: bool },
 }
 
 /// The operations of the graph IR. The payload holds every attribute; inputs are in [`Node::inputs`].
@@ -172,6 +180,7 @@ pub enum Op {
     /// Causal attention over this layer's KV cache after appending this step's k and v:
     /// inputs (q `[seq, heads*hd]`, k `[seq, kv_heads*hd]`, v `[seq, kv_heads*hd]`, positions).
     /// `softcap`: scores become `tanh(score / c) * c` before the softmax (Gemma 2).
+    /// `sinks`: see the field.
     /// `causal = false` (encoders): every token attends to every token of the sequence.
     Attention {
         layer: u32,
@@ -182,6 +191,10 @@ pub enum Op {
         window: Option<u32>,
         softcap: Option<f32>,
         causal: bool,
+        /// gpt-oss: a fifth input, one learned logit per head `[heads]`, joins
+        /// each softmax's denominator (it carries no value), so a row's weights
+        /// sum to less than one.
+        sinks: bool,
     },
     /// The mean over rows: `[seq, h] -> [1, h]` (sentence-embedding pooling).
     MeanRows,
@@ -291,6 +304,7 @@ impl Op {
             Op::AllReduce | Op::AllGather { .. } | Op::ShardSlice { .. } => Some(1),
             Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
+            Op::Attention { sinks: true, .. } => Some(5),
             Op::Attention { .. } | Op::Moe { .. } => Some(4),
             Op::Concat { .. } => None,
         }

@@ -97,6 +97,13 @@ fn attributes(op: &Op) -> Vec<String> {
                     float(*low_freq_factor),
                     float(*high_freq_factor)
                 ),
+                RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, truncate } => format!(
+                    "yarn({}, {original_max_position}, {}, {}, {})",
+                    float(*factor),
+                    float(*beta_fast),
+                    float(*beta_slow),
+                    u8::from(*truncate)
+                ),
                 RopeScaling::FreqFactors(f) => {
                     let v: Vec<String> = f.iter().map(|x| float(*x)).collect();
                     format!("factors[{}]", v.join(", "))
@@ -104,7 +111,7 @@ fn attributes(op: &Op) -> Vec<String> {
             };
             vec![format!("head_dim = {head_dim}"), format!("theta = {}", float(*theta)), format!("scaling = {scaling}")]
         }
-        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
+        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks } => {
             let mut a = vec![
                 format!("layer = {layer}"),
                 format!("heads = {heads}"),
@@ -118,6 +125,9 @@ fn attributes(op: &Op) -> Vec<String> {
             }
             if !causal {
                 a.push("causal = false".into());
+            }
+            if *sinks {
+                a.push("sinks = true".into());
             }
             a
         }
@@ -426,6 +436,20 @@ fn parse_scaling(c: &mut Cursor) -> Result<RopeScaling> {
             c.punct(')')?;
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position }
         }
+        "yarn" => {
+            c.punct('(')?;
+            let factor = c.number()?;
+            c.punct(',')?;
+            let original_max_position = c.number()?;
+            c.punct(',')?;
+            let beta_fast = c.number()?;
+            c.punct(',')?;
+            let beta_slow = c.number()?;
+            c.punct(',')?;
+            let truncate: u32 = c.number()?;
+            c.punct(')')?;
+            RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, truncate: truncate != 0 }
+        }
         "factors" => RopeScaling::FreqFactors(c.floats()?),
         other => return c.err(format!("unknown rope scaling `{other}`")),
     };
@@ -563,6 +587,16 @@ pub fn parse(text: &str) -> Result<Graph> {
                         } else {
                             true
                         },
+                        sinks: if attrs.items.iter().any(|(k, _)| k == "sinks") {
+                            let mut c = attrs.take("sinks")?;
+                            match c.ident()?.as_str() {
+                                "true" => true,
+                                "false" => false,
+                                other => return c.err(format!("sinks must be true or false, not `{other}`")),
+                            }
+                        } else {
+                            false
+                        },
                     },
                     "concat" => Op::Concat { axis: attrs.num("axis")? },
                     "moe" => Op::Moe {
@@ -642,6 +676,7 @@ mod tests {
   %38 = weight "gate_up" : f32[16, 8]
   %39 = weight "down" : f32[16, 4]
   %40 = moe %3, %37, %38, %39 {experts = 2, top_k = 1, routing = softmax_topk_norm} : f32[seq, 8]
+  %41 = rope %6, %1 {head_dim = 4, theta = 150000.0, scaling = yarn(32.0, 4096, 32.0, 1.0, 0)} : f32[seq, 8]
   output "out" = %25
   output "other" = %10
 }

@@ -124,7 +124,7 @@ mod tests {
         let seq = || vec![Dim::Sym(SymDim::Seq), Dim::Fixed(8)];
         let q = g.add(Op::Input { name: "q".into(), ty: TensorType::new(DType::F32, seq()) }, &[]);
         let p = g.add(Op::Input { name: "p".into(), ty: TensorType::new(DType::I32, vec![Dim::Sym(SymDim::Seq)]) }, &[]);
-        let att = Op::Attention { layer: 0, heads: 2, kv_heads: 2, head_dim: 4, scale: 0.5, window: None, softcap: None, causal: true };
+        let att = Op::Attention { layer: 0, heads: 2, kv_heads: 2, head_dim: 4, scale: 0.5, window: None, softcap: None, causal: true, sinks: false };
         let a = g.add(att.clone(), &[q, q, q, p]);
         let b = g.add(att, &[a, a, a, p]);
         g.output("o", b);

@@ -317,7 +317,7 @@ impl ModelConfig {
         let scaling_field = if rope_params.is_some() { "rope_parameters" } else { "rope_scaling" };
         let rope_scaling = match scaling_json {
             None => RopeScaling::None,
-            Some(s) => parse_rope_scaling(s, path, scaling_field)?,
+            Some(s) => parse_rope_scaling(s, json, path, scaling_field)?,
         };
 
         let qkv_bias = match architecture {
@@ -389,7 +389,7 @@ impl ModelConfig {
                         let field = |kind: &str| -> Result<(f64, RopeScaling)> {
                             let sub = p.get(kind).filter(|v| v.is_object()).ok_or_else(|| Error::invalid(path, format!("rope_parameters.{kind}"), "missing"))?;
                             let t = Fields { json: sub, path }.f64_opt("rope_theta")?.unwrap_or(10000.0);
-                            Ok((t, parse_rope_scaling(sub, path, &format!("rope_parameters.{kind}"))?))
+                            Ok((t, parse_rope_scaling(sub, json, path, &format!("rope_parameters.{kind}"))?))
                         };
                         let (full_theta, full_scaling) = field("full_attention")?;
                         (theta, rope_scaling) = (full_theta, full_scaling);
@@ -637,7 +637,8 @@ impl ModelConfig {
     }
 }
 
-fn parse_rope_scaling(s: &Value, path: &Path, field: &str) -> Result<RopeScaling> {
+/// One rope-scaling object `s` (at `field` of config `json`) as a [`RopeScaling`].
+fn parse_rope_scaling(s: &Value, json: &Value, path: &Path, field: &str) -> Result<RopeScaling> {
     let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
     // Every factor and frequency of these scalings is a positive number.
     let num = |k: &str| -> Result<f32> {
@@ -656,10 +657,50 @@ fn parse_rope_scaling(s: &Value, path: &Path, field: &str) -> Result<RopeScaling
             high_freq_factor: num("high_freq_factor")?,
             original_max_position: num("original_max_position_embeddings")? as u32,
         }),
+        "yarn" => {
+            for k in ["attention_factor", "mscale", "mscale_all_dim"] {
+                if s.get(k).is_some_and(|v| !v.is_null()) {
+                    return Err(Error::invalid(
+                        path,
+                        format!("{field}.{k}"),
+                        "YaRN with an explicit attention factor or mscale is not supported; remove the key if it is the default",
+                    ));
+                }
+            }
+            let max_positions = json.get("max_position_embeddings").and_then(Value::as_f64).filter(|x| *x > 0.0);
+            let beta = |k: &str, default: f32| if s.get(k).is_some_and(|v| !v.is_null()) { num(k) } else { Ok(default) };
+            // As transformers does: with `original_max_position_embeddings` given,
+            // the factor is the ratio of the two context lengths (DeepSeek-V3
+            // raises `max_position_embeddings` and keeps the pretrained one there);
+            // without it, the original context is `max_position_embeddings`.
+            let (factor, original) = match s.get("original_max_position_embeddings").filter(|v| !v.is_null()) {
+                Some(_) => {
+                    let original = num("original_max_position_embeddings")?;
+                    let factor = match max_positions {
+                        Some(m) => (m / original as f64) as f32,
+                        None => num("factor")?,
+                    };
+                    (factor, original)
+                }
+                None => (
+                    num("factor")?,
+                    max_positions.ok_or_else(|| {
+                        Error::invalid(path, "max_position_embeddings", "required for YaRN without original_max_position_embeddings")
+                    })? as f32,
+                ),
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_max_position: original as u32,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
+                truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            })
+        }
         other => Err(Error::invalid(
             path,
             format!("{field}.rope_type"),
-            format!("rope type `{other}` is not supported; supported: default, linear, llama3"),
+            format!("rope type `{other}` is not supported; supported: default, linear, llama3, yarn"),
         )),
     }
 }
@@ -720,6 +761,17 @@ mod tests {
         );
         let json: Value = serde_json::from_str(&text).unwrap();
         ModelConfig::from_hf_json(&json, Path::new("config.json"), None)
+    }
+
+    #[test]
+    fn yarn_reads_its_ramp_and_takes_the_factor_from_the_context_ratio() {
+        // gpt-oss's rope parameters; the factor is max / original positions.
+        let c = cfg(r#", "max_position_embeddings": 131072, "rope_parameters": {"rope_theta": 150000.0, "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false}"#).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Yarn { factor: 32.0, original_max_position: 4096, beta_fast: 32.0, beta_slow: 1.0, truncate: false });
+        let c = cfg(r#", "max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Yarn { factor: 4.0, original_max_position: 32768, beta_fast: 32.0, beta_slow: 1.0, truncate: true });
+        let e = cfg(r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707}"#).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling.mscale"), "{e}");
     }
 
     #[test]

@@ -548,6 +548,11 @@ fn schedule_impl<'g>(
                 args.push(Arg::Weight(table));
                 s.launch_with_gpu_form(rope(w, *head_dim as u64, seq), rope_gpu(w, *head_dim as u64, seq), args, w)
             }
+            Op::Attention { sinks: true, .. } => {
+                // The attention kernels have no sink term yet: refuse rather than
+                // drop it (the reference interpreter has it).
+                return Err(unsupported("attention sinks (gpt-oss) in compiled plans".into()));
+            }
             Op::Attention { heads, kv_heads, head_dim, scale, window, softcap, causal, .. } if matches!(s.batch, Some(BatchMode::Encode { .. })) => {
                 // No KV cache: each row attends to its own sequence's rows of the step.
                 if *causal || window.is_some() {
@@ -557,7 +562,7 @@ fn schedule_impl<'g>(
                 let shape = RaggedShape { heads: *heads as u64, kv_heads: *kv_heads as u64, head_dim: *head_dim as u64, scale: *scale, softcap: *softcap };
                 s.launch(attention_ragged(shape), vec![a[0], a[1], a[2], Arg::RowSequences, Arg::SequenceStarts], out_width()?)
             }
-            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => {
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks: false } => {
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
                 // A float cache's one part (KvCacheSpec::new admits only those).

@@ -15,7 +15,8 @@ fn whole_heads(g: &Graph, id: ValueId, ctx: &RuleCtx) -> bool {
             let w = width(g, node.inputs[0]);
             splits(w, ctx.devices) && (w / ctx.devices).is_multiple_of(head_dim as u64)
         }
-        Op::Attention { heads, kv_heads, .. } => {
+        // The sinks are one per head and would need splitting too: not yet.
+        Op::Attention { heads, kv_heads, sinks: false, .. } => {
             ctx.split_attention && splits(kv_heads as u64, ctx.devices) && splits(heads as u64, ctx.devices)
         }
         _ => false,
@@ -63,7 +64,7 @@ fn splittable_heads(g: &Graph, mut v: ValueId, ctx: &RuleCtx) -> bool {
 /// The attention op of one device: its share of the heads.
 pub fn local_attention(op: &Op, devices: u32) -> Op {
     match op {
-        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal } => Op::Attention {
+        Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks } => Op::Attention {
             layer: *layer,
             heads: heads / devices,
             kv_heads: kv_heads / devices,
@@ -72,6 +73,7 @@ pub fn local_attention(op: &Op, devices: u32) -> Op {
             window: *window,
             softcap: *softcap,
             causal: *causal,
+            sinks: *sinks,
         },
         other => other.clone(),
     }
