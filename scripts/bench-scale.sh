@@ -9,7 +9,7 @@
 # llama.cpp runs with and without its CPU weight repacking (`--repack 0,1`),
 # and each of its columns is the faster of the two (marked r0 / r1): on an AVX2
 # Zen 3 VM its repacked Q4_K GEMM prefilled at 0.68x its plain path.
-# Prints one markdown table (docs/performance.md "At 1B-8B") and each compile's
+# Prints one markdown table (docs/performance-log.md "At 1B-8B") and each compile's
 # peak anonymous memory (the compile's phase table).
 #   scripts/bench-scale.sh [-s "llama-1.17b qwen2.5-1.5b"] [-e "Q8_0 Q4_K_M"] [-p 512] [-n 128] [-r 3] [-t 2] [-d 0]
 # Shapes: llama-1.17b llama-3.2-1b qwen2.5-1.5b qwen2.5-3b llama-3-8b

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Speculative decoding's figures (docs/performance.md, Speculative decoding):
+# Speculative decoding's figures (docs/performance-log.md, Speculative decoding):
 # plain against speculative decoding on ../shared/speculation/prompts.jsonl
 # through the chat template, greedy, in alternating rounds (maxrun bench
 # --speculative), for

@@ -2,7 +2,7 @@
 """Writes an F16 GGUF with the shapes of a real model and seeded random weights.
 
 For benchmarks at sizes whose checkpoints this machine cannot download
-(scripts/bench-scale.sh, docs/performance.md "At 1B-8B"): the architecture,
+(scripts/bench-scale.sh, docs/performance-log.md "At 1B-8B"): the architecture,
 vocabulary size, attention heads (GQA ratio), FFN width, QKV biases and tied or
 untied output head are the named model's; the weights are normal(0, 0.02) draws
 (norm weights 1), so speed is the real model's and the text is nonsense. The

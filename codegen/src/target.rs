@@ -182,7 +182,7 @@ impl CpuTarget {
 
     /// Whether bfloat16 pair dots (`vdpbf16ps` on zmm, AVX512_BF16) outrun f32
     /// FMAs on this CPU: known for AMD Zen 4 and Zen 5 hosts (on a Zen 5 VM
-    /// 819 against 445 GFLOP/s on two cores, docs/performance.md "On a Zen 5
+    /// 819 against 445 GFLOP/s on two cores, docs/performance-log.md "On a Zen 5
     /// VM"; Zen 4 by its published rates, one per cycle as its zmm FMAs, with
     /// twice their work: not measured here), not for
     /// Intel's (on a Xeon VM with AMX 206 against 385) nor for a target named

@@ -13,7 +13,7 @@
 //! 4 KiB pages 192 TLB misses per layer and step for SmolLM2), where they made
 //! SmolLM2 q4_1+int8 decode 1.07-1.10x faster; with head rows a step touches
 //! `2 * kv_heads` pages per layer, and a long context's attention still reads
-//! fewer pages (docs/performance.md, Decisions). The price is residency: the
+//! fewer pages (docs/performance-log.md, Decisions). The price is residency: the
 //! first token's stores touch every huge page of the cache (a layer's keys are
 //! at most a few huge pages), so all of it is resident from the start, where on
 //! small pages a long context fills in as it is used. Above the share the cache
@@ -25,7 +25,7 @@
 //! decode step's scattered row stores (the KV store took 16 us per layer instead
 //! of 2 in the first 128 tokens of a process, about 170 ms in all), and more
 //! than ten times cheaper per byte as one sequential pass at start
-//! (docs/performance.md, Decisions).
+//! (docs/performance-log.md, Decisions).
 
 use crate::huge::{available_memory, HugeBuf};
 
@@ -44,7 +44,7 @@ pub const HUGE_PAGE_SHARE: u64 = 8;
 /// and about 2 us in the others; with the skew, 1.6-3.5 us in all 6. (That slow
 /// mode later turned out to follow first writes to fresh memory, fixed by the
 /// write-through in [`KvCache::new`]; the skew's own effect on it is not shown.
-/// docs/performance.md, Decisions.)
+/// docs/performance-log.md, Decisions.)
 const LAYER_SKEW_BYTES: usize = 67 * 64;
 /// Where the value buffer's first layer starts (see [`LAYER_SKEW_BYTES`]).
 const VALUE_SKEW_BYTES: usize = 33 * 64;

@@ -227,7 +227,7 @@ fn gemm_rows(c: &mut Criterion) {
 /// (the batched engine's decode steps, `FEW_ROWS`: one panel at a time, the
 /// levels prefetched ahead) and 64 (the prefill tiles). Beside `gemm_k`'s figure
 /// of the same kernel in cache, the difference is the time the weights' stream
-/// adds (docs/performance.md, "Steps of few rows").
+/// adds (docs/performance-log.md, "Steps of few rows").
 fn gemm_rows_cold(c: &mut Criterion) {
     const COPIES: usize = 64;
     const MOST_ROWS: usize = 64;
@@ -277,7 +277,7 @@ fn gemm_rows_cold(c: &mut Criterion) {
 /// [`RegisterTile::for_cpu`]: Q6_K's `six_bit_zmm` on AVX-512) and, on
 /// AVX-512, Q6_K in one-panel tiles of other heights, with multiply-adds as
 /// throughput (criterion's elements/s: half the operations per second).
-/// docs/performance.md, "Q6_K's prefill tile", has figures.
+/// docs/performance-log.md, "Q6_K's prefill tile", has figures.
 fn gemm_prefill(c: &mut Criterion) {
     const ROWS: usize = 128;
     const PK: u64 = 8192;

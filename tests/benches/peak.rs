@@ -1,5 +1,5 @@
 //! The machine's compute peak per core and per instruction mix, the yardstick
-//! prefill is reported against (docs/performance.md "Compute peak"): chains of
+//! prefill is reported against (docs/performance-log.md "Compute peak"): chains of
 //! independent multiply-accumulates with no loads, one instruction kind per
 //! bench, on one thread and on every core at once. Criterion's throughput
 //! (elements/s) is operations/s, a multiply-accumulate counting 2:

@@ -609,7 +609,7 @@ fn cranelift_backend_matches_golden() {
 /// SmolLM2 at float32 (540 MB of weights; its embedding alone is 108 MiB as
 /// f32) adds less than 64 MiB of anonymous memory to what the earlier phases
 /// peaked at (the bound: 2 threads x one piece of 2^20 values, as f32, encoded
-/// and laid out, plus allocator slack; docs/performance.md "Compile memory").
+/// and laid out, plus allocator slack; docs/performance-log.md "Compile memory").
 /// A writer that held a whole tensor would exceed it.
 #[test]
 fn compile_memory_does_not_grow_with_the_weights() {

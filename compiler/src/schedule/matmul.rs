@@ -172,14 +172,14 @@ impl Scheduler<'_, '_, '_> {
         // (AVX2's 4 x 1 tile spilled 107 times per 128 `vpmaddubsw` in the
         // 1.17B Q4_K block loop). Decode keeps planes (the same integers, so a
         // row gets the same bits in a GEMV and in a tile). Measured in
-        // docs/performance.md ("Nibbles as word pairs"). Q8_0's prefill tiles
+        // docs/performance-log.md ("Nibbles as word pairs"). Q8_0's prefill tiles
         // there take word pairs too (its signed bytes split out of 16-bit
         // lanes, two vectors per 32 bytes, the decode words' integers): where
         // the 8-row words tile kept four i32 accumulators per row and spilled
         // 294 times per 256 `vpmaddwd`, the batched step's lm_head ran
-        // 1.18x faster (docs/performance.md, "Q8_0 as word pairs").
+        // 1.18x faster (docs/performance-log.md, "Q8_0 as word pairs").
         // Q5's five-bit and Q6_K's six-bit levels too: their high bits ORed
-        // into the masked nibble words (docs/performance.md, "Five- and
+        // into the masked nibble words (docs/performance-log.md, "Five- and
         // six-bit levels as word pairs").
         let nibbles = matches!(maxc_kernels::library::dequant::rows_form(encoding, n, k), Some(maxc_kernels::ir::RowsForm::Nibbles | maxc_kernels::ir::RowsForm::Nibbles5 | maxc_kernels::ir::RowsForm::Nibbles6));
         Some(match levels {

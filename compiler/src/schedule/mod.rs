@@ -622,7 +622,7 @@ fn schedule_impl<'g>(
                     }
                 } else if seq.is_decode() && shape.causal {
                     // Flash-decoding: a task per (KV head, chunk of positions),
-                    // then a merge (docs/performance.md, Decisions).
+                    // then a merge (docs/performance-log.md, Decisions).
                     let splits = DECODE_SPLITS;
                     let scratch = s.scratch(shape.split_scratch_per_token(splits));
                     let per_token = shape.partials_per_token(splits);

@@ -89,7 +89,7 @@ pub const DECODE_PREFETCH_BYTES: i64 = 4096;
 /// against 223 at 16, 376 against 390 at 32, 707 against 702 at 64 (so 32 is
 /// the bound). More rows reuse each level vector enough that the 2 x 2 tile's
 /// fewer instructions per product win. The float panels (`matmul_panel.rs`)
-/// take the same bound: their 8 x 2 tile lost alike (docs/performance.md,
+/// take the same bound: their 8 x 2 tile lost alike (docs/performance-log.md,
 /// "Steps of few rows").
 pub const FEW_ROWS: i64 = 32;
 

@@ -204,7 +204,7 @@ impl RegisterTile {
     /// 1.79, 2 x 1 1.45 / 1.52, 3 x 1 1.59 (about 2.5% of prefill; `bench
     /// --compare` cannot resolve it: A/A gave 1.09x that hour). AVX-512 keeps
     /// its planes tile (2 x 2). Since Q6_K takes word pairs on AVX2 without
-    /// VNNI (the nibbles' 4 x 1 tile; docs/performance.md, "Five- and six-bit
+    /// VNNI (the nibbles' 4 x 1 tile; docs/performance-log.md, "Five- and six-bit
     /// levels as word pairs"), this tile serves 256-bit targets with VNNI
     /// (AVX-VNNI).
     pub fn for_six_bit_planes(self) -> RegisterTile {

@@ -16,7 +16,7 @@ use maxrun_runtime::executor::{BatchStep, Executor, ProfileRow, RunError};
 /// delays every running sequence's next token, by about the chunk's prefill
 /// time. SmolLM2 on 2 cores, 8 streaming clients (scripts/load.py): a 240-row
 /// cap gave inter-token latency p99 146-181 ms, 128 rows 122 ms, with time to
-/// first token p99 510-635 ms and 708 ms (docs/performance.md, Serving).
+/// first token p99 510-635 ms and 708 ms (docs/performance-log.md, Serving).
 pub const MAX_PROMPT_ROWS_PER_STEP: u64 = 128;
 
 /// The batched backend.
