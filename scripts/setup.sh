@@ -84,39 +84,26 @@ fi
 # Real clients for the server tests: the official openai package, the
 # Prometheus text parser, the jsonschema validator and the OpenAI Agents SDK
 # (tests/serve/client.py, which runs it with its tracing off), into .cache/python.
-pylib="$cache/python"
-pypkgs="openai==3.57.0 prometheus-client==0.23.1 jsonschema==4.26.0 openai-agents==0.24.0"
-if [ "$(cat "$pylib/.packages" 2>/dev/null)" != "$pypkgs" ]; then
-  echo "setup: fetching $pypkgs (server test clients)" >&2
-  rm -rf "$pylib.part"
+# Python packages into a folder of their own (pip --target), done once per
+# package list: pip_into DIR "PKG==V ..." WHY
+pip_into() {
+  local dir=$1 pkgs=$2 why=$3
+  [ "$(cat "$dir/.packages" 2>/dev/null)" = "$pkgs" ] && return 0
+  echo "setup: fetching $pkgs ($why)" >&2
+  rm -rf "$dir.part"
   # shellcheck disable=SC2086
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$pylib.part" $pypkgs
-  echo "$pypkgs" > "$pylib.part/.packages"
-  rm -rf "$pylib" && mv "$pylib.part" "$pylib"
-fi
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$dir.part" $pkgs
+  echo "$pkgs" > "$dir.part/.packages"
+  rm -rf "$dir" && mv "$dir.part" "$dir"
+}
+pip_into "$cache/python" "openai==3.57.0 prometheus-client==0.23.1 jsonschema==4.26.0 openai-agents==0.24.0" "server test clients"
 # sglang-router (SGLang's router, Rust in a Python wheel), which the server
 # tests put in front of three replicas (issue #67), into .cache/sglang-router.
-router_lib="$cache/sglang-router"
-router_pkg="sglang-router==0.3.2"
-if [ "$(cat "$router_lib/.packages" 2>/dev/null)" != "$router_pkg" ]; then
-  echo "setup: fetching $router_pkg (the router the replica tests run)" >&2
-  rm -rf "$router_lib.part"
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$router_lib.part" "$router_pkg"
-  echo "$router_pkg" > "$router_lib.part/.packages"
-  rm -rf "$router_lib" && mv "$router_lib.part" "$router_lib"
-fi
+pip_into "$cache/sglang-router" "sglang-router==0.3.2" "the router the replica tests run"
 # The Kubernetes schema validator of tests/tests/deploy.rs (deploy/kubernetes/
 # checked against the API's OpenAPI schemas, which the package ships: no network
 # in the test), into .cache/kubernetes-validate.
-kvlib="$cache/kubernetes-validate"
-kvpkgs="kubernetes-validate==1.37.0"
-if [ "$(cat "$kvlib/.packages" 2>/dev/null)" != "$kvpkgs" ]; then
-  echo "setup: fetching $kvpkgs (deployment manifest validator)" >&2
-  rm -rf "$kvlib.part"
-  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --target "$kvlib.part" $kvpkgs
-  echo "$kvpkgs" > "$kvlib.part/.packages"
-  rm -rf "$kvlib" && mv "$kvlib.part" "$kvlib"
-fi
+pip_into "$cache/kubernetes-validate" "kubernetes-validate==1.37.0" "deployment manifest validator"
 # aarch64 cross-compilation: maxc links aarch64 kernels with the cross gcc,
 # cargo links the aarch64 maxrun with it (.cargo/config.toml), and
 # tests/tests/aarch64.rs runs that maxrun under qemu-aarch64.

@@ -767,6 +767,19 @@ def scenario_tokenize(url, exp):
         check(got == 401, f"no key: {got}")
 
 
+def streamed_reasoning(c, kwargs):
+    """A streamed chat's `reasoning_content` deltas and `content` deltas, each in order."""
+    r_parts, c_parts = [], []
+    for chunk in c.chat.completions.create(stream=True, **kwargs):
+        for ch in chunk.choices:
+            extra = ch.delta.model_extra or {}
+            if extra.get("reasoning_content"):
+                r_parts.append(extra["reasoning_content"])
+            if ch.delta.content:
+                c_parts.append(ch.delta.content)
+    return r_parts, c_parts
+
+
 def scenario_reasoning(url, exp):
     """With a reasoning parser, <think>...</think> goes to reasoning_content,
     whole and streamed (the reply is held to that shape by a grammar)."""
@@ -777,14 +790,7 @@ def scenario_reasoning(url, exp):
     reasoning = getattr(m, "reasoning_content", None) or (m.model_extra or {}).get("reasoning_content")
     check(reasoning and "<think>" not in reasoning and "</think>" not in reasoning, f"reasoning {reasoning!r}")
     check(m.content and m.content[0].isupper() and "think>" not in m.content, f"content {m.content!r}")
-    r_parts, c_parts = [], []
-    for chunk in c.chat.completions.create(stream=True, **kwargs):
-        for ch in chunk.choices:
-            extra = ch.delta.model_extra or {}
-            if extra.get("reasoning_content"):
-                r_parts.append(extra["reasoning_content"])
-            if ch.delta.content:
-                c_parts.append(ch.delta.content)
+    r_parts, c_parts = streamed_reasoning(c, kwargs)
     check("".join(r_parts) == reasoning and "".join(c_parts) == m.content, f"streamed {''.join(r_parts)!r} / {''.join(c_parts)!r}")
     check(len(r_parts) > 1, "the reasoning streamed in pieces")
     # SGLang's fields: separate_reasoning false leaves the thinking in the
@@ -792,14 +798,7 @@ def scenario_reasoning(url, exp):
     kept = c.chat.completions.create(**{**kwargs, "extra_body": {"guided_grammar": grammar, "separate_reasoning": False}}).choices[0].message
     check(not (kept.model_extra or {}).get("reasoning_content"), f"separate_reasoning false: reasoning {kept.model_extra}")
     check(kept.content.startswith("<think>") and reasoning.strip() in kept.content and kept.content.endswith(m.content), f"separate_reasoning false: content {kept.content!r}")
-    r_parts, c_parts = [], []
-    for chunk in c.chat.completions.create(stream=True, **{**kwargs, "extra_body": {"guided_grammar": grammar, "stream_reasoning": False}}):
-        for ch in chunk.choices:
-            extra = ch.delta.model_extra or {}
-            if extra.get("reasoning_content"):
-                r_parts.append(extra["reasoning_content"])
-            if ch.delta.content:
-                c_parts.append(ch.delta.content)
+    r_parts, c_parts = streamed_reasoning(c, {**kwargs, "extra_body": {"guided_grammar": grammar, "stream_reasoning": False}})
     check(r_parts == [reasoning] and "".join(c_parts) == m.content, f"stream_reasoning false: {r_parts!r} / {''.join(c_parts)!r}")
 
 

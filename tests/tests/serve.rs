@@ -399,8 +399,7 @@ fn sigterm_during_a_stream_ends_it_and_exits_cleanly() {
     // Wait until the stream runs (its request holds KV blocks), then stop the server.
     let start = Instant::now();
     loop {
-        let body = Command::new("curl").args(["-s", &format!("{}/metrics", server.url)]).output().unwrap().stdout;
-        if String::from_utf8_lossy(&body).lines().any(|l| l.starts_with("maxrun_running_sequences 1")) {
+        if metric(&server.url, "maxrun_running_sequences") == 1.0 {
             break;
         }
         assert!(start.elapsed() < Duration::from_secs(60), "the stream never started: {}", server.log());

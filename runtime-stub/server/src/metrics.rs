@@ -50,6 +50,8 @@ pub struct Metrics {
     pub router_running: Gauge,
     pub router_kv_usage: Gauge,
     pub router_cache_config: GaugeVec,
+    /// The (block size, blocks) `router_cache_config` carries, once set.
+    cache_config_seen: std::sync::Mutex<(usize, usize)>,
     /// The engine's speculation counts already published (the engine's are cumulative).
     spec_seen: std::sync::Mutex<(u64, u64, u64, [u64; maxrun_engine::speculate::MAX_DRAFTS + 1])>,
 }
@@ -92,6 +94,7 @@ impl Metrics {
             router_running: Gauge::new("vllm:num_requests_running", "requests in the engine's running batch (vLLM's name, read by routers)").expect("valid"),
             router_kv_usage: Gauge::new("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = every block held by a sequence (vLLM's name, read by routers)").expect("valid"),
             router_cache_config: GaugeVec::new(Opts::new("vllm:cache_config_info", "the KV cache's configuration, as labels (vLLM's name)"), &["block_size", "num_gpu_blocks"]).expect("valid"),
+            cache_config_seen: std::sync::Mutex::new((0, 0)),
             spec_seen: std::sync::Mutex::new((0, 0, 0, [0; maxrun_engine::speculate::MAX_DRAFTS + 1])),
             registry,
         };
@@ -142,14 +145,15 @@ impl Metrics {
         self.router_waiting.set(s.waiting as f64);
         self.router_running.set(s.running as f64);
         self.router_kv_usage.set(if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 });
-        if s.kv_blocks_total > 0 {
-            let labels = [s.kv_block_size.to_string(), s.kv_blocks_total.to_string()];
-            let labels = [labels[0].as_str(), labels[1].as_str()];
-            if self.router_cache_config.get_metric_with_label_values(&labels).map_or(true, |g| g.get() != 1.0) {
-                self.router_cache_config.reset();
-                self.router_cache_config.with_label_values(&labels).set(1.0);
-            }
+        // The labels change only with the pool: set them when they do, not every step.
+        let config = (s.kv_block_size, s.kv_blocks_total);
+        let mut seen_config = self.cache_config_seen.lock().expect("the metrics lock is never poisoned");
+        if s.kv_blocks_total > 0 && *seen_config != config {
+            self.router_cache_config.reset();
+            self.router_cache_config.with_label_values(&[&config.0.to_string(), &config.1.to_string()]).set(1.0);
+            *seen_config = config;
         }
+        drop(seen_config);
         let mut seen = self.spec_seen.lock().expect("the metrics lock is never poisoned");
         self.draft_tokens.inc_by(s.draft_tokens.saturating_sub(seen.0));
         self.accepted_tokens.inc_by(s.accepted_tokens.saturating_sub(seen.1));

@@ -593,11 +593,12 @@ impl Reply {
                         if !self.tools.is_some_and(|t| t.forced) {
                             self.open(index, c, out);
                         }
-                        if !reasoning.is_empty() && self.stream_reasoning {
+                        if !self.stream_reasoning {
+                            c.held_reasoning.push_str(&reasoning);
+                        } else if !reasoning.is_empty() {
                             self.open(index, c, out);
                             out.push(self.delta_chunk(index, json!({"reasoning_content": reasoning}), &[], None));
                         }
-                        c.held_reasoning.push_str(if self.stream_reasoning { "" } else { &reasoning });
                         if !content.is_empty() || !lps.is_empty() {
                             self.open(index, c, out);
                             // The thinking ended where the content begins.
