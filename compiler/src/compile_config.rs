@@ -194,7 +194,7 @@ impl CompileConfig {
         // `cpu:x86-64-v3+avx512f,x86-64-v4,cuda:sm_90`); `other_cpu_variants`
         // gives the others'.
         let cpu_spec = targets.cpu_specs.first().cloned().unwrap_or_default();
-        let config = CompileConfig {
+        let mut config = CompileConfig {
             shown,
             encoding_name,
             linear_encoding,
@@ -215,6 +215,16 @@ impl CompileConfig {
         };
         let problems = config.cross_checks(manifest);
         if problems.is_empty() {
+            // Cranelift emits baseline x86-64 scalar code, so the kernels are
+            // chosen for baseline x86-64 too, not for the host's vector units:
+            // AVX-512's 8-row register tiles, lowered to scalars, gave Cranelift
+            // functions of 128 live accumulators that took it 9-17 s each to
+            // allocate registers for (docs/performance-log.md, 2026-12-03).
+            if config.backend == Backend::Cranelift {
+                if let Some(cpu) = config.targets.cpu.as_mut() {
+                    *cpu = maxc_codegen::target::CpuTarget::parse("cpu:x86-64").map_err(|e| vec![Error::invalid(&config.shown, manifest.field_name("target"), e.to_string())])?;
+                }
+            }
             Ok(config)
         } else {
             Err(problems)

@@ -157,32 +157,35 @@ impl Machine<'_> {
                 Stmt::Store { buf, index, value } => {
                     let idx = self.eval(index).i();
                     let v = self.eval(value);
-                    let name = self.kernel.buffer(*buf).expect("validated").name.into_owned();
-                    let buf = match *buf {
+                    let (kernel, at) = (self.kernel, idx as usize);
+                    let target = match *buf {
                         Buf::Local(l) => &mut self.locals[l.index()],
                         Buf::Param(p) => &mut self.bufs[p.index()],
                     };
-                    match buf {
+                    // The name is looked up for the message only: stores and
+                    // loads are most of what the interpreter does.
+                    let oob = |len: usize| -> ! { panic!("kernel `{}`: store {}[{idx}] out of bounds ({len})", kernel.name, kernel.buffer(*buf).expect("validated").name) };
+                    match target {
                         Buffer::F32(b) => {
                             let len = b.len();
-                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.f()
+                            *b.get_mut(at).unwrap_or_else(|| oob(len)) = v.f()
                         }
                         Buffer::I32(b) => {
                             let len = b.len();
-                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i32
+                            *b.get_mut(at).unwrap_or_else(|| oob(len)) = v.i() as i32
                         }
                         Buffer::I8(b) => {
                             let len = b.len();
-                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = v.i() as i8
+                            *b.get_mut(at).unwrap_or_else(|| oob(len)) = v.i() as i8
                         }
                         Buffer::F16(b) => {
                             let len = b.len();
-                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = half::f16::from_f32(v.f()).to_bits()
+                            *b.get_mut(at).unwrap_or_else(|| oob(len)) = half::f16::from_f32(v.f()).to_bits()
                         }
                         // Round to nearest even; a NaN stays a (quiet) NaN.
                         Buffer::BF16(b) => {
                             let len = b.len();
-                            *b.get_mut(idx as usize).unwrap_or_else(|| panic!("store {name}[{idx}] out of bounds ({len})")) = half::bf16::from_f32(v.f()).to_bits()
+                            *b.get_mut(at).unwrap_or_else(|| oob(len)) = half::bf16::from_f32(v.f()).to_bits()
                         }
                         Buffer::U8(_) => {
                             unreachable!("weight-only parameters are never stored (validated)")
@@ -213,12 +216,11 @@ impl Machine<'_> {
                     let scales = [self.eval(&scales[0]).f(), self.eval(&scales[1]).f()];
                     let (w0, a0) = (self.eval(w_start).i(), self.eval(act_start).i());
                     let w = |i: i64| self.byte(*weights, w0 + i);
-                    let sums: Vec<f32> = (0..DOT_LANES)
-                        .map(|g| {
-                            let dot: i64 = (4 * g..4 * g + 4).map(|i| form.level(&w, i) * self.byte(*act, a0 + i)).sum();
-                            scales[form.block_of_lane(g)] * dot as f32
-                        })
-                        .collect();
+                    let sums: [f32; DOT_LANES as usize] = std::array::from_fn(|g| {
+                        let g = g as i64;
+                        let dot: i64 = (4 * g..4 * g + 4).map(|i| form.level(&w, i) * self.byte(*act, a0 + i)).sum();
+                        scales[form.block_of_lane(g)] * dot as f32
+                    });
                     let Buffer::F32(a) = &mut self.locals[acc.index()] else { unreachable!("locals are f32") };
                     for (g, x) in sums.into_iter().enumerate() {
                         a[g] += x;
@@ -227,7 +229,7 @@ impl Machine<'_> {
                 Stmt::PairDot { acc, weights, w_start, act, act_start } => {
                     let (w0, a0) = (self.eval(w_start).i(), self.eval(act_start).i());
                     let (x0, x1) = (self.load(*act, a0).f(), self.load(*act, a0 + 1).f());
-                    let w: Vec<(f32, f32)> = (0..DOT_LANES).map(|l| (self.load(*weights, w0 + l).f(), self.load(*weights, w0 + DOT_LANES + l).f())).collect();
+                    let w: [(f32, f32); DOT_LANES as usize] = std::array::from_fn(|l| (self.load(*weights, w0 + l as i64).f(), self.load(*weights, w0 + DOT_LANES + l as i64).f()));
                     let Buffer::F32(a) = &mut self.locals[acc.index()] else { unreachable!("locals are f32") };
                     for (l, (w0, w1)) in w.into_iter().enumerate() {
                         a[l] = x1.mul_add(w1, x0.mul_add(w0, a[l]));
@@ -282,25 +284,24 @@ impl Machine<'_> {
                         None => 0,
                     };
                     let per_level_offset = if d.half_sums.is_some() { 0 } else { level_offset.unwrap_or(0) };
-                    let terms: Vec<f32> = (0..DOT_LANES)
-                        .map(|g| {
-                            let row_scale = per_row(&d.row_scales, g);
-                            let half_dot = |h: i64| {
-                                let dot: i64 = (h * per_half..(h + 1) * per_half).map(|t| (d.form.level(&w, &high, g, t) + per_level_offset) * act(t)).sum();
-                                (dot + level_offset.unwrap_or(0) * half_sum(h)) as f32
-                            };
-                            if level_offset.is_some() {
-                                return (0..halves).map(|h| per_row_half(&d.row_scales, g, h) * scale * half_dot(h)).sum();
-                            }
-                            let dot = half_dot(0);
-                            let min = match &d.row_min {
-                                RowMin::Offset(o) => o * row_scale,
-                                RowMin::Stored(m) => per_row(m, g),
-                                RowMin::Subtracted(m) => -per_row(m, g),
-                            };
-                            row_scale * scale * dot + min * sum
-                        })
-                        .collect();
+                    let terms: [f32; DOT_LANES as usize] = std::array::from_fn(|g| {
+                        let g = g as i64;
+                        let row_scale = per_row(&d.row_scales, g);
+                        let half_dot = |h: i64| {
+                            let dot: i64 = (h * per_half..(h + 1) * per_half).map(|t| (d.form.level(&w, &high, g, t) + per_level_offset) * act(t)).sum();
+                            (dot + level_offset.unwrap_or(0) * half_sum(h)) as f32
+                        };
+                        if level_offset.is_some() {
+                            return (0..halves).map(|h| per_row_half(&d.row_scales, g, h) * scale * half_dot(h)).sum();
+                        }
+                        let dot = half_dot(0);
+                        let min = match &d.row_min {
+                            RowMin::Offset(o) => o * row_scale,
+                            RowMin::Stored(m) => per_row(m, g),
+                            RowMin::Subtracted(m) => -per_row(m, g),
+                        };
+                        row_scale * scale * dot + min * sum
+                    });
                     let Buffer::F32(a) = &mut self.locals[d.acc.index()] else { unreachable!("locals are f32") };
                     for (g, x) in terms.into_iter().enumerate() {
                         a[g] += x;
@@ -360,7 +361,26 @@ impl Machine<'_> {
 
     /// Element `index` of buffer `param` (bounds-checked like a load).
     fn load(&self, param: ParamId, index: i64) -> Val {
-        self.eval(&Expr::Load { buf: Buf::Param(param), index: Box::new(Expr::I64(index)) })
+        self.load_from(Buf::Param(param), index)
+    }
+
+    /// Element `idx` of `buf`, widened to its value type; out of bounds it
+    /// panics with the kernel's and the buffer's names (looked up only then).
+    fn load_from(&self, buf: Buf, idx: i64) -> Val {
+        let oob = |len: usize| -> ! { panic!("kernel `{}`: load {}[{idx}] out of bounds ({len})", self.kernel.name, self.kernel.buffer(buf).expect("validated").name) };
+        let source = match buf {
+            Buf::Local(l) => &self.locals[l.index()],
+            Buf::Param(p) => &self.bufs[p.index()],
+        };
+        let at = idx as usize;
+        match source {
+            Buffer::F32(b) => Val::F(*b.get(at).unwrap_or_else(|| oob(b.len()))),
+            Buffer::I32(b) => Val::I(*b.get(at).unwrap_or_else(|| oob(b.len())) as i64),
+            Buffer::BF16(b) => Val::F(bf16_to_f32(*b.get(at).unwrap_or_else(|| oob(b.len())))),
+            Buffer::F16(b) => Val::F(f16_to_f32(*b.get(at).unwrap_or_else(|| oob(b.len())))),
+            Buffer::I8(b) => Val::I(*b.get(at).unwrap_or_else(|| oob(b.len())) as i64),
+            Buffer::U8(b) => Val::I(*b.get(at).unwrap_or_else(|| oob(b.len())) as i64),
+        }
     }
 
     fn eval(&self, e: &Expr) -> Val {
@@ -369,23 +389,7 @@ impl Machine<'_> {
             Expr::I64(x) => Val::I(*x),
             Expr::Var(v) => self.vars[*v as usize],
             Expr::Seq => Val::I(self.seq),
-            Expr::Load { buf, index } => {
-                let idx = self.eval(index).i();
-                let name = self.kernel.buffer(*buf).expect("validated").name;
-                let oob = |len: usize| -> ! { panic!("kernel `{}`: load {name}[{idx}] out of bounds ({len})", self.kernel.name) };
-                let buf = match *buf {
-                    Buf::Local(l) => &self.locals[l.index()],
-                    Buf::Param(p) => &self.bufs[p.index()],
-                };
-                match buf {
-                    Buffer::F32(b) => Val::F(*b.get(idx as usize).unwrap_or_else(|| oob(b.len()))),
-                    Buffer::I32(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
-                    Buffer::BF16(b) => Val::F(bf16_to_f32(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())))),
-                    Buffer::F16(b) => Val::F(f16_to_f32(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())))),
-                    Buffer::I8(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
-                    Buffer::U8(b) => Val::I(*b.get(idx as usize).unwrap_or_else(|| oob(b.len())) as i64),
-                }
-            }
+            Expr::Load { buf, index } => self.load_from(*buf, self.eval(index).i()),
             Expr::Bin(op, a, b) => match (self.eval(a), self.eval(b)) {
                 (Val::F(x), Val::F(y)) => Val::F(match op {
                     BinOp::Add => x + y,

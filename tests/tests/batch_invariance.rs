@@ -38,7 +38,7 @@ fn backends() -> Vec<Backend> {
     let mut all: Vec<Backend> = vec![
         ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), Box::new(|k: &[Kernel]| compile_shared(k, &CpuTarget::host()).unwrap().shared_object)),
         ("llvm x86-64-v3", RegisterTile::YMM, Box::new(|k: &[Kernel]| compile_shared(k, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap().shared_object)),
-        ("cranelift", RegisterTile::ZMM, Box::new(|k: &[Kernel]| maxc_codegen::cranelift::compile_shared(k).unwrap().shared_object)),
+        ("cranelift", RegisterTile::for_cpu(false), Box::new(|k: &[Kernel]| maxc_codegen::cranelift::compile_shared(k).unwrap().shared_object)),
     ];
     if let Ok(only) = std::env::var("ONLY") { all.retain(|b| b.0 == only); }
     all
