@@ -222,7 +222,7 @@ impl CompileConfig {
             // allocate registers for (docs/performance-log.md, 2026-12-03).
             if config.backend == Backend::Cranelift {
                 if let Some(cpu) = config.targets.cpu.as_mut() {
-                    *cpu = maxc_codegen::target::CpuTarget::parse("cpu:x86-64").map_err(|e| vec![Error::invalid(&config.shown, manifest.field_name("target"), e.to_string())])?;
+                    *cpu = maxc_codegen::target::CpuTarget::parse("cpu:x86-64").expect("baseline x86-64 is a known target");
                 }
             }
             Ok(config)
@@ -570,6 +570,17 @@ mod tests {
         for (e, field) in err.iter().zip(["compile.quantization_encoding", "compile.kv_cache_encoding", "compile.backend", "compile.devices"]) {
             assert!(e.contains(field), "{e}");
         }
+    }
+
+    /// Cranelift's kernels are chosen for the baseline x86-64 code it emits,
+    /// whatever vector units the host has (checked on any host with AVX2).
+    #[test]
+    fn cranelift_schedules_for_baseline_x86_64() {
+        let config = resolve("backend = \"cranelift\"").unwrap();
+        let cpu = config.targets.cpu.as_ref().unwrap();
+        assert!(!cpu.has_avx2() && !cpu.has_avx512() && !cpu.multiplies_q8_0_bytes_directly(), "{cpu:?}");
+        let llvm = resolve("backend = \"llvm\"").unwrap();
+        assert_eq!(llvm.targets.cpu, Some(maxc_codegen::target::CpuTarget::host()));
     }
 
     #[test]

@@ -1147,4 +1147,3 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
         }
     }
 }
-
