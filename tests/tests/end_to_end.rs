@@ -88,7 +88,7 @@ fn prompts_get_the_special_tokens_the_tokenizer_adds() {
     };
     let with_bos = dump(&[]);
     let mut ids = vec![bos];
-    ids.extend(crate::ids(&case["input_ids"]));
+    ids.extend(self::ids(&case["input_ids"]));
     let explicit = dump_logits(&mef, &serde_json::json!({ "input_ids": ids }));
     assert_eq!(with_bos.0, explicit.0, "--prompt starts with the BOS the post-processor adds");
     assert_eq!(with_bos.1, explicit.1);

@@ -104,19 +104,29 @@ fn check(name: &str) {
     assert!(counts.launches.get() > 0);
 }
 
-#[test]
-fn every_fixtures_golden_prompts_as_one_batch_on_a_simulated_gpu() {
-    for name in ["tiny-llama", "tiny-qwen2", "arch-qwen3", "arch-gemma2", "arch-phi3", "arch-granite", "arch-olmo2", "arch-gpt2"] {
-        check(name);
-    }
+// One test per fixture (each takes a minute or more in the interpreter), so
+// the test threads share them out.
+macro_rules! on_a_simulated_gpu {
+    ($($test:ident: $fixture:literal,)*) => {$(
+        #[test]
+        fn $test() {
+            check($fixture);
+        }
+    )*};
 }
 
-/// The mixture-of-experts fixtures the same way: the routed experts' GPU
-/// forms (the grouped matmuls over panels read row by row, the router, the
-/// grouping) through the engine's batch steps.
-#[test]
-fn mixture_of_experts_golden_prompts_as_one_batch_on_a_simulated_gpu() {
-    for name in ["arch-qwen3-moe", "arch-mixtral"] {
-        check(name);
-    }
+on_a_simulated_gpu! {
+    tiny_llama_golden_prompts_as_one_batch_on_a_simulated_gpu: "tiny-llama",
+    tiny_qwen2_golden_prompts_as_one_batch_on_a_simulated_gpu: "tiny-qwen2",
+    qwen3_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-qwen3",
+    gemma2_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-gemma2",
+    phi3_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-phi3",
+    granite_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-granite",
+    olmo2_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-olmo2",
+    gpt2_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-gpt2",
+    // The mixture-of-experts fixtures the same way: the routed experts' GPU
+    // forms (the grouped matmuls over panels read row by row, the router, the
+    // grouping) through the engine's batch steps.
+    qwen3_moe_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-qwen3-moe",
+    mixtral_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-mixtral",
 }

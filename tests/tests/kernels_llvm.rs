@@ -22,7 +22,7 @@ use maxc_kernels::library::rope::rope;
 use maxc_kernels::library::{RegisterTile, SeqMode};
 use maxc_kernels::ir::DotForm;
 use maxc_kernels::{ElemType, Kernel};
-use maxrun_runtime::code::LoadedCode;
+use maxrun_runtime::code::{KernelFn, LoadedCode};
 use maxrun_runtime::format::{Layout, WeightEncoding};
 use maxc_tests::kernel_check::{assert_matches_interpreter, assert_warp_mapping_matches, inputs, interleaved_levels, reduction_tol, Case, Rng};
 
@@ -36,11 +36,23 @@ fn register_tiles(seq: SeqMode) -> Vec<RegisterTile> {
     }
 }
 
-/// The tile maxc builds Cranelift's kernels with: baseline x86-64's
-/// (`CompileConfig`: Cranelift emits scalar baseline code, and AVX-512's
-/// 8-row tiles, lowered to scalars, take it seconds per kernel to allocate).
+/// The tile maxc builds a target's kernels with where it has no AVX-512:
+/// x86-64-v3's (AVX2), and Cranelift's (`CompileConfig`: Cranelift emits
+/// scalar baseline code, and AVX-512's 8-row tiles, lowered to scalars, take
+/// it seconds per kernel to allocate).
 fn cranelift_tiles(_: SeqMode) -> Vec<RegisterTile> {
     vec![RegisterTile::for_cpu(false)]
+}
+
+/// The tiles the LLVM differential tests build `spec`'s kernels with: this
+/// machine both prefill tiles (each tile's code checked where it runs
+/// natively, whichever this machine has), x86-64-v3 the one maxc schedules
+/// for it (AVX-512's tile on AVX2 is code maxc never emits).
+fn target_tiles(spec: &str) -> &'static dyn Fn(SeqMode) -> Vec<RegisterTile> {
+    match spec {
+        "cpu:x86-64-v3" => &cranelift_tiles,
+        _ => &register_tiles,
+    }
 }
 
 fn cases() -> Vec<Case> {
@@ -388,27 +400,110 @@ fn ragged_cases() -> Vec<Case> {
     v
 }
 
-fn check_target(spec: &str) {
-    let target = CpuTarget::parse(spec).unwrap();
-    check_backend(spec, |kernels| compile_shared(kernels, &target).unwrap().shared_object);
+/// Kernels compiled in one or more shared objects, found by name.
+struct Compiled {
+    code: Vec<LoadedCode>,
+    /// Each kernel's IR and the object that holds it.
+    kernels: std::collections::HashMap<String, (Kernel, usize)>,
 }
 
-fn check_backend(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>) {
-    check_cases(spec, compile, cases(), 0x1234_5678);
+impl Compiled {
+    /// `kernels` (distinct names) compiled by `compile` in `parts` shared
+    /// objects, each on a thread of its own.
+    fn new(kernels: &[Kernel], parts: usize, compile: &(dyn Fn(&[Kernel]) -> Vec<u8> + Sync)) -> Compiled {
+        let chunks: Vec<Vec<Kernel>> = (0..parts).map(|p| kernels.iter().skip(p).step_by(parts).cloned().collect()).filter(|c: &Vec<Kernel>| !c.is_empty()).collect();
+        let objects: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let running: Vec<_> = chunks.iter().map(|c| s.spawn(move || compile(c))).collect();
+            running.into_iter().map(|t| t.join().expect("a compile thread panicked")).collect()
+        });
+        let code = objects.iter().map(|o| LoadedCode::load(o).unwrap()).collect();
+        let kernels = chunks.into_iter().enumerate().flat_map(|(i, c)| c.into_iter().map(move |k| (k.name.clone(), (k, i)))).collect();
+        Compiled { code, kernels }
+    }
+
+    /// The compiled `kernel` (its IR must be the one compiled under its name).
+    fn get(&self, kernel: &Kernel) -> Option<KernelFn> {
+        let (compiled, at) = self.kernels.get(&kernel.name)?;
+        assert!(compiled == kernel, "two different kernels are named {}", kernel.name);
+        Some(self.code[*at].kernel(&kernel.name).unwrap())
+    }
+}
+
+/// The kernels of [`cases`] (with [`target_tiles`]) compiled by LLVM for `spec` ("cpu" or
+/// "cpu:x86-64-v3") once per run, on two threads: the differential test runs
+/// them, and the tests of extreme bytes and batch invariance take the
+/// kernels they share with it from here (LLVM's O3 over the 600-odd
+/// kernels takes minutes per target).
+fn llvm_cases(spec: &str) -> &'static Compiled {
+    static HOST: std::sync::OnceLock<Compiled> = std::sync::OnceLock::new();
+    static V3: std::sync::OnceLock<Compiled> = std::sync::OnceLock::new();
+    let cell = match spec {
+        "cpu" => &HOST,
+        "cpu:x86-64-v3" => &V3,
+        other => unreachable!("no shared compile for {other}"),
+    };
+    cell.get_or_init(|| {
+        let target = CpuTarget::parse(spec).unwrap();
+        Compiled::new(&distinct_kernels(&cases_tiled(target_tiles(spec))), 2, &|kernels| compile_shared(kernels, &target).unwrap().shared_object)
+    })
+}
+
+/// Compiled kernels for an LLVM target: [`llvm_cases`]'s, and the others
+/// compiled for the test that asked.
+struct LlvmCode {
+    shared: &'static Compiled,
+    own: Compiled,
+}
+
+impl LlvmCode {
+    fn new(spec: &str, kernels: &[Kernel]) -> LlvmCode {
+        let shared = llvm_cases(spec);
+        let missing: Vec<Kernel> = kernels.iter().filter(|k| shared.get(k).is_none()).cloned().collect();
+        let target = CpuTarget::parse(spec).unwrap();
+        LlvmCode { shared, own: Compiled::new(&missing, 1, &|kernels| compile_shared(kernels, &target).unwrap().shared_object) }
+    }
+}
+
+/// A backend's compiled kernels, found by their IR.
+trait Code {
+    fn kernel(&self, kernel: &Kernel) -> KernelFn;
+}
+
+impl Code for Compiled {
+    fn kernel(&self, kernel: &Kernel) -> KernelFn {
+        self.get(kernel).unwrap_or_else(|| panic!("{} was not compiled", kernel.name))
+    }
+}
+
+impl Code for LlvmCode {
+    fn kernel(&self, kernel: &Kernel) -> KernelFn {
+        self.shared.get(kernel).unwrap_or_else(|| self.own.kernel(kernel))
+    }
+}
+
+/// The kernels of `all`, each name once.
+fn distinct_kernels(all: &[Case]) -> Vec<Kernel> {
+    let mut seen = std::collections::HashSet::new();
+    all.iter().filter(|c| seen.insert(c.kernel.name.clone())).map(|c| c.kernel.clone()).collect()
+}
+
+fn check_target(spec: &str) {
+    run_cases(spec, llvm_cases(spec), cases_tiled(target_tiles(spec)), 0x1234_5678);
 }
 
 /// Compiles `all` with `compile`, runs each kernel three times on random inputs and
 /// compares every output element with the interpreter.
-fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8>, all: Vec<Case>, seed: u64) {
-    let kernels: Vec<Kernel> = {
-        let mut seen = std::collections::HashSet::new();
-        all.iter().filter(|c| seen.insert(c.kernel.name.clone())).map(|c| c.kernel.clone()).collect()
-    };
-    let shared_object = compile(&kernels);
-    let loaded = LoadedCode::load(&shared_object).unwrap();
+fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8> + Sync, all: Vec<Case>, seed: u64) {
+    let code = Compiled::new(&distinct_kernels(&all), 1, &compile);
+    run_cases(spec, &code, all, seed);
+}
+
+/// Runs each case's compiled kernel (from `code`) three times on random
+/// inputs and compares every output element with the interpreter.
+fn run_cases(spec: &str, code: &dyn Code, all: Vec<Case>, seed: u64) {
     let mut rng = Rng(seed | 1);
     for case in &all {
-        let f = loaded.kernel(&case.kernel.name).unwrap();
+        let f = code.kernel(&case.kernel);
         for trial in 0..3 {
             assert_matches_interpreter(spec, f, case, inputs(case, &mut rng), trial);
         }
@@ -471,7 +566,7 @@ fn warp_mapping_matches_interpreter() {
 fn moe_kernels_match_interpreter_on_every_backend() {
     for spec in ["cpu", "cpu:x86-64-v3"] {
         let target = CpuTarget::parse(spec).unwrap();
-        check_cases(spec, |kernels| compile_shared(kernels, &target).unwrap().shared_object, moe_cases(), 0x51ed_270b);
+        check_cases(spec, |kernels| compile_shared(kernels, &target).unwrap().shared_object, moe_cases_tiled(target_tiles(spec)), 0x51ed_270b);
     }
     check_cases("cranelift", |kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object, moe_cases_tiled(&cranelift_tiles), 0x51ed_270b);
     let mut rng = Rng(0x9e37_79b9);
@@ -697,13 +792,9 @@ fn decode_attention_prefetches_value_rows() {
     assert!(!prefill.contains("@llvm.prefetch"), "prefill attention prefetches");
 }
 
-/// Int8 dots with every weight and activation byte at an extreme (weight bytes
-/// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15, five-bit
-/// levels 0 / 31, six-bit 0 / 63 with signed scales -128 / 127): where a pair of
-/// products can exceed i16 (`vpmaddubsw` saturates), the result must still be
-/// the interpreter's, on this machine and on x86-64-v3.
-#[test]
-fn int8_dots_are_exact_at_extreme_bytes() {
+/// The int8 dots of [`int8_dots_are_exact_at_extreme_bytes`], with the
+/// register tiles `tiles` gives each sequence mode.
+fn extreme_byte_cases(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
     let mut all = Vec::new();
     for seq in [SeqMode::Fixed(1), SeqMode::Dynamic] {
         let s = if seq == SeqMode::Dynamic { 3usize } else { 1 };
@@ -720,7 +811,7 @@ fn int8_dots_are_exact_at_extreme_bytes() {
                 sizes.push(s * n as usize);
                 Case { kernel, sizes, int_max: 1, seq: s as u64, tol: reduction_tol(k * 16) }
             };
-            for tile in register_tiles(seq) {
+            for tile in tiles(seq) {
                 all.push(case(matmul_interleaved(k, 48, encoding, None, seq, tile, ActivationLevels::Int8), k, 48));
                 for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
                     let mut wide = case(matmul_interleaved(k, 48, encoding, None, seq, tile, sixteen), k, 48);
@@ -733,13 +824,22 @@ fn int8_dots_are_exact_at_extreme_bytes() {
             }
         }
     }
+    all
+}
+
+/// Int8 dots with every weight and activation byte at an extreme (weight bytes
+/// read as 0 / 255 or -128 / 127, activations -127 / 127, nibbles 0 / 15, five-bit
+/// levels 0 / 31, six-bit 0 / 63 with signed scales -128 / 127): where a pair of
+/// products can exceed i16 (`vpmaddubsw` saturates), the result must still be
+/// the interpreter's, on this machine and on x86-64-v3.
+#[test]
+fn int8_dots_are_exact_at_extreme_bytes() {
     for spec in ["cpu", "cpu:x86-64-v3"] {
-        let target = CpuTarget::parse(spec).unwrap();
-        let kernels: Vec<Kernel> = all.iter().map(|c| c.kernel.clone()).collect();
-        let loaded = LoadedCode::load(&compile_shared(&kernels, &target).unwrap().shared_object).unwrap();
+        let all = extreme_byte_cases(target_tiles(spec));
+        let code = LlvmCode::new(spec, &distinct_kernels(&all));
         let mut rng = Rng(0x5eed);
         for case in &all {
-            let f = loaded.kernel(&case.kernel.name).unwrap();
+            let f = code.kernel(&case.kernel);
             for trial in 0..6 {
                 // Activations (parameter 0) at +-127; weight bytes at 0xff (255 unsigned,
                 // both nibbles 15) in trial 0, 0x7f (127 signed) in trial 1, then drawn
@@ -930,7 +1030,7 @@ fn stores_round_like_the_half_crate(elem: ElemType, values: &[f32], want: &dyn F
 }
 
 /// A backend's compiler: kernels to a shared object.
-type Compile = dyn Fn(&[Kernel]) -> Vec<u8>;
+type Compile = dyn Fn(&[Kernel]) -> Box<dyn Code>;
 
 /// An integer matmul as the engine builds it twice: the one-row decode kernel
 /// (`s1`, the GEMV a sequence decoding alone runs) and the batch kernel (`sN`,
@@ -984,8 +1084,8 @@ fn whole_attention_sizes(shape: &AttentionShape, rows: usize, positions: usize) 
 }
 
 /// Runs compiled `kernel` over `rows` rows of `bufs`.
-fn call(code: &LoadedCode, kernel: &Kernel, bufs: &mut [Buffer], rows: u64) {
-    let f = code.kernel(&kernel.name).unwrap();
+fn call(code: &dyn Code, kernel: &Kernel, bufs: &mut [Buffer], rows: u64) {
+    let f = code.kernel(kernel);
     let ptrs: Vec<*mut u8> = bufs.iter_mut().map(Buffer::as_mut_ptr).collect();
     let dims = [rows as i64];
     // SAFETY: every buffer is sized for `rows` rows of this kernel's shapes.
@@ -994,11 +1094,12 @@ fn call(code: &LoadedCode, kernel: &Kernel, bufs: &mut [Buffer], rows: u64) {
 
 /// The backends the batch-invariance tests compile for, each with its
 /// register tile: LLVM for this machine and for x86-64-v3, and Cranelift.
+/// (LLVM's kernels come from [`llvm_cases`] where it has them.)
 fn batch_backends() -> [(&'static str, RegisterTile, &'static Compile); 3] {
     [
-        ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), &|kernels| compile_shared(kernels, &CpuTarget::host()).unwrap().shared_object),
-        ("llvm x86-64-v3", RegisterTile::YMM, &|kernels| compile_shared(kernels, &CpuTarget::parse("cpu:x86-64-v3").unwrap()).unwrap().shared_object),
-        ("cranelift", RegisterTile::for_cpu(false), &|kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object),
+        ("llvm cpu", RegisterTile::for_cpu(CpuTarget::host().has_avx512()), &|kernels| Box::new(LlvmCode::new("cpu", kernels))),
+        ("llvm x86-64-v3", RegisterTile::YMM, &|kernels| Box::new(LlvmCode::new("cpu:x86-64-v3", kernels))),
+        ("cranelift", RegisterTile::for_cpu(false), &|kernels| Box::new(Compiled::new(kernels, 1, &|k| maxc_codegen::cranelift::compile_shared(k).unwrap().shared_object))),
     ]
 }
 
@@ -1015,14 +1116,14 @@ fn bf16_pair_rows_alone_and_in_a_batch_give_the_same_bits() {
     for (backend, tile, compile) in batch_backends() {
         let alone = matmul_panel(k as u64, n as u64, PanelWeights::BFloat16Pairs, Some(Broadcast::None), SeqMode::Fixed(1), tile);
         let batch = matmul_panel(k as u64, n as u64, PanelWeights::BFloat16Pairs, Some(Broadcast::None), SeqMode::Dynamic, tile);
-        let code = LoadedCode::load(&compile(&[alone.clone(), batch.clone()])).unwrap();
+        let code = compile(&[alone.clone(), batch.clone()]);
         let mut rng = Rng(0xbf16_5eed);
         let case = Case { kernel: batch.clone(), sizes: vec![ROWS * k, n * k, ROWS * n, ROWS * n], int_max: 1, seq: ROWS as u64, tol: 0.0 };
         let bufs = inputs(&case, &mut rng);
         let (Buffer::BF16(x), Buffer::F32(addend)) = (&bufs[0], &bufs[2]) else { unreachable!("bf16 activations, f32 addend") };
         let run_rows = |kernel: &Kernel, x: &[u16], addend: &[f32], rows: usize| -> Vec<u32> {
             let mut bufs = vec![Buffer::BF16(x.to_vec()), bufs[1].clone(), Buffer::F32(addend.to_vec()), Buffer::F32(vec![0.0; rows * n])];
-            call(&code, kernel, &mut bufs, rows as u64);
+            call(&*code, kernel, &mut bufs, rows as u64);
             let Some(Buffer::F32(out)) = bufs.pop() else { unreachable!("the output is f32") };
             out.iter().map(|v| v.to_bits()).collect()
         };
@@ -1115,7 +1216,7 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
                 kernels.push(kernel.clone());
             }
         }
-        let code = LoadedCode::load(&compile(&kernels)).unwrap();
+        let code = compile(&kernels);
         let mut rng = Rng(0x0bad_5eed);
         for p in &pairs {
             let (k, n) = (p.k as usize, p.n as usize);
@@ -1132,7 +1233,7 @@ fn integer_rows_alone_and_in_a_batch_give_the_same_bits() {
                     bufs.push(Buffer::F32(addend.to_vec()));
                 }
                 bufs.push(Buffer::F32(vec![0.0; rows * n]));
-                call(&code, kernel, &mut bufs, rows as u64);
+                call(&*code, kernel, &mut bufs, rows as u64);
                 let Some(Buffer::F32(out)) = bufs.pop() else { unreachable!("the output is f32") };
                 out.iter().map(|v| v.to_bits()).collect()
             };

@@ -32,6 +32,28 @@ fn every_rust_file_starts_with_a_module_doc() {
     assert!(missing.is_empty(), "files without a `//!` module doc: {missing:?}");
 }
 
+/// Every file of tests/tests/ is a module of the one test binary
+/// (tests/Cargo.toml has `autotests = false`): a file no `mod` names would
+/// never be compiled, and its tests would pass by not running.
+#[test]
+fn every_test_file_is_a_module_of_the_suite() {
+    let dir = workspace_root().join("tests/tests");
+    let suite = std::fs::read_to_string(dir.join("suite.rs")).unwrap();
+    let named: std::collections::BTreeSet<&str> = suite.lines().filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';')).collect();
+    let mut files = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if let Some(module) = name.strip_suffix(".rs").filter(|&m| m != "suite") {
+            files.insert(module.to_string());
+        }
+    }
+    assert!(files.len() > 20, "{files:?}");
+    let missing: Vec<_> = files.iter().filter(|f| !named.contains(f.as_str())).collect();
+    assert!(missing.is_empty(), "tests/tests/suite.rs has no `mod` for {missing:?}: their tests never run");
+    let stale: Vec<_> = named.iter().filter(|m| !files.contains(**m)).collect();
+    assert!(stale.is_empty(), "tests/tests/suite.rs names modules with no file: {stale:?}");
+}
+
 /// The crates' layering (docs/ARCHITECTURE.md, "Layers"): each crate and the
 /// packages its dependency tree must not contain. The format crate is the
 /// contract both halves share; the kernel IR depends on it alone, not on the

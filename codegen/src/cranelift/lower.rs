@@ -230,12 +230,18 @@ impl Lowering<'_, '_> {
     }
 
     /// A [`Stmt::DotRows`] in scalar code: per row, 32 unsigned levels (bytes,
-    /// nibbles, or nibbles with a fifth bit, as the form places them) times signed activation bytes, summed in
-    /// i32, converted, scaled by the row's scale and the activation scale, plus
-    /// the row's minimum times the activation sum, added to the accumulator.
-    /// 16-bit activations multiply `255 * high + low` bytes (`ActLevels::Planes`)
-    /// or little-endian words (`ActLevels::Words`; `ActLevels::WordPairs` in
-    /// their `0 2 1 3` order).
+    /// nibbles, or nibbles with a fifth bit, as the form places them) times
+    /// signed activation bytes, summed in i32, converted, scaled by the row's
+    /// scale and the activation scale, plus the row's minimum times the
+    /// activation sum, added to the accumulator. 16-bit activations multiply
+    /// `255 * high + low` bytes (`ActLevels::Planes`) or little-endian words
+    /// (`ActLevels::Words`; `ActLevels::WordPairs` in their `0 2 1 3` order).
+    ///
+    /// The 16 rows are a loop, not unrolled: every row reads the same bytes
+    /// [`RowsForm::ROW_STRIDE`] further on (its levels, high bits, scales and
+    /// accumulator), so one body of 32 unrolled values serves all of them.
+    /// Unrolled, a tile kernel's dots came to 1.5-2.7 MB of code and 2-7 s of
+    /// Cranelift's register allocation per kernel.
     fn dot_rows(&mut self, d: &RowDot) -> Result<(), CodegenError> {
         let flags = MemFlagsData::trusted();
         let w_base = self.address(d.weights, &d.w_start)?;
@@ -265,112 +271,134 @@ impl Lowering<'_, '_> {
                 offset_terms.push(self.b.ins().imul_imm_s(sum, half_offset));
             }
         }
+        let scales = RowBases::new(self, &d.row_scales, halves)?;
+        let mins = match &d.row_min {
+            RowMin::Offset(_) => None,
+            RowMin::Stored(m) | RowMin::Subtracted(m) => Some(RowBases::new(self, m, 1)?),
+        };
         let acc_base = self.locals[d.acc.index()];
-        for g in 0..DOT_LANES {
-            let mut sums = Vec::new();
-            let mut sum = self.b.ins().iconst(types::I32, 0);
-            for t in 0..RowsForm::VALUES {
-                if t > 0 && t % (RowsForm::VALUES / halves) == 0 {
-                    sums.push(sum);
-                    sum = self.b.ins().iconst(types::I32, 0);
-                }
-                let (at, high) = d.form.byte_of(g, t);
-                let byte = self.b.ins().uload8(types::I32, flags, w_base, at as i32);
-                let mut w = match (d.form, high) {
-                    (RowsForm::Bytes, _) => byte,
-                    (_, false) => self.b.ins().band_imm_u(byte, 15),
-                    (_, true) => self.b.ins().ushr_imm_u(byte, 4),
-                };
-                // Bits 4 and up from the high bits (RowsForm::high_bit_of).
-                if let Some(high_base) = high_base {
-                    for b in 0..d.form.high_bit_count() {
-                        let (at, bit) = d.form.high_bit_of(g, t, b);
-                        let bits = self.b.ins().uload8(types::I32, flags, high_base, at as i32);
-                        let to = 4 + b;
-                        let moved = if bit <= to { self.b.ins().ishl_imm_u(bits, to - bit) } else { self.b.ins().ushr_imm_u(bits, bit - to) };
-                        let one = self.b.ins().band_imm_u(moved, 1 << to);
-                        w = self.b.ins().bor(w, one);
-                    }
-                }
-                let mut a = match d.act_levels {
-                    ActLevels::Words => self.b.ins().sload16(types::I32, flags, a_base, 2 * t as i32),
-                    ActLevels::WordPairs => self.b.ins().sload16(types::I32, flags, a_base, 2 * word_pair_position(t) as i32),
-                    _ => self.b.ins().sload8(types::I32, flags, a_base, t as i32),
-                };
-                if let Some(low_base) = low_base {
-                    let high = self.b.ins().imul_imm_s(a, HIGH_PLANE_WEIGHT);
-                    let low = self.b.ins().sload8(types::I32, flags, low_base, t as i32);
-                    a = self.b.ins().iadd(high, low);
-                }
-                let p = self.b.ins().imul(w, a);
-                sum = self.b.ins().iadd(sum, p);
-            }
-            if halves > 1 {
+
+        // for g in 0..16: the body below with row g's bases.
+        let (header, body, exit) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
+        let g = self.b.append_block_param(header, types::I64);
+        let first = self.b.ins().iconst(types::I64, 0);
+        self.b.ins().jump(header, &[first.into()]);
+        self.b.switch_to_block(header);
+        let more = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, g, DOT_LANES);
+        self.b.ins().brif(more, body, &[], exit, &[]);
+        self.b.switch_to_block(body);
+        self.b.seal_block(body);
+        let row_bytes = self.b.ins().imul_imm_s(g, RowsForm::ROW_STRIDE);
+        let w_row = self.b.ins().iadd(w_base, row_bytes);
+        let high_row = high_base.map(|base| self.b.ins().iadd(base, row_bytes));
+        let acc_offset = self.b.ins().imul_imm_s(g, 4);
+        let acc_row = self.b.ins().iadd(acc_base, acc_offset);
+
+        let mut sums = Vec::new();
+        let mut sum = self.b.ins().iconst(types::I32, 0);
+        for t in 0..RowsForm::VALUES {
+            if t > 0 && t % (RowsForm::VALUES / halves) == 0 {
                 sums.push(sum);
-                for (sum, offset) in sums.iter_mut().zip(&offset_terms) {
-                    *sum = self.b.ins().iadd(*sum, *offset);
-                }
-                // act_scale * (S_0 * dot_0 + S_1 * dot_1)
-                let mut total = None;
-                for (h, sum) in sums.into_iter().enumerate() {
-                    let dot = self.b.ins().fcvt_from_sint(types::F32, sum);
-                    let scale = self.row_value_at(&d.row_scales, g, h as i64)?;
-                    let term = self.b.ins().fmul(scale, dot);
-                    total = Some(match total {
-                        None => term,
-                        Some(t) => self.b.ins().fadd(t, term),
-                    });
-                }
-                let term = self.b.ins().fmul(total.expect("two halves"), act_scale);
-                let old = self.b.ins().load(types::F32, flags, acc_base, (4 * g) as i32);
-                let new = self.b.ins().fadd(old, term);
-                self.b.ins().store(flags, new, acc_base, (4 * g) as i32);
-                continue;
+                sum = self.b.ins().iconst(types::I32, 0);
             }
+            let (at, high) = d.form.byte_of(0, t);
+            let byte = self.b.ins().uload8(types::I32, flags, w_row, at as i32);
+            let mut w = match (d.form, high) {
+                (RowsForm::Bytes, _) => byte,
+                (_, false) => self.b.ins().band_imm_u(byte, 15),
+                (_, true) => self.b.ins().ushr_imm_u(byte, 4),
+            };
+            // Bits 4 and up from the high bits (RowsForm::high_bit_of).
+            if let Some(high_row) = high_row {
+                for b in 0..d.form.high_bit_count() {
+                    let (at, bit) = d.form.high_bit_of(0, t, b);
+                    let bits = self.b.ins().uload8(types::I32, flags, high_row, at as i32);
+                    let to = 4 + b;
+                    let moved = if bit <= to { self.b.ins().ishl_imm_u(bits, to - bit) } else { self.b.ins().ushr_imm_u(bits, bit - to) };
+                    let one = self.b.ins().band_imm_u(moved, 1 << to);
+                    w = self.b.ins().bor(w, one);
+                }
+            }
+            let mut a = match d.act_levels {
+                ActLevels::Words => self.b.ins().sload16(types::I32, flags, a_base, 2 * t as i32),
+                ActLevels::WordPairs => self.b.ins().sload16(types::I32, flags, a_base, 2 * word_pair_position(t) as i32),
+                _ => self.b.ins().sload8(types::I32, flags, a_base, t as i32),
+            };
+            if let Some(low_base) = low_base {
+                let high = self.b.ins().imul_imm_s(a, HIGH_PLANE_WEIGHT);
+                let low = self.b.ins().sload8(types::I32, flags, low_base, t as i32);
+                a = self.b.ins().iadd(high, low);
+            }
+            let p = self.b.ins().imul(w, a);
+            sum = self.b.ins().iadd(sum, p);
+        }
+        let term = if halves > 1 {
+            sums.push(sum);
+            for (sum, offset) in sums.iter_mut().zip(&offset_terms) {
+                *sum = self.b.ins().iadd(*sum, *offset);
+            }
+            // act_scale * (S_0 * dot_0 + S_1 * dot_1)
+            let mut total = None;
+            for (h, sum) in sums.into_iter().enumerate() {
+                let dot = self.b.ins().fcvt_from_sint(types::F32, sum);
+                let scale = scales.value(self, g, h)?;
+                let term = self.b.ins().fmul(scale, dot);
+                total = Some(match total {
+                    None => term,
+                    Some(t) => self.b.ins().fadd(t, term),
+                });
+            }
+            self.b.ins().fmul(total.expect("two halves"), act_scale)
+        } else {
             let dot = self.b.ins().fcvt_from_sint(types::F32, sum);
-            let row_scale = self.row_value(&d.row_scales, g)?;
-            let min = match &d.row_min {
-                RowMin::Offset(o) => {
+            let row_scale = scales.value(self, g, 0)?;
+            let min = match (&d.row_min, &mins) {
+                (RowMin::Offset(o), _) => {
                     let o = self.b.ins().f32const(*o);
                     self.b.ins().fmul(o, row_scale)
                 }
-                RowMin::Stored(m) => self.row_value(m, g)?,
-                RowMin::Subtracted(m) => {
-                    let m = self.row_value(m, g)?;
+                (RowMin::Stored(_), Some(m)) => m.value(self, g, 0)?,
+                (RowMin::Subtracted(_), Some(m)) => {
+                    let m = m.value(self, g, 0)?;
                     self.b.ins().fneg(m)
                 }
+                (RowMin::Stored(_) | RowMin::Subtracted(_), None) => unreachable!("stored minimums have their bases"),
             };
             let scaled = self.b.ins().fmul(dot, act_scale);
             let left = self.b.ins().fmul(row_scale, scaled);
             let right = self.b.ins().fmul(min, act_sum);
-            let term = self.b.ins().fadd(left, right);
-            let old = self.b.ins().load(types::F32, flags, acc_base, (4 * g) as i32);
-            let new = self.b.ins().fadd(old, term);
-            self.b.ins().store(flags, new, acc_base, (4 * g) as i32);
-        }
+            self.b.ins().fadd(left, right)
+        };
+        let old = self.b.ins().load(types::F32, flags, acc_row, 0);
+        let new = self.b.ins().fadd(old, term);
+        self.b.ins().store(flags, new, acc_row, 0);
+        let next = self.b.ins().iadd_imm_s(g, 1);
+        self.b.ins().jump(header, &[next.into()]);
+        self.b.seal_block(header);
+        self.b.switch_to_block(exit);
+        self.b.seal_block(exit);
         Ok(())
     }
 
-    /// Row `g`'s value of a [`RowScale`]: the float value, times the byte
-    /// factor if any (read as its element type: `u8` unsigned, `i8` signed).
-    fn row_value(&mut self, r: &RowScale, g: i64) -> Result<Value, CodegenError> {
-        self.row_value_at(r, g, 0)
-    }
-
-    /// [`Self::row_value`] with half `half`'s factor (`16 half` further on).
-    fn row_value_at(&mut self, r: &RowScale, g: i64, half: i64) -> Result<Value, CodegenError> {
-        let at = |start: &Expr, extra: i64| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(g + extra)));
-        let value = self.expr(&Expr::Load { buf: Buf::Param(r.values.0), index: Box::new(at(&r.values.1, 0)) })?;
-        let Some((param, start)) = &r.factors else { return Ok(value) };
-        let byte = self.address(*param, &at(start, DOT_LANES * half))?;
-        let factor = if self.kernel.params[param.index()].elem == ElemType::I8 {
-            let byte = self.b.ins().sload8(types::I32, MemFlagsData::trusted(), byte, 0);
-            self.b.ins().fcvt_from_sint(types::F32, byte)
-        } else {
-            let byte = self.b.ins().uload8(types::I32, MemFlagsData::trusted(), byte, 0);
-            self.b.ins().fcvt_from_uint(types::F32, byte)
-        };
-        Ok(self.b.ins().fmul(value, factor))
+    /// The element of buffer `buf` at address `addr`, as the kernel IR
+    /// reads it (floats widened to f32, integers to i32 or i64).
+    fn load_elem(&mut self, buf: Buf, addr: Value) -> Value {
+        let flags = MemFlagsData::trusted();
+        match self.kernel.buffer(buf).expect("validated").elem {
+            ElemType::F32 => self.b.ins().load(types::F32, flags, addr, 0),
+            ElemType::I32 => self.b.ins().sload32(flags, addr, 0),
+            ElemType::BF16 => {
+                let h = self.b.ins().uload16(types::I32, flags, addr, 0);
+                let bits = self.b.ins().ishl_imm_u(h, 16);
+                self.b.ins().bitcast(types::F32, MemFlagsData::new(), bits)
+            }
+            ElemType::F16 => {
+                let h = self.b.ins().uload16(types::I32, flags, addr, 0);
+                self.f16_to_f32(h)
+            }
+            ElemType::I8 => self.b.ins().sload8(types::I64, flags, addr, 0),
+            ElemType::U8 => self.b.ins().uload8(types::I64, flags, addr, 0),
+        }
     }
 
     /// `for var in lo..hi { body }` with bounds evaluated once.
@@ -617,22 +645,7 @@ impl Lowering<'_, '_> {
             Expr::Seq => self.seq,
             Expr::Load { buf, index } => {
                 let addr = self.address(*buf, index)?;
-                let flags = MemFlagsData::trusted();
-                match self.kernel.buffer(*buf).expect("validated").elem {
-                    ElemType::F32 => self.b.ins().load(types::F32, flags, addr, 0),
-                    ElemType::I32 => self.b.ins().sload32(flags, addr, 0),
-                    ElemType::BF16 => {
-                        let h = self.b.ins().uload16(types::I32, flags, addr, 0);
-                        let bits = self.b.ins().ishl_imm_u(h, 16);
-                        self.b.ins().bitcast(types::F32, MemFlagsData::new(), bits)
-                    }
-                    ElemType::F16 => {
-                        let h = self.b.ins().uload16(types::I32, flags, addr, 0);
-                        self.f16_to_f32(h)
-                    }
-                    ElemType::I8 => self.b.ins().sload8(types::I64, flags, addr, 0),
-                    ElemType::U8 => self.b.ins().uload8(types::I64, flags, addr, 0),
-                }
+                self.load_elem(*buf, addr)
             }
             Expr::Bin(op, x, y) => {
                 let float = self.kernel.type_of(x).map_err(err)? == ValType::F32;
@@ -721,6 +734,50 @@ impl Lowering<'_, '_> {
 /// How an index expression moves with loop variable `var`: `Some(k)` when it is
 /// `k * var + (something invariant)`, `None` when it is not affine in `var` or
 /// reads memory or variables that could change inside the loop.
+/// Where a [`RowScale`]'s values start for row 0 of a [`Stmt::DotRows`] (and
+/// its factors for each half): row `g`'s are `g` elements further on.
+struct RowBases {
+    values: (Buf, Value, i64),
+    factors: Option<(Vec<Value>, bool)>,
+}
+
+impl RowBases {
+    fn new(l: &mut Lowering<'_, '_>, r: &RowScale, halves: i64) -> Result<RowBases, CodegenError> {
+        let values = Buf::Param(r.values.0);
+        let size = l.kernel.buffer(values).expect("validated").elem.size() as i64;
+        let values = (values, l.address(r.values.0, &r.values.1)?, size);
+        let factors = match &r.factors {
+            None => None,
+            Some((param, start)) => {
+                let half = |h: i64| Expr::Bin(BinOp::Add, Box::new(start.clone()), Box::new(Expr::I64(DOT_LANES * h)));
+                let bases = (0..halves).map(|h| l.address(*param, &half(h))).collect::<Result<_, _>>()?;
+                Some((bases, l.kernel.params[param.index()].elem == ElemType::I8))
+            }
+        };
+        Ok(RowBases { values, factors })
+    }
+
+    /// Row `g`'s value: the float value, times half `half`'s byte factor if
+    /// any (read as its element type: `u8` unsigned, `i8` signed).
+    fn value(&self, l: &mut Lowering<'_, '_>, g: Value, half: usize) -> Result<Value, CodegenError> {
+        let (buf, base, size) = self.values;
+        let offset = l.b.ins().imul_imm_s(g, size);
+        let at = l.b.ins().iadd(base, offset);
+        let value = l.load_elem(buf, at);
+        let Some((bases, signed)) = &self.factors else { return Ok(value) };
+        let at = l.b.ins().iadd(bases[half], g);
+        let flags = MemFlagsData::trusted();
+        let factor = if *signed {
+            let byte = l.b.ins().sload8(types::I32, flags, at, 0);
+            l.b.ins().fcvt_from_sint(types::F32, byte)
+        } else {
+            let byte = l.b.ins().uload8(types::I32, flags, at, 0);
+            l.b.ins().fcvt_from_uint(types::F32, byte)
+        };
+        Ok(l.b.ins().fmul(value, factor))
+    }
+}
+
 fn stride(e: &Expr, var: VarId) -> Option<i64> {
     match e {
         Expr::Var(v) if *v == var => Some(1),

@@ -163,6 +163,11 @@ impl RowsForm {
     /// Values of one row per block.
     pub const VALUES: i64 = 32;
 
+    /// Bytes from row `g`'s levels (and high bits) to row `g + 1`'s in every
+    /// form: `byte_of(g, t)` is `byte_of(0, t) + 4 g`, and `high_bit_of`'s byte
+    /// alike (so a backend may loop over the rows with one body).
+    pub const ROW_STRIDE: i64 = 4;
+
     /// Byte index (within the block of 16 rows) holding `W[g][t]`, and whether it
     /// is the high nibble.
     pub fn byte_of(self, g: i64, t: i64) -> (i64, bool) {
@@ -323,6 +328,29 @@ impl DotForm {
         match self {
             DotForm::Int8 => 64,
             DotForm::NibblePairs => 32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`RowsForm::ROW_STRIDE`] holds for every form, row and value: the
+    /// Cranelift backend's one loop body over the rows relies on it.
+    #[test]
+    fn every_row_is_the_first_one_row_stride_bytes_further_on() {
+        for form in [RowsForm::Nibbles, RowsForm::Nibbles5, RowsForm::Nibbles6, RowsForm::Bytes] {
+            for g in 0..DOT_LANES {
+                for t in 0..RowsForm::VALUES {
+                    let ((first, first_high), (at, high)) = (form.byte_of(0, t), form.byte_of(g, t));
+                    assert_eq!((at, high), (first + RowsForm::ROW_STRIDE * g, first_high), "{form:?} row {g} value {t}");
+                    for b in 0..form.high_bit_count() {
+                        let ((first, first_bit), (at, bit)) = (form.high_bit_of(0, t, b), form.high_bit_of(g, t, b));
+                        assert_eq!((at, bit), (first + RowsForm::ROW_STRIDE * g, first_bit), "{form:?} row {g} value {t} bit {b}");
+                    }
+                }
+            }
         }
     }
 }
