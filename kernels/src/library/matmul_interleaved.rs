@@ -272,6 +272,24 @@ mod tests {
     use crate::library::quantize_activations::{level_half_sums, quantize_to};
     use crate::library::test_util::*;
 
+    /// A decode GEMV's name carries no register tile (`tile_tag`), so its IR
+    /// must not depend on one: an artifact's symbols, and the tests' shared
+    /// compiles, find a kernel by its name.
+    #[test]
+    fn decode_kernels_are_the_same_for_every_register_tile() {
+        for encoding in [WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q4_1, WeightEncoding::Q4K, WeightEncoding::Q5_0, WeightEncoding::Q5_1, WeightEncoding::Q6K, WeightEncoding::Q5K] {
+            let k = if encoding.block() == 256 { 256 } else { 96 };
+            // (Q6_K's two halves take planes or word pairs, no words.)
+            for levels in [ActivationLevels::Int8, ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs].into_iter().filter(|&l| !(encoding == WeightEncoding::Q6K && l == ActivationLevels::Int16Words)) {
+                for addend in [None, Some(Broadcast::None)] {
+                    let zmm = matmul_interleaved(k, 48, encoding, addend, SeqMode::Fixed(1), RegisterTile::ZMM, levels);
+                    let ymm = matmul_interleaved(k, 48, encoding, addend, SeqMode::Fixed(1), RegisterTile::YMM, levels);
+                    assert!(zmm == ymm, "{} differs between the AVX-512 and the AVX2 tile", zmm.name);
+                }
+            }
+        }
+    }
+
     /// The interleaved int8 and int16 (planes, words, word pairs) matmuls equal the float block matmul
     /// (row-major weights) on the dequantized activations, up to summation order;
     /// 48 columns make one full task and a last single panel, 6 rows a row tile

@@ -393,6 +393,20 @@ mod tests {
     use crate::interp::{run, Buffer};
     use crate::library::test_util::*;
 
+    /// A decode GEMV's name carries no register tile (`tile_tag`), so its IR
+    /// must not depend on one: an artifact's symbols, and the tests' shared
+    /// compiles, find a kernel by its name.
+    #[test]
+    fn decode_kernels_are_the_same_for_every_register_tile() {
+        for weights in [PanelWeights::Float(ElemType::F32), PanelWeights::Float(ElemType::BF16), PanelWeights::Float(ElemType::F16), PanelWeights::Float8E4M3, PanelWeights::BFloat16Pairs] {
+            for addend in [None, Some(Broadcast::None)] {
+                let zmm = matmul_panel(64, 32, weights, addend, SeqMode::Fixed(1), RegisterTile::ZMM);
+                let ymm = matmul_panel(64, 32, weights, addend, SeqMode::Fixed(1), RegisterTile::YMM);
+                assert!(zmm == ymm, "{} differs between the AVX-512 and the AVX2 tile", zmm.name);
+            }
+        }
+    }
+
     /// An fp8 e4m3fn code's value, from the format's definition.
     fn e4m3_reference(code: u8) -> f32 {
         let (e, m) = (((code >> 3) & 15) as i32, (code & 7) as f32);
