@@ -40,7 +40,7 @@ fn register_tiles(seq: SeqMode) -> Vec<RegisterTile> {
 /// x86-64-v3's (AVX2), and Cranelift's (`CompileConfig`: Cranelift emits
 /// scalar baseline code, and AVX-512's 8-row tiles, lowered to scalars, take
 /// it seconds per kernel to allocate).
-fn cranelift_tiles(_: SeqMode) -> Vec<RegisterTile> {
+fn tiles_without_avx512(_: SeqMode) -> Vec<RegisterTile> {
     vec![RegisterTile::for_cpu(false)]
 }
 
@@ -50,7 +50,7 @@ fn cranelift_tiles(_: SeqMode) -> Vec<RegisterTile> {
 /// for it (AVX-512's tile on AVX2 is code maxc never emits).
 fn target_tiles(spec: &str) -> &'static dyn Fn(SeqMode) -> Vec<RegisterTile> {
     match spec {
-        "cpu:x86-64-v3" => &cranelift_tiles,
+        "cpu:x86-64-v3" => &tiles_without_avx512,
         _ => &register_tiles,
     }
 }
@@ -421,11 +421,17 @@ impl Compiled {
         Compiled { code, kernels }
     }
 
-    /// The compiled `kernel` (its IR must be the one compiled under its name).
-    fn get(&self, kernel: &Kernel) -> Option<KernelFn> {
+    /// The object holding `kernel`, if compiled (its IR must be the one
+    /// compiled under its name).
+    fn object_of(&self, kernel: &Kernel) -> Option<usize> {
         let (compiled, at) = self.kernels.get(&kernel.name)?;
         assert!(compiled == kernel, "two different kernels are named {}", kernel.name);
-        Some(self.code[*at].kernel(&kernel.name).unwrap())
+        Some(*at)
+    }
+
+    /// The compiled `kernel`, if compiled.
+    fn get(&self, kernel: &Kernel) -> Option<KernelFn> {
+        self.object_of(kernel).map(|at| self.code[at].kernel(&kernel.name).unwrap())
     }
 }
 
@@ -458,7 +464,7 @@ struct LlvmCode {
 impl LlvmCode {
     fn new(spec: &str, kernels: &[Kernel]) -> LlvmCode {
         let shared = llvm_cases(spec);
-        let missing: Vec<Kernel> = kernels.iter().filter(|k| shared.get(k).is_none()).cloned().collect();
+        let missing: Vec<Kernel> = kernels.iter().filter(|k| shared.object_of(k).is_none()).cloned().collect();
         let target = CpuTarget::parse(spec).unwrap();
         LlvmCode { shared, own: Compiled::new(&missing, 1, &|kernels| compile_shared(kernels, &target).unwrap().shared_object) }
     }
@@ -491,8 +497,7 @@ fn check_target(spec: &str) {
     run_cases(spec, llvm_cases(spec), cases_tiled(target_tiles(spec)), 0x1234_5678);
 }
 
-/// Compiles `all` with `compile`, runs each kernel three times on random inputs and
-/// compares every output element with the interpreter.
+/// Compiles `all` with `compile` and checks them ([`run_cases`]).
 fn check_cases(spec: &str, compile: impl Fn(&[Kernel]) -> Vec<u8> + Sync, all: Vec<Case>, seed: u64) {
     let code = Compiled::new(&distinct_kernels(&all), 1, &compile);
     run_cases(spec, &code, all, seed);
@@ -568,7 +573,7 @@ fn moe_kernels_match_interpreter_on_every_backend() {
         let target = CpuTarget::parse(spec).unwrap();
         check_cases(spec, |kernels| compile_shared(kernels, &target).unwrap().shared_object, moe_cases_tiled(target_tiles(spec)), 0x51ed_270b);
     }
-    check_cases("cranelift", |kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object, moe_cases_tiled(&cranelift_tiles), 0x51ed_270b);
+    check_cases("cranelift", |kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object, moe_cases_tiled(&tiles_without_avx512), 0x51ed_270b);
     let mut rng = Rng(0x9e37_79b9);
     for case in moe_cases() {
         let inputs = inputs(&case, &mut rng);
@@ -588,7 +593,7 @@ fn llvm_x86_64_v3_matches_interpreter() {
 
 #[test]
 fn cranelift_matches_interpreter() {
-    check_cases("cranelift", |kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object, cases_tiled(&cranelift_tiles), 0x1234_5678);
+    check_cases("cranelift", |kernels| maxc_codegen::cranelift::compile_shared(kernels).unwrap().shared_object, cases_tiled(&tiles_without_avx512), 0x1234_5678);
 }
 
 #[test]
@@ -1029,7 +1034,7 @@ fn stores_round_like_the_half_crate(elem: ElemType, values: &[f32], want: &dyn F
     }
 }
 
-/// A backend's compiler: kernels to a shared object.
+/// A backend's compiler: kernels to their compiled code.
 type Compile = dyn Fn(&[Kernel]) -> Box<dyn Code>;
 
 /// An integer matmul as the engine builds it twice: the one-row decode kernel

@@ -731,9 +731,6 @@ impl Lowering<'_, '_> {
     }
 }
 
-/// How an index expression moves with loop variable `var`: `Some(k)` when it is
-/// `k * var + (something invariant)`, `None` when it is not affine in `var` or
-/// reads memory or variables that could change inside the loop.
 /// Where a [`RowScale`]'s values start for row 0 of a [`Stmt::DotRows`] (and
 /// its factors for each half): row `g`'s are `g` elements further on.
 struct RowBases {
@@ -778,6 +775,9 @@ impl RowBases {
     }
 }
 
+/// How an index expression moves with loop variable `var`: `Some(k)` when it is
+/// `k * var + (something invariant)`, `None` when it is not affine in `var` or
+/// reads memory or variables that could change inside the loop.
 fn stride(e: &Expr, var: VarId) -> Option<i64> {
     match e {
         Expr::Var(v) if *v == var => Some(1),
