@@ -281,7 +281,7 @@ pub struct Scheduled {
 /// and their weights' bytes as stored (layouts reorder a part, never resize it).
 fn experts_info(graph: &Graph) -> Option<maxc_format::ExpertsInfo> {
     let moes: Vec<&crate::graph::Node> = graph.nodes.iter().filter(|n| matches!(n.op, crate::graph::Op::Moe { .. })).collect();
-    let crate::graph::Op::Moe { experts, top_k, routing } = moes.first()?.op else { unreachable!("filtered") };
+    let crate::graph::Op::Moe { experts, top_k, routing, .. } = moes.first()?.op else { unreachable!("filtered") };
     let bytes = |v: crate::graph::ValueId| {
         let ty = graph.ty(v);
         let shape: Vec<u64> = ty.shape.iter().map(|d| d.fixed().unwrap_or(0)).collect();

@@ -401,21 +401,30 @@ impl<'a> Interpreter<'a> {
                 shape[axis] = len;
                 Tensor::f32(shape, slice_axis(x.as_f32(), &x.shape, axis, *index as usize * len, len))
             }
-            Op::Moe { experts, top_k, routing } => {
+            Op::Moe { experts, top_k, routing, activation, biases } => {
                 let (x, router, gate_up, down) = (f(0), f(1), f(2), f(3));
                 let (rows, h, e) = (args[0].shape[0], args[0].shape[1], *experts as usize);
-                let logits = matmul(x, router, rows, h, e);
+                let mut logits = matmul(x, router, rows, h, e);
                 let ff = args[3].shape[1];
+                // gpt-oss's biases: the router's, then each expert's gate-and-up and down.
+                let no_bias = vec![0.0f32; e * 2 * ff.max(h)];
+                let (router_bias, gate_up_bias, down_bias) = if *biases { (f(4), f(5), f(6)) } else { (&no_bias[..e], &no_bias[..e * 2 * ff], &no_bias[..e * h]) };
+                for (l, b) in logits.iter_mut().zip(router_bias.iter().cycle()) {
+                    *l += b;
+                }
                 let mut out = vec![0.0f32; rows * h];
                 for r in 0..rows {
                     let xr = &x[r * h..(r + 1) * h];
                     let o = &mut out[r * h..(r + 1) * h];
                     for (expert, p) in route(&logits[r * e..(r + 1) * e], *top_k as usize, *routing) {
-                        let gu = matmul(xr, &gate_up[expert * 2 * ff * h..(expert + 1) * 2 * ff * h], 1, h, 2 * ff);
-                        let act: Vec<f32> = (0..ff).map(|c| unary(UnaryOp::Silu, gu[c]) * gu[ff + c]).collect();
+                        let mut gu = matmul(xr, &gate_up[expert * 2 * ff * h..(expert + 1) * 2 * ff * h], 1, h, 2 * ff);
+                        for (v, b) in gu.iter_mut().zip(&gate_up_bias[expert * 2 * ff..]) {
+                            *v += b;
+                        }
+                        let act: Vec<f32> = (0..ff).map(|c| moe_activation(*activation, gu[c], gu[ff + c])).collect();
                         let y = matmul(&act, &down[expert * h * ff..(expert + 1) * h * ff], 1, ff, h);
-                        for (o, y) in o.iter_mut().zip(y) {
-                            *o += p * y;
+                        for ((o, y), b) in o.iter_mut().zip(y).zip(&down_bias[expert * h..]) {
+                            *o += p * (y + b);
                         }
                     }
                 }
@@ -428,6 +437,17 @@ impl<'a> Interpreter<'a> {
                 )))
             }
         })
+    }
+}
+
+/// An expert's activation of one gate output `g` and up output `u` (gpt-oss's in f64).
+fn moe_activation(activation: crate::graph::MoeActivation, g: f32, u: f32) -> f32 {
+    match activation {
+        crate::graph::MoeActivation::SwiGlu => unary(UnaryOp::Silu, g) * u,
+        crate::graph::MoeActivation::ClampedSwiGlu { alpha, limit } => {
+            let (g, u) = ((g as f64).min(limit as f64), (u as f64).clamp(-limit as f64, limit as f64));
+            ((u + 1.0) * g / (1.0 + (-(alpha as f64) * g).exp())) as f32
+        }
     }
 }
 

@@ -1244,7 +1244,8 @@ mod tests {
         }
         ks.push(moe::moe_group(8, 2));
         for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16] {
-            ks.push(moe::moe_router(64, 8, encoding));
+            ks.push(moe::moe_router(64, 8, encoding, false));
+            ks.push(moe::moe_router(64, 8, encoding, true));
         }
         for encoding in all_encodings {
             ks.push(moe::moe_matmul_rows(if encoding.block() == 256 { 256 } else { 64 }, 40, 3, encoding));
@@ -1400,7 +1401,10 @@ mod tests {
             ks.push(pooling::l2_normalize_rows(width));
             ks.push(pooling::mean_rows_ragged(width));
             ks.push(moe::moe_gather(width, 2));
-            ks.push(moe::moe_combine(width, 3));
+            ks.push(moe::moe_combine(width, 3, None));
+            ks.push(moe::moe_combine(width, 3, Some(4)));
+            ks.push(moe::moe_activation(width, 2, moe::MoeActivation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 }, Some(4)));
+            ks.push(moe::moe_activation(width, 2, moe::MoeActivation::SwiGlu, None));
         }
         for (heads, kv_heads, head_dim, softcap) in [(12, 12, 32, None), (6, 2, 8, Some(2.5))] {
             ks.push(attention_ragged::attention_ragged(attention_ragged::RaggedShape { heads, kv_heads, head_dim, scale: 0.3, softcap }));

@@ -15,7 +15,7 @@ use maxc_kernels::library::matmul_blocks::{matmul_blocks, matmul_blocks_rowwise}
 use maxc_kernels::library::matmul_int8::{dot_form, matmul_int8};
 use maxc_kernels::library::matmul_interleaved::matmul_interleaved;
 use maxc_kernels::library::matmul_panel::{matmul_panel, PanelWeights};
-use maxc_kernels::library::moe::{moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router, MoeRouting};
+use maxc_kernels::library::moe::{moe_activation, moe_combine, MoeActivation, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router, MoeRouting};
 use maxc_kernels::library::quantize_activations::{level_half_sums, quantize_q16, quantize_q8, quantize_to, round_bf16, ActivationLevels};
 use maxc_kernels::library::rms_norm::{layer_norm, rms_norm};
 use maxc_kernels::library::rope::rope;
@@ -349,11 +349,17 @@ fn moe_cases_tiled(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
             }
         }
         for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16] {
-            v.push(Case { kernel: moe_router(64, 8, encoding), sizes: vec![s * 64, 8 * 64, s * 8], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+            v.push(Case { kernel: moe_router(64, 8, encoding, false), sizes: vec![s * 64, 8 * 64, s * 8], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
+            v.push(Case { kernel: moe_router(64, 8, encoding, true), sizes: vec![s * 64, 8 * 64, 8, s * 8], int_max: 1, seq: s as u64, tol: reduction_tol(64) });
         }
         v.push(Case { kernel: moe_group(experts, 2), sizes: vec![2 * s, e + 1, e, 2 * s, 2 * s], int_max: experts as i32, seq: s as u64, tol: 0.0 });
         v.push(Case { kernel: moe_gather(24, 2), sizes: vec![s * 24, 2 * s, 2 * s * 24], int_max: s as i32, seq: s as u64, tol: 0.0 });
-        v.push(Case { kernel: moe_combine(24, 3), sizes: vec![3 * s * 24, 3 * s, 3 * s, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
+        v.push(Case { kernel: moe_combine(24, 3, None), sizes: vec![3 * s * 24, 3 * s, 3 * s, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
+        // gpt-oss: the down biases by each slot's expert (ids past the experts are clamped).
+        v.push(Case { kernel: moe_combine(24, 3, Some(e as u64)), sizes: vec![3 * s * 24, 3 * s, 3 * s, 3 * s, e * 24, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
+        let clamped = MoeActivation::ClampedSwiGlu { alpha: 1.702, limit: 0.5 };
+        v.push(Case { kernel: moe_activation(24, 2, clamped, Some(e as u64)), sizes: vec![2 * s * 48, 2 * s, 2 * s, e * 48, 2 * s * 24], int_max: 2 * s as i32, seq: s as u64, tol: 1e-5 });
+        v.push(Case { kernel: moe_activation(24, 2, clamped, None), sizes: vec![2 * s * 48, 2 * s * 24], int_max: 1, seq: s as u64, tol: 1e-5 });
     }
     for encoding in [WeightEncoding::Float32, WeightEncoding::BFloat16, WeightEncoding::Q8_0, WeightEncoding::Q4_0, WeightEncoding::Q6K, WeightEncoding::Q5K] {
         let k = if encoding.block() == 256 { 256 } else { 64u64 };

@@ -1,6 +1,7 @@
 //! The graph reference interpreter against the Hugging Face golden outputs:
 //! tiny-llama and tiny-qwen2 (safetensors), SmolLM2-135M-Instruct (Q4_1 GGUF)
-//! and the mixture-of-experts fixtures (the `moe` op's reference semantics).
+//! and the mixture-of-experts fixtures (the `moe` op's reference semantics,
+//! gpt-oss's sinks and biases).
 
 use maxc::driver::frontend;
 use maxc::interp::{greedy, run_tokens, Interpreter};
@@ -54,6 +55,14 @@ fn qwen3_moe_matches_golden() {
 #[test]
 fn mixtral_matches_golden() {
     check_model("arch-mixtral", &fixture("arch-mixtral"), usize::MAX);
+}
+
+/// gpt-oss: attention sinks, alternating sliding and full layers, YaRN, q/k/v/o
+/// biases, the biased router and experts with the clamped SwiGLU, and its
+/// transposed, interleaved expert tensors read through views.
+#[test]
+fn gpt_oss_matches_golden() {
+    check_model("arch-gpt-oss", &fixture("arch-gpt-oss"), usize::MAX);
 }
 
 #[test]

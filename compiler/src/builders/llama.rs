@@ -34,6 +34,9 @@ pub struct DecoderOptions {
     pub residual_multiplier: Option<f32>,
     /// Logits are divided by this.
     pub logits_divisor: Option<f32>,
+    /// A learned sink logit per head joins each attention softmax
+    /// (`self_attn.sinks`, gpt-oss).
+    pub sinks: bool,
 }
 
 impl Default for DecoderOptions {
@@ -45,6 +48,7 @@ impl Default for DecoderOptions {
             attention_scale: None,
             residual_multiplier: None,
             logits_divisor: None,
+            sinks: false,
         }
     }
 }
@@ -112,12 +116,18 @@ pub fn build_decoder(model: &ImportedModel, w: &WeightBinder<'_>, opts: &Decoder
             // k both carry it: the scores carry its square (1 for other scalings).
             scale: opts.attention_scale.unwrap_or(1.0 / (hd as f32).sqrt())
                 * crate::graph::rope::attention_factor(&c.rope_scaling).powi(2),
-            window: c.sliding_window.map(|s| s as u32),
+            // Every layer, or those `layer_types` slides (gpt-oss).
+            window: c.sliding_window.filter(|_| c.sliding_layers.as_ref().is_none_or(|s| s[l])).map(|s| s as u32),
             softcap: None,
             causal: true,
-            sinks: false,
+            sinks: opts.sinks,
         };
-        let a = g.add(attn, &[q, k, vv, positions]);
+        let a = if opts.sinks {
+            let sinks = w.weight(&mut g, &format!("{p}.self_attn.sinks"), &[nh])?;
+            g.add(attn, &[q, k, vv, positions, sinks])
+        } else {
+            g.add(attn, &[q, k, vv, positions])
+        };
         let mut o = linear(&mut g, a, &format!("{p}.self_attn.o_proj"), h, nh * hd, c.o_bias)?;
         if opts.post_norms {
             o = norm(&mut g, o, &format!("{p}.post_attention_layernorm.weight"), h)?;

@@ -1,5 +1,7 @@
 //! Mixture-of-experts decoders: Qwen3MoeForCausalLM (Qwen3's attention, per-head
-//! q/k norms) and MixtralForCausalLM (Mistral's): the Llama decoder whose sparse
+//! q/k norms), MixtralForCausalLM (Mistral's) and GptOssForCausalLM (attention
+//! sinks, q/k/v/o biases, sliding and full layers alternating, YaRN; a router
+//! and experts with biases, the clamped SwiGLU): the Llama decoder whose sparse
 //! layers replace the MLP by routed experts, one `moe` node each.
 //!
 //! The router (`[experts, hidden]`) is the `moe` node's second input, kept in
@@ -19,7 +21,8 @@ use crate::import::{expert_names, Architecture, ImportedModel};
 
 pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
     let qk_norm = if model.config.architecture == Architecture::Qwen3Moe { QkNorm::PerHead } else { QkNorm::None };
-    build_decoder(model, w, &DecoderOptions { qk_norm, ..Default::default() })
+    let sinks = model.config.architecture == Architecture::GptOss;
+    build_decoder(model, w, &DecoderOptions { qk_norm, sinks, ..Default::default() })
 }
 
 /// Layer `layer`'s routed MLP applied to the normalized `x`: the `moe` node
@@ -31,6 +34,7 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
     let (prefix, [gate, up, down, _]) = expert_names(c.architecture, layer);
     let router = match c.architecture {
         Architecture::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate.weight"),
+        Architecture::GptOss => format!("model.layers.{layer}.mlp.router.weight"),
         _ => format!("model.layers.{layer}.mlp.gate.weight"),
     };
     let router = w.weight(g, &router, &[experts, h])?;
@@ -55,5 +59,14 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
     }
     let gate_up = g.add(Op::Concat { axis: 0 }, &gate_up);
     let down = g.add(Op::Concat { axis: 0 }, &downs);
-    Ok(g.add(Op::Moe { experts: experts as u32, top_k: moe.top_k as u32, routing: moe.routing }, &[x, router, gate_up, down]))
+    let mut inputs = vec![x, router, gate_up, down];
+    if moe.biases {
+        // gpt-oss: `gate_up_proj_bias` is read de-interleaved, gate then up
+        // per expert (import's view_gpt_oss_experts).
+        inputs.push(w.weight(g, &format!("model.layers.{layer}.mlp.router.bias"), &[experts])?);
+        inputs.push(w.weight(g, &format!("{prefix}gate_up_proj_bias"), &[experts, 2 * f])?);
+        inputs.push(w.weight(g, &format!("{prefix}down_proj_bias"), &[experts, h])?);
+    }
+    let op = Op::Moe { experts: experts as u32, top_k: moe.top_k as u32, routing: moe.routing, activation: moe.activation, biases: moe.biases };
+    Ok(g.add(op, &inputs))
 }

@@ -271,6 +271,15 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
             if down.shape[0] != Dim::Fixed(e * h) || down.last_dim() != Some(f) {
                 return Err(format!("moe down must be [{e} * {h}, {f}], got {}", shape_str(&down.shape)));
             }
+            if let Op::Moe { biases: true, .. } = op {
+                for (i, want, what) in [(4, vec![e], "router bias"), (5, vec![e, 2 * f], "gate_up bias"), (6, vec![e, h], "down bias")] {
+                    let b = t(i);
+                    if b.shape != want.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>() {
+                        return Err(format!("moe {what} must be {}, got {}", shape_str(&want.iter().map(|&d| Dim::Fixed(d)).collect::<Vec<_>>()), shape_str(&b.shape)));
+                    }
+                    same_float(x, b)?;
+                }
+            }
             same_float(x, router)?;
             same_float(x, gate_up)?;
             same_float(x, down)?;

@@ -136,6 +136,9 @@ pub use maxc_kernels::library::elementwise::{Binary as BinaryOp, Unary as UnaryO
 /// kernels' vocabulary, so the scheduler hands the `moe` op's rule on as it is.
 pub use maxc_kernels::library::moe::MoeRouting;
 
+/// The experts' activation: the kernels' vocabulary, as [`MoeRouting`] is.
+pub use maxc_kernels::library::moe::MoeActivation;
+
 /// Rotary position embedding frequency scaling.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -223,7 +226,11 @@ pub enum Op {
     /// `down_e` rows `e * h .. (e + 1) * h` of down. The router is part of the
     /// op so that its logits, which the choice of experts compares, are the
     /// same bits for a row in every plan (one kernel per row, whatever the step).
-    Moe { experts: u32, top_k: u32, routing: MoeRouting },
+    /// `activation` replaces `silu(g) * u` (gpt-oss's clamped SwiGLU); with
+    /// `biases` three more inputs follow (gpt-oss): the router's bias
+    /// `[experts]` (added to its logits), the experts' gate-and-up biases
+    /// `[experts, 2f]` (added to `[g; u]`) and down biases `[experts, h]`.
+    Moe { experts: u32, top_k: u32, routing: MoeRouting, activation: MoeActivation, biases: bool },
     /// Sum of a `PartialSum` value over the devices of the mesh (result replicated).
     AllReduce,
     /// Concatenation of every device's `Sharded { axis }` slice (result replicated).
@@ -305,6 +312,7 @@ impl Op {
             Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
             Op::Attention { sinks: true, .. } => Some(5),
+            Op::Moe { biases: true, .. } => Some(7),
             Op::Attention { .. } | Op::Moe { .. } => Some(4),
             Op::Concat { .. } => None,
         }

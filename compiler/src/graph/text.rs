@@ -132,7 +132,16 @@ fn attributes(op: &Op) -> Vec<String> {
             a
         }
         Op::Concat { axis } => vec![format!("axis = {axis}")],
-        Op::Moe { experts, top_k, routing } => vec![format!("experts = {experts}"), format!("top_k = {top_k}"), format!("routing = {}", routing.name())],
+        Op::Moe { experts, top_k, routing, activation, biases } => {
+            let mut a = vec![format!("experts = {experts}"), format!("top_k = {top_k}"), format!("routing = {}", routing.name())];
+            if let MoeActivation::ClampedSwiGlu { alpha, limit } = activation {
+                a.extend([format!("activation = {}", activation.name()), format!("swiglu_alpha = {}", float(*alpha)), format!("swiglu_limit = {}", float(*limit))]);
+            }
+            if *biases {
+                a.push("biases = true".into());
+            }
+            a
+        }
         Op::Slice { axis, start, len } => {
             vec![format!("axis = {axis}"), format!("start = {start}"), format!("len = {len}")]
         }
@@ -609,6 +618,26 @@ pub fn parse(text: &str) -> Result<Graph> {
                             r.done()?;
                             routing
                         },
+                        activation: if attrs.items.iter().any(|(k, _)| k == "activation") {
+                            let mut a = attrs.take("activation")?;
+                            match a.ident()?.as_str() {
+                                "swiglu" => MoeActivation::SwiGlu,
+                                "clamped_swiglu" => MoeActivation::ClampedSwiGlu { alpha: attrs.num("swiglu_alpha")?, limit: attrs.num("swiglu_limit")? },
+                                other => return a.err(format!("activation must be swiglu or clamped_swiglu, not `{other}`")),
+                            }
+                        } else {
+                            MoeActivation::SwiGlu
+                        },
+                        biases: if attrs.items.iter().any(|(k, _)| k == "biases") {
+                            let mut c = attrs.take("biases")?;
+                            match c.ident()?.as_str() {
+                                "true" => true,
+                                "false" => false,
+                                other => return c.err(format!("biases must be true or false, not `{other}`")),
+                            }
+                        } else {
+                            false
+                        },
                     },
                     "slice" => Op::Slice { axis: attrs.num("axis")?, start: attrs.num("start")?, len: attrs.num("len")? },
                     other => return c.err(format!("unknown op `{other}`")),
@@ -677,6 +706,10 @@ mod tests {
   %39 = weight "down" : f32[16, 4]
   %40 = moe %3, %37, %38, %39 {experts = 2, top_k = 1, routing = softmax_topk_norm} : f32[seq, 8]
   %41 = rope %6, %1 {head_dim = 4, theta = 150000.0, scaling = yarn(32.0, 4096, 32.0, 1.0, 0)} : f32[seq, 8]
+  %42 = weight "router_bias" : f32[2]
+  %43 = weight "gate_up_bias" : f32[2, 8]
+  %44 = weight "down_bias" : f32[2, 8]
+  %45 = moe %3, %37, %38, %39, %42, %43, %44 {experts = 2, top_k = 1, routing = topk_softmax, activation = clamped_swiglu, swiglu_alpha = 1.702, swiglu_limit = 7.0, biases = true} : f32[seq, 8]
   output "out" = %25
   output "other" = %10
 }

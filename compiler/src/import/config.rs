@@ -5,7 +5,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::graph::{MoeRouting, RopeScaling};
+use crate::graph::{MoeActivation, MoeRouting, RopeScaling};
 
 /// Architectures with a graph builder.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -23,10 +23,11 @@ pub enum Architecture {
     Bert,
     Qwen3Moe,
     Mixtral,
+    GptOss,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 13] = [
+    pub const ALL: [Architecture; 14] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -40,6 +41,7 @@ impl Architecture {
         Architecture::Bert,
         Architecture::Qwen3Moe,
         Architecture::Mixtral,
+        Architecture::GptOss,
     ];
 
     /// The Hugging Face class name.
@@ -58,6 +60,7 @@ impl Architecture {
             Architecture::Bert => "BertModel",
             Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
             Architecture::Mixtral => "MixtralForCausalLM",
+            Architecture::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -77,6 +80,7 @@ impl Architecture {
             "bert" => Some(Architecture::Bert),
             "qwen3moe" | "qwen3_moe" => Some(Architecture::Qwen3Moe),
             "mixtral" => Some(Architecture::Mixtral),
+            "gpt-oss" | "gpt_oss" => Some(Architecture::GptOss),
             _ => None,
         });
         found.ok_or_else(|| Error::UnsupportedArchitecture {
@@ -108,6 +112,10 @@ pub struct ModelConfig {
     pub o_bias: bool,
     pub mlp_bias: bool,
     pub sliding_window: Option<usize>,
+    /// Per layer, whether it uses `sliding_window` (`layer_types` of gpt-oss,
+    /// which alternates sliding and full layers); `None`: every layer does.
+    /// Gemma keeps its own in [`GemmaParams::sliding_layers`].
+    pub sliding_layers: Option<Vec<bool>>,
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
@@ -134,6 +142,10 @@ pub struct MoeParams {
     /// Each expert's MLP width (`moe_intermediate_size`; Mixtral's `intermediate_size`).
     pub expert_intermediate: usize,
     pub routing: MoeRouting,
+    /// The experts' activation between their gate-and-up and down projections.
+    pub activation: MoeActivation,
+    /// gpt-oss: the router and every expert projection have a bias.
+    pub biases: bool,
     /// Per layer: whether its MLP is the routed experts (else a dense MLP
     /// `intermediate_size` wide: Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step`).
     pub sparse_layers: Vec<bool>,
@@ -342,8 +354,27 @@ impl ModelConfig {
             },
             _ => f.usize_opt("sliding_window")?,
         };
+        // gpt-oss alternates sliding and full layers (`layer_types`).
+        let sliding_layers = match json.get("layer_types").and_then(Value::as_array) {
+            Some(types) if architecture == Architecture::GptOss => {
+                let kinds = types.iter().enumerate().map(|(i, t)| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(Error::invalid(path, format!("layer_types[{i}]"), format!("is {t}; expected \"sliding_attention\" or \"full_attention\""))),
+                });
+                let kinds = kinds.collect::<Result<Vec<bool>>>()?;
+                if kinds.len() != f.usize("num_hidden_layers")? {
+                    return Err(Error::invalid(path, "layer_types", format!("lists {} layers, but num_hidden_layers is {}", kinds.len(), f.usize("num_hidden_layers")?)));
+                }
+                if kinds.contains(&true) && sliding_window.is_none() {
+                    return Err(Error::invalid(path, "sliding_window", "is missing, but layer_types has sliding_attention layers"));
+                }
+                Some(kinds)
+            }
+            _ => None,
+        };
         // `layer_types` (newer configs) must agree with the one window every layer uses.
-        if !matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) {
+        if !matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3 | Architecture::GptOss) {
             if let Some(types) = json.get("layer_types").and_then(Value::as_array) {
                 let want = if sliding_window.is_some() { "sliding_attention" } else { "full_attention" };
                 if let Some((i, t)) = types.iter().enumerate().find(|(_, t)| t.as_str() != Some(want)) {
@@ -428,6 +459,7 @@ impl ModelConfig {
             o_bias,
             mlp_bias: f.bool_or("mlp_bias", false)?,
             sliding_window,
+            sliding_layers,
             max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(2048),
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: f.token_ids("eos_token_id")?,
@@ -482,7 +514,7 @@ impl ModelConfig {
 /// softmax over the chosen logits. The expert count may be spelled
 /// `num_experts` or `num_local_experts` (transformers 5 writes the latter).
 fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> Result<Option<MoeParams>> {
-    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral) {
+    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss) {
         return Ok(None);
     }
     let experts = match (f.usize_opt("num_experts")?, f.usize_opt("num_local_experts")?) {
@@ -516,7 +548,18 @@ fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> 
         }
         _ => (f.usize("intermediate_size")?, MoeRouting::TopKSoftmax, vec![true; num_layers]),
     };
-    let moe = MoeParams { experts, top_k, expert_intermediate, routing, sparse_layers };
+    let (activation, biases) = match architecture {
+        Architecture::GptOss => {
+            let alpha = f.f64_opt("swiglu_alpha")?.unwrap_or(1.702) as f32;
+            let limit = f.f64_opt("swiglu_limit")?.unwrap_or(7.0) as f32;
+            if !(alpha.is_finite() && limit.is_finite() && limit > 0.0) {
+                return Err(Error::invalid(f.path, "swiglu_limit", format!("swiglu_alpha {alpha} and swiglu_limit {limit}: both must be finite, the limit > 0")));
+            }
+            (MoeActivation::ClampedSwiGlu { alpha, limit }, true)
+        }
+        _ => (MoeActivation::SwiGlu, false),
+    };
+    let moe = MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, sparse_layers };
     moe.validate(f.path, &|key| match key {
         "num_experts" if f.get("num_experts").is_none() => "num_local_experts".to_string(),
         other => other.to_string(),
@@ -545,6 +588,7 @@ fn gpt2_config(f: &Fields<'_>) -> Result<ModelConfig> {
         o_bias: true,
         mlp_bias: true,
         sliding_window: None,
+        sliding_layers: None,
         max_position_embeddings: f.usize_opt("n_positions")?.unwrap_or(1024),
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,
@@ -625,6 +669,7 @@ impl ModelConfig {
             o_bias: true,
             mlp_bias: true,
             sliding_window: None,
+            sliding_layers: None,
             max_position_embeddings: shape.max_position_embeddings,
             bos_token_id: None,
             eos_token_ids: vec![],
@@ -772,6 +817,33 @@ mod tests {
         assert_eq!(c.rope_scaling, RopeScaling::Yarn { factor: 4.0, original_max_position: 32768, beta_fast: 32.0, beta_slow: 1.0, truncate: true });
         let e = cfg(r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707}"#).unwrap_err().to_string();
         assert!(e.contains("rope_scaling.mscale"), "{e}");
+    }
+
+    /// gpt-oss's per-layer attention kinds and clamped SwiGLU are read; a
+    /// layer list of the wrong length, an unknown kind or a bad limit is
+    /// refused by its field.
+    #[test]
+    fn gpt_oss_reads_its_layer_kinds_and_activation() {
+        let gpt_oss = |extra: &str| {
+            let text = format!(
+                r#"{{"architectures": ["GptOssForCausalLM"], "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 100, "num_local_experts": 4, "num_experts_per_tok": 2,
+                    "attention_bias": true, "sliding_window": 8 {extra}}}"#
+            );
+            ModelConfig::from_hf_json(&serde_json::from_str(&text).unwrap(), Path::new("config.json"), None)
+        };
+        let c = gpt_oss(r#", "layer_types": ["sliding_attention", "full_attention"], "swiglu_alpha": 1.5, "swiglu_limit": 6.0"#).unwrap();
+        assert_eq!(c.sliding_layers, Some(vec![true, false]));
+        assert!(c.qkv_bias && c.o_bias);
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.experts, moe.top_k, moe.routing, moe.biases), (4, 2, MoeRouting::TopKSoftmax, true));
+        assert_eq!(moe.activation, MoeActivation::ClampedSwiGlu { alpha: 1.5, limit: 6.0 });
+        let e = gpt_oss(r#", "layer_types": ["sliding_attention"]"#).unwrap_err().to_string();
+        assert!(e.contains("layer_types") && e.contains("num_hidden_layers is 2"), "{e}");
+        let e = gpt_oss(r#", "layer_types": ["sliding_attention", "chunked_attention"]"#).unwrap_err().to_string();
+        assert!(e.contains("layer_types[1]") && e.contains("chunked_attention"), "{e}");
+        let e = gpt_oss(r#", "swiglu_limit": -1.0"#).unwrap_err().to_string();
+        assert!(e.contains("swiglu_limit"), "{e}");
     }
 
     #[test]

@@ -370,6 +370,15 @@ impl GgufFile {
                 supported: format!("{} (GGUF)", GGUF_ARCHITECTURES.join(", ")),
             });
         };
+        if architecture == Architecture::GptOss {
+            // Its converter's files hold the experts as MXFP4 blocks and name
+            // the sinks and expert biases in ways this reader has no table for yet.
+            return Err(Error::UnsupportedArchitecture {
+                path: self.path.clone(),
+                architecture: format!("{name} from GGUF"),
+                supported: format!("{} (GGUF); compile gpt-oss from its Hugging Face folder", GGUF_ARCHITECTURES.join(", ")),
+            });
+        }
         if let Some((key, n)) = expert_count.filter(|_| !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral)) {
             return Err(Error::invalid(
                 &self.path,
@@ -489,6 +498,7 @@ impl GgufFile {
                 (Architecture::Gemma2, None) => Some(4096),
                 _ => self.optional_u64(&k("attention.sliding_window"))?.map(|v| v as usize),
             },
+            sliding_layers: None,
             max_position_embeddings: match self.get(&k("context_length")) {
                 Some(MetaValue::Int(0)) => {
                     return Err(Error::invalid(
@@ -702,7 +712,8 @@ impl GgufFile {
             _ => (self.require_u64(&k("feed_forward_length"))? as usize, crate::graph::MoeRouting::TopKSoftmax),
         };
         let sparse_layers = (0..layers).map(|l| self.tensors.iter().any(|t| t.name == format!("blk.{l}.ffn_gate_inp.weight"))).collect();
-        let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, sparse_layers };
+        let (activation, biases) = (crate::graph::MoeActivation::SwiGlu, false);
+        let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, sparse_layers };
         moe.validate(&self.path, &|key| match key {
             "num_experts" => k("expert_count"),
             "num_experts_per_tok" => k("expert_used_count"),
@@ -938,6 +949,8 @@ fn layer_parts(arch: Architecture) -> &'static [&'static [(&'static str, &'stati
         Architecture::Gemma3 => &[GEMMA_NORMS, ATTENTION, QK_NORMS, MLP],
         Architecture::Gpt2 => &[GPT2_PARTS],
         Architecture::Bert => &[BERT_PARTS],
+        // Refused before any tensor is named (model_config).
+        Architecture::GptOss => &[],
     }
 }
 

@@ -57,6 +57,9 @@ pub fn import(path: &Path, architecture: Option<&str>) -> Result<ImportedModel> 
     if model.config.architecture == Architecture::Phi3 {
         split_fused_projections(&mut model);
     }
+    if model.config.architecture == Architecture::GptOss {
+        view_gpt_oss_experts(&mut model);
+    }
     if model.config.moe.is_some() {
         split_stacked_experts(&mut model)?;
     }
@@ -115,6 +118,26 @@ pub fn split_stacked_experts(model: &mut ImportedModel) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// gpt-oss multiplies its experts as `x @ w`: `gate_up_proj` is `[experts,
+/// hidden, 2 * intermediate]` with the gate's and the up projection's columns
+/// alternating, `down_proj` `[experts, intermediate, hidden]`, and
+/// `gate_up_proj_bias` `[experts, 2 * intermediate]` alternates the same way.
+/// Read through views ([`weights::MatrixView`]) they are the `[out, in]`
+/// stacks the builder binds, each expert's gate rows before its up rows, as
+/// [`split_stacked_experts`] then splits them (llama.cpp's converter
+/// de-interleaves and transposes the same way, into `ffn_gate_exps` and
+/// `ffn_up_exps`). A tensor of another shape is left for the builder's
+/// shape check to name.
+pub fn view_gpt_oss_experts(model: &mut ImportedModel) {
+    for layer in 0..model.config.num_layers {
+        let (prefix, _) = expert_names(model.config.architecture, layer);
+        let w = &mut model.weights;
+        w.set_view(&format!("{prefix}gate_up_proj"), true, true);
+        w.set_view(&format!("{prefix}down_proj"), true, false);
+        w.set_view(&format!("{prefix}gate_up_proj_bias"), false, true);
+    }
 }
 
 /// Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: their

@@ -146,6 +146,53 @@ pub struct WeightEntry {
     /// Face value the graph's `(1 + w)` expects. Exact: the subtraction of 1
     /// from a value in [0.5, 2] is, and adding 1 back gives the stored value.
     pub stored_plus_one: bool,
+    /// Elements stored in another order than the logical one (gpt-oss's
+    /// experts): see [`MatrixView`]. Float storage only.
+    pub view: Option<MatrixView>,
+}
+
+/// How a float tensor's logical rows are read from its stored matrices
+/// (its trailing two dims, each `[rows, cols]` as stored), for checkpoints
+/// whose layout is not the `[out, in]` one the graph binds: gpt-oss stores
+/// each expert's gate-and-up projection as `[hidden, 2 * intermediate]` with
+/// the gate's and the up projection's columns alternating, and its down
+/// projection as `[intermediate, hidden]` (both multiplied as `x @ w`).
+/// Logical row `r` of a matrix is view row `first_row + r`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MatrixView {
+    /// Rows and columns of each stored matrix.
+    pub stored: [usize; 2],
+    /// Logical `[cols, rows]`: view row `j` is stored column `j` (after
+    /// de-interleaving), so the logical tensor is each matrix transposed.
+    pub transposed: bool,
+    /// The stored columns alternate two halves (`a0 b0 a1 b1 ...`): the view
+    /// takes every even column first, then every odd one (`a0 a1 ... b0 b1 ...`).
+    pub deinterleaved: bool,
+    /// The first view row of the logical tensor (a row range of a view, as
+    /// [`WeightStore::split_rows`] makes).
+    pub first_row: usize,
+}
+
+impl MatrixView {
+    /// The stored column of view column `j` of `n` (de-interleaving).
+    fn column(&self, j: usize, n: usize) -> usize {
+        match self.deinterleaved {
+            true if j < n / 2 => 2 * j,
+            true => 2 * (j - n / 2) + 1,
+            false => j,
+        }
+    }
+
+    /// The stored element index, within its matrix, of logical element
+    /// `(row, col)` of a matrix.
+    fn element(&self, row: usize, col: usize) -> usize {
+        let cols = self.stored[1];
+        let vr = self.first_row + row;
+        match self.transposed {
+            true => col * cols + self.column(vr, cols),
+            false => vr * cols + self.column(col, cols),
+        }
+    }
 }
 
 impl WeightEntry {
@@ -190,7 +237,7 @@ impl WeightStore {
 
     /// Adds a tensor whose bytes are `file[offset..offset+len]` (already bounds-checked by the reader).
     pub fn insert(&mut self, name: String, storage: StorageType, shape: Vec<usize>, file: usize, offset: usize, len: usize) {
-        let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None, stored_plus_one: false };
+        let entry = WeightEntry { storage, shape, file, offset, len, unpermute_heads: None, stored_plus_one: false, view: None };
         debug_assert!(offset + len <= self.files[file].1.len());
         self.entries.insert(name, entry);
     }
@@ -277,6 +324,20 @@ impl WeightStore {
     pub fn split_rows(&mut self, name: &str, parts: &[(String, usize)]) -> bool {
         let Some(e) = self.entries.get(name).cloned() else { return false };
         let rows = e.shape.first().copied().unwrap_or(0);
+        if let Some(view) = e.view {
+            // A view's rows are read through it: each part a view from its first row.
+            if e.shape.len() != 2 || parts.iter().map(|p| p.1).sum::<usize>() != rows {
+                return false;
+            }
+            let mut first_row = view.first_row;
+            for (part, n) in parts {
+                let shape = vec![*n, e.shape[1]];
+                self.entries.insert(part.clone(), WeightEntry { shape, view: Some(MatrixView { first_row, ..view }), ..e.clone() });
+                first_row += n;
+            }
+            self.entries.remove(name);
+            return true;
+        }
         if e.unpermute_heads.is_some() || rows == 0 || parts.iter().map(|p| p.1).sum::<usize>() != rows || e.len % rows != 0 {
             return false;
         }
@@ -310,6 +371,24 @@ impl WeightStore {
         true
     }
 
+    /// Reads float tensor `name` through `view` from now on: its logical shape
+    /// becomes each stored matrix's view (`[cols, rows]` when transposed).
+    /// False (and no change) for a tensor that is absent, not float, has
+    /// fewer than two dims or is already read otherwise.
+    pub fn set_view(&mut self, name: &str, transposed: bool, deinterleaved: bool) -> bool {
+        let Some(e) = self.entries.get_mut(name) else { return false };
+        let n = e.shape.len();
+        if n < 2 || e.storage.block().0 != 1 || e.view.is_some() || e.unpermute_heads.is_some() || e.stored_plus_one || (deinterleaved && e.shape[n - 1] % 2 != 0) {
+            return false;
+        }
+        let stored = [e.shape[n - 2], e.shape[n - 1]];
+        if transposed {
+            e.shape.swap(n - 2, n - 1);
+        }
+        e.view = Some(MatrixView { stored, transposed, deinterleaved, first_row: 0 });
+        true
+    }
+
     /// A tensor's logical (HF) shape.
     pub fn shape(&self, name: &str) -> Result<Vec<u64>> {
         match self.entries.get(name) {
@@ -330,6 +409,9 @@ impl WeightStore {
     fn stored_rows(&self, name: &str, entry: &WeightEntry, rows: std::ops::Range<usize>) -> std::borrow::Cow<'_, [u8]> {
         let (stored, total) = (self.bytes(entry), entry.rows());
         assert!(rows.end <= total, "{name}: rows {rows:?} of {total}");
+        if let Some(view) = entry.view {
+            return viewed_rows(stored, entry, &view, rows).into();
+        }
         if rows == (0..total) && entry.unpermute_heads.is_none() {
             return stored.into();
         }
@@ -377,6 +459,24 @@ fn decoded(entry: &WeightEntry, mut values: Vec<f32>) -> Vec<f32> {
         values.iter_mut().for_each(|x| *x -= 1.0);
     }
     values
+}
+
+/// Rows `rows` of a viewed float tensor's logical rows, gathered from its
+/// stored matrices element by element.
+fn viewed_rows(stored: &[u8], entry: &WeightEntry, view: &MatrixView, rows: std::ops::Range<usize>) -> Vec<u8> {
+    let size = entry.storage.block().1;
+    let n = entry.shape.len();
+    let (matrix_rows, cols) = (entry.shape[n - 2], entry.shape[n - 1]);
+    let matrix_elems = view.stored[0] * view.stored[1];
+    let mut out = Vec::with_capacity(rows.len() * cols * size);
+    for r in rows {
+        let (m, row) = (r / matrix_rows, r % matrix_rows);
+        for c in 0..cols {
+            let at = (m * matrix_elems + view.element(row, c)) * size;
+            out.extend_from_slice(&stored[at..at + size]);
+        }
+    }
+    out
 }
 
 /// Where llama.cpp's `permute(w, n_head)` put row `row` (of `rows`) of a Q or K

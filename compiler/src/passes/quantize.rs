@@ -112,7 +112,7 @@ impl Pass for Quantize {
                     // The experts' stacked projections; the router stays
                     // float32, as llama.cpp keeps it (`ffn_gate_inp`): the
                     // choice of experts compares its logits.
-                    Op::Moe { .. } => slot >= 2,
+                    Op::Moe { .. } => slot == 2 || slot == 3,
                     _ => false,
                 };
                 if !decoded {
@@ -126,7 +126,7 @@ impl Pass for Quantize {
             let ws: Vec<ValueId> = match node.op {
                 Op::MatMul | Op::MatMulAdd => vec![node.inputs[1]],
                 Op::Embedding => vec![node.inputs[0]],
-                Op::Moe { .. } => node.inputs[2..].to_vec(),
+                Op::Moe { .. } => node.inputs[2..4].to_vec(),
                 _ => continue,
             };
             for w in ws {

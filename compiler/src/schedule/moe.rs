@@ -2,13 +2,14 @@
 //! (`moe_route`), the step's
 //! (row, rank) slots grouped by expert (`moe_group`), the rows gathered in
 //! that order (`moe_gather`), the experts' gate-and-up matmul on the grouped
-//! rows, SwiGLU, the down matmul, and each row's weighted sum in rank order
+//! rows, SwiGLU (gpt-oss: the clamped one, after each expert's gate-and-up
+//! bias), the down matmul, and each row's weighted sum in rank order
 //! (`moe_combine`). A grouped matmul reads an expert's weights only when rows
 //! chose it, once per step for all of them (llama.cpp's `mul_mat_id`), in
 //! the layout the dense matmuls would give the weights: float panels,
 //! interleaved blocks with integer activations, or row-major.
 
-use maxc_kernels::library::moe::{over_slots, moe_combine, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router};
+use maxc_kernels::library::moe::{over_slots, moe_activation, moe_combine, MoeActivation, moe_gather, moe_group, moe_matmul_interleaved, moe_matmul_panel, moe_matmul_panel_rows, moe_matmul_rows, moe_route, moe_router};
 use maxc_kernels::library::dequant::rows_form;
 
 use super::*;
@@ -21,10 +22,10 @@ impl Scheduler<'_, '_, '_> {
     }
 
     /// Node `node`, a `moe`, scheduled for `seq`.
-    pub(super) fn moe(&mut self, node: &crate::graph::Node, (experts, top_k, routing): (u64, u64, crate::graph::MoeRouting), seq: SeqMode) -> Result<Arg> {
+    pub(super) fn moe(&mut self, node: &crate::graph::Node, (experts, top_k, routing): (u64, u64, crate::graph::MoeRouting), (activation, biased): (MoeActivation, bool), seq: SeqMode) -> Result<Arg> {
         let graph = self.graph;
         let (x, router, gate_up, down) = (node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]);
-        if [router, gate_up, down].iter().any(|&w| !self.interp.is_constant(w)) {
+        if node.inputs[1..].iter().any(|&w| !self.interp.is_constant(w)) {
             return Err(unsupported("a mixture of experts whose router or expert projections are not weights".into()));
         }
         let h = graph.ty(x).last_dim().expect("static width");
@@ -33,7 +34,12 @@ impl Scheduler<'_, '_, '_> {
         let xa = self.input(x)?;
         let mut args = vec![xa];
         args.extend(self.weight_parts_in(router, Layout::RowMajor)?);
-        let la = self.launch(moe_router(h, experts, graph.ty(router).quant), args, experts);
+        // gpt-oss's biases, float32 (the quantize pass encodes only the projections).
+        let biases = if biased { Some((self.input(node.inputs[4])?, self.input(node.inputs[5])?, self.input(node.inputs[6])?)) } else { None };
+        if let Some((router_bias, _, _)) = biases {
+            args.push(router_bias);
+        }
+        let la = self.launch(moe_router(h, experts, graph.ty(router).quant, biased), args, experts);
         // The chosen experts and their weights (the last output, f32, as `--check-nan` reads it).
         let routed = self.launch_outputs(moe_route(experts, top_k, routing), vec![la], &[top_k * 4, top_k * 4], TaskCount { per_seq: top_k, fixed: 0 });
         let (ids, weights) = (routed[0], routed[1]);
@@ -43,11 +49,23 @@ impl Scheduler<'_, '_, '_> {
         self.sized(cursor, experts * 4);
         let xg = self.launch_outputs(moe_gather(h, top_k), vec![xa, order], &[top_k * h * 4], TaskCount { per_seq: top_k * h, fixed: 0 })[0];
         let gu = self.expert_matmul(xg, gate_up, offsets, (h, 2 * f, experts, top_k), seq)?;
-        let (kernel, gpu) = (over_slots(swiglu(f, seq), top_k), over_slots(swiglu_gpu(f, seq), top_k));
-        self.kernels.set_gpu_form(&kernel, gpu);
-        let act = self.launch_outputs(kernel, vec![gu], &[top_k * f * 4], TaskCount { per_seq: top_k * f, fixed: 0 })[0];
+        let act = match (activation, biases) {
+            (MoeActivation::SwiGlu, None) => {
+                let (kernel, gpu) = (over_slots(swiglu(f, seq), top_k), over_slots(swiglu_gpu(f, seq), top_k));
+                self.kernels.set_gpu_form(&kernel, gpu);
+                self.launch_outputs(kernel, vec![gu], &[top_k * f * 4], TaskCount { per_seq: top_k * f, fixed: 0 })[0]
+            }
+            (_, None) => self.launch_outputs(moe_activation(f, top_k, activation, None), vec![gu], &[top_k * f * 4], TaskCount { per_seq: top_k * f, fixed: 0 })[0],
+            (_, Some((_, gate_up_bias, _))) => {
+                let kernel = moe_activation(f, top_k, activation, Some(experts));
+                self.launch_outputs(kernel, vec![gu, order, ids, gate_up_bias], &[top_k * f * 4], TaskCount { per_seq: top_k * f, fixed: 0 })[0]
+            }
+        };
         let y = self.expert_matmul(act, down, offsets, (f, h, experts, top_k), seq)?;
-        Ok(self.launch(moe_combine(h, top_k), vec![y, place, weights], h))
+        Ok(match biases {
+            None => self.launch(moe_combine(h, top_k, None), vec![y, place, weights], h),
+            Some((_, _, down_bias)) => self.launch(moe_combine(h, top_k, Some(experts)), vec![y, place, weights, ids, down_bias], h),
+        })
     }
 
     /// `x` (`[seq * top_k, k]`, grouped by expert) times each group's expert

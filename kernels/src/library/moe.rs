@@ -32,6 +32,48 @@ impl MoeRouting {
     }
 }
 
+/// The experts' activation between their gate-and-up and down projections,
+/// on an expert's `[g; u]` (its gate rows' outputs, then its up rows').
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum MoeActivation {
+    /// `silu(g) * u` (Qwen3-MoE, Mixtral).
+    SwiGlu,
+    /// gpt-oss: `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`, then
+    /// `(u' + 1) * g' * sigmoid(alpha * g')` (transformers' `GptOssExperts`).
+    ClampedSwiGlu { alpha: f32, limit: f32 },
+}
+
+impl MoeActivation {
+    /// The name the graph's text form uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            MoeActivation::SwiGlu => "swiglu",
+            MoeActivation::ClampedSwiGlu { .. } => "clamped_swiglu",
+        }
+    }
+
+    /// The tag kernel names carry: the activation with its constants.
+    fn tag(self) -> String {
+        match self {
+            MoeActivation::SwiGlu => "swiglu".into(),
+            MoeActivation::ClampedSwiGlu { alpha, limit } => format!("cswiglu_a{:08x}_l{:08x}", alpha.to_bits(), limit.to_bits()),
+        }
+    }
+
+    /// The activation of one `(g, u)` pair, in the kernel IR.
+    fn apply(self, g: Expr, u: Expr) -> Expr {
+        match self {
+            MoeActivation::SwiGlu => mul(div(g.clone(), add(f(1.0), fast_exp(un(UnOp::Neg, g)))), u),
+            MoeActivation::ClampedSwiGlu { alpha, limit } => {
+                let g = min(g, f(limit));
+                let u = max(min(u, f(limit)), f(-limit));
+                let glu = div(g.clone(), add(f(1.0), fast_exp(un(UnOp::Neg, mul(g, f(alpha))))));
+                mul(add(u, f(1.0)), glu)
+            }
+        }
+    }
+}
+
 use maxc_format::WeightEncoding;
 
 use super::dequant::{declare, declare_interleaved, WeightParams, INTERLEAVED_ROWS};
@@ -60,14 +102,17 @@ fn and_also(a: Expr, b: Expr) -> Expr {
 }
 
 /// The router's logits: `x: f32[rows, k]`, `router: [experts, k]` (in
-/// `encoding`, row-major) -> `logits: f32[rows, experts]`, one task per row.
+/// `encoding`, row-major), with `biased` `router_bias: f32[experts]` (added
+/// after the dot product, as `F.linear` does) -> `logits: f32[rows,
+/// experts]`, one task per row.
 /// A row's logits come from this one kernel in every plan (it does not depend
 /// on the step's length), so they are the same bits alone and in a batch
 /// whatever the backend does with its sums: the choice of experts compares them.
-pub fn moe_router(k: u64, experts: u64, encoding: WeightEncoding) -> Kernel {
+pub fn moe_router(k: u64, experts: u64, encoding: WeightEncoding, biased: bool) -> Kernel {
     let mut b = KernelBuilder::new();
     let x = b.param("x", ElemType::F32, false);
     let w = declare(&mut b, "router", encoding, k);
+    let bias = biased.then(|| b.param("router_bias", ElemType::F32, false));
     let logits = b.param("logits", ElemType::F32, true);
     let (t, e, kk, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
     let ki = k as i64;
@@ -78,10 +123,11 @@ pub fn moe_router(k: u64, experts: u64, encoding: WeightEncoding) -> Kernel {
         vec![
             set(acc, f(0.0)),
             for_vec(kk, i(0), i(ki), vec![set(acc, add(v(acc), mul(ld(x, add(v(kk), mul(v(t), i(ki)))), w.value(v(e), v(kk)))))]),
-            store(logits, add(v(e), mul(v(t), i(experts as i64))), v(acc)),
+            store(logits, add(v(e), mul(v(t), i(experts as i64))), bias.map_or(v(acc), |bias| add(v(acc), ld(bias, v(e))))),
         ],
     )];
-    b.finish(format!("moe_router_{}_e{experts}_k{k}", encoding.name()), "moe", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+    let tag = if biased { "_bias" } else { "" };
+    b.finish(format!("moe_router_{}_e{experts}_k{k}{tag}", encoding.name()), "moe", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
 /// The router of a row: `logits: f32[rows, experts]` -> `ids: i32[rows, top_k]`
@@ -186,28 +232,71 @@ pub fn moe_gather(width: u64, top_k: u64) -> Kernel {
 
 /// Each row's experts' outputs summed with their weights: `y: f32[seq *
 /// top_k, width]` (grouped order), `place: i32[seq * top_k]`, `weights:
-/// f32[seq, top_k]` -> `out: f32[seq, width]`, `out[r] = sum over j of
+/// f32[seq, top_k]`, with `biases: Some(experts)` also `ids: i32[seq *
+/// top_k]` and `bias: f32[experts, width]` (each slot's expert's down bias,
+/// added to its output) -> `out: f32[seq, width]`, `out[r] = sum over j of
 /// weights[r, j] * y[place[r * top_k + j]]`, in rank order `j` (each step one
 /// fused multiply-add), whatever the groups were: the same bits for a row
 /// alone and in any batch. One task per row.
-pub fn moe_combine(width: u64, top_k: u64) -> Kernel {
+pub fn moe_combine(width: u64, top_k: u64, biases: Option<u64>) -> Kernel {
     let mut b = KernelBuilder::new();
     b.keep_float_order();
     let y = b.param("y", ElemType::F32, false);
     let place = b.param("place", ElemType::I32, false);
     let weights = b.param("weights", ElemType::F32, false);
+    let lookup = biases.map(|experts| (b.param("ids", ElemType::I32, false), b.param("bias", ElemType::F32, false), experts as i64));
     let out = b.param("out", ElemType::F32, true);
     let (t, c, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
     let (w, k) = (width as i64, top_k as i64);
     let places: Vec<VarId> = (0..k).map(|_| b.var(ValType::I64)).collect();
-    let mut body: Vec<Stmt> = places.iter().enumerate().map(|(j, &p)| set(p, mul(ld(place, add(mul(v(t), i(k)), i(j as i64))), i(w)))).collect();
+    let bias_rows: Vec<VarId> = (0..k).map(|_| b.var(ValType::I64)).collect();
+    let slot = |j: usize| add(mul(v(t), i(k)), i(j as i64));
+    let mut body: Vec<Stmt> = places.iter().enumerate().map(|(j, &p)| set(p, mul(ld(place, slot(j)), i(w)))).collect();
+    if let Some((ids, _, experts)) = lookup {
+        body.extend(bias_rows.iter().enumerate().map(|(j, &r)| set(r, mul(min(max(ld(ids, slot(j)), i(0)), i(experts - 1)), i(w)))));
+    }
     let mut per_column = vec![set(acc, f(0.0))];
     for (j, &p) in places.iter().enumerate() {
-        per_column.push(set(acc, mul_add(ld(weights, add(mul(v(t), i(k)), i(j as i64))), ld(y, add(v(c), v(p))), v(acc))));
+        let y_j = ld(y, add(v(c), v(p)));
+        let y_j = match lookup {
+            Some((_, bias, _)) => add(y_j, ld(bias, add(v(c), v(bias_rows[j])))),
+            None => y_j,
+        };
+        per_column.push(set(acc, mul_add(ld(weights, slot(j)), y_j, v(acc))));
     }
     per_column.push(store(out, add(v(c), mul(v(t), i(w))), v(acc)));
     body.push(for_vec(c, i(0), i(w), per_column));
-    b.finish(format!("moe_combine_w{width}_k{top_k}"), "moe", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+    let tag = biases.map_or(String::new(), |e| format!("_bias_e{e}"));
+    b.finish(format!("moe_combine_w{width}_k{top_k}{tag}"), "moe", TaskCount { per_seq: 1, fixed: 0 }, t, body)
+}
+
+/// The experts' activation on grouped slots where the plain SwiGLU row
+/// kernel does not serve: `gate_up: f32[seq * top_k, 2f]` (grouped order,
+/// each row an expert's gate outputs then its up outputs), with `biases`
+/// also `order: i32[seq * top_k]`, `ids: i32[seq * top_k]` and `bias:
+/// f32[experts, 2f]` (each place's expert's gate-and-up bias, added before
+/// the activation) -> `out: f32[seq * top_k, f]`. One task per place; a
+/// place's result depends on its row and expert only, so it is the same
+/// bits in every plan.
+pub fn moe_activation(ff: u64, top_k: u64, activation: MoeActivation, biases: Option<u64>) -> Kernel {
+    let mut b = KernelBuilder::new();
+    let gu = b.param("gate_up", ElemType::F32, false);
+    let lookup = biases.map(|experts| (b.param("order", ElemType::I32, false), b.param("ids", ElemType::I32, false), b.param("bias", ElemType::F32, false), experts as i64));
+    let out = b.param("out", ElemType::F32, true);
+    let (t, c, row) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
+    let fi = ff as i64;
+    let mut body = Vec::new();
+    let (g, u) = (ld(gu, add(v(c), mul(v(t), i(2 * fi)))), ld(gu, add(add(v(c), i(fi)), mul(v(t), i(2 * fi)))));
+    let (g, u) = match lookup {
+        Some((order, ids, bias, experts)) => {
+            body.push(set(row, mul(min(max(ld(ids, ld(order, v(t))), i(0)), i(experts - 1)), i(2 * fi))));
+            (add(g, ld(bias, add(v(c), v(row)))), add(u, ld(bias, add(add(v(c), i(fi)), v(row)))))
+        }
+        None => (g, u),
+    };
+    body.push(for_vec(c, i(0), i(fi), vec![store(out, add(v(c), mul(v(t), i(fi))), activation.apply(g, u))]));
+    let tag = biases.map_or(String::new(), |e| format!("_bias_e{e}"));
+    b.finish(format!("moe_act_{}_f{ff}_k{top_k}{tag}", activation.tag()), "moe", TaskCount { per_seq: top_k, fixed: 0 }, t, body)
 }
 
 /// A row-task kernel (`swiglu`, the activation quantizers: one task per row,
@@ -486,11 +575,64 @@ mod tests {
             place[slot as usize] = p as i32;
         }
         let mut bufs = vec![Buffer::F32(y.clone()), Buffer::I32(place.clone()), Buffer::F32(weights.clone()), Buffer::F32(vec![f32::NAN; 3 * w])];
-        run(&moe_combine(w as u64, k as u64), &mut bufs, 3);
+        run(&moe_combine(w as u64, k as u64, None), &mut bufs, 3);
         for r in 0..3 {
             for c in 0..w {
                 let want = (0..k).fold(0.0f32, |acc, j| weights[r * k + j].mul_add(y[place[r * k + j] as usize * w + c], acc));
                 assert_eq!(f32s(&bufs[3])[r * w + c], want);
+            }
+        }
+    }
+
+    /// gpt-oss's activation on grouped places with each place's expert's
+    /// bias, against transformers' formula in f64 (`min(g, limit)`, `clamp(u,
+    /// -limit, limit)`, `(u + 1) * g * sigmoid(alpha * g)`), on values that
+    /// cross the limits both ways; and the down biases in the combine, by
+    /// each slot's own expert.
+    #[test]
+    fn clamped_swiglu_and_the_expert_biases_follow_transformers() {
+        let (ff, top_k, experts, places) = (6usize, 2usize, 3usize, 8usize);
+        let (alpha, limit) = (1.702f32, 1.5f32);
+        let gu: Vec<f32> = rand(places * 2 * ff, 7).iter().map(|x| x * 4.0).collect();
+        let bias: Vec<f32> = rand(experts * 2 * ff, 8);
+        let order = vec![3, 0, 6, 1, 7, 2, 4, 5];
+        let ids = vec![2, 0, 1, 1, 0, 2, 0, 9];
+        let mut bufs = vec![Buffer::F32(gu.clone()), Buffer::I32(order.clone()), Buffer::I32(ids.clone()), Buffer::F32(bias.clone()), Buffer::F32(vec![f32::NAN; places * ff])];
+        run(&moe_activation(ff as u64, top_k as u64, MoeActivation::ClampedSwiGlu { alpha, limit }, Some(experts as u64)), &mut bufs, (places / top_k) as u64);
+        let (mut clamped_g, mut clamped_u) = (0, 0);
+        for p in 0..places {
+            let e = (ids[order[p] as usize] as usize).min(experts - 1);
+            for c in 0..ff {
+                let g = (gu[p * 2 * ff + c] + bias[e * 2 * ff + c]) as f64;
+                let u = (gu[p * 2 * ff + ff + c] + bias[e * 2 * ff + ff + c]) as f64;
+                clamped_g += (g > limit as f64) as usize;
+                clamped_u += (u.abs() > limit as f64) as usize;
+                let (g, u) = (g.min(limit as f64), u.clamp(-limit as f64, limit as f64));
+                let want = (u + 1.0) * g / (1.0 + (-(alpha as f64) * g).exp());
+                let got = f32s(&bufs[4])[p * ff + c] as f64;
+                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "place {p} column {c}: {got} against {want}");
+            }
+        }
+        assert!(clamped_g > 0 && clamped_u > 0, "the values cross the limit ({clamped_g} gates, {clamped_u} ups)");
+
+        let (w, rows) = (5usize, 3usize);
+        let y = rand(rows * top_k * w, 2);
+        let weights = rand(rows * top_k, 3);
+        let place = vec![4, 1, 0, 5, 2, 3];
+        let slot_ids = vec![1, 0, 2, 2, 0, -4];
+        let down_bias = rand(experts * w, 4);
+        let mut bufs = vec![Buffer::F32(y.clone()), Buffer::I32(place.clone()), Buffer::F32(weights.clone()), Buffer::I32(slot_ids.clone()), Buffer::F32(down_bias.clone()), Buffer::F32(vec![f32::NAN; rows * w])];
+        run(&moe_combine(w as u64, top_k as u64, Some(experts as u64)), &mut bufs, rows as u64);
+        for r in 0..rows {
+            for c in 0..w {
+                let want: f64 = (0..top_k)
+                    .map(|j| {
+                        let e = slot_ids[r * top_k + j].clamp(0, experts as i32 - 1) as usize;
+                        weights[r * top_k + j] as f64 * (y[place[r * top_k + j] as usize * w + c] as f64 + down_bias[e * w + c] as f64)
+                    })
+                    .sum();
+                let got = f32s(&bufs[5])[r * w + c] as f64;
+                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "row {r} column {c}: {got} against {want}");
             }
         }
     }
