@@ -516,6 +516,14 @@ fn mixtral_matches_golden() {
     check_experts("arch-mixtral", (4, 2, "topk_softmax", 2), (64, 96));
 }
 
+/// Qwen3 with YaRN RoPE scaling (factor 8 over 16 original positions), past
+/// the original context in every case; the golden is ours
+/// (tests/fixtures/arch-qwen3-yarn/make.py runs transformers).
+#[test]
+fn qwen3_yarn_matches_golden() {
+    check_golden("arch-qwen3-yarn");
+}
+
 /// all-MiniLM-L6-v2 (BertModel + mean pooling + L2 normalization): every golden
 /// sentence tokenizes to the golden ids and embeds with cosine >= 0.9999.
 #[test]

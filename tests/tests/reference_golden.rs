@@ -65,6 +65,13 @@ fn gpt_oss_matches_golden() {
     check_model("arch-gpt-oss", &fixture("arch-gpt-oss"), usize::MAX);
 }
 
+/// Qwen3 with YaRN over an original context of 16 positions: every case runs
+/// past it (tests/fixtures/arch-qwen3-yarn/make.py, transformers' golden).
+#[test]
+fn qwen3_yarn_matches_golden() {
+    check_model("arch-qwen3-yarn", &fixture("arch-qwen3-yarn"), usize::MAX);
+}
+
 #[test]
 fn smollm2_gguf_matches_golden() {
     check_model("smollm2-135m", &smollm2_gguf(), usize::MAX);
