@@ -516,6 +516,15 @@ fn mixtral_matches_golden() {
     check_experts("arch-mixtral", (4, 2, "topk_softmax", 2), (64, 96));
 }
 
+/// OLMoE: q/k norms over the whole projections, 8 experts, top 2 of the
+/// softmax over all, not renormalized; the golden is ours
+/// (tests/fixtures/arch-olmoe/make.py runs transformers).
+#[test]
+fn olmoe_matches_golden() {
+    check_golden("arch-olmoe");
+    check_experts("arch-olmoe", (8, 2, "softmax_topk", 2), (64, 32));
+}
+
 /// Qwen3 with YaRN RoPE scaling (factor 8 over 16 original positions), past
 /// the original context in every case; the golden is ours
 /// (tests/fixtures/arch-qwen3-yarn/make.py runs transformers).

@@ -72,6 +72,13 @@ fn qwen3_yarn_matches_golden() {
     check_model("arch-qwen3-yarn", &fixture("arch-qwen3-yarn"), usize::MAX);
 }
 
+/// OLMoE (tests/fixtures/arch-olmoe/make.py, transformers' golden): q/k norms
+/// over the whole projections, 8 experts, top 2 of the softmax, not renormalized.
+#[test]
+fn olmoe_matches_golden() {
+    check_model("arch-olmoe", &fixture("arch-olmoe"), usize::MAX);
+}
+
 #[test]
 fn smollm2_gguf_matches_golden() {
     check_model("smollm2-135m", &smollm2_gguf(), usize::MAX);

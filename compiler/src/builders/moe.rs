@@ -1,5 +1,6 @@
 //! Mixture-of-experts decoders: Qwen3MoeForCausalLM (Qwen3's attention, per-head
-//! q/k norms), MixtralForCausalLM (Mistral's) and GptOssForCausalLM (attention
+//! q/k norms), OlmoeForCausalLM (q/k norms over the whole projections),
+//! MixtralForCausalLM (Mistral's) and GptOssForCausalLM (attention
 //! sinks, q/k/v/o biases, sliding and full layers alternating, YaRN; a router
 //! and experts with biases, the clamped SwiGLU): the Llama decoder whose sparse
 //! layers replace the MLP by routed experts, one `moe` node each.
@@ -20,7 +21,12 @@ use crate::graph::{Graph, Op, ValueId};
 use crate::import::{expert_names, Architecture, ImportedModel};
 
 pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
-    let qk_norm = if model.config.architecture == Architecture::Qwen3Moe { QkNorm::PerHead } else { QkNorm::None };
+    let qk_norm = match model.config.architecture {
+        Architecture::Qwen3Moe => QkNorm::PerHead,
+        // OLMoE normalizes the whole q and k projections, as OLMo 2 does (but before the blocks).
+        Architecture::Olmoe => QkNorm::Full,
+        _ => QkNorm::None,
+    };
     let sinks = model.config.architecture == Architecture::GptOss;
     build_decoder(model, w, &DecoderOptions { qk_norm, sinks, ..Default::default() })
 }

@@ -24,10 +24,11 @@ pub enum Architecture {
     Qwen3Moe,
     Mixtral,
     GptOss,
+    Olmoe,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 14] = [
+    pub const ALL: [Architecture; 15] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -42,6 +43,7 @@ impl Architecture {
         Architecture::Qwen3Moe,
         Architecture::Mixtral,
         Architecture::GptOss,
+        Architecture::Olmoe,
     ];
 
     /// The Hugging Face class name.
@@ -61,6 +63,7 @@ impl Architecture {
             Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
             Architecture::Mixtral => "MixtralForCausalLM",
             Architecture::GptOss => "GptOssForCausalLM",
+            Architecture::Olmoe => "OlmoeForCausalLM",
         }
     }
 
@@ -81,6 +84,7 @@ impl Architecture {
             "qwen3moe" | "qwen3_moe" => Some(Architecture::Qwen3Moe),
             "mixtral" => Some(Architecture::Mixtral),
             "gpt-oss" | "gpt_oss" => Some(Architecture::GptOss),
+            "olmoe" => Some(Architecture::Olmoe),
             _ => None,
         });
         found.ok_or_else(|| Error::UnsupportedArchitecture {
@@ -506,15 +510,17 @@ impl ModelConfig {
     }
 }
 
-/// The routed experts of Qwen3-MoE and Mixtral configs (`None` for the other
-/// architectures, which are dense), with transformers' rules: Qwen3-MoE routes
-/// layer `i` unless it is in `mlp_only_layers` or `(i + 1) % decoder_sparse_step`
-/// is not 0, takes the softmax over all experts and renormalizes the chosen
-/// ones' probabilities when `norm_topk_prob`; Mixtral routes every layer, the
-/// softmax over the chosen logits. The expert count may be spelled
-/// `num_experts` or `num_local_experts` (transformers 5 writes the latter).
+/// The routed experts of Qwen3-MoE, OLMoE, Mixtral and gpt-oss configs
+/// (`None` for the other architectures, which are dense), with transformers'
+/// rules: Qwen3-MoE routes layer `i` unless it is in `mlp_only_layers` or `(i +
+/// 1) % decoder_sparse_step` is not 0, takes the softmax over all experts and
+/// renormalizes the chosen ones' probabilities when `norm_topk_prob`; OLMoE
+/// routes every layer the same way (`norm_topk_prob` false by default);
+/// Mixtral and gpt-oss route every layer, the softmax over the chosen logits
+/// (gpt-oss with biases and its clamped SwiGLU). The expert count may be
+/// spelled `num_experts` or `num_local_experts`.
 fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> Result<Option<MoeParams>> {
-    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss) {
+    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss | Architecture::Olmoe) {
         return Ok(None);
     }
     let experts = match (f.usize_opt("num_experts")?, f.usize_opt("num_local_experts")?) {
@@ -546,6 +552,9 @@ fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> 
             let renormalize = f.bool_or("norm_topk_prob", false)?;
             (f.usize("moe_intermediate_size")?, MoeRouting::SoftmaxTopK { renormalize }, sparse)
         }
+        // OLMoE: every layer routed, the softmax over all experts, renormalized
+        // only with `norm_topk_prob` (false by default).
+        Architecture::Olmoe => (f.usize("intermediate_size")?, MoeRouting::SoftmaxTopK { renormalize: f.bool_or("norm_topk_prob", false)? }, vec![true; num_layers]),
         _ => (f.usize("intermediate_size")?, MoeRouting::TopKSoftmax, vec![true; num_layers]),
     };
     let (activation, biases) = match architecture {

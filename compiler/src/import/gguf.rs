@@ -370,13 +370,14 @@ impl GgufFile {
                 supported: format!("{} (GGUF)", GGUF_ARCHITECTURES.join(", ")),
             });
         };
-        if architecture == Architecture::GptOss {
-            // Its converter's files hold the experts as MXFP4 blocks and name
-            // the sinks and expert biases in ways this reader has no table for yet.
+        if matches!(architecture, Architecture::GptOss | Architecture::Olmoe) {
+            // gpt-oss's converter files hold the experts as MXFP4 blocks and
+            // name the sinks and expert biases in ways this reader has no table
+            // for yet; OLMoE's are not read yet either.
             return Err(Error::UnsupportedArchitecture {
                 path: self.path.clone(),
                 architecture: format!("{name} from GGUF"),
-                supported: format!("{} (GGUF); compile gpt-oss from its Hugging Face folder", GGUF_ARCHITECTURES.join(", ")),
+                supported: format!("{} (GGUF); compile {} from its Hugging Face folder", GGUF_ARCHITECTURES.join(", "), architecture.hf_name()),
             });
         }
         if let Some((key, n)) = expert_count.filter(|_| !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral)) {
@@ -950,7 +951,7 @@ fn layer_parts(arch: Architecture) -> &'static [&'static [(&'static str, &'stati
         Architecture::Gpt2 => &[GPT2_PARTS],
         Architecture::Bert => &[BERT_PARTS],
         // Refused before any tensor is named (model_config).
-        Architecture::GptOss => &[],
+        Architecture::GptOss | Architecture::Olmoe => &[],
     }
 }
 
