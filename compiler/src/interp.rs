@@ -401,7 +401,7 @@ impl<'a> Interpreter<'a> {
                 shape[axis] = len;
                 Tensor::f32(shape, slice_axis(x.as_f32(), &x.shape, axis, *index as usize * len, len))
             }
-            Op::Moe { experts, top_k, routing, activation, biases } => {
+            Op::Moe { experts, top_k, routing, activation, biases, shared } => {
                 let (x, router, gate_up, down) = (f(0), f(1), f(2), f(3));
                 let (rows, h, e) = (args[0].shape[0], args[0].shape[1], *experts as usize);
                 let mut logits = matmul(x, router, rows, h, e);
@@ -413,6 +413,9 @@ impl<'a> Interpreter<'a> {
                     *l += b;
                 }
                 let mut out = vec![0.0f32; rows * h];
+                // Qwen2-MoE's shared expert: its output and the gate of its sigmoid.
+                let at = if *biases { 7 } else { 4 };
+                let shared = shared.then(|| (f(at), f(at + 1)));
                 for r in 0..rows {
                     let xr = &x[r * h..(r + 1) * h];
                     let o = &mut out[r * h..(r + 1) * h];
@@ -425,6 +428,13 @@ impl<'a> Interpreter<'a> {
                         let y = matmul(&act, &down[expert * h * ff..(expert + 1) * h * ff], 1, ff, h);
                         for ((o, y), b) in o.iter_mut().zip(y).zip(&down_bias[expert * h..]) {
                             *o += p * (y + b);
+                        }
+                    }
+                    if let Some((gate, shared_out)) = shared {
+                        let s: f64 = xr.iter().zip(gate).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let sigmoid = (1.0 / (1.0 + (-s).exp())) as f32;
+                        for (o, v) in o.iter_mut().zip(&shared_out[r * h..(r + 1) * h]) {
+                            *o += sigmoid * v;
                         }
                     }
                 }

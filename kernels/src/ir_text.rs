@@ -1401,8 +1401,9 @@ mod tests {
             ks.push(pooling::l2_normalize_rows(width));
             ks.push(pooling::mean_rows_ragged(width));
             ks.push(moe::moe_gather(width, 2));
-            ks.push(moe::moe_combine(width, 3, None));
-            ks.push(moe::moe_combine(width, 3, Some(4)));
+            ks.push(moe::moe_combine(width, 3, None, false));
+            ks.push(moe::moe_combine(width, 3, Some(4), false));
+            ks.push(moe::moe_combine(width, 3, None, true));
             ks.push(moe::moe_activation(width, 2, moe::MoeActivation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 }, Some(4)));
             ks.push(moe::moe_activation(width, 2, moe::MoeActivation::SwiGlu, None));
         }

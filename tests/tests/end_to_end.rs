@@ -525,6 +525,14 @@ fn olmoe_matches_golden() {
     check_experts("arch-olmoe", (8, 2, "softmax_topk", 2), (64, 32));
 }
 
+/// Qwen2-MoE: a dense middle layer, 6 experts, top 3 of the softmax over all,
+/// not renormalized, a shared expert 48 wide (the experts 32) behind a
+/// sigmoid gate; the golden is ours (tests/fixtures/arch-qwen2-moe/make.py).
+#[test]
+fn qwen2_moe_matches_golden() {
+    check_golden("arch-qwen2-moe");
+}
+
 /// Qwen3 with YaRN RoPE scaling (factor 8 over 16 original positions), past
 /// the original context in every case; the golden is ours
 /// (tests/fixtures/arch-qwen3-yarn/make.py runs transformers).

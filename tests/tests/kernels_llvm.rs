@@ -354,9 +354,11 @@ fn moe_cases_tiled(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
         }
         v.push(Case { kernel: moe_group(experts, 2), sizes: vec![2 * s, e + 1, e, 2 * s, 2 * s], int_max: experts as i32, seq: s as u64, tol: 0.0 });
         v.push(Case { kernel: moe_gather(24, 2), sizes: vec![s * 24, 2 * s, 2 * s * 24], int_max: s as i32, seq: s as u64, tol: 0.0 });
-        v.push(Case { kernel: moe_combine(24, 3, None), sizes: vec![3 * s * 24, 3 * s, 3 * s, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
+        v.push(Case { kernel: moe_combine(24, 3, None, false), sizes: vec![3 * s * 24, 3 * s, 3 * s, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
+        // Qwen2-MoE: the shared expert behind its sigmoid gate.
+        v.push(Case { kernel: moe_combine(24, 3, None, true), sizes: vec![3 * s * 24, 3 * s, 3 * s, s * 24, 24, s * 24, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-5 });
         // gpt-oss: the down biases by each slot's expert (ids past the experts are clamped).
-        v.push(Case { kernel: moe_combine(24, 3, Some(e as u64)), sizes: vec![3 * s * 24, 3 * s, 3 * s, 3 * s, e * 24, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
+        v.push(Case { kernel: moe_combine(24, 3, Some(e as u64), false), sizes: vec![3 * s * 24, 3 * s, 3 * s, 3 * s, e * 24, s * 24], int_max: 3 * s as i32, seq: s as u64, tol: 1e-6 });
         let clamped = MoeActivation::ClampedSwiGlu { alpha: 1.702, limit: 0.5 };
         v.push(Case { kernel: moe_activation(24, 2, clamped, Some(e as u64)), sizes: vec![2 * s * 48, 2 * s, 2 * s, e * 48, 2 * s * 24], int_max: 2 * s as i32, seq: s as u64, tol: 1e-5 });
         v.push(Case { kernel: moe_activation(24, 2, clamped, None), sizes: vec![2 * s * 48, 2 * s * 24], int_max: 1, seq: s as u64, tol: 1e-5 });

@@ -79,6 +79,14 @@ fn olmoe_matches_golden() {
     check_model("arch-olmoe", &fixture("arch-olmoe"), usize::MAX);
 }
 
+/// Qwen2-MoE (tests/fixtures/arch-qwen2-moe/make.py, transformers' golden):
+/// a dense middle layer, 6 experts, top 3 of the softmax, not renormalized,
+/// and a shared expert behind a sigmoid gate.
+#[test]
+fn qwen2_moe_matches_golden() {
+    check_model("arch-qwen2-moe", &fixture("arch-qwen2-moe"), usize::MAX);
+}
+
 #[test]
 fn smollm2_gguf_matches_golden() {
     check_model("smollm2-135m", &smollm2_gguf(), usize::MAX);

@@ -96,7 +96,7 @@ fn build_with(model: &ImportedModel, binder: &WeightBinder<'_>) -> Result<Graph>
         Architecture::Gemma2 | Architecture::Gemma3 => gemma2::build(model, binder),
         Architecture::Gpt2 => gpt2::build(model, binder),
         Architecture::Bert => bert::build(model, binder),
-        Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss | Architecture::Olmoe => moe::build(model, binder),
+        Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::Mixtral | Architecture::GptOss | Architecture::Olmoe => moe::build(model, binder),
     }
 }
 

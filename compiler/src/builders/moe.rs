@@ -1,5 +1,6 @@
 //! Mixture-of-experts decoders: Qwen3MoeForCausalLM (Qwen3's attention, per-head
-//! q/k norms), OlmoeForCausalLM (q/k norms over the whole projections),
+//! q/k norms), Qwen2MoeForCausalLM (Qwen2's attention; a shared expert behind
+//! a sigmoid gate), OlmoeForCausalLM (q/k norms over the whole projections),
 //! MixtralForCausalLM (Mistral's) and GptOssForCausalLM (attention
 //! sinks, q/k/v/o biases, sliding and full layers alternating, YaRN; a router
 //! and experts with biases, the clamped SwiGLU): the Llama decoder whose sparse
@@ -17,10 +18,11 @@
 use super::llama::{build_decoder, DecoderOptions, QkNorm};
 use super::WeightBinder;
 use crate::error::Result;
-use crate::graph::{Graph, Op, ValueId};
+use crate::graph::{BinaryOp, Graph, Op, UnaryOp, ValueId};
 use crate::import::{expert_names, Architecture, ImportedModel};
 
 pub fn build(model: &ImportedModel, w: &WeightBinder<'_>) -> Result<Graph> {
+    // Qwen2-MoE's attention is Qwen2's (q/k/v biases, from the config).
     let qk_norm = match model.config.architecture {
         Architecture::Qwen3Moe => QkNorm::PerHead,
         // OLMoE normalizes the whole q and k projections, as OLMo 2 does (but before the blocks).
@@ -73,6 +75,17 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
         inputs.push(w.weight(g, &format!("{prefix}gate_up_proj_bias"), &[experts, 2 * f])?);
         inputs.push(w.weight(g, &format!("{prefix}down_proj_bias"), &[experts, h])?);
     }
-    let op = Op::Moe { experts: experts as u32, top_k: moe.top_k as u32, routing: moe.routing, activation: moe.activation, biases: moe.biases };
+    if let Some(width) = moe.shared_expert {
+        // Qwen2-MoE: the shared expert, an ordinary SwiGLU MLP beside the op,
+        // and the gate of its sigmoid, both inputs of the op.
+        let p = format!("model.layers.{layer}.mlp");
+        let (gate, up) = (w.linear(g, x, &format!("{p}.shared_expert.gate_proj"), width, h, false)?, w.linear(g, x, &format!("{p}.shared_expert.up_proj"), width, h, false)?);
+        let act = g.add(Op::Unary(UnaryOp::Silu), &[gate]);
+        let m = g.add(Op::Binary(BinaryOp::Mul), &[act, up]);
+        let out = w.linear(g, m, &format!("{p}.shared_expert.down_proj"), h, width, false)?;
+        inputs.push(w.weight(g, &format!("{p}.shared_expert_gate.weight"), &[1, h])?);
+        inputs.push(out);
+    }
+    let op = Op::Moe { experts: experts as u32, top_k: moe.top_k as u32, routing: moe.routing, activation: moe.activation, biases: moe.biases, shared: moe.shared_expert.is_some() };
     Ok(g.add(op, &inputs))
 }

@@ -280,6 +280,18 @@ fn infer_shape(graph: &Graph, op: &Op, inputs: &[ValueId]) -> Result<TensorType,
                     same_float(x, b)?;
                 }
             }
+            if let Op::Moe { shared: true, biases, .. } = op {
+                let at = if *biases { 7 } else { 4 };
+                let (gate, out) = (t(at), t(at + 1));
+                if gate.shape != [Dim::Fixed(1), Dim::Fixed(h)] {
+                    return Err(format!("moe shared expert gate must be [1, {h}], got {}", shape_str(&gate.shape)));
+                }
+                if out.shape != x.shape {
+                    return Err(format!("moe shared expert output must be {} like the input, got {}", shape_str(&x.shape), shape_str(&out.shape)));
+                }
+                same_float(x, gate)?;
+                same_float(x, out)?;
+            }
             same_float(x, router)?;
             same_float(x, gate_up)?;
             same_float(x, down)?;

@@ -230,7 +230,10 @@ pub enum Op {
     /// `biases` three more inputs follow (gpt-oss): the router's bias
     /// `[experts]` (added to its logits), the experts' gate-and-up biases
     /// `[experts, 2f]` (added to `[g; u]`) and down biases `[experts, h]`.
-    Moe { experts: u32, top_k: u32, routing: MoeRouting, activation: MoeActivation, biases: bool },
+    /// With `shared` two more follow (Qwen2-MoE's shared expert): its gate
+    /// `[1, h]` and its output `[seq, h]`, added to the routed experts' sum
+    /// times `sigmoid(gate . x)` (computed by ordinary nodes beside the op).
+    Moe { experts: u32, top_k: u32, routing: MoeRouting, activation: MoeActivation, biases: bool, shared: bool },
     /// Sum of a `PartialSum` value over the devices of the mesh (result replicated).
     AllReduce,
     /// Concatenation of every device's `Sharded { axis }` slice (result replicated).
@@ -312,8 +315,8 @@ impl Op {
             Op::MatMulAdd | Op::LayerNorm { .. } => Some(3),
             Op::Embedding | Op::MatMul | Op::Binary(_) | Op::RmsNorm { .. } | Op::Rope { .. } => Some(2),
             Op::Attention { sinks: true, .. } => Some(5),
-            Op::Moe { biases: true, .. } => Some(7),
-            Op::Attention { .. } | Op::Moe { .. } => Some(4),
+            Op::Moe { biases, shared, .. } => Some(4 + 3 * *biases as usize + 2 * *shared as usize),
+            Op::Attention { .. } => Some(4),
             Op::Concat { .. } => None,
         }
     }

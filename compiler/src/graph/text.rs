@@ -132,13 +132,16 @@ fn attributes(op: &Op) -> Vec<String> {
             a
         }
         Op::Concat { axis } => vec![format!("axis = {axis}")],
-        Op::Moe { experts, top_k, routing, activation, biases } => {
+        Op::Moe { experts, top_k, routing, activation, biases, shared } => {
             let mut a = vec![format!("experts = {experts}"), format!("top_k = {top_k}"), format!("routing = {}", routing.name())];
             if let MoeActivation::ClampedSwiGlu { alpha, limit } = activation {
                 a.extend([format!("activation = {}", activation.name()), format!("swiglu_alpha = {}", float(*alpha)), format!("swiglu_limit = {}", float(*limit))]);
             }
             if *biases {
                 a.push("biases = true".into());
+            }
+            if *shared {
+                a.push("shared = true".into());
             }
             a
         }
@@ -638,6 +641,16 @@ pub fn parse(text: &str) -> Result<Graph> {
                         } else {
                             false
                         },
+                        shared: if attrs.items.iter().any(|(k, _)| k == "shared") {
+                            let mut c = attrs.take("shared")?;
+                            match c.ident()?.as_str() {
+                                "true" => true,
+                                "false" => false,
+                                other => return c.err(format!("shared must be true or false, not `{other}`")),
+                            }
+                        } else {
+                            false
+                        },
                     },
                     "slice" => Op::Slice { axis: attrs.num("axis")?, start: attrs.num("start")?, len: attrs.num("len")? },
                     other => return c.err(format!("unknown op `{other}`")),
@@ -710,6 +723,8 @@ mod tests {
   %43 = weight "gate_up_bias" : f32[2, 8]
   %44 = weight "down_bias" : f32[2, 8]
   %45 = moe %3, %37, %38, %39, %42, %43, %44 {experts = 2, top_k = 1, routing = topk_softmax, activation = clamped_swiglu, swiglu_alpha = 1.702, swiglu_limit = 7.0, biases = true} : f32[seq, 8]
+  %46 = weight "shared_gate" : f32[1, 8]
+  %47 = moe %3, %37, %38, %39, %46, %3 {experts = 2, top_k = 1, routing = softmax_topk, shared = true} : f32[seq, 8]
   output "out" = %25
   output "other" = %10
 }

@@ -25,10 +25,11 @@ pub enum Architecture {
     Mixtral,
     GptOss,
     Olmoe,
+    Qwen2Moe,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 15] = [
+    pub const ALL: [Architecture; 16] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
@@ -44,6 +45,7 @@ impl Architecture {
         Architecture::Mixtral,
         Architecture::GptOss,
         Architecture::Olmoe,
+        Architecture::Qwen2Moe,
     ];
 
     /// The Hugging Face class name.
@@ -64,6 +66,7 @@ impl Architecture {
             Architecture::Mixtral => "MixtralForCausalLM",
             Architecture::GptOss => "GptOssForCausalLM",
             Architecture::Olmoe => "OlmoeForCausalLM",
+            Architecture::Qwen2Moe => "Qwen2MoeForCausalLM",
         }
     }
 
@@ -85,6 +88,7 @@ impl Architecture {
             "mixtral" => Some(Architecture::Mixtral),
             "gpt-oss" | "gpt_oss" => Some(Architecture::GptOss),
             "olmoe" => Some(Architecture::Olmoe),
+            "qwen2moe" | "qwen2_moe" => Some(Architecture::Qwen2Moe),
             _ => None,
         });
         found.ok_or_else(|| Error::UnsupportedArchitecture {
@@ -150,6 +154,9 @@ pub struct MoeParams {
     pub activation: MoeActivation,
     /// gpt-oss: the router and every expert projection have a bias.
     pub biases: bool,
+    /// Qwen2-MoE: the width of a shared expert every token goes through, its
+    /// output times `sigmoid(shared_expert_gate . x)`.
+    pub shared_expert: Option<usize>,
     /// Per layer: whether its MLP is the routed experts (else a dense MLP
     /// `intermediate_size` wide: Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step`).
     pub sparse_layers: Vec<bool>,
@@ -338,14 +345,15 @@ impl ModelConfig {
 
         let qkv_bias = match architecture {
             Architecture::Qwen2 => true,
+            Architecture::Qwen2Moe => f.bool_or("qkv_bias", true)?,
             _ => f.bool_or("attention_bias", false)?,
         };
-        let o_bias = architecture != Architecture::Qwen2 && f.bool_or("attention_bias", false)?;
+        let o_bias = !matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe) && f.bool_or("attention_bias", false)?;
         let sliding_window = match architecture {
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe if !f.bool_or("use_sliding_window", false)? => None,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Qwen2Moe if !f.bool_or("use_sliding_window", false)? => None,
             // transformers slides layers `max_window_layers..` only: all of them
             // (0), none (>= the layer count), or a mix maxc does not build.
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => match f.usize_opt("max_window_layers")? {
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Qwen2Moe => match f.usize_opt("max_window_layers")? {
                 Some(m) if m >= f.usize("num_hidden_layers")? => None,
                 None | Some(0) => f.usize_opt("sliding_window")?,
                 Some(m) => {
@@ -520,7 +528,7 @@ impl ModelConfig {
 /// (gpt-oss with biases and its clamped SwiGLU). The expert count may be
 /// spelled `num_experts` or `num_local_experts`.
 fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> Result<Option<MoeParams>> {
-    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss | Architecture::Olmoe) {
+    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::Mixtral | Architecture::GptOss | Architecture::Olmoe) {
         return Ok(None);
     }
     let experts = match (f.usize_opt("num_experts")?, f.usize_opt("num_local_experts")?) {
@@ -532,8 +540,8 @@ fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> 
     };
     let top_k = f.usize("num_experts_per_tok")?;
     let (expert_intermediate, routing, sparse_layers) = match architecture {
-        Architecture::Qwen3Moe => {
-            if let Some(n) = f.usize_opt("shared_expert_intermediate_size")? {
+        Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+            if let Some(n) = f.usize_opt("shared_expert_intermediate_size")?.filter(|_| architecture == Architecture::Qwen3Moe) {
                 return Err(Error::invalid(f.path, "shared_expert_intermediate_size", format!("{n}: Qwen3-MoE has no shared expert; this config describes another model (Qwen2-MoE)")));
             }
             let step = f.usize_opt("decoder_sparse_step")?.unwrap_or(1);
@@ -568,7 +576,12 @@ fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> 
         }
         _ => (MoeActivation::SwiGlu, false),
     };
-    let moe = MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, sparse_layers };
+    // Qwen2-MoE's shared expert (transformers builds it whatever the width).
+    let shared_expert = match architecture {
+        Architecture::Qwen2Moe => Some(f.usize("shared_expert_intermediate_size")?),
+        _ => None,
+    };
+    let moe = MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, shared_expert, sparse_layers };
     moe.validate(f.path, &|key| match key {
         "num_experts" if f.get("num_experts").is_none() => "num_local_experts".to_string(),
         other => other.to_string(),

@@ -370,10 +370,10 @@ impl GgufFile {
                 supported: format!("{} (GGUF)", GGUF_ARCHITECTURES.join(", ")),
             });
         };
-        if matches!(architecture, Architecture::GptOss | Architecture::Olmoe) {
+        if matches!(architecture, Architecture::GptOss | Architecture::Olmoe | Architecture::Qwen2Moe) {
             // gpt-oss's converter files hold the experts as MXFP4 blocks and
             // name the sinks and expert biases in ways this reader has no table
-            // for yet; OLMoE's are not read yet either.
+            // for yet; OLMoE's and Qwen2-MoE's are not read yet either.
             return Err(Error::UnsupportedArchitecture {
                 path: self.path.clone(),
                 architecture: format!("{name} from GGUF"),
@@ -714,7 +714,7 @@ impl GgufFile {
         };
         let sparse_layers = (0..layers).map(|l| self.tensors.iter().any(|t| t.name == format!("blk.{l}.ffn_gate_inp.weight"))).collect();
         let (activation, biases) = (crate::graph::MoeActivation::SwiGlu, false);
-        let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, sparse_layers };
+        let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, shared_expert: None, sparse_layers };
         moe.validate(&self.path, &|key| match key {
             "num_experts" => k("expert_count"),
             "num_experts_per_tok" => k("expert_used_count"),
@@ -951,7 +951,7 @@ fn layer_parts(arch: Architecture) -> &'static [&'static [(&'static str, &'stati
         Architecture::Gpt2 => &[GPT2_PARTS],
         Architecture::Bert => &[BERT_PARTS],
         // Refused before any tensor is named (model_config).
-        Architecture::GptOss | Architecture::Olmoe => &[],
+        Architecture::GptOss | Architecture::Olmoe | Architecture::Qwen2Moe => &[],
     }
 }
 

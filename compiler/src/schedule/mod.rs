@@ -712,7 +712,7 @@ fn schedule_impl<'g>(
             }
             Op::Transpose => return Err(unsupported("a transpose of activations (only weights are transposed, at compile time)".into())),
             Op::Concat { .. } => return Err(unsupported("a concatenation of activations".into())),
-            Op::Moe { experts, top_k, routing, activation, biases } => s.moe(node, (*experts as u64, *top_k as u64, *routing), (*activation, *biases), seq)?,
+            Op::Moe { experts, top_k, routing, activation, biases, shared } => s.moe(node, (*experts as u64, *top_k as u64, *routing), (*activation, *biases, *shared), seq)?,
         };
         s.loc[id.index()] = Some(out);
     }

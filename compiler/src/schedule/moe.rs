@@ -22,10 +22,12 @@ impl Scheduler<'_, '_, '_> {
     }
 
     /// Node `node`, a `moe`, scheduled for `seq`.
-    pub(super) fn moe(&mut self, node: &crate::graph::Node, (experts, top_k, routing): (u64, u64, crate::graph::MoeRouting), (activation, biased): (MoeActivation, bool), seq: SeqMode) -> Result<Arg> {
+    pub(super) fn moe(&mut self, node: &crate::graph::Node, (experts, top_k, routing): (u64, u64, crate::graph::MoeRouting), (activation, biased, shared): (MoeActivation, bool, bool), seq: SeqMode) -> Result<Arg> {
         let graph = self.graph;
         let (x, router, gate_up, down) = (node.inputs[0], node.inputs[1], node.inputs[2], node.inputs[3]);
-        if node.inputs[1..].iter().any(|&w| !self.interp.is_constant(w)) {
+        // The weights: all but the input and a shared expert's output.
+        let weights_end = node.inputs.len() - shared as usize;
+        if node.inputs[1..weights_end].iter().any(|&w| !self.interp.is_constant(w)) {
             return Err(unsupported("a mixture of experts whose router or expert projections are not weights".into()));
         }
         let h = graph.ty(x).last_dim().expect("static width");
@@ -62,10 +64,16 @@ impl Scheduler<'_, '_, '_> {
             }
         };
         let y = self.expert_matmul(act, down, offsets, (f, h, experts, top_k), seq)?;
-        Ok(match biases {
-            None => self.launch(moe_combine(h, top_k, None), vec![y, place, weights], h),
-            Some((_, _, down_bias)) => self.launch(moe_combine(h, top_k, Some(experts)), vec![y, place, weights, ids, down_bias], h),
-        })
+        let mut args = vec![y, place, weights];
+        if let Some((_, _, down_bias)) = biases {
+            args.extend([ids, down_bias]);
+        }
+        if shared {
+            // Qwen2-MoE's shared expert: the input, its gate, its output.
+            let at = if biased { 7 } else { 4 };
+            args.extend([xa, self.input(node.inputs[at])?, self.input(node.inputs[at + 1])?]);
+        }
+        Ok(self.launch(moe_combine(h, top_k, biased.then_some(experts), shared), args, h))
     }
 
     /// `x` (`[seq * top_k, k]`, grouped by expert) times each group's expert

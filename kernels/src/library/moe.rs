@@ -234,19 +234,23 @@ pub fn moe_gather(width: u64, top_k: u64) -> Kernel {
 /// top_k, width]` (grouped order), `place: i32[seq * top_k]`, `weights:
 /// f32[seq, top_k]`, with `biases: Some(experts)` also `ids: i32[seq *
 /// top_k]` and `bias: f32[experts, width]` (each slot's expert's down bias,
-/// added to its output) -> `out: f32[seq, width]`, `out[r] = sum over j of
+/// added to its output), with `shared` also `x: f32[seq, width]` (the moe
+/// op's input), `shared_gate: f32[width]` and `shared: f32[seq, width]` (a
+/// shared expert's output, Qwen2-MoE: added after the routed ones, times
+/// `sigmoid(x[r] . shared_gate)`) -> `out: f32[seq, width]`, `out[r] = sum over j of
 /// weights[r, j] * y[place[r * top_k + j]]`, in rank order `j` (each step one
 /// fused multiply-add), whatever the groups were: the same bits for a row
 /// alone and in any batch. One task per row.
-pub fn moe_combine(width: u64, top_k: u64, biases: Option<u64>) -> Kernel {
+pub fn moe_combine(width: u64, top_k: u64, biases: Option<u64>, shared: bool) -> Kernel {
     let mut b = KernelBuilder::new();
     b.keep_float_order();
     let y = b.param("y", ElemType::F32, false);
     let place = b.param("place", ElemType::I32, false);
     let weights = b.param("weights", ElemType::F32, false);
     let lookup = biases.map(|experts| (b.param("ids", ElemType::I32, false), b.param("bias", ElemType::F32, false), experts as i64));
+    let shared = shared.then(|| (b.param("x", ElemType::F32, false), b.param("shared_gate", ElemType::F32, false), b.param("shared", ElemType::F32, false)));
     let out = b.param("out", ElemType::F32, true);
-    let (t, c, acc) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32));
+    let (t, c, acc, gate) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::F32), b.var(ValType::F32));
     let (w, k) = (width as i64, top_k as i64);
     let places: Vec<VarId> = (0..k).map(|_| b.var(ValType::I64)).collect();
     let bias_rows: Vec<VarId> = (0..k).map(|_| b.var(ValType::I64)).collect();
@@ -264,9 +268,19 @@ pub fn moe_combine(width: u64, top_k: u64, biases: Option<u64>) -> Kernel {
         };
         per_column.push(set(acc, mul_add(ld(weights, slot(j)), y_j, v(acc))));
     }
+    if let Some((x, shared_gate, shared)) = shared {
+        // The shared expert's gate: sigmoid(x . shared_gate), one dot per row.
+        body.push(set(gate, f(0.0)));
+        body.push(for_vec(c, i(0), i(w), vec![set(gate, add(v(gate), mul(ld(x, add(v(c), mul(v(t), i(w)))), ld(shared_gate, v(c)))))]));
+        body.push(set(gate, div(f(1.0), add(f(1.0), fast_exp(un(UnOp::Neg, v(gate)))))));
+        per_column.push(set(acc, mul_add(v(gate), ld(shared, add(v(c), mul(v(t), i(w)))), v(acc))));
+    }
     per_column.push(store(out, add(v(c), mul(v(t), i(w))), v(acc)));
     body.push(for_vec(c, i(0), i(w), per_column));
-    let tag = biases.map_or(String::new(), |e| format!("_bias_e{e}"));
+    let mut tag = biases.map_or(String::new(), |e| format!("_bias_e{e}"));
+    if shared.is_some() {
+        tag.push_str("_shared");
+    }
     b.finish(format!("moe_combine_w{width}_k{top_k}{tag}"), "moe", TaskCount { per_seq: 1, fixed: 0 }, t, body)
 }
 
@@ -575,7 +589,7 @@ mod tests {
             place[slot as usize] = p as i32;
         }
         let mut bufs = vec![Buffer::F32(y.clone()), Buffer::I32(place.clone()), Buffer::F32(weights.clone()), Buffer::F32(vec![f32::NAN; 3 * w])];
-        run(&moe_combine(w as u64, k as u64, None), &mut bufs, 3);
+        run(&moe_combine(w as u64, k as u64, None, false), &mut bufs, 3);
         for r in 0..3 {
             for c in 0..w {
                 let want = (0..k).fold(0.0f32, |acc, j| weights[r * k + j].mul_add(y[place[r * k + j] as usize * w + c], acc));
@@ -622,7 +636,7 @@ mod tests {
         let slot_ids = vec![1, 0, 2, 2, 0, -4];
         let down_bias = rand(experts * w, 4);
         let mut bufs = vec![Buffer::F32(y.clone()), Buffer::I32(place.clone()), Buffer::F32(weights.clone()), Buffer::I32(slot_ids.clone()), Buffer::F32(down_bias.clone()), Buffer::F32(vec![f32::NAN; rows * w])];
-        run(&moe_combine(w as u64, top_k as u64, Some(experts as u64)), &mut bufs, rows as u64);
+        run(&moe_combine(w as u64, top_k as u64, Some(experts as u64), false), &mut bufs, rows as u64);
         for r in 0..rows {
             for c in 0..w {
                 let want: f64 = (0..top_k)
@@ -632,6 +646,29 @@ mod tests {
                     })
                     .sum();
                 let got = f32s(&bufs[5])[r * w + c] as f64;
+                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "row {r} column {c}: {got} against {want}");
+            }
+        }
+    }
+
+    /// Qwen2-MoE's shared expert in the combine: its output times the sigmoid
+    /// of the row's dot with the gate, after the routed experts (f64 reference).
+    #[test]
+    fn the_shared_expert_joins_the_combine_through_its_sigmoid_gate() {
+        let (w, k, rows) = (6usize, 2usize, 3usize);
+        let y = rand(rows * k * w, 2);
+        let weights = rand(rows * k, 3);
+        let place = vec![4, 1, 0, 5, 2, 3];
+        let (x, gate, shared) = (rand(rows * w, 5), rand(w, 6), rand(rows * w, 7));
+        let mut bufs = vec![Buffer::F32(y.clone()), Buffer::I32(place.clone()), Buffer::F32(weights.clone()), Buffer::F32(x.clone()), Buffer::F32(gate.clone()), Buffer::F32(shared.clone()), Buffer::F32(vec![f32::NAN; rows * w])];
+        run(&moe_combine(w as u64, k as u64, None, true), &mut bufs, rows as u64);
+        for r in 0..rows {
+            let s: f64 = (0..w).map(|c| x[r * w + c] as f64 * gate[c] as f64).sum();
+            let sig = 1.0 / (1.0 + (-s).exp());
+            for c in 0..w {
+                let routed: f64 = (0..k).map(|j| weights[r * k + j] as f64 * y[place[r * k + j] as usize * w + c] as f64).sum();
+                let want = routed + sig * shared[r * w + c] as f64;
+                let got = f32s(&bufs[6])[r * w + c] as f64;
                 assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "row {r} column {c}: {got} against {want}");
             }
         }
