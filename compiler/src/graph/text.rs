@@ -405,6 +405,18 @@ struct Attrs {
 }
 
 impl Attrs {
+    /// A `true` / `false` attribute, `default` where it is absent.
+    fn flag(&mut self, key: &str, default: bool) -> Result<bool> {
+        if !self.items.iter().any(|(k, _)| k == key) {
+            return Ok(default);
+        }
+        let mut c = self.take(key)?;
+        match c.ident()?.as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => c.err(format!("{key} must be true or false, not `{other}`")),
+        }
+    }
     fn take(&mut self, key: &str) -> Result<Cursor> {
         let at = self.items.iter().position(|(k, _)| k == key);
         match at {
@@ -589,26 +601,8 @@ pub fn parse(text: &str) -> Result<Graph> {
                             v
                         },
                         softcap: if attrs.items.iter().any(|(k, _)| k == "softcap") { Some(attrs.num("softcap")?) } else { None },
-                        causal: if attrs.items.iter().any(|(k, _)| k == "causal") {
-                            let mut c = attrs.take("causal")?;
-                            match c.ident()?.as_str() {
-                                "true" => true,
-                                "false" => false,
-                                other => return c.err(format!("causal must be true or false, not `{other}`")),
-                            }
-                        } else {
-                            true
-                        },
-                        sinks: if attrs.items.iter().any(|(k, _)| k == "sinks") {
-                            let mut c = attrs.take("sinks")?;
-                            match c.ident()?.as_str() {
-                                "true" => true,
-                                "false" => false,
-                                other => return c.err(format!("sinks must be true or false, not `{other}`")),
-                            }
-                        } else {
-                            false
-                        },
+                        causal: attrs.flag("causal", true)?,
+                        sinks: attrs.flag("sinks", false)?,
                     },
                     "concat" => Op::Concat { axis: attrs.num("axis")? },
                     "moe" => Op::Moe {
@@ -631,26 +625,8 @@ pub fn parse(text: &str) -> Result<Graph> {
                         } else {
                             MoeActivation::SwiGlu
                         },
-                        biases: if attrs.items.iter().any(|(k, _)| k == "biases") {
-                            let mut c = attrs.take("biases")?;
-                            match c.ident()?.as_str() {
-                                "true" => true,
-                                "false" => false,
-                                other => return c.err(format!("biases must be true or false, not `{other}`")),
-                            }
-                        } else {
-                            false
-                        },
-                        shared: if attrs.items.iter().any(|(k, _)| k == "shared") {
-                            let mut c = attrs.take("shared")?;
-                            match c.ident()?.as_str() {
-                                "true" => true,
-                                "false" => false,
-                                other => return c.err(format!("shared must be true or false, not `{other}`")),
-                            }
-                        } else {
-                            false
-                        },
+                        biases: attrs.flag("biases", false)?,
+                        shared: attrs.flag("shared", false)?,
                     },
                     "slice" => Op::Slice { axis: attrs.num("axis")?, start: attrs.num("start")?, len: attrs.num("len")? },
                     other => return c.err(format!("unknown op `{other}`")),
