@@ -30,7 +30,7 @@ fn kernel_from(b: &[u8]) -> Option<(Kernel, Vec<usize>, i32, u64)> {
         4 => (binary(Binary::Max, k, Broadcast::Row, seq), vec![su * k as usize, k as usize, su * k as usize], 1, s),
         _ => {
             let (heads, hd) = (get(4, 3), 2 * get(5, 8));
-            let shape = AttentionShape { heads, kv_heads: heads, head_dim: hd, scale: 0.4, window: None, max_len: 16, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
+            let shape = AttentionShape { heads, kv_heads: heads, head_dim: hd, scale: 0.4, window: None, max_len: 16, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows, sinks: false };
             let w = (heads * hd) as usize;
             (attention(shape, seq), vec![su * w, su, 16 * w, 16 * w, su * heads as usize * 16, su * w], 16, s)
         }

@@ -1276,8 +1276,14 @@ mod tests {
                 (ElemType::F16, Some(5), Some(2.5), false),
             ] {
                 for (heads, kv_heads, head_dim, max_len, keys) in [(6, 2, 8, 20, KeyLayout::Rows), (4, 4, 16, 150, KeyLayout::Rows), (6, 2, 8, 32, KeyLayout::Panels)] {
-                    let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.3, window, max_len, softcap, causal, cache, keys };
+                    let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.3, window, max_len, softcap, causal, cache, keys, sinks: false };
                     ks.push(attention::attention(shape, seq));
+                    if causal && window.is_some() {
+                        // gpt-oss's sinks: whole attention and the combine.
+                        let sinks = AttentionShape { sinks: true, ..shape };
+                        ks.push(attention::attention(sinks, seq));
+                        ks.push(attention::attention_combine(sinks, attention::DECODE_SPLITS, seq));
+                    }
                     if causal {
                         for splits in [1, 3, attention::DECODE_SPLITS] {
                             ks.push(attention::attention_partial(shape, splits, seq));

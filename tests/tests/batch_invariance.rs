@@ -84,9 +84,12 @@ fn attention_rows_get_the_same_bits_in_every_plan() {
     // SmolLM2's heads with a half cache; four heads per KV head of 128 with a
     // window and soft-capping.
     let shapes = [
-        AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len, softcap: None, causal: true, cache: ElemType::F16, keys: KeyLayout::Panels },
-        AttentionShape { heads: 8, kv_heads: 2, head_dim: 128, scale: 0.088, window: Some(300), max_len, softcap: Some(30.0), causal: true, cache: ElemType::F32, keys: KeyLayout::Panels },
-        AttentionShape { heads: 4, kv_heads: 2, head_dim: 16, scale: 0.25, window: None, max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Panels },
+        AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len, softcap: None, causal: true, cache: ElemType::F16, keys: KeyLayout::Panels, sinks: false },
+        AttentionShape { heads: 8, kv_heads: 2, head_dim: 128, scale: 0.088, window: Some(300), max_len, softcap: Some(30.0), causal: true, cache: ElemType::F32, keys: KeyLayout::Panels, sinks: false },
+        AttentionShape { heads: 4, kv_heads: 2, head_dim: 16, scale: 0.25, window: None, max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Panels, sinks: false },
+        // gpt-oss: sinks, with a window and without.
+        AttentionShape { heads: 8, kv_heads: 2, head_dim: 64, scale: 0.125, window: Some(128), max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Panels, sinks: true },
+        AttentionShape { heads: 8, kv_heads: 2, head_dim: 64, scale: 0.125, window: None, max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Panels, sinks: true },
     ];
     for (backend, _, compile) in backends() {
         for shape in shapes {
@@ -129,6 +132,15 @@ fn attention_rows_get_the_same_bits_in_every_plan() {
             let (pk, pv) = (bufs[3].clone(), bufs[4].clone());
             let q = random(POSITIONS.len() * qw, &mut rng, 1.0);
             let row = |r: usize| q[r * qw..(r + 1) * qw].to_vec();
+            // Whole attention and the merge take the sinks before their scratch
+            // and output.
+            let sinks: Vec<Buffer> = if shape.sinks { vec![Buffer::F32(random(shape.heads as usize, &mut rng, 3.0))] } else { vec![] };
+            let with_sinks = |mut b: Vec<Buffer>, at: usize| {
+                for (i, s) in sinks.iter().enumerate() {
+                    b.insert(at + i, s.clone());
+                }
+                b
+            };
 
             // Single-stream decode, one row at a time: the reference.
             let alone: Vec<Vec<u32>> = (0..POSITIONS.len())
@@ -138,9 +150,9 @@ fn attention_rows_get_the_same_bits_in_every_plan() {
                     let pos = Buffer::I32(vec![POSITIONS[r] as i32]);
                     let mut b = vec![Buffer::F32(row(r)), pos.clone(), kc.clone(), vc.clone(), scratch, partials];
                     call(&code, &decode.0, &mut b, 1);
-                    let mut m = vec![b.swap_remove(5), pos, Buffer::F32(vec![f32::NAN; qw])];
+                    let mut m = with_sinks(vec![b.swap_remove(5), pos, Buffer::F32(vec![f32::NAN; qw])], 2);
                     call(&code, &decode.1, &mut m, 1);
-                    bits(&m[2])
+                    bits(m.last().unwrap())
                 })
                 .collect();
             let check = |what: &str, out: &[u32], row_of: &dyn Fn(usize) -> usize| {
@@ -155,9 +167,9 @@ fn attention_rows_get_the_same_bits_in_every_plan() {
             let n = POSITIONS.len();
             let pos = Buffer::I32(POSITIONS.iter().map(|&p| p as i32).collect());
             let scratch = Buffer::F32(vec![f32::NAN; n * (shape.kv_heads * shape.scratch_per_task()) as usize]);
-            let mut b = vec![Buffer::F32(q.clone()), pos, kc.clone(), vc.clone(), scratch, Buffer::F32(vec![f32::NAN; n * qw])];
+            let mut b = with_sinks(vec![Buffer::F32(q.clone()), pos, kc.clone(), vc.clone(), scratch, Buffer::F32(vec![f32::NAN; n * qw])], 4);
             call(&code, &prefill, &mut b, n as u64);
-            check("single-stream prefill", &bits(&b[5]), &|r| r);
+            check("single-stream prefill", &bits(b.last().unwrap()), &|r| r);
 
             // Batch steps: this sequence's rows after `before` rows of other
             // sequences (sequence s + 1 holds table row s + 1, random blocks).
@@ -175,12 +187,12 @@ fn attention_rows_get_the_same_bits_in_every_plan() {
                 };
                 let mut b = paged(rows * shape.split_scratch_per_token(splits) as usize, rows * shape.partials_per_token(splits) as usize);
                 call(&code, &batch_decode.0, &mut b, rows as u64);
-                let mut m = vec![b.swap_remove(7), pos.clone(), Buffer::F32(vec![f32::NAN; rows * qw])];
+                let mut m = with_sinks(vec![b.swap_remove(7), pos.clone(), Buffer::F32(vec![f32::NAN; rows * qw])], 2);
                 call(&code, &batch_decode.1, &mut m, rows as u64);
-                check(&format!("the batch decode plan after {before} rows"), &bits(&m[2]), &|r| before + r);
-                let mut b = paged(rows * (shape.kv_heads * shape.scratch_per_task()) as usize, rows * qw);
+                check(&format!("the batch decode plan after {before} rows"), &bits(m.last().unwrap()), &|r| before + r);
+                let mut b = with_sinks(paged(rows * (shape.kv_heads * shape.scratch_per_task()) as usize, rows * qw), 6);
                 call(&code, &mixed, &mut b, rows as u64);
-                check(&format!("the mixed plan after {before} rows"), &bits(&b[7]), &|r| before + r);
+                check(&format!("the mixed plan after {before} rows"), &bits(b.last().unwrap()), &|r| before + r);
             }
         }
     }
@@ -459,13 +471,14 @@ fn every_encoding_gives_a_row_the_same_logits_in_every_plan() {
 }
 
 /// The mixture-of-experts fixtures (Qwen3-MoE: 8 experts, top 2, a dense
-/// first layer; Mixtral: 4 experts, top 2), float32 and q8_0 (int16
+/// first layer; Mixtral: 4 experts, top 2; gpt-oss: 4 experts, top 2, with
+/// biases, sinks and a sliding window), float32 and q8_0 (int16
 /// activations), and float32 in code for AVX2: a row's experts, their
 /// grouped matmuls (whichever tile its expert's group of rows takes) and the
 /// weighted sum in rank order give every row the same logits in every plan.
 #[test]
 fn mixture_of_experts_give_a_row_the_same_logits_in_every_plan() {
-    for name in ["arch-qwen3-moe", "arch-mixtral"] {
+    for name in ["arch-qwen3-moe", "arch-mixtral", "arch-gpt-oss"] {
         let model = maxc_tests::fixture(name);
         let prompt = long_prompt(name);
         for (encoding, extra) in [("float32", None), ("q8_0", None), ("float32", Some(["--target", "cpu:x86-64-v3"]))] {

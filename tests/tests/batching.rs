@@ -121,7 +121,7 @@ fn batched_prompts_match_golden_and_single_stream_on_every_fixture() {
 /// route each row to its own experts, whatever joins the step.
 #[test]
 fn batched_mixtures_of_experts_match_golden_and_single_stream() {
-    for name in ["arch-qwen3-moe", "arch-mixtral"] {
+    for name in ["arch-qwen3-moe", "arch-mixtral", "arch-gpt-oss"] {
         check_batch_against_golden_and_single(name);
     }
 }

@@ -516,6 +516,16 @@ fn mixtral_matches_golden() {
     check_experts("arch-mixtral", (4, 2, "topk_softmax", 2), (64, 96));
 }
 
+/// gpt-oss: attention sinks, sliding and full layers alternating, YaRN RoPE,
+/// q/k/v/o biases, 4 experts, top 2 with the softmax over the chosen logits
+/// and a router bias, the fused gate-and-up experts interleaved with their
+/// biases and the clamped SwiGLU.
+#[test]
+fn gpt_oss_matches_golden() {
+    check_golden("arch-gpt-oss");
+    check_experts("arch-gpt-oss", (4, 2, "topk_softmax", 2), (64, 64));
+}
+
 /// OLMoE: q/k norms over the whole projections, 8 experts, top 2 of the
 /// softmax over all, not renormalized; the golden is ours
 /// (tests/fixtures/arch-olmoe/make.py runs transformers).

@@ -204,7 +204,7 @@ fn cases_tiled(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
         }
         for window in [None, Some(3)] {
             for (heads, kv_heads, head_dim, cache) in [(4, 2, 4, ElemType::F32), (6, 2, 32, ElemType::F32), (6, 2, 32, ElemType::F16)] {
-                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4, cache, keys: KeyLayout::Rows };
+                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 40, softcap: if head_dim == 4 { Some(3.0) } else { None }, causal: window.is_some() || head_dim == 4, cache, keys: KeyLayout::Rows, sinks: false };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 // Positions are drawn below 40 and the caches hold 40 random positions.
                 let sizes = whole_attention_sizes(&shape, s, 40);
@@ -265,7 +265,7 @@ fn cases_tiled(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
         for cache in [ElemType::F32, ElemType::F16] {
             v.push(Case { kernel: kv_store(2, 4, 64, cache, KeyLayout::Panels, seq), sizes: vec![s * 8, s * 8, s, 64 * 8, 64 * 8], int_max: 64, seq: s as u64, tol: 0.0 });
             for (heads, kv_heads, head_dim, window) in [(6, 2, 32, None), (6, 2, 32, Some(21)), (4, 4, 16, None), (8, 2, 24, Some(5))] {
-                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 48, softcap: None, causal: true, cache, keys: KeyLayout::Panels };
+                let shape = AttentionShape { heads, kv_heads, head_dim, scale: 0.5, window, max_len: 48, softcap: None, causal: true, cache, keys: KeyLayout::Panels, sinks: false };
                 let (qw, kvw) = ((heads * head_dim) as usize, (kv_heads * head_dim) as usize);
                 let sizes = whole_attention_sizes(&shape, s, 48);
                 v.push(Case { kernel: attention(shape, seq), sizes, int_max: 48, seq: s as u64, tol: 1e-5 });
@@ -298,6 +298,7 @@ fn cases_tiled(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
         }
     }
     v.extend(ragged_cases());
+    v.extend(sink_cases());
     v
 }
 
@@ -795,7 +796,7 @@ fn half_panels_load_whole_vectors_at_power_of_two_k() {
 /// kernel against the interpreter.)
 #[test]
 fn decode_attention_prefetches_value_rows() {
-    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len: 64, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, scale: 0.125, window: None, max_len: 64, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows, sinks: false };
     let target = CpuTarget::parse("cpu:x86-64-v3").unwrap();
     let decode = maxc_codegen::llvm::emit_llvm_ir(&[attention(shape, SeqMode::Fixed(1))], &target).unwrap();
     // Four per scored key (LLVM may unroll the key loop).
@@ -915,6 +916,7 @@ mod random_shapes {
             causal: window != 3,
             cache: if window.is_multiple_of(2) { ElemType::F16 } else { ElemType::F32 },
             keys: if hd2.is_multiple_of(2) { KeyLayout::Panels } else { KeyLayout::Rows },
+            sinks: false,
         };
         let seq = SeqMode::Dynamic;
         vec![
@@ -1093,7 +1095,31 @@ fn takes_half_sums(kernel: &Kernel) -> bool {
 /// partial rows, and the output.
 fn whole_attention_sizes(shape: &AttentionShape, rows: usize, positions: usize) -> Vec<usize> {
     let (qw, kvw, kv) = ((shape.heads * shape.head_dim) as usize, (shape.kv_heads * shape.head_dim) as usize, shape.kv_heads as usize);
-    vec![rows * qw, rows, positions * kvw, positions * kvw, rows * kv * shape.scratch_per_task() as usize, rows * qw]
+    let mut sizes = vec![rows * qw, rows, positions * kvw, positions * kvw];
+    if shape.sinks {
+        sizes.push(shape.heads as usize);
+    }
+    sizes.extend([rows * kv * shape.scratch_per_task() as usize, rows * qw]);
+    sizes
+}
+
+/// Attention sinks (gpt-oss): whole attention with key rows (the GPU forms)
+/// and panels (CPU code), causal with and without a window, and the combine
+/// that adds the sinks to flash-decoding's chunks.
+fn sink_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for seq in [SeqMode::Dynamic, SeqMode::Fixed(1)] {
+        let s = if seq.is_decode() { 1usize } else { 5 };
+        for (keys, window) in [(KeyLayout::Rows, None), (KeyLayout::Rows, Some(7)), (KeyLayout::Panels, None), (KeyLayout::Panels, Some(21))] {
+            let shape = AttentionShape { heads: 8, kv_heads: 2, head_dim: 16, scale: 0.25, window, max_len: 48, softcap: None, causal: true, cache: ElemType::F32, keys, sinks: true };
+            v.push(Case { kernel: attention(shape, seq), sizes: whole_attention_sizes(&shape, s, 48), int_max: 48, seq: s as u64, tol: 1e-5 });
+            if keys == KeyLayout::Rows {
+                let parts = shape.partials_per_token(3) as usize;
+                v.push(Case { kernel: attention_combine(shape, 3, seq), sizes: vec![s * parts, s, 8, s * 128], int_max: 48, seq: s as u64, tol: 1e-5 });
+            }
+        }
+    }
+    v
 }
 
 /// Runs compiled `kernel` over `rows` rows of `bufs`.

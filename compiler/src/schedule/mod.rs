@@ -548,13 +548,11 @@ fn schedule_impl<'g>(
                 args.push(Arg::Weight(table));
                 s.launch_with_gpu_form(rope(w, *head_dim as u64, seq), rope_gpu(w, *head_dim as u64, seq), args, w)
             }
-            Op::Attention { sinks: true, .. } => {
-                // The attention kernels have no sink term yet: refuse rather than
-                // drop it (the reference interpreter has it).
-                return Err(unsupported("attention sinks (gpt-oss) in compiled plans".into()));
-            }
-            Op::Attention { heads, kv_heads, head_dim, scale, window, softcap, causal, .. } if matches!(s.batch, Some(BatchMode::Encode { .. })) => {
+            Op::Attention { heads, kv_heads, head_dim, scale, window, softcap, causal, sinks, .. } if matches!(s.batch, Some(BatchMode::Encode { .. })) => {
                 // No KV cache: each row attends to its own sequence's rows of the step.
+                if *sinks {
+                    return Err(unsupported("attention sinks in an encoder's batch plan".into()));
+                }
                 if *causal || window.is_some() {
                     return Err(unsupported("causal or sliding-window attention in an encoder's batch plan".into()));
                 }
@@ -562,9 +560,14 @@ fn schedule_impl<'g>(
                 let shape = RaggedShape { heads: *heads as u64, kv_heads: *kv_heads as u64, head_dim: *head_dim as u64, scale: *scale, softcap: *softcap };
                 s.launch(attention_ragged(shape), vec![a[0], a[1], a[2], Arg::RowSequences, Arg::SequenceStarts], out_width()?)
             }
-            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks: false } => {
+            Op::Attention { layer, heads, kv_heads, head_dim, scale, window, softcap, causal, sinks } => {
                 let a = s.inputs(&node.inputs)?;
                 let (q, k, v, pos) = (a[0], a[1], a[2], a[3]);
+                // gpt-oss's sinks (one logit per query head, f32): whole attention
+                // and the merge take them after the caches (split attention's
+                // chunks do not).
+                let sink: Vec<Arg> = a.get(4).copied().filter(|_| *sinks).into_iter().collect();
+                let with_sinks = |head: &[Arg], tail: &[Arg]| [head, &sink[..], tail].concat();
                 // A float cache's one part (KvCacheSpec::new admits only those).
                 let (kc, vc) = (Arg::KeyCache { layer: *layer, part: 0 }, Arg::ValueCache { layer: *layer, part: 0 });
                 // CPU code keeps the keys in panels of 16 positions where whole
@@ -597,6 +600,7 @@ fn schedule_impl<'g>(
                     causal: *causal,
                     cache: cache.elem,
                     keys,
+                    sinks: *sinks,
                 };
                 let rows = AttentionShape { keys: KeyLayout::Rows, ..shape };
                 if let Some(BatchMode::Paged { paging, decode, .. }) = s.batch {
@@ -613,12 +617,12 @@ fn schedule_impl<'g>(
                         let kernel = attention_paged(shape, paging, Some(splits));
                         s.kernels.set_gpu_form(&kernel, attention_paged(rows, paging, Some(splits)));
                         let partials = s.launch_outputs(kernel, [&paged[..], &[scratch]].concat(), &[per_token * 4], written)[0];
-                        s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
+                        s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), with_sinks(&[partials, pos], &[]), out_width()?)
                     } else {
                         // The decode plans' chunks one after another, each into a
                         // partial row of its own (batch invariance, docs/serving.md).
                         let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                        s.launch_with_gpu_form(attention_paged(shape, paging, None), attention_paged(rows, paging, None), [&paged[..], &[scratch]].concat(), out_width()?)
+                        s.launch_with_gpu_form(attention_paged(shape, paging, None), attention_paged(rows, paging, None), with_sinks(&paged, &[scratch]), out_width()?)
                     }
                 } else if seq.is_decode() && shape.causal {
                     // Flash-decoding: a task per (KV head, chunk of positions),
@@ -630,10 +634,10 @@ fn schedule_impl<'g>(
                     let kernel = attention_partial(shape, splits, seq);
                     s.kernels.set_gpu_form(&kernel, attention_partial(rows, splits, seq));
                     let partials = s.launch_outputs(kernel, vec![q, pos, kc, vc, scratch], &[per_token * 4], written)[0];
-                    s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), vec![partials, pos], out_width()?)
+                    s.launch_with_gpu_form(attention_combine(shape, splits, seq), attention_combine_gpu(shape, splits, seq), with_sinks(&[partials, pos], &[]), out_width()?)
                 } else {
                     let scratch = s.scratch(shape.kv_heads * shape.scratch_per_task());
-                    s.launch_with_gpu_form(attention(shape, seq), attention(rows, seq), vec![q, pos, kc, vc, scratch], out_width()?)
+                    s.launch_with_gpu_form(attention(shape, seq), attention(rows, seq), with_sinks(&[q, pos, kc, vc], &[scratch]), out_width()?)
                 }
             }
             Op::Slice { axis: 1, start, len } => {

@@ -46,6 +46,12 @@ pub struct AttentionShape {
     pub cache: ElemType,
     /// How the key cache holds a KV head's positions.
     pub keys: KeyLayout,
+    /// A learned logit per query head that joins the softmax's denominator and
+    /// attends to nothing (gpt-oss's attention sinks): `out = sum_j e^(s_j - M)
+    /// v_j / (e^(z - M) + sum_j e^(s_j - M))`. Whole attention and the combine
+    /// take a `sinks: f32[heads]` parameter; split attention's chunks do not
+    /// (the combine adds the sink once).
+    pub sinks: bool,
 }
 
 /// How the key cache holds a KV head's positions (the value cache always holds
@@ -109,7 +115,8 @@ impl AttentionShape {
         let w = self.window.map_or("full".to_string(), |w| format!("w{w}"));
         let cap = self.softcap.map_or(String::new(), |c| format!("_c{:08x}", c.to_bits()));
         let cap = if self.causal { cap } else { format!("{cap}_bidi") };
-        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}{}{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len, cache_tag(self.cache), self.keys.tag())
+        let sinks = if self.sinks { "_sk" } else { "" };
+        format!("h{}_kv{}_d{}_s{:08x}_{w}_l{}{cap}{sinks}{}{}", self.heads, self.kv_heads, self.head_dim, self.scale.to_bits(), self.max_len, cache_tag(self.cache), self.keys.tag())
     }
 
     /// Scratch floats per task of unsplit attention: a score row for each
@@ -353,12 +360,16 @@ pub fn attention_partial(shape: AttentionShape, splits: u64, seq: SeqMode) -> Ke
 }
 
 fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, paging: Option<Paging>) -> Kernel {
+    // A chunk of split attention is the same with or without sinks: the combine
+    // adds them.
+    let shape = if splits.is_some() { AttentionShape { sinks: false, ..shape } } else { shape };
     let mut b = KernelBuilder::new();
     let q = b.param("q", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
     let tables = paging.map(|_| (b.param("seqs", ElemType::I32, false), b.param("tables", ElemType::I32, false)));
     let kc = b.param("k_cache", shape.cache, false);
     let vc = b.param("v_cache", shape.cache, false);
+    let sinks = shape.sinks.then(|| b.param("sinks", ElemType::F32, false));
     let sc = b.param("scratch", ElemType::F32, true);
     // CPU causal attention without splits (key panels) takes the decode plans'
     // chunks in turn, each into a partial row of a local array of the task's
@@ -616,6 +627,13 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
             chunk_body.push(store(acc, o_out(h, i(hd)), v(m[h])));
             chunk_body.push(store(acc, o_out(h, i(hd + 1)), v(l[h])));
         } else {
+            if let Some(sk) = sinks {
+                // The sink's exponential joins the denominator (relative to the
+                // scores' max: one that overflows leaves an output of zero,
+                // what a sink that large means).
+                let head = add(mul(v(g), i(group as i64)), i(h as i64));
+                chunk_body.push(set(l[h], add(v(l[h]), fast_exp(sub(ld(sk, head), v(m[h]))))));
+            }
             chunk_body.push(set(l[h], div(f(1.0), v(l[h]))));
             chunk_body.push(for_vec(d, i(0), i(hd), vec![store(out, o_out(h, v(d)), mul(ld(out, o_out(h, v(d))), v(l[h])))]));
         }
@@ -641,7 +659,8 @@ fn attention_over(shape: AttentionShape, seq: SeqMode, splits: Option<u64>, pagi
         body.push(for_(c, i(0), v(used), per_chunk));
         for h in 0..group {
             let o = |d: Expr| add(d, v(qo[h]));
-            body.extend(merge_chunks(acc, &|c| part_row(c, h), out, &o, hd, (used, c, base, d), (big_m, sum, w)));
+            let sink = sinks.map(|sk| ld(sk, add(mul(v(g), i(group as i64)), i(h as i64))));
+            body.extend(merge_chunks(acc, &|c| part_row(c, h), sink, out, &o, hd, (used, c, base, d), (big_m, sum, w)));
         }
     } else {
         body.extend(chunk_body);
@@ -687,6 +706,7 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
     }
     let part = b.param("partials", ElemType::F32, false);
     let pos = b.param("pos", ElemType::I32, false);
+    let sinks = shape.sinks.then(|| b.param("sinks", ElemType::F32, false));
     let out = b.param("out", ElemType::F32, true);
     let (t, s, hq, c, base, d) = (b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64), b.var(ValType::I64));
     let used = b.var(ValType::I64);
@@ -700,7 +720,7 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
         mul(add(mul(add(mul(add(mul(v(s), i(nkv)), g), i(n)), c), i(group)), h), i(row))
     };
     let o = |d: Expr| add(mul(add(mul(v(s), i(nh)), v(hq)), i(hd)), d);
-    let per_head = merge_chunks(part.into(), &chunk_row, out, &o, hd, (used, c, base, d), (big_m, sum, w));
+    let per_head = merge_chunks(part.into(), &chunk_row, sinks.map(|sk| ld(sk, v(hq))), out, &o, hd, (used, c, base, d), (big_m, sum, w));
     let (first, end) = visible(&shape, ld(pos, v(s)));
     let used_chunks = set(used, chunks_used(sub(end, first), n));
     let (body, tasks) = if gpu {
@@ -719,13 +739,19 @@ fn attention_combine_in(shape: AttentionShape, splits: u64, seq: SeqMode, gpu: b
 /// Chunks `0..used` of one query head's partial rows (`part` at `chunk_row(c)`:
 /// the chunk's unnormalized output row, then its max and its sum of
 /// exponentials) merged into `out` at `o(d)`: `out = sum_c e^(m_c - M) o_c /
-/// sum_c e^(m_c - M) l_c` with `M` the largest chunk max, the chunks in order.
+/// (e^(z - M) + sum_c e^(m_c - M) l_c)` with `M` the largest of the chunk maxes
+/// and the head's sink `z` (no sink: that term is absent), the chunks in order.
 /// [`attention_combine`] and canonical attention share these statements.
-fn merge_chunks(part: Buf, chunk_row: &dyn Fn(Expr) -> Expr, out: ParamId, o: &dyn Fn(Expr) -> Expr, hd: i64, (used, c, base, d): (VarId, VarId, VarId, VarId), (big_m, sum, w): (VarId, VarId, VarId)) -> Vec<Stmt> {
+#[allow(clippy::too_many_arguments)]
+fn merge_chunks(part: Buf, chunk_row: &dyn Fn(Expr) -> Expr, sink: Option<Expr>, out: ParamId, o: &dyn Fn(Expr) -> Expr, hd: i64, (used, c, base, d): (VarId, VarId, VarId, VarId), (big_m, sum, w): (VarId, VarId, VarId)) -> Vec<Stmt> {
+    let sum_start = match &sink {
+        Some(z) => fast_exp(sub(z.clone(), v(big_m))),
+        None => f(0.0),
+    };
     vec![
-        set(big_m, f(-3.0e38)),
+        set(big_m, sink.unwrap_or(f(-3.0e38))),
         for_(c, i(0), v(used), vec![set(big_m, max(v(big_m), ld(part, add(chunk_row(v(c)), i(hd)))))]),
-        set(sum, f(0.0)),
+        set(sum, sum_start),
         for_vec(d, i(0), i(hd), vec![store(out, o(v(d)), f(0.0))]),
         for_(
             c,
@@ -750,13 +776,15 @@ mod tests {
     use crate::library::test_util::*;
 
     /// Naive softmax attention (soft-capped scores where asked) for one query row
-    /// against keys 0..=p.
-    fn naive(q: &[f32], keys: &[&[f32]], vals: &[&[f32]], scale: f32, softcap: Option<f32>) -> Vec<f32> {
+    /// against keys 0..=p; a sink logit joins the denominator as transformers'
+    /// gpt-oss does it (the sink appended to the scores, the softmax over all,
+    /// the sink's column dropped).
+    fn naive(q: &[f32], keys: &[&[f32]], vals: &[&[f32]], scale: f32, softcap: Option<f32>, sink: Option<f32>) -> Vec<f32> {
         let cap = |x: f32| softcap.map_or(x, |c| (x / c).tanh() * c);
         let s: Vec<f32> = keys.iter().map(|k| cap(q.iter().zip(*k).map(|(a, b)| a * b).sum::<f32>() * scale)).collect();
-        let mx = s.iter().copied().fold(f32::MIN, f32::max);
+        let mx = s.iter().copied().chain(sink).fold(f32::MIN, f32::max);
         let e: Vec<f32> = s.iter().map(|x| (x - mx).exp()).collect();
-        let z: f32 = e.iter().sum();
+        let z: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |z| (z - mx).exp());
         (0..q.len()).map(|d| e.iter().zip(vals).map(|(w, v)| w / z * v[d]).sum()).collect()
     }
 
@@ -783,6 +811,11 @@ mod tests {
         let (kvw, qw) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize);
         let (hd, group, len) = (shape.head_dim as usize, (shape.heads / shape.kv_heads) as usize, shape.max_len as usize);
         let (q, k, v) = (rand(seq * qw, 3), rand(seq * kvw, 4), rand(seq * kvw, 5));
+        // Sinks around the scores' size, some well above them (one head's sink
+        // takes most of the weight).
+        let sinks: Vec<f32> = rand(shape.heads as usize, 6).iter().enumerate().map(|(h, x)| if h == 1 { 4.0 + x } else { 2.0 * x }).collect();
+        let sink_of = |h: usize| shape.sinks.then(|| sinks[h]);
+        let sink_buf = || shape.sinks.then(|| Buffer::F32(sinks.clone()));
         let half = shape.cache == ElemType::F16;
         let empty = || if half { Buffer::F16(vec![0; len * kvw]) } else { Buffer::F32(vec![0.0; len * kvw]) };
         let (mut kc, mut vc) = (empty(), empty());
@@ -823,7 +856,9 @@ mod tests {
         let got = match splits {
             None => {
                 let scratch = Buffer::F32(vec![f32::NAN; seq * shape.kv_heads as usize * shape.scratch_per_task() as usize]);
-                let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch];
+                let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc];
+                bufs.extend(sink_buf());
+                bufs.push(scratch);
                 bufs.push(Buffer::F32(vec![0.0; seq * qw]));
                 run(&attention(shape, SeqMode::Dynamic), &mut bufs, seq as u64);
                 bufs.pop().unwrap()
@@ -834,7 +869,9 @@ mod tests {
                 let partials = Buffer::F32(vec![f32::NAN; seq * shape.partials_per_token(n) as usize]);
                 let mut bufs = vec![Buffer::F32(q.clone()), Buffer::I32(pos), kc, vc, scratch, partials];
                 run(&attention_partial(shape, n, SeqMode::Dynamic), &mut bufs, seq as u64);
-                let mut bufs = vec![bufs.swap_remove(5), Buffer::I32((0..seq as i32).collect()), Buffer::F32(vec![f32::NAN; seq * qw])];
+                let mut bufs = vec![bufs.swap_remove(5), Buffer::I32((0..seq as i32).collect())];
+                bufs.extend(sink_buf());
+                bufs.push(Buffer::F32(vec![f32::NAN; seq * qw]));
                 let gpu_inputs = bufs.clone();
                 run(&attention_combine(shape, n, SeqMode::Dynamic), &mut bufs, seq as u64);
                 // The GPU form (a task per (token, head)), serially and as its lanes
@@ -844,9 +881,9 @@ mod tests {
                 for warp in [false, true] {
                     let mut g = gpu_inputs.clone();
                     run_as(&gpu, &mut g, seq as u64, warp);
-                    assert_eq!(g[2], bufs[2], "GPU form, lanes {warp}");
+                    assert_eq!(g.last(), bufs.last(), "GPU form, lanes {warp}");
                 }
-                bufs.swap_remove(2)
+                bufs.pop().unwrap()
             }
         };
         let Buffer::F32(got) = &got else { unreachable!() };
@@ -856,7 +893,7 @@ mod tests {
                 let from = shape.window.map_or(0, |w| (s + 1).saturating_sub(w as usize));
                 let keys: Vec<&[f32]> = (from..=s).map(|j| &k[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
                 let vals: Vec<&[f32]> = (from..=s).map(|j| &v[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
-                let want = naive(&q[s * qw + h * hd..s * qw + h * hd + hd], &keys, &vals, shape.scale, shape.softcap);
+                let want = naive(&q[s * qw + h * hd..s * qw + h * hd + hd], &keys, &vals, shape.scale, shape.softcap, sink_of(h));
                 close(&got[s * qw + h * hd..s * qw + h * hd + hd], &want, 1e-5);
             }
         }
@@ -877,7 +914,7 @@ mod tests {
         let layouts = [rows, panels];
         let configs = [(None, None, ElemType::F32), (Some(6), Some(3.0), ElemType::F32), (None, None, ElemType::F16)];
         for ((paging, keys, lens, tables), (window, softcap, cache)) in layouts.iter().flat_map(|l| configs.map(|c| (l.clone(), c))) {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len: 32, softcap, causal: true, cache, keys };
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len: 32, softcap, causal: true, cache, keys, sinks: false };
             let (kvw, qw, hd) = ((shape.kv_heads * shape.head_dim) as usize, (shape.heads * shape.head_dim) as usize, shape.head_dim as usize);
             let group = (shape.heads / shape.kv_heads) as usize;
             // Each sequence's blocks (`tables`), scattered over a pool of 12.
@@ -942,7 +979,7 @@ mod tests {
                         let kvh = h / group;
                         let keys: Vec<&[f32]> = mine[from..].iter().map(|&j| &k[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
                         let vals: Vec<&[f32]> = mine[from..].iter().map(|&j| &v[j * kvw + kvh * hd..j * kvw + kvh * hd + hd]).collect();
-                        let want = naive(&q[r * qw + h * hd..r * qw + h * hd + hd], &keys, &vals, shape.scale, softcap);
+                        let want = naive(&q[r * qw + h * hd..r * qw + h * hd + hd], &keys, &vals, shape.scale, softcap, None);
                         close(&got[r * qw + h * hd..r * qw + h * hd + hd], &want, 1e-5);
                     }
                 }
@@ -952,7 +989,7 @@ mod tests {
 
     #[test]
     fn grouped_query_attention_with_window_matches_naive_softmax() {
-        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
+        let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: 4, scale: 0.5, window: Some(2), max_len: 8, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows, sinks: false };
         check_attention(shape, 3, false, None);
     }
 
@@ -961,7 +998,7 @@ mod tests {
     /// equals naive softmax attention over those halves.
     #[test]
     fn f16_cache_holds_rounded_values_and_attention_reads_them() {
-        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window: None, max_len: 80, softcap: None, causal: true, cache: ElemType::F16, keys: KeyLayout::Rows };
+        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window: None, max_len: 80, softcap: None, causal: true, cache: ElemType::F16, keys: KeyLayout::Rows, sinks: false };
         for decode in [false, true] {
             check_attention(shape, 70, decode, None);
         }
@@ -974,7 +1011,7 @@ mod tests {
     #[test]
     fn attention_over_longer_caches_prefill_and_decode() {
         for (max_len, seq, window) in [(37, 37, None), (37, 30, Some(20)), (48, 40, Some(17)), (16, 16, None)] {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows, sinks: false };
             for decode in [false, true] {
                 check_attention(shape, seq, decode, None);
             }
@@ -987,8 +1024,43 @@ mod tests {
     #[test]
     fn split_attention_and_combine_match_naive_softmax() {
         for (max_len, seq, window, splits, softcap) in [(8, 8, None, 1, None), (40, 40, None, 3, None), (150, 150, None, 4, None), (150, 140, Some(70), 2, Some(2.5)), (300, 300, Some(200), 16, None)] {
-            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows };
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows, sinks: false };
             check_attention(shape, seq, false, Some(splits));
         }
+    }
+
+    /// Attention sinks (gpt-oss): whole attention over key rows and panels
+    /// (prefill and decode stores, a window), and split attention merged by
+    /// the combine (CPU and GPU forms), equal naive softmax attention with each
+    /// head's sink in the denominator; the canonical CPU form (panels) gives a
+    /// row the bits flash-decoding's chunks and combine give it.
+    #[test]
+    fn attention_sinks_join_the_denominator_in_every_form() {
+        for (max_len, seq, window, splits) in [(40, 37, None, None), (48, 40, Some(17), None), (150, 150, None, Some(4)), (150, 140, Some(70), Some(2))] {
+            let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window, max_len, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Rows, sinks: true };
+            for decode in [false, true] {
+                check_attention(shape, seq, decode, splits);
+            }
+        }
+        // Canonical whole attention against split + combine, bit for bit, at a
+        // length of several chunks.
+        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 8, scale: 0.3, window: None, max_len: 320, softcap: None, causal: true, cache: ElemType::F32, keys: KeyLayout::Panels, sinks: true };
+        let (seq, qw, kvw) = (300usize, 48usize, 16usize);
+        let (q, k, vv) = (rand(seq * qw, 7), rand(seq * kvw, 8), rand(seq * kvw, 9));
+        let sinks = Buffer::F32(rand(6, 10).iter().map(|x| 3.0 * x).collect());
+        let pos = Buffer::I32((0..seq as i32).collect());
+        let mut store = vec![Buffer::F32(k), Buffer::F32(vv), pos.clone(), Buffer::F32(vec![0.0; 320 * kvw]), Buffer::F32(vec![0.0; 320 * kvw])];
+        run(&kv_store(2, 8, 320, ElemType::F32, KeyLayout::Panels, SeqMode::Dynamic), &mut store, seq as u64);
+        let (kc, vc) = (store[3].clone(), store[4].clone());
+        let scratch = Buffer::F32(vec![f32::NAN; seq * 2 * shape.scratch_per_task() as usize]);
+        let mut whole = vec![Buffer::F32(q.clone()), pos.clone(), kc.clone(), vc.clone(), sinks.clone(), scratch, Buffer::F32(vec![0.0; seq * qw])];
+        run(&attention(shape, SeqMode::Dynamic), &mut whole, seq as u64);
+        let scratch = Buffer::F32(vec![f32::NAN; seq * shape.split_scratch_per_token(DECODE_SPLITS) as usize]);
+        let partials = Buffer::F32(vec![f32::NAN; seq * shape.partials_per_token(DECODE_SPLITS) as usize]);
+        let mut split = vec![Buffer::F32(q), pos.clone(), kc, vc, scratch, partials];
+        run(&attention_partial(shape, DECODE_SPLITS, SeqMode::Dynamic), &mut split, seq as u64);
+        let mut merged = vec![split.swap_remove(5), pos, sinks, Buffer::F32(vec![f32::NAN; seq * qw])];
+        run(&attention_combine(shape, DECODE_SPLITS, SeqMode::Dynamic), &mut merged, seq as u64);
+        assert_eq!(whole[6], merged[3], "canonical attention and flash-decoding differ with sinks");
     }
 }
