@@ -296,6 +296,7 @@ impl ModelConfig {
         };
         let architecture = Architecture::parse(&arch_name, path)?;
         check_unhonoured_keys(json, architecture, &arch_name, path)?;
+        check_prequantized(json, path)?;
         if architecture == Architecture::Gpt2 {
             return gpt2_config(&f);
         }
@@ -796,6 +797,21 @@ const MATH_KEYS: &[(&str, &[Architecture], &[&str])] = &[
     ("scale_attn_weights", &[], &["null", "true"]),
 ];
 
+/// A checkpoint that is already quantized (`quantization_config`) holds
+/// tensors maxc's Hugging Face reader does not decode (MXFP4 blocks and scales,
+/// GPTQ / AWQ packed integers, ...): refused before any tensor is read, with
+/// the way to compile it where there is one (gpt-oss's MXFP4: llama.cpp's
+/// converter keeps it in a GGUF, which maxc reads).
+fn check_prequantized(json: &Value, path: &Path) -> Result<()> {
+    let Some(q) = json.get("quantization_config").filter(|v| !v.is_null()) else { return Ok(()) };
+    let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+    let why = match method {
+        "mxfp4" => "mxfp4: the checkpoint's experts are MXFP4 blocks (`*_blocks`, `*_scales`), which maxc reads from GGUF files; convert it with llama.cpp's convert_hf_to_gguf.py (it keeps them MXFP4) and compile the .gguf".to_string(),
+        other => format!("{other}: pre-quantized Hugging Face checkpoints are not read; compile the unquantized checkpoint (maxc quantizes it, --quantization-encoding) or a GGUF of it"),
+    };
+    Err(Error::invalid(path, "quantization_config.quant_method", why))
+}
+
 fn check_unhonoured_keys(json: &Value, architecture: Architecture, arch_name: &str, path: &Path) -> Result<()> {
     for (key, honoured_by, neutral) in MATH_KEYS {
         let Some(v) = json.get(*key) else { continue };
@@ -902,5 +918,16 @@ mod tests {
     fn kv_heads_must_divide_heads() {
         let e = cfg(r#", "num_key_value_heads": 3"#).unwrap_err().to_string();
         assert!(e.contains("num_key_value_heads") && e.contains('3') && e.contains('4'), "{e}");
+    }
+
+    /// Pre-quantized checkpoints are refused by `quantization_config`: MXFP4
+    /// (gpt-oss as released) with the way through a GGUF, others plainly.
+    #[test]
+    fn prequantized_checkpoints_are_refused_with_the_way_to_compile_them() {
+        let e = cfg(r#", "quantization_config": {"quant_method": "mxfp4"}"#).unwrap_err().to_string();
+        assert!(e.contains("quantization_config.quant_method") && e.contains("MXFP4") && e.contains("convert_hf_to_gguf"), "{e}");
+        let e = cfg(r#", "quantization_config": {"quant_method": "gptq", "bits": 4}"#).unwrap_err().to_string();
+        assert!(e.contains("gptq") && e.contains("unquantized"), "{e}");
+        assert!(cfg(r#", "quantization_config": null"#).is_ok());
     }
 }

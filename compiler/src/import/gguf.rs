@@ -197,7 +197,7 @@ fn ggml_type(id: u32) -> std::result::Result<StorageType, &'static str> {
         29 => Err("IQ1_M"),
         34 => Err("TQ1_0"),
         35 => Err("TQ2_0"),
-        39 => Err("MXFP4"),
+        39 => Ok(StorageType::Mxfp4),
         _ => Err("unknown"),
     }
 }
@@ -277,7 +277,7 @@ impl GgufFile {
                 path,
                 name,
                 format!(
-                    "{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K (kept as they are), Q2_K, Q3_K (dequantized, then encoded as the compile asks); requantize the file to one of them (llama-quantize --allow-requantize) or compile the Hugging Face checkpoint.{more}"
+                    "{first}: tensor type is not supported; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K (kept as they are), MXFP4 (kept as Q5_0 blocks, without loss), Q2_K, Q3_K (dequantized, then encoded as the compile asks); requantize the file to one of them (llama-quantize --allow-requantize) or compile the Hugging Face checkpoint.{more}"
                 ),
             ));
         }
@@ -370,22 +370,20 @@ impl GgufFile {
                 supported: format!("{} (GGUF)", GGUF_ARCHITECTURES.join(", ")),
             });
         };
-        if matches!(architecture, Architecture::GptOss | Architecture::Olmoe | Architecture::Qwen2Moe) {
-            // gpt-oss's converter files hold the experts as MXFP4 blocks and
-            // name the sinks and expert biases in ways this reader has no table
-            // for yet; OLMoE's and Qwen2-MoE's are not read yet either.
+        if matches!(architecture, Architecture::Olmoe | Architecture::Qwen2Moe) {
+            // OLMoE's and Qwen2-MoE's files are not read yet.
             return Err(Error::UnsupportedArchitecture {
                 path: self.path.clone(),
                 architecture: format!("{name} from GGUF"),
                 supported: format!("{} (GGUF); compile {} from its Hugging Face folder", GGUF_ARCHITECTURES.join(", "), architecture.hf_name()),
             });
         }
-        if let Some((key, n)) = expert_count.filter(|_| !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral)) {
+        if let Some((key, n)) = expert_count.filter(|_| !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss)) {
             return Err(Error::invalid(
                 &self.path,
                 key.as_str(),
                 format!(
-                    "{}: a mixture-of-experts {arch_key} model; maxc builds experts for qwen3moe and llama (Mixtral) files only",
+                    "{}: a mixture-of-experts {arch_key} model; maxc builds experts for qwen3moe, gpt-oss and llama (Mixtral) files only",
                     n.map_or("set".to_string(), |n| n.to_string())
                 ),
             ));
@@ -464,8 +462,9 @@ impl GgufFile {
                 factor if factor.is_finite() && factor > 0.0 => RopeScaling::Linear { factor: factor as f32 },
                 factor => return Err(Error::invalid(&self.path, k("rope.scaling.factor"), format!("{factor}: must be a number > 0"))),
             },
+            Some("yarn") => self.yarn_scaling(&arch_key, architecture)?,
             Some(other) => {
-                return Err(Error::invalid(&self.path, k("rope.scaling.type"), format!("`{other}` is not supported; supported: none, linear")))
+                return Err(Error::invalid(&self.path, k("rope.scaling.type"), format!("`{other}` is not supported; supported: none, linear, yarn")))
             }
         };
         let gpt2 = architecture == Architecture::Gpt2;
@@ -499,7 +498,12 @@ impl GgufFile {
                 (Architecture::Gemma2, None) => Some(4096),
                 _ => self.optional_u64(&k("attention.sliding_window"))?.map(|v| v as usize),
             },
-            sliding_layers: None,
+            // gpt-oss slides on every even layer (llama.cpp's pattern of 2, as
+            // the checkpoints' `layer_types` say).
+            sliding_layers: match architecture {
+                Architecture::GptOss => Some(self.sliding_pattern(&arch_key, num_layers, 2)?),
+                _ => None,
+            },
             max_position_embeddings: match self.get(&k("context_length")) {
                 Some(MetaValue::Int(0)) => {
                     return Err(Error::invalid(
@@ -642,28 +646,7 @@ impl GgufFile {
     fn gemma3_params(&self, arch: &str, layers: usize, head_dim: usize, width_per_head: usize) -> Result<GemmaParams> {
         let key = |s: &str| format!("{arch}.{s}");
         let window = self.get(&key("attention.sliding_window")).and_then(MetaValue::as_u64).unwrap_or(0);
-        let pattern_key = key("attention.sliding_window_pattern");
-        let sliding_layers = match (window, self.get(&pattern_key)) {
-            (0, _) => vec![false; layers],
-            (_, Some(MetaValue::Array(flags))) => {
-                if flags.len() != layers {
-                    return Err(Error::invalid(&self.path, &pattern_key, format!("{} flags for {layers} layers: there must be one per layer", flags.len())));
-                }
-                flags
-                    .iter()
-                    .enumerate()
-                    .map(|(i, f)| match f {
-                        MetaValue::Bool(b) => Ok(*b),
-                        other => Err(Error::invalid(&self.path, &pattern_key, format!("entry {i} is {other}, not a bool"))),
-                    })
-                    .collect::<Result<_>>()?
-            }
-            (_, Some(v)) => {
-                let n = v.as_u64().ok_or_else(|| Error::invalid(&self.path, &pattern_key, format!("{v}: expected a layer count or an array of flags")))? as usize;
-                (0..layers).map(|l| n == 0 || l % n < n - 1).collect()
-            }
-            (_, None) => (0..layers).map(|l| l % 6 < 5).collect(),
-        };
+        let sliding_layers = if window == 0 { vec![false; layers] } else { self.sliding_pattern(arch, layers, 6)? };
         let final_capping = match self.get(&key("final_logit_softcapping")) {
             None => None,
             Some(_) => match self.f64_or(&key("final_logit_softcapping"), 0.0)? {
@@ -682,6 +665,71 @@ impl GgufFile {
         })
     }
 
+    /// Which of `layers` layers use the sliding window, as llama.cpp's
+    /// `load_swa_pattern` reads `attention.sliding_window_pattern`: an array of
+    /// flags, or a period N (every N-th layer global, the others sliding;
+    /// `period` when absent).
+    fn sliding_pattern(&self, arch: &str, layers: usize, period: usize) -> Result<Vec<bool>> {
+        let pattern_key = format!("{arch}.attention.sliding_window_pattern");
+        match self.get(&pattern_key) {
+            Some(MetaValue::Array(flags)) => {
+                if flags.len() != layers {
+                    return Err(Error::invalid(&self.path, &pattern_key, format!("{} flags for {layers} layers: there must be one per layer", flags.len())));
+                }
+                flags
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| match f {
+                        MetaValue::Bool(b) => Ok(*b),
+                        other => Err(Error::invalid(&self.path, &pattern_key, format!("entry {i} is {other}, not a bool"))),
+                    })
+                    .collect()
+            }
+            Some(v) => {
+                let n = v.as_u64().ok_or_else(|| Error::invalid(&self.path, &pattern_key, format!("{v}: expected a layer count or an array of flags")))? as usize;
+                Ok((0..layers).map(|l| n == 0 || l % n < n - 1).collect())
+            }
+            None => Ok((0..layers).map(|l| l % period < period - 1).collect()),
+        }
+    }
+
+    /// YaRN as llama.cpp's converter writes it: `rope.scaling.factor`,
+    /// `rope.scaling.original_context_length`, and `rope.scaling.yarn_beta_fast`
+    /// / `yarn_beta_slow` (32 and 1 when absent, transformers' defaults). The
+    /// correction range is truncated to whole dimensions, as transformers does
+    /// by default and ggml always does, except for gpt-oss, whose checkpoints
+    /// say `truncate: false` (the file has no key for it). An explicit
+    /// attention or extrapolation factor is refused (maxc computes YaRN's own).
+    fn yarn_scaling(&self, arch: &str, architecture: Architecture) -> Result<RopeScaling> {
+        let k = |s: &str| format!("{arch}.rope.scaling.{s}");
+        for key in ["yarn_attn_factor", "yarn_ext_factor", "yarn_log_multiplier"] {
+            if self.get(&k(key)).is_some() {
+                return Err(Error::invalid(&self.path, k(key), "YaRN with an explicit attention or extrapolation factor is not supported; convert without it if it is the default"));
+            }
+        }
+        let positive = |key: &str, default: Option<f64>| -> Result<f64> {
+            let value = match default {
+                Some(d) => self.f64_or(&k(key), d)?,
+                None => {
+                    let v = self.get(&k(key)).ok_or_else(|| Error::invalid(&self.path, k(key), "required metadata key is missing for YaRN scaling"))?;
+                    v.as_f64().ok_or_else(|| Error::invalid(&self.path, k(key), format!("{v}: expected a number")))?
+                }
+            };
+            if value.is_finite() && value > 0.0 {
+                Ok(value)
+            } else {
+                Err(Error::invalid(&self.path, k(key), format!("{value}: must be a number > 0")))
+            }
+        };
+        Ok(RopeScaling::Yarn {
+            factor: positive("factor", None)? as f32,
+            original_max_position: positive("original_context_length", None)? as u32,
+            beta_fast: positive("yarn_beta_fast", Some(32.0))? as f32,
+            beta_slow: positive("yarn_beta_slow", Some(1.0))? as f32,
+            truncate: architecture != Architecture::GptOss,
+        })
+    }
+
     /// The routed experts as llama.cpp describes them: `expert_count`,
     /// `expert_used_count`, each expert's width (`expert_feed_forward_length`;
     /// Mixtral's experts are `feed_forward_length` wide), the layers whose
@@ -689,9 +737,11 @@ impl GgufFile {
     /// Qwen3-MoE's `mlp_only_layers` convert), and the routing llama.cpp's
     /// graph gives the architecture: Qwen3-MoE the softmax over all experts,
     /// renormalized unless `expert_weights_norm` says false; Mixtral the
-    /// softmax over the chosen logits (the same weights).
+    /// softmax over the chosen logits (the same weights); gpt-oss that with a
+    /// router bias, expert biases and the clamped SwiGLU at llama.cpp's
+    /// constants (alpha 1.702, limit 7: the file has no key for them).
     fn moe_params(&self, arch: &str, architecture: Architecture, layers: usize) -> Result<Option<super::config::MoeParams>> {
-        if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral) {
+        if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss) {
             return Ok(None);
         }
         let k = |s: &str| format!("{arch}.{s}");
@@ -710,10 +760,14 @@ impl GgufFile {
                 };
                 (self.require_u64(&k("expert_feed_forward_length"))? as usize, crate::graph::MoeRouting::SoftmaxTopK { renormalize })
             }
+            Architecture::GptOss => (self.require_u64(&k("expert_feed_forward_length"))? as usize, crate::graph::MoeRouting::TopKSoftmax),
             _ => (self.require_u64(&k("feed_forward_length"))? as usize, crate::graph::MoeRouting::TopKSoftmax),
         };
         let sparse_layers = (0..layers).map(|l| self.tensors.iter().any(|t| t.name == format!("blk.{l}.ffn_gate_inp.weight"))).collect();
-        let (activation, biases) = (crate::graph::MoeActivation::SwiGlu, false);
+        let (activation, biases) = match architecture {
+            Architecture::GptOss => (crate::graph::MoeActivation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 }, true),
+            _ => (crate::graph::MoeActivation::SwiGlu, false),
+        };
         let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, shared_expert: None, sparse_layers };
         moe.validate(&self.path, &|key| match key {
             "num_experts" => k("expert_count"),
@@ -759,6 +813,25 @@ impl GgufFile {
         }
     }
 
+    /// MXFP4 blocks are kept as Q5_0 blocks with an f16 scale
+    /// (`StorageType::native_scheme`): a block whose E8M0 scale is past what
+    /// f16 holds (2^16 and up: values of 100000 and more, which no trained
+    /// model has) is refused, naming the tensor and the block.
+    fn check_mxfp4_scales(&self, t: &GgufTensor) -> Result<()> {
+        let bytes = &self.map[t.offset..t.offset + t.len];
+        if let Some((block, e)) = bytes.chunks_exact(17).map(|b| b[0]).enumerate().find(|(_, e)| *e > super::weights::MXFP4_MAX_SCALE_BYTE) {
+            return Err(Error::invalid(
+                &self.path,
+                &t.name,
+                format!(
+                    "MXFP4 block {block} has scale 2^{}: maxc keeps MXFP4 blocks as Q5_0 blocks, whose f16 scale (half the MXFP4 one) holds at most 2^15, so MXFP4 scales up to 2^16; requantize the tensor (llama-quantize to Q8_0)",
+                    e as i32 - 127
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Registers every tensor under its Hugging Face name, marking the Q/K
     /// projections whose rows llama.cpp permuted (Llama-family conversions only).
     pub fn register_weights(&self, config: &ModelConfig, store: &mut WeightStore) -> Result<()> {
@@ -776,6 +849,9 @@ impl GgufFile {
             let Some(hf) = hf_name(architecture, &t.name) else {
                 return Err(Error::invalid(&self.path, &t.name, "tensor name is not one of llama.cpp's names for this architecture"));
             };
+            if t.storage == StorageType::Mxfp4 {
+                self.check_mxfp4_scales(t)?;
+            }
             let shape: Vec<usize> = t.dims.iter().rev().copied().collect();
             store.insert(hf.clone(), t.storage, shape, file, t.offset, t.len);
             if matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) && t.name.ends_with("norm.weight") {
@@ -915,8 +991,23 @@ const MIXTRAL_PARTS: &[(&str, &str)] = &[
     ("ffn_gate_up_exps", "block_sparse_moe.experts.w13"),
 ];
 
+/// gpt-oss's layers: its norms before attention and before the MLP (llama.cpp's
+/// `post_attention_norm`, not `ffn_norm`), the sinks (`attn_sinks.weight`, the
+/// checkpoints' `self_attn.sinks`, which has no suffix: [`rename`] drops and
+/// adds it), the router and the experts stacked with their biases (gate and
+/// up separate, de-interleaved by the converter).
+const GPT_OSS_PARTS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("attn_sinks", "self_attn.sinks"),
+    ("ffn_gate_inp", "mlp.router"),
+    ("ffn_gate_exps", "mlp.experts.gate_proj"),
+    ("ffn_up_exps", "mlp.experts.up_proj"),
+    ("ffn_down_exps", "mlp.experts.down_proj"),
+];
+
 /// The architectures maxc reads from GGUF, as `general.architecture` spells them.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3moe"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3moe", "gpt-oss"];
 
 /// How `arch`'s GGUF names map to Hugging Face's: the whole-model tensors, the
 /// layer prefix (`model.layers.`, GPT-2's `h.`, BERT's `encoder.layer.`) and
@@ -950,8 +1041,9 @@ fn layer_parts(arch: Architecture) -> &'static [&'static [(&'static str, &'stati
         Architecture::Gemma3 => &[GEMMA_NORMS, ATTENTION, QK_NORMS, MLP],
         Architecture::Gpt2 => &[GPT2_PARTS],
         Architecture::Bert => &[BERT_PARTS],
+        Architecture::GptOss => &[ATTENTION, GPT_OSS_PARTS],
         // Refused before any tensor is named (model_config).
-        Architecture::GptOss | Architecture::Olmoe | Architecture::Qwen2Moe => &[],
+        Architecture::Olmoe | Architecture::Qwen2Moe => &[],
     }
 }
 
@@ -985,8 +1077,14 @@ fn rename(naming: &Naming, name: &str, to_hf: bool) -> Option<String> {
     let (from_prefix, to_prefix) = if to_hf { ("blk.", naming.layer_prefix) } else { (naming.layer_prefix, "blk.") };
     let (layer, rest) = name.strip_prefix(from_prefix)?.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    // gpt-oss's sinks have no suffix in Hugging Face's checkpoints.
+    const SUFFIXLESS: &str = "self_attn.sinks";
+    let rest = if !to_hf && rest == SUFFIXLESS { format!("{rest}.weight") } else { rest.to_string() };
     let (part, suffix) = rest.rsplit_once('.')?;
     let pair = naming.parts.iter().flat_map(|group| group.iter()).find(|p| from(p) == part)?;
+    if to_hf && to(pair) == SUFFIXLESS {
+        return (suffix == "weight").then(|| format!("{to_prefix}{layer}.{SUFFIXLESS}"));
+    }
     Some(format!("{to_prefix}{layer}.{}.{suffix}", to(pair)))
 }
 
@@ -1091,6 +1189,15 @@ pub(crate) mod tests {
         assert_eq!(hf_name(Gpt2, "blk.4.ffn_down.weight").as_deref(), Some("h.4.mlp.c_proj.weight"));
         assert_eq!(hf_name(Phi3, "blk.0.ffn_up.weight").as_deref(), Some("model.layers.0.mlp.gate_up_proj.weight"));
         assert_eq!(hf_name(Gemma2, "blk.0.ffn_norm.weight").as_deref(), Some("model.layers.0.pre_feedforward_layernorm.weight"));
+        // gpt-oss: the sinks have no suffix in Hugging Face's names; the
+        // experts' biases stay stacked.
+        for name in ["blk.0.attn_sinks.weight", "blk.1.ffn_gate_exps.bias", "blk.1.ffn_down_exps.weight", "blk.0.ffn_gate_inp.bias", "blk.1.post_attention_norm.weight", "blk.0.attn_output.bias"] {
+            assert_eq!(gguf_name(GptOss, &hf_name(GptOss, name).unwrap()).as_deref(), Some(name));
+        }
+        assert_eq!(hf_name(GptOss, "blk.3.attn_sinks.weight").as_deref(), Some("model.layers.3.self_attn.sinks"));
+        assert_eq!(hf_name(GptOss, "blk.3.attn_sinks.bias"), None);
+        assert_eq!(hf_name(GptOss, "blk.0.ffn_up_exps.bias").as_deref(), Some("model.layers.0.mlp.experts.up_proj.bias"));
+        assert_eq!(hf_name(GptOss, "blk.0.ffn_norm.weight"), None, "gpt-oss's norm before the MLP is post_attention_norm");
     }
 
     #[test]

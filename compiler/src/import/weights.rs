@@ -48,6 +48,12 @@ pub enum StorageType {
     /// GGUF Q6_K: super-blocks of 256 (128 bytes of low nibbles, 64 of high
     /// 2-bit parts, 16 int8 sub-block scales, f16 d: 210 bytes). Read by dequantizing.
     Q6K,
+    /// GGUF MXFP4 (OCP microscaling FP4, gpt-oss's experts): blocks of 32 E2M1
+    /// values sharing one E8M0 scale (the scale byte `e`, then 16 bytes of
+    /// nibbles in Q4_0's order: 17 bytes); value = `2^(e - 127) * e2m1(q)`,
+    /// which ggml writes `kvalues_mxfp4[q] * 2^(e - 128)` with the E2M1 values
+    /// doubled to the integers 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12.
+    Mxfp4,
 }
 
 impl StorageType {
@@ -66,6 +72,7 @@ impl StorageType {
             StorageType::Q3K => (256, 110),
             StorageType::Q5K => (256, 176),
             StorageType::Q6K => (256, 210),
+            StorageType::Mxfp4 => (32, 17),
         }
     }
 
@@ -90,6 +97,7 @@ impl StorageType {
             StorageType::Q3K => "Q3_K",
             StorageType::Q5K => "Q5_K",
             StorageType::Q6K => "Q6_K",
+            StorageType::Mxfp4 => "MXFP4",
         }
     }
 
@@ -123,6 +131,14 @@ impl StorageType {
             StorageType::Q5_1 => Some(WeightEncoding::Q5_1),
             StorageType::Q6K => Some(WeightEncoding::Q6K),
             StorageType::Q5K => Some(WeightEncoding::Q5K),
+            // The doubled E2M1 values plus 16 are Q5_0 levels (4..=28) and the
+            // halved E8M0 scale a power of two that f16 holds exactly from 2^-24
+            // to 2^15: MXFP4 blocks are Q5_0 blocks with those levels and scales
+            // (`mxfp4_as_q5_0`; 22 bytes per block where MXFP4 takes 17, until
+            // an MXFP4 kernel exists). A scale past 2^15 is refused at import
+            // (`check_mxfp4_scales`); one below 2^-24 (every value under 4e-7)
+            // rounds to zero.
+            StorageType::Mxfp4 => Some(WeightEncoding::Q5_0),
             // No kernels compute on these blocks: they are dequantized exactly
             // at import and encoded as the compile asks.
             StorageType::Q2K | StorageType::Q3K => None,
@@ -565,11 +581,54 @@ pub fn native_parts(storage: StorageType, bytes: &[u8]) -> Encoded {
                 parts[3].extend_from_slice(d);
             }
         }
+        StorageType::Mxfp4 => {
+            for block in bytes.chunks_exact(17) {
+                let (quants, high_bits, scale) = mxfp4_as_q5_0(block);
+                parts[0].extend_from_slice(&quants);
+                parts[1].extend_from_slice(&high_bits);
+                parts[2].extend_from_slice(&scale);
+            }
+        }
         StorageType::Q2K | StorageType::Q3K => {
             unreachable!("{} blocks have no native encoding", storage.name())
         }
     }
     Encoded { parts }
+}
+
+/// ggml's `kvalues_mxfp4`: the E2M1 value of each nibble, doubled (bit 3 the sign).
+pub const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of an E8M0 scale, `2^(e - 128)` (ggml's `ggml_e8m0_to_fp32_half`; the
+/// two smallest are f32 subnormals).
+pub fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(((e as u32) - 1) << 23)
+    }
+}
+
+/// The largest E8M0 scale byte whose half an f16 holds (`2^15`).
+pub const MXFP4_MAX_SCALE_BYTE: u8 = 143;
+
+/// One MXFP4 block (scale byte, 16 bytes of nibbles) as Q5_0's parts: the
+/// nibbles of `level + 16` (values `t` and `t + 16` in byte `t`), their fifth
+/// bits (bit `t % 8` of byte `t / 8`) and the f16 scale `2^(e - 128)`.
+pub fn mxfp4_as_q5_0(block: &[u8]) -> ([u8; 16], [u8; 4], [u8; 2]) {
+    let level = |t: usize| {
+        let nibble = (block[1 + t % 16] >> (4 * (t / 16))) & 15;
+        (MXFP4_LEVELS[nibble as usize] + 16) as u8
+    };
+    let mut quants = [0u8; 16];
+    let mut high_bits = [0u8; 4];
+    for t in 0..16 {
+        quants[t] = (level(t) & 15) | (level(t + 16) & 15) << 4;
+    }
+    for t in 0..32 {
+        high_bits[t / 8] |= (level(t) >> 4) << (t % 8);
+    }
+    (quants, high_bits, f16::from_f32(e8m0_half(block[0])).to_le_bytes())
 }
 
 /// llama.cpp's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and minimum.
@@ -687,6 +746,12 @@ pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
                 }
             }
         }
+        StorageType::Mxfp4 => {
+            for block in bytes.chunks_exact(17) {
+                let d = e8m0_half(block[0]);
+                out.extend((0..32).map(|t| MXFP4_LEVELS[((block[1 + t % 16] >> (4 * (t / 16))) & 15) as usize] as f32 * d));
+            }
+        }
         StorageType::Q6K => {
             // dequantize_row_q6_K: per half of 128, value l + 32 * k takes a
             // nibble of ql[l + 32 * (k % 2)] (low for k < 2) and bits 2k, 2k+1 of
@@ -728,6 +793,40 @@ fn q3_k_scales(packed: &[u8]) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An E2M1 code decoded from its bits as the OCP microscaling spec defines
+    /// it (sign, two exponent bits with bias 1, one mantissa bit; exponent 0
+    /// subnormal), written out anew.
+    fn e2m1(code: u8) -> f32 {
+        let (sign, exp, man) = (code >> 3, (code >> 1) & 3, (code & 1) as f32);
+        let magnitude = if exp == 0 { man * 0.5 } else { (1.0 + man / 2.0) * 2f32.powi(exp as i32 - 1) };
+        if sign == 1 { -magnitude } else { magnitude }
+    }
+
+    /// MXFP4 blocks: every code at scale bytes from the smallest f16 holds to
+    /// the largest, and 0 and 1 (f32 subnormal halves): the reader's values are
+    /// the spec's `2^(e - 127) * e2m1(q)`, and the same blocks as Q5_0 parts
+    /// decode to them exactly where f16 holds the scale (below it, to zero).
+    #[test]
+    fn mxfp4_blocks_read_as_the_spec_says_and_as_q5_0_without_loss() {
+        for e in [0u8, 1, 103, 104, 117, 127, 128, 140, MXFP4_MAX_SCALE_BYTE] {
+            // Values t and t + 16 in byte t: codes t % 16 and 15 - t % 16.
+            let mut block = vec![e];
+            block.extend((0..16u8).map(|t| t | (15 - t) << 4));
+            let want: Vec<f32> = (0..32).map(|t| 2f32.powi(e as i32 - 127) * e2m1(if t < 16 { t } else { 31 - t } as u8)).collect();
+            let got = dequantize(StorageType::Mxfp4, &block, 32);
+            assert_eq!(got, want, "scale byte {e}");
+            let parts = native_parts(StorageType::Mxfp4, &block);
+            let q5 = crate::quant::decode(WeightEncoding::Q5_0, &parts, 32);
+            let exact = e >= 104;
+            for t in 0..32 {
+                assert_eq!(q5[t], if exact { got[t] } else { 0.0 }, "scale byte {e}, value {t} as Q5_0");
+            }
+        }
+        assert_eq!(e8m0_half(127), 0.5);
+        assert_eq!(f16::from_f32(e8m0_half(MXFP4_MAX_SCALE_BYTE)).to_f32(), 32768.0);
+        assert!(f16::from_f32(e8m0_half(MXFP4_MAX_SCALE_BYTE + 1)).is_infinite());
+    }
 
     /// The reference: undoes llama.cpp's `permute(w, n_head)` on the rows of a Q or K projection.
     ///

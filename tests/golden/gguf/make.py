@@ -8,7 +8,7 @@ scripts/build-llama-cpp.sh unpacks) and quantized by its `llama-quantize`:
     arch-X.q4_k_m.gguf   llama-quantize ... Q4_K_M (on these 64-wide tensors
                          llama.cpp falls back to Q5_0 / Q5_1 / Q8_0 blocks)
 
-The mixture-of-experts fixtures (qwen3-moe, mixtral) are converted to F32 and
+The mixture-of-experts fixtures (qwen3-moe, mixtral, gpt-oss) are converted to F32 and
 to Q8_0 by the converter itself (`--outtype q8_0`, gguf-py's quantizer, which
 keeps the routers `ffn_gate_inp` in F32 as llama-quantize does), so they need
 no llama.cpp build. Qwen3-MoE's is tests/fixtures/arch-qwen3-moe-gguf (its
@@ -41,18 +41,24 @@ FIXTURES = os.environ.get("MAXC_FIXTURES", os.path.join(ROOT, "../shared/fixture
 OUT = os.path.dirname(os.path.abspath(__file__))
 # `--outtype T ARCH`: one converter run (the mixture-of-experts fixtures' files, below).
 OUTTYPE = sys.argv[2] if sys.argv[1:2] == ["--outtype"] else None
-ARCHS = (sys.argv[3:] if OUTTYPE else sys.argv[1:]) or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3-moe", "mixtral"]
+ARCHS = (sys.argv[3:] if OUTTYPE else sys.argv[1:]) or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3-moe", "mixtral", "gpt-oss", "gpt-oss-mxfp4"]
 QUANTS = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
 # Converted by the converter alone, to these types (`--outtype`).
-CONVERTER_TYPES = {"qwen3-moe": ["q8_0"], "mixtral": ["q8_0"]}
+CONVERTER_TYPES = {"qwen3-moe": ["q8_0"], "mixtral": ["q8_0"], "gpt-oss": ["q8_0"]}
+
+
+# gpt-oss with its experts in MXFP4 (tests/fixtures/arch-gpt-oss-mxfp4, the
+# released checkpoints' layout): the converter keeps them MXFP4 (type 39) and
+# writes the rest as --outtype says: arch-gpt-oss.mxfp4.gguf.
+MXFP4 = {"gpt-oss-mxfp4": "arch-gpt-oss.mxfp4.gguf"}
 
 
 def convert(arch, outtype="f32"):
     # Gemma 3's and Qwen3-MoE's fixtures are this repository's own, made to
     # what a GGUF can say (tests/fixtures/arch-*-gguf/make.py).
-    ours = {"gemma3": "arch-gemma3-gguf", "bert": "arch-bert", "qwen3-moe": "arch-qwen3-moe-gguf"}
+    ours = {"gemma3": "arch-gemma3-gguf", "bert": "arch-bert", "qwen3-moe": "arch-qwen3-moe-gguf", "gpt-oss-mxfp4": "arch-gpt-oss-mxfp4"}
     src = os.path.join(ROOT, "tests/fixtures", ours[arch]) if arch in ours else os.path.join(FIXTURES, f"arch-{arch}")
-    out = os.path.join(OUT, f"arch-{arch}.{outtype}.gguf")
+    out = os.path.join(OUT, MXFP4.get(arch, f"arch-{arch}.{outtype}.gguf"))
     if arch == "gpt2":
         # The converter reads GPT-2's context from `n_ctx`, which configs saved
         # by current transformers no longer write (they keep `n_positions`, the
@@ -104,6 +110,10 @@ def main():
             continue
         if OUTTYPE:
             convert(arch, OUTTYPE)
+            continue
+        if arch in MXFP4:
+            convert(arch)
+            print(MXFP4[arch], os.path.getsize(os.path.join(OUT, MXFP4[arch])))
             continue
         if arch in CONVERTER_TYPES:
             # One process per file too: the converter's module state is global.
