@@ -12,7 +12,9 @@
 # Prints one markdown table (docs/performance-log.md "At 1B-8B") and each compile's
 # peak anonymous memory (the compile's phase table).
 #   scripts/bench-scale.sh [-s "llama-1.17b qwen2.5-1.5b"] [-e "Q8_0 Q4_K_M"] [-p 512] [-n 128] [-r 3] [-t 2] [-d 0]
-# Shapes: llama-1.17b llama-3.2-1b qwen2.5-1.5b qwen2.5-3b llama-3-8b
+# Shapes: llama-1.17b llama-3.2-1b qwen2.5-1.5b qwen2.5-3b llama-3-8b, and the
+# mixtures of experts qwen3-30b-a3b-4l (-e "Q8_0 Q4_K_M") and gpt-oss-20b-4l
+# (-e MXFP4: the file synthetic_gguf.py writes, its experts MXFP4)
 # (synthetic_gguf.py --list). Files go to target/scale/ (an 8B shape takes
 # ~16 GB for F16, ~8.5 GB per Q8_0 file and artifact: CI does not run it).
 set -euo pipefail
@@ -45,10 +47,14 @@ echo "| shape | type | maxc pp$p | llama.cpp pp$p | ratio | maxc tg$n | llama.cp
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for shape in $shapes; do
   f16="$out/$shape.F16.gguf"
-  [ -f "$f16" ] || python3 scripts/synthetic_gguf.py "$shape" "$f16" --tokenizer-from "$tokenizer" 2>/dev/null
+  case $shape in
+    gpt-oss-*) written="$out/$shape.MXFP4.gguf" ;;
+    *) written="$f16" ;;
+  esac
+  [ -f "$written" ] || python3 scripts/synthetic_gguf.py "$shape" "$written" --tokenizer-from "$tokenizer" 2>/dev/null
   for type in $types; do
     gguf="$out/$shape.$type.gguf"
-    if [ "$type" != F16 ] && [ ! -f "$gguf" ]; then
+    if [ ! -f "$gguf" ]; then
       "$bin/llama-quantize" "$f16" "$gguf.part" "$type" 2 >/dev/null 2>&1
       mv "$gguf.part" "$gguf"
     fi

@@ -113,7 +113,7 @@ pub fn report(a: &Artifact) -> Value {
             "routing": e.routing,
             "routed_layers": e.routed_layers,
             "expert_bytes": e.expert_bytes,
-            "weight_bytes_per_token": weights_bytes.saturating_sub(e.expert_bytes) + e.active_expert_bytes,
+            "weight_bytes_per_token": h.decode_weight_bytes(),
         })),
         "cpu_code": h.has_cpu_code(),
         // Every CPU code variant as written; `selected`: the one this machine runs.

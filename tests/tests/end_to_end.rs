@@ -488,14 +488,18 @@ fn gpt2_matches_golden() {
 
 /// `maxrun inspect`'s experts: count, top-k, rule, routed layers, and the
 /// bytes of `routed_layers` layers of `experts` SwiGLU experts (`hidden` by
-/// `width`, float32) against what a token reads of them.
+/// `width`, float32) against what a token reads of them: the other weights,
+/// but an untied input table (`tie_word_embeddings` false in the config: one
+/// row a token, its 1024 x `hidden` floats not counted), and `top_k` experts.
 fn check_experts(fixture_name: &str, (experts, top_k, routing, routed_layers): (u64, u64, &str, u64), (hidden, width): (u64, u64)) {
     let v = inspect_json(artifact(fixture_name));
     let e = &v["experts"];
     assert_eq!((e["experts"].as_u64(), e["top_k"].as_u64(), e["routing"].as_str(), e["routed_layers"].as_u64()), (Some(experts), Some(top_k), Some(routing), Some(routed_layers)), "{fixture_name}: {e}");
     let expert_bytes = routed_layers * experts * 3 * hidden * width * 4;
     assert_eq!(e["expert_bytes"].as_u64(), Some(expert_bytes), "{fixture_name}");
-    let dense = v["weights"]["bytes"].as_u64().unwrap() - expert_bytes;
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(maxc_tests::fixture(fixture_name).join("config.json")).unwrap()).unwrap();
+    let input_table = if config["tie_word_embeddings"] == false { 1024 * hidden * 4 } else { 0 };
+    let dense = v["weights"]["bytes"].as_u64().unwrap() - expert_bytes - input_table;
     assert_eq!(e["weight_bytes_per_token"].as_u64(), Some(dense + expert_bytes * top_k / experts), "{fixture_name}");
     let r = run_bin("maxrun", &[os("inspect"), artifact(fixture_name).as_os_str()]);
     assert!(r.1.contains(&format!("{experts} per layer, top {top_k} ({routing}), {routed_layers} routed layers")), "{}", r.1);

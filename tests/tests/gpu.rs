@@ -101,6 +101,22 @@ fn ptxas_accepts_mixture_of_experts_modules() {
     }
 }
 
+/// gpt-oss's GPU-only artifact: attention with sinks (whole attention over key
+/// rows and the flash-decoding combine, `_sk` in their names), the router with
+/// its bias and the clamped SwiGLU; ptxas assembles it for sm_80 and sm_90.
+#[test]
+fn ptxas_accepts_gpt_oss_sinks_and_biased_experts() {
+    let (_dir, _mef, ptx) = compile_with_ptx("ptx-gpt-oss", &fixture("arch-gpt-oss"), "cuda:sm_80,sm_90", &[]);
+    for arch in ["sm_80", "sm_90"] {
+        assemble(&ptx, arch);
+    }
+    let text = std::fs::read_to_string(ptx.join("sm_90.ptx")).unwrap();
+    let entries: Vec<&str> = text.lines().filter_map(|l| l.trim().strip_prefix(".visible .entry ").or_else(|| l.trim().strip_prefix(".entry "))).collect();
+    for (prefix, part) in [("attention_combine16_", "_sk"), ("attention_h4_kv2_d16_", "_sk"), ("moe_router_", "_bias"), ("moe_act_cswiglu", "_bias")] {
+        assert!(entries.iter().any(|e| e.starts_with(prefix) && e.contains(part)), "no {prefix}..{part}.. entry among {entries:?}");
+    }
+}
+
 #[test]
 fn gpu_forms_split_a_decode_step_into_many_tasks() {
     // SmolLM2 (9 query and 3 KV heads of 64, width 576, MLP 1536): the PTX runs

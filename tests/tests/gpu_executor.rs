@@ -129,4 +129,7 @@ on_a_simulated_gpu! {
     // grouping) through the engine's batch steps.
     qwen3_moe_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-qwen3-moe",
     mixtral_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-mixtral",
+    // gpt-oss: the sinks in whole attention's key-row form and the combine's
+    // GPU form, the biased router and experts, the clamped SwiGLU.
+    gpt_oss_golden_prompts_as_one_batch_on_a_simulated_gpu: "arch-gpt-oss",
 }

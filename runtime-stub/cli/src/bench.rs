@@ -94,7 +94,9 @@ pub struct BenchReport {
     pub prefill_tokens_per_s_stddev: f64,
     pub decode_tokens_per_s: f64,
     pub decode_tokens_per_s_stddev: f64,
-    /// Bytes of weights read per decode step (every weight once).
+    /// Bytes of weights read per decode step (`Header::decode_weight_bytes`):
+    /// every weight the decode plan reads once, but an untied input table (one
+    /// row a token), and of a mixture of experts each routed layer's top-k.
     pub weight_bytes: u64,
     /// Where the weights were read from: "file mapping" (the default), "huge
     /// pages" (a private copy, `--huge-pages`) or "device memory" (a GPU).

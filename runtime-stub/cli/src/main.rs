@@ -552,7 +552,9 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let weights = artifact.section(maxrun_runtime::format::SectionKind::Weights(0));
     let weights_memory = if artifact.is_resident() { "huge pages" } else { "file mapping" };
-    let weight_bytes = h.total_weight_bytes();
+    // What a decode step reads: no untied input table, a mixture of experts'
+    // chosen experts only (`inspect`'s `weight_bytes_per_token` too).
+    let weight_bytes = h.decode_weight_bytes();
     let devices = h.sub_models.len() as u64;
     let report = maxrun::bench::run(
         &mut session,

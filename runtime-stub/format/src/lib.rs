@@ -145,6 +145,32 @@ impl Header {
         self.weights.iter().map(|w| w.len).sum()
     }
 
+    /// Bytes of weights one decode step reads, all devices together: every
+    /// weight a decode plan's launches read, except those only an embedding
+    /// launch reads (one row a token: an untied input table), and of a mixture
+    /// of experts only each routed layer's top-k experts
+    /// ([`ExpertsInfo::active_expert_bytes`]). The bytes a decode roofline is of.
+    pub fn decode_weight_bytes(&self) -> u64 {
+        let mut read = vec![false; self.weights.len()];
+        for launch in self.sub_models.iter().flat_map(|m| &m.decode.launches) {
+            if self.kernels.get(launch.kernel as usize).is_none_or(|k| k.family == "embedding") {
+                continue;
+            }
+            for arg in &launch.args {
+                if let BufferRef::Weight(w) = arg {
+                    if let Some(r) = read.get_mut(*w as usize) {
+                        *r = true;
+                    }
+                }
+            }
+        }
+        let dense: u64 = self.weights.iter().zip(&read).filter(|(_, r)| **r).map(|(w, _)| w.len).sum();
+        match &self.model.experts {
+            Some(e) => dense.saturating_sub(e.expert_bytes) + e.active_expert_bytes,
+            None => dense,
+        }
+    }
+
     /// Whether the artifact carries CPU code (a GPU-only artifact does not).
     pub fn has_cpu_code(&self) -> bool {
         self.sections.iter().any(|s| s.kind == SectionKind::Code)
