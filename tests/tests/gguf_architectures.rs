@@ -24,7 +24,7 @@ fn gguf(arch: &str, quant: &str) -> PathBuf {
 /// GGUF can describe (tests/fixtures/arch-gemma3-gguf/make.py says why).
 fn fixture_name(arch: &str) -> String {
     match arch {
-        "gemma3" | "qwen3-moe" => format!("arch-{arch}-gguf"),
+        "gemma3" | "qwen3-moe" | "qwen2-moe" => format!("arch-{arch}-gguf"),
         _ => format!("arch-{arch}"),
     }
 }
@@ -123,14 +123,17 @@ fn qwen3_ggufs_match_the_golden() {
 /// layer routed: tests/fixtures/arch-qwen3-moe-gguf) and Mixtral (`llama`
 /// with `expert_count`, Q/K permuted) and gpt-oss (`gpt-oss`: sinks, YaRN,
 /// sliding layers by llama.cpp's pattern of 2, the experts' gate and up
-/// projections de-interleaved by the converter, their biases apart), the
-/// experts stacked per projection.
+/// projections de-interleaved by the converter, their biases apart), OLMoE
+/// (`olmoe`: q/k norms over the whole projections, the softmax over all, not
+/// renormalized) and Qwen2-MoE (`qwen2moe`, every layer routed:
+/// tests/fixtures/arch-qwen2-moe-gguf; its shared expert `ffn_*_shexp` behind
+/// `ffn_gate_inp_shexp`), the experts stacked per projection.
 /// Q8_0 within its budget: routing on random weights flips where two experts'
 /// logits are near, which a quantized activation can decide the other way
 /// (docs/quantization.md has the measured values).
 #[test]
 fn mixture_of_experts_ggufs_match_the_golden() {
-    for arch in ["qwen3-moe", "mixtral", "gpt-oss"] {
+    for arch in ["qwen3-moe", "mixtral", "gpt-oss", "olmoe", "qwen2-moe"] {
         check_f32(arch);
         check_q8_0_parity(arch);
         // gpt-oss's Q8_0 is maxc's q8_0 to the bit (parity, above), whose KL
@@ -192,7 +195,7 @@ fn unknown_gguf_architectures_are_refused_by_name() {
     std::fs::write(&path, bytes).unwrap();
     let out = temp_file("gguf-arch", "out.mef");
     let r = run_bin("maxc", &[os("compile"), os("--model"), path.as_os_str(), os("-o"), out.as_os_str()]);
-    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2, bert, qwen3moe, gpt-oss (GGUF)"]);
+    assert_clean_error(&r, 1, &["qwen9", "qwen9.gguf", "llama, mistral, qwen2, qwen3, olmo2, granite, phi3, gemma2, gemma3, gpt2, bert, qwen3moe, qwen2moe, olmoe, gpt-oss (GGUF)"]);
     assert!(!out.as_path().exists(), "nothing written");
 }
 

@@ -48,6 +48,11 @@ impl Architecture {
         Architecture::Qwen2Moe,
     ];
 
+    /// Whether the architecture routes its MLPs to experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::Mixtral | Architecture::GptOss | Architecture::Olmoe)
+    }
+
     /// The Hugging Face class name.
     pub fn hf_name(self) -> &'static str {
         match self {
@@ -529,7 +534,7 @@ impl ModelConfig {
 /// (gpt-oss with biases and its clamped SwiGLU). The expert count may be
 /// spelled `num_experts` or `num_local_experts`.
 fn moe_params(f: &Fields<'_>, architecture: Architecture, num_layers: usize) -> Result<Option<MoeParams>> {
-    if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::Mixtral | Architecture::GptOss | Architecture::Olmoe) {
+    if !architecture.is_moe() {
         return Ok(None);
     }
     let experts = match (f.usize_opt("num_experts")?, f.usize_opt("num_local_experts")?) {

@@ -370,20 +370,12 @@ impl GgufFile {
                 supported: format!("{} (GGUF)", GGUF_ARCHITECTURES.join(", ")),
             });
         };
-        if matches!(architecture, Architecture::Olmoe | Architecture::Qwen2Moe) {
-            // OLMoE's and Qwen2-MoE's files are not read yet.
-            return Err(Error::UnsupportedArchitecture {
-                path: self.path.clone(),
-                architecture: format!("{name} from GGUF"),
-                supported: format!("{} (GGUF); compile {} from its Hugging Face folder", GGUF_ARCHITECTURES.join(", "), architecture.hf_name()),
-            });
-        }
-        if let Some((key, n)) = expert_count.filter(|_| !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss)) {
+        if let Some((key, n)) = expert_count.filter(|_| !architecture.is_moe()) {
             return Err(Error::invalid(
                 &self.path,
                 key.as_str(),
                 format!(
-                    "{}: a mixture-of-experts {arch_key} model; maxc builds experts for qwen3moe, gpt-oss and llama (Mixtral) files only",
+                    "{}: a mixture-of-experts {arch_key} model; maxc builds experts for qwen3moe, qwen2moe, olmoe, gpt-oss and llama (Mixtral) files only",
                     n.map_or("set".to_string(), |n| n.to_string())
                 ),
             ));
@@ -739,9 +731,13 @@ impl GgufFile {
     /// renormalized unless `expert_weights_norm` says false; Mixtral the
     /// softmax over the chosen logits (the same weights); gpt-oss that with a
     /// router bias, expert biases and the clamped SwiGLU at llama.cpp's
-    /// constants (alpha 1.702, limit 7: the file has no key for them).
+    /// constants (alpha 1.702, limit 7: the file has no key for them); OLMoE
+    /// and Qwen2-MoE the softmax over all, not renormalized unless
+    /// `expert_weights_norm` says so (llama.cpp's graphs pass false), Qwen2-MoE
+    /// with its shared expert (`expert_shared_feed_forward_length`, else
+    /// `feed_forward_length`, as llama.cpp reads it).
     fn moe_params(&self, arch: &str, architecture: Architecture, layers: usize) -> Result<Option<super::config::MoeParams>> {
-        if !matches!(architecture, Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::GptOss) {
+        if !architecture.is_moe() {
             return Ok(None);
         }
         let k = |s: &str| format!("{arch}.{s}");
@@ -751,14 +747,22 @@ impl GgufFile {
             return Err(Error::invalid(&self.path, k("expert_used_count"), why));
         }
         let top_k = self.require_u64(&k("expert_used_count"))? as usize;
+        // Qwen3-MoE renormalizes by default; OLMoE and Qwen2-MoE do not.
+        let renormalize = match self.get(&k("expert_weights_norm")) {
+            None => architecture == Architecture::Qwen3Moe,
+            Some(MetaValue::Bool(b)) => *b,
+            Some(v) => return Err(Error::invalid(&self.path, k("expert_weights_norm"), format!("{v}: expected true or false"))),
+        };
         let (expert_intermediate, routing) = match architecture {
-            Architecture::Qwen3Moe => {
-                let renormalize = match self.get(&k("expert_weights_norm")) {
-                    None => true,
-                    Some(MetaValue::Bool(b)) => *b,
-                    Some(v) => return Err(Error::invalid(&self.path, k("expert_weights_norm"), format!("{v}: expected true or false"))),
-                };
+            Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
                 (self.require_u64(&k("expert_feed_forward_length"))? as usize, crate::graph::MoeRouting::SoftmaxTopK { renormalize })
+            }
+            Architecture::Olmoe => {
+                let width = match self.optional_u64(&k("expert_feed_forward_length"))? {
+                    Some(n) => n,
+                    None => self.require_u64(&k("feed_forward_length"))?,
+                };
+                (width as usize, crate::graph::MoeRouting::SoftmaxTopK { renormalize })
             }
             Architecture::GptOss => (self.require_u64(&k("expert_feed_forward_length"))? as usize, crate::graph::MoeRouting::TopKSoftmax),
             _ => (self.require_u64(&k("feed_forward_length"))? as usize, crate::graph::MoeRouting::TopKSoftmax),
@@ -768,7 +772,14 @@ impl GgufFile {
             Architecture::GptOss => (crate::graph::MoeActivation::ClampedSwiGlu { alpha: 1.702, limit: 7.0 }, true),
             _ => (crate::graph::MoeActivation::SwiGlu, false),
         };
-        let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, shared_expert: None, sparse_layers };
+        let shared_expert = match architecture {
+            Architecture::Qwen2Moe => Some(match self.optional_u64(&k("expert_shared_feed_forward_length"))? {
+                Some(n) => n as usize,
+                None => self.require_u64(&k("feed_forward_length"))? as usize,
+            }),
+            _ => None,
+        };
+        let moe = super::config::MoeParams { experts, top_k, expert_intermediate, routing, activation, biases, shared_expert, sparse_layers };
         moe.validate(&self.path, &|key| match key {
             "num_experts" => k("expert_count"),
             "num_experts_per_tok" => k("expert_used_count"),
@@ -1006,8 +1017,17 @@ const GPT_OSS_PARTS: &[(&str, &str)] = &[
     ("ffn_down_exps", "mlp.experts.down_proj"),
 ];
 
+/// Qwen2-MoE's shared expert beside the routed ones (named by transformers'
+/// `Qwen2MoeSparseMoeBlock`), and the gate of its sigmoid.
+const QWEN2_MOE_SHARED: &[(&str, &str)] = &[
+    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+];
+
 /// The architectures maxc reads from GGUF, as `general.architecture` spells them.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3moe", "gpt-oss"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3moe", "qwen2moe", "olmoe", "gpt-oss"];
 
 /// How `arch`'s GGUF names map to Hugging Face's: the whole-model tensors, the
 /// layer prefix (`model.layers.`, GPT-2's `h.`, BERT's `encoder.layer.`) and
@@ -1042,8 +1062,10 @@ fn layer_parts(arch: Architecture) -> &'static [&'static [(&'static str, &'stati
         Architecture::Gpt2 => &[GPT2_PARTS],
         Architecture::Bert => &[BERT_PARTS],
         Architecture::GptOss => &[ATTENTION, GPT_OSS_PARTS],
-        // Refused before any tensor is named (model_config).
-        Architecture::Olmoe | Architecture::Qwen2Moe => &[],
+        // OLMoE's q/k norms are over the whole projections (the builder's
+        // choice); its router and experts are named as Qwen3-MoE's.
+        Architecture::Olmoe => &[LLAMA_NORMS, ATTENTION, QK_NORMS, QWEN3_MOE_PARTS],
+        Architecture::Qwen2Moe => &[LLAMA_NORMS, ATTENTION, QWEN3_MOE_PARTS, QWEN2_MOE_SHARED],
     }
 }
 

@@ -8,11 +8,16 @@ scripts/build-llama-cpp.sh unpacks) and quantized by its `llama-quantize`:
     arch-X.q4_k_m.gguf   llama-quantize ... Q4_K_M (on these 64-wide tensors
                          llama.cpp falls back to Q5_0 / Q5_1 / Q8_0 blocks)
 
-The mixture-of-experts fixtures (qwen3-moe, mixtral, gpt-oss) are converted to F32 and
+The mixture-of-experts fixtures (qwen3-moe, mixtral, gpt-oss, olmoe, qwen2-moe) are converted to F32 and
 to Q8_0 by the converter itself (`--outtype q8_0`, gguf-py's quantizer, which
 keeps the routers `ffn_gate_inp` in F32 as llama-quantize does), so they need
 no llama.cpp build. Qwen3-MoE's is tests/fixtures/arch-qwen3-moe-gguf (its
-make.py says why: the converter cannot name the shared fixture's dense layer).
+make.py says why: the converter cannot name the shared fixture's dense layer),
+Qwen2-MoE's tests/fixtures/arch-qwen2-moe-gguf for the same reason. OLMoE's
+converter reads the experts one tensor each (`mlp.experts.E.gate_proj.weight`,
+as transformers 4 saved them), so arch-olmoe's fused ones (transformers 5:
+`mlp.experts.gate_up_proj`, gate rows then up rows, and `down_proj`) are split
+so in a copy first, the same values.
 
 tests/tests/gguf_architectures.rs compiles each with maxc and compares the
 logits with the fixture's goldens (made by transformers from the same weights).
@@ -41,10 +46,10 @@ FIXTURES = os.environ.get("MAXC_FIXTURES", os.path.join(ROOT, "../shared/fixture
 OUT = os.path.dirname(os.path.abspath(__file__))
 # `--outtype T ARCH`: one converter run (the mixture-of-experts fixtures' files, below).
 OUTTYPE = sys.argv[2] if sys.argv[1:2] == ["--outtype"] else None
-ARCHS = (sys.argv[3:] if OUTTYPE else sys.argv[1:]) or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3-moe", "mixtral", "gpt-oss", "gpt-oss-mxfp4"]
+ARCHS = (sys.argv[3:] if OUTTYPE else sys.argv[1:]) or ["qwen3", "olmo2", "granite", "phi3", "gemma2", "gemma3", "gpt2", "bert", "qwen3-moe", "mixtral", "gpt-oss", "gpt-oss-mxfp4", "olmoe", "qwen2-moe"]
 QUANTS = [("q8_0", "Q8_0"), ("q4_k_m", "Q4_K_M")]
 # Converted by the converter alone, to these types (`--outtype`).
-CONVERTER_TYPES = {"qwen3-moe": ["q8_0"], "mixtral": ["q8_0"], "gpt-oss": ["q8_0"]}
+CONVERTER_TYPES = {"qwen3-moe": ["q8_0"], "mixtral": ["q8_0"], "gpt-oss": ["q8_0"], "olmoe": ["q8_0"], "qwen2-moe": ["q8_0"]}
 
 
 # gpt-oss with its experts in MXFP4 (tests/fixtures/arch-gpt-oss-mxfp4, the
@@ -56,7 +61,7 @@ MXFP4 = {"gpt-oss-mxfp4": "arch-gpt-oss.mxfp4.gguf"}
 def convert(arch, outtype="f32"):
     # Gemma 3's and Qwen3-MoE's fixtures are this repository's own, made to
     # what a GGUF can say (tests/fixtures/arch-*-gguf/make.py).
-    ours = {"gemma3": "arch-gemma3-gguf", "bert": "arch-bert", "qwen3-moe": "arch-qwen3-moe-gguf", "gpt-oss-mxfp4": "arch-gpt-oss-mxfp4"}
+    ours = {"gemma3": "arch-gemma3-gguf", "bert": "arch-bert", "qwen3-moe": "arch-qwen3-moe-gguf", "gpt-oss-mxfp4": "arch-gpt-oss-mxfp4", "olmoe": "arch-olmoe", "qwen2-moe": "arch-qwen2-moe-gguf"}
     src = os.path.join(ROOT, "tests/fixtures", ours[arch]) if arch in ours else os.path.join(FIXTURES, f"arch-{arch}")
     out = os.path.join(OUT, MXFP4.get(arch, f"arch-{arch}.{outtype}.gguf"))
     if arch == "gpt2":
@@ -73,6 +78,8 @@ def convert(arch, outtype="f32"):
         with open(os.path.join(copy, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
         src = copy
+    if arch == "olmoe":
+        src = per_expert_copy(src)
     sys.path[:0] = [LLAMA, os.path.join(LLAMA, "gguf-py")]
     import conversion.base as base
 
@@ -100,6 +107,32 @@ def convert(arch, outtype="f32"):
     finally:
         sys.argv = argv
     return out
+
+
+def per_expert_copy(src):
+    """A copy of fixture folder `src` with its fused experts saved one tensor
+    each, as transformers 4 saved them (the values unchanged)."""
+    import tempfile
+    from safetensors.torch import load_file, save_file
+    copy = os.path.join(tempfile.mkdtemp(), os.path.basename(src))
+    shutil.copytree(src, copy)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base = name[: -len("gate_up_proj")]
+            f = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :f].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, f:].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name] = t
+    save_file(out, os.path.join(copy, "model.safetensors"), metadata={"format": "pt"})
+    return copy
 
 
 def main():

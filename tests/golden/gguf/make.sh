@@ -14,7 +14,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 cd "$root"
 moe_only=1
 for arch in "${@:-all}"; do
-    case "$arch" in qwen3-moe | mixtral | gpt-oss | gpt-oss-mxfp4) ;; *) moe_only=0 ;; esac
+    case "$arch" in qwen3-moe | mixtral | gpt-oss | gpt-oss-mxfp4 | olmoe | qwen2-moe) ;; *) moe_only=0 ;; esac
 done
 if [ "$moe_only" = 1 ]; then
     scripts/build-llama-cpp.sh --source >/dev/null
