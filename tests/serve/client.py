@@ -803,6 +803,44 @@ def scenario_reasoning(url, exp):
 
 
 # What sglang-router 0.3.2 adds to each request it forwards (captured from it).
+def scenario_harmony(url, exp):
+    """gpt-oss's harmony replies (a template in the harmony layout makes the
+    server read them so): the analysis channel comes back as
+    reasoning_content and the final channel as content, whole and streamed,
+    no marker in either; a required call to functions.NAME as tool_calls,
+    whole and streamed the same; its result goes back through the template.
+    Replies are held to those shapes by a grammar and by tool_choice."""
+    import jsonschema
+    c = client(url, exp.get("api_key"))
+    grammar = 'start: "<|channel|>analysis<|message|>" /[a-z ]{5,30}/ "<|end|><|start|>assistant<|channel|>final<|message|>" /[A-Z][a-z ]{3,20}\\./'
+    kwargs = dict(model=exp["model"], messages=[{"role": "user", "content": "Think, then answer: what color is the sky?"}], temperature=0, max_tokens=80, extra_body={"guided_grammar": grammar})
+    m = c.chat.completions.create(**kwargs).choices[0].message
+    reasoning = getattr(m, "reasoning_content", None) or (m.model_extra or {}).get("reasoning_content")
+    check(reasoning and "<|" not in reasoning and len(reasoning.strip()) >= 5, f"reasoning {reasoning!r}")
+    check(m.content and m.content[0].isupper() and m.content.endswith(".") and "<|" not in m.content, f"content {m.content!r}")
+    r_parts, c_parts = streamed_reasoning(c, kwargs)
+    check("".join(r_parts) == reasoning and "".join(c_parts) == m.content, f"streamed {''.join(r_parts)!r} / {''.join(c_parts)!r}")
+    question = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    kw = dict(model=exp["model"], messages=question, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=200)
+    r = c.chat.completions.create(**kw)
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and m.tool_calls and [t.function.name for t in m.tool_calls] == ["get_weather"], f"required: {r.choices[0]}")
+    jsonschema.validate(json.loads(m.tool_calls[0].function.arguments), WEATHER["function"]["parameters"])
+    check(not m.content, f"a call and no text: {m.content!r}")
+    with c.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion()
+    got = [(t.function.name, json.loads(t.function.arguments)) for t in final.choices[0].message.tool_calls]
+    check(got == [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] and final.choices[0].finish_reason == "tool_calls", f"streamed {got} vs {m.tool_calls}")
+    call = m.tool_calls[0]
+    messages = question + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "unit": "celsius"})},
+    ]
+    r = c.chat.completions.create(model=exp["model"], messages=messages, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=20)
+    check(r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls, f"after the result: {r.choices[0]}")
+    check(r.usage.prompt_tokens > len(json.dumps(messages)) // 8, f"the exchange went back through the template: {r.usage}")
+
+
 SGLANG_CHAT_FIELDS = {"logprobs": False, "no_stop_trim": False, "ignore_eos": False, "continue_final_message": False, "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True, "return_hidden_states": False}
 SGLANG_COMPLETION_FIELDS = {"echo": False, "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False}
 

@@ -353,6 +353,34 @@ fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
     assert_eq!(server.stop(Duration::from_secs(60)), 0);
 }
 
+/// gpt-oss's harmony format (issue #64): arch-gpt-oss with a chat template in
+/// the harmony layout (gpt-oss's own markers: `<|start|>ROLE<|message|>`,
+/// calls written back as `<|start|>assistant to=functions.NAME ...<|call|>`),
+/// served with default flags, so the template's `<|channel|>` picks the
+/// harmony tool parser and the reasoning split (tests/serve/client.py,
+/// scenario_harmony).
+#[test]
+fn harmony_replies_give_reasoning_content_and_tool_calls() {
+    let template = concat!(
+        "{%- for m in messages -%}",
+        "{%- if m.role == 'assistant' and m.tool_calls -%}",
+        "{%- for c in m.tool_calls -%}<|start|>assistant to=functions.{{ c.function.name }}<|channel|>commentary json<|message|>{{ c.function.arguments }}<|call|>{%- endfor -%}",
+        "{%- elif m.role == 'tool' -%}<|start|>functions.tool to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>",
+        "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>",
+        "{%- endif -%}",
+        "{%- endfor -%}",
+        "{%- if tools -%}<|start|>developer<|message|># Tools{%- for t in tools %} {{ t.function.name }}{%- endfor -%}<|end|>{%- endif -%}",
+        "{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}",
+    );
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(fixture("arch-gpt-oss").join("tokenizer_config.json")).unwrap()).unwrap();
+    config["chat_template"] = json!(template);
+    let dir = fixture_with("arch-gpt-oss", "harmony", &[("tokenizer_config.json", config.to_string())]);
+    let mef = compile_model("harmony", dir.as_path(), &["--max-length", "512"]);
+    let mut server = Server::start(&mef, &["--served-model-name", "gpt-oss-fixture"]);
+    run_client("harmony", &server, &json!({"model": "gpt-oss-fixture"}));
+    assert_eq!(server.stop(Duration::from_secs(60)), 0, "{}", server.log());
+}
+
 /// Issue #67: the fields sglang-router and vLLM / SGLang clients add are
 /// taken by a server with default flags, and honoured (tests/serve/client.py,
 /// scenario_router_fields: kept stop strings against the command line's reply,

@@ -120,12 +120,14 @@ struct ServeArgs {
     /// The weights checksum is checked by default (kept for old scripts).
     #[arg(long, hide = true, conflicts_with = "no_verify")]
     verify: bool,
-    /// How the model writes tool calls: hermes, llama3, mistral (default: from
-    /// the chat template's markers; hermes for templates without tool support).
+    /// How the model writes tool calls: hermes, llama3, mistral, harmony
+    /// (gpt-oss) (default: from the chat template's markers; hermes for
+    /// templates without tool support).
     #[arg(long, value_name = "FORMAT")]
     tool_parser: Option<String>,
-    /// Split `<think>...</think>` into `reasoning_content`: think, or none
-    /// (default: think when the chat template mentions `<think>`).
+    /// Split `<think>...</think>` (or a harmony reply's analysis channel) into
+    /// `reasoning_content`: think, or none (default: think when the chat
+    /// template mentions `<think>` or `<|channel|>`).
     #[arg(long, value_name = "PARSER")]
     reasoning_parser: Option<String>,
     /// Drop request fields the server does not know instead of answering 400

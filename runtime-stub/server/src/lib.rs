@@ -48,10 +48,11 @@ pub struct ServeOptions {
     pub threads: usize,
     pub device: Device,
     pub kv_cache_memory: Option<u64>,
-    /// `hermes`, `llama3`, `mistral`; `None`: from the chat template.
+    /// `hermes`, `llama3`, `mistral`, `harmony`; `None`: from the chat template.
     pub tool_parser: Option<maxrun_engine::constrain::tools::ToolFormat>,
-    /// Split `<think>...</think>` into `reasoning_content`: `None` when the chat
-    /// template mentions `<think>`.
+    /// Split `<think>...</think>` (and gpt-oss's analysis channel) into
+    /// `reasoning_content`: `None` when the chat template mentions `<think>`
+    /// or harmony's `<|channel|>`.
     pub reasoning: Option<bool>,
     /// Drop unknown request fields instead of answering 400.
     pub allow_extra_request_fields: bool,
@@ -112,7 +113,7 @@ pub fn serve(artifact: Artifact, opts: ServeOptions) -> anyhow::Result<()> {
     let template = std::str::from_utf8(artifact.section(maxrun_runtime::format::SectionKind::ChatTemplate)).ok().filter(|t| !t.is_empty()).map(str::to_string);
     let token_text = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
     let tool_format = opts.tool_parser.unwrap_or_else(|| template.as_deref().map_or(maxrun_engine::constrain::tools::ToolFormat::Hermes, maxrun_engine::constrain::tools::ToolFormat::of_template));
-    let reasoning = opts.reasoning.unwrap_or_else(|| template.as_deref().is_some_and(|t| t.contains("<think>")));
+    let reasoning = opts.reasoning.unwrap_or_else(|| template.as_deref().is_some_and(|t| t.contains("<think>") || t.contains("<|channel|>")));
     let info = ModelInfo {
         name: opts.served_model_name.clone().unwrap_or_else(|| default_served_name(&h.model.name, &artifact.path)),
         tool_format,

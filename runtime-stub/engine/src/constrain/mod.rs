@@ -15,6 +15,7 @@
 //! `additionalProperties` take only those properties (`schema.rs`), as OpenAI's
 //! strict mode and llama.cpp's and xgrammar's converters read them.
 
+pub mod harmony;
 pub mod reasoning;
 pub mod schema;
 pub mod tools;

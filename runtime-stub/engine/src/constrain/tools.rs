@@ -7,12 +7,14 @@
 //! | `hermes` | `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` | Qwen 2.5 / 3, Hermes, SmolLM, and templates without tool support (maxrun then describes the tools in a system message, as Qwen's template does) |
 //! | `llama3` | `{"name": ..., "parameters": {...}}` (after `<\|python_tag\|>` where the template uses it) | Llama 3.1 / 3.2 / 3.3 |
 //! | `mistral` | `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` | Mistral |
+//! | `harmony` | `<\|channel\|>commentary to=functions.NAME <\|constrain\|>json<\|message\|>{...}<\|call\|>` | gpt-oss (`harmony.rs`) |
 //!
 //! The format follows the artifact's chat template (the marker it mentions) or
 //! `maxrun serve --tool-parser`.
 
 use serde_json::{json, Value};
 
+use super::harmony::{self, Route};
 use super::schema::{close_objects, SchemaError};
 use super::Grammar;
 
@@ -22,6 +24,8 @@ pub enum ToolFormat {
     Hermes,
     Llama3,
     Mistral,
+    /// gpt-oss: a message to `functions.NAME` whose body is the arguments.
+    Harmony,
 }
 
 impl ToolFormat {
@@ -30,7 +34,8 @@ impl ToolFormat {
             "hermes" => Ok(ToolFormat::Hermes),
             "llama3" => Ok(ToolFormat::Llama3),
             "mistral" => Ok(ToolFormat::Mistral),
-            other => Err(format!("`{other}` is not a tool-call format; formats: hermes, llama3, mistral")),
+            "harmony" => Ok(ToolFormat::Harmony),
+            other => Err(format!("`{other}` is not a tool-call format; formats: hermes, llama3, mistral, harmony")),
         }
     }
 
@@ -39,13 +44,16 @@ impl ToolFormat {
             ToolFormat::Hermes => "hermes",
             ToolFormat::Llama3 => "llama3",
             ToolFormat::Mistral => "mistral",
+            ToolFormat::Harmony => "harmony",
         }
     }
 
     /// The format a chat template writes, from the markers it mentions; Hermes
     /// (also what maxrun asks for of templates without tool support) otherwise.
     pub fn of_template(template: &str) -> ToolFormat {
-        if template.contains("[TOOL_CALLS]") {
+        if template.contains("<|channel|>") {
+            ToolFormat::Harmony
+        } else if template.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral
         } else if template.contains("<|python_tag|>") || template.contains("ipython") {
             ToolFormat::Llama3
@@ -148,6 +156,20 @@ pub fn parse(reply: &str, format: ToolFormat) -> Parsed {
             }
             None => Parsed { content: reply.to_string(), calls: vec![] },
         },
+        ToolFormat::Harmony => {
+            // Each message to a function whose body is JSON is a call; the rest
+            // (text, other messages) stays content.
+            let (mut content, mut calls, mut pos) = (String::new(), Vec::new(), 0);
+            for m in harmony::messages(reply) {
+                let Route::Call(name) = &m.route else { continue };
+                let Ok(arguments) = serde_json::from_str::<Value>(m.body.trim()) else { continue };
+                content.push_str(&reply[pos..m.span.start]);
+                pos = m.span.end;
+                calls.push(ToolCall { name: name.clone(), arguments });
+            }
+            content.push_str(&reply[pos..]);
+            Parsed { content: if calls.is_empty() { content } else { content.trim().to_string() }, calls }
+        }
         ToolFormat::Llama3 => {
             let body = reply.trim_start().strip_prefix("<|python_tag|>").unwrap_or(reply).trim();
             if !body.starts_with('{') {
@@ -176,6 +198,9 @@ fn call_schema(tool: &Tool, format: ToolFormat) -> Result<Value, SchemaError> {
 /// `format`: one call, or one or more when `parallel`. A tool whose parameters
 /// cannot be honoured is the error, with its index in `tools`.
 pub fn grammar(tools: &[Tool], format: ToolFormat, parallel: bool) -> Result<Grammar, (usize, SchemaError)> {
+    if format == ToolFormat::Harmony {
+        return harmony_grammar(tools);
+    }
     let schemas: Vec<Value> = tools.iter().enumerate().map(|(i, t)| call_schema(t, format).map_err(|e| (i, e))).collect::<Result<_, _>>()?;
     let one = if schemas.len() == 1 { schemas.into_iter().next().expect("one") } else { json!({"anyOf": schemas}) };
     let layout = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
@@ -199,8 +224,27 @@ pub fn grammar(tools: &[Tool], format: ToolFormat, parallel: bool) -> Result<Gra
             array.as_object_mut().expect("a schema object").insert("x-guidance".into(), layout);
             format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {array}\n")
         }
+        ToolFormat::Harmony => unreachable!("harmony_grammar, above"),
     };
     Ok(Grammar::Lark(lark))
+}
+
+/// The harmony call grammar: one message to one of `tools`, its header
+/// (`harmony::call_header`), arguments under the tool's parameters (compact
+/// JSON), `<|call|>`. One call a reply: gpt-oss ends its turn at `<|call|>`
+/// and writes the next call after the result.
+fn harmony_grammar(tools: &[Tool]) -> Result<Grammar, (usize, SchemaError)> {
+    let layout = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    let mut rules = vec![format!("start: {}", (0..tools.len()).map(|i| format!("call{i}")).collect::<Vec<_>>().join(" | "))];
+    for (i, t) in tools.iter().enumerate() {
+        let mut schema = close_objects(&t.parameters).map_err(|e| (i, e))?;
+        if let Some(o) = schema.as_object_mut() {
+            o.insert("x-guidance".into(), layout.clone());
+        }
+        let header = serde_json::to_string(&harmony::call_header(&t.name)).expect("a string");
+        rules.push(format!("call{i}: {header} args{i} \"<|call|>\"\nargs{i}: %json {schema}"));
+    }
+    Ok(Grammar::Lark(rules.join("\n") + "\n"))
 }
 
 /// A system message describing `tools` in the Hermes format, for chat templates
@@ -231,6 +275,8 @@ fn marker(format: ToolFormat) -> Option<&'static str> {
     match format {
         ToolFormat::Hermes => Some("<tool_call>"),
         ToolFormat::Mistral => Some("[TOOL_CALLS]"),
+        // The reasoning splitter writes each call in `harmony::call_header`'s layout.
+        ToolFormat::Harmony => Some("<|channel|>"),
         ToolFormat::Llama3 => None,
     }
 }
@@ -488,6 +534,35 @@ mod tests {
         // Arguments written as a JSON string are read as the object.
         let p = parse("<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"x\\\": 2}\"}</tool_call>", ToolFormat::Hermes);
         assert_eq!(p.calls[0].arguments, json!({"x": 2}));
+    }
+
+    /// gpt-oss (harmony): a call as the reasoning splitter writes it into the
+    /// content, and a raw reply (reasoning not split) whose other messages stay
+    /// content; a call whose body is not JSON stays text. The grammar forces one
+    /// call in the same layout, and streaming holds it back from its header.
+    #[test]
+    fn harmony_calls_parse_and_stream() {
+        let split = format!("Checking. {}{{\"city\": \"Paris\"}}<|call|>", harmony::call_header("get_weather"));
+        let p = parse(&split, ToolFormat::Harmony);
+        assert_eq!((p.content.as_str(), p.calls.clone()), ("Checking.", vec![ToolCall { name: "get_weather".into(), arguments: json!({"city": "Paris"}) }]));
+        let raw = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}<|call|>";
+        let p = parse(raw, ToolFormat::Harmony);
+        assert_eq!(p.calls[0].arguments, json!({"city": "Oslo"}));
+        assert_eq!(p.content, "<|channel|>analysis<|message|>hm<|end|>");
+        let bad = format!("{}not json<|call|>", harmony::call_header("f"));
+        assert!(parse(&bad, ToolFormat::Harmony).calls.is_empty());
+        assert_eq!(ToolFormat::of_template("{{ '<|start|>assistant<|channel|>final<|message|>' }}"), ToolFormat::Harmony);
+        let Ok(Grammar::Lark(g)) = grammar(&[weather()], ToolFormat::Harmony, true) else { panic!() };
+        assert!(g.contains("to=functions.get_weather <|constrain|>json<|message|>") && g.contains("\"<|call|>\"") && g.contains("%json") && g.contains("\"additionalProperties\":false"), "{g}");
+        let mut s = ToolStream::new(ToolFormat::Harmony, false);
+        let mut streamed = String::new();
+        for piece in split.as_bytes().chunks(3) {
+            streamed.push_str(&s.push(std::str::from_utf8(piece).unwrap()));
+        }
+        let (parsed, rest, deltas) = s.finish(None);
+        assert_eq!(parsed.calls.len(), 1);
+        assert_eq!(deltas.len(), 2);
+        assert_eq!((streamed + &rest).trim_end(), "Checking.");
     }
 
     #[test]
