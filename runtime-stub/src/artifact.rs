@@ -149,7 +149,41 @@ impl Artifact {
         regular_file(path, &file)?;
         // SAFETY: read-only mapping; artifacts are not modified while running.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::from_backing(p, Backing::Map(map))
+        let artifact = Self::from_backing(p, Backing::Map(map))?;
+        artifact.advise_expert_weights();
+        Ok(artifact)
+    }
+
+    /// A mixture of experts reads a few of its experts a token, and the
+    /// kernel's readahead around each page it faults in (up to the disk's
+    /// `read_ahead_kb`: 8 MiB on the VMs here) would page in their neighbours
+    /// too: the weights every `moe` launch reads are marked `MADV_RANDOM`, so
+    /// that a decode pages in what it reads (docs/performance.md, "Mixtures of
+    /// experts"). The dense weights keep the default (they are all read). A
+    /// hint: a kernel that refuses it changes nothing but the pages read.
+    fn advise_expert_weights(&self) {
+        let Backing::Map(map) = &self.map else { return };
+        if self.header.model.experts.is_none() {
+            return;
+        }
+        let h = &self.header;
+        let mut experts = std::collections::BTreeSet::new();
+        for plan in h.sub_models.iter().flat_map(|m| m.plans()) {
+            for launch in plan.launches.iter().filter(|l| h.kernels.get(l.kernel as usize).is_some_and(|k| k.family == "moe")) {
+                experts.extend(launch.args.iter().filter_map(|a| match a {
+                    crate::format::BufferRef::Weight(w) => Some(*w as usize),
+                    _ => None,
+                }));
+            }
+        }
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+        for w in experts.into_iter().filter_map(|i| h.weights.get(i)) {
+            let Some(section) = h.sections.iter().find(|s| s.kind == SectionKind::Weights(w.device)) else { continue };
+            let start = (section.offset + w.offset) as usize;
+            let (from, to) = (start / page * page, (start + w.len as usize).div_ceil(page) * page);
+            let _ = map.advise_range(memmap2::Advice::Random, from, to.min(map.len()) - from);
+        }
     }
 
     /// Opens an artifact to run it: the file is read into private memory on
