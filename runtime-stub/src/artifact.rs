@@ -167,15 +167,7 @@ impl Artifact {
             return;
         }
         let h = &self.header;
-        let mut experts = std::collections::BTreeSet::new();
-        for plan in h.sub_models.iter().flat_map(|m| m.plans()) {
-            for launch in plan.launches.iter().filter(|l| h.kernels.get(l.kernel as usize).is_some_and(|k| k.family == "moe")) {
-                experts.extend(launch.args.iter().filter_map(|a| match a {
-                    crate::format::BufferRef::Weight(w) => Some(*w as usize),
-                    _ => None,
-                }));
-            }
-        }
+        let experts = h.weights_read(h.sub_models.iter().flat_map(|m| m.plans()), |family| family == "moe");
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
         for w in experts.into_iter().filter_map(|i| h.weights.get(i)) {

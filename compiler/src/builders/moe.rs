@@ -40,7 +40,6 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
     let moe = c.moe.as_ref().expect("a mixture-of-experts config");
     let (h, f, experts) = (c.hidden_size, moe.expert_intermediate, moe.experts);
     let (prefix, [gate, up, down, _]) = expert_names(c.architecture, layer);
-    let down_name = down;
     let router = match c.architecture {
         Architecture::Mixtral => format!("model.layers.{layer}.block_sparse_moe.gate.weight"),
         Architecture::GptOss => format!("model.layers.{layer}.mlp.router.weight"),
@@ -67,22 +66,22 @@ pub fn routed_mlp(g: &mut Graph, w: &WeightBinder<'_>, x: ValueId, model: &Impor
         downs.push(w.weight(g, &format!("{prefix}{e}.{down}.weight"), &[h, f])?);
     }
     let gate_up = g.add(Op::Concat { axis: 0 }, &gate_up);
-    let down = g.add(Op::Concat { axis: 0 }, &downs);
-    let mut inputs = vec![x, router, gate_up, down];
+    let stacked_down = g.add(Op::Concat { axis: 0 }, &downs);
+    let mut inputs = vec![x, router, gate_up, stacked_down];
     if moe.biases {
         // gpt-oss: the checkpoints' `gate_up_proj_bias` is read de-interleaved,
         // gate then up per expert (import's view_gpt_oss_experts); a GGUF holds
         // the gate's and the up projection's biases apart (`ffn_gate_exps.bias`,
         // `ffn_up_exps.bias`), joined here per expert (folded at compile time).
         inputs.push(w.weight(g, &format!("model.layers.{layer}.mlp.router.bias"), &[experts])?);
-        let (fused, down_bias) = (format!("{prefix}gate_up_proj_bias"), format!("{prefix}down_proj_bias"));
-        if model.weights.get(&fused).is_some() || model.weights.get(&format!("{prefix}{gate}.bias")).is_none() {
-            inputs.push(w.weight(g, &fused, &[experts, 2 * f])?);
-            inputs.push(w.weight(g, &down_bias, &[experts, h])?);
-        } else {
-            let parts = [w.weight(g, &format!("{prefix}{gate}.bias"), &[experts, f])?, w.weight(g, &format!("{prefix}{up}.bias"), &[experts, f])?];
+        let (fused, gate_bias) = (format!("{prefix}gate_up_proj_bias"), format!("{prefix}{gate}.bias"));
+        if model.weights.get(&fused).is_none() && model.weights.get(&gate_bias).is_some() {
+            let parts = [w.weight(g, &gate_bias, &[experts, f])?, w.weight(g, &format!("{prefix}{up}.bias"), &[experts, f])?];
             inputs.push(g.add(Op::Concat { axis: 1 }, &parts));
-            inputs.push(w.weight(g, &format!("{prefix}{down_name}.bias"), &[experts, h])?);
+            inputs.push(w.weight(g, &format!("{prefix}{down}.bias"), &[experts, h])?);
+        } else {
+            inputs.push(w.weight(g, &fused, &[experts, 2 * f])?);
+            inputs.push(w.weight(g, &format!("{prefix}down_proj_bias"), &[experts, h])?);
         }
     }
     if let Some(width) = moe.shared_expert {

@@ -612,14 +612,17 @@ pub fn e8m0_half(e: u8) -> f32 {
 /// The largest E8M0 scale byte whose half an f16 holds (`2^15`).
 pub const MXFP4_MAX_SCALE_BYTE: u8 = 143;
 
+/// Value `t` of an MXFP4 block (scale byte, then value `t` in the low nibble
+/// of byte `1 + t` and value `16 + t` in its high nibble) as its doubled E2M1 level.
+fn mxfp4_level(block: &[u8], t: usize) -> i8 {
+    MXFP4_LEVELS[((block[1 + t % 16] >> (4 * (t / 16))) & 15) as usize]
+}
+
 /// One MXFP4 block (scale byte, 16 bytes of nibbles) as Q5_0's parts: the
 /// nibbles of `level + 16` (values `t` and `t + 16` in byte `t`), their fifth
 /// bits (bit `t % 8` of byte `t / 8`) and the f16 scale `2^(e - 128)`.
 pub fn mxfp4_as_q5_0(block: &[u8]) -> ([u8; 16], [u8; 4], [u8; 2]) {
-    let level = |t: usize| {
-        let nibble = (block[1 + t % 16] >> (4 * (t / 16))) & 15;
-        (MXFP4_LEVELS[nibble as usize] + 16) as u8
-    };
+    let level = |t: usize| (mxfp4_level(block, t) + 16) as u8;
     let mut quants = [0u8; 16];
     let mut high_bits = [0u8; 4];
     for t in 0..16 {
@@ -749,7 +752,7 @@ pub fn dequantize(storage: StorageType, bytes: &[u8], n: usize) -> Vec<f32> {
         StorageType::Mxfp4 => {
             for block in bytes.chunks_exact(17) {
                 let d = e8m0_half(block[0]);
-                out.extend((0..32).map(|t| MXFP4_LEVELS[((block[1 + t % 16] >> (4 * (t / 16))) & 15) as usize] as f32 * d));
+                out.extend((0..32).map(|t| mxfp4_level(block, t) as f32 * d));
             }
         }
         StorageType::Q6K => {

@@ -151,24 +151,27 @@ impl Header {
     /// of experts only each routed layer's top-k experts
     /// ([`ExpertsInfo::active_expert_bytes`]). The bytes a decode roofline is of.
     pub fn decode_weight_bytes(&self) -> u64 {
-        let mut read = vec![false; self.weights.len()];
-        for launch in self.sub_models.iter().flat_map(|m| &m.decode.launches) {
-            if self.kernels.get(launch.kernel as usize).is_none_or(|k| k.family == "embedding") {
-                continue;
-            }
-            for arg in &launch.args {
-                if let BufferRef::Weight(w) = arg {
-                    if let Some(r) = read.get_mut(*w as usize) {
-                        *r = true;
-                    }
-                }
-            }
-        }
-        let dense: u64 = self.weights.iter().zip(&read).filter(|(_, r)| **r).map(|(w, _)| w.len).sum();
+        let read = self.weights_read(self.sub_models.iter().map(|m| &m.decode), |family| family != "embedding");
+        let dense: u64 = read.iter().filter_map(|&i| self.weights.get(i)).map(|w| w.len).sum();
         match &self.model.experts {
             Some(e) => dense.saturating_sub(e.expert_bytes) + e.active_expert_bytes,
             None => dense,
         }
+    }
+
+    /// The weights (indices into [`Header::weights`]) that the launches of
+    /// `plans` read whose kernel's family `keep` accepts.
+    pub fn weights_read<'a>(&self, plans: impl IntoIterator<Item = &'a Plan>, keep: impl Fn(&str) -> bool) -> std::collections::BTreeSet<usize> {
+        plans
+            .into_iter()
+            .flat_map(|p| &p.launches)
+            .filter(|l| self.kernels.get(l.kernel as usize).is_some_and(|k| keep(&k.family)))
+            .flat_map(|l| &l.args)
+            .filter_map(|a| match a {
+                BufferRef::Weight(w) => Some(*w as usize),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Whether the artifact carries CPU code (a GPU-only artifact does not).
