@@ -73,12 +73,13 @@ pub struct CompileSection {
     /// encoding when it is a float one, q8_0 with block encodings).
     #[arg(long, value_name = "ENCODING")]
     pub embedding_encoding: Option<String>,
-    /// Activations of block-quantized matmuls: int16 (the default for CPU-only
-    /// artifacts: quantized per block of 32 to 16-bit levels, integer dot
-    /// products; logits within float32 tolerance), int8 (llama.cpp's scheme,
-    /// VNNI where the CPU has it: faster, less exact) or float32 (exact float
-    /// math on the packed weights; the default with GPU code). Integer
-    /// activations are CPU code only.
+    /// Activations of block-quantized matmuls, quantized per block of 32 for
+    /// integer dot products: int8 (llama.cpp's scheme, VNNI where the CPU has
+    /// it; the default for CPU-only artifacts with K-quant, Q5 or Q8_0 weights,
+    /// where its quality matches llama.cpp's), int16 (16-bit levels: logits
+    /// within float32 tolerance; the default beside Q4_0 / Q4_1 weights) or
+    /// float32 (exact float math on the packed weights; the default with GPU
+    /// code). Integer activations are CPU code only.
     #[arg(long, value_name = "ENCODING")]
     pub activation_encoding: Option<String>,
     /// The KV cache's element type: float32 (exact) or float16 (half the cache

@@ -43,6 +43,27 @@ impl ActivationEncoding {
         }
     }
 
+    /// Whether block weights in `encoding` keep int16 activations by default:
+    /// Q4_0 and Q4_1, whose logits int16 levels keep within the float32
+    /// tolerance (the README artifact's exactness rests on it).
+    pub fn keeps_int16(encoding: WeightEncoding) -> bool {
+        matches!(encoding, WeightEncoding::Q4_0 | WeightEncoding::Q4_1)
+    }
+
+    /// The default activations of CPU code with block weights: int16 when any
+    /// weight keeps them ([`ActivationEncoding::keeps_int16`]), else int8,
+    /// llama.cpp's scheme, chosen by measurement (docs/quantization.md,
+    /// "Activation encodings by measurement": on every K-quant and Q8_0 file
+    /// measured, int8's mean KL against the float32 model is within 5% of
+    /// llama.cpp's own on that file).
+    pub fn default_for_blocks(any_keeps_int16: bool) -> ActivationEncoding {
+        if any_keeps_int16 {
+            ActivationEncoding::Int16
+        } else {
+            ActivationEncoding::Int8
+        }
+    }
+
     /// The integer levels, if the activations are quantized (16-bit ones as
     /// planes; `integer_matmul` takes words where the weights are bytes).
     pub fn levels(self) -> Option<ActivationLevels> {
