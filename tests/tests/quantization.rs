@@ -130,8 +130,9 @@ fn q8_0_meets_its_error_budget() {
 }
 
 /// Which activations block weights take by default (docs/quantization.md,
-/// "Activation encodings by measurement"): int16 beside Q4_0 / Q4_1 weights,
-/// int8 beside every other block encoding, on CPU-only code; float32 with GPU
+/// "Activation encodings by measurement"): int16 beside Q4_0 / Q4_1 weights
+/// (and fp8's, unmeasured: their q8_0 lm_head), int8 beside the other block
+/// encodings, on CPU-only code; float32 with GPU
 /// code; whichever is asked for. Seen in the artifact's activation
 /// quantization kernels (`quantize_q8_*` for int8; `quantize_q16_*`,
 /// `quantize_w16_*` or `quantize_p16_*` for 16-bit levels), without running them.
@@ -144,6 +145,7 @@ fn block_weights_take_int8_activations_by_default_except_beside_q4_0_and_q4_1() 
         ("q5_1", &[], Some("int8")),
         ("q4_0", &[], Some("int16")),
         ("q4_1", &[], Some("int16")),
+        ("float8_e4m3fn", &[], Some("int16")),
         ("q8_0", &["--activation-encoding", "int16"], Some("int16")),
         ("q4_1", &["--activation-encoding", "int8"], Some("int8")),
         ("q8_0", &["--activation-encoding", "float32"], None),

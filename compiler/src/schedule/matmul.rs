@@ -45,9 +45,12 @@ impl ActivationEncoding {
 
     /// Whether block weights in `encoding` keep int16 activations by default:
     /// Q4_0 and Q4_1, whose logits int16 levels keep within the float32
-    /// tolerance (the README artifact's exactness rests on it).
+    /// tolerance (the README artifact's exactness rests on it), and
+    /// float8_e4m3fn, which llama.cpp has no type for to measure int8 beside
+    /// (its matmuls take float activations; its q8_0 embedding / lm_head keep
+    /// the exact default).
     pub fn keeps_int16(encoding: WeightEncoding) -> bool {
-        matches!(encoding, WeightEncoding::Q4_0 | WeightEncoding::Q4_1)
+        matches!(encoding, WeightEncoding::Q4_0 | WeightEncoding::Q4_1 | WeightEncoding::Float8E4M3)
     }
 
     /// The default activations of CPU code with block weights: int16 when any
