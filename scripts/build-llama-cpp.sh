@@ -9,6 +9,9 @@
 # Intel VM that advertises AMX otherwise builds the AMX backend anyway and dies
 # in `tileloadd`).
 #   scripts/build-llama-cpp.sh            -> .cache/llama.cpp/build/bin/llama-bench (and llama-server, llama-quantize, llama-perplexity, llama-lookup, llama-speculative)
+#   scripts/build-llama-cpp.sh --avx2     -> .cache/llama.cpp/build-avx2/bin/llama-bench (and the rest): AVX2 / FMA / F16C / BMI2
+#                                            only, no AVX-512 or AVX-VNNI, the x86-64-v3 level that maxc's
+#                                            `--target cpu:x86-64-v3` builds for (an AVX2-only CPU's llama.cpp, docs/performance.md)
 #   scripts/build-llama-cpp.sh --source   -> .cache/llama.cpp/src only (the converter, for tests/golden/gguf/make.sh)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,17 +37,30 @@ if [ "${1:-}" = "--source" ]; then
   exit 0
 fi
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [ "${1:-}" = "--avx2" ]; then
+  build="$cache/build-avx2"
+  isa="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"
+  flags="avx2 fma f16c bmi2 $no_amx"
+else
+  build="$cache/build"
+  isa="-DGGML_NATIVE=ON"
+  flags="native $no_amx"
+fi
 # The flags the binaries were built with; a build with others is redone.
-stamp="$cache/build/maxc-build-flags"
-flags="native $no_amx"
-if [ ! -x "$cache/build/bin/llama-bench" ] || [ ! -x "$cache/build/bin/llama-quantize" ] || [ ! -x "$cache/build/bin/llama-server" ] || [ ! -x "$cache/build/bin/llama-perplexity" ] || [ ! -x "$cache/build/bin/llama-lookup" ] || [ ! -x "$cache/build/bin/llama-speculative" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
+stamp="$build/maxc-build-flags"
+missing=0
+for b in llama-bench llama-quantize llama-server llama-perplexity llama-lookup llama-speculative; do
+  [ -x "$build/bin/$b" ] || missing=1
+done
+if [ "$missing" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
   command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >/dev/null; }
   unpack
-  cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  # shellcheck disable=SC2086 # $isa is a list of -D options
+  cmake -S "$cache/src" -B "$build" -DCMAKE_BUILD_TYPE=Release $isa \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
     -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON >/dev/null
-  cmake --build "$cache/build" --target llama-bench llama-quantize llama-server llama-perplexity llama-lookup llama-speculative -j2 >/dev/null
+  cmake --build "$build" --target llama-bench llama-quantize llama-server llama-perplexity llama-lookup llama-speculative -j2 >/dev/null
   echo "$flags" > "$stamp"
 fi
-echo "$cache/build/bin/llama-bench"
+echo "$build/bin/llama-bench"

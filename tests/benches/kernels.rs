@@ -10,7 +10,9 @@
 //! figures of `maxrun bench`; `gemm_cold` streams the weights from memory
 //! instead, as the engine's steps do. `gemm_prefill` runs the K-quant prefill
 //! tiles at a 1B model's down projection (Q4_K against Q6_K), with operations
-//! as throughput (elements: multiply-adds).
+//! as throughput (elements: multiply-adds). `MAXC_BENCH_TILES=4x2,6x2,8x1`
+//! runs those register tiles (rows x panels) instead of the target's own and
+//! Q6_K's list, to choose a tile on a new CPU.
 //!
 //! `cargo bench -p maxc-tests --bench kernels` (docs/performance.md has figures).
 
@@ -278,6 +280,16 @@ fn gemm_rows_cold(c: &mut Criterion) {
 /// AVX-512, Q6_K in one-panel tiles of other heights, with multiply-adds as
 /// throughput (criterion's elements/s: half the operations per second).
 /// docs/performance-log.md, "Q6_K's prefill tile", has figures.
+/// The tiles of `MAXC_BENCH_TILES` (`ROWSxPANELS,...`), when set.
+fn tile_list() -> Option<Vec<RegisterTile>> {
+    let list = std::env::var("MAXC_BENCH_TILES").ok()?;
+    let parse = |t: &str| -> Option<RegisterTile> {
+        let (rows, panels) = t.trim().split_once('x')?;
+        Some(RegisterTile { rows: rows.parse().ok()?, panels: panels.parse().ok()? })
+    };
+    Some(list.split(',').map(|t| parse(t).unwrap_or_else(|| panic!("MAXC_BENCH_TILES: `{t}` is not ROWSxPANELS (such as 4x2)"))).collect())
+}
+
 fn gemm_prefill(c: &mut Criterion) {
     const ROWS: usize = 128;
     const PK: u64 = 8192;
@@ -289,7 +301,9 @@ fn gemm_prefill(c: &mut Criterion) {
     let own = RegisterTile::for_cpu(target.has_avx512());
     for (encoding, levels) in [WeightEncoding::Q4K, WeightEncoding::Q6K].into_iter().flat_map(|e| [(e, ActivationLevels::Int8), (e, ActivationLevels::Int16Planes)]) {
         let mut tiles = vec![own];
-        if encoding == WeightEncoding::Q6K && target.has_avx512() {
+        if let Some(list) = tile_list() {
+            tiles = list;
+        } else if encoding == WeightEncoding::Q6K && target.has_avx512() {
             let rows: &[i64] = if levels == ActivationLevels::Int8 { &[4, 6, 10] } else { &[2, 3, 5] };
             tiles.extend(rows.iter().map(|&rows| RegisterTile { rows, panels: 1 }));
         }
