@@ -191,6 +191,21 @@ impl CpuTarget {
         self.has_avx512_bf16() && matches!(self.cpu.as_str(), "znver4" | "znver5")
     }
 
+    /// Whether Q4_K prefill with int8 activations takes 8 rows x 2 panels
+    /// instead of AVX-512's 4 x 2 on this CPU: known for Intel's Sapphire
+    /// Rapids and Emerald Rapids cores (48 KiB 12-way L1D, so 8 activation
+    /// lines 4 KiB apart and the weights' fit one set). Intel Xeon VM
+    /// (sapphirerapids), one thread, Q4_K k 8192 x n 2048 at 128 rows
+    /// (`MAXC_BENCH_TILES=4x2,8x2,6x2,5x2,3x2,8x1 cargo bench -p maxc-tests
+    /// --bench kernels -- gemm_prefill`), G multiply-adds/s: 4 x 2 166, 8 x 2
+    /// 199, 6 x 2 190, 5 x 2 178, 3 x 2 152, 8 x 1 128 (docs/performance-log.md,
+    /// 2026-12-07). Not AMD's Zen 4 (8-way L1D: the AVX-512 tiles' rows stop
+    /// at 8 lines per set with Q6_K's 8 x 1) nor Zen 5, where it is not
+    /// measured, nor a target named by level, whose CPU is not known.
+    pub fn q4_k_int8_tiles_take_eight_rows(&self) -> bool {
+        self.has_avx512_vnni() && matches!(self.cpu.as_str(), "sapphirerapids" | "emeraldrapids")
+    }
+
     /// Whether 512-bit bfloat16 pair dots (`vdpbf16ps` on zmm, AVX512_BF16) are available.
     pub fn has_avx512_bf16(&self) -> bool {
         self.has_avx512() && self.has_feature("avx512bf16")

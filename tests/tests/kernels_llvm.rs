@@ -185,6 +185,19 @@ fn cases_tiled(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
                     v.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq, tile, levels), sizes: sizes.clone(), int_max: 1, seq: rows as u64, tol: reduction_tol(k * 16) });
                 }
             }
+            // Q4_K with int8 activations in 8 x 2 (the tile of some Intel
+            // CPUs, `CpuTarget::q4_k_int8_tiles_take_eight_rows`) where the
+            // AVX-512 tile is built: 19 rows are two whole tiles and 3 rows
+            // more, and as a step of few rows its 4 x 1.
+            if tiles(seq).contains(&RegisterTile::ZMM) {
+                let (encoding, k, n) = (WeightEncoding::Q4K, 256u64, 48u64);
+                for rows in [19usize, few + 19] {
+                    let mut sizes = vec![rows * k as usize, rows * 2 * k as usize / 32];
+                    sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
+                    sizes.push(rows * n as usize);
+                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq, RegisterTile { rows: 8, panels: 2 }, ActivationLevels::Int8), sizes, int_max: 1, seq: rows as u64, tol: reduction_tol(k * 16) });
+                }
+            }
         }
         v.push(Case { kernel: quantize_q8(96, DotForm::Int8, seq), sizes: vec![s * 96, s * 96, s * 6], int_max: 1, seq: s as u64, tol: 1e-6 });
         for sixteen in [ActivationLevels::Int16Planes, ActivationLevels::Int16Words, ActivationLevels::Int16WordPairs] {

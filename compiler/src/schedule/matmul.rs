@@ -223,7 +223,13 @@ impl Scheduler<'_, '_, '_> {
         let Some(levels) = self.integer_levels(ty.quant, (n, k), seq) else { return Ok(None) };
         let (encoding, bc) = (ty.quant, addend.map(|(_, bc)| bc));
         let (form, layout, kernel) = match (self.weight_layout(w), levels, maxc_kernels::library::matmul_int8::dot_form(encoding, k)) {
-            (Layout::Interleaved16, _, _) => (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, self.weights.register_tile, levels)),
+            (Layout::Interleaved16, _, _) => {
+                let tile = match self.weights.q4_k_int8_tile {
+                    Some(tile) if encoding == WeightEncoding::Q4K && levels == ActivationLevels::Int8 => tile,
+                    _ => self.weights.register_tile,
+                };
+                (DotForm::Int8, Layout::Interleaved16, matmul_interleaved(k, n, encoding, bc, seq, tile, levels))
+            }
             (_, ActivationLevels::Int8, Some(form)) => (form, Layout::RowMajor, maxc_kernels::library::matmul_int8::matmul_int8(k, n, encoding, bc, seq)),
             _ => return Ok(None),
         };

@@ -96,6 +96,10 @@ pub struct WeightTable {
     /// The prefill register tile of the panel and interleaved matmuls, sized to
     /// the CPU target's vector registers.
     pub register_tile: RegisterTile,
+    /// The prefill register tile of Q4_K matmuls with int8 activations where
+    /// the CPU runs another than `register_tile` faster
+    /// (`CpuTarget::q4_k_int8_tiles_take_eight_rows`: 8 x 2).
+    pub q4_k_int8_tile: Option<RegisterTile>,
     /// The CPU target's byte dots take Q8_0's stored bytes (`q + 128`) as they
     /// are (VNNI's `vpdpbusd`; NEON's signed dots take `q`): int16 activations
     /// as byte planes suit prefill tiles there. Without it (x86 without VNNI:

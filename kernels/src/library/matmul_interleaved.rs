@@ -173,10 +173,13 @@ pub(super) fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, wp, p0): 
 /// The register tile of steps of few rows ([`FEW_ROWS`]), given the tile of
 /// many rows: one panel at a time, so that each panel's levels are one stream
 /// to prefetch; AVX-512's byte planes in 4 rows (the accumulators of its 2 x 2
-/// planes tile), the other tiles' rows as they are.
+/// planes tile) and int8's 8 x 2 (the Q4_K tile of some Intel CPUs,
+/// `CpuTarget::q4_k_int8_tiles_take_eight_rows`) as AVX-512's 4 x 2 would have
+/// it, the other tiles' rows as they are.
 fn few_rows_tile(many: RegisterTile, levels: ActivationLevels) -> RegisterTile {
     match levels {
         ActivationLevels::Int16Planes if many == (RegisterTile { rows: 2, panels: 2 }) => RegisterTile { rows: 4, panels: 1 },
+        ActivationLevels::Int8 if many == (RegisterTile { rows: 8, panels: 2 }) => RegisterTile { rows: 4, panels: 1 },
         _ => RegisterTile { panels: 1, ..many },
     }
 }
