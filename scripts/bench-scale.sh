@@ -40,8 +40,6 @@ scripts/setup.sh >/dev/null
 export LLVM_SYS_191_PREFIX=/usr/lib/llvm-19
 cargo build --release --bins -q
 bin="$(dirname "$(scripts/build-llama-cpp.sh "${llama_flavor[@]}")")"
-# Quantizing with either build gives the same files; the native one is used.
-quantize="$(dirname "$(scripts/build-llama-cpp.sh)")/llama-quantize"
 # The gguf package from the llama.cpp source build-llama-cpp.sh unpacked, and
 # numpy (its one dependency) through pip into .cache/python-bench.
 pybench=.cache/python-bench
@@ -68,7 +66,7 @@ for shape in $shapes; do
   for type in $types; do
     gguf="$out/$shape.$type.gguf"
     if [ ! -f "$gguf" ]; then
-      "$quantize" "$f16" "$gguf.part" "$type" 2 >/dev/null 2>&1
+      "$bin/llama-quantize" "$f16" "$gguf.part" "$type" 2 >/dev/null 2>&1
       mv "$gguf.part" "$gguf"
     fi
     mef="$out/$shape.$type.mef"

@@ -48,8 +48,9 @@ else
 fi
 # The flags the binaries were built with; a build with others is redone.
 stamp="$build/maxc-build-flags"
+binaries="llama-bench llama-quantize llama-server llama-perplexity llama-lookup llama-speculative"
 missing=0
-for b in llama-bench llama-quantize llama-server llama-perplexity llama-lookup llama-speculative; do
+for b in $binaries; do
   [ -x "$build/bin/$b" ] || missing=1
 done
 if [ "$missing" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
@@ -60,7 +61,8 @@ if [ "$missing" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flags" ]; then
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
     -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON >/dev/null
-  cmake --build "$build" --target llama-bench llama-quantize llama-server llama-perplexity llama-lookup llama-speculative -j2 >/dev/null
+  # shellcheck disable=SC2086 # $binaries is a list of targets
+  cmake --build "$build" --target $binaries -j2 >/dev/null
   echo "$flags" > "$stamp"
 fi
 echo "$build/bin/llama-bench"

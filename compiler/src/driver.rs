@@ -314,7 +314,7 @@ pub fn schedule_devices(graphs: &[Graph], model: &ImportedModel, config: &Compil
     weights.row_major_only = config.targets.cpu.is_none();
     weights.activations = plan.activations;
     weights.register_tile = config.targets.cpu.as_ref().map(|t| maxc_kernels::library::RegisterTile::for_cpu(t.has_avx512())).unwrap_or_default();
-    weights.q4_k_int8_tile = config.targets.cpu.as_ref().filter(|t| t.q4_k_int8_tiles_take_eight_rows()).map(|_| maxc_kernels::library::RegisterTile { rows: 8, panels: 2 });
+    weights.q4_k_int8_tile = config.targets.cpu.as_ref().filter(|t| t.q4_k_int8_tiles_take_eight_rows()).map(|_| maxc_kernels::library::RegisterTile::ZMM_EIGHT_ROWS);
     weights.byte_dots_take_q8_0 = config.targets.cpu.as_ref().is_none_or(|t| t.multiplies_q8_0_bytes_directly());
     weights.tiles_take_word_pairs = config.targets.cpu.as_ref().is_some_and(|t| t.has_avx2() && !t.has_avx512() && !t.multiplies_q8_0_bytes_directly());
     let mut kernels = KernelSet::default();

@@ -272,14 +272,6 @@ fn gemm_rows_cold(c: &mut Criterion) {
     group.finish();
 }
 
-/// Prefill register tiles of the K-quants at the 1.17B model's down
-/// projection (k 8192 x n 2048, 128 activation rows, one thread; weights and
-/// activations in cache): Q4_K and Q6_K with int8 activations and int16 byte
-/// planes, the target's tile (what `matmul_interleaved` makes of
-/// [`RegisterTile::for_cpu`]: Q6_K's `six_bit_zmm` on AVX-512) and, on
-/// AVX-512, Q6_K in one-panel tiles of other heights, with multiply-adds as
-/// throughput (criterion's elements/s: half the operations per second).
-/// docs/performance-log.md, "Q6_K's prefill tile", has figures.
 /// The tiles of `MAXC_BENCH_TILES` (`ROWSxPANELS,...`), when set.
 fn tile_list() -> Option<Vec<RegisterTile>> {
     let list = std::env::var("MAXC_BENCH_TILES").ok()?;
@@ -290,6 +282,14 @@ fn tile_list() -> Option<Vec<RegisterTile>> {
     Some(list.split(',').map(|t| parse(t).unwrap_or_else(|| panic!("MAXC_BENCH_TILES: `{t}` is not ROWSxPANELS (such as 4x2)"))).collect())
 }
 
+/// Prefill register tiles of the K-quants at the 1.17B model's down
+/// projection (k 8192 x n 2048, 128 activation rows, one thread; weights and
+/// activations in cache): Q4_K and Q6_K with int8 activations and int16 byte
+/// planes, the target's tile (what `matmul_interleaved` makes of
+/// [`RegisterTile::for_cpu`]: Q6_K's `six_bit_zmm` on AVX-512) and, on
+/// AVX-512, Q6_K in one-panel tiles of other heights, with multiply-adds as
+/// throughput (criterion's elements/s: half the operations per second).
+/// docs/performance-log.md, "Q6_K's prefill tile", has figures.
 fn gemm_prefill(c: &mut Criterion) {
     const ROWS: usize = 128;
     const PK: u64 = 8192;
@@ -299,10 +299,11 @@ fn gemm_prefill(c: &mut Criterion) {
     group.sample_size(20);
     let (k, n) = (PK as usize, PN as usize);
     let own = RegisterTile::for_cpu(target.has_avx512());
+    let chosen = tile_list();
     for (encoding, levels) in [WeightEncoding::Q4K, WeightEncoding::Q6K].into_iter().flat_map(|e| [(e, ActivationLevels::Int8), (e, ActivationLevels::Int16Planes)]) {
         let mut tiles = vec![own];
-        if let Some(list) = tile_list() {
-            tiles = list;
+        if let Some(list) = &chosen {
+            tiles = list.clone();
         } else if encoding == WeightEncoding::Q6K && target.has_avx512() {
             let rows: &[i64] = if levels == ActivationLevels::Int8 { &[4, 6, 10] } else { &[2, 3, 5] };
             tiles.extend(rows.iter().map(|&rows| RegisterTile { rows, panels: 1 }));

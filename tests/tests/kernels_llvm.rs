@@ -195,7 +195,7 @@ fn cases_tiled(tiles: &dyn Fn(SeqMode) -> Vec<RegisterTile>) -> Vec<Case> {
                     let mut sizes = vec![rows * k as usize, rows * 2 * k as usize / 32];
                     sizes.extend((0..encoding.parts().len()).map(|p| encoding.part_elems(p, &[n, k]).unwrap() as usize));
                     sizes.push(rows * n as usize);
-                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq, RegisterTile { rows: 8, panels: 2 }, ActivationLevels::Int8), sizes, int_max: 1, seq: rows as u64, tol: reduction_tol(k * 16) });
+                    v.push(Case { kernel: matmul_interleaved(k, n, encoding, None, seq, RegisterTile::ZMM_EIGHT_ROWS, ActivationLevels::Int8), sizes, int_max: 1, seq: rows as u64, tol: reduction_tol(k * 16) });
                 }
             }
         }

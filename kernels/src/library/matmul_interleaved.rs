@@ -179,7 +179,7 @@ pub(super) fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, (r0, wp, p0): 
 fn few_rows_tile(many: RegisterTile, levels: ActivationLevels) -> RegisterTile {
     match levels {
         ActivationLevels::Int16Planes if many == (RegisterTile { rows: 2, panels: 2 }) => RegisterTile { rows: 4, panels: 1 },
-        ActivationLevels::Int8 if many == (RegisterTile { rows: 8, panels: 2 }) => RegisterTile { rows: 4, panels: 1 },
+        ActivationLevels::Int8 if many == RegisterTile::ZMM_EIGHT_ROWS => RegisterTile { rows: 4, panels: 1 },
         _ => RegisterTile { panels: 1, ..many },
     }
 }

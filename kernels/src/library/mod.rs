@@ -144,6 +144,10 @@ impl RegisterTile {
     /// broadcast activations (the shape of BLIS's Haswell kernels: one 16-wide
     /// panel, the rest of the registers for rows).
     pub const YMM: RegisterTile = RegisterTile { rows: 4, panels: 1 };
+    /// AVX-512, 8 rows x 2 panels: float panels' tile ([`RegisterTile::for_float_panels`])
+    /// and Q4_K's with int8 activations on CPUs that run it faster
+    /// (`CpuTarget::q4_k_int8_tiles_take_eight_rows`).
+    pub const ZMM_EIGHT_ROWS: RegisterTile = RegisterTile { rows: 8, panels: 2 };
 
     /// The tile for a CPU target: [`RegisterTile::ZMM`] with AVX-512, else [`RegisterTile::YMM`].
     pub fn for_cpu(avx512: bool) -> RegisterTile {
@@ -165,7 +169,7 @@ impl RegisterTile {
     /// keeps 4 x 1: 6 x 1 spills (SmolLM2 float32 0.65x on x86-64-v3 code).
     pub fn for_float_panels(self) -> RegisterTile {
         if self == RegisterTile::ZMM {
-            RegisterTile { rows: 8, panels: 2 }
+            RegisterTile::ZMM_EIGHT_ROWS
         } else {
             self
         }
