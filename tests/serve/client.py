@@ -1101,13 +1101,23 @@ def scenario_responses(url, exp):
     jsonschema.validate(json.loads(final.output[0].arguments), RESP_TIME["parameters"])
     check(sum(e.type == "response.function_call_arguments.delta" for e in events) > 1, "the arguments streamed in pieces")
     # text.format: JSON under the schema (objects closed to their properties), and JSON objects.
+    # Sampled ones are seeded (`seed`, maxrun's extension, as in Chat
+    # Completions), so that a run is the same run each time.
+    sampled = []
     for i, schema in enumerate(SCHEMAS[:8] + [NESTED]):
         for temperature in (0, 0.9):
-            r = c.responses.create(model=m, input="Reply with a JSON value that fits this schema: " + json.dumps(schema), temperature=temperature, max_output_tokens=400,
-                                   text={"format": {"type": "json_schema", "name": f"s{i}", "schema": schema, "strict": True}})
+            kwargs = dict(model=m, input="Reply with a JSON value that fits this schema: " + json.dumps(schema), temperature=temperature, max_output_tokens=400,
+                          text={"format": {"type": "json_schema", "name": f"s{i}", "schema": schema, "strict": True}}, extra_body={"seed": i + 1})
+            r = c.responses.create(**kwargs)
             check(r.status == "completed", f"schema {i} at {temperature}: {r.status} {r.output_text!r}")
             jsonschema.validate(json.loads(r.output_text), close_everywhere(schema), format_checker=jsonschema.FormatChecker())
             check(r.text.format.type == "json_schema" and r.text.format.name == f"s{i}", f"text echoed: {r.text}")
+            if temperature and i < 3:
+                again = c.responses.create(**kwargs).output_text
+                other = c.responses.create(**{**kwargs, "extra_body": {"seed": 1000 + i}}).output_text
+                check(again == r.output_text, f"schema {i}: seed {i + 1} twice gave {r.output_text!r} and {again!r}")
+                sampled.append(r.output_text != other)
+    check(any(sampled), "another seed never gave another reply")
     r = c.responses.create(model=m, input="Describe a cat as a JSON object.", temperature=0, max_output_tokens=200, text={"format": {"type": "json_object"}})
     check(isinstance(json.loads(r.output_text), dict), f"json_object: {r.output_text!r}")
     # Stored responses: GET, DELETE; store false keeps none; a missing one is a 404.

@@ -53,6 +53,7 @@ pub const RESPONSES_FIELDS: &[&str] = &[
     "max_output_tokens",
     "temperature",
     "top_p",
+    "seed",
     "stream",
     "stream_options",
     "store",
@@ -90,6 +91,10 @@ struct ResponsesRequest {
     max_output_tokens: Option<u64>,
     temperature: Option<f32>,
     top_p: Option<f32>,
+    /// Not OpenAI's (its Responses API has no seed): as in Chat Completions, a
+    /// sampled reply is reproducible with one; without one each request draws
+    /// its own.
+    seed: Option<i64>,
     stream: Option<bool>,
     stream_options: Option<Value>,
     store: Option<bool>,
@@ -908,7 +913,7 @@ async fn create_inner(st: &Arc<AppState>, headers: &HeaderMap, body: &[u8], id: 
         return Err(field("max_output_tokens", "max_output_tokens must be at least 1".into()));
     }
     let stream = r.stream.unwrap_or(false);
-    let sampling = openai::Sampling { temperature: r.temperature, top_p: r.top_p, stream, user: r.user.clone(), ..Default::default() };
+    let sampling = openai::Sampling { temperature: r.temperature, top_p: r.top_p, seed: r.seed, stream, user: r.user.clone(), ..Default::default() };
     let messages = chat_messages(r.instructions.as_deref(), &turns);
     let ask = ChatAsk {
         messages: &messages,
