@@ -105,7 +105,7 @@ fn collect_loops(stmts: &[Stmt], out: &mut Vec<*const Stmt>) {
                 collect_loops(body, out);
             }
             Stmt::If { then, .. } => collect_loops(then, out),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::WidenBf16 { .. } | Stmt::Prefetch { .. } => {}
         }
     }
 }
@@ -234,6 +234,12 @@ impl Machine<'_> {
                     for (l, (w0, w1)) in w.into_iter().enumerate() {
                         a[l] = x1.mul_add(w1, x0.mul_add(w0, a[l]));
                     }
+                }
+                Stmt::WidenBf16 { dst, weights, start } => {
+                    let w0 = self.eval(start).i();
+                    let w: [f32; DOT_LANES as usize] = std::array::from_fn(|l| self.load(*weights, w0 + l as i64).f());
+                    let Buffer::F32(d) = &mut self.locals[dst.index()] else { unreachable!("locals are f32") };
+                    d[..w.len()].copy_from_slice(&w);
                 }
                 Stmt::DotRows(d) => {
                     let (w0, a0) = (self.eval(&d.w_start).i(), self.eval(&d.act_start).i());

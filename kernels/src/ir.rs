@@ -261,6 +261,14 @@ pub enum Stmt {
     /// a reduction's tolerance, and every tile of one target gives the same bits.
     /// `acc` is a local of at least [`DOT_LANES`] f32.
     PairDot { acc: LocalId, weights: ParamId, w_start: Expr, act: ParamId, act_start: Expr },
+    /// One k row of a bfloat16 weight panel widened to f32 (exact): for lane
+    /// `l` in `0..`[`DOT_LANES`], `dst[l] = W[start + l]`, `W` the bfloat16
+    /// parameter `weights`. The CPU backend widens the row as the target's
+    /// registers do it cheapest: on 256-bit AVX2 by one `vpermq` and two
+    /// unpacks with zero (shuffle-port work), not `vpmovzxwd` and a shift per
+    /// 8 values, whose shifts take the FMA ports. `dst` is a local of at
+    /// least [`DOT_LANES`] f32.
+    WidenBf16 { dst: LocalId, weights: ParamId, start: Expr },
     /// A hint that element `index` of parameter `param` is read soon: the CPU
     /// backend prefetches its cache line (`prefetcht0`), the others do nothing.
     /// Never faults, so `index` may lie past the buffer.

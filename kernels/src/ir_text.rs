@@ -30,6 +30,7 @@
 //!               "w_start" expr "form" ("int8" | "nibble_pairs") "act" PARAM "act_start" expr "}"
 //!           | "pair_dot" "{" "acc" LOCAL "weights" PARAM "w_start" expr "act" PARAM
 //!               "act_start" expr "}"
+//!           | "widen_bf16" "{" "dst" LOCAL "weights" PARAM "start" expr "}"
 //!           | "dot_rows" "{" "acc" LOCAL "weights" PARAM "w_start" expr
 //!               "form" ("nibbles" | "bytes" | ("nibbles5" | "nibbles6") "high_bits" PARAM "at" expr)
 //!               "act" PARAM "act_start" expr
@@ -216,6 +217,14 @@ fn stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
             writeln!(f, "{:field$}w_start {}", "", E(w_start))?;
             writeln!(f, "{:field$}act {}", "", act)?;
             writeln!(f, "{:field$}act_start {}", "", E(act_start))?;
+            writeln!(f, "{:pad$}}}", "")
+        }
+        Stmt::WidenBf16 { dst, weights, start } => {
+            writeln!(f, "widen_bf16 {{")?;
+            let field = pad + 2;
+            writeln!(f, "{:field$}dst {}", "", dst)?;
+            writeln!(f, "{:field$}weights {}", "", weights)?;
+            writeln!(f, "{:field$}start {}", "", E(start))?;
             writeln!(f, "{:pad$}}}", "")
         }
         Stmt::DotRows(d) => {
@@ -939,7 +948,8 @@ impl Parser {
             "dot_block" => Self::dot_block,
             "dot_rows" => Self::dot_rows,
             "pair_dot" => Self::pair_dot,
-            _ => return Err(self.error("a statement (`set`, `store`, `for`, `for_vec`, `if`, `prefetch`, `dot_block`, `dot_rows`, `pair_dot`) or `}`")),
+            "widen_bf16" => Self::widen_bf16,
+            _ => return Err(self.error("a statement (`set`, `store`, `for`, `for_vec`, `if`, `prefetch`, `dot_block`, `dot_rows`, `pair_dot`, `widen_bf16`) or `}`")),
         };
         self.at += 1;
         parse(self)
@@ -1030,6 +1040,16 @@ impl Parser {
         let act_start = self.field("act_start", Self::expr)?;
         self.punct("}")?;
         Ok(Stmt::PairDot { acc, weights, w_start, act, act_start })
+    }
+
+    /// `widen_bf16` (consumed) and its fields in braces.
+    fn widen_bf16(&mut self) -> PResult<Stmt> {
+        self.punct("{")?;
+        let dst = self.field("dst", Self::local)?;
+        let weights = self.field("weights", Self::param)?;
+        let start = self.field("start", Self::expr)?;
+        self.punct("}")?;
+        Ok(Stmt::WidenBf16 { dst, weights, start })
     }
 
     /// `dot_rows` (consumed) and its fields in braces.

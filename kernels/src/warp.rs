@@ -99,7 +99,7 @@ fn visit(kernel: &Kernel, stmts: &[Stmt], aligned: &HashSet<VarId>, out: &mut Ve
                 visit(kernel, body, aligned, out, long);
             }
             Stmt::If { then, .. } => visit(kernel, then, aligned, out, long),
-            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => {}
+            Stmt::Set { .. } | Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::WidenBf16 { .. } | Stmt::Prefetch { .. } => {}
         }
     }
 }
@@ -153,7 +153,7 @@ fn collect_sets<'k>(stmts: &'k [Stmt], sets: &mut Vec<(VarId, &'k Expr)>, loop_v
                 collect_sets(body, sets, loop_vars);
             }
             Stmt::If { then, .. } => collect_sets(then, sets, loop_vars),
-            Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => {}
+            Stmt::Store { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::WidenBf16 { .. } | Stmt::Prefetch { .. } => {}
         }
     }
 }
@@ -201,7 +201,7 @@ fn accesses_allow_vectors(stmts: &[Stmt], var: VarId, aligned: &HashSet<VarId>) 
         Stmt::If { cond, then } => expr_ok(cond, &access) && accesses_allow_vectors(then, var, aligned),
         // Emits nothing on the GPU.
         Stmt::Prefetch { .. } => true,
-        Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } => false,
+        Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::WidenBf16 { .. } => false,
     })
 }
 
@@ -209,7 +209,7 @@ fn scan(kernel: &Kernel, stmts: &[Stmt], reductions: &mut Vec<(VarId, BinOp)>, s
     for s in stmts {
         match s {
             // A dot writes a local, which every lane must keep identical.
-            Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } => return false,
+            Stmt::For { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::WidenBf16 { .. } => return false,
             Stmt::Store { buf, .. } => {
                 if matches!(buf, Buf::Local(_)) {
                     return false;
@@ -262,6 +262,7 @@ fn count_reads(stmts: &[Stmt], var: VarId, n: &mut usize) {
                 count_expr(w_start, var, n);
                 count_expr(act_start, var, n);
             }
+            Stmt::WidenBf16 { start, .. } => count_expr(start, var, n),
             Stmt::DotRows(d) => {
                 let low = match &d.act_levels {
                     ActLevels::Planes { low } => Some(low),

@@ -142,6 +142,7 @@ impl Lowering<'_, '_> {
                 Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
                 Stmt::DotRows(d) => self.dot_rows(d)?,
                 Stmt::PairDot { acc, weights, w_start, act, act_start } => self.pair_dot(*acc, (*weights, w_start), (*act, act_start))?,
+                Stmt::WidenBf16 { dst, weights, start } => self.widen_bf16(*dst, (*weights, start))?,
                 Stmt::For { var, start, end, body, hint } => {
                     let (lo, hi) = (self.expr(start)?, self.expr(end)?);
                     let plan = if *hint == LoopHint::Vectorize { VectorLoop::analyze(self.kernel, *var, body) } else { None };
@@ -188,6 +189,21 @@ impl Lowering<'_, '_> {
                 sum = self.b.ins().fadd(sum, product);
             }
             self.b.ins().store(flags, sum, acc_base, (4 * l) as i32);
+        }
+        Ok(())
+    }
+
+    /// A [`Stmt::WidenBf16`] in scalar code: per lane, the 16 bits moved to
+    /// the top of an f32.
+    fn widen_bf16(&mut self, dst: LocalId, (weights, start): (ParamId, &Expr)) -> Result<(), CodegenError> {
+        let flags = MemFlagsData::trusted();
+        let w_base = self.address(weights, start)?;
+        let dst_base = self.locals[dst.index()];
+        for l in 0..DOT_LANES {
+            let h = self.b.ins().uload16(types::I32, flags, w_base, (2 * l) as i32);
+            let bits = self.b.ins().ishl_imm_u(h, 16);
+            let value = self.b.ins().bitcast(types::F32, MemFlagsData::new(), bits);
+            self.b.ins().store(flags, value, dst_base, (4 * l) as i32);
         }
         Ok(())
     }
@@ -469,7 +485,7 @@ impl Lowering<'_, '_> {
                     let addr = self.address(*buf, index)?;
                     self.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 }
-                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
+                Stmt::For { .. } | Stmt::If { .. } | Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::WidenBf16 { .. } | Stmt::Prefetch { .. } => unreachable!("VectorLoop::analyze admits sets and stores only"),
             }
         }
         let i = self.b.use_var(v);

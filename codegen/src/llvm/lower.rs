@@ -310,6 +310,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             Stmt::DotBlock { acc, scales, weights, w_start, form, act, act_start } => self.dot_block(*acc, scales, (*weights, w_start), *form, (*act, act_start))?,
             Stmt::DotRows(d) => self.dot_rows(d)?,
             Stmt::PairDot { acc, weights, w_start, act, act_start } => self.pair_dot(*acc, (*weights, w_start), (*act, act_start))?,
+            Stmt::WidenBf16 { dst, weights, start } => self.widen_bf16(*dst, (*weights, start))?,
             Stmt::Prefetch { param, index } => {
                 if let Flavor::Cpu(_) = self.flavor {
                     let idx = self.expr(index)?.into_int_value();
@@ -865,6 +866,6 @@ fn converts_halves(kernel: &Kernel, body: &[Stmt]) -> bool {
         Stmt::Set { value, .. } => converts(value),
         Stmt::Store { buf, index, value } => half(*buf) || converts(index) || converts(value),
         Stmt::For { body, .. } | Stmt::If { then: body, .. } => converts_halves(kernel, body),
-        Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::Prefetch { .. } => false,
+        Stmt::DotBlock { .. } | Stmt::DotRows(_) | Stmt::PairDot { .. } | Stmt::WidenBf16 { .. } | Stmt::Prefetch { .. } => false,
     })
 }

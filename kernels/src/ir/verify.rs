@@ -205,6 +205,17 @@ impl Kernel {
                         return Err("dot starts must be i64".into());
                     }
                 }
+                Stmt::WidenBf16 { dst, weights, start } => {
+                    if self.locals.get(dst.index()).copied().unwrap_or(0) < DOT_LANES as u64 {
+                        return Err(format!("widened bf16 row {dst} needs {DOT_LANES} elements"));
+                    }
+                    if self.dot_param(*weights, "weights")? != ElemType::BF16 {
+                        return Err(format!("widened weights {weights} must be a bf16 parameter"));
+                    }
+                    if self.type_of(start)? != ValType::I64 {
+                        return Err("a widened row's start must be i64".into());
+                    }
+                }
                 Stmt::DotRows(d) => {
                     let w_elem = self.validate_dot(d.acc, (d.weights, &d.w_start), (d.act, &d.act_start), &d.act_scales)?;
                     if matches!(&d.act_levels, ActLevels::Planes { low } if self.type_of(low) != Ok(ValType::I64)) {

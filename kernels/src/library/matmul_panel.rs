@@ -89,15 +89,17 @@ impl PanelWeights {
 pub(super) struct PanelParams {
     w: ParamId,
     scales: Option<ParamId>,
+    /// bfloat16 weights, widened a panel row at a time ([`Stmt::WidenBf16`]).
+    bf16: bool,
 }
 
 impl PanelParams {
     /// Declares the weight's parameters: `w` (fp8: `w.quants`, `w.scales`).
     pub(super) fn declare(b: &mut KernelBuilder, weights: PanelWeights) -> PanelParams {
         match weights {
-            PanelWeights::Float(elem) => PanelParams { w: b.param("w", elem, false), scales: None },
-            PanelWeights::BFloat16Pairs => PanelParams { w: b.param("w", ElemType::BF16, false), scales: None },
-            PanelWeights::Float8E4M3 => PanelParams { w: b.param("w.quants", ElemType::I8, false), scales: Some(b.param("w.scales", ElemType::F32, false)) },
+            PanelWeights::Float(elem) => PanelParams { w: b.param("w", elem, false), scales: None, bf16: elem == ElemType::BF16 },
+            PanelWeights::BFloat16Pairs => PanelParams { w: b.param("w", ElemType::BF16, false), scales: None, bf16: false },
+            PanelWeights::Float8E4M3 => PanelParams { w: b.param("w.quants", ElemType::I8, false), scales: Some(b.param("w.scales", ElemType::F32, false)), bf16: false },
         }
     }
 
@@ -181,15 +183,23 @@ pub(super) fn tile(b: &mut KernelBuilder, rows: i64, panels: i64, r0: VarId, (wp
     for (r, &xv) in xs.iter().enumerate() {
         per_k.push(set(xv, ld(x, add(mul(add(v(r0), i(r as i64)), i(k)), v(kk)))));
     }
-    // Panel (p0 + p), row kk: PANEL consecutive weights.
+    // Panel (p0 + p), row kk: PANEL consecutive weights (bfloat16 ones widened
+    // to f32 once per panel row, as the target does it cheapest).
     per_k.extend(panel_row_starts(&bases, (wp, p0), (k, v(kk)), w, prefetch_ahead));
+    let widened: Option<Vec<LocalId>> = w.bf16.then(|| (0..panels).map(|_| b.local(PANEL)).collect());
+    for (p, &dst) in widened.iter().flatten().enumerate() {
+        per_k.push(Stmt::WidenBf16 { dst, weights: w.w, start: v(bases[p]) });
+    }
     // One lane loop for the whole tile: its body is too big for LLVM to unroll it
     // away before vectorizing, so the loop over k stays the outer loop.
     let mut lane_body = Vec::new();
     for (r, row_acc) in acc.iter().enumerate() {
         for (p, &a) in row_acc.iter().enumerate() {
             // The lane is the first operand of the index (see dequant.rs: LLVM keeps it consecutive).
-            let wv = w.element(add(v(l), v(bases[p])));
+            let wv = match &widened {
+                Some(rows) => ld(rows[p], v(l)),
+                None => w.element(add(v(l), v(bases[p]))),
+            };
             lane_body.push(store(a, v(l), add(ld(a, v(l)), mul(v(xs[r]), wv))));
         }
     }
