@@ -175,16 +175,11 @@ impl Lowering<'_, '_> {
         let w_base = self.address(weights, w_start)?;
         let a_base = self.address(act, act_start)?;
         let acc_base = self.locals[acc.index()];
-        let bf16_at = |this: &mut Self, base: Value, at: i64| {
-            let h = this.b.ins().uload16(types::I32, flags, base, (2 * at) as i32);
-            let bits = this.b.ins().ishl_imm_u(h, 16);
-            this.b.ins().bitcast(types::F32, MemFlagsData::new(), bits)
-        };
-        let x = [bf16_at(self, a_base, 0), bf16_at(self, a_base, 1)];
+        let x = [self.bf16_at(a_base, 0), self.bf16_at(a_base, 1)];
         for l in 0..DOT_LANES {
             let mut sum = self.b.ins().load(types::F32, flags, acc_base, (4 * l) as i32);
             for (pair, &xp) in x.iter().enumerate() {
-                let w = bf16_at(self, w_base, pair as i64 * DOT_LANES + l);
+                let w = self.bf16_at(w_base, pair as i64 * DOT_LANES + l);
                 let product = self.b.ins().fmul(xp, w);
                 sum = self.b.ins().fadd(sum, product);
             }
@@ -200,12 +195,17 @@ impl Lowering<'_, '_> {
         let w_base = self.address(weights, start)?;
         let dst_base = self.locals[dst.index()];
         for l in 0..DOT_LANES {
-            let h = self.b.ins().uload16(types::I32, flags, w_base, (2 * l) as i32);
-            let bits = self.b.ins().ishl_imm_u(h, 16);
-            let value = self.b.ins().bitcast(types::F32, MemFlagsData::new(), bits);
+            let value = self.bf16_at(w_base, l);
             self.b.ins().store(flags, value, dst_base, (4 * l) as i32);
         }
         Ok(())
+    }
+
+    /// The bfloat16 element `at` past `base` as an f32 (its 16 bits moved to the top).
+    fn bf16_at(&mut self, base: Value, at: i64) -> Value {
+        let h = self.b.ins().uload16(types::I32, MemFlagsData::trusted(), base, (2 * at) as i32);
+        let bits = self.b.ins().ishl_imm_u(h, 16);
+        self.b.ins().bitcast(types::F32, MemFlagsData::new(), bits)
     }
 
     /// A [`Stmt::DotBlock`] in scalar code (this backend's baseline x86-64 has no

@@ -131,14 +131,8 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
             let f = self.declared("llvm.x86.avx512bf16.dpbf16ps.512", f32t.vec_type(lanes).fn_type(&[f32t.vec_type(lanes).into(), bf16s.into(), bf16s.into()], false), None);
             self.call_vector(f, &[old, broadcast, pairs])?
         } else {
+            let widened = |v, name: &str| self.bf16_bits_widened(v, name);
             let b = &self.builder;
-            let widened = |v: inkwell::values::VectorValue<'ctx>, name: &str| -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
-                let n = v.get_type().get_size();
-                let wide = b.build_int_z_extend(v, i32t.vec_type(n), name).map_err(llvm_err)?;
-                let shift = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(16, false); n as usize]);
-                let shifted = b.build_left_shift(wide, shift, name).map_err(llvm_err)?;
-                Ok(b.build_bit_cast(shifted, f32t.vec_type(n), name).map_err(llvm_err)?.into_vector_value())
-            };
             let row = |r: u32| b.build_shuffle_vector(w, w, shuffle_mask(self.context, &|l| r * lanes + l, lanes), "row").map_err(llvm_err);
             let (w0, w1) = (widened(row(0)?, "w0")?, widened(row(1)?, "w1")?);
             let a = b.build_load(i16t.vec_type(2), a_ptr, "bf16_pair").map_err(llvm_err)?;
@@ -164,7 +158,7 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
     /// Elsewhere the zero extension and shift (one `vpmovzxwd` and `vpslld` on
     /// zmm; NEON's `shll`).
     pub(super) fn widen_bf16(&mut self, dst: LocalId, (weights, start): (ParamId, &Expr)) -> Result<(), CodegenError> {
-        let (i16t, i32t, i64t, f32t) = (self.context.i16_type(), self.context.i32_type(), self.context.i64_type(), self.context.f32_type());
+        let (i16t, i64t, f32t) = (self.context.i16_type(), self.context.i64_type(), self.context.f32_type());
         let lanes = DOT_LANES as u32;
         let w_ptr = self.element_ptr(weights, start)?;
         let w = self.builder.build_load(i16t.vec_type(lanes), w_ptr, "bf16_row").map_err(llvm_err)?;
@@ -184,14 +178,24 @@ impl<'a, 'ctx> KernelLowering<'a, 'ctx> {
                 b.build_shuffle_vector(zero, words, shuffle_mask(self.context, &|r| if r % 2 == 0 { 0 } else { lanes + 8 * (r / 8) + 4 * half + (r % 8) / 2 }, lanes), "unpacked").map_err(llvm_err)
             };
             let (low, high) = (half(0)?, half(1)?);
-            b.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, 2 * lanes), "joined").map_err(llvm_err)?
+            let joined = b.build_shuffle_vector(low, high, shuffle_mask(self.context, &|i| i, 2 * lanes), "joined").map_err(llvm_err)?;
+            b.build_bit_cast(joined, f32t.vec_type(lanes), "widened").map_err(llvm_err)?.into_vector_value()
         } else {
-            let wide = b.build_int_z_extend(w, i32t.vec_type(lanes), "wide").map_err(llvm_err)?;
-            let shift = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(16, false); lanes as usize]);
-            b.build_left_shift(wide, shift, "shifted").map_err(llvm_err)?
+            self.bf16_bits_widened(w, "widened")?
         };
-        let widened = self.builder.build_bit_cast(widened, f32t.vec_type(lanes), "widened").map_err(llvm_err)?.into_vector_value();
         self.store_local(dst, widened)
+    }
+
+    /// bfloat16 bits `v` (i16 lanes) as f32: zero-extended and shifted into
+    /// the high half (exact).
+    fn bf16_bits_widened(&self, v: inkwell::values::VectorValue<'ctx>, name: &str) -> Result<inkwell::values::VectorValue<'ctx>, CodegenError> {
+        let (i32t, f32t) = (self.context.i32_type(), self.context.f32_type());
+        let n = v.get_type().get_size();
+        let b = &self.builder;
+        let wide = b.build_int_z_extend(v, i32t.vec_type(n), name).map_err(llvm_err)?;
+        let shift = inkwell::types::VectorType::const_vector(&vec![i32t.const_int(16, false); n as usize]);
+        let shifted = b.build_left_shift(wide, shift, name).map_err(llvm_err)?;
+        Ok(b.build_bit_cast(shifted, f32t.vec_type(n), name).map_err(llvm_err)?.into_vector_value())
     }
 
     /// How this target computes four-byte dot products.
